@@ -1,0 +1,24 @@
+# The README's two commands: `sudo make run` and `sudo make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test lint bench clean
+setup:
+	scripts/setup.sh
+
+run: setup
+	$(VENV)/bin/ibemu demo
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m pip install -q ruff mypy types-PyYAML
+	$(PY) -m ruff check ibemu tests benchmarks
+	$(PY) -m mypy ibemu
+
+bench: setup
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	-$(VENV)/bin/ibemu clean

@@ -1,0 +1,1 @@
+"""The `ibemu` command line."""

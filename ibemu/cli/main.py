@@ -1,0 +1,54 @@
+"""Entry point of the `ibemu` command: builds the sub-command parser and dispatches.
+
+Each sub-command lives in its own module exposing ``register(subparsers)``; the module adds
+its parser and sets ``func`` (``args -> int`` exit code). Add new modules to ``COMMANDS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from ibemu import __version__
+from ibemu.errors import IbemuError
+
+COMMANDS = (
+    "ibemu.cli.demo_cmd",
+)
+
+log = logging.getLogger("ibemu")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ibemu", description="Packet-level InfiniBand / RoCEv2 fabric emulator."
+    )
+    parser.add_argument("--version", action="version", version=f"ibemu {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except IbemuError as exc:
+        print(f"ibemu: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ibemu: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up ibemu on a Debian/Ubuntu machine: system packages (when root), a venv, the package.
+# Idempotent: a second run only checks. Usage: scripts/setup.sh [--no-apt]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(python3-venv python3-dev iproute2 tshark ibsim-utils opensm infiniband-diags)
+VENV=${IBEMU_VENV:-.venv}
+
+want_apt=1
+[ "${1:-}" = "--no-apt" ] && want_apt=0
+
+missing=()
+if [ "$want_apt" = 1 ] && command -v dpkg-query >/dev/null 2>&1; then
+    for p in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "setup: not root, skipping system packages: ${missing[*]} (tests needing them will skip)" >&2
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.ibemu-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q -e '.[test]'
+    touch "$stamp"
+fi
+echo "setup: ready ($("$VENV/bin/python" --version), venv $VENV)"
