@@ -33,6 +33,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers, split_layers
 
 from ibemu.wire import crc as _crc
+from ibemu.wire import scapy_setup  # noqa: F401 - before any frame is built
 from ibemu.wire.opcodes import (
     CNP_OPCODE,
     OPCODE_NAMES,

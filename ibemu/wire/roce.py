@@ -18,6 +18,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
 from ibemu.errors import CrcError, DecodeError
+from ibemu.wire import scapy_setup  # noqa: F401 - no ARP when building frames
 from ibemu.wire import crc as _crc
 
 ROCEV2_UDP_PORT = 4791
