@@ -99,14 +99,18 @@ class Param:
         try:
             if self.type == "int":
                 out: Any = _as_int(value)
-                if (self.min is not None and out < self.min) or (self.max is not None and out > self.max):
+                if (self.min is not None and out < self.min) or (
+                    self.max is not None and out > self.max
+                ):
                     raise ValueError
                 return out
             if self.type == "dims":
                 return _as_dims(value)
             return parse_rate(value)
         except (ValueError, ConfigError):
-            raise ParamError(generator, self.name, f"{self.name}: expected {self.expected}, got {value!r}") from None
+            raise ParamError(
+                generator, self.name, f"{self.name}: expected {self.expected}, got {value!r}"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,9 @@ GENERATORS: dict[str, Generator] = {}
 ALIASES = {"fattree": "fat-tree", "clos": "leaf-spine", "single": "single-switch"}
 
 
-def _register(name: str, help: str, *params: Param) -> Callable[[Callable[..., Topology]], Callable[..., Topology]]:
+def _register(
+    name: str, help: str, *params: Param
+) -> Callable[[Callable[..., Topology]], Callable[..., Topology]]:
     def deco(func: Callable[..., Topology]) -> Callable[..., Topology]:
         GENERATORS[name] = Generator(name, func, params, help)
         return func
@@ -157,7 +163,9 @@ def generate(name: str, params: Mapping[str, Any] | None = None, **kw: Any) -> T
             close = difflib.get_close_matches(key, [q.name for q in gen.params], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             allowed = ", ".join(q.name for q in gen.params)
-            raise ParamError(gen.name, key, f"{gen.name} has no parameter {key!r}{hint}; it takes: {allowed}")
+            raise ParamError(
+                gen.name, key, f"{gen.name} has no parameter {key!r}{hint}; it takes: {allowed}"
+            )
         args[p.name] = p.convert(gen.name, value)
     for p in gen.params:
         if p.name not in args or args[p.name] is None:
@@ -177,7 +185,11 @@ def _fail(gen: str, param: str, message: str) -> ParamError:
 
 def _check_ports(gen: str, param: str, what: str, ports: int) -> None:
     if ports > MAX_PORT:
-        raise _fail(gen, param, f"{what} would need {ports} ports, more than the {MAX_PORT} an IB switch has")
+        raise _fail(
+            gen,
+            param,
+            f"{what} would need {ports} ports, more than the {MAX_PORT} an IB switch has",
+        )
 
 
 # --- generators -----------------------------------------------------------------------------
@@ -197,7 +209,9 @@ def fat_tree(k: int, levels: int = 3, hosts_per_edge: int | None = None) -> Topo
     half = k // 2
     hpe = half if hosts_per_edge is None else hosts_per_edge
     if hpe > half:
-        raise _fail(g, "hosts_per_edge", f"an edge switch has k/2 = {half} host ports, asked for {hpe}")
+        raise _fail(
+            g, "hosts_per_edge", f"an edge switch has k/2 = {half} host ports, asked for {hpe}"
+        )
     t = Topology(f"fat-tree-k{k}" + ("" if levels == 3 else "-2l"))
     host = itertools.count()
     if levels == 2:
@@ -241,10 +255,23 @@ def fat_tree(k: int, levels: int = 3, hosts_per_edge: int | None = None) -> Topo
     Param("leaves", "int", 4, "leaf switches", min=1, max=1024),
     Param("spines", "int", 2, "spine switches", min=1, max=255),
     Param("hosts_per_leaf", "int", 4, "hosts on each leaf", min=0, max=254),
-    Param("uplinks_per_leaf", "int", None, "uplinks per leaf, a multiple of spines (default: spines)", min=1),
+    Param(
+        "uplinks_per_leaf",
+        "int",
+        None,
+        "uplinks per leaf, a multiple of spines (default: spines)",
+        min=1,
+    ),
     Param("uplink_rate", "rate", None, "rate of leaf-spine links (default: the link default)"),
     Param("leaf_ports", "int", None, "leaf radix (default: hosts + uplinks)", min=1, max=MAX_PORT),
-    Param("spine_ports", "int", None, "spine radix (default: what the leaves use)", min=1, max=MAX_PORT),
+    Param(
+        "spine_ports",
+        "int",
+        None,
+        "spine radix (default: what the leaves use)",
+        min=1,
+        max=MAX_PORT,
+    ),
 )
 def leaf_spine(
     leaves: int,
@@ -258,7 +285,11 @@ def leaf_spine(
     g = "leaf-spine"
     up = spines if uplinks_per_leaf is None else uplinks_per_leaf
     if up % spines:
-        raise _fail(g, "uplinks_per_leaf", f"uplinks_per_leaf ({up}) must be a multiple of spines ({spines})")
+        raise _fail(
+            g,
+            "uplinks_per_leaf",
+            f"uplinks_per_leaf ({up}) must be a multiple of spines ({spines})",
+        )
     per_spine = up // spines
     need_leaf, need_spine = hosts_per_leaf + up, leaves * per_spine
     _check_ports(g, "hosts_per_leaf", "a leaf", need_leaf)
@@ -266,9 +297,17 @@ def leaf_spine(
     lp = need_leaf if leaf_ports is None else leaf_ports
     sp = need_spine if spine_ports is None else spine_ports
     if lp < need_leaf:
-        raise _fail(g, "leaf_ports", f"a leaf needs {need_leaf} ports ({hosts_per_leaf} hosts + {up} uplinks), leaf_ports is {lp}")
+        raise _fail(
+            g,
+            "leaf_ports",
+            f"a leaf needs {need_leaf} ports ({hosts_per_leaf} hosts + {up} uplinks), leaf_ports is {lp}",
+        )
     if sp < need_spine:
-        raise _fail(g, "spine_ports", f"a spine needs {need_spine} ports ({leaves} leaves x {per_spine}), spine_ports is {sp}")
+        raise _fail(
+            g,
+            "spine_ports",
+            f"a spine needs {need_spine} ports ({leaves} leaves x {per_spine}), spine_ports is {sp}",
+        )
     t = Topology(f"leaf-spine-{leaves}x{spines}")
     for j in range(spines):
         t.add_switch(f"spine{j}", sp, level=2)
@@ -276,7 +315,13 @@ def leaf_spine(
         t.add_switch(f"leaf{i}", lp, level=1, group=i)
         for u in range(up):
             s, n = u % spines, u // spines
-            t.connect(f"leaf{i}", hosts_per_leaf + 1 + u, f"spine{s}", i * per_spine + n + 1, rate=uplink_rate)
+            t.connect(
+                f"leaf{i}",
+                hosts_per_leaf + 1 + u,
+                f"spine{s}",
+                i * per_spine + n + 1,
+                rate=uplink_rate,
+            )
     host = itertools.count()
     for i in range(leaves):
         for p in range(hosts_per_leaf):
@@ -344,13 +389,23 @@ def mesh(dims: tuple[int, ...], hosts_per_switch: int = 1) -> Topology:
     "dragonfly",
     "dragonfly: fully connected groups of switches, groups joined by global links "
     "(balanced when groups = routers_per_group * global_links + 1)",
-    Param("groups", "int", None, "groups (default: routers_per_group * global_links + 1)", min=2, max=256),
+    Param(
+        "groups",
+        "int",
+        None,
+        "groups (default: routers_per_group * global_links + 1)",
+        min=2,
+        max=256,
+    ),
     Param("routers_per_group", "int", 4, "switches per group", min=1, max=64),
     Param("hosts_per_router", "int", 2, "hosts per switch", min=0, max=128),
     Param("global_links", "int", 2, "global links per switch", min=1, max=64),
 )
 def dragonfly(
-    groups: int | None = None, routers_per_group: int = 4, hosts_per_router: int = 2, global_links: int = 2
+    groups: int | None = None,
+    routers_per_group: int = 4,
+    hosts_per_router: int = 2,
+    global_links: int = 2,
 ) -> Topology:
     gname = "dragonfly"
     a, p, h = routers_per_group, hosts_per_router, global_links
@@ -438,4 +493,13 @@ def with_defaults(topo: Topology, defaults: LinkDefaults) -> Topology:
     return topo
 
 
-__all__ = ["ALIASES", "GENERATORS", "Generator", "NodeKind", "Param", "ParamError", "generate", "lookup"]
+__all__ = [
+    "ALIASES",
+    "GENERATORS",
+    "Generator",
+    "NodeKind",
+    "Param",
+    "ParamError",
+    "generate",
+    "lookup",
+]

@@ -264,10 +264,18 @@ class Topology:
         check_name(name, where)
         if name in self.nodes:
             other = self.nodes[name].origin
-            raise ConfigError(f"duplicate node name {name!r}" + (f" (first at {other})" if other else ""), where)
+            raise ConfigError(
+                f"duplicate node name {name!r}" + (f" (first at {other})" if other else ""), where
+            )
         lo, hi = PORT_LIMITS[kind]
-        if isinstance(num_ports, bool) or not isinstance(num_ports, int) or not lo <= num_ports <= hi:
-            raise ConfigError(f"{kind.value} {name} has {num_ports!r} ports, expected {lo}..{hi}", where)
+        if (
+            isinstance(num_ports, bool)
+            or not isinstance(num_ports, int)
+            or not lo <= num_ports <= hi
+        ):
+            raise ConfigError(
+                f"{kind.value} {name} has {num_ports!r} ports, expected {lo}..{hi}", where
+            )
         index = self._kind_count[kind]
         self._kind_count[kind] = index + 1
         node = Node(
@@ -450,14 +458,22 @@ class Topology:
             for end in link.ends:
                 n = nodes.get(end.node)
                 if n is None:
-                    errors.append(Problem(where, f"dangling port: {end} refers to no node {end.node!r}"))
+                    errors.append(
+                        Problem(where, f"dangling port: {end} refers to no node {end.node!r}")
+                    )
                     bad = True
                 elif not 1 <= end.port <= n.num_ports:
-                    what = "port 0 is the management port" if end.port == 0 and n.is_switch else f"no port {end.port}"
+                    what = (
+                        "port 0 is the management port"
+                        if end.port == 0 and n.is_switch
+                        else f"no port {end.port}"
+                    )
                     errors.append(Problem(where, f"{end}: {what}; {n.name} has {n.ports_text()}"))
                     bad = True
             if not bad and link.a.node == link.b.node:
-                errors.append(Problem(where, f"self-link {link}: a node cannot be cabled to itself"))
+                errors.append(
+                    Problem(where, f"self-link {link}: a node cannot be cabled to itself")
+                )
         for end, link in self._extra:
             first = self._at[(end.node, end.port)]
             errors.append(
@@ -470,7 +486,12 @@ class Topology:
         errors.extend(self._guid_problems())
         for n in nodes.values():
             if len(n.desc.encode()) > NODE_DESC_MAX:
-                errors.append(Problem(n.origin or f"node {n.name}", f"NodeDescription is over {NODE_DESC_MAX} bytes"))
+                errors.append(
+                    Problem(
+                        n.origin or f"node {n.name}",
+                        f"NodeDescription is over {NODE_DESC_MAX} bytes",
+                    )
+                )
         return errors + self._warnings()
 
     def _guid_problems(self) -> list[Problem]:
@@ -482,13 +503,22 @@ class Topology:
             if prev is None:
                 seen[guid] = owner
             elif prev != owner:
-                out.append(Problem(node.origin or f"node {node.name}", f"duplicate GUID 0x{guid:016x}: {owner} and {prev}"))
+                out.append(
+                    Problem(
+                        node.origin or f"node {node.name}",
+                        f"duplicate GUID 0x{guid:016x}: {owner} and {prev}",
+                    )
+                )
 
         for n in self.nodes.values():
             claim(n.guid, f"node {n.name}", n)
             if n.kind is not NodeKind.SWITCH:
                 for p in n.port_range:
-                    claim(n.port_guid(p), f"port {n.name}:{p}" if n.port_guid(p) != n.guid else f"node {n.name}", n)
+                    claim(
+                        n.port_guid(p),
+                        f"port {n.name}:{p}" if n.port_guid(p) != n.guid else f"node {n.name}",
+                        n,
+                    )
         return out
 
     def _warnings(self) -> list[Problem]:
@@ -497,11 +527,23 @@ class Topology:
         linked = {e.node for lk in self.links for e in lk.ends}
         for n in self.nodes.values():
             if n.name not in linked:
-                out.append(Problem(n.origin or f"node {n.name}", f"{n.kind.value} {n.name} has no link", "warning"))
+                out.append(
+                    Problem(
+                        n.origin or f"node {n.name}",
+                        f"{n.kind.value} {n.name} has no link",
+                        "warning",
+                    )
+                )
         big = [p for p in parts if len(p) > 1]
         if len(big) > 1:
             desc = "; ".join(f"{len(p)} nodes around {min(p)}" for p in big)
-            out.append(Problem("topology", f"fabric is split into {len(big)} disconnected parts: {desc}", "warning"))
+            out.append(
+                Problem(
+                    "topology",
+                    f"fabric is split into {len(big)} disconnected parts: {desc}",
+                    "warning",
+                )
+            )
         return out
 
     def errors(self) -> list[Problem]:
@@ -540,17 +582,24 @@ class Topology:
     # --- conversion -----------------------------------------------------------------------
 
     def graph_key(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """A comparable summary of the graph: nodes with GUIDs and links with their rates.
+        """A comparable summary of the graph: nodes with GUIDs and links with their effective rates.
 
         Two topologies with equal keys describe the same fabric (order does not matter).
         """
         nodes = tuple(
             sorted(
-                (n.name, n.kind.value, n.num_ports, n.guid, n.desc, tuple(n.port_guid(p) for p in n.port_range))
+                (
+                    n.name,
+                    n.kind.value,
+                    n.num_ports,
+                    n.guid,
+                    n.desc,
+                    tuple(n.port_guid(p) for p in n.port_range),
+                )
                 for n in self.nodes.values()
             )
         )
-        links = tuple(sorted((*lk.key(), str(lk.rate) if lk.rate else None) for lk in self.links))
+        links = tuple(sorted((*lk.key(), str(self.rate_of(lk))) for lk in self.links))
         return nodes, links
 
     def to_networkx(self) -> Any:
@@ -559,9 +608,22 @@ class Topology:
 
         g = nx.MultiGraph(name=self.name)
         for n in self.nodes.values():
-            g.add_node(n.name, kind=n.kind.value, level=n.level, group=n.group, coords=n.coords, guid=n.guid)
+            g.add_node(
+                n.name,
+                kind=n.kind.value,
+                level=n.level,
+                group=n.group,
+                coords=n.coords,
+                guid=n.guid,
+            )
         for lk in self.links:
-            g.add_edge(lk.a.node, lk.b.node, ports=(lk.a.port, lk.b.port), gbps=self.rate_of(lk).gbps, link=lk)
+            g.add_edge(
+                lk.a.node,
+                lk.b.node,
+                ports=(lk.a.port, lk.b.port),
+                gbps=self.rate_of(lk).gbps,
+                link=lk,
+            )
         return g
 
     def iter_switch_links(self) -> Iterator[Link]:

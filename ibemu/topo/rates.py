@@ -87,5 +87,7 @@ def parse_rate(value: object, where: str | None = None) -> LinkRate:
 def check_mtu(value: object, where: str | None = None) -> int:
     """Return ``value`` if it is an IB MTU (256..4096, powers of two), else raise ConfigError."""
     if isinstance(value, bool) or not isinstance(value, int) or value not in IB_MTUS:
-        raise ConfigError(f"expected an IB MTU, one of {', '.join(map(str, IB_MTUS))}, got {value!r}", where)
+        raise ConfigError(
+            f"expected an IB MTU, one of {', '.join(map(str, IB_MTUS))}, got {value!r}", where
+        )
     return value
