@@ -175,9 +175,9 @@ class NativeTemplate:
         c = _crc32(payload, _crc32(head[13:], seed))
         if pad:
             c = _crc32(padb, c)
-        tail = padb + _ICRC.pack(c)
-        v = _vcrc(tail, _vcrc(payload, _vcrc(head)))
-        return b"".join((self._eth, head, payload, tail, _VCRC.pack(v)))
+        # One VCRC call over a contiguous copy beats three chained ones (call overhead ~0.3 us).
+        body = b"".join((head, payload, padb, _ICRC.pack(c)))
+        return b"".join((self._eth, body, _VCRC.pack(_vcrc(body))))
 
     def _seed(self, key: tuple[int, int, int, int]) -> int:
         """CRC-32 state after the masked first 13 bytes; checks the extended-header length."""
