@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: setup run test lint bench clean
 setup:
-	scripts/setup.sh
+	IBEMU_VENV=$(VENV) scripts/setup.sh
 
 run: setup
 	$(VENV)/bin/ibemu demo
