@@ -57,7 +57,7 @@ def main() -> None:
     for size, target in ((4096, 150_000), (256, 400_000)):
         payload = os.urandom(size)
         ext = fast.reth(0x10000, 0xBEEF, size)
-        r = rate(lambda: tmpl.packet(0x0A, next(psn), payload, ext=ext), s)
+        r = rate(lambda payload=payload, ext=ext: tmpl.packet(0x0A, next(psn), payload, ext=ext), s)
         check(f"build RC WRITE Only {size} B (+ICRC+VCRC)", r, "pkt/s", f">= {target:,}", r >= target)
 
     frame = tmpl.packet(0x0A, 1, os.urandom(4096), ext=fast.reth(0, 0, 4096))

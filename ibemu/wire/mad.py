@@ -257,7 +257,7 @@ class PKeyTable(Attribute):
     name = "PKeyTable"
     attr_id = AttrId.P_KEY_TABLE
     fields_desc = [
-        FieldListField("pkeys", [0xFFFF] + [0] * 31, XShortField("", 0), count_from=lambda p: 32)
+        FieldListField("pkeys", [0xFFFF] + [0] * 31, XShortField("", 0), count_from=lambda p: 32)  # type: ignore[arg-type]
     ]
 
 
@@ -267,7 +267,7 @@ class LinearForwardingTable(Attribute):
     name = "LinearForwardingTable"
     attr_id = AttrId.LINEAR_FORWARDING_TABLE
     fields_desc = [
-        FieldListField("ports", [0xFF] * 64, ByteField("", 0xFF), count_from=lambda p: 64)
+        FieldListField("ports", [0xFF] * 64, ByteField("", 0xFF), count_from=lambda p: 64)  # type: ignore[list-item]
     ]
 
 
@@ -319,7 +319,7 @@ NOTICE_DATA_DETAILS_LEN = 54
 class _FixedPacketField(Field[Any, bytes]):
     """A fixed-size area holding a sub-packet whose class is chosen from the enclosing packet."""
 
-    __slots__ = ["length", "chooser"]
+    __slots__ = ["chooser", "length"]
     islist = 0
     holds_packets = 1
 
@@ -328,8 +328,8 @@ class _FixedPacketField(Field[Any, bytes]):
         self.chooser = chooser
         super().__init__(name, None, fmt=f"{length}s")
 
-    def m2i(self, pkt: Packet, m: bytes) -> Packet:
-        cls = self.chooser(pkt)
+    def m2i(self, pkt: Packet | None, m: bytes) -> Packet:
+        cls = self.chooser(pkt) if pkt is not None else Raw
         return cls(m, _underlayer=pkt) if cls is not Raw else Raw(m)
 
     def i2m(self, pkt: Packet | None, x: Any) -> bytes:

@@ -18,8 +18,8 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
 
 from ibemu.errors import CrcError, DecodeError
-from ibemu.wire import scapy_setup  # noqa: F401 - no ARP when building frames
 from ibemu.wire import crc as _crc
+from ibemu.wire import scapy_setup  # noqa: F401 - no ARP when building frames
 
 ROCEV2_UDP_PORT = 4791
 EMULATED_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -119,10 +119,10 @@ def ip_offset(frame: bytes | bytearray | memoryview) -> tuple[int, int]:
 __all__ = [
     "EMULATED_NET",
     "IP",
-    "IPv6",
     "ROCEV2_UDP_PORT",
     "UDP",
     "Ether",
+    "IPv6",
     "RoceBTH",
     "check_emulated_address",
     "ip_offset",

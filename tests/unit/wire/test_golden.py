@@ -7,11 +7,34 @@ from scapy.packet import Packet, Raw, raw
 
 from ibemu.wire import fast
 from ibemu.wire.ib import (
-    AETH, BTH, DETH, GRH, IETH, LRH, RDETH, RETH, AtomicAckETH, AtomicETH, ImmDt,
+    AETH,
+    BTH,
+    DETH,
+    GRH,
+    IETH,
+    LRH,
+    RDETH,
+    RETH,
+    AtomicAckETH,
+    AtomicETH,
+    ImmDt,
 )
 from ibemu.wire.mad import (
-    MAD, PMA, SMP, ClassPortInfo, DirectedRouteSMP, LinearForwardingTable, NodeDescription,
-    NodeInfo, Notice, PKeyTable, PortCounters, PortInfo, SMInfo, SwitchInfo, Trap128Details,
+    MAD,
+    PMA,
+    SMP,
+    ClassPortInfo,
+    DirectedRouteSMP,
+    LinearForwardingTable,
+    NodeDescription,
+    NodeInfo,
+    Notice,
+    PKeyTable,
+    PortCounters,
+    PortInfo,
+    SMInfo,
+    SwitchInfo,
+    Trap128Details,
     Trap144Details,
 )
 from tests.unit.wire import reference

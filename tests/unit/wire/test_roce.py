@@ -64,7 +64,7 @@ def test_padding_and_padcount() -> None:
 
 
 def test_only_emulated_addresses() -> None:
-    with pytest.raises(ValueError, match="198.18.0.0/15"):
+    with pytest.raises(ValueError, match=r"198\.18\.0\.0/15"):
         roce_packet("10.0.0.1", "198.18.0.2", RoceBTH())
     with pytest.raises(ValueError, match="outside"):
         roce_packet("198.18.0.1", "8.8.8.8", RoceBTH())

@@ -10,7 +10,13 @@ from scapy.packet import raw
 from ibemu.wire import PcapWriter, fast, read_pcap
 from ibemu.wire.ib import BTH, DETH, LRH, RETH
 from ibemu.wire.mad import (
-    PMA, SMP, DirectedRouteSMP, NodeInfo, Notice, PortCounters, Trap128Details,
+    PMA,
+    SMP,
+    DirectedRouteSMP,
+    NodeInfo,
+    Notice,
+    PortCounters,
+    Trap128Details,
 )
 from ibemu.wire.roce import RoceBTH, roce_packet
 
