@@ -35,12 +35,16 @@ log = logging.getLogger(__name__)
 
 
 class ParamError(ConfigError):
-    """A generator parameter is invalid; ``param`` names it so callers can locate it."""
+    """A generator parameter is invalid; ``param`` names it so callers can locate it.
 
-    def __init__(self, generator: str, param: str, message: str) -> None:
+    ``str()`` is ``"<generator>: <detail>"``; ``detail`` alone reads well after a location.
+    """
+
+    def __init__(self, generator: str, param: str, detail: str) -> None:
         self.generator = generator
         self.param = param
-        super().__init__(message, param)
+        self.detail = detail
+        super().__init__(f"{generator}: {detail}")
 
 
 # --- parameters -----------------------------------------------------------------------------
@@ -164,13 +168,13 @@ def generate(name: str, params: Mapping[str, Any] | None = None, **kw: Any) -> T
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             allowed = ", ".join(q.name for q in gen.params)
             raise ParamError(
-                gen.name, key, f"{gen.name} has no parameter {key!r}{hint}; it takes: {allowed}"
+                gen.name, key, f"no parameter {key!r}{hint}; {gen.name} takes: {allowed}"
             )
         args[p.name] = p.convert(gen.name, value)
     for p in gen.params:
         if p.name not in args or args[p.name] is None:
             if p.required:
-                raise ParamError(gen.name, p.name, f"{gen.name} needs {p.name} ({p.help})")
+                raise ParamError(gen.name, p.name, f"missing {p.name} ({p.help})")
             args[p.name] = p.default
     topo = gen.func(**args)
     topo.generator = gen.name
@@ -180,7 +184,7 @@ def generate(name: str, params: Mapping[str, Any] | None = None, **kw: Any) -> T
 
 
 def _fail(gen: str, param: str, message: str) -> ParamError:
-    return ParamError(gen, param, f"{gen}: {message}")
+    return ParamError(gen, param, message)
 
 
 def _check_ports(gen: str, param: str, what: str, ports: int) -> None:

@@ -1,0 +1,865 @@
+"""Load and check a scenario file: YAML -> located checks -> resolved topology -> Scenario.
+
+Everything is checked before anything is built: types, ranges, enums, unknown keys (with a
+"did you mean"), and cross-references (hosts, switches and links that faults, traffic, the
+SM and captures name must exist in the resolved topology). All problems are reported at
+once, each as ``file:line key.path: what was expected``, in a :class:`ScenarioError`.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ibemu.errors import ConfigError
+from ibemu.scenario import refs
+from ibemu.scenario.schema import (
+    DATAPATHS,
+    DEFAULT_DURATION_S,
+    DEFAULT_SIZE,
+    DEFAULTS_KEYS,
+    FABRIC_KEYS,
+    FABRIC_KINDS,
+    FAULT_ACTIONS,
+    FAULT_COMMON,
+    FAULT_REQUIRED,
+    LINK_KEYS,
+    MAX_DURATION_S,
+    NODE_KEYS,
+    RECORD_KEYS,
+    SM_ENGINES,
+    SM_IMPLS,
+    SM_KEYS,
+    TOP_KEYS,
+    TOPOLOGY_EXPLICIT_KEYS,
+    TOPOLOGY_FILE_KEYS,
+    TOPOLOGY_SOURCES,
+    TRAFFIC_COMMON,
+    TRAFFIC_DEFAULT_SIZE,
+    TRAFFIC_KINDS,
+    FabricSpec,
+    FaultSpec,
+    RecordSpec,
+    Scenario,
+    SMSpec,
+    TopologySpec,
+    TrafficSpec,
+)
+from ibemu.scenario.yamlnodes import (
+    Reader,
+    ScenarioError,
+    compose,
+    did_you_mean,
+    line_of,
+    read_text,
+    scalar,
+)
+from ibemu.topo import analysis, ibnetdiscover
+from ibemu.topo.generators import ParamError, generate, lookup
+from ibemu.topo.model import Endpoint, Link, LinkDefaults, NodeKind, Topology
+from ibemu.topo.names import name_problem
+from ibemu.topo.rates import check_mtu, parse_rate
+
+log = logging.getLogger(__name__)
+
+Pairs = dict[str, tuple[yaml.Node, yaml.Node]]
+_RATE_EXPECTED = "a rate like '4x EDR', 'HDR' or '100G'"
+_NEEDS_USER = "needs fabric.datapath: user (the kernel datapath forwards in tc, without delay, loss or corruption)"
+P2P_KINDS = ("write_bw", "read_bw", "send_bw", "write_lat", "send_lat", "stream")
+GROUP_KINDS = ("allreduce", "alltoall", "permutation")
+
+
+def _peek(node: yaml.Node, key: str) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return v
+    return None
+
+
+class _Loader(Reader):
+    def __init__(self, source: str, base_dir: Path | None) -> None:
+        super().__init__(source)
+        self.base_dir = base_dir
+        self.extra: list[str] = []  # problems located in other files (an imported .ibnd)
+        self.lines: dict[str, int] = {}  # origin "file:line path" of explicit nodes/links -> line
+        self.datapath = "kernel"
+
+    def fail(self) -> ScenarioError:
+        return ScenarioError(self.sorted_problems() + self.extra)
+
+    # --- top level ------------------------------------------------------------------------
+
+    def load(self, text: str) -> Scenario:
+        root = compose(text, self.source)
+        if root is None:
+            self.error(1, "", "empty scenario: expected a mapping with at least a 'topology' key")
+            raise self.fail()
+        top = self.mapping(root, "", TOP_KEYS, required=("topology",))
+        if top is None:
+            raise self.fail()
+
+        def opt(key: str) -> yaml.Node | None:
+            return top[key][1] if key in top else None
+
+        name = Path(self.source).stem
+        if (n := opt("name")) is not None:
+            name = self.string(n, "name") or name
+        description = ""
+        if (n := opt("description")) is not None:
+            description = self.string(n, "description", "free text") or ""
+        duration = DEFAULT_DURATION_S
+        if (n := opt("duration_s")) is not None:
+            duration = self.number(n, "duration_s", 0, MAX_DURATION_S, lo_open=True) or duration
+        fabric = self.fabric(opt("fabric"))
+        self.datapath = fabric.datapath
+        defaults = self.defaults(opt("defaults"))
+        topo, spec = self.topology(top["topology"][1])
+        if topo is not None:
+            topo.defaults = defaults
+        sm = self.sm(opt("sm"), topo)
+        traffic = self.traffic(opt("traffic"), topo, duration)
+        faults = self.faults(opt("faults"), topo, duration)
+        record = self.record(opt("record"), topo)
+        if self.problems or self.extra or topo is None or spec is None:
+            raise self.fail()
+        return Scenario(
+            name=name,
+            topology=topo,
+            topology_spec=spec,
+            description=description,
+            path=Path(self.source),
+            defaults=defaults,
+            fabric=fabric,
+            sm=sm,
+            traffic=traffic,
+            faults=faults,
+            duration_s=duration,
+            record=record,
+        )
+
+    # --- sections -------------------------------------------------------------------------
+
+    def defaults(self, node: yaml.Node | None) -> LinkDefaults:
+        if node is None:
+            return LinkDefaults()
+        m = self.mapping(node, "defaults", DEFAULTS_KEYS)
+        if m is None:
+            return LinkDefaults()
+        d = LinkDefaults()
+        rate, mtu, delay, loss = d.rate, d.mtu, d.delay_us, d.loss_pct
+        if "rate" in m:
+            rate = self.convert(m["rate"][1], "defaults.rate", parse_rate, _RATE_EXPECTED) or rate
+        if "mtu" in m:
+            mtu = self.mtu(m["mtu"][1], "defaults.mtu") or mtu
+        if "delay_us" in m:
+            delay = self.number(m["delay_us"][1], "defaults.delay_us", 0, 10_000_000) or 0.0
+        if "loss_pct" in m:
+            loss = self.number(m["loss_pct"][1], "defaults.loss_pct", 0, 100) or 0.0
+        for key, value in (("delay_us", delay), ("loss_pct", loss)):
+            if value and self.datapath != "user":
+                self.error(m[key][1], f"defaults.{key}", _NEEDS_USER)
+        return LinkDefaults(rate=rate, mtu=mtu, delay_us=delay, loss_pct=loss)
+
+    def mtu(self, node: yaml.Node, path: str) -> int | None:
+        return self.convert(node, path, check_mtu, "an IB MTU (256, 512, 1024, 2048 or 4096)")
+
+    def fabric(self, node: yaml.Node | None) -> FabricSpec:
+        if node is None:
+            return FabricSpec()
+        m = self.mapping(node, "fabric", FABRIC_KEYS)
+        if m is None:
+            return FabricSpec()
+        kind = self.choice(m["kind"][1], "fabric.kind", FABRIC_KINDS) if "kind" in m else "ib"
+        dp = (
+            self.choice(m["datapath"][1], "fabric.datapath", DATAPATHS)
+            if "datapath" in m
+            else "kernel"
+        )
+        return FabricSpec(kind=kind or "ib", datapath=dp or "kernel")
+
+    def topology(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
+        path = "topology"
+        if not isinstance(node, yaml.MappingNode):
+            self.error(node, path, "expected a mapping with one of: generator, file, nodes")
+            return None, None
+        present = [k for k in TOPOLOGY_SOURCES if _peek(node, k) is not None]
+        if not present:
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+            hint = ""
+            for k in keys:
+                h = did_you_mean(str(k), TOPOLOGY_SOURCES)
+                if h:
+                    hint = f"; {k!r}{h}"
+                    break
+            self.error(node, path, f"expected one of: generator, file, nodes{hint}")
+            return None, None
+        if len(present) > 1:
+            self.error(
+                node, path, f"give only one of generator, file or nodes (got {', '.join(present)})"
+            )
+            return None, None
+        if present[0] == "generator":
+            return self.generated(node)
+        if present[0] == "file":
+            return self.from_file(node)
+        return self.explicit(node)
+
+    def generated(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
+        gnode = _peek(node, "generator")
+        assert gnode is not None
+        gname = self.string(gnode, "topology.generator", "a generator name")
+        if gname is None:
+            return None, None
+        try:
+            gen = lookup(gname)
+        except ConfigError as exc:
+            self.error(gnode, "topology.generator", str(exc))
+            return None, None
+        allowed = ["generator", "name", *(p.name for p in gen.params)]
+        m = self.mapping(node, "topology", allowed)
+        if m is None:
+            return None, None
+        params: dict[str, Any] = {}
+        bad = False
+        for key, (_, vnode) in m.items():
+            if key in ("generator", "name"):
+                continue
+            value = self._plain(vnode)
+            param = gen.param(key)
+            assert param is not None
+            try:
+                params[key] = param.convert(gen.name, value)
+            except ParamError as exc:
+                self.error(vnode, f"topology.{key}", exc.detail.removeprefix(f"{key}: "))
+                bad = True
+        if bad:
+            return None, None
+        try:
+            topo = generate(gen.name, params)
+        except ParamError as exc:
+            at = m.get(exc.param)
+            self.error(
+                at[1] if at else node, f"topology.{exc.param}" if at else "topology", exc.detail
+            )
+            return None, None
+        if "name" in m:
+            topo.name = self.string(m["name"][1], "topology.name") or topo.name
+        return topo, TopologySpec("generator", generator=gen.name, params=dict(topo.params))
+
+    def _plain(self, node: yaml.Node) -> Any:
+        if isinstance(node, yaml.SequenceNode):
+            return [self._plain(v) for v in node.value]
+        if isinstance(node, yaml.ScalarNode):
+            return scalar(node)
+        return {}
+
+    def from_file(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
+        m = self.mapping(node, "topology", TOPOLOGY_FILE_KEYS)
+        if m is None:
+            return None, None
+        if "format" in m:
+            self.choice(m["format"][1], "topology.format", ("ibnetdiscover",))
+        fnode = m["file"][1]
+        fname = self.string(fnode, "topology.file", "a file name")
+        if fname is None:
+            return None, None
+        path = Path(fname)
+        if not path.is_absolute() and self.base_dir is not None:
+            path = self.base_dir / path
+        if not path.is_file():
+            self.error(
+                fnode,
+                "topology.file",
+                f"no such file: {path} (a relative path starts at the scenario's folder)",
+            )
+            return None, None
+        try:
+            topo = ibnetdiscover.load(path)
+        except ibnetdiscover.IbndError as exc:
+            self.error(
+                fnode,
+                "topology.file",
+                f"cannot import {path}: {len(exc.problems)} problem(s) below",
+            )
+            self.extra.extend(exc.problems)
+            return None, None
+        except ConfigError as exc:
+            self.error(fnode, "topology.file", str(exc))
+            return None, None
+        if "name" in m:
+            topo.name = self.string(m["name"][1], "topology.name") or topo.name
+        return topo, TopologySpec("file", file=path)
+
+    def explicit(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
+        m = self.mapping(node, "topology", TOPOLOGY_EXPLICIT_KEYS)
+        if m is None:
+            return None, None
+        nodes = self.mapping(m["nodes"][1], "topology.nodes", self._keys(m["nodes"][1]))
+        links_node = m["links"][1] if "links" in m else None
+        items = self.sequence(links_node, "topology.links") if links_node is not None else []
+        if nodes is None or items is None:
+            return None, None
+        # Links first: a switch without "ports" gets as many as its highest cabled port.
+        links: list[tuple[Endpoint, Endpoint, dict[str, Any], str]] = []
+        for i, item in enumerate(items):
+            parsed = self.link_item(item, f"topology.links[{i}]")
+            if parsed:
+                links.append(parsed)
+        highest: dict[str, int] = {}
+        for a, b, _, _ in links:
+            for e in (a, b):
+                highest[e.node] = max(highest.get(e.node, 0), e.port)
+        topo = Topology(str(scalar(m["name"][1])) if "name" in m else Path(self.source).stem)
+        ok = True
+        for name, (knode, vnode) in nodes.items():
+            ok = self.node_item(topo, name, knode, vnode, highest) and ok
+        if not ok:
+            return None, None
+        for a, b, props, origin in links:
+            topo.add_link(a, b, origin=origin, **props)
+        errors = [p for p in topo.validate() if p.severity == "error"]
+        for prob in errors:
+            self.problems.append((self.lines.get(prob.where, 1), str(prob)))
+        if errors:
+            return None, None
+        return topo, TopologySpec("explicit")
+
+    @staticmethod
+    def _keys(node: yaml.Node) -> list[str]:
+        """Node names are user-chosen: every key is allowed here (checked as a name later)."""
+        if isinstance(node, yaml.MappingNode):
+            return [str(k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+        return []
+
+    def node_item(
+        self, topo: Topology, name: str, knode: yaml.Node, vnode: yaml.Node, highest: dict[str, int]
+    ) -> bool:
+        path = f"topology.nodes.{name}"
+        problem = name_problem(name)
+        if problem:
+            self.error(knode, path, problem)
+            return False
+        kinds = [k.value for k in NodeKind]
+        if isinstance(vnode, yaml.ScalarNode):
+            kind = self.choice(vnode, path, kinds)
+            spec: Pairs = {}
+        else:
+            spec_ = self.mapping(vnode, path, NODE_KEYS, required=("kind",))
+            if spec_ is None or "kind" not in spec_:
+                return False
+            spec = spec_
+            kind = self.choice(spec["kind"][1], f"{path}.kind", kinds)
+        if kind is None:
+            return False
+        nk = NodeKind(kind)
+        ports: int | None
+        if "ports" in spec:
+            hi = 2 if nk is NodeKind.CA else 255
+            ports = self.integer(spec["ports"][1], f"{path}.ports", 1, hi)
+            if ports is None:
+                return False
+        else:
+            ports = 1 if nk is NodeKind.CA else max(1, highest.get(name, 1))
+        kw: dict[str, Any] = {}
+        if "guid" in spec:
+            guid = self.integer(spec["guid"][1], f"{path}.guid", 1, 2**64 - 1)
+            if guid is None:
+                return False
+            kw["guid"] = guid
+        if "desc" in spec:
+            desc = self.string(spec["desc"][1], f"{path}.desc", "a NodeDescription")
+            if desc is None:
+                return False
+            kw["desc"] = desc
+        origin = f"{self.source}:{line_of(knode)} {path}"
+        self.lines[origin] = line_of(knode)
+        topo.add_node(name, nk, ports, origin=origin, **kw)
+        return True
+
+    def link_item(
+        self, item: yaml.Node, path: str
+    ) -> tuple[Endpoint, Endpoint, dict[str, Any], str] | None:
+        props: dict[str, Any] = {}
+        if isinstance(item, yaml.MappingNode):
+            m = self.mapping(item, path, LINK_KEYS, required=("endpoints",))
+            if m is None or "endpoints" not in m:
+                return None
+            ends_node = m["endpoints"][1]
+            epath = f"{path}.endpoints"
+            if "rate" in m:
+                props["rate"] = self.convert(
+                    m["rate"][1], f"{path}.rate", parse_rate, _RATE_EXPECTED
+                )
+            if "mtu" in m:
+                props["mtu"] = self.mtu(m["mtu"][1], f"{path}.mtu")
+            if "delay_us" in m:
+                props["delay_us"] = self.number(m["delay_us"][1], f"{path}.delay_us", 0, 10_000_000)
+            if "loss_pct" in m:
+                props["loss_pct"] = self.number(m["loss_pct"][1], f"{path}.loss_pct", 0, 100)
+            if any(v is None for v in props.values()):
+                return None
+            for key in ("delay_us", "loss_pct"):
+                if props.get(key) and self.datapath != "user":
+                    self.error(m[key][1], f"{path}.{key}", _NEEDS_USER)
+        else:
+            ends_node, epath = item, path
+        seq = self.sequence(ends_node, epath)
+        if seq is None:
+            return None
+        if len(seq) != 2:
+            self.error(
+                ends_node,
+                epath,
+                f"expected two endpoints ['node:port', 'node:port'], got {len(seq)}",
+            )
+            return None
+        ends = []
+        for j, e in enumerate(seq):
+            ep = self.convert(e, f"{epath}[{j}]", Endpoint.parse, "an endpoint 'node:port'")
+            if ep is None:
+                return None
+            ends.append(ep)
+        origin = f"{self.source}:{line_of(item)} {path}"
+        self.lines[origin] = line_of(item)
+        return ends[0], ends[1], props, origin
+
+    def sm(self, node: yaml.Node | None, topo: Topology | None) -> SMSpec:
+        m: Pairs = {}
+        if node is not None:
+            m = self.mapping(node, "sm", SM_KEYS) or {}
+        impl = (self.choice(m["impl"][1], "sm.impl", SM_IMPLS) if "impl" in m else None) or "ibemu"
+        engine = (
+            self.choice(m["engine"][1], "sm.engine", SM_ENGINES) if "engine" in m else None
+        ) or "minhop"
+        sweep = 10.0
+        if "sweep_interval_s" in m:
+            v = self.number(m["sweep_interval_s"][1], "sm.sweep_interval_s", 0, 3600)
+            sweep = 10.0 if v is None else v
+        lmc = 0
+        if "lmc" in m:
+            lmc = self.integer(m["lmc"][1], "sm.lmc", 0, 7) or 0
+        host = ""
+        if topo is not None:
+            cas = topo.cas()
+            if "host" in m:
+                hnode = m["host"][1]
+                name = self.string(hnode, "sm.host", "a host (CA) name")
+                if name is not None:
+                    try:
+                        host = refs.host(topo, name)
+                    except refs.RefError as exc:
+                        self.error(hnode, "sm.host", str(exc))
+            elif cas:
+                host = cas[0].name
+            else:
+                self.error(
+                    node or 1, "sm", f"topology {topo.name} has no CA to run the subnet manager on"
+                )
+            if engine == "ftree" and "engine" in m and not _tree_like(topo):
+                self.error(
+                    m["engine"][1],
+                    "sm.engine",
+                    f"ftree routes fat-trees, and {topo.name} is not layered like one; use minhop, updn or dor",
+                )
+        return SMSpec(impl=impl, engine=engine, host=host, sweep_interval_s=sweep, lmc=lmc)
+
+    # --- traffic --------------------------------------------------------------------------
+
+    def traffic(
+        self, node: yaml.Node | None, topo: Topology | None, duration: float
+    ) -> tuple[TrafficSpec, ...]:
+        if node is None:
+            return ()
+        items = self.sequence(node, "traffic")
+        if items is None:
+            return ()
+        out: list[TrafficSpec] = []
+        names: dict[str, int] = {}
+        for i, item in enumerate(items):
+            spec = self.traffic_item(i, item, topo, duration)
+            if spec is None:
+                continue
+            if spec.name in names:
+                self.error(
+                    item,
+                    f"traffic[{i}].name",
+                    f"duplicate traffic name {spec.name!r} (first at traffic[{names[spec.name]}])",
+                )
+                continue
+            names[spec.name] = i
+            out.append(spec)
+        return tuple(out)
+
+    def traffic_item(
+        self, i: int, item: yaml.Node, topo: Topology | None, duration: float
+    ) -> TrafficSpec | None:
+        path = f"traffic[{i}]"
+        if not isinstance(item, yaml.MappingNode):
+            self.error(item, path, f"expected a mapping with a 'kind' ({', '.join(TRAFFIC_KINDS)})")
+            return None
+        knode = _peek(item, "kind")
+        if knode is None:
+            self.error(
+                item, path, f"missing required key 'kind' (one of {', '.join(TRAFFIC_KINDS)})"
+            )
+            return None
+        kind = self.choice(knode, f"{path}.kind", TRAFFIC_KINDS)
+        if kind is None:
+            return None
+        allowed = TRAFFIC_COMMON + TRAFFIC_KINDS[kind]
+        m = self._kind_mapping(item, path, allowed, f"kind {kind}")
+        if m is None:
+            return None
+        ok = True
+
+        def num(key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+            nonlocal ok
+            if key not in m:
+                return default
+            v = self.number(m[key][1], f"{path}.{key}", lo, hi, lo_open)
+            ok = ok and v is not None
+            return default if v is None else v
+
+        def integer(key: str, default: int, lo: int, hi: int) -> int:
+            nonlocal ok
+            if key not in m:
+                return default
+            v = self.integer(m[key][1], f"{path}.{key}", lo, hi)
+            ok = ok and v is not None
+            return default if v is None else v
+
+        name = f"{kind}{i}"
+        if "name" in m:
+            name = self.string(m["name"][1], f"{path}.name") or name
+        start = num("start_s", 0.0, 0, duration)
+        stop = num("stop_s", duration, 0, duration, lo_open=True)
+        if ok and stop <= start:
+            self.error(
+                m["stop_s"][1] if "stop_s" in m else item,
+                f"{path}.stop_s",
+                f"must be after start_s ({start:g}), got {stop:g}",
+            )
+            ok = False
+        sl = integer("sl", 0, 0, 15)
+        qps = integer("qps", 1, 1, 1024)
+        seed = integer("seed", 0, 0, 2**32 - 1)
+        rate_pps = integer("rate_pps", 10_000, 1, 10_000_000) if kind == "stream" else None
+        size = TRAFFIC_DEFAULT_SIZE.get(kind, DEFAULT_SIZE)
+        if "size" in m:
+            v = self.size(m["size"][1], f"{path}.size")
+            ok = ok and v is not None
+            size = v or size
+        bidir = False
+        if "bidirectional" in m:
+            b = self.boolean(m["bidirectional"][1], f"{path}.bidirectional")
+            ok = ok and b is not None
+            bidir = bool(b)
+        src = dst = None
+        hosts: tuple[str, ...] = ()
+        if topo is not None:
+            if kind in P2P_KINDS:
+                for key in ("from", "to"):
+                    if key not in m:
+                        self.error(
+                            item, path, f"missing required key {key!r} (a host) for kind {kind}"
+                        )
+                        ok = False
+                src = self.host_ref(m, "from", path, topo) if "from" in m else None
+                dst = self.host_ref(m, "to", path, topo) if "to" in m else None
+                if src and dst and src == dst:
+                    self.error(
+                        m["to"][1],
+                        f"{path}.to",
+                        f"from and to are both {src}; traffic needs two hosts",
+                    )
+                    ok = False
+                hosts = tuple(h for h in (src, dst) if h)
+                ok = ok and bool(src) and bool(dst)
+            elif kind == "incast":
+                if "to" not in m:
+                    self.error(
+                        item, path, "missing required key 'to' (the receiving host) for kind incast"
+                    )
+                    return None
+                dst = self.host_ref(m, "to", path, topo)
+                if dst is None:
+                    return None
+                senders = self.host_list(m, "from", path, topo, exclude=dst)
+                if senders is None:
+                    return None
+                if dst in senders:
+                    self.error(
+                        m["from"][1], f"{path}.from", f"{dst} is the receiver; it cannot also send"
+                    )
+                    return None
+                hosts = (*senders, dst)
+            else:
+                group = self.host_list(m, "hosts", path, topo)
+                if group is None:
+                    return None
+                hosts = group
+        if not ok:
+            return None
+        return TrafficSpec(
+            name=name, kind=kind, hosts=hosts, src=src, dst=dst, size=size, qps=qps,
+            start_s=start, stop_s=stop, sl=sl, bidirectional=bidir, seed=seed,
+            rate_pps=rate_pps, where=f"{self.source}:{line_of(item)} {path}",
+        )  # fmt: skip
+
+    def _kind_mapping(
+        self, item: yaml.Node, path: str, allowed: tuple[str, ...], what: str
+    ) -> Pairs | None:
+        """Like mapping(), but says which kind/action the unknown key does not belong to."""
+        before = len(self.problems)
+        m = self.mapping(item, path, allowed)
+        for n in range(before, len(self.problems)):
+            line, msg = self.problems[n]
+            self.problems[n] = (line, msg.replace(": unknown key", f": not a key of {what}", 1))
+        return m
+
+    def host_ref(self, m: Pairs, key: str, path: str, topo: Topology) -> str | None:
+        vnode = m[key][1]
+        name = self.string(vnode, f"{path}.{key}", "a host (CA) name")
+        if name is None:
+            return None
+        try:
+            return refs.host(topo, name)
+        except refs.RefError as exc:
+            self.error(vnode, f"{path}.{key}", str(exc))
+            return None
+
+    def host_list(
+        self, m: Pairs, key: str, path: str, topo: Topology, exclude: str | None = None
+    ) -> tuple[str, ...] | None:
+        """A list of hosts, or ``all`` (the default): every CA, except ``exclude``."""
+        everyone = tuple(n.name for n in topo.cas() if n.name != exclude)
+        if key not in m:
+            hosts = everyone
+            where: yaml.Node | None = None
+        else:
+            where = m[key][1]
+            kpath = f"{path}.{key}"
+            if isinstance(where, yaml.ScalarNode) and scalar(where) == "all":
+                hosts = everyone
+            else:
+                seq = self.sequence(where, kpath)
+                if seq is None:
+                    return None
+                out: list[str] = []
+                for j, h in enumerate(seq):
+                    name = self.string(h, f"{kpath}[{j}]", "a host (CA) name")
+                    if name is None:
+                        return None
+                    try:
+                        refs.host(topo, name)
+                    except refs.RefError as exc:
+                        self.error(h, f"{kpath}[{j}]", str(exc))
+                        return None
+                    if name in out:
+                        self.error(h, f"{kpath}[{j}]", f"{name} is listed twice")
+                        return None
+                    out.append(name)
+                hosts = tuple(out)
+        if len(hosts) < (1 if exclude else 2):
+            self.error(
+                where or 1,
+                f"{path}.{key}",
+                f"needs at least {1 if exclude else 2} hosts, got {len(hosts)}",
+            )
+            return None
+        return hosts
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def faults(
+        self, node: yaml.Node | None, topo: Topology | None, duration: float
+    ) -> tuple[FaultSpec, ...]:
+        if node is None:
+            return ()
+        items = self.sequence(node, "faults")
+        if items is None:
+            return ()
+        out: list[tuple[int, yaml.Node, FaultSpec]] = []
+        for i, item in enumerate(items):
+            spec = self.fault_item(i, item, topo, duration)
+            if spec is not None:
+                out.append((i, item, spec))
+        self.fault_sequence(out)
+        return tuple(f for _, _, f in out)
+
+    def fault_item(
+        self, i: int, item: yaml.Node, topo: Topology | None, duration: float
+    ) -> FaultSpec | None:
+        path = f"faults[{i}]"
+        if not isinstance(item, yaml.MappingNode):
+            self.error(
+                item,
+                path,
+                f"expected a mapping with 'at_s' and 'action' ({', '.join(FAULT_ACTIONS)})",
+            )
+            return None
+        anode = _peek(item, "action")
+        if anode is None:
+            self.error(
+                item, path, f"missing required key 'action' (one of {', '.join(FAULT_ACTIONS)})"
+            )
+            return None
+        action = self.choice(anode, f"{path}.action", FAULT_ACTIONS)
+        if action is None:
+            return None
+        m = self._kind_mapping(item, path, FAULT_COMMON + FAULT_ACTIONS[action], f"action {action}")
+        if m is None:
+            return None
+        ok = True
+        for key in ("at_s", *FAULT_REQUIRED[action]):
+            if key not in m:
+                self.error(item, path, f"missing required key {key!r} for action {action}")
+                ok = False
+        at = 0.0
+        if "at_s" in m:
+            v = self.number(m["at_s"][1], f"{path}.at_s", 0)
+            if v is not None and v >= duration:
+                self.error(
+                    m["at_s"][1],
+                    f"{path}.at_s",
+                    f"{v:g} s is not before the end of the run (duration_s: {duration:g})",
+                )
+                v = None
+            ok = ok and v is not None
+            at = v or 0.0
+        kw: dict[str, Any] = {}
+        if "period_s" in m:
+            kw["period_s"] = self.number(
+                m["period_s"][1], f"{path}.period_s", 0, 3600, lo_open=True
+            )
+        if "count" in m:
+            kw["count"] = self.integer(m["count"][1], f"{path}.count", 1, 100_000)
+        if "percent" in m:
+            kw["percent"] = self.number(m["percent"][1], f"{path}.percent", 0, 100, lo_open=True)
+        if "duration_s" in m:
+            kw["duration_s"] = self.number(
+                m["duration_s"][1], f"{path}.duration_s", 0, MAX_DURATION_S, lo_open=True
+            )
+        ok = ok and all(v is not None for v in kw.values())
+        if action == "corrupt" and self.datapath != "user":
+            self.error(anode, f"{path}.action", f"corrupt {_NEEDS_USER}")
+            ok = False
+        if topo is not None:
+            if "link" in m:
+                vnode = m["link"][1]
+                text = scalar(vnode) if isinstance(vnode, yaml.ScalarNode) else None
+                try:
+                    kw["link"] = refs.link(topo, text)
+                except refs.RefError as exc:
+                    self.error(vnode, f"{path}.link", str(exc))
+                    ok = False
+            if "switch" in m:
+                vnode = m["switch"][1]
+                name = self.string(vnode, f"{path}.switch", "a switch name")
+                try:
+                    kw["switch"] = refs.switch(topo, name or "")
+                except refs.RefError as exc:
+                    if name is not None:
+                        self.error(vnode, f"{path}.switch", str(exc))
+                    ok = False
+        if not ok or topo is None:
+            return None
+        return FaultSpec(
+            at_s=at, action=action, where=f"{self.source}:{line_of(item)} {path}", **kw
+        )
+
+    def fault_sequence(self, faults: list[tuple[int, yaml.Node, FaultSpec]]) -> None:
+        """Down/up must alternate per link and switch (in time order)."""
+        state: dict[object, tuple[bool, int, float]] = {}  # target -> (down?, index, at)
+        for i, item, f in sorted(faults, key=lambda x: (x[2].at_s, x[0])):
+            if f.action in ("link_down", "link_up") and f.link is not None:
+                target: object = f.link
+                what = f"link {f.link}"
+            elif f.action in ("switch_down", "switch_up") and f.switch is not None:
+                target, what = f.switch, f"switch {f.switch}"
+            else:
+                continue
+            down = f.action.endswith("_down")
+            prev = state.get(target)
+            if down and prev and prev[0]:
+                self.error(
+                    item,
+                    f"faults[{i}]",
+                    f"{what} is already down at {f.at_s:g} s (faults[{prev[1]}] at {prev[2]:g} s)",
+                )
+            elif not down and not (prev and prev[0]):
+                self.error(
+                    item, f"faults[{i}]", f"{what} is not down at {f.at_s:g} s; bring it down first"
+                )
+            state[target] = (down, i, f.at_s)
+
+    # --- record ---------------------------------------------------------------------------
+
+    def record(self, node: yaml.Node | None, topo: Topology | None) -> RecordSpec:
+        if node is None:
+            return RecordSpec()
+        m = self.mapping(node, "record", RECORD_KEYS)
+        if m is None:
+            return RecordSpec()
+        capture: list[Link] = []
+        if "capture" in m and topo is not None:
+            cnode = m["capture"][1]
+            if isinstance(cnode, yaml.ScalarNode) and scalar(cnode) == "all":
+                capture = list(topo.links)
+            else:
+                seq = self.sequence(cnode, "record.capture") or []
+                for j, item in enumerate(seq):
+                    text = scalar(item) if isinstance(item, yaml.ScalarNode) else None
+                    try:
+                        capture.append(refs.link(topo, text))
+                    except refs.RefError as exc:
+                        self.error(item, f"record.capture[{j}]", str(exc))
+        json_path = None
+        if "json" in m:
+            s = self.string(m["json"][1], "record.json", "a file path")
+            json_path = Path(s) if s else None
+        plots = False
+        if "plots" in m:
+            plots = bool(self.boolean(m["plots"][1], "record.plots"))
+        return RecordSpec(capture=tuple(capture), json=json_path, plots=plots)
+
+
+def _tree_like(topo: Topology) -> bool:
+    levels = analysis.infer_levels(topo)
+    return all(levels[lk.a.node] != levels[lk.b.node] for lk in topo.iter_switch_links())
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+
+def loads_scenario(text: str, source: str = "<string>", base_dir: Path | None = None) -> Scenario:
+    """Parse and check scenario text; ScenarioError lists every located problem."""
+    return _Loader(source, base_dir).load(text)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load the scenario file at ``path`` (relative topology files start at its folder)."""
+    path = Path(path)
+    return loads_scenario(read_text(path), str(path), path.parent)
+
+
+def builtin_names() -> list[str]:
+    root = importlib.resources.files("ibemu.scenario") / "builtin"
+    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def builtin_text(name: str = "default") -> str:
+    """The text of a scenario shipped inside the package (``default`` is ``ibemu run``'s)."""
+    res = importlib.resources.files("ibemu.scenario") / "builtin" / f"{name}.yaml"
+    if not res.is_file():
+        raise ConfigError(f"no built-in scenario {name!r}; there are: {', '.join(builtin_names())}")
+    return res.read_text()
+
+
+def load_builtin(name: str = "default") -> Scenario:
+    return loads_scenario(builtin_text(name), f"<builtin>/{name}.yaml")

@@ -1,0 +1,182 @@
+"""What a scenario file may say, and the typed objects later layers consume.
+
+A scenario file is YAML with these top-level keys (only ``topology`` is required)::
+
+    name, description          free text (name defaults to the file name)
+    topology                   {generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}
+    defaults                   {rate, mtu, delay_us, loss_pct} for links without their own
+    fabric                     {kind: ib|roce, datapath: kernel|user}
+    sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc}
+    traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
+    faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
+    duration_s                 run length in seconds
+    record                     {capture: [links] | all, json: PATH, plots: bool}
+
+The key sets below are the schema; :mod:`ibemu.scenario.loader` enforces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ibemu.topo.model import Link, LinkDefaults, Topology
+
+TOP_KEYS = (
+    "name",
+    "description",
+    "topology",
+    "defaults",
+    "fabric",
+    "sm",
+    "traffic",
+    "faults",
+    "duration_s",
+    "record",
+)
+TOPOLOGY_SOURCES = ("generator", "file", "nodes")
+TOPOLOGY_FILE_KEYS = ("file", "format", "name")
+TOPOLOGY_EXPLICIT_KEYS = ("nodes", "links", "name")
+NODE_KEYS = ("kind", "ports", "guid", "desc")
+LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "loss_pct")
+DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "loss_pct")
+FABRIC_KEYS = ("kind", "datapath")
+FABRIC_KINDS = ("ib", "roce")
+DATAPATHS = ("kernel", "user")
+SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
+SM_IMPLS = ("ibemu", "opensm")
+SM_ENGINES = ("minhop", "updn", "ftree", "dor")
+RECORD_KEYS = ("capture", "json", "plots")
+
+#: Traffic kinds and the keys each takes (besides the common ones).
+TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
+TRAFFIC_KINDS: dict[str, tuple[str, ...]] = {
+    "write_bw": ("from", "to", "size", "qps", "bidirectional"),
+    "read_bw": ("from", "to", "size", "qps", "bidirectional"),
+    "send_bw": ("from", "to", "size", "qps", "bidirectional"),
+    "write_lat": ("from", "to", "size"),
+    "send_lat": ("from", "to", "size"),
+    "allreduce": ("hosts", "size"),
+    "alltoall": ("hosts", "size"),
+    "incast": ("from", "to", "size", "qps"),
+    "permutation": ("hosts", "size", "qps", "seed"),
+    "stream": ("from", "to", "size", "rate_pps"),
+}
+TRAFFIC_DEFAULT_SIZE = {
+    "write_lat": 64,
+    "send_lat": 64,
+    "stream": 256,
+    "allreduce": 1 << 20,
+    "alltoall": 1 << 20,
+}
+DEFAULT_SIZE = 65536
+
+#: Fault actions and the keys each takes (besides ``at_s`` and ``action``).
+FAULT_COMMON = ("at_s", "action")
+FAULT_ACTIONS: dict[str, tuple[str, ...]] = {
+    "link_down": ("link",),
+    "link_up": ("link",),
+    "switch_down": ("switch",),
+    "switch_up": ("switch",),
+    "port_flap": ("link", "period_s", "count"),
+    "smp_loss": ("percent", "switch", "duration_s"),
+    "corrupt": ("percent", "link", "duration_s"),
+}
+FAULT_REQUIRED: dict[str, tuple[str, ...]] = {
+    "link_down": ("link",),
+    "link_up": ("link",),
+    "switch_down": ("switch",),
+    "switch_up": ("switch",),
+    "port_flap": ("link", "period_s"),
+    "smp_loss": ("percent",),
+    "corrupt": ("percent",),
+}
+
+DEFAULT_DURATION_S = 30.0
+MAX_DURATION_S = 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class TopologySpec:
+    """How the topology was given: a generator with params, a file, or explicit nodes/links."""
+
+    source: Literal["generator", "file", "explicit"]
+    generator: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSpec:
+    kind: str = "ib"
+    datapath: str = "kernel"
+
+
+@dataclass(frozen=True, slots=True)
+class SMSpec:
+    impl: str = "ibemu"
+    engine: str = "minhop"
+    host: str = ""
+    """CA that runs the SM (default: the first CA of the topology)."""
+    sweep_interval_s: float = 10.0
+    lmc: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficSpec:
+    """One traffic generator (implemented elsewhere; parameters checked here)."""
+
+    name: str
+    kind: str
+    hosts: tuple[str, ...]
+    """Every CA taking part (for point-to-point kinds: ``(src, dst)``)."""
+    src: str | None = None
+    dst: str | None = None
+    size: int = DEFAULT_SIZE
+    qps: int = 1
+    start_s: float = 0.0
+    stop_s: float = DEFAULT_DURATION_S
+    sl: int = 0
+    bidirectional: bool = False
+    seed: int = 0
+    rate_pps: int | None = None
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """One fault injected at ``at_s`` (implemented elsewhere; targets resolved here)."""
+
+    at_s: float
+    action: str
+    link: Link | None = None
+    switch: str | None = None
+    period_s: float | None = None
+    count: int = 1
+    percent: float | None = None
+    duration_s: float | None = None
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordSpec:
+    capture: tuple[Link, ...] = ()
+    json: Path | None = None
+    plots: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    topology: Topology
+    topology_spec: TopologySpec
+    description: str = ""
+    path: Path | None = None
+    defaults: LinkDefaults = field(default_factory=LinkDefaults)
+    fabric: FabricSpec = field(default_factory=FabricSpec)
+    sm: SMSpec = field(default_factory=SMSpec)
+    traffic: tuple[TrafficSpec, ...] = ()
+    faults: tuple[FaultSpec, ...] = ()
+    duration_s: float = DEFAULT_DURATION_S
+    record: RecordSpec = field(default_factory=RecordSpec)
