@@ -1,1 +1,5 @@
-"""ibemu.kernel"""
+"""The only code that touches the kernel: namespaces, veth links, tc, packet sockets, ownership.
+
+pyroute2's sync API and the ``ip``/``tc`` subprocesses block: call them before ``trio.run``
+or through ``trio.to_thread.run_sync``, never on the trio thread.
+"""

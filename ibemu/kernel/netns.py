@@ -1,0 +1,76 @@
+"""Network namespaces: bulk create/delete, and entering one from a thread to open sockets.
+
+A socket (netlink, AF_PACKET, unix) belongs to the namespace its creating thread was in, and
+keeps it after the thread leaves: ``entered(name)`` lets one process own sockets in many
+namespaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from ibemu.kernel.commands import KernelError, batch
+
+NETNS_RUN_DIR = Path("/run/netns")
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def exists(name: str) -> bool:
+    return (NETNS_RUN_DIR / name).exists()
+
+
+def list_names() -> list[str]:
+    try:
+        return sorted(p.name for p in NETNS_RUN_DIR.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+def create(names: Iterable[str]) -> None:
+    """Create namespaces (one ``ip -batch``); raises if any already exists."""
+    names = list(names)
+    clash = [n for n in names if exists(n)]
+    if clash:
+        raise KernelError(f"namespace {clash[0]} already exists ({len(clash)} clash): not ours to reuse")
+    batch("ip", [f"netns add {n}" for n in names])
+
+
+def delete(names: Iterable[str]) -> list[str]:
+    """Delete the namespaces that exist (their veth ends go with them); returns failures."""
+    present = [n for n in names if exists(n)]
+    return batch("ip", [f"netns del {n}" for n in present], force=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise KernelError(f"setns failed: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def entered(name: str) -> Iterator[None]:
+    """Run the body with the calling thread inside namespace ``name`` (then come back).
+
+    Never use on the trio thread while other tasks run: call from a worker thread or before
+    ``trio.run``.
+    """
+    path = NETNS_RUN_DIR / name
+    try:
+        target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KernelError(f"namespace {name} does not exist") from None
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(target)
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(target)
+        os.close(home)

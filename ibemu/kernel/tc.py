@@ -1,0 +1,119 @@
+"""The kernel forwarding plane of a switch: its LFT as tc u32 filters on a shared block.
+
+Every port of a switch has a clsact qdisc whose ingress is the switch's shared filter block.
+In the block:
+
+- prio 1: VL15 frames match and stop (no action): they continue up the stack to the SMA's
+  packet socket — management traffic is always the SMA's.
+- prio 2: a u32 hash table of 256 buckets keyed on the low byte of the DLID; each LFT entry
+  is one filter ``match DLID -> mirred egress redirect dev p<port>`` with the handle
+  ``1:<dlid & 0xff>:<(dlid >> 8) + 1>``, so an entry is replaced or deleted by handle alone.
+- no match (the switch's own LID, LIDs without a route): the frame reaches the SMA, which
+  counts unroutable ones as the spec's PortRcvSwitchRelayErrors.
+
+This kernel has no gact ("pass"/"drop" actions), so nothing here depends on them. u32 offsets
+at ingress start at the LRH (the Ethernet header is already pulled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ibemu.kernel.commands import batch
+from ibemu.kernel.links import LinkControl
+from ibemu.kernel.packet import ETH_P_IB
+from ibemu.kernel.tc_netlink import BlockFilters, U32Route
+
+BLOCK = 1
+PROTO = "0x88b5"
+HT = "1"
+NO_ROUTE = 0xFF
+
+
+def port_ifname(port: int) -> str:
+    """Interface of switch port ``port`` inside the switch's namespace."""
+    return f"p{port}"
+
+
+def setup_lines(ports: Iterable[int]) -> list[str]:
+    """clsact on every port, all sharing block 1; the VL15 rule and the LFT hash table."""
+    lines = [f"qdisc add dev {port_ifname(p)} ingress_block {BLOCK} clsact" for p in ports]
+    lines += [
+        f"filter add block {BLOCK} prio 1 protocol {PROTO} u32 match u8 0xf0 0xf0 at 0 classid 1:15",
+        f"filter add block {BLOCK} prio 2 protocol {PROTO} handle {HT}: u32 divisor 256",
+        f"filter add block {BLOCK} prio 2 protocol {PROTO} u32 ht 800:: match u8 0 0 "
+        f"hashkey mask 0x000000ff at 0 link {HT}:",
+    ]
+    return lines
+
+
+def _handle(lid: int) -> str:
+    return f"{HT}:{lid & 0xFF:x}:{(lid >> 8) + 1:x}"
+
+
+def lft_lines(changes: Mapping[int, int], *, installed: Mapping[int, int]) -> list[str]:
+    """``tc -batch`` lines equivalent to ``KernelLft.apply`` (for debugging and docs)."""
+    lines = []
+    for lid, port in sorted(changes.items()):
+        old = installed.get(lid)
+        if port in (0, NO_ROUTE):
+            if old is not None:
+                lines.append(f"filter del block {BLOCK} prio 2 protocol {PROTO} handle {_handle(lid)} u32")
+        elif old != port:
+            verb = "replace" if old is not None else "add"
+            lines.append(
+                f"filter {verb} block {BLOCK} prio 2 protocol {PROTO} handle {_handle(lid)} u32 "
+                f"ht {HT}:{lid & 0xFF:x}: match u16 {lid:#06x} 0xffff at 2 "
+                f"action mirred egress redirect dev {port_ifname(port)}"
+            )
+    return lines
+
+
+class KernelLft:
+    """The LFT of one switch as installed in tc: set up once, then minimal netlink updates."""
+
+    def __init__(self, ns: str, ports: Iterable[int], links: LinkControl) -> None:
+        self.ns = ns
+        self.ports = sorted(ports)
+        self.installed: dict[int, int] = {}
+        self._links = links
+        self._ifindex: dict[int, int] = {}
+        self._filters: BlockFilters | None = None
+
+    def setup(self) -> None:
+        batch("tc", setup_lines(self.ports), netns=self.ns)
+        self._ifindex = {p: self._links.index(self.ns, port_ifname(p)) for p in self.ports}
+        self._filters = BlockFilters(self.ns, block=BLOCK, prio=2, protocol=ETH_P_IB, ht=1)
+
+    def apply(self, changes: Mapping[int, int]) -> int:
+        """Install ``changes`` (LID -> port; 0/0xFF = no route); returns kernel operations.
+
+        Only entries that differ from what is installed are written.
+        """
+        if self._filters is None:
+            raise RuntimeError("KernelLft.apply before setup()")
+        put: list[tuple[U32Route, bool]] = []
+        new_ports: dict[int, int] = {}
+        delete: list[int] = []
+        for lid, port in changes.items():
+            if not 0 < lid < 0xC000:
+                raise ValueError(f"LID {lid:#x} is not a unicast LID")
+            old = self.installed.get(lid)
+            if port in (0, NO_ROUTE):
+                if old is not None:
+                    delete.append(lid)
+            elif old != port:
+                if port not in self._ifindex:
+                    raise ValueError(f"{self.ns}: no port {port} (ports {self.ports[0]}-{self.ports[-1]})")
+                put.append((U32Route(lid, self._ifindex[port]), old is not None))
+                new_ports[lid] = port
+        n = self._filters.apply(put, delete)
+        self.installed.update(new_ports)
+        for lid in delete:
+            del self.installed[lid]
+        return n
+
+    def close(self) -> None:
+        if self._filters is not None:
+            self._filters.close()
+            self._filters = None
