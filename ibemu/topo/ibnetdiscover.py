@@ -82,6 +82,7 @@ class _Half:
     rport: int
     where: str
     rate: LinkRate | None
+    seq: int = 0  # order of appearance across all files
     alias_ref: str | None = None
 
 
@@ -152,7 +153,7 @@ class _Parser:
         self.vendid = self.devid = self.sysimgguid = 0
         self.prefix = ""
         self.hint: str | None = None
-        self.files: list[Path] = []
+        self.seq = 0
 
     def error(self, where: str, message: str) -> None:
         self.problems.append(f"{where}: {message}")
@@ -318,7 +319,8 @@ class _Parser:
             return
         rid = m.group("rid")
         rest = m.group("rest")
-        half = _Half(port, "", int(m.group("rport") or 1), where, _parse_rate(rest))
+        half = _Half(port, "", int(m.group("rport") or 1), where, _parse_rate(rest), self.seq)
+        self.seq += 1
         if "@" in rid:
             half.alias_ref = self.alias_id(rid)
         else:
@@ -384,9 +386,7 @@ class _Parser:
                         f'"{far.nodeid}"[{h.rport}] -> "{back.remote}"[{back.rport}]',
                     )
                     continue
-                if (rec.nodeid, h.port) < (far.nodeid, h.rport) or (
-                    rec is far and h.port == h.rport
-                ):
+                if h.seq <= back.seq:  # each cable once, located at its first line
                     links.append((rec, h, far, h.rport))
                     if back.rate and h.rate and back.rate != h.rate:
                         log.warning(
@@ -401,17 +401,22 @@ class _Parser:
 # --- names ------------------------------------------------------------------------------------
 
 
-def _shorten(cand: str) -> str:
-    if len(cand) <= MAX_NODE_NAME:
+def _shorten(cand: str, limit: int = MAX_NODE_NAME) -> str:
+    """Fit a name candidate in ``limit`` characters, keeping its trailing number."""
+    if len(cand) <= limit:
         return cand
     squeezed = cand.replace("_", "")
-    if len(squeezed) <= MAX_NODE_NAME:
+    if len(squeezed) <= limit:
         return squeezed
     m = re.search(r"\d+\Z", squeezed)
     digits = m.group(0) if m else ""
-    if len(digits) >= MAX_NODE_NAME - 1:
-        return squeezed[:MAX_NODE_NAME]
-    return squeezed[: MAX_NODE_NAME - len(digits)] + digits
+    if len(digits) >= limit - 1:
+        return squeezed[:limit]
+    return squeezed[: limit - len(digits)] + digits
+
+
+def _with_number(base: str, num: str) -> str:
+    return f"{_shorten(base, MAX_NODE_NAME - 1 - len(num))}_{num}"
 
 
 def _candidate(kind: NodeKind, nodeid: str, desc: str) -> tuple[str, str | None]:
@@ -464,7 +469,7 @@ def derive_names(records: Iterable[tuple[NodeKind, str, str, str | None]]) -> li
         nums = [cands[i][1] for i in members]
         if all(nums) and len(set(nums)) == len(nums):
             for i in members:
-                cands[i] = (_shorten(f"{base}_{cands[i][1]}"), None)
+                cands[i] = (_with_number(base, str(cands[i][1])), None)
         else:
             for i in members:
                 cands[i] = ("", None)
