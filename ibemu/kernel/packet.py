@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 from ibemu.kernel import netns
@@ -27,10 +28,8 @@ def open_packet_socket(ns: str, ifname: str, ethertype: int = ETH_P_IB, *,
             raise KernelError(f"packet socket on {ns}/{ifname}: {exc}") from exc
     sock.setblocking(False)
     for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        try:
+        with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
-        except OSError:
-            pass
     return sock
 
 
