@@ -1,0 +1,141 @@
+"""The kernel substrate for real: namespaces, veth cables, tc LFT forwarding, ownership/clean."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ibemu.cli.main import main
+from ibemu.kernel import features, netns, ownership, tc
+from ibemu.kernel.links import Cable, LinkControl, create_cables
+from ibemu.kernel.packet import open_packet_socket
+from ibemu.wire import fast
+
+pytestmark = pytest.mark.root
+ETH = fast.ethernet_header(b"\xff" * 6, b"\x02" * 6)
+
+
+def _drain(sock) -> list[bytes]:  # type: ignore[no-untyped-def]
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(9000))
+        except BlockingIOError:
+            return out
+
+
+def _wait_drain(sock, n: int, timeout: float = 2.0) -> list[bytes]:  # type: ignore[no-untyped-def]
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        got += _drain(sock)
+        time.sleep(0.005)
+    return got + _drain(sock)
+
+
+def _three_nodes(state: ownership.RunState) -> tuple[str, str, str, LinkControl]:
+    h1, sw, h2 = (ownership.ns_name(state.run_id, n) for n in ("h1", "sw", "h2"))
+    state.claim_namespaces([h1, sw, h2])
+    netns.create([h1, sw, h2])
+    create_cables([Cable(h1, "p1", sw, "p1"), Cable(h2, "p1", sw, "p2")])
+    links = LinkControl()
+    links.all_up(h1, ["p1"])
+    links.all_up(h2, ["p1"])
+    links.all_up(sw, ["p1", "p2"])
+    return h1, sw, h2, links
+
+
+def test_cables_carrier_follows_either_end(run_state: ownership.RunState) -> None:
+    h1, sw, _h2, links = _three_nodes(run_state)
+    try:
+        assert links.carrier(h1, "p1") and links.carrier(sw, "p1")
+        links.set_up(sw, "p1", False)  # the switch end goes down: the host loses carrier
+        assert not links.carrier(h1, "p1")
+        links.set_up(sw, "p1", True)
+        deadline = time.monotonic() + 2
+        while not links.carrier(h1, "p1") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert links.carrier(h1, "p1")
+        assert subprocess.run(["ip", "-n", h1, "-o", "link", "show", "p1"], capture_output=True,
+                              text=True).stdout.count("mtu 4400") == 1
+    finally:
+        links.close()
+
+
+def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership.RunState) -> None:
+    h1, sw, h2, links = _three_nodes(run_state)
+    lft = tc.KernelLft(sw, [1, 2], links)
+    lft.setup()
+    s_h1, s_h2 = open_packet_socket(h1, "p1"), open_packet_socket(h2, "p1")
+    s_sw1 = open_packet_socket(sw, "p1")
+    try:
+        assert lft.apply({1: 1, 2: 2}) == 2
+        assert lft.apply({1: 1, 2: 2}) == 0  # nothing changed, nothing written
+        data = fast.NativeTemplate(slid=1, dlid=2, destqp=5, eth=ETH)
+        for psn in range(500):
+            s_h1.send(data.packet(0x04, psn, b"x" * 100))
+        got = _wait_drain(s_h2, 500)
+        assert len(got) == 500 and fast.peek(got[-1][14:]).psn == 499
+        assert _drain(s_sw1) == []  # forwarded frames never reach the switch's SMA socket
+        vl15 = fast.NativeTemplate(slid=1, dlid=2, destqp=0, vl=15, eth=ETH)
+        unroutable = fast.NativeTemplate(slid=1, dlid=9, destqp=5, eth=ETH)
+        s_h1.send(vl15.packet(0x64, 0, b"\0" * 256, ext=fast.deth(0, 0)))
+        s_h1.send(unroutable.packet(0x04, 0, b"y"))
+        at_sma = _wait_drain(s_sw1, 2)
+        assert sorted(fast.dlid_vl(f[14:]) for f in at_sma) == [(2, 15), (9, 0)]
+        assert _drain(s_h2) == []
+        # Reroute LID 2 back out of port 1 (a hairpin), then remove it.
+        assert lft.apply({2: 1}) == 1
+        s_h1.send(data.packet(0x04, 1, b"z"))
+        assert len(_wait_drain(s_h1, 1)) == 1
+        assert lft.apply({2: 0xFF}) == 1 and 2 not in lft.installed
+        assert tc.lft_lines({2: 2}, installed=lft.installed)[0].startswith("filter add block 1")
+    finally:
+        for s in (s_h1, s_h2, s_sw1):
+            s.close()
+        lft.close()
+        links.close()
+
+
+def test_feature_probe_finds_what_this_kernel_has(state_dir: Path) -> None:
+    feats = features.detect(use_cache=False)
+    assert feats.clsact and feats.mirred and feats.tbf  # ibemu's kernel datapath needs these
+    assert feats.missing({"tbf", "netem"}) == ([] if feats.netem else ["netem"])
+    assert not [n for n in netns.list_names() if "probe" in n]
+
+
+def test_clean_removes_only_what_ibemu_owns(state_dir: Path) -> None:
+    foreign_ns = "ibemu-foreign-pytest"  # looks like ours, but no run recorded it
+    foreign_link = "ibtfrgn0"
+    subprocess.run(["ip", "netns", "add", foreign_ns], check=True)
+    subprocess.run(["ip", "link", "add", foreign_link, "type", "veth", "peer", "name", "ibtfrgn1"], check=True)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = ownership.RunState(ownership.new_run_id(), scenario="crashed")
+        names = [ownership.ns_name(state.run_id, n) for n in ("a", "b")]
+        state.claim_namespaces(names)
+        netns.create(names)
+        create_cables([Cable(names[0], "p1", names[1], "p1")])
+        state.claim_process(child.pid, "agent")
+        # The owner "crashes": nothing torn down. `ibemu clean` must find and remove it all.
+        assert main(["clean"]) == 0
+        assert not any(netns.exists(n) for n in names)
+        assert child.wait(timeout=5) is not None
+        assert not list(state_dir.glob("*.json"))
+        assert netns.exists(foreign_ns)
+        assert subprocess.run(["ip", "link", "show", foreign_link], capture_output=True).returncode == 0
+        assert main(["clean"]) == 0  # idempotent
+    finally:
+        child.kill()
+        subprocess.run(["ip", "netns", "del", foreign_ns], check=False)
+        subprocess.run(["ip", "link", "del", foreign_link], check=False)
+
+
+def test_recycled_pid_is_never_signalled(state_dir: Path) -> None:
+    proc = ownership.OwnedProcess(pid=1, start_time=123456789, role="impostor")
+    assert not proc.alive()  # PID 1 exists, but with another start time: not ours
+    ownership.stop_processes([proc])  # must not signal init
