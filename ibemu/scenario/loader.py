@@ -118,7 +118,7 @@ class _Loader(Reader):
         fabric = self.fabric(opt("fabric"))
         self.datapath = fabric.datapath
         defaults = self.defaults(opt("defaults"))
-        topo, spec = self.topology(top["topology"][1])
+        topo, spec = self.topology(top["topology"][1]) if "topology" in top else (None, None)
         if topo is not None:
             topo.defaults = defaults
         sm = self.sm(opt("sm"), topo)
@@ -275,7 +275,7 @@ class _Loader(Reader):
             self.error(
                 fnode,
                 "topology.file",
-                f"no such file: {path} (a relative path starts at the scenario's folder)",
+                f"no such file: {fname} (a relative path starts at the scenario's folder)",
             )
             return None, None
         try:
@@ -284,7 +284,7 @@ class _Loader(Reader):
             self.error(
                 fnode,
                 "topology.file",
-                f"cannot import {path}: {len(exc.problems)} problem(s) below",
+                f"cannot import {fname}: {len(exc.problems)} problem(s) below",
             )
             self.extra.extend(exc.problems)
             return None, None
@@ -306,16 +306,18 @@ class _Loader(Reader):
             return None, None
         # Links first: a switch without "ports" gets as many as its highest cabled port.
         links: list[tuple[Endpoint, Endpoint, dict[str, Any], str]] = []
+        ok = True
         for i, item in enumerate(items):
             parsed = self.link_item(item, f"topology.links[{i}]")
             if parsed:
                 links.append(parsed)
+            else:
+                ok = False
         highest: dict[str, int] = {}
         for a, b, _, _ in links:
             for e in (a, b):
                 highest[e.node] = max(highest.get(e.node, 0), e.port)
         topo = Topology(str(scalar(m["name"][1])) if "name" in m else Path(self.source).stem)
-        ok = True
         for name, (knode, vnode) in nodes.items():
             ok = self.node_item(topo, name, knode, vnode, highest) and ok
         if not ok:

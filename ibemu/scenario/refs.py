@@ -25,6 +25,14 @@ _TWO = re.compile(rf"{_EP}\s*-\s*{_EP}\Z")
 _PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_]*)\s*-\s*([A-Za-z][A-Za-z0-9_]*)\Z")
 
 
+_A_KIND = {NodeKind.SWITCH: "a switch", NodeKind.CA: "a CA (host)", NodeKind.ROUTER: "a router"}
+
+
+def _some(names: list[str]) -> str:
+    """``h0, h1, h2, ..., h15`` for long lists."""
+    return ", ".join(names) if len(names) <= 5 else f"{', '.join(names[:3])}, ..., {names[-1]}"
+
+
 def node(topo: Topology, name: str) -> Node:
     n = topo.nodes.get(name)
     if n is None:
@@ -32,18 +40,24 @@ def node(topo: Topology, name: str) -> Node:
     return n
 
 
-def host(topo: Topology, name: str) -> str:
-    n = node(topo, name)
-    if n.kind is not NodeKind.CA:
-        raise RefError(f"{name} is a {n.kind.value}, expected a host (CA)")
+def _of_kind(topo: Topology, name: str, kind: NodeKind, what: str) -> str:
+    n = topo.nodes.get(name)
+    members = [m.name for m in topo.of_kind(kind)]
+    if n is None:
+        raise RefError(
+            f"no {what} {name!r}{did_you_mean(name, members)}; {topo.name} has {len(members)}: {_some(members)}"
+        )
+    if n.kind is not kind:
+        raise RefError(f"{name} is {_A_KIND[n.kind]}, expected {_A_KIND[kind]}")
     return name
+
+
+def host(topo: Topology, name: str) -> str:
+    return _of_kind(topo, name, NodeKind.CA, "host")
 
 
 def switch(topo: Topology, name: str) -> str:
-    n = node(topo, name)
-    if n.kind is not NodeKind.SWITCH:
-        raise RefError(f"{name} is a {n.kind.value}, expected a switch")
-    return name
+    return _of_kind(topo, name, NodeKind.SWITCH, "switch")
 
 
 def _at(topo: Topology, text: str, name: str, port: int) -> Link:

@@ -65,7 +65,11 @@ def describe(node: yaml.Node) -> str:
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """`` (did you mean 'x'?)`` for the closest choice, or ``""``."""
+    options = list(choices)
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close and len(word) >= 3:
+        close = [c for c in options if c.startswith(word)][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
