@@ -34,12 +34,17 @@ class Cable:
     b_ns: str
     b_if: str
     mtu: int = VETH_MTU
+    a_mac: str | None = None
+    b_mac: str | None = None
 
 
 def create_cables(cables: Sequence[Cable]) -> None:
     """Create all veth pairs in one batch (their namespaces must exist)."""
+    def end(ifname: str, ns: str, mtu: int, mac: str | None) -> str:
+        return f"{ifname} netns {ns} mtu {mtu}" + (f" address {mac}" if mac else "")
+
     batch("ip", [
-        f"link add {c.a_if} netns {c.a_ns} mtu {c.mtu} type veth peer name {c.b_if} netns {c.b_ns} mtu {c.mtu}"
+        f"link add {end(c.a_if, c.a_ns, c.mtu, c.a_mac)} type veth peer name {end(c.b_if, c.b_ns, c.mtu, c.b_mac)}"
         for c in cables
     ])
 

@@ -30,14 +30,9 @@ HT = "1"
 NO_ROUTE = 0xFF
 
 
-def port_ifname(port: int) -> str:
-    """Interface of switch port ``port`` inside the switch's namespace."""
-    return f"p{port}"
-
-
-def setup_lines(ports: Iterable[int]) -> list[str]:
+def setup_lines(ifnames: Iterable[str]) -> list[str]:
     """clsact on every port, all sharing block 1; the VL15 rule and the LFT hash table."""
-    lines = [f"qdisc add dev {port_ifname(p)} ingress_block {BLOCK} clsact" for p in ports]
+    lines = [f"qdisc add dev {name} ingress_block {BLOCK} clsact" for name in ifnames]
     lines += [
         f"filter add block {BLOCK} prio 1 protocol {PROTO} u32 match u8 0xf0 0xf0 at 0 classid 1:15",
         f"filter add block {BLOCK} prio 2 protocol {PROTO} handle {HT}: u32 divisor 256",
@@ -51,7 +46,8 @@ def _handle(lid: int) -> str:
     return f"{HT}:{lid & 0xFF:x}:{(lid >> 8) + 1:x}"
 
 
-def lft_lines(changes: Mapping[int, int], *, installed: Mapping[int, int]) -> list[str]:
+def lft_lines(changes: Mapping[int, int], *, installed: Mapping[int, int],
+              ifnames: Mapping[int, str]) -> list[str]:
     """``tc -batch`` lines equivalent to ``KernelLft.apply`` (for debugging and docs)."""
     lines = []
     for lid, port in sorted(changes.items()):
@@ -64,7 +60,7 @@ def lft_lines(changes: Mapping[int, int], *, installed: Mapping[int, int]) -> li
             lines.append(
                 f"filter {verb} block {BLOCK} prio 2 protocol {PROTO} handle {_handle(lid)} u32 "
                 f"ht {HT}:{lid & 0xFF:x}: match u16 {lid:#06x} 0xffff at 2 "
-                f"action mirred egress redirect dev {port_ifname(port)}"
+                f"action mirred egress redirect dev {ifnames[port]}"
             )
     return lines
 
@@ -72,17 +68,19 @@ def lft_lines(changes: Mapping[int, int], *, installed: Mapping[int, int]) -> li
 class KernelLft:
     """The LFT of one switch as installed in tc: set up once, then minimal netlink updates."""
 
-    def __init__(self, ns: str, ports: Iterable[int], links: LinkControl) -> None:
+    def __init__(self, ns: str, ifnames: Mapping[int, str], links: LinkControl) -> None:
+        """``ifnames`` maps each cabled port number to its interface in ``ns``."""
         self.ns = ns
-        self.ports = sorted(ports)
+        self.ifnames = dict(ifnames)
+        self.ports = sorted(ifnames)
         self.installed: dict[int, int] = {}
         self._links = links
         self._ifindex: dict[int, int] = {}
         self._filters: BlockFilters | None = None
 
     def setup(self) -> None:
-        batch("tc", setup_lines(self.ports), netns=self.ns)
-        self._ifindex = {p: self._links.index(self.ns, port_ifname(p)) for p in self.ports}
+        batch("tc", setup_lines(self.ifnames.values()), netns=self.ns)
+        self._ifindex = {p: self._links.index(self.ns, name) for p, name in self.ifnames.items()}
         self._filters = BlockFilters(self.ns, block=BLOCK, prio=2, protocol=ETH_P_IB, ht=1)
 
     def apply(self, changes: Mapping[int, int]) -> int:
@@ -104,7 +102,7 @@ class KernelLft:
                     delete.append(lid)
             elif old != port:
                 if port not in self._ifindex:
-                    raise ValueError(f"{self.ns}: no port {port} (ports {self.ports[0]}-{self.ports[-1]})")
+                    raise ValueError(f"{self.ns}: port {port} is not cabled (cabled: {self.ports})")
                 put.append((U32Route(lid, self._ifindex[port]), old is not None))
                 new_ports[lid] = port
         n = self._filters.apply(put, delete)

@@ -68,7 +68,7 @@ def test_cables_carrier_follows_either_end(run_state: ownership.RunState) -> Non
 
 def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership.RunState) -> None:
     h1, sw, h2, links = _three_nodes(run_state)
-    lft = tc.KernelLft(sw, [1, 2], links)
+    lft = tc.KernelLft(sw, {1: "p1", 2: "p2"}, links)
     lft.setup()
     s_h1, s_h2 = open_packet_socket(h1, "p1"), open_packet_socket(h2, "p1")
     s_sw1 = open_packet_socket(sw, "p1")
@@ -93,7 +93,7 @@ def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership
         s_h1.send(data.packet(0x04, 1, b"z"))
         assert len(_wait_drain(s_h1, 1)) == 1
         assert lft.apply({2: 0xFF}) == 1 and 2 not in lft.installed
-        assert tc.lft_lines({2: 2}, installed=lft.installed)[0].startswith("filter add block 1")
+        assert tc.lft_lines({2: 2}, installed=lft.installed, ifnames=lft.ifnames)[0].startswith("filter add block 1")
     finally:
         for s in (s_h1, s_h2, s_sw1):
             s.close()
