@@ -139,3 +139,29 @@ def test_recycled_pid_is_never_signalled(state_dir: Path) -> None:
     proc = ownership.OwnedProcess(pid=1, start_time=123456789, role="impostor")
     assert not proc.alive()  # PID 1 exists, but with another start time: not ours
     ownership.stop_processes([proc])  # must not signal init
+
+
+def test_link_monitor_sees_carrier_loss_on_the_far_end(run_state: ownership.RunState) -> None:
+    from ibemu.kernel.linkevents import open_link_monitor, read_events
+
+    h1, sw, _h2, links = _three_nodes(run_state)
+    mon = open_link_monitor(h1)
+    try:
+        idx = links.index(h1, "p1")
+        links.set_up(sw, "p1", False)  # unplug at the switch end
+        deadline = time.monotonic() + 2
+        seen = []
+        while time.monotonic() < deadline and not any(e.ifindex == idx and not e.carrier for e in seen):
+            seen += read_events(mon)
+            time.sleep(0.005)
+        down = [e for e in seen if e.ifindex == idx]
+        assert down and not down[-1].carrier and down[-1].admin_up
+        links.set_up(sw, "p1", True)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not any(e.ifindex == idx and e.carrier for e in seen):
+            seen += read_events(mon)
+            time.sleep(0.005)
+        assert any(e.ifindex == idx and e.carrier for e in seen)
+    finally:
+        mon.close()
+        links.close()

@@ -1,0 +1,67 @@
+"""Link state change notifications (RTM_NEWLINK multicast) from one namespace.
+
+A port's physical state is its veth's carrier (IFF_LOWER_UP): it drops when either end is
+set down, exactly like unplugging a cable. The socket is non-blocking; the agent host waits
+on it with trio and parses what arrives.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ibemu.kernel import netns
+
+NETLINK_ROUTE = 0
+RTMGRP_LINK = 0x1
+RTM_NEWLINK = 16
+RTM_DELLINK = 17
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_IFINFOMSG = struct.Struct("=BxHiII")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkEvent:
+    ifindex: int
+    admin_up: bool
+    carrier: bool
+    deleted: bool = False
+
+
+def open_link_monitor(ns: str) -> socket.socket:
+    """A netlink socket in ``ns`` subscribed to link notifications (non-blocking)."""
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+    sock.bind((0, RTMGRP_LINK))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.setblocking(False)
+    return sock
+
+
+def parse(data: bytes) -> Iterator[LinkEvent]:
+    """Link events in one netlink datagram (other message types are skipped)."""
+    off = 0
+    while off + _NLMSGHDR.size <= len(data):
+        length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
+        if length < _NLMSGHDR.size or off + length > len(data):
+            return
+        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= _NLMSGHDR.size + _IFINFOMSG.size:
+            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)
+            yield LinkEvent(index, bool(flags & IFF_UP), bool(flags & IFF_LOWER_UP), kind == RTM_DELLINK)
+        off += (length + 3) & ~3
+
+
+def read_events(sock: socket.socket) -> list[LinkEvent]:
+    """Everything pending on a monitor socket, without blocking."""
+    events: list[LinkEvent] = []
+    while True:
+        try:
+            data = sock.recv(1 << 16)
+        except BlockingIOError:
+            return events
+        events.extend(parse(data))
