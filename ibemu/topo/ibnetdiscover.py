@@ -101,6 +101,7 @@ class _Record:
     hint: str | None = None
     port_guids: dict[int, int] = field(default_factory=dict)
     halves: list[_Half] = field(default_factory=list)
+    listed: set[int] = field(default_factory=set)
 
 
 def _int(text: str) -> int:
@@ -314,7 +315,7 @@ class _Parser:
         port = int(m.group("port"))
         if not self.port_ok(rec, port, where):
             return
-        if any(h.port == port for h in rec.halves):
+        if port in rec.listed:
             self.error(where, f'port {port} of "{rec.nodeid}" is listed twice')
             return
         rid = m.group("rid")
@@ -333,6 +334,7 @@ class _Parser:
             if pg != rec.guid + port:
                 rec.port_guids[port] = pg
         rec.halves.append(half)
+        rec.listed.add(port)
 
     def port_ok(self, rec: _Record, port: int, where: str) -> bool:
         if port == 0:
