@@ -27,7 +27,10 @@ def _add_param_options(p: argparse.ArgumentParser) -> None:
     )
     for name in _PARAMS:
         group.add_argument(
-            f"--{name.replace('_', '-')}", dest=f"gp_{name}", metavar="N", default=argparse.SUPPRESS
+            f"--{name.replace('_', '-')}",
+            dest=f"gp_{name}",
+            metavar="VALUE",
+            default=argparse.SUPPRESS,
         )
 
 
@@ -138,7 +141,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
             if s.diameter is not None
             else "  diameter   - (some CAs cannot reach each other)"
         )
-        for t in s.tiers:
+        for t in s.tiers if len(s.tiers) > 1 else ():  # one tier (torus, dragonfly): nothing to say
             load = (
                 f"worst down {t.down_gbps:g} / up {t.up_gbps:g} Gb/s = {_ratio(t.oversubscription)}"
                 if t.up_gbps

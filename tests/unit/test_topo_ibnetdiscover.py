@@ -277,7 +277,9 @@ def test_all_errors_reported_at_once() -> None:
 
 
 def test_missing_file() -> None:
-    with pytest.raises(ib.ConfigError, match=r"nope\.ibnd: cannot read topology file: No such file"):
+    with pytest.raises(
+        ib.ConfigError, match=r"nope\.ibnd: cannot read topology file: No such file"
+    ):
         ib.load("nope.ibnd")
 
 
@@ -305,3 +307,19 @@ def test_derive_names(
     records: list[tuple[NodeKind, str, str, str | None]], names: list[str]
 ) -> None:
     assert ib.derive_names(records) == names
+
+
+def test_router_round_trip() -> None:
+    t = Topology("rt")
+    t.add_switch("sw0", 2)
+    t.add_node("gw0", NodeKind.ROUTER, 2)
+    t.add_ca("h0")
+    t.connect("gw0", 2, "sw0", 1)
+    t.connect("h0", 1, "sw0", 2)
+    text = ib.dumps(t)
+    assert 'Rt\t2 "R-0a1be00300000000"\t\t# "ibemu gw0"' in text
+    assert "rtguid=0xa1be00300000000" in text
+    back = ib.loads(text)
+    assert back.node("gw0").kind is NodeKind.ROUTER
+    assert back.node("gw0").port_guid(2) == t.node("gw0").guid + 2
+    assert back.graph_key() == t.graph_key()
