@@ -1,0 +1,82 @@
+"""Byte encoders for the fixed attributes (NodeInfo, SwitchInfo, Notice, ClassPortInfo).
+
+Layouts as in ../shared/ref/ib-wire.md; the tests check each against the scapy layers.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+NODE_TYPE_CA = 1
+NODE_TYPE_SWITCH = 2
+
+_NODE_INFO = struct.Struct("!BBBBQQQHHIB3s")
+_SWITCH_INFO = struct.Struct("!HHHHBBBBHHBBH")
+_NOTICE = struct.Struct("!B3sHHH")
+PRODUCER_SWITCH = 2
+NOTICE_URGENT = 1
+
+
+def node_info(*, node_type: int, num_ports: int, system_image_guid: int, node_guid: int,
+              port_guid: int, partition_cap: int, device_id: int, revision: int,
+              local_port_num: int, vendor_id: int) -> bytes:
+    """64-byte NodeInfo (40 bytes of fields, then reserved zeros)."""
+    return _NODE_INFO.pack(1, 1, node_type, num_ports, system_image_guid, node_guid, port_guid,
+                           partition_cap, device_id, revision, local_port_num,
+                           vendor_id.to_bytes(3, "big")).ljust(64, b"\0")
+
+
+@dataclass(slots=True)
+class SwitchInfoState:
+    """The settable and reported SwitchInfo fields of one switch."""
+
+    linear_fdb_cap: int = 49152
+    random_fdb_cap: int = 0
+    multicast_fdb_cap: int = 1024
+    linear_fdb_top: int = 0
+    default_port: int = 0
+    default_mcast_primary_port: int = 0
+    default_mcast_not_primary_port: int = 0
+    life_time_value: int = 0x0F  # 4.096 us * 2^15 ~ 134 ms
+    port_state_change: bool = False
+    lids_per_port: int = 0
+    partition_enforcement_cap: int = 32
+    multicast_fdb_top: int = 0xC000 - 1  # no multicast LIDs in use
+
+    def encode(self) -> bytes:
+        return _SWITCH_INFO.pack(
+            self.linear_fdb_cap, self.random_fdb_cap, self.multicast_fdb_cap, self.linear_fdb_top,
+            self.default_port, self.default_mcast_primary_port, self.default_mcast_not_primary_port,
+            (self.life_time_value << 3) | (int(self.port_state_change) << 2),
+            self.lids_per_port, self.partition_enforcement_cap,
+            0,  # InboundEnf/OutboundEnf/FilterRaw caps, EnhancedPort0: none
+            0, self.multicast_fdb_top,
+        ).ljust(64, b"\0")
+
+
+def decode_switch_info(data: bytes | bytearray | memoryview) -> dict[str, int]:
+    """The Set-relevant fields of a SwitchInfo data area."""
+    (_cap, _rcap, _mcap, top, dport, dmp, dmnp, b11, _lpp, _pec, _b16, _b17,
+     mtop) = _SWITCH_INFO.unpack_from(data, 0)
+    return {"linear_fdb_top": top, "default_port": dport, "default_mcast_primary_port": dmp,
+            "default_mcast_not_primary_port": dmnp, "life_time_value": b11 >> 3,
+            "port_state_change": (b11 >> 2) & 1, "multicast_fdb_top": mtop}
+
+
+def notice_trap128(*, issuer_lid: int, lidaddr: int) -> bytes:
+    """Notice for trap 128 (link state change): generic, urgent, producer switch."""
+    head = _NOTICE.pack((1 << 7) | NOTICE_URGENT, PRODUCER_SWITCH.to_bytes(3, "big"), 128,
+                        issuer_lid, 0)
+    return (head + struct.pack("!H", lidaddr)).ljust(64, b"\0")
+
+
+def notice_fields(data: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+    """(is_generic, trap_number, issuer_lid) of a Notice data area."""
+    b0, _prod, trap, issuer, _tc = _NOTICE.unpack_from(data, 0)
+    return b0 >> 7, trap, issuer
+
+
+def class_port_info(*, capability_mask: int, resp_time_value: int = 18) -> bytes:
+    """ClassPortInfo for a GSI agent without redirection (72 bytes in a 192-byte area)."""
+    return struct.pack("!BBHI", 1, 1, capability_mask, resp_time_value & 0x1F).ljust(192, b"\0")

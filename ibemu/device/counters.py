@@ -1,0 +1,180 @@
+"""PMA port counters: 64-bit accumulators, shown through the spec's saturating fields.
+
+One ``PortCounters`` per port. Data counters accumulate octets (LRH .. VCRC); PortCounters
+(0x12) reports octets/4 in 32-bit fields that saturate at 0xFFFFFFFF (never wrap), error
+counters saturate at their field width; PortCountersExtended (0x1D) reports the same
+accumulators as 64-bit values. A Set with CounterSelect writes the selected counters (tools
+write zeros: that is how counters are cleared); both views share the accumulators.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+ATTR_PORT_COUNTERS = 0x0012
+ATTR_PORT_COUNTERS_EXT = 0x001D
+
+# PortCounters (0x12) fields: (name, byte offset, width in bits, CounterSelect bit)
+# Widths of 4 share byte 19 (LocalLinkIntegrityErrors high nibble, ExcessiveBufferOverrun low).
+BASIC_FIELDS: tuple[tuple[str, int, int, int], ...] = (
+    ("symbol_error_counter", 4, 16, 0),
+    ("link_error_recovery_counter", 6, 8, 1),
+    ("link_downed_counter", 7, 8, 2),
+    ("port_rcv_errors", 8, 16, 3),
+    ("port_rcv_remote_physical_errors", 10, 16, 4),
+    ("port_rcv_switch_relay_errors", 12, 16, 5),
+    ("port_xmit_discards", 14, 16, 6),
+    ("port_xmit_constraint_errors", 16, 8, 7),
+    ("port_rcv_constraint_errors", 17, 8, 8),
+    ("local_link_integrity_errors", 19, 4, 9),
+    ("excessive_buffer_overrun_errors", 19, 4, 10),
+    ("qp1_dropped", 20, 16, -1),  # no CounterSelect bit: never cleared by a Set
+    ("vl15_dropped", 22, 16, 11),
+)
+_DATA = struct.Struct("!IIIII")  # XmitData RcvData XmitPkts RcvPkts XmitWait at 24
+_EXT = struct.Struct("!BBH4xQQQQQQQQ")
+_U32_MAX = 0xFFFFFFFF
+_U64_MAX = 0xFFFFFFFFFFFFFFFF
+
+ERROR_COUNTERS = tuple(f[0] for f in BASIC_FIELDS)
+
+
+class PortCounters:
+    """Counters of one port; add with ``add_rx``/``add_tx``/``add``, read with ``encode_*``."""
+
+    __slots__ = (
+        "excessive_buffer_overrun_errors", "link_downed_counter", "link_error_recovery_counter",
+        "local_link_integrity_errors", "multicast_rcv_pkts", "multicast_xmit_pkts",
+        "port_rcv_constraint_errors", "port_rcv_errors", "port_rcv_remote_physical_errors",
+        "port_rcv_switch_relay_errors", "port_xmit_constraint_errors", "port_xmit_discards",
+        "port_xmit_wait", "qp1_dropped", "rcv_octets", "rcv_pkts", "symbol_error_counter",
+        "vl15_dropped", "xmit_octets", "xmit_pkts",
+    )
+
+    def __init__(self) -> None:
+        self.excessive_buffer_overrun_errors: int = 0
+        self.link_downed_counter: int = 0
+        self.link_error_recovery_counter: int = 0
+        self.local_link_integrity_errors: int = 0
+        self.multicast_rcv_pkts: int = 0
+        self.multicast_xmit_pkts: int = 0
+        self.port_rcv_constraint_errors: int = 0
+        self.port_rcv_errors: int = 0
+        self.port_rcv_remote_physical_errors: int = 0
+        self.port_rcv_switch_relay_errors: int = 0
+        self.port_xmit_constraint_errors: int = 0
+        self.port_xmit_discards: int = 0
+        self.port_xmit_wait: int = 0
+        self.qp1_dropped: int = 0
+        self.rcv_octets: int = 0
+        self.rcv_pkts: int = 0
+        self.symbol_error_counter: int = 0
+        self.vl15_dropped: int = 0
+        self.xmit_octets: int = 0
+        self.xmit_pkts: int = 0
+
+    def add_rx(self, nbytes: int) -> None:
+        self.rcv_pkts += 1
+        self.rcv_octets += nbytes
+
+    def add_tx(self, nbytes: int) -> None:
+        self.xmit_pkts += 1
+        self.xmit_octets += nbytes
+
+    def add(self, **deltas: int) -> None:
+        """Add to counters by name (``rcv_pkts=3, rcv_octets=4096, port_rcv_errors=1``)."""
+        for name, value in deltas.items():
+            if name not in self.__slots__:
+                raise KeyError(f"no port counter named {name!r}")
+            if value < 0:
+                raise ValueError(f"counter deltas are non-negative, {name}={value}")
+            setattr(self, name, min(getattr(self, name) + value, _U64_MAX))
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def total(cls, many: Iterable[PortCounters]) -> PortCounters:
+        """Sum of several ports' counters (PortSelect 0xFF on a switch)."""
+        out = cls()
+        for pc in many:
+            for name in cls.__slots__:
+                setattr(out, name, min(getattr(out, name) + getattr(pc, name), _U64_MAX))
+        return out
+
+    # ------------------------------------------------------------------ PortCounters (0x12)
+
+    def encode_basic(self, port_select: int, counter_select: int = 0) -> bytes:
+        """The 192-byte PMA data area of a PortCounters GetResp."""
+        out = bytearray(192)
+        out[1] = port_select & 0xFF
+        struct.pack_into("!H", out, 2, counter_select & 0xFFFF)
+        for name, off, width, _bit in BASIC_FIELDS:
+            value = min(getattr(self, name), (1 << width) - 1)
+            if width == 16:
+                struct.pack_into("!H", out, off, value)
+            elif width == 8:
+                out[off] = value
+            elif name == "local_link_integrity_errors":
+                out[off] |= value << 4
+            else:
+                out[off] |= value
+        _DATA.pack_into(out, 24, min(self.xmit_octets // 4, _U32_MAX),
+                        min(self.rcv_octets // 4, _U32_MAX), min(self.xmit_pkts, _U32_MAX),
+                        min(self.rcv_pkts, _U32_MAX), min(self.port_xmit_wait, _U32_MAX))
+        return bytes(out)
+
+    def set_basic(self, data: bytes | bytearray | memoryview) -> None:
+        """Apply a PortCounters Set: each counter selected in CounterSelect takes the given value."""
+        select = struct.unpack_from("!H", data, 2)[0]
+        select2 = data[18]
+        for name, off, width, bit in BASIC_FIELDS:
+            if bit < 0 or not select & (1 << bit):
+                continue
+            if width == 16:
+                value = struct.unpack_from("!H", data, off)[0]
+            elif width == 8:
+                value = data[off]
+            elif name == "local_link_integrity_errors":
+                value = data[off] >> 4
+            else:
+                value = data[off] & 0x0F
+            setattr(self, name, value)
+        xd, rd, xp, rp, xw = _DATA.unpack_from(data, 24)
+        if select & (1 << 12):
+            self.xmit_octets = xd * 4
+        if select & (1 << 13):
+            self.rcv_octets = rd * 4
+        if select & (1 << 14):
+            self.xmit_pkts = xp
+        if select & (1 << 15):
+            self.rcv_pkts = rp
+        if select2 & 1:
+            self.port_xmit_wait = xw
+
+    # ---------------------------------------------------------- PortCountersExtended (0x1D)
+
+    def encode_extended(self, port_select: int, counter_select: int = 0) -> bytes:
+        out = bytearray(192)
+        _EXT.pack_into(out, 0, 0, port_select & 0xFF, counter_select & 0xFFFF,
+                       self.xmit_octets // 4, self.rcv_octets // 4, self.xmit_pkts, self.rcv_pkts,
+                       self.xmit_pkts - self.multicast_xmit_pkts,
+                       self.rcv_pkts - self.multicast_rcv_pkts,
+                       self.multicast_xmit_pkts, self.multicast_rcv_pkts)
+        return bytes(out)
+
+    def set_extended(self, data: bytes | bytearray | memoryview) -> None:
+        _r, _ps, select, xd, rd, xp, rp, _ux, _ur, mx, mr = _EXT.unpack_from(data, 0)
+        if select & 1:
+            self.xmit_octets = xd * 4
+        if select & 2:
+            self.rcv_octets = rd * 4
+        if select & 4:
+            self.xmit_pkts = xp
+        if select & 8:
+            self.rcv_pkts = rp
+        if select & 0x40:
+            self.multicast_xmit_pkts = mx
+        if select & 0x80:
+            self.multicast_rcv_pkts = mr

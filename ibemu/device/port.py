@@ -1,0 +1,357 @@
+"""The port model: physical and logical state, the spec's state machine, PortInfo bytes.
+
+Logical PortState (IBA 7.2): Down -> Init when the physical link comes up (LinkUp); the SM
+moves Init -> Armed -> Active one step at a time with SubnSet(PortInfo); a link going down
+takes the port to Down from any state. PortPhysicalState: Polling (no link), LinkUp,
+Disabled (by the SM: the link stays down until the SM sets Polling again).
+
+Set semantics implemented by ``Port.apply_set`` (atomic: any invalid field -> 0x001C and
+nothing changes):
+
+- PortState 0 no change; 1 Down = link down request: the port drops to Down and, its
+  physical link being up, retrains straight back to Init (the peer drops to Init too:
+  ``LinkRequestKind.RETRAIN``); 2 Init only as a no-op on an Init port; 3 Armed from Init
+  or Armed; 4 Active from Armed or Active. Armed/Active need PortPhysicalState LinkUp.
+  Other values are invalid. Repeating the current state is accepted (a retried Set).
+- PortPhysicalState 0 no change; 2 Polling re-enables a Disabled port; 3 Disabled takes the
+  link down. Other values are invalid.
+- LID must be unicast (< 0xC000); NeighborMTU 1..MTUCap; OperationalVLs 0 (no change) or
+  1..VLCap; LinkWidthEnabled/LinkSpeedEnabled 0 (no change), all-ones (= supported) or a
+  subset of the supported set.
+- Switch external ports ignore the port-0-only fields (M_Key, GIDPrefix, LID, MasterSMLID,
+  LMC, MasterSMSL, SubnetTimeOut); switch port 0 ignores the link fields and accepts any
+  PortState 2..4 (it has no link). CapabilityMask is read-only to the SM.
+
+M_Key: no protection. Any M_Key is accepted on every SMP; a Set stores the M_Key and Get
+returns it (as with M_KeyProtectBits 0).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from ibemu.device.counters import PortCounters
+
+
+class PortState(IntEnum):
+    NO_CHANGE = 0
+    DOWN = 1
+    INIT = 2
+    ARMED = 3
+    ACTIVE = 4
+
+
+class PhysState(IntEnum):
+    NO_CHANGE = 0
+    SLEEP = 1
+    POLLING = 2
+    DISABLED = 3
+    TRAINING = 4
+    LINK_UP = 5
+    ERROR_RECOVERY = 6
+    PHY_TEST = 7
+
+
+class Cap(IntEnum):
+    """PortInfo CapabilityMask bits used here."""
+
+    IS_SM = 1 << 1
+    IS_NOTICE_SUPPORTED = 1 << 2
+    IS_TRAP_SUPPORTED = 1 << 3
+    IS_SL_MAPPING_SUPPORTED = 1 << 6
+    IS_SYSTEM_IMAGE_GUID_SUPPORTED = 1 << 11
+    IS_EXTENDED_SPEEDS_SUPPORTED = 1 << 14
+    IS_CM_SUPPORTED = 1 << 16
+    IS_VENDOR_CLASS_SUPPORTED = 1 << 20
+
+
+SWITCH_PORT0_CAPS = (Cap.IS_TRAP_SUPPORTED | Cap.IS_SL_MAPPING_SUPPORTED
+                     | Cap.IS_SYSTEM_IMAGE_GUID_SUPPORTED | Cap.IS_EXTENDED_SPEEDS_SUPPORTED)
+CA_PORT_CAPS = (Cap.IS_TRAP_SUPPORTED | Cap.IS_SL_MAPPING_SUPPORTED
+                | Cap.IS_SYSTEM_IMAGE_GUID_SUPPORTED | Cap.IS_EXTENDED_SPEEDS_SUPPORTED
+                | Cap.IS_CM_SUPPORTED)
+
+WIDTH_CODES = {1: 0x01, 4: 0x02, 8: 0x04, 12: 0x08, 2: 0x10}  # lanes -> LinkWidth bit
+WIDTH_SUPPORTED = 0x1F
+# speed name -> (LinkSpeedActive, LinkSpeedExtActive)
+SPEED_CODES = {"SDR": (1, 0), "DDR": (2, 0), "QDR": (4, 0),
+               "FDR": (4, 1), "EDR": (4, 2), "HDR": (4, 4), "NDR": (4, 8)}
+SPEED_SUPPORTED = 0x7  # SDR | DDR | QDR
+MTU_CODES = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
+
+STATUS_INVALID = 0x001C
+MAX_UNICAST_LID = 0xBFFF
+
+_PI = struct.Struct("!QQHHIHH" + "B" * 16 + "HHHBBBBHB3sHBB")
+assert _PI.size == 64
+
+
+@dataclass(slots=True)
+class SetOutcome:
+    """What a PortInfo Set changed, for the agent to act on."""
+
+    status: int = 0
+    state_before: PortState = PortState.DOWN
+    phys_before: PhysState = PhysState.POLLING
+    link_request: str | None = None  # a LinkRequestKind value
+    retrained: bool = False
+    lid_changed: bool = False
+
+
+@dataclass(slots=True)
+class Port:
+    """One port of a device (switch port 0 is the management port: ``is_port0``)."""
+
+    num: int
+    is_switch: bool = False
+    width: int = 4
+    speed: str = "EDR"
+    mtu: int = 4096
+    vl_cap: int = 4  # VL0..VL7
+    state: PortState = PortState.DOWN
+    phys: PhysState = PhysState.POLLING
+    capability_mask: int = 0
+    m_key: int = 0
+    gid_prefix: int = 0xFE80000000000000
+    lid: int = 0
+    lmc: int = 0
+    master_sm_lid: int = 0
+    master_sm_sl: int = 0
+    m_key_lease_period: int = 0
+    m_key_protect: int = 0
+    link_down_default: int = 2  # Polling
+    link_width_enabled: int = 0
+    link_speed_enabled: int = SPEED_SUPPORTED
+    link_speed_ext_enabled: int = 0
+    neighbor_mtu: int = 0
+    operational_vls: int = 1
+    vl_high_limit: int = 0
+    hoq_life: int = 0x10
+    vl_stall_count: int = 7
+    partition_flags: int = 0  # PartitionEnforcementIn/Out, FilterRawIn/Out (4 bits)
+    m_key_violations: int = 0
+    p_key_violations: int = 0
+    q_key_violations: int = 0
+    client_reregister: int = 0
+    subnet_timeout: int = 0
+    resp_time_value: int = 0x10
+    pkeys: list[int] = field(default_factory=list)
+    counters: PortCounters = field(default_factory=PortCounters)
+
+    def __post_init__(self) -> None:
+        if self.width not in WIDTH_CODES:
+            raise ValueError(f"port {self.num}: link width must be one of {sorted(WIDTH_CODES)} lanes")
+        if self.speed not in SPEED_CODES:
+            raise ValueError(f"port {self.num}: link speed must be one of {sorted(SPEED_CODES)}")
+        if self.mtu not in MTU_CODES:
+            raise ValueError(f"port {self.num}: MTU must be one of {sorted(MTU_CODES)}")
+        if not self.link_width_enabled:
+            self.link_width_enabled = WIDTH_CODES[self.width]
+        if not self.neighbor_mtu:
+            self.neighbor_mtu = MTU_CODES[self.mtu]
+        if not self.link_speed_ext_enabled:
+            self.link_speed_ext_enabled = SPEED_CODES[self.speed][1]
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_port0(self) -> bool:
+        return self.is_switch and self.num == 0
+
+    @property
+    def link_is_up(self) -> bool:
+        return self.phys == PhysState.LINK_UP
+
+    def owns_lid(self, dlid: int) -> bool:
+        """True when ``dlid`` is one of this port's LIDs (LID with the LMC bits masked)."""
+        return self.lid != 0 and (dlid >> self.lmc) == (self.lid >> self.lmc)
+
+    def physical_up(self) -> bool:
+        """The link trained: LinkUp, Down -> Init. Returns True if anything changed."""
+        if self.phys in (PhysState.LINK_UP, PhysState.DISABLED):
+            return False
+        self.phys = PhysState.LINK_UP
+        if self.state == PortState.DOWN:
+            self.state = PortState.INIT
+        return True
+
+    def physical_down(self) -> bool:
+        """The link went away: Polling (unless Disabled), Down. Returns True if anything changed."""
+        changed = self.phys == PhysState.LINK_UP or self.state != PortState.DOWN
+        if self.phys != PhysState.DISABLED:
+            self.phys = PhysState.POLLING
+        self.state = PortState.DOWN
+        if changed:
+            self.counters.link_downed_counter += 1
+        return changed
+
+    def retrained(self) -> bool:
+        """The peer asked for a retrain: an Armed/Active port falls back to Init."""
+        if self.link_is_up and self.state in (PortState.ARMED, PortState.ACTIVE):
+            self.state = PortState.INIT
+            return True
+        return False
+
+    # ------------------------------------------------------------------ PortInfo bytes
+
+    def encode(self, local_port_num: int) -> bytes:
+        """The 64-byte PortInfo attribute, LocalPortNum = the port the SMP arrived on."""
+        ext = self.is_switch and self.num != 0
+        lsa, lsea = SPEED_CODES[self.speed]
+        up = self.link_is_up
+        if self.is_port0:
+            lws = lwe = lwa = 0
+            ls_byte = (0 << 4) | self.state
+            phys_byte = (PhysState.LINK_UP << 4) | 0
+            lsa_byte = 0
+            ext_byte = 0
+            lsee = 0
+            nmtu = MTU_CODES[self.mtu]
+        else:
+            lws, lwe = WIDTH_SUPPORTED, self.link_width_enabled
+            lwa = WIDTH_CODES[self.width] if up else 0
+            ls_byte = (SPEED_SUPPORTED << 4) | self.state
+            phys_byte = (self.phys << 4) | self.link_down_default
+            lsa_byte = ((lsa if up else 0) << 4) | self.link_speed_enabled
+            ext_supported = 0xF if lsea else 0
+            ext_byte = ((lsea if up else 0) << 4) | ext_supported
+            lsee = self.link_speed_ext_enabled
+            nmtu = self.neighbor_mtu
+        return _PI.pack(
+            0 if ext else self.m_key,
+            0 if ext else self.gid_prefix,
+            0 if ext else self.lid,
+            0 if ext else self.master_sm_lid,
+            0 if ext else self.capability_mask,
+            0,  # DiagCode
+            0 if ext else self.m_key_lease_period,
+            local_port_num,
+            lwe, lws, lwa,
+            ls_byte,
+            phys_byte,
+            ((0 if ext else self.m_key_protect) << 6) | (0 if ext else self.lmc),
+            lsa_byte,
+            (nmtu << 4) | (0 if ext else self.master_sm_sl),
+            (self.vl_cap << 4) | 0,  # InitType
+            self.vl_high_limit,
+            8, 8,  # VLArbitrationHighCap, VLArbitrationLowCap
+            MTU_CODES[self.mtu],  # InitTypeReply 0, MTUCap
+            (self.vl_stall_count << 5) | self.hoq_life,
+            (self.operational_vls << 4) | self.partition_flags,
+            self.m_key_violations, self.p_key_violations, self.q_key_violations,
+            1,  # GUIDCap
+            ((0 if ext else self.client_reregister) << 7) | (0 if ext else self.subnet_timeout),
+            self.resp_time_value,
+            0,  # LocalPhyErrors / OverrunErrors thresholds
+            0,  # MaxCreditHint
+            0,
+            b"\0\0\0",  # LinkRoundTripLatency
+            0,  # CapabilityMask2
+            ext_byte,
+            lsee,
+        )
+
+    # ------------------------------------------------------------------ PortInfo Set
+
+    def apply_set(self, data: bytes | bytearray | memoryview) -> SetOutcome:
+        """Validate and apply a SubnSet(PortInfo); atomic (see the module docstring)."""
+        (m_key, gid_prefix, lid, sm_lid, _cap, _diag, lease, _lpn, lwe, _lws, _lwa, ls_byte,
+         phys_byte, mkp_lmc, lsa_byte, nmtu_smsl, _vlcap, vlhl, _hc, _lc, _mtucap, stall_hoq,
+         opvls_byte, mkv, pkv, qkv, _gcap, cr_st, _rtv, _err, _mch, _r, _rtl, _cm2, _ext,
+         lsee) = _PI.unpack_from(data, 0)
+        out = SetOutcome(state_before=self.state, phys_before=self.phys)
+        req_state = ls_byte & 0x0F
+        req_phys = phys_byte >> 4
+        nmtu = nmtu_smsl >> 4
+        opvls = opvls_byte >> 4
+        lse = lsa_byte & 0x0F
+
+        # ---- validation (nothing changes on failure)
+        bad = False
+        if self.is_port0:
+            bad = req_state > PortState.ACTIVE
+        else:
+            bad = not self._state_request_ok(req_state)
+            if req_phys not in (PhysState.NO_CHANGE, PhysState.POLLING, PhysState.DISABLED):
+                bad = True
+            if not 1 <= nmtu <= MTU_CODES[self.mtu]:
+                bad = True
+            if opvls > self.vl_cap:
+                bad = True
+            if lwe not in (0, 0xFF) and lwe & ~WIDTH_SUPPORTED:
+                bad = True
+            if lse not in (0, 0xF) and lse & ~SPEED_SUPPORTED:
+                bad = True
+            if 16 <= (lsee & 0x1F) <= 29:
+                bad = True
+        if not (self.is_switch and self.num != 0) and lid > MAX_UNICAST_LID:
+            bad = True
+        if bad:
+            out.status = STATUS_INVALID
+            return out
+
+        # ---- commit
+        if not (self.is_switch and self.num != 0):
+            out.lid_changed = lid != self.lid
+            self.m_key, self.gid_prefix, self.lid, self.master_sm_lid = m_key, gid_prefix, lid, sm_lid
+            self.m_key_lease_period = lease
+            self.m_key_protect = mkp_lmc >> 6
+            self.lmc = 0 if self.is_port0 else mkp_lmc & 0x07
+            self.master_sm_sl = nmtu_smsl & 0x0F
+            self.subnet_timeout = cr_st & 0x1F
+            self.client_reregister = 0  # a trigger, not a state
+        if self.is_port0:
+            if req_state >= PortState.INIT:
+                self.state = PortState(req_state)
+            return out
+        self.m_key_violations, self.p_key_violations, self.q_key_violations = mkv, pkv, qkv
+        if lwe:
+            self.link_width_enabled = WIDTH_SUPPORTED if lwe == 0xFF else lwe
+        if lse:
+            self.link_speed_enabled = SPEED_SUPPORTED if lse == 0xF else lse
+        if lsee & 0x1F:
+            self.link_speed_ext_enabled = lsee & 0x1F
+        self.neighbor_mtu = nmtu
+        if opvls:
+            self.operational_vls = opvls
+        self.vl_high_limit = vlhl
+        self.vl_stall_count = stall_hoq >> 5
+        self.hoq_life = stall_hoq & 0x1F
+        self.partition_flags = opvls_byte & 0x0F
+        self.link_down_default = phys_byte & 0x0F or self.link_down_default
+
+        if req_phys == PhysState.DISABLED:
+            if self.phys != PhysState.DISABLED:
+                if self.link_is_up:
+                    self.counters.link_downed_counter += 1
+                self.phys = PhysState.DISABLED
+                self.state = PortState.DOWN
+                out.link_request = "disable"
+            return out
+        if req_phys == PhysState.POLLING and self.phys == PhysState.DISABLED:
+            self.phys = PhysState.POLLING
+            out.link_request = "enable"
+            return out
+        if req_state == PortState.DOWN:
+            if self.state != PortState.DOWN and self.link_is_up:
+                # Down, then the link retrains at once: back to Init, the peer too.
+                self.state = PortState.INIT
+                self.counters.link_downed_counter += 1
+                out.retrained = True
+                out.link_request = "retrain"
+        elif req_state in (PortState.ARMED, PortState.ACTIVE):
+            self.state = PortState(req_state)
+        return out
+
+    def _state_request_ok(self, req: int) -> bool:
+        if req in (PortState.NO_CHANGE, PortState.DOWN):
+            return True
+        if req == PortState.INIT:
+            return self.state == PortState.INIT
+        if req == PortState.ARMED:
+            return self.link_is_up and self.state in (PortState.INIT, PortState.ARMED)
+        if req == PortState.ACTIVE:
+            return self.link_is_up and self.state in (PortState.ARMED, PortState.ACTIVE)
+        return False

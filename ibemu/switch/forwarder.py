@@ -1,0 +1,168 @@
+"""The userspace forwarding decision of a switch: packet + ingress port -> egress or drop.
+
+Sans-IO and deterministic: ``decide()`` looks at the LRH only (DLID, VL; the VCRC is
+checked per hop unless ``verify_vcrc`` is off), consults the switch's ``Lft`` and port
+states, updates the PMA counters of the ports it touches, and applies the injected
+impairments of the egress port with a seeded RNG. Rules:
+
+- VL15 packets and packets for the switch's own LID go to the SMA (``Reason.TO_SMA``).
+- Ingress must be Armed/Active, egress Active (Init ports carry only VL15).
+- No route (LFT 0xFF, DLID above LinearFDBTop, LID 0), multicast and permissive DLIDs,
+  and egress == ingress: PortRcvSwitchRelayErrors on the ingress port.
+- Egress link not Active: PortXmitDiscards on the egress port.
+- Bad length or VCRC: PortRcvErrors on the ingress port.
+- Injected loss drops silently (lost on the wire); injected corruption flips one bit
+  (the next receiver's VCRC check catches it).
+
+RcvPkts/RcvData count every packet taken in, XmitPkts/XmitData every packet forwarded.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
+
+from ibemu.device.port import Port, PortState
+from ibemu.switch.lft import NO_ROUTE, Lft
+from ibemu.wire import crc as _crc
+
+_vcrc = _crc._vcrc_calc
+_RX_OK = (PortState.ARMED, PortState.ACTIVE)
+
+
+class Reason(StrEnum):
+    TO_SMA = "to_sma"
+    MALFORMED = "malformed"
+    BAD_VCRC = "bad_vcrc"
+    INGRESS_NOT_ACTIVE = "ingress_not_active"
+    MULTICAST = "multicast"
+    PERMISSIVE = "permissive"
+    NO_ROUTE = "no_route"
+    LOOP = "loop"
+    EGRESS_DOWN = "egress_down"
+    INJECTED_LOSS = "injected_loss"
+
+
+class Verdict(NamedTuple):
+    """``port`` > 0: send ``packet`` there. ``port`` == 0: dropped or for the SMA (``reason``)."""
+
+    port: int
+    packet: bytes
+    reason: Reason | None
+
+
+@dataclass(slots=True)
+class Impairment:
+    """Loss and corruption probabilities (0..1) applied to packets leaving one port."""
+
+    loss: float = 0.0
+    corrupt: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("loss", "corrupt"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} probability must be within 0..1, not {value}")
+
+
+class Forwarder:
+    """Forwarding plane of one switch over its ``Lft`` and ``ports`` (index 0 = management)."""
+
+    def __init__(self, lft: Lft, ports: Mapping[int, Port], *, seed: int = 0,
+                 verify_vcrc: bool = True) -> None:
+        self.lft = lft
+        self.ports = ports
+        self.verify_vcrc = verify_vcrc
+        self.rng = random.Random(seed)
+        self.impairments: dict[int, Impairment] = {}
+        self.stats: Counter[str] = Counter()
+
+    def set_impairment(self, port: int, *, loss: float = 0.0, corrupt: float = 0.0) -> None:
+        """Impair packets leaving ``port`` (both zero removes the impairment)."""
+        if port not in self.ports or port == 0:
+            raise ValueError(f"no external port {port}")
+        if loss or corrupt:
+            self.impairments[port] = Impairment(loss, corrupt)
+        else:
+            self.impairments.pop(port, None)
+
+    def decide(self, packet: bytes, ingress: int, *, count_traffic: bool = True) -> Verdict:
+        """Where ``packet`` (LRH .. VCRC) received on ``ingress`` goes."""
+        ports = self.ports
+        pin = ports.get(ingress)
+        if pin is None or ingress == 0:
+            self.stats[Reason.MALFORMED] += 1
+            return Verdict(0, packet, Reason.MALFORMED)
+        n = len(packet)
+        if count_traffic:
+            pin.counters.add_rx(n)
+        if n < 10 or ((packet[4] & 7) << 8 | packet[5]) * 4 + 2 != n:
+            pin.counters.port_rcv_errors += 1
+            self.stats[Reason.MALFORMED] += 1
+            return Verdict(0, packet, Reason.MALFORMED)
+        if self.verify_vcrc and _vcrc(packet[:-2]) != packet[-2] | (packet[-1] << 8):
+            pin.counters.port_rcv_errors += 1
+            self.stats[Reason.BAD_VCRC] += 1
+            return Verdict(0, packet, Reason.BAD_VCRC)
+        dlid = (packet[2] << 8) | packet[3]
+        if packet[0] >> 4 == 15 or ports[0].owns_lid(dlid):
+            return Verdict(0, packet, Reason.TO_SMA)
+        if pin.state not in _RX_OK:
+            self.stats[Reason.INGRESS_NOT_ACTIVE] += 1
+            return Verdict(0, packet, Reason.INGRESS_NOT_ACTIVE)
+        egress, reason = self.route(dlid, ingress, vl15=False)
+        if reason is not None:
+            return Verdict(0, packet, reason)
+        imp = self.impairments.get(egress)
+        if imp is not None:
+            if imp.loss and self.rng.random() < imp.loss:
+                self.stats[Reason.INJECTED_LOSS] += 1
+                if count_traffic:
+                    ports[egress].counters.add_tx(n)  # it left; the wire lost it
+                return Verdict(0, packet, Reason.INJECTED_LOSS)
+            if imp.corrupt and self.rng.random() < imp.corrupt:
+                bit = self.rng.randrange(n * 8)
+                buf = bytearray(packet)
+                buf[bit >> 3] ^= 1 << (bit & 7)
+                packet = bytes(buf)
+                self.stats["injected_corrupt"] += 1
+        if count_traffic:
+            ports[egress].counters.add_tx(n)
+        self.stats["forwarded"] += 1
+        return Verdict(egress, packet, None)
+
+    def route(self, dlid: int, ingress: int, *, vl15: bool) -> tuple[int, Reason | None]:
+        """Egress port for ``dlid`` by the LFT, with the relay checks and error counters.
+
+        ``vl15``: a management packet, which may leave on any port whose link is up (Init
+        included); data needs an Active egress port. ``ingress`` 0 = generated by the SMA.
+        """
+        ports = self.ports
+        pin = ports.get(ingress)
+        if dlid >= 0xC000:
+            reason = Reason.PERMISSIVE if dlid == 0xFFFF else Reason.MULTICAST
+            if pin is not None:
+                pin.counters.port_rcv_switch_relay_errors += 1
+            self.stats[reason] += 1
+            return 0, reason
+        egress = self.lft.lookup(dlid)
+        if egress == NO_ROUTE or egress == 0 or egress not in ports:
+            if pin is not None:
+                pin.counters.port_rcv_switch_relay_errors += 1
+            self.stats[Reason.NO_ROUTE] += 1
+            return 0, Reason.NO_ROUTE
+        if egress == ingress:
+            pin_ = ports[ingress]
+            pin_.counters.port_rcv_switch_relay_errors += 1
+            self.stats[Reason.LOOP] += 1
+            return 0, Reason.LOOP
+        pout = ports[egress]
+        if not pout.link_is_up or (not vl15 and pout.state != PortState.ACTIVE) or pout.state == PortState.DOWN:
+            pout.counters.port_xmit_discards += 1
+            self.stats[Reason.EGRESS_DOWN] += 1
+            return 0, Reason.EGRESS_DOWN
+        return egress, None

@@ -1,0 +1,102 @@
+"""Forwarding tables of a switch: the linear (unicast) FDB and the multicast FDB store.
+
+``Lft`` holds LinearFDBCap entries (LID -> egress port, 0xFF = no route) written and read in
+64-entry blocks, plus LinearFDBTop. Entries above the top are not routed (the spec:
+packets to DLIDs above LinearFDBTop are discarded), so every mutator returns the *effective*
+changes ``{lid: port}`` — exactly what a forwarding plane has to update.
+
+``Mft`` stores MulticastForwardingTable blocks (32 LIDs x one 16-port mask) so an SM can
+write and read them back; ibemu does not forward multicast.
+"""
+
+from __future__ import annotations
+
+NO_ROUTE = 0xFF
+BLOCK = 64
+MCAST_BASE = 0xC000
+MFT_BLOCK = 32
+
+
+class Lft:
+    """The linear forwarding table of one switch."""
+
+    __slots__ = ("_ports", "cap", "top")
+
+    def __init__(self, cap: int = 49152) -> None:
+        if not 0 < cap <= MCAST_BASE or cap % BLOCK:
+            raise ValueError(f"LinearFDBCap must be a multiple of {BLOCK} in 64..{MCAST_BASE}, not {cap}")
+        self.cap = cap
+        self.top = 0
+        self._ports = bytearray(b"\xff") * cap
+
+    @property
+    def blocks(self) -> int:
+        return self.cap // BLOCK
+
+    def lookup(self, lid: int) -> int:
+        """Egress port for ``lid`` (NO_ROUTE above LinearFDBTop, for LID 0, beyond the cap)."""
+        if 0 < lid <= self.top:
+            return self._ports[lid]
+        return NO_ROUTE
+
+    def raw(self, lid: int) -> int:
+        """The stored entry, ignoring LinearFDBTop."""
+        return self._ports[lid]
+
+    def get_block(self, block: int) -> bytes:
+        self._check_block(block)
+        return bytes(self._ports[block * BLOCK : (block + 1) * BLOCK])
+
+    def set_block(self, block: int, ports: bytes | bytearray | memoryview) -> dict[int, int]:
+        """Write one 64-entry block; returns the effective entries that changed."""
+        self._check_block(block)
+        if len(ports) != BLOCK:
+            raise ValueError(f"an LFT block has {BLOCK} entries, not {len(ports)}")
+        base = block * BLOCK
+        old = self._ports[base : base + BLOCK]
+        new = bytes(ports)
+        if old == new:
+            return {}
+        self._ports[base : base + BLOCK] = new
+        top = self.top
+        return {base + i: new[i] for i in range(BLOCK)
+                if old[i] != new[i] and 0 < base + i <= top}
+
+    def set_top(self, top: int) -> dict[int, int]:
+        """Set LinearFDBTop; returns the effective entries that changed."""
+        if not 0 <= top < self.cap:
+            raise ValueError(f"LinearFDBTop {top} is beyond LinearFDBCap {self.cap}")
+        old, self.top = self.top, top
+        p = self._ports
+        if top > old:
+            return {lid: p[lid] for lid in range(max(old + 1, 1), top + 1) if p[lid] != NO_ROUTE}
+        return {lid: NO_ROUTE for lid in range(max(top + 1, 1), old + 1) if p[lid] != NO_ROUTE}
+
+    def effective(self) -> dict[int, int]:
+        """Every routed LID and its port (to resynchronise a forwarding plane)."""
+        p = self._ports
+        return {lid: p[lid] for lid in range(1, self.top + 1) if p[lid] != NO_ROUTE}
+
+    def _check_block(self, block: int) -> None:
+        if not 0 <= block < self.blocks:
+            raise IndexError(f"LFT block {block} is beyond LinearFDBCap {self.cap}")
+
+
+class Mft:
+    """MulticastForwardingTable blocks: (position, block) -> 64 bytes of 16-bit port masks."""
+
+    __slots__ = ("_blocks", "cap", "num_ports")
+
+    def __init__(self, cap: int, num_ports: int) -> None:
+        self.cap = cap
+        self.num_ports = num_ports
+        self._blocks: dict[tuple[int, int], bytes] = {}
+
+    def valid(self, position: int, block: int) -> bool:
+        return block * MFT_BLOCK < self.cap and position <= self.num_ports // 16
+
+    def get(self, position: int, block: int) -> bytes:
+        return self._blocks.get((position, block), bytes(64))
+
+    def set(self, position: int, block: int, data: bytes | bytearray | memoryview) -> None:
+        self._blocks[(position, block)] = bytes(data[:64])

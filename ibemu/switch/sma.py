@@ -1,0 +1,311 @@
+"""The switch management agent (SMA + PMA + trap sender) of an emulated IB switch.
+
+Construct from plain parameters; feed it packets and link events; carry out the actions::
+
+    sw = SwitchAgent(node_guid=0x0002C90000000100, num_ports=36, description="leaf1")
+    actions = sw.link_up(3)                 # PortStateChange, Event
+    actions = sw.receive(3, packet)         # Send(...) on the response's port, ...
+    actions = sw.tick()                     # trap repeats, at sw.next_deadline()
+
+What it answers (SubnGet/SubnSet, directed route or LID-routed to the switch LID):
+NodeInfo (NodeType 2, LocalPortNum = ingress port), NodeDescription, SwitchInfo (Set:
+LinearFDBTop, DefaultPorts, LifeTimeValue, MulticastFDBTop; PortStateChange cleared by
+writing 1), GUIDInfo, PortInfo per port (modifier = port; port 0 carries LID, LMC,
+MasterSMLID, CapabilityMask), P_KeyTable (modifier = port << 16 | block), SLtoVL,
+VLArbitration, LinearForwardingTable (modifier = block; a Set emits ``LftUpdate`` with
+only the effective entries that changed), MulticastForwardingTable (stored, not used).
+SMInfo and anything else: GetResp with status 0x000C. PMA (GSI class 0x04 on QP1, to
+the switch LID): ClassPortInfo, PortCounters, PortCountersExtended (PortSelect 0xFF =
+all ports). SubnTrapRepress stops a trap's repeats.
+
+Traps: a port whose link goes down or comes up (or is disabled/retrained by the SM) sets
+SwitchInfo.PortStateChange and, once the SM has given port 0 a LID and a MasterSMLID,
+sends trap 128 (LID-routed SubnTrap(Notice) from the switch LID to MasterSMLID through
+the LFT), repeated per ``TrapPolicy`` until repressed.
+
+LID-routed packets that are not for the switch (VL15 or data, if the IO layer hands them
+over) are forwarded through the LFT by ``self.forwarder``; the IO layer of a userspace
+datapath can call ``sw.forwarder.decide(packet, port)`` directly for data packets and
+pass only ``Reason.TO_SMA`` ones to ``receive``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from ibemu.device.actions import (
+    Action,
+    LftUpdate,
+    LinkRequest,
+    LinkRequestKind,
+    PortStateChange,
+    Send,
+)
+from ibemu.device.agent import (
+    GET,
+    SET,
+    ST_BAD_METHOD_ATTR,
+    ST_INVALID,
+    ST_OK,
+    Clock,
+    DeviceAgent,
+    make_ports,
+)
+from ibemu.device.attrs import (
+    NODE_TYPE_SWITCH,
+    SwitchInfoState,
+    decode_switch_info,
+    notice_fields,
+    notice_trap128,
+)
+from ibemu.device.packet import M_ATTR_ID, M_TID, MAD_OFFSET, SMP_DATA, VL15
+from ibemu.device.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, SetOutcome
+from ibemu.device.traps import PendingTrap, TrapPolicy, TrapQueue
+from ibemu.switch.forwarder import Forwarder
+from ibemu.switch.lft import Lft, Mft
+
+ATTR_NOTICE = 0x0002
+ATTR_SWITCH_INFO = 0x0012
+ATTR_LFT = 0x0019
+ATTR_MFT = 0x001B
+ATTR_SM_INFO = 0x0020
+TRAP_LINK_STATE_CHANGE = 128
+
+_TRAP_HEAD = struct.Struct("!BBBBHHQHHI")
+
+
+class SwitchAgent(DeviceAgent):
+    """SMA of one switch with ``num_ports`` external ports (1..N) and management port 0."""
+
+    NODE_TYPE = NODE_TYPE_SWITCH
+    IS_SWITCH = True
+
+    def __init__(
+        self,
+        *,
+        node_guid: int,
+        num_ports: int,
+        description: str = "",
+        linear_fdb_cap: int = 49152,
+        vendor_id: int = 0x0002C9,
+        device_id: int = 0xCB20,
+        revision: int = 0,
+        system_image_guid: int | None = None,
+        link_up: Sequence[bool] | None = None,
+        width: int = 4,
+        speed: str = "EDR",
+        mtu: int = 4096,
+        partition_cap: int = 32,
+        trap_policy: TrapPolicy | None = None,
+        clock: Clock | None = None,
+        count_own_traffic: bool = True,
+        forwarder_seed: int = 0,
+    ) -> None:
+        if not 1 <= num_ports <= 254:
+            raise ValueError(f"a switch has 1..254 ports, not {num_ports}")
+        ports = make_ports(num_ports, 1, is_switch=True, link_up=link_up, width=width,
+                           speed=speed, mtu=mtu, capability_mask=0)
+        port0 = Port(0, is_switch=True, width=width, speed=speed, mtu=mtu,
+                     capability_mask=SWITCH_PORT0_CAPS, state=PortState.ACTIVE,
+                     phys=PhysState.LINK_UP)
+        ports = {0: port0, **ports}
+        super().__init__(node_guid=node_guid, ports=ports, num_ports=num_ports,
+                         description=description or f"switch {node_guid:#018x}",
+                         vendor_id=vendor_id, device_id=device_id, revision=revision,
+                         system_image_guid=system_image_guid, partition_cap=partition_cap,
+                         clock=clock, count_own_traffic=count_own_traffic)
+        self.switch_info = SwitchInfoState(linear_fdb_cap=linear_fdb_cap,
+                                           partition_enforcement_cap=partition_cap)
+        self.lft = Lft(linear_fdb_cap)
+        self.mft = Mft(self.switch_info.multicast_fdb_cap, num_ports)
+        self.forwarder = Forwarder(self.lft, self.ports, seed=forwarder_seed)
+        self.traps = TrapQueue(trap_policy or TrapPolicy())
+        self._trap_tid = 0
+        self._pending_actions: list[Action] = []
+        self._smp_handlers.update({
+            ATTR_SWITCH_INFO: self._attr_switch_info,
+            ATTR_LFT: self._attr_lft,
+            ATTR_MFT: self._attr_mft,
+        })
+
+    # ================================================================== public
+
+    @property
+    def lid(self) -> int:
+        """The switch LID (port 0), 0 until the SM assigns one."""
+        return self.ports[0].lid
+
+    def receive(self, port: int, packet: bytes | bytearray | memoryview) -> list[Action]:
+        actions = super().receive(port, packet)
+        if self._pending_actions:
+            actions = [*actions, *self._pending_actions]  # after the response that caused them
+            self._pending_actions = []
+        return actions
+
+    def tick(self, now_ns: int | None = None) -> list[Action]:
+        now = self.clock() if now_ns is None else now_ns
+        actions: list[Action] = []
+        for trap in self.traps.due(now):
+            actions += self._send_trap(trap, now, repeat=True)
+        return actions
+
+    def next_deadline(self) -> int | None:
+        return self.traps.next_deadline()
+
+    # ================================================================== hooks
+
+    def _local_lid(self, dlid: int, ingress: int) -> bool:
+        return self.ports[0].owns_lid(dlid)
+
+    def _my_lid(self, ingress: int) -> int:
+        return self.ports[0].lid or 0xFFFF
+
+    def _route_lid(self, dlid: int, ingress: int, *, vl15: bool) -> int:
+        egress, _reason = self.forwarder.route(dlid, ingress, vl15=vl15)
+        return egress
+
+    def _transit(self, port: int, pkt: bytes, dlid: int, vl15: bool) -> list[Action]:
+        if vl15:
+            egress, reason = self.forwarder.route(dlid, port, vl15=True)
+            if reason is not None:
+                self.stats[f"fwd_{reason}"] += 1
+                return []
+            if self.count_own_traffic:
+                self.ports[egress].counters.add_tx(len(pkt))
+            return [Send(egress, pkt)]
+        verdict = self.forwarder.decide(pkt, port, count_traffic=self.count_own_traffic)
+        if verdict.port:
+            return [Send(verdict.port, verdict.packet)]
+        self.stats[f"fwd_{verdict.reason}"] += 1
+        return []
+
+    def _trap_repress(self, mad: bytearray) -> list[Action]:
+        m = MAD_OFFSET
+        attr = (mad[m + M_ATTR_ID] << 8) | mad[m + M_ATTR_ID + 1]
+        tid = struct.unpack_from("!Q", mad, m + M_TID)[0]
+        trap = self.traps.repress(tid) if attr == ATTR_NOTICE else None
+        if trap is None:
+            self.stats["trap_repress_unmatched"] += 1
+            return []
+        self.stats["trap_repressed"] += 1
+        return [self._event("trap_repressed", tid=tid, trap_number=trap.trap_number, sends=trap.sends)]
+
+    def _port_changed(self, port: int, p: Port, why: str) -> list[Action]:
+        actions = super()._port_changed(port, p, why)
+        self.switch_info.port_state_change = True
+        return actions + self._trap128(why, port)
+
+    def _after_port_set(self, num: int, p: Port, outcome: object) -> None:
+        assert isinstance(outcome, SetOutcome)
+        if num == 0:
+            if outcome.lid_changed:
+                self._pending_actions.append(self._event("lid_assigned", lid=p.lid, sm_lid=p.master_sm_lid))
+            return
+        if outcome.link_request is not None:
+            self._pending_actions.append(LinkRequest(num, LinkRequestKind(outcome.link_request)))
+        if outcome.state_before != p.state or outcome.phys_before != p.phys:
+            if outcome.retrained or outcome.link_request == "disable":
+                self._pending_actions += self._port_changed(num, p, f"sm_{outcome.link_request}")
+            else:
+                self._pending_actions += [
+                    PortStateChange(num, p.state, p.phys),
+                    self._event("port_state", port=num, why="sm_set", state=p.state.name.lower(),
+                                phys_state=p.phys.name.lower())]
+
+    # ================================================================== attributes
+
+    def _pkey_port_and_cap(self, mod: int, ingress: int) -> tuple[Port | None, int]:
+        num = mod >> 16
+        cap = self.partition_cap if num == 0 else self.switch_info.partition_enforcement_cap
+        return self.ports.get(num), cap
+
+    def _attr_switch_info(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        si = self.switch_info
+        status = ST_OK
+        if method == SET:
+            f = decode_switch_info(buf[d : d + 64])
+            top = f["linear_fdb_top"]
+            if top >= si.linear_fdb_cap:
+                status = ST_INVALID
+            else:
+                changes = self.lft.set_top(top)
+                si.linear_fdb_top = top
+                si.default_port = f["default_port"]
+                si.default_mcast_primary_port = f["default_mcast_primary_port"]
+                si.default_mcast_not_primary_port = f["default_mcast_not_primary_port"]
+                si.life_time_value = f["life_time_value"]
+                si.multicast_fdb_top = f["multicast_fdb_top"]
+                if f["port_state_change"]:
+                    si.port_state_change = False
+                if changes:
+                    self._pending_actions += [LftUpdate(changes),
+                                              self._event("lft_top", top=top, changed=len(changes))]
+        elif method != GET:
+            return ST_BAD_METHOD_ATTR
+        buf[d : d + 64] = si.encode()
+        return status
+
+    def _attr_lft(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        if not 0 <= mod < self.lft.blocks:
+            return ST_INVALID
+        if method == SET:
+            changes = self.lft.set_block(mod, buf[d : d + 64])
+            if changes:
+                self._pending_actions += [LftUpdate(changes),
+                                          self._event("lft_set", block=mod, changed=len(changes))]
+        elif method != GET:
+            return ST_BAD_METHOD_ATTR
+        buf[d : d + 64] = self.lft.get_block(mod)
+        return ST_OK
+
+    def _attr_mft(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        position, block = mod >> 28, mod & 0x1FF
+        if not self.mft.valid(position, block):
+            return ST_INVALID
+        if method == SET:
+            self.mft.set(position, block, buf[d : d + 64])
+        elif method != GET:
+            return ST_BAD_METHOD_ATTR
+        buf[d : d + 64] = self.mft.get(position, block)
+        return ST_OK
+
+    # ================================================================== traps
+
+    def _trap128(self, why: str, port: int) -> list[Action]:
+        p0 = self.ports[0]
+        if not p0.lid or not p0.master_sm_lid:
+            self.stats["trap_not_configured"] += 1
+            return []
+        self._trap_tid += 1
+        tid = (self.node_guid & 0xFFFF) << 32 | self._trap_tid
+        notice = notice_trap128(issuer_lid=p0.lid, lidaddr=p0.lid)
+        now = self.clock()
+        trap = self.traps.add(tid, TRAP_LINK_STATE_CHANGE, notice, now)
+        return self._send_trap(trap, now, repeat=False, port=port, why=why)
+
+    def _send_trap(self, trap: PendingTrap, now: int, *, repeat: bool, port: int | None = None,
+                   why: str = "") -> list[Action]:
+        p0 = self.ports[0]
+        self.traps.sent(trap, now)
+        sm_lid = p0.master_sm_lid
+        egress = self._route_lid(sm_lid, 0, vl15=True) if p0.lid and sm_lid else 0
+        if not egress:
+            self.stats["trap_no_route"] += 1
+            return [self._event("trap_unroutable", tid=trap.tid, trap_number=trap.trap_number, sm_lid=sm_lid)]
+        mad = bytearray(256)
+        _TRAP_HEAD.pack_into(mad, 0, 1, 0x01, 1, 0x05, 0, 0, trap.tid, ATTR_NOTICE, 0, 0)
+        mad[SMP_DATA : SMP_DATA + 64] = trap.notice
+        pkt = self._build(mad, dlid=sm_lid, slid=p0.lid, dqp=0, sqp=0, vl=VL15)
+        if self.count_own_traffic:
+            self.ports[egress].counters.add_tx(len(pkt))
+        self.stats["trap_repeats" if repeat else "traps_sent"] += 1
+        _g, number, issuer = notice_fields(trap.notice)
+        fields: dict[str, object] = {"tid": trap.tid, "trap_number": number, "issuer_lid": issuer,
+                                     "sm_lid": sm_lid, "egress": egress, "repeat": repeat}
+        if port is not None:
+            fields.update(port=port, why=why)
+        return [Send(egress, pkt), self._event("trap_sent", **fields)]
+
+
+__all__ = ["ATTR_SM_INFO", "GET", "SET", "SwitchAgent", "TrapPolicy"]
