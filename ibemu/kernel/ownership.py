@@ -127,9 +127,13 @@ def stop_processes(procs: Iterable[OwnedProcess], grace_s: float = 3.0) -> None:
             os.kill(p.pid, signal.SIGKILL)
 
 
-def teardown(state: RunState) -> list[str]:
-    """Remove everything ``state`` owns; returns problems (empty when all went)."""
-    stop_processes(state.processes)
+def teardown(state: RunState, grace_s: float = 30.0) -> list[str]:
+    """Remove everything ``state`` owns; returns problems (empty when all went).
+
+    Processes go first (a fabric daemon tears its own fabric down on SIGTERM, within
+    ``grace_s``); whatever namespaces remain are then deleted.
+    """
+    stop_processes(state.processes, grace_s)
     problems = netns.delete(state.namespaces)
     left = [n for n in state.namespaces if netns.exists(n)]
     if left:

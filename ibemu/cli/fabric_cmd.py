@@ -1,0 +1,186 @@
+"""`ibemu up | down | status | exec`: a fabric left running, Mininet-style.
+
+``ibemu up [SCENARIO] [--topo fat-tree,k=4] [--datapath kernel|user]`` builds the fabric in a
+background daemon (it owns the namespaces and the agents) and returns once every agent
+answers; ``ibemu exec NODE -- CMD`` runs a command in a node's namespace; ``ibemu down``
+tears it down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ibemu.errors import ConfigError, IbemuError
+from ibemu.fabric.daemon import write_spec
+from ibemu.kernel import netns, ownership
+from ibemu.topo import Topology, dumps_ibnetdiscover, generate
+
+UP_TIMEOUT_S = 120.0
+
+
+def parse_topo_spec(text: str) -> Topology:
+    """``fat-tree,k=4`` / ``leaf-spine,leaves=4,spines=2`` -> a generated topology."""
+    name, *pairs = [p.strip() for p in text.split(",") if p.strip()]
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--topo {text}: expected NAME,key=value,..., got {pair!r}")
+        params[key.strip().replace("-", "_")] = value.strip()
+    return generate(name, params)
+
+
+def _require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise ConfigError(f"ibemu {what} needs root (network namespaces, veth, tc): use sudo")
+
+
+def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str]:
+    """(topology, datapath, description) from a scenario and/or the overrides."""
+    datapath = args.datapath
+    if args.topo:
+        topo, name = parse_topo_spec(args.topo), args.topo
+    elif args.scenario:
+        from ibemu.scenario import load_scenario
+
+        scen = load_scenario(args.scenario)
+        topo, name = scen.topology, str(args.scenario)
+        datapath = datapath or scen.fabric.datapath
+    else:
+        from ibemu.scenario.loader import load_builtin
+
+        scen = load_builtin("default")
+        topo, name = scen.topology, "built-in default"
+        datapath = datapath or scen.fabric.datapath
+    return topo, datapath or "kernel", name
+
+
+def _live_runs() -> list[ownership.RunState]:
+    return [r for r in ownership.list_runs() if r.status in ("building", "built", "up")]
+
+
+def _pick_run(run_id: str | None) -> ownership.RunState:
+    runs = _live_runs()
+    if run_id:
+        for r in runs:
+            if r.run_id == run_id:
+                return r
+        raise ConfigError(f"no running fabric {run_id} (running: {', '.join(r.run_id for r in runs) or 'none'})")
+    if not runs:
+        raise ConfigError("no fabric is running: start one with `sudo ibemu up`")
+    if len(runs) > 1:
+        raise ConfigError(f"{len(runs)} fabrics are running ({', '.join(r.run_id for r in runs)}): pass --run")
+    return runs[0]
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    _require_root("up")
+    if args.sm != "none":
+        raise ConfigError(f"--sm {args.sm}: ibemu cannot start a subnet manager yet; use --sm none "
+                          "and attach one through a host's MAD socket")
+    topo, datapath, name = _resolve(args)
+    topo.check()
+    state = ownership.RunState(ownership.new_run_id(), scenario=name)
+    run_dir = ownership.STATE_DIR / state.run_id
+    state.info["run_dir"] = str(run_dir)
+    state.save()
+    write_spec(run_dir, run_id=state.run_id, datapath=datapath, topology_text=dumps_ibnetdiscover(topo),
+               scenario=name)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(run_dir / "daemon.err", "w"), start_new_session=True)  # noqa: SIM115
+    while True:
+        time.sleep(0.05)
+        current = ownership.RunState.load(state.path) if state.path.exists() else state
+        if current.status == "up":
+            break
+        if proc.poll() is not None or time.monotonic() - t0 > UP_TIMEOUT_S:
+            reason = "exited" if proc.poll() is not None else f"not up after {UP_TIMEOUT_S:.0f} s"
+            log_tail = _tail(run_dir / "daemon.log") + _tail(run_dir / "daemon.err")
+            ownership.teardown(current)
+            raise IbemuError(f"fabric daemon {reason}; nothing is left running.\n{log_tail}")
+    counts = topo.counts()
+    print(f"fabric {state.run_id} up in {time.monotonic() - t0:.2f} s: {counts.switches} switches, "
+          f"{counts.cas} hosts, {counts.links} links ({datapath} datapath) from {name}")
+    print(f"  ibemu exec NODE -- CMD    e.g. ibemu exec {topo.cas()[0].name} -- ip -br link")
+    print("  ibemu status | ibemu down")
+    return 0
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text().splitlines()[-lines:]) + "\n"
+    except FileNotFoundError:
+        return ""
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    _require_root("down")
+    state = _pick_run(args.run)
+    problems = ownership.teardown(state)
+    if problems:
+        print(f"fabric {state.run_id}: {'; '.join(problems)} (try `ibemu clean`)", file=sys.stderr)
+        return 1
+    print(f"fabric {state.run_id} down")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rows = []
+    for r in ownership.list_runs():
+        present = sum(netns.exists(n) for n in r.namespaces)
+        alive = [p.role for p in r.processes if p.alive()]
+        rows.append({"run": r.run_id, "status": r.status, "scenario": r.scenario,
+                     "namespaces": present, "recorded_namespaces": len(r.namespaces),
+                     "processes": alive, "age_s": round(time.time() - r.created, 1)})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif not rows:
+        print("no ibemu runs")
+    else:
+        for row in rows:
+            print(f"{row['run']}  {row['status']:<9} {row['namespaces']:>5} namespaces  "
+                  f"processes: {', '.join(row['processes']) or 'none'}  {row['scenario']}")
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    _require_root("exec")
+    state = _pick_run(args.run)
+    ns = ownership.ns_name(state.run_id, args.node)
+    if ns not in state.namespaces:
+        raise ConfigError(f"no node {args.node!r} in fabric {state.run_id}")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ConfigError("ibemu exec NODE -- CMD: no command given")
+    os.execvp("ip", ["ip", "netns", "exec", ns, *command])
+    return 127  # not reached
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser("up", help="build a fabric and leave it running")
+    up.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
+    up.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
+    up.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
+    up.add_argument("--sm", choices=("ibemu", "opensm", "none"), default="none",
+                    help="subnet manager to start (none for now: the SM issue adds the others)")
+    up.set_defaults(func=cmd_up)
+    down = sub.add_parser("down", help="tear a running fabric down")
+    down.add_argument("--run", help="run id (when several fabrics run)")
+    down.set_defaults(func=cmd_down)
+    status = sub.add_parser("status", help="list ibemu runs and what they own")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+    ex = sub.add_parser("exec", help="run a command inside a node's namespace")
+    ex.add_argument("--run", help="run id (when several fabrics run)")
+    ex.add_argument("node")
+    ex.add_argument("command", nargs=argparse.REMAINDER)
+    ex.set_defaults(func=cmd_exec)

@@ -1,0 +1,68 @@
+"""The fabric daemon: the process that owns a fabric left running by ``ibemu up``.
+
+``python -m ibemu.fabric.daemon RUN_DIR`` reads ``RUN_DIR/fabric.json`` (the run id, the
+datapath and the topology in ibnetdiscover form), builds the fabric, runs its agents and
+marks the run state ``up``; SIGTERM or SIGINT tears everything down and exits 0. If it dies
+any other way, ``ibemu clean`` removes what it left (the state file lists it all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from ibemu.fabric.agents import make_agents
+from ibemu.fabric.runtime import FabricRuntime
+from ibemu.kernel import ownership
+from ibemu.topo import loads_ibnetdiscover
+
+log = logging.getLogger("ibemu.fabric.daemon")
+
+SPEC_FILE = "fabric.json"
+
+
+def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str, scenario: str | None) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / SPEC_FILE).write_text(json.dumps({
+        "run_id": run_id, "datapath": datapath, "scenario": scenario, "topology": topology_text,
+    }))
+
+
+async def _serve(rt: FabricRuntime) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with rt.running():
+            log.info("fabric %s up: %s", rt.state.run_id, rt.timings_s)
+            async for sig in signals:
+                log.info("signal %s: tearing down", signal.Signals(sig).name)
+                break
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ibemu.fabric.daemon")
+    ap.add_argument("run_dir", type=Path)
+    args = ap.parse_args(argv)
+    logging.basicConfig(filename=args.run_dir / "daemon.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = json.loads((args.run_dir / SPEC_FILE).read_text())
+    state = ownership.RunState.load(ownership.STATE_DIR / f"{spec['run_id']}.json")
+    state.claim_process(os.getpid(), "fabric-daemon")
+    topo = loads_ibnetdiscover(spec["topology"])
+    rt = FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
+                       run_dir=args.run_dir)
+    try:
+        trio.run(_serve, rt)
+    except Exception:
+        log.exception("fabric daemon failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

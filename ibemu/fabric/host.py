@@ -1,0 +1,244 @@
+"""The agent host: one trio process running every device agent of a fabric on real sockets.
+
+For each node it owns one AF_PACKET socket per cabled port (ethertype 0x88B5, so on a switch
+with the kernel datapath it only sees what tc did not forward: VL15, its own LID, unroutable
+frames) and one netlink link monitor per namespace. It feeds frames and carrier changes to
+the sans-IO agents (``ibemu.device``) and carries out their actions: transmit, program the
+switch's LFT in tc, act on a link, hand MADs to a CA's MAD socket, log events.
+
+One process scales: sockets are created by entering each namespace from this thread before
+trio starts; afterwards they stay bound to their namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+import trio
+
+from ibemu.device.actions import (
+    Action,
+    DeliverMad,
+    Event,
+    LftUpdate,
+    LinkRequest,
+    LinkRequestKind,
+    PortStateChange,
+    Send,
+)
+from ibemu.fabric.build import BuiltFabric
+from ibemu.fabric.plan import NodePlan
+from ibemu.kernel.linkevents import open_link_monitor, read_events
+from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
+
+log = logging.getLogger(__name__)
+
+ETH_LEN = 14
+RECV_BATCH = 64
+TICK_S = 0.05
+
+
+class Agent(Protocol):
+    """What the host needs of a device agent (``ibemu.device.agent.DeviceAgent``)."""
+
+    node_guid: int
+
+    def receive(self, port: int, packet: bytes | bytearray | memoryview) -> list[Action]: ...
+    def link_up(self, port: int) -> list[Action]: ...
+    def link_down(self, port: int) -> list[Action]: ...
+    def link_retrained(self, port: int) -> list[Action]: ...
+    def tick(self, now_ns: int | None = None) -> list[Action]: ...
+
+
+MadSink = Callable[[DeliverMad], None]
+
+
+class EventLog:
+    """JSON-lines event log; each record gets the node name and a monotonic stamp."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._f: IO[str] | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        self.counts: dict[str, int] = {}
+
+    def write(self, node: str, record: Mapping[str, Any]) -> None:
+        kind = str(record.get("kind", "?"))
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self._f is not None:
+            self._f.write(json.dumps({"node": node, **record}, default=str) + "\n")
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+@dataclass
+class NodeRuntime:
+    plan: NodePlan
+    agent: Agent
+    sockets: dict[int, socket.socket] = field(default_factory=dict)
+    eth: dict[int, bytes] = field(default_factory=dict)
+    by_ifindex: dict[int, int] = field(default_factory=dict)
+    carrier: dict[int, bool] = field(default_factory=dict)
+    monitor: socket.socket | None = None
+    mad_sink: MadSink | None = None
+    tx_dropped: int = 0
+    rx_runts: int = 0
+
+
+class AgentHost:
+    """Runs ``agents`` (node name -> agent) on the sockets of ``fabric``."""
+
+    def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
+                 events: EventLog | None = None) -> None:
+        self.fabric = fabric
+        self.events = events or EventLog(None)
+        self.nodes: dict[str, NodeRuntime] = {
+            name: NodeRuntime(fabric.plan.nodes[name], agent) for name, agent in agents.items()
+        }
+        self.lft_ops = 0
+        self._opened = False
+
+    # ------------------------------------------------------------------ set-up (sync)
+
+    def open(self) -> None:
+        """Open every socket (blocking; before trio or from a worker thread)."""
+        links = self.fabric.links
+        for rt in self.nodes.values():
+            ns = rt.plan.ns
+            for port, pp in rt.plan.ports.items():
+                rt.sockets[port] = open_packet_socket(ns, pp.ifname, ETH_P_IB)
+                rt.eth[port] = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")
+                rt.by_ifindex[links.index(ns, pp.ifname)] = port
+            rt.monitor = open_link_monitor(ns)
+        self._opened = True
+
+    def attach_mad_sink(self, node: str, sink: MadSink) -> None:
+        """Where a CA's ``DeliverMad`` actions go (its MAD-socket server)."""
+        self.nodes[node].mad_sink = sink
+
+    def close(self) -> None:
+        for rt in self.nodes.values():
+            for s in rt.sockets.values():
+                s.close()
+            rt.sockets.clear()
+            if rt.monitor is not None:
+                rt.monitor.close()
+                rt.monitor = None
+        self.events.close()
+
+    # ------------------------------------------------------------------ running
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if not self._opened:
+            await trio.to_thread.run_sync(self.open)
+        async with trio.open_nursery() as nursery:
+            for name, rt in self.nodes.items():
+                for port, sock in rt.sockets.items():
+                    nursery.start_soon(self._reader, name, rt, port, sock)
+                nursery.start_soon(self._link_watch, name, rt)
+                # The cables were up before the agents existed: tell them.
+                for port in rt.plan.ports:
+                    carrier = self.fabric.links.carrier(rt.plan.ns, rt.plan.ports[port].ifname)
+                    rt.carrier[port] = carrier
+                    if carrier:
+                        self.dispatch(name, rt, rt.agent.link_up(port))
+            nursery.start_soon(self._ticker)
+            task_status.started()
+
+    async def _reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
+        receive = rt.agent.receive
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            for _ in range(RECV_BATCH):
+                try:
+                    frame = sock.recv(9216)
+                except BlockingIOError:
+                    break
+                except OSError as exc:  # interface went away under us
+                    log.debug("%s port %d: recv: %s", name, port, exc)
+                    break
+                if len(frame) <= ETH_LEN:
+                    rt.rx_runts += 1
+                    continue
+                self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
+
+    async def _link_watch(self, name: str, rt: NodeRuntime) -> None:
+        assert rt.monitor is not None
+        while True:
+            await trio.lowlevel.wait_readable(rt.monitor)
+            for ev in read_events(rt.monitor):
+                port = rt.by_ifindex.get(ev.ifindex)
+                if port is None or rt.carrier.get(port) == ev.carrier:
+                    continue
+                rt.carrier[port] = ev.carrier
+                self.events.write(name, {"kind": "carrier", "t_ns": time.monotonic_ns(),
+                                         "port": port, "up": ev.carrier})
+                actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
+                self.dispatch(name, rt, actions)
+
+    async def _ticker(self) -> None:
+        while True:
+            await trio.sleep(TICK_S)
+            now = time.monotonic_ns()
+            for name, rt in self.nodes.items():
+                actions = rt.agent.tick(now)
+                if actions:
+                    self.dispatch(name, rt, actions)
+
+    # ------------------------------------------------------------------ actions
+
+    def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                sock = rt.sockets.get(action.port)
+                if sock is None:
+                    rt.tx_dropped += 1
+                    continue
+                try:
+                    sock.send(rt.eth[action.port] + action.packet)
+                except (BlockingIOError, OSError):
+                    rt.tx_dropped += 1  # carrier down or queue full: the wire drops it
+            elif isinstance(action, Event):
+                self.events.write(name, action.as_dict())
+            elif isinstance(action, LftUpdate):
+                self._program(name, action)
+            elif isinstance(action, DeliverMad):
+                if rt.mad_sink is not None:
+                    rt.mad_sink(action)
+            elif isinstance(action, LinkRequest):
+                self._link_request(name, rt, action)
+            elif isinstance(action, PortStateChange):
+                self.events.write(name, {"kind": "port_state", "t_ns": time.monotonic_ns(),
+                                         "port": action.port, "state": action.state.name.lower(),
+                                         "phys": action.phys_state.name.lower()})
+
+    def _program(self, name: str, action: LftUpdate) -> None:
+        lft = self.fabric.lfts.get(name)
+        if lft is None:
+            return  # user datapath: the forwarder reads the agent's LFT itself
+        ops = lft.apply(action.changes)
+        self.lft_ops += ops
+        self.events.write(name, {"kind": "lft_programmed", "t_ns": time.monotonic_ns(),
+                                 "entries": len(action.changes), "ops": ops})
+
+    def _link_request(self, name: str, rt: NodeRuntime, action: LinkRequest) -> None:
+        pp = rt.plan.ports.get(action.port)
+        if pp is None:
+            return
+        links = self.fabric.links
+        if action.kind is LinkRequestKind.DISABLE:
+            links.set_up(rt.plan.ns, pp.ifname, False)
+        elif action.kind is LinkRequestKind.ENABLE:
+            links.set_up(rt.plan.ns, pp.ifname, True)
+        elif action.kind is LinkRequestKind.RETRAIN:
+            peer = self.nodes.get(pp.peer_node)
+            if peer is not None:
+                self.dispatch(pp.peer_node, peer, peer.agent.link_retrained(pp.peer_port))

@@ -1,0 +1,85 @@
+"""A live fabric for one run: plan, build, start the agents, serve, and always tear down.
+
+``FabricRuntime`` is what ``ibemu up`` (through the daemon process) and ``ibemu run`` use.
+It owns the run state; leaving its ``running()`` context — normally, on Ctrl-C, on an
+exception or on an agent crash — removes every namespace it created.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+
+from ibemu.fabric.build import BuiltFabric, build, teardown
+from ibemu.fabric.host import Agent, AgentHost, EventLog
+from ibemu.fabric.plan import FabricPlan, plan_fabric
+from ibemu.kernel import ownership
+from ibemu.topo import Topology
+
+log = logging.getLogger(__name__)
+
+AgentFactory = Callable[[FabricPlan], Mapping[str, Agent]]
+
+
+class FabricRuntime:
+    def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
+                 state: ownership.RunState | None = None, run_dir: Path | None = None) -> None:
+        self.topo = topo
+        self.make_agents = make_agents
+        self.datapath = datapath
+        self.state = state or ownership.RunState(ownership.new_run_id())
+        self.run_dir = run_dir
+        self.plan = plan_fabric(topo, self.state.run_id)
+        self.fabric: BuiltFabric | None = None
+        self.host: AgentHost | None = None
+        self.timings_s: dict[str, float] = {}
+
+    def build(self) -> None:
+        """Kernel objects and agent sockets (blocking; call before trio or in a thread)."""
+        t0 = time.perf_counter()
+        self.fabric = build(self.plan, self.state, datapath=self.datapath)
+        t1 = time.perf_counter()
+        try:
+            events = EventLog(self.run_dir / "events.jsonl" if self.run_dir else None)
+            self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events)
+            self.host.open()
+        except BaseException:
+            self.teardown()
+            raise
+        self.timings_s = {**self.fabric.phases_s, "build": t1 - t0, "agents": time.perf_counter() - t1}
+
+    def teardown(self) -> list[str]:
+        problems: list[str] = []
+        if self.host is not None:
+            self.host.close()
+            self.host = None
+        if self.fabric is not None:
+            problems = teardown(self.fabric)
+            self.fabric = None
+        else:
+            problems = ownership.teardown(self.state)
+        return problems
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[AgentHost]:
+        """Build (if needed), run the agents in the background, tear down on the way out."""
+        try:
+            if self.host is None:
+                await trio.to_thread.run_sync(self.build)
+            assert self.host is not None
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.host.serve)
+                self.state.status = "up"
+                self.state.save()
+                yield self.host
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                problems = await trio.to_thread.run_sync(self.teardown)
+            if problems:
+                log.error("teardown left: %s", "; ".join(problems))
