@@ -40,11 +40,13 @@ class BuiltFabric:
 def build(plan: FabricPlan, state: ownership.RunState, *, datapath: str = "kernel") -> BuiltFabric:
     if datapath not in ("kernel", "user"):
         raise ValueError(f"datapath must be kernel or user, not {datapath!r}")
+    netns.check_free(plan.namespaces)  # before claiming: a clash must not make them "ours"
     fabric = BuiltFabric(plan, state, LinkControl())
     t0 = time.perf_counter()
     try:
         state.claim_namespaces(plan.namespaces)
         netns.create(plan.namespaces)
+        netns.quiet_ipv6(plan.namespaces)
         t1 = time.perf_counter()
         create_cables(plan.cables)
         t2 = time.perf_counter()

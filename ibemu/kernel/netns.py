@@ -31,12 +31,17 @@ def list_names() -> list[str]:
         return []
 
 
-def create(names: Iterable[str]) -> None:
-    """Create namespaces (one ``ip -batch``); raises if any already exists."""
-    names = list(names)
+def check_free(names: Iterable[str]) -> None:
+    """Raise KernelError if any of ``names`` already exists (it is not ours to reuse)."""
     clash = [n for n in names if exists(n)]
     if clash:
         raise KernelError(f"namespace {clash[0]} already exists ({len(clash)} clash): not ours to reuse")
+
+
+def create(names: Iterable[str]) -> None:
+    """Create namespaces (one ``ip -batch``); raises if any already exists."""
+    names = list(names)
+    check_free(names)
     batch("ip", [f"netns add {n}" for n in names])
 
 
@@ -74,3 +79,16 @@ def entered(name: str) -> Iterator[None]:
     finally:
         os.close(target)
         os.close(home)
+
+
+def quiet_ipv6(names: Iterable[str]) -> None:
+    """Disable IPv6 in each namespace (before its interfaces exist).
+
+    Otherwise every veth sends router and neighbour solicitations and MLD reports: frames
+    nobody asked for on an IB cable. /proc/sys/net resolves to the opening thread's namespace.
+    """
+    for name in names:
+        with entered(name):
+            for scope in ("default", "all"):
+                with open(f"/proc/sys/net/ipv6/conf/{scope}/disable_ipv6", "w") as f:
+                    f.write("1")
