@@ -8,6 +8,7 @@ import socket
 from ibemu.kernel import netns
 from ibemu.kernel.commands import KernelError
 
+ETH_P_ALL = 0x0003
 ETH_P_IB = 0x88B5
 ETH_P_IP = 0x0800
 SOCK_BUFFER = 4 * 1024 * 1024
