@@ -117,6 +117,8 @@ class SwitchAgent(DeviceAgent):
                          clock=clock, count_own_traffic=count_own_traffic)
         self.switch_info = SwitchInfoState(linear_fdb_cap=linear_fdb_cap,
                                            partition_enforcement_cap=partition_cap)
+        # links that came up at power-on are state changes the SM has not seen yet
+        self.switch_info.port_state_change = any(p.link_is_up for n, p in ports.items() if n)
         self.lft = Lft(linear_fdb_cap)
         self.mft = Mft(self.switch_info.multicast_fdb_cap, num_ports)
         self.forwarder = Forwarder(self.lft, self.ports, seed=forwarder_seed)
@@ -162,7 +164,9 @@ class SwitchAgent(DeviceAgent):
         return self.ports[0].lid or 0xFFFF
 
     def _route_lid(self, dlid: int, ingress: int, *, vl15: bool) -> int:
-        egress, _reason = self.forwarder.route(dlid, ingress, vl15=vl15)
+        # packets the SMA sends originate at port 0: going back out of the port a request
+        # came in on is normal, not a relay loop
+        egress, _reason = self.forwarder.route(dlid, 0, vl15=vl15)
         return egress
 
     def _transit(self, port: int, pkt: bytes, dlid: int, vl15: bool) -> list[Action]:

@@ -1,0 +1,76 @@
+"""Linear forwarding tables: the store, LFT Get/Set by SMP, effective updates."""
+
+from __future__ import annotations
+
+import pytest
+
+from ibemu.device import madbuild as mb
+from ibemu.device.actions import LftUpdate
+from ibemu.switch.lft import NO_ROUTE, Lft
+
+from .fabrics import chain
+from .minism import MiniSm
+
+
+def test_store_blocks_top_and_effective_changes() -> None:
+    lft = Lft(1024)
+    assert lft.blocks == 16 and lft.lookup(5) == NO_ROUTE
+    block = bytearray(b"\xff" * 64)
+    block[5], block[9] = 3, 4
+    assert lft.set_block(0, block) == {}  # top 0: nothing is routed yet
+    assert lft.set_top(70) == {5: 3, 9: 4}
+    assert lft.lookup(5) == 3 and lft.lookup(9) == 4 and lft.lookup(0) == NO_ROUTE
+    block[9] = 7
+    assert lft.set_block(0, block) == {9: 7}
+    assert lft.set_block(0, block) == {}
+    b1 = bytearray(b"\xff" * 64)
+    b1[0], b1[20] = 2, 2  # LIDs 64 and 84; 84 is above the top
+    assert lft.set_block(1, b1) == {64: 2}
+    assert lft.set_top(100) == {84: 2}
+    assert lft.set_top(8) == {9: NO_ROUTE, 64: NO_ROUTE, 84: NO_ROUTE}
+    assert lft.effective() == {5: 3}
+    assert lft.get_block(1) == bytes(b1)
+    with pytest.raises(IndexError):
+        lft.get_block(16)
+    with pytest.raises(ValueError):
+        lft.set_top(1024)
+
+
+def test_lft_set_by_smp_emits_only_changed_entries() -> None:
+    fab = chain(1)
+    sm = MiniSm(fab, "sm")
+    sm.discover()
+    si = sm.ok([1], 0x12)
+    sm.ok([1], 0x12, method=mb.SET, data=mb.switch_info_set(si, linear_fdb_top=0xBFFF))
+    fab.lft_updates["s1"].clear()
+    block = bytearray(b"\xff" * 64)
+    block[1:4] = bytes([6, 5, 5])
+    got = sm.ok([1], 0x19, mod=0, method=mb.SET, data=bytes(block))
+    assert got == bytes(block)
+    assert fab.lft_updates["s1"] == [LftUpdate({1: 6, 2: 5, 3: 5})]
+    block[3] = 6
+    sm.ok([1], 0x19, mod=0, method=mb.SET, data=bytes(block))
+    assert fab.lft_updates["s1"][-1] == LftUpdate({3: 6})
+    sm.ok([1], 0x19, mod=0, method=mb.SET, data=bytes(block))  # unchanged: no update
+    assert len(fab.lft_updates["s1"]) == 2
+    high = bytearray(b"\xff" * 64)
+    high[63] = 2
+    sm.ok([1], 0x19, mod=767, method=mb.SET, data=bytes(high))  # the last block of 49152
+    assert fab.lft_updates["s1"][-1] == LftUpdate({767 * 64 + 63: 2})
+    assert sm.ok([1], 0x19, mod=0) == bytes(block)
+    assert sm.ok([1], 0x19, mod=767) == bytes(high)
+    assert sm.ok([1], 0x19, mod=5) == b"\xff" * 64
+    assert [e.fields["changed"] for e in fab.events_of("lft_set", "s1")] == [3, 1, 1]
+
+
+def test_routes_programmed_by_the_mini_sm() -> None:
+    fab = chain(3)
+    nodes = MiniSm(fab, "sm").bring_up()
+    lid = {n.description: n.lid for n in nodes.values()}
+    s2 = fab.agents["s2"]
+    assert s2.lft.lookup(lid["sm"]) == 1 and s2.lft.lookup(lid["h"]) == 3
+    assert s2.lft.lookup(lid["s2"]) == 0
+    merged: dict[int, int] = {}
+    for upd in fab.lft_updates["s2"]:
+        merged.update(upd.changes)
+    assert merged == s2.lft.effective()
