@@ -52,6 +52,7 @@ def build(plan: FabricPlan, state: ownership.RunState, *, datapath: str = "kerne
         t2 = time.perf_counter()
         for node in plan.nodes.values():
             fabric.links.all_up(node.ns, (p.ifname for p in node.ports.values()))
+        fabric.links.wait_carrier({n.ns: [p.ifname for p in n.ports.values()] for n in plan.nodes.values()})
         t3 = time.perf_counter()
         if datapath == "kernel":
             switches = [n for n in plan.switches() if n.ports]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from ibemu.kernel.commands import KernelError, batch, run
 log = logging.getLogger(__name__)
 
 ETH_HEADER = 14
+IFF_LOWER_UP = 0x10000
 IB_MAX_PACKET = 8 + 40 + 12 + 28 + 4096 + 4 + 4 + 2  # LRH+GRH+BTH+ext+payload+pad+CRCs
 VETH_MTU = 4400
 """MTU of every veth: an IB MTU 4096 packet with all headers fits (IPv4/UDP RoCEv2 too)."""
@@ -52,22 +54,25 @@ def create_cables(cables: Sequence[Cable]) -> None:
 class LinkControl:
     """Netlink control of interfaces in many namespaces (one cached socket each).
 
-    Thread-safe; blocking: call from a worker thread when inside trio.
+    Blocking. A pyroute2 IPRoute must only be used by the thread that made it (used from
+    another it silently returns stale answers), so sockets are cached per thread and
+    namespace.
     """
 
     def __init__(self) -> None:
-        self._sockets: dict[str, IPRoute] = {}
+        self._sockets: dict[tuple[int, str], IPRoute] = {}
         self._index: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
 
     def _ipr(self, ns: str) -> IPRoute:
-        with self._lock:
-            ipr = self._sockets.get(ns)
-            if ipr is None:
-                with netns.entered(ns):
-                    ipr = IPRoute()
-                self._sockets[ns] = ipr
-            return ipr
+        key = (threading.get_ident(), ns)
+        ipr = self._sockets.get(key)
+        if ipr is None:
+            with netns.entered(ns):
+                ipr = IPRoute()
+            with self._lock:
+                self._sockets[key] = ipr
+        return ipr
 
     def index(self, ns: str, ifname: str) -> int:
         key = (ns, ifname)
@@ -93,9 +98,33 @@ class LinkControl:
         return bool(link["flags"] & 1)
 
     def carrier(self, ns: str, ifname: str) -> bool:
-        """Physical link: both veth ends up."""
+        """Physical link: both veth ends up (IFF_LOWER_UP, set as soon as the peer is up)."""
         link = self._ipr(ns).get_links(self.index(ns, ifname))[0]
-        return link.get_attr("IFLA_OPERSTATE") == "UP"
+        return bool(link["flags"] & IFF_LOWER_UP)
+
+    def without_carrier(self, ns: str, ifnames: Iterable[str]) -> list[str]:
+        """Those of ``ifnames`` in ``ns`` whose carrier is still down (one netlink dump)."""
+        wanted = set(ifnames)
+        up = {link.get_attr("IFLA_IFNAME") for link in self._ipr(ns).get_links()
+              if link["flags"] & IFF_LOWER_UP}
+        return sorted(wanted - up)
+
+    def wait_carrier(self, ports: dict[str, list[str]], timeout_s: float = 5.0) -> None:
+        """Wait until every listed interface (namespace -> names) has carrier.
+
+        The kernel reports veth carrier changes through linkwatch, up to a second late.
+        """
+        deadline = time.monotonic() + timeout_s
+        pending = dict(ports)
+        while pending:
+            pending = {ns: left for ns, names in pending.items() if (left := self.without_carrier(ns, names))}
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                ns, names = next(iter(pending.items()))
+                raise KernelError(f"no carrier after {timeout_s} s on {ns}/{names[0]} "
+                                  f"({sum(map(len, pending.values()))} ports)")
+            time.sleep(0.02)
 
     def stats(self, ns: str, ifname: str) -> dict[str, int]:
         """rx/tx packets, bytes, drops of an interface."""
@@ -106,13 +135,14 @@ class LinkControl:
 
     def forget(self, ns: str) -> None:
         with self._lock:
-            ipr = self._sockets.pop(ns, None)
+            gone = [k for k in self._sockets if k[1] == ns]
+            iprs = [self._sockets.pop(k) for k in gone]
             self._index = {k: v for k, v in self._index.items() if k[0] != ns}
-        if ipr is not None:
+        for ipr in iprs:
             ipr.close()
 
     def close(self) -> None:
-        for ns in list(self._sockets):
+        for ns in {k[1] for k in self._sockets}:
             self.forget(ns)
 
 

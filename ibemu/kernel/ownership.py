@@ -43,8 +43,12 @@ def process_start_time(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    # Field 22, counted after the parenthesised command name (which may contain spaces).
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    # Fields after the parenthesised command name (which may contain spaces): state is the
+    # first, starttime the 20th. A zombie has finished: it counts as gone.
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 @dataclass
