@@ -57,6 +57,12 @@ class Harness:
         return self.session.on_data(self.slots[pid], req.pack())
 
 
+def routed(hx: Harness, req: SimRequest) -> tuple[int, bytes]:
+    out = hx.session.route(req)
+    assert isinstance(out, tuple), out
+    return out
+
+
 @pytest.fixture
 def hx() -> Harness:
     return Harness()
@@ -128,7 +134,11 @@ def test_get_queries_answer_from_the_backend(hx: Harness) -> None:
 
 def test_portinfo_port_argument_reaches_the_backend(hx: Harness) -> None:
     seen: list[int] = []
-    hx.backend.port_info = lambda port=0: seen.append(port) or bytes(64)  # type: ignore[method-assign]
+
+    def port_info(port: int = 0) -> bytes:
+        seen.append(port)
+        return bytes(64)
+    hx.backend.port_info = port_info  # type: ignore[method-assign]
     hx.connect(1)
     hx.ctl(1, CtlType.GET_PORTINFO, b"\x02")
     hx.ctl(1, CtlType.GET_PORTINFO, b"\x00")
@@ -187,7 +197,7 @@ def test_request_tid_gets_the_slot_and_response_is_routed_and_restored(hx: Harne
     sent = hx.backend.sent[-1]
     assert sent.tid == (3 << 48) | 0x0001_0000_0042
     response = hx.backend.respond(sent)
-    slot, raw = hx.session.route(response)  # type: ignore[misc]
+    slot, raw = routed(hx, response)
     assert slot == 3
     assert SimRequest.unpack(raw).tid == tid
 
@@ -197,7 +207,7 @@ def test_without_restore_the_slot_stays_in_the_tid_like_ibsim() -> None:
     hx.connect(1)
     hx.connect(2)
     hx.send(2, dr_get(0xBEEF_0000_0000_0001))
-    slot, raw = hx.session.route(hx.backend.respond(hx.backend.sent[-1]))  # type: ignore[misc]
+    slot, raw = routed(hx, hx.backend.respond(hx.backend.sent[-1]))
     assert slot == 1 and SimRequest.unpack(raw).tid == 0x0001_0000_0000_0001
 
 
@@ -208,9 +218,9 @@ def test_tid_memory_is_bounded() -> None:
         hx.send(1, dr_get((0xAAAA << 48) | i))
     client = hx.session.clients.get(0)
     assert client is not None and len(client.tids) == 8
-    slot, raw = hx.session.route(hx.backend.respond(hx.backend.sent[0]))  # type: ignore[misc]
+    _, raw = routed(hx, hx.backend.respond(hx.backend.sent[0]))
     assert SimRequest.unpack(raw).tid == 0  # forgotten: delivered with the slot bits (0)
-    slot, raw = hx.session.route(hx.backend.respond(hx.backend.sent[-1]))  # type: ignore[misc]
+    _, raw = routed(hx, hx.backend.respond(hx.backend.sent[-1]))
     assert SimRequest.unpack(raw).tid == (0xAAAA << 48) | 19
 
 
@@ -240,7 +250,7 @@ def test_undeliverable_request_goes_back_to_its_slot(hx: Harness) -> None:
     hx.send(2, dr_get(0x5555_0000_0000_0001, attr=0x12))  # SwitchInfo: the fake CA bounces it
     bounced = hx.backend.respond(hx.backend.sent[-1])
     assert bounced.status == STATUS_TIMEOUT and not bounced.is_response
-    slot, raw = hx.session.route(bounced)  # type: ignore[misc]
+    slot, raw = routed(hx, bounced)
     assert slot == 1
     back = SimRequest.unpack(raw)
     assert back.status == STATUS_TIMEOUT and back.tid == 0x5555_0000_0000_0001
@@ -268,7 +278,7 @@ def test_unsolicited_mads_go_to_the_sm_client_only(hx: Harness) -> None:
     hx.connect(2)
     hx.connect(3)
     hx.ctl(3, CtlType.SET_ISSM, struct.pack("<i", 1))
-    slot, raw = hx.session.route(trap())  # type: ignore[misc]
+    slot, raw = routed(hx, trap())
     assert slot == 2 and SimRequest.unpack(raw).tid == 0x1234  # unsolicited: TID untouched
     # a class the SM is not known to have registered would crash umad2sim: refused
     assert hx.session.route(trap(mgmt_class=0x04)) is Delivery.NO_CLIENT
@@ -316,5 +326,5 @@ def test_client_gone_frees_slot_and_forgets_tids(hx: Harness) -> None:
     assert len(hx.session.clients) == 0
     assert hx.session.route(pending) is Delivery.NO_CLIENT
     hx.connect(2)  # a new client in slot 0 never sees the old client's TID bits
-    slot, raw = hx.session.route(pending)  # type: ignore[misc]
+    slot, raw = routed(hx, pending)
     assert slot == 0 and SimRequest.unpack(raw).tid == 0
