@@ -284,6 +284,9 @@ class CaAgent(DeviceAgent):
             buf[m + M_METHOD] = 0x81
             buf[m + M_STATUS : m + M_STATUS + 2] = status.to_bytes(2, "big")
             return [DeliverMad(port, bytes(buf[m : m + MAD_LEN]), dlid, dlid, 1, 1, qkey=GSI_QKEY)]
+        if mclass in self.client_classes or buf[m + M_METHOD] & 0x80:
+            lid = self.ports[port].lid
+            return [DeliverMad(port, bytes(buf[m : m + MAD_LEN]), lid, dlid, 1, 1, qkey=GSI_QKEY)]
         self.stats["tx_loopback_unsupported"] += 1
         attr = (buf[m + M_ATTR_ID] << 8) | buf[m + M_ATTR_ID + 1]
         return [self._event("mad_undeliverable", port=port, reason="loopback", mgmt_class=mclass, attr=attr)]

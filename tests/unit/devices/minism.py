@@ -87,7 +87,7 @@ class MiniSm:
 
     def assign_lids(self) -> None:
         me = next(n for n in self.nodes.values() if n.path == [])
-        order = [me] + sorted((n for n in self.nodes.values() if n is not me), key=lambda n: n.guid)
+        order = [me, *sorted((n for n in self.nodes.values() if n is not me), key=lambda n: n.guid)]
         for lid, node in enumerate(order, start=self.sm_lid):
             node.lid = lid
             port = 0 if node.node_type == 2 else node.in_port or self.port

@@ -1,0 +1,99 @@
+"""PMA: ClassPortInfo, PortCounters Get/Set, extended counters, saturation."""
+
+from __future__ import annotations
+
+import struct
+
+from ibemu.device import madbuild as mb
+from ibemu.device.counters import PortCounters
+from ibemu.device.packet import PACKET_LEN
+from ibemu.wire.mad import ClassPortInfo
+from ibemu.wire.mad import PortCounters as ScapyPortCounters
+
+from .fabrics import chain
+from .minism import MiniSm
+
+
+def setup():  # type: ignore[no-untyped-def]
+    fab = chain(2)
+    nodes = MiniSm(fab, "sm").bring_up()
+    return fab, {n.description: n.lid for n in nodes.values()}
+
+
+def pma_get(fab, lid: int, attr: int, port_select: int = 1, method: int = mb.GET,
+            counter_select: int = 0) -> tuple[int, bytes]:  # type: ignore[no-untyped-def]
+    mad = mb.pma(method, attr, tid=0x99, data=mb.port_counters_select(port_select, counter_select))
+    got = fab.send_mad("sm", 1, lid, 1, 1, mad)
+    (resp,) = got
+    assert resp.sqp == 1 and resp.dqp == 1 and resp.qkey == 0x80010000 and resp.slid == lid
+    return mb.status(resp.mad), mb.pma_data(resp.mad)
+
+
+def test_class_port_info() -> None:
+    fab, lid = setup()
+    status, data = pma_get(fab, lid["s2"], 0x01)
+    cpi = ClassPortInfo(data)
+    assert status == 0 and cpi.base_version == 1 and cpi.class_version == 1
+    assert cpi.capability_mask & 0x0100 and cpi.capability_mask & 0x0200  # AllPortSelect, ExtWidth
+    status, data = pma_get(fab, lid["h"], 0x01)
+    assert not ClassPortInfo(data).capability_mask & 0x0100
+
+
+def test_port_counters_move_and_clear() -> None:
+    fab, lid = setup()
+    s2 = fab.agents["s2"]
+    status, data = pma_get(fab, lid["s2"], 0x12, port_select=1)
+    before = ScapyPortCounters(data)
+    assert status == 0 and before.port_select == 1 and before.port_rcv_pkts > 0
+    for _ in range(5):
+        fab.send_mad("sm", 1, 0xFFFF, 0, 0, mb.dr_smp(mb.GET, 0x11, path=[1, 3]))
+    after = ScapyPortCounters(pma_get(fab, lid["s2"], 0x12, port_select=1)[1])
+    assert after.port_rcv_pkts - before.port_rcv_pkts == 6  # 5 SMPs + the PMA Get itself
+    assert after.port_xmit_pkts - before.port_xmit_pkts == 6
+    assert after.port_rcv_data - before.port_rcv_data == 6 * PACKET_LEN // 4  # octets / 4
+    s2.add_counts(1, port_rcv_errors=3, symbol_error_counter=2)
+    c = ScapyPortCounters(pma_get(fab, lid["s2"], 0x12, port_select=1)[1])
+    assert c.port_rcv_errors == 3 and c.symbol_error_counter == 2
+    status, data = pma_get(fab, lid["s2"], 0x12, port_select=1, method=mb.SET, counter_select=0xFFFF)
+    cleared = ScapyPortCounters(data)
+    assert status == 0 and cleared.port_rcv_errors == 0 and cleared.port_rcv_pkts == 0
+    assert s2.counters(1).rcv_pkts == 0
+
+
+def test_all_port_select_sums_the_ports() -> None:
+    fab, lid = setup()
+    s1 = fab.agents["s1"]
+    expected = sum(s1.counters(p).xmit_pkts for p in s1.ports)
+    data = pma_get(fab, lid["s1"], 0x12, port_select=0xFF)[1]
+    assert ScapyPortCounters(data).port_xmit_pkts >= expected
+    assert pma_get(fab, lid["s1"], 0x12, port_select=9)[0] == 0x1C
+    assert pma_get(fab, lid["h"], 0x12, port_select=0xFF)[0] == 0x1C
+
+
+def test_extended_counters_are_64_bit() -> None:
+    fab, lid = setup()
+    fab.agents["s2"].add_counts(3, xmit_octets=(1 << 40), xmit_pkts=(1 << 33))
+    data = pma_get(fab, lid["s2"], 0x1D, port_select=3)[1]
+    xd, _rd, xp = struct.unpack_from("!QQQ", data, 8)
+    assert xd >= (1 << 38) and xp >= (1 << 33)
+    basic = ScapyPortCounters(pma_get(fab, lid["s2"], 0x12, port_select=3)[1])
+    assert basic.port_xmit_data == 0xFFFFFFFF and basic.port_xmit_pkts == 0xFFFFFFFF  # saturated
+
+
+def test_counter_widths_saturate() -> None:
+    pc = PortCounters()
+    pc.add(port_rcv_errors=70000, link_downed_counter=300, local_link_integrity_errors=20,
+           excessive_buffer_overrun_errors=17, vl15_dropped=1 << 20, rcv_octets=(1 << 36))
+    c = ScapyPortCounters(pc.encode_basic(1))
+    assert c.port_rcv_errors == 0xFFFF and c.link_downed_counter == 0xFF
+    assert c.local_link_integrity_errors == 0xF and c.excessive_buffer_overrun_errors == 0xF
+    assert c.vl15_dropped == 0xFFFF and c.port_rcv_data == 0xFFFFFFFF
+
+
+def test_unknown_pma_attribute_and_method() -> None:
+    fab, lid = setup()
+    assert pma_get(fab, lid["s2"], 0x0055)[0] == 0x0C
+    mad = bytearray(mb.pma(mb.GET, 0x12, data=mb.port_counters_select(1)))
+    mad[3] = 0x14  # GetMulti
+    (resp,) = fab.send_mad("sm", 1, lid["s2"], 1, 1, bytes(mad))
+    assert mb.status(resp.mad) == 0x08 and resp.mad[3] == 0x94
