@@ -245,7 +245,14 @@ class DeviceAgent:
         return []
 
     def _client_mad(self, port: int, pkt: bytes, mad: bytes | bytearray) -> list[Action]:
-        """A MAD for local clients: responses, traps, requests the SMA does not serve."""
+        """A MAD for local clients: responses, traps, requests the SMA does not serve.
+
+        This node has none: a GSI Get/Set of a class it lacks is answered with status
+        0x0004 (class not supported); anything else is dropped and counted.
+        """
+        mclass, method = pkt[MAD_OFFSET + M_CLASS], pkt[MAD_OFFSET + M_METHOD]
+        if mclass not in (CLASS_SMP_LR, CLASS_SMP_DR) and method in (GET, SET):
+            return self._gsi_respond(bytearray(pkt), MAD_OFFSET, port, ST_BAD_VERSION)
         self.stats["rx_no_client"] += 1
         return []
 
@@ -393,6 +400,9 @@ class DeviceAgent:
         if method in NO_RESPONSE_METHODS:
             self.stats["smp_unsolicited_dropped"] += 1
             return []
+        if method & 0x80:  # a response travelling as a request (D=0): never answer it
+            self.stats["smp_response_as_request"] += 1
+            return [self._event("smp_discard", port=ingress, reason="response_as_request")]
         if self._client_smp_request(attr):
             return self._client_mad(ingress, bytes(buf), buf[m : m + MAD_LEN])
         if buf[m + M_BASE_VERSION] != 1 or buf[m + M_CLASS_VERSION] != 1:
