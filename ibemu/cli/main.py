@@ -18,6 +18,7 @@ from ibemu.errors import IbemuError
 COMMANDS = (
     "ibemu.cli.demo_cmd",
     "ibemu.cli.clean_cmd",
+    "ibemu.cli.fabric_cmd",
     "ibemu.cli.topo_cmd",
     "ibemu.cli.validate_cmd",
 )

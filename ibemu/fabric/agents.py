@@ -12,7 +12,6 @@ from ibemu.topo.model import Node
 def make_agent(plan: FabricPlan, node: Node) -> Agent:
     topo = plan.topology
     cabled = plan.nodes[node.name].ports
-    link_up = [p in cabled for p in range(0, node.num_ports + 1)]
     first_link = next((topo.link_at(node.name, p) for p in sorted(cabled)), None)
     rate = topo.rate_of(first_link) if first_link is not None else topo.defaults.rate
     common = dict(
@@ -22,7 +21,7 @@ def make_agent(plan: FabricPlan, node: Node) -> Agent:
         vendor_id=node.vendor_id,
         device_id=node.device_id,
         system_image_guid=node.system_guid,
-        link_up=link_up,
+        link_up=None,  # all down: the agent host reports each cable's carrier as it sees it
         width=rate.width,
         speed=rate.speed,
         mtu=topo.defaults.mtu,

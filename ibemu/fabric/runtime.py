@@ -8,6 +8,7 @@ exception or on an agent crash — removes every namespace it created.
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ import trio
 
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.host import Agent, AgentHost, EventLog
+from ibemu.fabric.madport import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import ownership
 from ibemu.topo import Topology
@@ -26,10 +28,21 @@ log = logging.getLogger(__name__)
 AgentFactory = Callable[[FabricPlan], Mapping[str, Agent]]
 
 
+def raise_fd_limit() -> None:
+    """One process holds every socket of the fabric (a k=16 fat-tree: ~17,000)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 class FabricRuntime:
     def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
-                 state: ownership.RunState | None = None, run_dir: Path | None = None) -> None:
+                 state: ownership.RunState | None = None, run_dir: Path | None = None,
+                 mad_sockets: bool = True) -> None:
+        """``mad_sockets``: serve a MAD socket (ibsim's protocol) on port 1 of every CA."""
         self.topo = topo
+        self.mad_sockets = mad_sockets
+        self.mad_ports: dict[str, CaMadPort] = {}
         self.make_agents = make_agents
         self.datapath = datapath
         self.state = state or ownership.RunState(ownership.new_run_id())
@@ -41,6 +54,7 @@ class FabricRuntime:
 
     def build(self) -> None:
         """Kernel objects and agent sockets (blocking; call before trio or in a thread)."""
+        raise_fd_limit()
         t0 = time.perf_counter()
         self.fabric = build(self.plan, self.state, datapath=self.datapath)
         t1 = time.perf_counter()
@@ -74,6 +88,11 @@ class FabricRuntime:
             assert self.host is not None
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
+                if self.mad_sockets:
+                    for node in self.plan.cas():
+                        if 1 in node.ports:
+                            self.mad_ports[node.name] = await nursery.start(
+                                serve_mad_port, self.host, node.name, 1)
                 self.state.status = "up"
                 self.state.save()
                 yield self.host

@@ -1,0 +1,48 @@
+"""Running unmodified libibumad programs (OpenSM, infiniband-diags) on an emulated host.
+
+``libumad2sim.so`` (Debian ibsim-utils) makes a program send its MADs over the host's MAD
+socket instead of /dev/infiniband; the socket lives in the host's namespace, so the program
+runs there too. umad2sim writes a fake sysfs into its working directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from ibemu.errors import ConfigError
+
+UMAD2SIM_GLOBS = (
+    "/usr/lib/*/umad2sim/libumad2sim.so",
+    "/usr/lib/umad2sim/libumad2sim.so",
+    "/usr/lib64/umad2sim/libumad2sim.so",
+)
+
+
+def umad2sim_path() -> str | None:
+    for pattern in UMAD2SIM_GLOBS:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def tool_argv(ns: str, argv: Sequence[str], *, env: dict[str, str] | None = None) -> list[str]:
+    """argv that runs ``argv`` in namespace ``ns`` attached to that host's MAD socket."""
+    lib = umad2sim_path()
+    if lib is None:
+        raise ConfigError("libumad2sim.so not found: install ibsim-utils (scripts/setup.sh does)")
+    if shutil.which(argv[0]) is None and not os.path.exists(argv[0]):
+        raise ConfigError(f"{argv[0]}: not installed (infiniband-diags / opensm provide the tools)")
+    extra = [f"{k}={v}" for k, v in (env or {}).items()]
+    return ["ip", "netns", "exec", ns, "env", f"LD_PRELOAD={lib}", *extra, *argv]
+
+
+def scratch_dir(base: Path, node: str) -> Path:
+    """Where a tool on ``node`` may write (umad2sim's sys-<pid>/, OpenSM's files)."""
+    d = base / "tools" / node
+    d.mkdir(parents=True, exist_ok=True)
+    return d
