@@ -19,6 +19,7 @@ from typing import Any
 
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric.daemon import write_spec
+from ibemu.fabric.tools import scratch_dir, tool_argv
 from ibemu.kernel import netns, ownership
 from ibemu.topo import Topology, dumps_ibnetdiscover, generate
 
@@ -88,8 +89,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     topo, datapath, name = _resolve(args)
     topo.check()
     state = ownership.RunState(ownership.new_run_id(), scenario=name)
-    run_dir = ownership.STATE_DIR / state.run_id
-    state.info["run_dir"] = str(run_dir)
+    run_dir = state.run_dir
     state.save()
     write_spec(run_dir, run_id=state.run_id, datapath=datapath, topology_text=dumps_ibnetdiscover(topo),
                scenario=name)
@@ -165,6 +165,22 @@ def cmd_exec(args: argparse.Namespace) -> int:
     return 127  # not reached
 
 
+def cmd_diag(args: argparse.Namespace) -> int:
+    """Run an infiniband-diags tool (or OpenSM) on a host, through its MAD socket."""
+    _require_root("diag")
+    state = _pick_run(args.run)
+    ns = ownership.ns_name(state.run_id, args.node)
+    if ns not in state.namespaces:
+        raise ConfigError(f"no node {args.node!r} in fabric {state.run_id}")
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ConfigError("ibemu diag HOST TOOL [ARGS...]: no tool given (e.g. ibnetdiscover)")
+    argv = tool_argv(ns, command)
+    os.chdir(scratch_dir(state.run_dir, args.node))
+    os.execvp(argv[0], argv)
+    return 127  # not reached
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="build a fabric and leave it running")
     up.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
@@ -184,3 +200,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("node")
     ex.add_argument("command", nargs=argparse.REMAINDER)
     ex.set_defaults(func=cmd_exec)
+    dg = sub.add_parser("diag", help="run an infiniband-diags tool on a host (ibnetdiscover, smpquery, ...)")
+    dg.add_argument("--run", help="run id (when several fabrics run)")
+    dg.add_argument("node", help="the host whose HCA port the tool uses")
+    dg.add_argument("command", nargs=argparse.REMAINDER, help="tool and its arguments")
+    dg.set_defaults(func=cmd_diag)

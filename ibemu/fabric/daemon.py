@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(filename=args.run_dir / "daemon.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads((args.run_dir / SPEC_FILE).read_text())
-    state = ownership.RunState.load(ownership.STATE_DIR / f"{spec['run_id']}.json")
+    state = ownership.RunState.load(ownership.RunState(spec["run_id"]).path)
     state.claim_process(os.getpid(), "fabric-daemon")
     topo = loads_ibnetdiscover(spec["topology"])
     rt = FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,

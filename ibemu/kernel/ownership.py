@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import time
 from collections.abc import Iterable
@@ -76,10 +77,15 @@ class RunState:
 
     @property
     def path(self) -> Path:
-        return STATE_DIR / f"{self.run_id}.json"
+        return STATE_DIR / "runs" / f"{self.run_id}.json"
+
+    @property
+    def run_dir(self) -> Path:
+        """Scratch files of the run (daemon log, event log, tool work dirs); removed with it."""
+        return STATE_DIR / "runs" / self.run_id
 
     def save(self) -> None:
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=1))
         os.replace(tmp, self.path)
@@ -107,7 +113,7 @@ class RunState:
 
 def list_runs() -> list[RunState]:
     runs = []
-    for path in sorted(STATE_DIR.glob("*.json")):
+    for path in sorted((STATE_DIR / "runs").glob("*.json")):
         try:
             runs.append(RunState.load(path))
         except (ValueError, TypeError, KeyError) as exc:
@@ -145,5 +151,6 @@ def teardown(state: RunState, grace_s: float = 30.0) -> list[str]:
     if not problems:
         with contextlib.suppress(FileNotFoundError):
             state.path.unlink()
+        shutil.rmtree(state.run_dir, ignore_errors=True)
     return problems
 

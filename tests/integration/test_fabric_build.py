@@ -59,7 +59,7 @@ def test_all_pairs_delivery_over_kernel_lfts(state_dir: Path) -> None:
             s.close()
         assert teardown(fabric) == []
     assert not any(netns.exists(n) for n in plan.namespaces)
-    assert not list(state_dir.glob("*.json"))
+    assert not list(state_dir.glob("runs/*.json"))
 
 
 def test_failed_build_leaves_nothing(state_dir: Path) -> None:

@@ -125,7 +125,7 @@ def test_clean_removes_only_what_ibemu_owns(state_dir: Path) -> None:
         assert main(["clean"]) == 0
         assert not any(netns.exists(n) for n in names)
         assert child.wait(timeout=5) is not None
-        assert not list(state_dir.glob("*.json"))
+        assert not list(state_dir.glob("runs/*.json"))
         assert netns.exists(foreign_ns)
         assert subprocess.run(["ip", "link", "show", foreign_link], capture_output=True).returncode == 0
         assert main(["clean"]) == 0  # idempotent

@@ -1,0 +1,62 @@
+"""`ibemu up / status / exec / diag / down` as a user runs them (subprocesses, real fabric)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ibemu.fabric.tools import umad2sim_path
+
+pytestmark = pytest.mark.root
+
+
+def ibemu(state: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IBEMU_STATE_DIR": str(state)}
+    return subprocess.run([sys.executable, "-m", "ibemu.cli.main", *args], capture_output=True,
+                          text=True, timeout=timeout, env=env, check=False)
+
+
+def test_up_exec_diag_down(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    up = ibemu(state, "up", "--topo", "fat-tree,k=4")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "20 switches, 16 hosts, 48 links" in up.stdout
+        status = json.loads(ibemu(state, "status", "--json").stdout)
+        assert len(status) == 1 and status[0]["status"] == "up" and status[0]["namespaces"] == 36
+        assert status[0]["processes"] == ["fabric-daemon"]
+        links = ibemu(state, "exec", "edge0_0", "--", "ip", "-br", "link")
+        assert links.returncode == 0 and links.stdout.count("UP") >= 4 and "edge0_0-1" in links.stdout
+        if umad2sim_path() and subprocess.run(["which", "smpquery"], capture_output=True).returncode == 0:
+            node = ibemu(state, "diag", "h5", "smpquery", "-D", "nodeinfo", "0,1")
+            assert node.returncode == 0 and "NodeType:........................Switch" in node.stdout
+        bad = ibemu(state, "exec", "nosuch", "--", "true")
+        assert bad.returncode == 2 and "no node 'nosuch'" in bad.stderr
+    finally:
+        down = ibemu(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert json.loads(ibemu(state, "status", "--json").stdout) == []
+    run_id = up.stdout.split()[1]
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if run_id in n]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["up", "--topo", "fat-tree,k=3"], "k"),
+    (["up", "--topo", "fat-tree,k"], "expected NAME,key=value"),
+    (["up", "--topo", "no-such-gen"], "no-such-gen"),
+    (["up", "--sm", "opensm", "--topo", "single-switch"], "--sm opensm"),
+    (["down"], "no fabric is running"),
+    (["up", "/nonexistent/scenario.yaml"], "nonexistent"),
+])
+def test_bad_input_exits_2_and_builds_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    state = tmp_path / "state"
+    r = ibemu(state, *args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr
+    assert not list(state.glob("runs/*.json"))
