@@ -246,3 +246,18 @@ def _trap(tid: int) -> bytes:
     mad[0:4] = bytes([1, 0x01, 1, 0x05])
     struct.pack_into(">QH", mad, 8, tid, 0x0002)
     return bytes(mad)
+
+
+async def test_liveness_checks_lose_nothing_under_traffic() -> None:
+    backend = LocalSma(keep_sent=False)
+    async with running(backend, reap_interval=0.001) as server:
+        client = PyClient(server.sockname)
+        try:
+            await in_thread(client.connect)
+
+            def traffic() -> list[int]:
+                return [client.query(0x0011, i).tid for i in range(500)]
+            assert await in_thread(traffic) == list(range(500))
+            assert len(server.session.clients) == 1 and server.stats["client_gone"] == 0
+        finally:
+            client.close()
