@@ -179,6 +179,9 @@ class UmadServer:
         unsolicited MADs (traps) to the SM client. Never blocks: a client whose receive queue
         is full gets the MAD later (QUEUED) or, past ``backlog`` MADs, not at all (DROPPED).
         """
+        if not self._out:
+            self.stats["deliver_not_running"] += 1
+            return Delivery.DROPPED
         routed = self.session.route(req)
         if isinstance(routed, Delivery):
             return routed
@@ -273,10 +276,14 @@ class UmadServer:
 
 
 async def serve(port_backend: UmadPortBackend, ns: str | None, sockname: str = DEFAULT_SOCKNAME, *,
+                restore_tid: bool = True, reap_interval: float | None = 1.0,
                 task_status: trio.TaskStatus[UmadServer] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the MAD socket of ``port_backend`` in namespace ``ns`` until cancelled.
 
-    ``task_status.started(server)`` hands over the ``UmadServer``: give its ``deliver`` to
-    the backend so responses and traps reach the clients.
+    ``ns=None`` binds in the caller's own namespace. ``task_status.started(server)`` hands
+    over the ``UmadServer``: give its ``deliver`` to the backend so responses and traps
+    reach the clients.
     """
-    await UmadServer(port_backend, ns, sockname).run(task_status=task_status)
+    server = UmadServer(port_backend, ns, sockname, restore_tid=restore_tid,
+                        reap_interval=reap_interval)
+    await server.run(task_status=task_status)

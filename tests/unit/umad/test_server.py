@@ -261,3 +261,8 @@ async def test_liveness_checks_lose_nothing_under_traffic() -> None:
             assert len(server.session.clients) == 1 and server.stats["client_gone"] == 0
         finally:
             client.close()
+
+
+async def test_deliver_when_not_running_drops() -> None:
+    server = UmadServer(LocalSma(), None, sockname())
+    assert server.deliver(SimRequest(1, 2, 0, 0, _trap(1))) is Delivery.DROPPED
