@@ -55,7 +55,7 @@ def test_host_moves_frames_and_carrier_events(state_dir: Path, tmp_path: Path) -
         return agents
 
     state = ownership.RunState(ownership.new_run_id(), scenario="pytest-host")
-    rt = FabricRuntime(topo, make_agents=make, state=state, run_dir=tmp_path)
+    rt = FabricRuntime(topo, make_agents=make, state=state, run_dir=tmp_path, mad_sockets=False)
 
     async def main() -> None:
         async with rt.running() as host:
