@@ -36,7 +36,7 @@ from ibemu.device.actions import (
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel.linkevents import open_link_monitor, read_events
-from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
+from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,8 @@ class AgentHost:
         self.nodes[node].mad_sink = sink
 
     def close(self) -> None:
+        close_all(s for rt in self.nodes.values() for s in rt.sockets.values())
         for rt in self.nodes.values():
-            for s in rt.sockets.values():
-                s.close()
             rt.sockets.clear()
             if rt.monitor is not None:
                 rt.monitor.close()
