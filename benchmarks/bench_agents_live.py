@@ -88,7 +88,7 @@ async def run(k: int, smps: int, window: int) -> None:
         rss = rss_mb()
         print(f"k={k} fat-tree ({len(topo.nodes)} nodes, {len(topo.links)} links): up with agents and "
               f"MAD sockets answering in {t_up:.2f} s (first DR SMP {first[0]:.2f} ms)")
-        print(f"  phases: " + ", ".join(f"{n} {v * 1000:.0f} ms" for n, v in rt.timings_s.items()))
+        print("  phases: " + ", ".join(f"{n} {v * 1000:.0f} ms" for n, v in rt.timings_s.items()))
         print(f"  process RSS {rss:.0f} MB ({rss - rss0:.0f} MB for the fabric's agents and sockets)")
         if smps:
             for w in (1, window):
