@@ -19,6 +19,10 @@ sees a difference):
 - TrapRepress is treated as a response (its TID is left alone), as the kernel's umad does;
 - a response's TID bits 48-63 are restored to what the client sent (``restore_tid``; ibsim
   leaves the slot number there - clients only match the low 32 bits);
+- umad2sim writes its agent id into TID bits 32-47 of every MAD without the R bit, so also
+  into a TrapRepress, which then no longer matches its trap (the kernel leaves it alone).
+  With ``restore_tid`` the server puts back the TID of the unsolicited MAD it delivered
+  (matched on the other TID bits and the peer LID);
 - the port's IsSM bit is the OR of all clients' issm flags, so it clears when the last SM
   client disconnects or dies;
 - unsolicited MADs go only to an SM client, and only for the classes an SM registers
@@ -34,11 +38,12 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from ibemu.errors import DecodeError
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
 SIM_MAGIC = 0xDEADBEEF
 MAX_CLIENTS = 10
@@ -61,6 +66,7 @@ SM_CLASSES = frozenset({CLASS_SUBN_LID, CLASS_SUBN_DR, CLASS_SA})
 
 SLOT_SHIFT = 48
 LOW48 = (1 << SLOT_SHIFT) - 1
+AGENT_BITS = 0xFFFF << 32  # where umad2sim puts its agent id
 
 
 class CtlType(IntEnum):
@@ -312,6 +318,8 @@ class Client:
     qp: int = 0
     issm: bool = False
     tids: dict[int, int] = field(default_factory=dict)  # TID as sent -> TID the client wrote
+    # unsolicited MADs delivered: (TID without bits 32-47, sender LID) -> their TID
+    peer_tids: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 class ClientTable:
@@ -562,7 +570,13 @@ class UmadSession:
             if sent != tid:
                 out = req.with_tid(sent)
                 if self.restore_tid:
-                    self._remember(client, sent, tid)
+                    _remember(client.tids, sent, tid, self.tid_memory)
+        elif client.peer_tids:
+            tid = req.tid
+            original = client.peer_tids.get((tid & ~AGENT_BITS, req.dlid))
+            if original is not None and original != tid:
+                out = req.with_tid(original)  # a TrapRepress umad2sim rewrote
+                self.stats["tid_repaired"] += 1
         if out.slid == 0 and out.mgmt_class != CLASS_SUBN_DR:
             out = replace(out, slid=self.backend.port_lid_state()[0])
         try:
@@ -577,13 +591,6 @@ class UmadSession:
     def _bounce(self, req: SimRequest) -> bytes:
         self.stats["data_bounced"] += 1
         return replace(req, status=STATUS_TIMEOUT).pack()
-
-    def _remember(self, client: Client, sent: int, original: int) -> None:
-        tids = client.tids
-        tids.pop(sent, None)
-        tids[sent] = original
-        if len(tids) > self.tid_memory:
-            del tids[next(iter(tids))]
 
     def route(self, req: SimRequest) -> tuple[int, bytes] | Delivery:
         """Where a MAD from the backend goes: (slot, datagram) or why it goes nowhere.
@@ -611,7 +618,18 @@ class UmadSession:
                 log.warning("unsolicited MAD of class %#x not delivered (an SM registers %s)",
                             req.mgmt_class, sorted(self.sm_classes))
                 return Delivery.NO_CLIENT
+            if self.restore_tid:
+                tid = mad_tid(mad)
+                _remember(client.peer_tids, (tid & ~AGENT_BITS, req.slid), tid, self.tid_memory)
         return client.slot, req.pack()
+
+
+def _remember(table: dict[K, int], key: K, tid: int, limit: int) -> None:
+    """Record ``key -> tid``, newest last, forgetting the oldest past ``limit`` entries."""
+    table.pop(key, None)
+    table[key] = tid
+    if len(table) > limit:
+        del table[next(iter(table))]
 
 
 def _area(data: bytes) -> bytes:

@@ -284,11 +284,12 @@ def test_opensm_attaches_as_sm_gets_a_trap_and_is_reaped_when_killed(
         # a second umad2sim client while OpenSM sweeps
         out = tools.ok("smpquery", "-D", "nodedesc", "0")
         assert 'attached as client 1 at node "h1"' in out
-        trap = SimRequest(dlid=1, slid=0x22, dqp=0, sqp=0, mad=_trap128(0x5EED_0001, 0x22))
+        # a switch's trap TID, with bits 32-47 set (umad2sim overwrites those in TrapRepress)
+        trap = SimRequest(dlid=1, slid=0x22, dqp=0, sqp=0, mad=_trap128(0x1002_5EED_0001, 0x22))
         assert mad_socket.call(lambda: mad_socket.server.deliver(trap)) is Delivery.DELIVERED
         mad_socket.wait(lambda: any(r.method == 0x07 for r in backend.sent), what="TrapRepress")
         repress = next(r for r in backend.sent if r.method == 0x07)
-        assert repress.tid == 0x5EED_0001 and repress.dlid == 0x22  # back to the issuer
+        assert repress.tid == 0x1002_5EED_0001 and repress.dlid == 0x22  # back to the issuer
         assert osm.poll() is None, "OpenSM exited"
     finally:
         kill(osm)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import pytest
 
@@ -328,3 +329,36 @@ def test_client_gone_frees_slot_and_forgets_tids(hx: Harness) -> None:
     hx.connect(2)  # a new client in slot 0 never sees the old client's TID bits
     slot, raw = routed(hx, pending)
     assert slot == 0 and SimRequest.unpack(raw).tid == 0
+
+
+def trap_repress(tid: int, dlid: int) -> SimRequest:
+    mad = bytearray(256)
+    mad[0:4] = bytes([1, 0x01, 1, 0x07])
+    struct.pack_into(">QH", mad, 8, tid, 0x0002)
+    return SimRequest(dlid=dlid, slid=0, dqp=0, sqp=0, mad=bytes(mad))
+
+
+def switch_trap(tid: int, slid: int) -> SimRequest:
+    return replace(trap(), slid=slid, mad=trap().mad[:8] + struct.pack(">Q", tid) + trap().mad[16:])
+
+
+def test_trap_repress_tid_bits_32_47_repaired_per_issuer(hx: Harness) -> None:
+    hx.connect(1, issm=True)
+    # two switches, same trap counter, their GUID bits in 32-47 (as ibemu's switch SMA does)
+    for tid, lid in ((0x1001_0000_0001, 0x10), (0x1002_0000_0001, 0x20)):
+        routed(hx, switch_trap(tid, lid))
+    # umad2sim writes the SM's agent id (here 3) into bits 32-47 of the TrapRepress
+    hx.send(1, trap_repress(0x0003_0000_0001, dlid=0x20))
+    hx.send(1, trap_repress(0x0003_0000_0001, dlid=0x10))
+    assert [r.tid for r in hx.backend.sent] == [0x1002_0000_0001, 0x1001_0000_0001]
+    assert hx.session.stats["tid_repaired"] == 2
+    hx.send(1, trap_repress(0x0003_0000_0002, dlid=0x10))  # no such trap: left as it is
+    assert hx.backend.sent[-1].tid == 0x0003_0000_0002
+
+
+def test_trap_repress_not_repaired_in_ibsim_mode() -> None:
+    hx = Harness(restore_tid=False)
+    hx.connect(1, issm=True)
+    routed(hx, switch_trap(0x1001_0000_0001, 0x10))
+    hx.send(1, trap_repress(0x0003_0000_0001, dlid=0x10))
+    assert hx.backend.sent[-1].tid == 0x0003_0000_0001
