@@ -75,6 +75,7 @@ ATTR_PKEY_TABLE = 0x0016
 ATTR_SL2VL = 0x0017
 ATTR_VL_ARB = 0x0018
 ATTR_CLASS_PORT_INFO = 0x0001
+ATTR_MLNX_EXT_PORT_INFO = 0xFF90  # Mellanox vendor attribute OpenSM reads on 0x02C9 devices
 
 PMA_CAP_ALL_PORT_SELECT = 0x0100
 PMA_CAP_EXT_WIDTH = 0x0200
@@ -139,7 +140,9 @@ class DeviceAgent:
             ATTR_PKEY_TABLE: self._attr_pkey_table,
             ATTR_SL2VL: self._attr_sl2vl,
             ATTR_VL_ARB: self._attr_vl_arb,
+            ATTR_MLNX_EXT_PORT_INFO: self._attr_mlnx_ext_port_info,
         }
+        self._mlnx_ext: dict[int, bytes] = {}
 
     # ================================================================== public API
 
@@ -445,7 +448,8 @@ class DeviceAgent:
 
     def _pi_port(self, mod: int, ingress: int) -> int | None:
         """The port a PortInfo-style modifier names (None if invalid)."""
-        num = mod & 0xFF if mod <= 0xFF else -1
+        mod &= 0x7FFFFFFF  # bit 31 is not a port number (ibsim masks it too)
+        num = mod if mod <= 0xFF else -1
         if not self.IS_SWITCH and num == 0:
             num = ingress
         return num if num in self.ports else None
@@ -524,6 +528,18 @@ class DeviceAgent:
         elif method != GET:
             return ST_BAD_METHOD_ATTR
         buf[d : d + 64] = self._vlarb.get(key, bytes(64))
+        return ST_OK
+
+    def _attr_mlnx_ext_port_info(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        """MLNXExtendedPortInfo: stored as written, all zeros (no FDR10) until then."""
+        num = self._pi_port(mod, ingress)
+        if num is None:
+            return ST_INVALID
+        if method == SET:
+            self._mlnx_ext[num] = bytes(buf[d : d + 64])
+        elif method != GET:
+            return ST_BAD_METHOD_ATTR
+        buf[d : d + 64] = self._mlnx_ext.get(num, bytes(64))
         return ST_OK
 
     # ------------------------------------------------------------------ GSI / PMA

@@ -74,11 +74,22 @@ CA_PORT_CAPS = (Cap.IS_TRAP_SUPPORTED | Cap.IS_SL_MAPPING_SUPPORTED
                 | Cap.IS_CM_SUPPORTED)
 
 WIDTH_CODES = {1: 0x01, 4: 0x02, 8: 0x04, 12: 0x08, 2: 0x10}  # lanes -> LinkWidth bit
-WIDTH_SUPPORTED = 0x1F
+WIDTH_SUPPORTED = 0x1F  # every width code a Set may name
+
+
+def widths_supported(lanes: int) -> int:
+    """LinkWidthSupported of a ``lanes``-lane port: every width up to its own."""
+    return sum(code for n, code in WIDTH_CODES.items() if n <= lanes)
 # speed name -> (LinkSpeedActive, LinkSpeedExtActive)
 SPEED_CODES = {"SDR": (1, 0), "DDR": (2, 0), "QDR": (4, 0),
                "FDR": (4, 1), "EDR": (4, 2), "HDR": (4, 4), "NDR": (4, 8)}
 SPEED_SUPPORTED = 0x7  # SDR | DDR | QDR
+
+
+def ext_speeds_supported(speed: str) -> int:
+    """LinkSpeedExtSupported of a port whose top speed is ``speed`` (FDR 1 .. NDR 0xF)."""
+    code = SPEED_CODES[speed][1]
+    return (code << 1) - 1 if code else 0
 MTU_CODES = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}
 
 STATUS_INVALID = 0x001C
@@ -152,7 +163,7 @@ class Port:
         if not self.neighbor_mtu:
             self.neighbor_mtu = MTU_CODES[self.mtu]
         if not self.link_speed_ext_enabled:
-            self.link_speed_ext_enabled = SPEED_CODES[self.speed][1]
+            self.link_speed_ext_enabled = ext_speeds_supported(self.speed)
 
     # ------------------------------------------------------------------ state
 
@@ -210,12 +221,12 @@ class Port:
             lsee = 0
             nmtu = MTU_CODES[self.mtu]
         else:
-            lws, lwe = WIDTH_SUPPORTED, self.link_width_enabled
+            lws, lwe = widths_supported(self.width), self.link_width_enabled
             lwa = WIDTH_CODES[self.width] if up else 0
             ls_byte = (SPEED_SUPPORTED << 4) | self.state
             phys_byte = (self.phys << 4) | self.link_down_default
             lsa_byte = ((lsa if up else 0) << 4) | self.link_speed_enabled
-            ext_supported = 0xF if lsea else 0
+            ext_supported = ext_speeds_supported(self.speed)
             ext_byte = ((lsea if up else 0) << 4) | ext_supported
             lsee = self.link_speed_ext_enabled
             nmtu = self.neighbor_mtu
@@ -280,7 +291,7 @@ class Port:
                 bad = True
             if opvls > self.vl_cap:
                 bad = True
-            if lwe not in (0, 0xFF) and lwe & ~WIDTH_SUPPORTED:
+            if lwe not in (0, 0xFF) and lwe & ~widths_supported(self.width):
                 bad = True
             if lse not in (0, 0xF) and lse & ~SPEED_SUPPORTED:
                 bad = True
@@ -308,11 +319,16 @@ class Port:
             return out
         self.m_key_violations, self.p_key_violations, self.q_key_violations = mkv, pkv, qkv
         if lwe:
-            self.link_width_enabled = WIDTH_SUPPORTED if lwe == 0xFF else lwe
+            self.link_width_enabled = widths_supported(self.width) if lwe == 0xFF else lwe
         if lse:
             self.link_speed_enabled = SPEED_SUPPORTED if lse == 0xF else lse
-        if lsee & 0x1F:
-            self.link_speed_ext_enabled = lsee & 0x1F
+        lsee &= 0x1F
+        if lsee == 31:  # set to supported
+            self.link_speed_ext_enabled = ext_speeds_supported(self.speed)
+        elif lsee == 30:  # disable extended speeds
+            self.link_speed_ext_enabled = 0
+        elif lsee:
+            self.link_speed_ext_enabled = lsee
         self.neighbor_mtu = nmtu
         if opvls:
             self.operational_vls = opvls

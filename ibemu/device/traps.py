@@ -1,7 +1,7 @@
 """Trap bookkeeping: each trap sent is repeated on a timer until the SM represses it.
 
 Policy (configurable per agent): send at once, then every ``period_ns`` (default 2 s) until
-a SubnTrapRepress with the trap's TID arrives, at most ``max_repeats`` times (default 15,
+a SubnTrapRepress with the trap's TID (or its low 32 bits) arrives, at most ``max_repeats`` times (default 15,
 i.e. 30 s; None = forever). The repeat carries a new send time but the same TID, as the
 spec asks, so the SM can match it. Time comes from the agent's clock; ``due()`` returns the
 traps to resend now and ``next_deadline()`` when to tick next.
@@ -52,7 +52,15 @@ class TrapQueue:
             self._pending.pop(trap.tid, None)
 
     def repress(self, tid: int) -> PendingTrap | None:
-        return self._pending.pop(tid, None)
+        """Stop the trap with this TID; also matches on the low 32 bits alone, since OpenSM
+        (through umad) answers with only the low 32 bits of the trap's TID."""
+        trap = self._pending.pop(tid, None)
+        if trap is None:
+            low = tid & 0xFFFFFFFF
+            match = [t for t in self._pending.values() if t.tid & 0xFFFFFFFF == low]
+            if len(match) == 1:
+                trap = self._pending.pop(match[0].tid)
+        return trap
 
     def due(self, now_ns: int) -> list[PendingTrap]:
         return [t for t in self._pending.values() if t.next_due_ns <= now_ns]

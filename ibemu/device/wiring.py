@@ -158,13 +158,24 @@ class InMemoryFabric:
         self.run()
 
     def advance(self, ns: int) -> None:
-        """Move the clock and tick every agent whose deadline has come."""
-        now = self.clock.advance(ns)
-        for name, agent in self.agents.items():
-            deadline = agent.next_deadline()
-            if deadline is not None and deadline <= now:
-                self.handle(name, agent.tick(now))
-        self.run()
+        """Move the clock forward by ``ns``, stopping at every agent deadline on the way
+        (so a 10 s advance delivers every 2 s trap repeat in order)."""
+        target = self.clock.now_ns + ns
+        if ns < 0:
+            raise ValueError("time does not go backwards")
+        while True:
+            deadlines = [(d, name) for name, a in self.agents.items()
+                         if (d := a.next_deadline()) is not None and d <= target]
+            if not deadlines:
+                break
+            when = max(min(deadlines)[0], self.clock.now_ns)
+            self.clock.now_ns = when
+            for name, agent in self.agents.items():
+                deadline = agent.next_deadline()
+                if deadline is not None and deadline <= when:
+                    self.handle(name, agent.tick(when))
+            self.run()
+        self.clock.now_ns = target
 
     # ------------------------------------------------------------------ engine
 

@@ -282,7 +282,8 @@ class SwitchAgent(DeviceAgent):
             self.stats["trap_not_configured"] += 1
             return []
         self._trap_tid += 1
-        tid = (self.node_guid & 0xFFFF) << 32 | self._trap_tid
+        # low 32 bits unique per switch (a TrapRepress may carry only those)
+        tid = (self.node_guid & 0xFFFF) << 32 | (self._trap_tid & 0xFFFFFFFF)
         notice = notice_trap128(issuer_lid=p0.lid, lidaddr=p0.lid)
         now = self.clock()
         trap = self.traps.add(tid, TRAP_LINK_STATE_CHANGE, notice, now)

@@ -96,3 +96,20 @@ def test_unroutable_trap_is_counted_and_retried() -> None:
     fab.link_up("s1", 6)  # the SM's link comes back (Init: VL15 passes)
     fab.advance(SEC)
     assert len(traps(fab)) >= 1
+
+
+def test_repress_with_only_the_low_32_bits_of_the_tid() -> None:
+    """OpenSM (through umad) answers a trap with the TID's low 32 bits only."""
+    fab, lid = up(TrapPolicy(period_ns=SEC, max_repeats=None))
+    fab.delivered["sm"].clear()
+    fab.link_down("s1", 3)
+    (trap,) = traps(fab)
+    assert mb.tid(trap.mad) >> 32  # our TIDs use the high bits too
+    repress = bytearray(trap.mad)
+    repress[3] = 0x07
+    repress[8:16] = (mb.tid(trap.mad) & 0xFFFFFFFF).to_bytes(8, "big")
+    fab.send_mad("sm", 1, lid["s1"], 0, 0, bytes(repress))
+    assert fab.agents["s1"].stats["trap_repressed"] == 1
+    repress[8:16] = (12345).to_bytes(8, "big")
+    fab.send_mad("sm", 1, lid["s1"], 0, 0, bytes(repress))
+    assert fab.agents["s1"].stats["trap_repress_unmatched"] == 1
