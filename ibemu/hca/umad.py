@@ -266,9 +266,20 @@ class UmadPortBackend(Protocol):
     truncates them to the control message's 64-byte data area.
     """
 
-    node_guid: int  # NodeGUID (GET_GUID, GET_GID)
-    gid_prefix: int  # the port's GID prefix (GET_GID), e.g. 0xFE80000000000000
-    node_name: str  # reported at CONNECT; a client's SIM_HOST must be empty or equal it
+    @property
+    def node_guid(self) -> int:
+        """NodeGUID (GET_GUID, GET_GID)."""
+        ...
+
+    @property
+    def gid_prefix(self) -> int:
+        """The port's GID prefix (GET_GID), e.g. 0xFE80000000000000."""
+        ...
+
+    @property
+    def node_name(self) -> str:
+        """Reported at CONNECT; a client's SIM_HOST must be empty or equal to it."""
+        ...
 
     def node_info(self) -> bytes:
         """64-byte NodeInfo attribute data (LocalPortNum = the attached port)."""
@@ -449,7 +460,12 @@ class UmadSession:
             log.warning("control message of unknown type %d from %r", msg.type, addr)
             return CtlOutcome(msg.error().pack())
         if kind is CtlType.CONNECT:
-            return self._connect(msg, addr)
+            try:
+                return self._connect(msg, addr)
+            except Exception:
+                log.exception("CONNECT from %r failed", addr)
+                self.stats["ctl_backend_error"] += 1
+                return CtlOutcome(msg.error().pack())
         if msg.clientid >= self.clients.size:
             return self._refuse(msg, "ctl_bad_client", "no slot %d", msg.clientid)
         client = self.clients.get(msg.clientid)
@@ -527,7 +543,11 @@ class UmadSession:
         on = self.clients.sm_client() is not None
         if on != self._port_issm:
             self._port_issm = on
-            self.backend.set_issm(on)
+            try:
+                self.backend.set_issm(on)
+            except Exception:
+                log.exception("backend failed to %s IsSM", "set" if on else "clear")
+                self.stats["issm_backend_error"] += 1
 
     def _free(self, slot: int, why: str) -> Client | None:
         client = self.clients.remove(slot)

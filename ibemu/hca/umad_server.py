@@ -116,7 +116,11 @@ class UmadServer:
                 log.debug("control socket: %s", exc)
                 await trio.lowlevel.checkpoint()
                 continue
-            self._handle_ctl(sock, data, addr)
+            try:
+                self._handle_ctl(sock, data, addr)
+            except Exception:  # a bug must not take the port's MAD socket down
+                self.stats["internal_error"] += 1
+                log.exception("control message from %r", addr)
             budget -= 1
             if not budget:
                 budget = _FAIRNESS
@@ -162,9 +166,13 @@ class UmadServer:
                 log.debug("slot %d data socket: %s", slot, exc)
                 await trio.lowlevel.checkpoint()
                 continue
-            bounce = self.session.on_data(slot, data)
-            if bounce is not None:
-                self._send(slot, bounce)
+            try:
+                bounce = self.session.on_data(slot, data)
+                if bounce is not None:
+                    self._send(slot, bounce)
+            except Exception:  # a bug must not take the port's MAD socket down
+                self.stats["internal_error"] += 1
+                log.exception("MAD from slot %d", slot)
             budget -= 1
             if not budget:
                 budget = _FAIRNESS

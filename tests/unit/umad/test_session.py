@@ -362,3 +362,25 @@ def test_trap_repress_not_repaired_in_ibsim_mode() -> None:
     routed(hx, switch_trap(0x1001_0000_0001, 0x10))
     hx.send(1, trap_repress(0x0003_0000_0001, dlid=0x10))
     assert hx.backend.sent[-1].tid == 0x0003_0000_0001
+
+
+def test_backend_failures_in_connect_and_issm_never_escape(hx: Harness) -> None:
+    def boom(on: bool) -> None:
+        raise RuntimeError("no")
+    hx.backend.set_issm = boom  # type: ignore[method-assign]
+    assert hx.connect(1, issm=True).type == CtlType.CONNECT  # the slot is the client's anyway
+    hx.session.client_gone(0)
+    assert hx.session.stats["issm_backend_error"] == 2
+
+    class Nameless(LocalSma):
+        @property
+        def node_name(self) -> str:
+            raise RuntimeError("no name")
+
+        @node_name.setter
+        def node_name(self, value: str) -> None:
+            pass
+    session = UmadSession(Nameless())
+    out = session.on_ctl(CtlMessage(CtlType.CONNECT, 0, ClientInfo(2).pack(), 44).pack(), ctl_addr(2))
+    assert out.reply is not None and CtlMessage.unpack(out.reply).type == CtlType.ERROR
+    assert session.stats["ctl_backend_error"] == 1 and len(session.clients) == 0
