@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -26,20 +26,38 @@ from ibemu.topo import Topology
 log = logging.getLogger(__name__)
 
 AgentFactory = Callable[[FabricPlan], Mapping[str, Agent]]
+MAD_SOCKET_LIMIT = 512
 
 
-def raise_fd_limit() -> None:
-    """One process holds every socket of the fabric (a k=16 fat-tree: ~17,000)."""
+def raise_fd_limit(want: int = 1 << 18) -> None:
+    """One process holds every socket of the fabric (a k=16 fat-tree: ~25,000 descriptors).
+
+    Root may raise the hard limit too (up to fs.nr_open).
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            want = min(want, int(f.read()))
+    except (OSError, ValueError):
+        pass
+    for limit in ((max(want, hard), max(want, hard)), (hard, hard)):
+        try:
+            if limit[0] > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+            return
+        except (ValueError, OSError):
+            continue
 
 
 class FabricRuntime:
     def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
-                 mad_sockets: bool = True) -> None:
-        """``mad_sockets``: serve a MAD socket (ibsim's protocol) on port 1 of every CA."""
+                 mad_sockets: bool | Iterable[str] = True) -> None:
+        """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
+
+        True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
+        ``MAD_SOCKET_LIMIT`` get one: each costs 11 descriptors and this process holds them all.
+        """
         self.topo = topo
         self.mad_sockets = mad_sockets
         self.mad_ports: dict[str, CaMadPort] = {}
@@ -52,6 +70,21 @@ class FabricRuntime:
         self.host: AgentHost | None = None
         self.timings_s: dict[str, float] = {}
 
+    def _mad_hosts(self) -> list[str]:
+        cabled = [n.name for n in self.plan.cas() if 1 in n.ports]
+        if self.mad_sockets is False:
+            return []
+        if self.mad_sockets is True:
+            if len(cabled) > MAD_SOCKET_LIMIT:
+                log.warning("%d hosts: MAD sockets on the first %d only (%s .. %s)", len(cabled),
+                            MAD_SOCKET_LIMIT, cabled[0], cabled[MAD_SOCKET_LIMIT - 1])
+            return cabled[:MAD_SOCKET_LIMIT]
+        wanted = list(self.mad_sockets)
+        unknown = [h for h in wanted if h not in cabled]
+        if unknown:
+            raise ValueError(f"no cabled host {unknown[0]} for a MAD socket")
+        return wanted
+
     def build(self) -> None:
         """Kernel objects and agent sockets (blocking; call before trio or in a thread)."""
         raise_fd_limit()
@@ -62,6 +95,9 @@ class FabricRuntime:
             events = EventLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events)
             self.host.open()
+            # The build's netlink sockets (one per namespace) reopen lazily when needed:
+            # file descriptors are the scarce resource of a large fabric.
+            self.fabric.links.close()
         except BaseException:
             self.teardown()
             raise
@@ -88,11 +124,8 @@ class FabricRuntime:
             assert self.host is not None
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
-                if self.mad_sockets:
-                    for node in self.plan.cas():
-                        if 1 in node.ports:
-                            self.mad_ports[node.name] = await nursery.start(
-                                serve_mad_port, self.host, node.name, 1)
+                for name in self._mad_hosts():
+                    self.mad_ports[name] = await nursery.start(serve_mad_port, self.host, name, 1)
                 self.state.status = "up"
                 self.state.save()
                 yield self.host
