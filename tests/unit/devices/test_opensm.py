@@ -102,7 +102,7 @@ def test_opensm_brings_the_subnet_up_and_handles_a_trap(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             server = await nursery.start(umad_server.serve, backend, None, sockname)
             backend.deliver = server.deliver
-            env = dict(os.environ, LD_PRELOAD=str(UMAD2SIM), IBSIM_SOCKNAME=sockname)
+            env = _env(sockname, tmp_path)
             argv = [OPENSM, "-f", str(log), "-s", "0", "-d2"]  # no periodic sweeps; flush the log
             proc = await trio.lowlevel.open_process(argv, env=env, cwd=tmp_path,
                                                     stdout=open(os.devnull, "wb"))  # noqa: SIM115
@@ -131,6 +131,12 @@ def test_opensm_brings_the_subnet_up_and_handles_a_trap(tmp_path: Path) -> None:
     assert 8 not in set(sw1.lft.effective().values()) | set(sw2.lft.effective().values())
 
 
+def _env(sockname: str, tmp: Path) -> dict[str, str]:
+    """Client environment: our MAD socket, and OpenSM's cache and dump files kept in ``tmp``."""
+    return dict(os.environ, LD_PRELOAD=str(UMAD2SIM), IBSIM_SOCKNAME=sockname,
+                OSM_CACHE_DIR=str(tmp), OSM_TMP_DIR=str(tmp))
+
+
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
@@ -149,3 +155,38 @@ def _check_up(fab: InMemoryFabric) -> None:
     sw1: SwitchAgent = fab.agents["sw1"]  # type: ignore[assignment]
     h1: CaAgent = fab.agents["h1"]  # type: ignore[assignment]
     assert sw1.lft.lookup(h1.lid(1)) in (7, 8)
+
+
+@pytest.mark.skipif(shutil.which("ibnetdiscover") is None, reason="infiniband-diags not installed")
+def test_infiniband_diags_after_opensm(tmp_path: Path) -> None:
+    fab = build()
+    backend = AgentPort(fab, "smhost")
+    sockname = f"ibemud{os.getpid()}"
+    out: dict[str, str] = {}
+    sw1: SwitchAgent = fab.agents["sw1"]  # type: ignore[assignment]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(umad_server.serve, backend, None, sockname)
+            backend.deliver = server.deliver
+            env = _env(sockname, tmp_path)
+            with trio.fail_after(30):
+                await trio.run_process([OPENSM, "-o", "-f", str(tmp_path / "osm.log")], env=env,
+                                       cwd=tmp_path, capture_stdout=True, capture_stderr=True)
+                for name, argv in (("net", ["ibnetdiscover"]),
+                                   ("perf", ["perfquery", str(sw1.lid), "7"]),
+                                   ("route", ["ibroute", str(sw1.lid)]),
+                                   ("node", ["smpquery", "-D", "nodeinfo", "0,1,7"])):
+                    proc = await trio.run_process(argv, env=env, cwd=tmp_path, check=False,
+                                                  capture_stdout=True, capture_stderr=True)
+                    assert proc.returncode == 0, (argv, proc.stderr.decode())
+                    out[name] = proc.stdout.decode()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert out["net"].count("Switch\t8 ") == 2 and out["net"].count("Ca\t1 ") == 4
+    assert '"sw2" lid' in out["net"] and "4xEDR" in out["net"]
+    assert "PortXmitPkts" in out["perf"] and "PortSelect:......................7" in out["perf"]
+    h1: CaAgent = fab.agents["h1"]  # type: ignore[assignment]
+    assert f"0x{h1.lid(1):04x} 00" in out["route"]  # LID h1 -> port 007 or 008
+    assert "Guid:............................0x0002c90000001002" in out["node"]
