@@ -503,6 +503,11 @@ class DeviceAgent:
             p.pkeys = [0xFFFF] + [0] * (cap - 1)
         return list(p.pkeys)
 
+    def pkey_block(self, port: int, block: int = 0) -> bytes:
+        """One P_Key block of ``port`` as 64 wire bytes (the MAD socket's GET_PKEYS)."""
+        keys = self.pkeys(port)[block * 32 : block * 32 + 32]
+        return struct.pack(f"!{len(keys)}H", *keys).ljust(64, b"\0")
+
     def _attr_sl2vl(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
         if self.IS_SWITCH:
             key = ((mod >> 8) & 0xFF, mod & 0xFF)

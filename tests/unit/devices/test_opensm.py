@@ -50,7 +50,7 @@ class AgentPort:
         return self.ca.port_info(port if port in self.ca.ports else self.port)
 
     def pkeys(self) -> bytes:
-        return b"".join(k.to_bytes(2, "big") for k in self.ca.pkeys(self.port)[:32])
+        return self.ca.pkey_block(self.port)
 
     def port_lid_state(self) -> tuple[int, int]:
         return self.ca.lid(self.port), int(self.ca.port_state(self.port))
