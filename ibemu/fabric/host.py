@@ -37,6 +37,7 @@ from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.switch.forwarder import Forwarder, Reason
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +98,18 @@ class AgentHost:
     """Runs ``agents`` (node name -> agent) on the sockets of ``fabric``."""
 
     def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
-                 events: EventLog | None = None) -> None:
+                 events: EventLog | None = None, datapath: str = "kernel") -> None:
+        """``datapath`` "user": switches forward in this process (their agent's forwarder)."""
         self.fabric = fabric
+        self.datapath = datapath
         self.events = events or EventLog(None)
         self.nodes: dict[str, NodeRuntime] = {
             name: NodeRuntime(fabric.plan.nodes[name], agent) for name, agent in agents.items()
         }
         self.lft_ops = 0
         self._opened = False
+        self._delays_ns: dict[str, dict[int, int]] = {}
+        self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -139,9 +144,16 @@ class AgentHost:
         if not self._opened:
             await trio.to_thread.run_sync(self.open)
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             for name, rt in self.nodes.items():
+                forwarder = getattr(rt.agent, "forwarder", None) if self.datapath == "user" else None
+                if forwarder is not None:
+                    self._apply_impairments(name, rt, forwarder)
                 for port, sock in rt.sockets.items():
-                    nursery.start_soon(self._reader, name, rt, port, sock)
+                    if forwarder is not None:
+                        nursery.start_soon(self._user_switch_reader, name, rt, port, sock, forwarder)
+                    else:
+                        nursery.start_soon(self._reader, name, rt, port, sock)
                 nursery.start_soon(self._link_watch, name, rt)
                 # The cables were up before the agents existed: tell them.
                 for port in rt.plan.ports:
@@ -168,6 +180,68 @@ class AgentHost:
                     rt.rx_runts += 1
                     continue
                 self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
+
+    async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket,
+                                  forwarder: Forwarder) -> None:
+        """User datapath: every frame of the port goes through the switch's forwarder."""
+        decide = forwarder.decide
+        receive = rt.agent.receive
+        sockets, eth = rt.sockets, rt.eth
+        delays = self._delays_ns.get(name, {})
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            for _ in range(RECV_BATCH):
+                try:
+                    frame = sock.recv(9216)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    break
+                if len(frame) <= ETH_LEN:
+                    rt.rx_runts += 1
+                    continue
+                verdict = decide(frame[ETH_LEN:], port)
+                if verdict.port:
+                    delay = delays.get(verdict.port)
+                    out = eth[verdict.port] + verdict.packet
+                    if delay and self._nursery is not None:
+                        self._nursery.start_soon(self._send_later, rt, sockets[verdict.port], out, delay)
+                        continue
+                    try:
+                        sockets[verdict.port].send(out)
+                    except OSError:
+                        rt.tx_dropped += 1
+                elif verdict.reason is Reason.TO_SMA:
+                    self.dispatch(name, rt, receive(port, verdict.packet))
+
+    async def _send_later(self, rt: NodeRuntime, sock: socket.socket, frame: bytes, delay_ns: int) -> None:
+        await trio.sleep(delay_ns / 1e9)
+        try:
+            sock.send(frame)
+        except OSError:
+            rt.tx_dropped += 1
+
+    def _apply_impairments(self, name: str, rt: NodeRuntime, forwarder: Forwarder) -> None:
+        """Per-link delay and loss from the topology, applied where a switch sends onto the link."""
+        topo = self.fabric.plan.topology
+        for port in rt.plan.ports:
+            link = topo.link_at(name, port)
+            if link is None:
+                continue
+            if link.loss_pct:
+                forwarder.set_impairment(port, loss=link.loss_pct / 100.0)
+            if link.delay_us:
+                self._delays_ns.setdefault(name, {})[port] = int(link.delay_us * 1000)
+
+    def impair(self, node: str, port: int, *, loss_pct: float = 0.0, corrupt_pct: float = 0.0,
+               delay_us: float | None = None) -> None:
+        """Change a switch port's injected loss/corruption/delay (user datapath only)."""
+        forwarder = getattr(self.nodes[node].agent, "forwarder", None)
+        if self.datapath != "user" or forwarder is None:
+            raise ValueError("loss, corruption and delay injection need the user datapath on a switch")
+        forwarder.set_impairment(port, loss=loss_pct / 100.0, corrupt=corrupt_pct / 100.0)
+        if delay_us is not None:
+            self._delays_ns.setdefault(node, {})[port] = int(delay_us * 1000)
 
     async def _link_watch(self, name: str, rt: NodeRuntime) -> None:
         assert rt.monitor is not None

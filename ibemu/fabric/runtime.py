@@ -93,7 +93,8 @@ class FabricRuntime:
         t1 = time.perf_counter()
         try:
             events = EventLog(self.run_dir / "events.jsonl" if self.run_dir else None)
-            self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events)
+            self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
+                                  datapath=self.datapath)
             self.host.open()
             # The build's netlink sockets (one per namespace) reopen lazily when needed:
             # file descriptors are the scarce resource of a large fabric.

@@ -1,0 +1,52 @@
+"""Run the unmodified OpenSM (Debian ``opensm``) on an emulated host, every file in a work dir."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from ibemu.errors import IbemuError
+from ibemu.fabric.tools import tool_argv
+
+
+def opensm_available() -> bool:
+    return shutil.which("opensm") is not None or Path("/usr/sbin/opensm").exists()
+
+
+def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """OpenSM attached to the MAD socket of the host in ``ns``; log in ``workdir/opensm.log``.
+
+    ``-d2`` flushes the log after each message, so its phases can be read as they happen.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    argv = tool_argv(ns, ["opensm", "-F", "/dev/null", "-f", str(workdir / "opensm.log"), "--dump_files_dir",
+                          str(workdir), "-d2", "-s", "0", "-R", engine, *(extra or [])],
+                     env={"OSM_TMP_DIR": str(workdir), "OSM_CACHE_DIR": str(workdir)})
+    return subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0) -> float:
+    """Seconds until OpenSM logged SUBNET UP; raises if it exits or takes longer."""
+    log = workdir / "opensm.log"
+    t0 = time.monotonic()
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if "SUBNET UP" in text:
+            return time.monotonic() - t0
+        if proc.poll() is not None:
+            raise IbemuError(f"opensm exited ({proc.returncode}) before SUBNET UP:\n{text[-2000:]}")
+        if time.monotonic() - t0 > timeout_s:
+            raise IbemuError(f"no SUBNET UP from opensm in {timeout_s:.0f} s:\n{text[-2000:]}")
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
