@@ -48,7 +48,7 @@ _HDR = struct.Struct("!BBHHHBBHIIII")  # LRH(8) BTH(12) DETH(8)
 _ICRC = struct.Struct("<I")
 _VCRC = struct.Struct("<H")
 _crc32 = zlib.crc32
-_vcrc = _crc._vcrc_calc
+_vcrc = _crc.vcrc_calc
 _ICRC_AT = MAD_OFFSET + MAD_LEN  # 284
 _VCRC_AT = _ICRC_AT + 4  # 288
 

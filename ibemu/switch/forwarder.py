@@ -30,7 +30,7 @@ from ibemu.device.port import Port, PortState
 from ibemu.switch.lft import NO_ROUTE, Lft
 from ibemu.wire import crc as _crc
 
-_vcrc = _crc._vcrc_calc
+_vcrc = _crc.vcrc_calc
 _RX_OK = (PortState.ARMED, PortState.ACTIVE)
 
 

@@ -29,7 +29,10 @@ LNH_IBA_LOCAL = 2  # BTH follows the LRH
 LNH_IBA_GLOBAL = 3  # GRH follows the LRH
 
 _VCRC = anycrc.CRC(width=16, poly=0x100B, init=0xFFFF, refin=True, refout=True, xorout=0xFFFF)
-_vcrc_calc = _VCRC.calc
+vcrc_calc = _VCRC.calc
+"""The raw anycrc VCRC call, ``vcrc_calc(data[, previous])`` -> int: for hot paths, where the
+wrapper's extra call costs (~0.1 us)."""
+_vcrc_calc = vcrc_calc
 _crc32 = zlib.crc32
 
 _FF8 = b"\xff" * 8

@@ -20,7 +20,7 @@ from ibemu.wire import crc as _crc
 from ibemu.wire.opcodes import EXT_HEADER_LENGTHS, OPCODE_NAMES, header_chain, is_ud
 
 _crc32 = zlib.crc32
-_vcrc = _crc._vcrc_calc
+_vcrc = _crc.vcrc_calc
 
 _LRH_BTH = struct.Struct("!BBHHHBBHII")  # LRH(8) + BTH(12) for LNH=2
 _BTH = struct.Struct("!BBHII")

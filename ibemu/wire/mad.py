@@ -489,9 +489,13 @@ def _mad_header_fields(mgmt_class: int) -> list[Field[Any, Any]]:
 
 
 class MAD(Packet):
-    """A MAD: common header (24 bytes) and 232 bytes of class data (Raw)."""
+    """A MAD: common header (24 bytes) and 232 bytes of class data (Raw).
+
+    ``pkt[MAD]`` / ``pkt.haslayer(MAD)`` also find the class-specific MADs (SMP, ...).
+    """
 
     name = "MAD"
+    match_subclass = True
     fields_desc = [
         *_mad_header_fields(MgmtClass.SUBN_ADM),
         XShortField("status", 0),

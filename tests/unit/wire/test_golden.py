@@ -222,3 +222,11 @@ def test_pma_class_port_info_layout() -> None:
     assert b[60:62] == H("0001") and b[65:68] == H("000001") and b[68:72] == H("80010000")
     assert b[30:32] == H("ffff")
     assert raw(PMA(attribute_id=1, data=cpi))[16:18] == H("0001")
+
+
+def test_mad_lookup_finds_class_specific_mads() -> None:
+    from ibemu.wire.ib import BTH, DETH, LRH
+
+    pkt = LRH(raw(LRH(vl=15) / BTH(opcode=0x64) / DETH() / DirectedRouteSMP(tid=3, data=NodeInfo())))
+    assert pkt.haslayer(MAD) and pkt[MAD].tid == 3 and isinstance(pkt[MAD], DirectedRouteSMP)
+    assert not pkt.haslayer(PMA)
