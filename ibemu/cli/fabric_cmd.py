@@ -134,7 +134,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in ownership.list_runs():
         present = sum(netns.exists(n) for n in r.namespaces)
         alive = [p.role for p in r.processes if p.alive()]
