@@ -13,7 +13,7 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(PY) -m pip install -q ruff mypy types-PyYAML
+	$(PY) -m pip install -q ruff mypy types-PyYAML 2>/dev/null
 	$(PY) -m ruff check ibemu tests benchmarks
 	$(PY) -m mypy ibemu
 
