@@ -89,3 +89,31 @@ def test_host_moves_frames_and_carrier_events(state_dir: Path, tmp_path: Path) -
     records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in records}
     assert {"reflected", "carrier"} <= kinds
+
+
+class Crasher(Reflector):
+    """An agent with a bug: the first packet kills it."""
+
+    def receive(self, port: int, packet: bytes | bytearray | memoryview) -> list[Action]:
+        raise RuntimeError("agent bug")
+
+
+def test_an_agent_crash_is_reported_and_the_fabric_torn_down(state_dir: Path, tmp_path: Path) -> None:
+    topo = generate("single-switch", hosts=2)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-crash")
+    rt = FabricRuntime(topo, make_agents=lambda plan: {n.name: Crasher(1) for n in plan.cas()}, state=state,
+                       run_dir=tmp_path, mad_sockets=False)
+
+    async def main() -> None:
+        async with rt.running():
+            sw = rt.plan.switches()[0]
+            probe = await trio.to_thread.run_sync(open_packet_socket, sw.ns, sw.ports[1].ifname)
+            probe.send(b"\xff" * 6 + b"\x02" * 6 + b"\x88\xb5" + b"\0" * 30)
+            probe.close()
+            await trio.sleep(10)  # the crash cancels this
+
+    with pytest.raises(BaseException) as exc:
+        trio.run(main)
+    assert "agent bug" in repr(exc.value) or any("agent bug" in repr(e) for e in getattr(exc.value, "exceptions", []))
+    assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)
+    assert not state.path.exists()

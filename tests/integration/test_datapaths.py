@@ -167,3 +167,47 @@ def test_injected_loss_and_corruption_on_the_user_datapath(managed: Managed) -> 
     assert errors_after - errors_before == 200  # ... and h2's port counts every bad CRC
     managed.on_loop(lambda: host.impair(edge.node, edge.port))
     assert managed.blast("h3", "h2", 300) == 300
+
+
+def test_malformed_frames_never_crash_a_live_agent(managed: Managed) -> None:
+    """Garbage on h1's cable reaches the edge switch's agent; it counts it and keeps working."""
+    import random
+
+    from scapy.packet import raw as scapy_raw
+
+    from ibemu.wire.ib import BTH, DETH, LRH
+    from ibemu.wire.mad import SMP, DirectedRouteSMP, NodeInfo
+
+    edge = managed.topo.peer("h1", 1)
+    assert edge is not None and managed.host is not None
+    host = managed.host
+    rng = random.Random(7)
+    good_dr = scapy_raw(LRH(vl=15, dlid=0xFFFF, slid=0xFFFF) / BTH(opcode=0x64) / DETH()
+                        / DirectedRouteSMP(hop_count=1, hop_pointer=1, initial_path=[1], data=NodeInfo()))
+    bad_crc = bytearray(good_dr)
+    bad_crc[100] ^= 0xFF
+    frames: list[bytes] = [bytes(bad_crc)] * 50
+    frames += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300))) for _ in range(200)]
+    frames += [scapy_raw(LRH(vl=15, dlid=0xFFFF, slid=0xFFFF) / BTH(opcode=0x64) / DETH()
+                         / DirectedRouteSMP(hop_count=hc, hop_pointer=hp, initial_path=[1] * min(hc, 63),
+                                            data=NodeInfo())) for hc, hp in ((64, 1), (2, 9), (1, 0))]
+    frames += [scapy_raw(LRH(vl=15, dlid=0xFFFF, slid=0xFFFF) / BTH(opcode=0x64) / DETH()
+                         / SMP(attribute_id=0x7777, method=1))] * 10
+    vl15 = [f for f in frames if len(f) > 0]
+    before = int(managed.on_loop(lambda: host.nodes[edge.node].agent.counters(edge.port).port_rcv_errors))
+    sp = managed.rt.plan.nodes["h1"]
+    sock = open_packet_socket(sp.ns, sp.ports[1].ifname)
+    try:
+        eth = fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac)
+        for f in vl15:
+            sock.send(eth + (f if f[0] >> 4 == 15 else bytes([0xF0 | (f[0] & 0x0F)]) + f[1:]))  # all reach the SMA
+    finally:
+        sock.close()
+    time.sleep(0.5)
+    after = int(managed.on_loop(lambda: host.nodes[edge.node].agent.counters(edge.port).port_rcv_errors))
+    assert after - before >= 50 + 200 - 5  # the bad CRCs and (nearly all) random frames counted
+    # Still alive and correct: management and data both work.
+    out = subprocess.run(tool_argv(managed.rt.plan.nodes["h1"].ns, ["smpquery", "-D", "nodeinfo", "0,1"]),
+                         cwd=managed.tmp, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert "Switch" in out
+    assert managed.blast("h1", "h15", 200) == 200
