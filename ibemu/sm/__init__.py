@@ -1,1 +1,1 @@
-"""ibemu.sm"""
+"""The subnet manager: discovery, LIDs, routing engines, programming, traps and reroute."""
