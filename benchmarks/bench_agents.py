@@ -8,35 +8,14 @@ Run: .venv/bin/python benchmarks/bench_agents.py [--seconds S]
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
+
+from harness import rate  # benchmarks/harness.py
 
 from ibemu.device import madbuild as mb
 from ibemu.device.packet import frame_mad
 from ibemu.device.wiring import InMemoryFabric
 from ibemu.hca.sma import CaAgent
 from ibemu.switch.sma import SwitchAgent
-
-
-def rate(fn: Callable[[], object], seconds: float) -> float:
-    """Calls per second of ``fn`` (best of three runs of ~seconds/3 each)."""
-    n = 100
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt > 0.05:
-            break
-        n *= 4
-    per_run = max(1, int(n * (seconds / 3) / dt))
-    best = 0.0
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(per_run):
-            fn()
-        best = max(best, per_run / (time.perf_counter() - t0))
-    return best
 
 
 def dr_request(attr: int, modifier: int = 0, method: int = mb.GET, data: bytes = b"") -> bytes:

@@ -10,35 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 import zlib
-from collections.abc import Callable
 
+from harness import rate  # benchmarks/harness.py
 from scapy.packet import Raw, raw
 
 from ibemu.wire import crc, fast
 from ibemu.wire.ib import BTH, LRH, RETH
-
-
-def rate(fn: Callable[[], object], seconds: float) -> float:
-    """Calls per second of ``fn`` (best of three runs of ~seconds/3 each)."""
-    n = 1000
-    while True:  # calibrate
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = time.perf_counter() - t0
-        if dt > 0.05:
-            break
-        n *= 4
-    per_run = max(1, int(n * (seconds / 3) / dt))
-    best = 0.0
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(per_run):
-            fn()
-        best = max(best, per_run / (time.perf_counter() - t0))
-    return best
 
 
 def main() -> None:

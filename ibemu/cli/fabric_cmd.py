@@ -152,29 +152,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_exec(args: argparse.Namespace) -> int:
-    _require_root("exec")
+def _node_command(args: argparse.Namespace, what: str, usage: str) -> tuple[ownership.RunState, str, list[str]]:
+    """(run, namespace of ``args.node``, the command after ``--``) for exec and diag."""
+    _require_root(what)
     state = _pick_run(args.run)
     ns = ownership.ns_name(state.run_id, args.node)
     if ns not in state.namespaces:
         raise ConfigError(f"no node {args.node!r} in fabric {state.run_id}")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise ConfigError("ibemu exec NODE -- CMD: no command given")
+        raise ConfigError(f"{usage}: no command given")
+    return state, ns, command
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    _state, ns, command = _node_command(args, "exec", "ibemu exec NODE -- CMD")
     os.execvp("ip", ["ip", "netns", "exec", ns, *command])
     return 127  # not reached
 
 
 def cmd_diag(args: argparse.Namespace) -> int:
     """Run an infiniband-diags tool (or OpenSM) on a host, through its MAD socket."""
-    _require_root("diag")
-    state = _pick_run(args.run)
-    ns = ownership.ns_name(state.run_id, args.node)
-    if ns not in state.namespaces:
-        raise ConfigError(f"no node {args.node!r} in fabric {state.run_id}")
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise ConfigError("ibemu diag HOST TOOL [ARGS...]: no tool given (e.g. ibnetdiscover)")
+    state, ns, command = _node_command(args, "diag", "ibemu diag HOST TOOL [ARGS...] (e.g. ibnetdiscover)")
     argv = tool_argv(ns, command)
     os.chdir(scratch_dir(state.run_dir, args.node))
     os.execvp(argv[0], argv)
