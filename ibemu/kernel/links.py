@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from ibemu.kernel import netns
+from ibemu.kernel import netns, rtnl
 from ibemu.kernel.commands import KernelError, batch, run
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,8 @@ class LinkControl:
         self._ipr(ns).link("set", index=self.index(ns, ifname), state="up" if up else "down")
 
     def all_up(self, ns: str, ifnames: Iterable[str]) -> None:
-        ipr = self._ipr(ns)
-        for name in ifnames:
-            ipr.link("set", index=self.index(ns, name), state="up")
+        """Bring interfaces up (one raw netlink round trip for the namespace)."""
+        rtnl.set_up(ns, ifnames, True)
 
     def is_up(self, ns: str, ifname: str) -> bool:
         """Administrative state of the interface (IFF_UP)."""
@@ -104,10 +103,7 @@ class LinkControl:
 
     def without_carrier(self, ns: str, ifnames: Iterable[str]) -> list[str]:
         """Those of ``ifnames`` in ``ns`` whose carrier is still down (one netlink dump)."""
-        wanted = set(ifnames)
-        up = {link.get_attr("IFLA_IFNAME") for link in self._ipr(ns).get_links()
-              if link["flags"] & IFF_LOWER_UP}
-        return sorted(wanted - up)
+        return rtnl.carrier_down(ns, ifnames)
 
     def wait_carrier(self, ports: dict[str, list[str]], timeout_s: float = 5.0) -> None:
         """Wait until every listed interface (namespace -> names) has carrier.
