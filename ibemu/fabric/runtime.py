@@ -26,7 +26,7 @@ from ibemu.topo import Topology
 log = logging.getLogger(__name__)
 
 AgentFactory = Callable[[FabricPlan], Mapping[str, Agent]]
-MAD_SOCKET_LIMIT = 512
+MAD_SOCKET_LIMIT = 4096
 
 
 def raise_fd_limit(want: int = 1 << 18) -> None:
@@ -56,7 +56,8 @@ class FabricRuntime:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
-        ``MAD_SOCKET_LIMIT`` get one: each costs 11 descriptors and this process holds them all.
+        ``MAD_SOCKET_LIMIT`` get one: this process holds every descriptor of the fabric (one
+        per MAD socket, plus one per attached client).
         """
         self.topo = topo
         self.mad_sockets = mad_sockets

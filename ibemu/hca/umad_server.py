@@ -56,7 +56,9 @@ class UmadServer:
         self.backlog_limit = backlog
         self.stall_timeout = stall_timeout
         self._ctl: socket.socket | None = None
-        self._out: list[socket.socket] = []
+        # Slot i's data socket is bound on the first CONNECT that gets slot i (a port that no
+        # client ever uses costs one descriptor, not eleven).
+        self._out: list[socket.socket | None] = [None] * MAX_CLIENTS
         self._backlog: list[collections.deque[bytes]] = [collections.deque() for _ in range(MAX_CLIENTS)]
         self._flushing = [False] * MAX_CLIENTS
         self._nursery: trio.Nursery | None = None
@@ -68,16 +70,21 @@ class UmadServer:
     # ----------------------------------------------------------------- lifecycle
 
     def _open_sockets(self) -> None:
-        opened: list[socket.socket] = []
-        try:
-            opened.append(open_abstract_dgram(self.ns, f"{self.sockname}:ctl"))
-            for i in range(MAX_CLIENTS):
-                opened.append(open_abstract_dgram(self.ns, f"{self.sockname}:out{i}"))
-        except BaseException:
-            for s in opened:
-                s.close()
-            raise
-        self._ctl, self._out = opened[0], opened[1:]
+        self._ctl = open_abstract_dgram(self.ns, f"{self.sockname}:ctl")
+
+    def _data_socket(self, slot: int) -> socket.socket:
+        """Slot ``slot``'s ``<base>:out<slot>``, bound (and served) on first use.
+
+        Binding enters the namespace from the trio thread for a few microseconds, in one
+        synchronous step: no other task runs meanwhile.
+        """
+        sock = self._out[slot]
+        if sock is None:
+            sock = open_abstract_dgram(self.ns, f"{self.sockname}:out{slot}")
+            self._out[slot] = sock
+            if self._nursery is not None:
+                self._nursery.start_soon(self._data_loop, slot, sock)
+        return sock
 
     async def run(self, *, task_status: trio.TaskStatus[UmadServer] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind the sockets and serve until cancelled; ``task_status.started(self)``."""
@@ -88,8 +95,6 @@ class UmadServer:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._ctl_loop, self._ctl)
-                for slot, sock in enumerate(self._out):
-                    nursery.start_soon(self._data_loop, slot, sock)
                 if self.reap_interval:
                     nursery.start_soon(self._reap_loop, self.reap_interval)
                 log.info("MAD socket %r serving in %s", self.sockname, self.ns or "this namespace")
@@ -97,8 +102,9 @@ class UmadServer:
         finally:
             self._nursery = None
             for s in [self._ctl, *self._out]:
-                s.close()
-            self._ctl, self._out = None, []
+                if s is not None:
+                    s.close()
+            self._ctl, self._out = None, [None] * MAX_CLIENTS
 
     # ----------------------------------------------------------------- receiving
 
@@ -135,7 +141,7 @@ class UmadServer:
         if attach is not None:
             self._backlog[attach.slot].clear()
             try:
-                self._out[attach.slot].connect(attach.address)
+                self._data_socket(attach.slot).connect(attach.address)
             except OSError as exc:
                 log.warning("slot %d: cannot connect to the client's data socket %r: %s",
                             attach.slot, attach.address, exc)
@@ -187,7 +193,7 @@ class UmadServer:
         unsolicited MADs (traps) to the SM client. Never blocks: a client whose receive queue
         is full gets the MAD later (QUEUED) or, past ``backlog`` MADs, not at all (DROPPED).
         """
-        if not self._out:
+        if self._ctl is None:
             self.stats["deliver_not_running"] += 1
             return Delivery.DROPPED
         routed = self.session.route(req)
@@ -200,8 +206,12 @@ class UmadServer:
         queue = self._backlog[slot]
         if queue:
             return self._enqueue(slot, payload)
+        sock = self._out[slot]
+        if sock is None:
+            self.stats["deliver_no_socket"] += 1
+            return Delivery.DROPPED
         try:
-            self._out[slot].send(payload)
+            sock.send(payload)
         except BlockingIOError:
             return self._enqueue(slot, payload)
         except OSError as exc:
@@ -236,6 +246,10 @@ class UmadServer:
     async def _flush(self, slot: int, client: Client) -> None:
         """Drain a slot's backlog as its client reads; drop a MAD the client will not take."""
         queue, sock = self._backlog[slot], self._out[slot]
+        if sock is None:
+            self._flushing[slot] = False
+            queue.clear()
+            return
         try:
             while queue and self.session.clients.get(slot) is client:
                 try:
@@ -265,9 +279,12 @@ class UmadServer:
         """Free the slots whose client's data socket is gone; returns them."""
         gone = []
         for client in list(self.session.clients):
+            sock = self._out[client.slot]
+            if sock is None:
+                continue
             try:
                 # Re-connecting to the same live peer is a no-op; a vanished name refuses.
-                self._out[client.slot].connect(client.data_addr)
+                sock.connect(client.data_addr)
             except OSError as exc:
                 if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
                     gone.append(client.slot)

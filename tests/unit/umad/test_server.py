@@ -65,7 +65,9 @@ async def test_serve_starts_with_the_server_and_stops_on_cancel() -> None:
         server = await nursery.start(serve, backend, None, name)
         assert isinstance(server, UmadServer) and server.sockname == name
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        probe.connect(abstract(f"{name}:out9"))
+        probe.connect(abstract(f"{name}:ctl"))
+        with pytest.raises(ConnectionRefusedError):
+            probe.connect(abstract(f"{name}:out9"))  # data sockets are bound at CONNECT
         probe.close()
         nursery.cancel_scope.cancel()
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
