@@ -63,6 +63,21 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str]:
     return topo, datapath or "kernel", name
 
 
+def _sm_choice(args: argparse.Namespace, topo: Topology) -> tuple[str, str, str]:
+    """(impl, host, engine): the command line over the scenario; none by default."""
+    sm = args.sm or "none"
+    host = args.sm_host or next((n.name for n in topo.cas()), "")
+    if host not in topo.nodes or not topo.node(host).is_ca:
+        raise ConfigError(f"--sm-host {host}: not a host of this fabric")
+    if sm == "opensm":
+        from ibemu.fabric.opensm import opensm_available
+        from ibemu.fabric.tools import umad2sim_path
+
+        if not opensm_available() or umad2sim_path() is None:
+            raise ConfigError("--sm opensm needs Debian's opensm and ibsim-utils (scripts/setup.sh installs them)")
+    return sm, host, args.sm_engine
+
+
 def _live_runs() -> list[ownership.RunState]:
     return [r for r in ownership.list_runs() if r.status in ("building", "built", "up")]
 
@@ -83,16 +98,17 @@ def _pick_run(run_id: str | None) -> ownership.RunState:
 
 def cmd_up(args: argparse.Namespace) -> int:
     _require_root("up")
-    if args.sm != "none":
-        raise ConfigError(f"--sm {args.sm}: ibemu cannot start a subnet manager yet; use --sm none "
-                          "and attach one through a host's MAD socket")
+    if args.sm == "ibemu":
+        raise ConfigError("--sm ibemu: ibemu's own subnet manager is not ready yet; use --sm opensm "
+                          "(the real OpenSM) or --sm none")
     topo, datapath, name = _resolve(args)
     topo.check()
+    sm, sm_host, engine = _sm_choice(args, topo)  # every check before anything is recorded
     state = ownership.RunState(ownership.new_run_id(), scenario=name)
     run_dir = state.run_dir
     state.save()
     write_spec(run_dir, run_id=state.run_id, datapath=datapath, topology_text=dumps_ibnetdiscover(topo),
-               scenario=name)
+               scenario=name, sm=sm, sm_host=sm_host, sm_engine=engine)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -108,8 +124,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             ownership.teardown(current)
             raise IbemuError(f"fabric daemon {reason}; nothing is left running.\n{log_tail}")
     counts = topo.counts()
+    sm_note = f", {sm} on {sm_host}: SUBNET UP" if sm != "none" else ", no SM (ports stay in Init)"
     print(f"fabric {state.run_id} up in {time.monotonic() - t0:.2f} s: {counts.switches} switches, "
-          f"{counts.cas} hosts, {counts.links} links ({datapath} datapath) from {name}")
+          f"{counts.cas} hosts, {counts.links} links ({datapath} datapath){sm_note} from {name}")
     print(f"  ibemu exec NODE -- CMD    e.g. ibemu exec {topo.cas()[0].name} -- ip -br link")
     print("  ibemu status | ibemu down")
     return 0
@@ -186,7 +203,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
     up.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
     up.add_argument("--sm", choices=("ibemu", "opensm", "none"), default="none",
-                    help="subnet manager to start (none for now: the SM issue adds the others)")
+                    help="subnet manager to start on --sm-host: the real OpenSM, or none")
+    up.add_argument("--sm-host", help="host that runs the SM (default: the first host)")
+    up.add_argument("--sm-engine", default="minhop", help="routing engine (OpenSM's -R), default minhop")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="tear a running fabric down")
     down.add_argument("--run", help="run id (when several fabrics run)")

@@ -28,10 +28,12 @@ log = logging.getLogger("ibemu.fabric.daemon")
 SPEC_FILE = "fabric.json"
 
 
-def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str, scenario: str | None) -> None:
+def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str, scenario: str | None,
+               sm: str = "none", sm_host: str | None = None, sm_engine: str = "minhop") -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SPEC_FILE).write_text(json.dumps({
         "run_id": run_id, "datapath": datapath, "scenario": scenario, "topology": topology_text,
+        "sm": sm, "sm_host": sm_host, "sm_engine": sm_engine,
     }))
 
 
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     state.claim_process(os.getpid(), "fabric-daemon")
     topo = loads_ibnetdiscover(spec["topology"])
     rt = FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
-                       run_dir=args.run_dir)
+                       run_dir=args.run_dir, sm=spec.get("sm", "none"), sm_host=spec.get("sm_host"),
+                       sm_engine=spec.get("sm_engine", "minhop"))
     try:
         trio.run(_serve, rt)
     except Exception:

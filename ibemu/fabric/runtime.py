@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from ibemu.fabric import opensm
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.host import Agent, AgentHost, EventLog
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 AgentFactory = Callable[[FabricPlan], Mapping[str, Agent]]
 MAD_SOCKET_LIMIT = 4096
+SM_IMPLS = ("none", "opensm")
 
 
 def raise_fd_limit(want: int = 1 << 18) -> None:
@@ -52,15 +55,22 @@ def raise_fd_limit(want: int = 1 << 18) -> None:
 class FabricRuntime:
     def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
-                 mad_sockets: bool | Iterable[str] = True) -> None:
+                 mad_sockets: bool | Iterable[str] = True, sm: str = "none",
+                 sm_host: str | None = None, sm_engine: str = "minhop") -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
         ``MAD_SOCKET_LIMIT`` get one: this process holds every descriptor of the fabric (one
         per MAD socket, plus one per attached client).
         """
+        if sm not in SM_IMPLS:
+            raise ValueError(f"sm must be one of {', '.join(SM_IMPLS)}, not {sm!r}")
         self.topo = topo
         self.mad_sockets = mad_sockets
+        self.sm = sm
+        self.sm_host = sm_host or next((n.name for n in topo.cas()), "")
+        self.sm_engine = sm_engine
+        self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
         self.make_agents = make_agents
         self.datapath = datapath
@@ -70,6 +80,19 @@ class FabricRuntime:
         self.fabric: BuiltFabric | None = None
         self.host: AgentHost | None = None
         self.timings_s: dict[str, float] = {}
+        self._sm_proc: subprocess.Popen[bytes] | None = None
+
+    async def _start_opensm(self) -> None:
+        """The real OpenSM on the SM host, owned by the run, up to SUBNET UP."""
+        if self.sm_host not in self.mad_ports:
+            raise ValueError(f"the SM host {self.sm_host!r} has no MAD socket")
+        workdir = (self.run_dir or self.state.run_dir) / "opensm"
+        ns = self.plan.nodes[self.sm_host].ns
+        self._sm_proc = await trio.to_thread.run_sync(
+            lambda: opensm.start(ns, workdir, engine=self.sm_engine))
+        self.state.claim_process(self._sm_proc.pid, "opensm")
+        self.sm_up_s = await trio.to_thread.run_sync(opensm.wait_subnet_up, self._sm_proc, workdir)
+        log.info("OpenSM on %s: SUBNET UP in %.2f s", self.sm_host, self.sm_up_s)
 
     def _mad_hosts(self) -> list[str]:
         cabled = [n.name for n in self.plan.cas() if 1 in n.ports]
@@ -128,12 +151,17 @@ class FabricRuntime:
                 await nursery.start(self.host.serve)
                 for name in self._mad_hosts():
                     self.mad_ports[name] = await nursery.start(serve_mad_port, self.host, name, 1)
+                if self.sm == "opensm":
+                    await self._start_opensm()
                 self.state.status = "up"
                 self.state.save()
                 yield self.host
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
+                if self._sm_proc is not None:
+                    await trio.to_thread.run_sync(opensm.stop, self._sm_proc)
+                    self._sm_proc = None
                 problems = await trio.to_thread.run_sync(self.teardown)
             if problems:
                 log.error("teardown left: %s", "; ".join(problems))

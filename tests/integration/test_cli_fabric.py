@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,11 +48,39 @@ def test_up_exec_diag_down(tmp_path: Path) -> None:
                 if run_id in n]
 
 
+@pytest.mark.skipif(umad2sim_path() is None or shutil.which("opensm") is None or shutil.which("ibtracert") is None,
+                    reason="needs opensm, ibsim-utils and infiniband-diags (scripts/setup.sh installs them)")
+def test_up_with_opensm_then_ibtracert_across_the_fabric(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    up = ibemu(state, "up", "--topo", "fat-tree,k=4", "--sm", "opensm", "--sm-host", "h0")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "opensm on h0: SUBNET UP" in up.stdout
+        status = json.loads(ibemu(state, "status", "--json").stdout)
+        assert sorted(status[0]["processes"]) == ["fabric-daemon", "opensm"]
+
+        def lid(host: str) -> int:
+            out = ibemu(state, "diag", host, "smpquery", "-D", "portinfo", "0").stdout
+            m = re.search(r"^Lid:\.+(\d+)", out, re.M)
+            assert m, out
+            return int(m.group(1))
+
+        l1, l15 = lid("h1"), lid("h15")
+        assert l1 and l15 and l1 != l15
+        trace = ibemu(state, "diag", "h1", "ibtracert", str(l1), str(l15))
+        assert trace.returncode == 0, trace.stderr
+        assert trace.stdout.count("-> switch port") == 5 and '"h15 HCA-1"' in trace.stdout
+    finally:
+        down = ibemu(state, "down")
+    assert down.returncode == 0, down.stderr
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["up", "--topo", "fat-tree,k=3"], "k"),
     (["up", "--topo", "fat-tree,k"], "expected NAME,key=value"),
     (["up", "--topo", "no-such-gen"], "no-such-gen"),
-    (["up", "--sm", "opensm", "--topo", "single-switch"], "--sm opensm"),
+    (["up", "--sm", "ibemu", "--topo", "single-switch"], "--sm ibemu"),
+    (["up", "--sm", "opensm", "--sm-host", "sw0", "--topo", "single-switch"], "--sm-host sw0"),
     (["down"], "no fabric is running"),
     (["up", "/nonexistent/scenario.yaml"], "nonexistent"),
 ])
