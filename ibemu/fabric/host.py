@@ -35,6 +35,7 @@ from ibemu.device.actions import (
 )
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
+from ibemu.kernel import rtnl
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.switch.forwarder import Forwarder, Reason
@@ -123,6 +124,9 @@ class AgentHost:
                 rt.eth[port] = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")
                 rt.by_ifindex[links.index(ns, pp.ifname)] = port
             rt.monitor = open_link_monitor(ns)
+            # Carrier as it is now (after the monitor exists, so no change is missed).
+            down = set(rtnl.carrier_down(ns, [pp.ifname for pp in rt.plan.ports.values()]))
+            rt.carrier = {port: pp.ifname not in down for port, pp in rt.plan.ports.items()}
         self._opened = True
 
     def attach_mad_sink(self, node: str, sink: MadSink) -> None:
@@ -156,9 +160,7 @@ class AgentHost:
                         nursery.start_soon(self._reader, name, rt, port, sock)
                 nursery.start_soon(self._link_watch, name, rt)
                 # The cables were up before the agents existed: tell them.
-                for port in rt.plan.ports:
-                    carrier = self.fabric.links.carrier(rt.plan.ns, rt.plan.ports[port].ifname)
-                    rt.carrier[port] = carrier
+                for port, carrier in rt.carrier.items():
                     if carrier:
                         self.dispatch(name, rt, rt.agent.link_up(port))
             nursery.start_soon(self._ticker)
