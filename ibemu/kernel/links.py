@@ -148,3 +148,21 @@ def shape(ns: str, ifname: str, rate_bps: int, *, burst_bytes: int | None = None
     burst = burst_bytes or max(2 * VETH_MTU + ETH_HEADER, rate_bps // 8 // 250)  # ~4 ms of traffic
     run(["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", f"{rate_bps}bit",
          "burst", str(burst), "latency", f"{latency_ms}ms"])
+
+
+def netem(ns: str, ifname: str, *, delay_us: float = 0.0, loss_pct: float = 0.0, have_netem: bool) -> None:
+    """Delay and/or lose frames leaving ``ifname`` with netem, where the kernel has it.
+
+    ``have_netem`` comes from ``ibemu.kernel.features.detect()``. Without netem this raises a
+    KernelError that says what to do instead (the user datapath injects both itself).
+    """
+    if not have_netem:
+        raise KernelError(
+            f"{ns}/{ifname}: this kernel has no netem (sch_netem), so the kernel datapath cannot "
+            "delay or lose frames; use fabric.datapath: user, whose forwarders inject both")
+    args = ["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "netem"]
+    if delay_us:
+        args += ["delay", f"{delay_us}us"]
+    if loss_pct:
+        args += ["loss", f"{loss_pct}%"]
+    run(args)

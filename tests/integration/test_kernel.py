@@ -165,3 +165,36 @@ def test_link_monitor_sees_carrier_loss_on_the_far_end(run_state: ownership.RunS
     finally:
         mon.close()
         links.close()
+
+
+def test_tbf_shapes_a_cable_and_netem_absence_is_explained(run_state: ownership.RunState) -> None:
+    from ibemu.kernel.commands import KernelError
+    from ibemu.kernel.links import netem, shape
+
+    h1, sw, _h2, links = _three_nodes(run_state)
+    s_out, s_in = open_packet_socket(h1, "p1"), open_packet_socket(sw, "p1")
+    try:
+        frame = ETH + b"\0" * 1000
+        for _ in range(300):  # unshaped: everything arrives
+            s_out.send(frame)
+        assert len(_wait_drain(s_in, 300)) == 300
+        shape(h1, "p1", 10_000_000, latency_ms=20)  # 10 Mbit/s: ~25 KB may queue, the rest drops
+        sent = 0
+        for _ in range(2000):
+            try:
+                s_out.send(frame)
+                sent += 1
+            except (BlockingIOError, OSError):  # ENOBUFS: the shaper's queue is full
+                pass
+        got = len(_wait_drain(s_in, 2000, timeout=1.5))
+        assert 10 < got < 600 and got <= sent, (got, sent)
+        feats = features.detect()
+        if not feats.netem:
+            with pytest.raises(KernelError, match=r"no netem.*datapath: user"):
+                netem(h1, "p1", delay_us=100, have_netem=False)
+        else:
+            netem(h1, "p1", delay_us=100, have_netem=True)
+    finally:
+        s_out.close()
+        s_in.close()
+        links.close()
