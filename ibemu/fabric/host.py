@@ -66,6 +66,8 @@ class EventLog:
     """JSON-lines event log; each record gets the node name and a monotonic stamp."""
 
     def __init__(self, path: Path | None) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
         self._f: IO[str] | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
         self.counts: dict[str, int] = {}
 

@@ -11,7 +11,7 @@ from ibemu.wire import decode_frame, decode_native, read_pcap
 
 
 def test_demo_writes_decodable_captures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "-o", str(tmp_path), "--no-tshark"]) == 0
+    assert main(["demo", "-o", str(tmp_path), "--no-tshark", "--no-live"]) == 0
     native = [r.data for r in read_pcap(tmp_path / "demo-native.pcap")]
     roce = [r.data for r in read_pcap(tmp_path / "demo-roce.pcap")]
     assert len(native) == 7 and len(roce) == 1
@@ -22,7 +22,7 @@ def test_demo_writes_decodable_captures(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_demo_with_tshark(tmp_path: Path, tshark: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "-o", str(tmp_path)]) == 0
+    assert main(["demo", "-o", str(tmp_path), "--no-live"]) == 0
     out = capsys.readouterr().out
     assert "SubnTrap(Notice)" in out and "PSN Sequence Error" in out and "RRoCE" in out
 
