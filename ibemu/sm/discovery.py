@@ -1,0 +1,398 @@
+"""Discovery by directed-route SMPs: fill a ``SubnetGraph`` from the SM's port outwards.
+
+Breadth-first and parallel: every NodeInfo answer immediately starts, in parallel, the new
+node's NodeDescription, SwitchInfo, PortInfo of each port and (CAs) P_KeyTable block 0;
+every switch port found LinkUp starts the NodeInfo probe of its far end (whose
+LocalPortNum names the peer port). The transport's window bounds what is in flight.
+
+``refresh(guids)`` is the targeted re-discovery after a trap or a light sweep: PortInfo of
+every port of those switches, links that went down removed, links that came up probed (and
+whatever lies behind them discovered). Directed routes are re-derived from the graph
+(``recompute_paths``) so no SMP is sent along a cable known to be dead; ``verify_paths``
+checks the cables a route crosses before a switch behind them is asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+import trio
+
+from ibemu.device import madbuild as mb
+from ibemu.sm.graph import NodeType, SmNode, SmPort, SubnetGraph
+from ibemu.sm.transport import Reply, Transport
+
+log = logging.getLogger(__name__)
+
+ATTR_NODE_DESC = 0x0010
+ATTR_NODE_INFO = 0x0011
+ATTR_SWITCH_INFO = 0x0012
+ATTR_PORT_INFO = 0x0015
+ATTR_PKEY_TABLE = 0x0016
+PHYS_LINK_UP = 5
+STATE_DOWN, STATE_INIT, STATE_ARMED, STATE_ACTIVE = 1, 2, 3, 4
+MAX_HOPS = 63
+
+End = tuple[int, int]  # (node GUID, port)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What a refresh found on one port: ``kind`` down | up | reinit."""
+
+    kind: str
+    guid: int
+    port: int
+    peer: End | None = None
+
+
+@dataclass
+class Discovery:
+    """Discovery state kept across sweeps: the graph plus the raw attributes an SM writes back."""
+
+    transport: Transport
+    graph: SubnetGraph = field(default_factory=SubnetGraph)
+    port_info: dict[End, bytes] = field(default_factory=dict)
+    switch_info: dict[int, bytes] = field(default_factory=dict)
+    pkeys: dict[End, bytes] = field(default_factory=dict)
+    unresponsive: set[End] = field(default_factory=set)
+    """Ports LinkUp whose far end did not answer NodeInfo (a dead or dying node)."""
+    sm_port: int = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def phys(self, end: End) -> int:
+        pi = self.port_info.get(end)
+        return pi[33] >> 4 if pi else 0
+
+    def state(self, end: End) -> int:
+        pi = self.port_info.get(end)
+        return pi[32] & 0x0F if pi else 0
+
+    async def _get(self, path: tuple[int, ...], attr: int, mod: int = 0) -> Reply | None:
+        r = await self.transport.request(mb.dr_smp(mb.GET, attr, path=list(path), modifier=mod))
+        if r is not None and not r.ok:
+            log.debug("path %s attr %#x mod %#x: status %#x", path, attr, mod, r.status)
+            return None
+        return r
+
+    def _store_pi(self, node: SmNode, num: int, data: bytes) -> None:
+        self.port_info[(node.guid, num)] = data
+        p = node.ports[num]
+        p.state = data[32] & 0x0F
+        if not node.is_switch or num == 0:
+            p.lid = struct.unpack_from("!H", data, 16)[0]
+
+    # ------------------------------------------------------------------ cold
+
+    async def discover(self) -> SubnetGraph:
+        """Everything reachable from the SM's port (the graph is rebuilt from scratch)."""
+        self.graph = SubnetGraph()
+        self.port_info.clear()
+        self.switch_info.clear()
+        self.pkeys.clear()
+        self.unresponsive.clear()
+        async with trio.open_nursery() as nursery:
+            await self._visit((), None, nursery)
+        return self.graph
+
+    async def _visit(self, path: tuple[int, ...], came_from: End | None, nursery: trio.Nursery,
+                     reread: bool = False) -> None:
+        """NodeInfo at ``path``; a new node is read in full and its live ports probed.
+
+        ``reread``: a known node's entry port is read again (a cable that came back).
+        """
+        r = await self._get(path, ATTR_NODE_INFO)
+        if r is None:
+            if came_from is not None:
+                self.unresponsive.add(came_from)
+            return
+        ni = mb.parse_node_info(r.data)
+        g = self.graph
+        node = g.nodes.get(ni.node_guid)
+        new = node is None
+        if node is None:
+            kind = NodeType(ni.node_type) if ni.node_type in (1, 2, 3) else NodeType.CA
+            node = g.add(SmNode(ni.node_guid, kind, ni.num_ports, dr_path=path))
+            if kind is NodeType.SWITCH:
+                for num in range(ni.num_ports + 1):
+                    node.ports[num] = SmPort(num, ni.node_guid, dr_path=path)
+            if not path:
+                g.sm_guid = ni.node_guid
+                self.sm_port = ni.local_port_num
+        here = ni.local_port_num
+        new_port = False
+        if not node.is_switch and here not in node.ports:
+            node.ports[here] = SmPort(here, ni.port_guid, dr_path=path)
+            new_port = True
+        if came_from is not None and came_from[0] in g.nodes:
+            g.connect(came_from[0], came_from[1], node.guid, here)
+            self.unresponsive.discard(came_from)
+        if node.is_switch and not new and reread:
+            r = await self._get(path, ATTR_PORT_INFO, here)
+            if r is not None:
+                self._store_pi(node, here, r.data)
+        if node.is_switch and new:
+            await self._read_switch(node)
+            for num in range(1, node.num_ports + 1):
+                if self.phys((node.guid, num)) == PHYS_LINK_UP and node.ports[num].peer is None \
+                        and len(path) < MAX_HOPS:
+                    nursery.start_soon(self._visit, (*path, num), (node.guid, num), nursery)
+        elif not node.is_switch and (new_port or reread):
+            await self._read_ca_port(node, here, path, new)
+            if not path and self.phys((node.guid, here)) == PHYS_LINK_UP:
+                nursery.start_soon(self._visit, (here,), (node.guid, here), nursery)
+
+    async def _read_switch(self, node: SmNode) -> None:
+        path = node.dr_path
+        mods = list(range(node.num_ports + 1))
+
+        async def pi(num: int) -> None:
+            r = await self._get(path, ATTR_PORT_INFO, num)
+            if r is not None:
+                self._store_pi(node, num, r.data)
+
+        async def desc() -> None:
+            r = await self._get(path, ATTR_NODE_DESC)
+            if r is not None:
+                node.desc = _text(r.data)
+
+        async def si() -> None:
+            r = await self._get(path, ATTR_SWITCH_INFO)
+            if r is not None:
+                self.switch_info[node.guid] = r.data
+
+        async with trio.open_nursery() as n:
+            n.start_soon(desc)
+            n.start_soon(si)
+            for num in mods:
+                n.start_soon(pi, num)
+
+    async def _read_ca_port(self, node: SmNode, num: int, path: tuple[int, ...], new: bool) -> None:
+        async def pi() -> None:
+            r = await self._get(path, ATTR_PORT_INFO, num)
+            if r is not None:
+                self._store_pi(node, num, r.data)
+
+        async def pk() -> None:
+            r = await self._get(path, ATTR_PKEY_TABLE, 0)
+            if r is not None:
+                self.pkeys[(node.guid, num)] = r.data
+
+        async def desc() -> None:
+            r = await self._get(path, ATTR_NODE_DESC)
+            if r is not None:
+                node.desc = _text(r.data)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(pi)
+            n.start_soon(pk)
+            if new:
+                n.start_soon(desc)
+
+    # ------------------------------------------------------------------ paths
+
+    def recompute_paths(self) -> set[int]:
+        """Shortest directed routes over live links from the SM's port; returns the GUIDs
+        of nodes no longer reachable (left in the graph for the caller to deal with)."""
+        g = self.graph
+        sm = g.nodes.get(g.sm_guid)
+        if sm is None:
+            return set(g.nodes)
+        seen: set[int] = {sm.guid}
+        seen_ports: set[End] = {(sm.guid, self.sm_port)}
+        sm.dr_path = ()
+        queue: deque[SmNode] = deque()
+        p = sm.ports.get(self.sm_port)
+        if p is not None:
+            p.dr_path = ()
+            if p.peer is not None:
+                self._reach(g.nodes[p.peer[0]], (self.sm_port,), p.peer[1], seen, seen_ports, queue)
+        while queue:
+            node = queue.popleft()
+            if len(node.dr_path) >= MAX_HOPS:
+                continue
+            for num, peer_guid, peer_port in node.neighbors():
+                self._reach(g.nodes[peer_guid], (*node.dr_path, num), peer_port, seen, seen_ports, queue)
+        return set(g.nodes) - seen
+
+    @staticmethod
+    def _reach(node: SmNode, path: tuple[int, ...], port: int, seen: set[int], seen_ports: set[End],
+               queue: deque[SmNode]) -> None:
+        if not node.is_switch and (node.guid, port) not in seen_ports:
+            seen_ports.add((node.guid, port))
+            node.ports[port].dr_path = path
+        if node.guid in seen:
+            return
+        seen.add(node.guid)
+        node.dr_path = path
+        if node.is_switch:
+            for sp in node.ports.values():
+                sp.dr_path = path
+            queue.append(node)
+
+    def unlink(self, guid: int, port: int) -> End | None:
+        """Forget the cable at ``guid:port`` (both ends); returns the far end it had."""
+        node = self.graph.nodes.get(guid)
+        if node is None or port not in node.ports:
+            return None
+        p = node.ports[port]
+        peer = p.peer
+        p.peer = None
+        p.state = STATE_DOWN
+        if peer is not None:
+            far = self.graph.nodes.get(peer[0])
+            if far is not None and peer[1] in far.ports:
+                far.ports[peer[1]].peer = None
+                far.ports[peer[1]].state = STATE_DOWN
+        return peer
+
+    def remove(self, guids: set[int]) -> list[SmNode]:
+        """Drop nodes (unreachable ones) and their attributes from the graph."""
+        out = []
+        for guid in guids:
+            node = self.graph.nodes.pop(guid, None)
+            if node is None:
+                continue
+            out.append(node)
+            for num, peer_guid, peer_port in list(node.neighbors()):
+                far = self.graph.nodes.get(peer_guid)
+                if far is not None and peer_port in far.ports:
+                    far.ports[peer_port].peer = None
+                self.port_info.pop((guid, num), None)
+            for key in [k for k in self.port_info if k[0] == guid]:
+                del self.port_info[key]
+            self.switch_info.pop(guid, None)
+        return out
+
+    async def verify_paths(self, guids: set[int]) -> list[Change]:
+        """Check the cables the directed routes to ``guids`` cross (one PortInfo per hop);
+        dead ones are unlinked and the routes re-derived, until the routes hold."""
+        changes: list[Change] = []
+        for _ in range(8):
+            hops: set[End] = set()
+            for guid in guids:
+                node = self.graph.nodes.get(guid)
+                if node is None:
+                    continue
+                hops |= self._hops(node.dr_path)
+            if not hops:
+                return changes
+            found = await self._check_ports(sorted(hops))
+            if not found:
+                return changes
+            changes += found
+            self.recompute_paths()
+        return changes
+
+    def _hops(self, path: tuple[int, ...]) -> set[End]:
+        """(switch, egress port) of every switch a route passes through."""
+        out: set[End] = set()
+        g = self.graph
+        sm = g.nodes.get(g.sm_guid)
+        if sm is None or not path:
+            return out
+        cur = sm.ports.get(path[0])
+        node_guid = cur.peer[0] if cur is not None and cur.peer else None
+        for i in range(1, len(path)):
+            if node_guid is None:
+                break
+            node = g.nodes.get(node_guid)
+            if node is None or not node.is_switch:
+                break
+            out.add((node.guid, path[i]))
+            p = node.ports.get(path[i])
+            node_guid = p.peer[0] if p is not None and p.peer else None
+        return out
+
+    async def _check_ports(self, ends: list[End]) -> list[Change]:
+        changes: list[Change] = []
+
+        async def one(end: End) -> None:
+            node = self.graph.nodes.get(end[0])
+            if node is None:
+                return
+            r = await self._get(node.dr_path, ATTR_PORT_INFO, end[1])
+            if r is None:
+                return
+            self._store_pi(node, end[1], r.data)
+            if r.data[33] >> 4 != PHYS_LINK_UP and node.ports[end[1]].peer is not None:
+                peer = self.unlink(*end)
+                changes.append(Change("down", end[0], end[1], peer))
+
+        async with trio.open_nursery() as n:
+            for end in ends:
+                n.start_soon(one, end)
+        return changes
+
+    # ------------------------------------------------------------------ targeted
+
+    async def refresh(self, guids: set[int]) -> list[Change]:
+        """PortInfo of every port of the switches ``guids``; apply and return what changed."""
+        changes: list[Change] = []
+        probes: list[tuple[SmNode, int]] = []
+
+        async def read(node: SmNode) -> None:
+            got: dict[int, bytes] = {}
+
+            async def pi(num: int) -> None:
+                r = await self._get(node.dr_path, ATTR_PORT_INFO, num)
+                if r is not None:
+                    got[num] = r.data
+
+            async with trio.open_nursery() as n:
+                for num in range(1, node.num_ports + 1):
+                    n.start_soon(pi, num)
+            for num, data in sorted(got.items()):
+                old_state = self.state((node.guid, num))
+                self._store_pi(node, num, data)
+                up = data[33] >> 4 == PHYS_LINK_UP
+                port = node.ports[num]
+                if port.peer is not None and not up:
+                    peer = self.unlink(node.guid, num)
+                    changes.append(Change("down", node.guid, num, peer))
+                elif port.peer is None and up:
+                    probes.append((node, num))
+                elif port.peer is not None and up and (data[32] & 0x0F) == STATE_INIT \
+                        and old_state in (STATE_ARMED, STATE_ACTIVE):
+                    changes.append(Change("reinit", node.guid, num, port.peer))
+
+        async with trio.open_nursery() as n:
+            for guid in guids:
+                node = self.graph.nodes.get(guid)
+                if node is not None and node.is_switch:
+                    n.start_soon(read, node)
+        if probes:
+            async with trio.open_nursery() as n:
+                for node, num in probes:
+                    n.start_soon(self._visit, (*node.dr_path, num), (node.guid, num), n, True)
+            for node, num in probes:
+                peer = node.ports[num].peer
+                if peer is not None:
+                    changes.append(Change("up", node.guid, num, peer))
+        return changes
+
+    async def read_switch_info(self, guids: list[int]) -> dict[int, bytes]:
+        """SwitchInfo of the given switches (the light sweep looks at PortStateChange)."""
+        out: dict[int, bytes] = {}
+
+        async def one(guid: int) -> None:
+            node = self.graph.nodes.get(guid)
+            if node is None:
+                return
+            r = await self._get(node.dr_path, ATTR_SWITCH_INFO)
+            if r is not None:
+                out[guid] = r.data
+                self.switch_info[guid] = r.data
+
+        async with trio.open_nursery() as n:
+            for guid in guids:
+                n.start_soon(one, guid)
+        return out
+
+
+def _text(data: bytes) -> str:
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace")

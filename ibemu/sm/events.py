@@ -1,0 +1,69 @@
+"""The SM's JSON-lines event log: one record per step, stamped with ``time.monotonic_ns()``.
+
+The same clock the fabric's agents stamp with, so SM and fabric logs merge on ``t_ns``.
+
+Kinds (fields beyond ``kind`` and ``t_ns``):
+
+- ``sm_start`` (guid, port, engine, max_in_flight) · ``sm_stop`` (stats)
+- ``sweep_start`` (sweep, reason: cold|light|trap|follow_up) · ``sweep_end`` (sweep, reason,
+  seconds, nodes, changed, smps: {sent, answered, timeouts, retries, ...})
+- ``discovered`` (switches, cas, links, seconds) · ``lids_assigned`` (new, total)
+- ``routes_computed`` (engine, seconds) · ``lft_block_acked`` (switch, block) ·
+  ``lft_programmed`` (blocks, switches, seconds) · ``ports_active`` (ports)
+- ``subnet_up`` (seconds since start, nodes, ports) — the SM's "SUBNET UP"
+- ``trap`` (issuer_lid, trap_number, tid) · ``trap_repress`` (issuer_lid, tid)
+- ``link_down`` / ``link_up`` (guid, port, peer) · ``partition`` (lost: list of CA GUIDs
+  the SM cannot reach; peers_lost: {CA GUID: [CA GUIDs]})
+- ``reroute`` (t_trap, t_rediscovered, t_routed, t_programmed, blocks, issuers)
+- ``sm_info`` (from_lid, answered) · ``error`` (what)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+class EventLog:
+    """Writes events as JSON lines to ``path`` (None: memory only); keeps the last ``keep``."""
+
+    def __init__(self, path: Path | str | None = None, *, clock: Clock = time.monotonic_ns,
+                 keep: int = 100_000) -> None:
+        self.clock = clock
+        self.counts: Counter[str] = Counter()
+        self.records: deque[dict[str, Any]] = deque(maxlen=keep)
+        self._f: IO[str] | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+
+    def now(self) -> int:
+        return self.clock()
+
+    def emit(self, kind: str, *, t_ns: int | None = None, **fields: Any) -> dict[str, Any]:
+        rec = {"kind": kind, "t_ns": self.clock() if t_ns is None else t_ns, **fields}
+        self.counts[kind] += 1
+        self.records.append(rec)
+        if self._f is not None:
+            self._f.write(json.dumps(rec, default=_jsonable) + "\n")
+        return rec
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["kind"] == kind]
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, set | frozenset | tuple):
+        return sorted(value) if isinstance(value, set | frozenset) else list(value)
+    return str(value)

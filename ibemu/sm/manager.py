@@ -1,0 +1,342 @@
+"""The subnet manager's state machine: cold sweep, traps, light sweeps, reroute.
+
+One sweep at a time. Traps are repressed at once (TrapRepress to the issuer) and mark
+their switch dirty; whatever arrives during a sweep coalesces into one follow-up. Every
+``sweep_interval_s`` without traps a light sweep reads SwitchInfo of every switch and
+re-discovers the ports of those whose PortStateChange is set (or that have a port whose
+far end never answered), which catches changes whose traps were lost.
+
+A change (link down/up, a port back in Init) leads to: directed routes re-derived over
+live links, unreachable nodes dropped and reported (``partition``), LIDs for new ports,
+routes recomputed by the engine (``route_fn(graph, engine)``, default
+``ibemu.sm.routing.compute``), only the changed LFT blocks written, new ports activated.
+Each such pass is a ``reroute`` event with ``t_trap -> t_rediscovered -> t_routed ->
+t_programmed`` (monotonic ns).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import struct
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from ibemu.device import madbuild as mb
+from ibemu.hca.umad import SimRequest
+from ibemu.sm import activate as act
+from ibemu.sm.discovery import Change, Discovery
+from ibemu.sm.events import EventLog
+from ibemu.sm.graph import Routes, SubnetGraph
+from ibemu.sm.lids import LidTable
+from ibemu.sm.program import LftProgrammer
+from ibemu.sm.transport import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT_S,
+    MadPort,
+    Transport,
+)
+
+log = logging.getLogger(__name__)
+
+RouteFn = Callable[[SubnetGraph, str], Routes]
+
+CLASS_SUBN_LID = 0x01
+ATTR_NOTICE = 0x0002
+ATTR_SM_INFO = 0x0020
+SM_STATE_MASTER = 3
+
+
+def default_route_fn(graph: SubnetGraph, engine: str) -> Routes:
+    """``ibemu.sm.routing.compute`` (imported on first use)."""
+    routes: Routes = importlib.import_module("ibemu.sm.routing").compute(graph, engine)
+    return routes
+
+
+@dataclass
+class SmConfig:
+    engine: str = "minhop"
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    retries: int = DEFAULT_RETRIES
+    sweep_interval_s: float = 10.0
+    outbox: int = 1024  # TrapRepress / SMInfo responses waiting to be sent
+    priority: int = 0
+
+
+class SubnetManager:
+    def __init__(self, port: MadPort, config: SmConfig | None = None, *,
+                 route_fn: RouteFn | None = None, events: EventLog | None = None) -> None:
+        self.config = config or SmConfig()
+        self.events = events or EventLog()
+        self.route_fn = route_fn or default_route_fn
+        self.transport = Transport(port, max_in_flight=self.config.max_in_flight,
+                                   timeout_s=self.config.timeout_s, retries=self.config.retries,
+                                   on_unsolicited=self._on_mad)
+        self.disc = Discovery(self.transport)
+        self.lids = LidTable()
+        self.prog = LftProgrammer(self.transport, self.events)
+        self.routes: Routes | None = None
+        self.sm_lid = 0
+        self.up = trio.Event()
+        self.lost: dict[int, str] = {}
+        self.stats: Counter[str] = Counter()
+        self.sweeps = 0
+        self._dirty: dict[int, int] = {}  # switch GUID -> t_ns of its first trap
+        self._trap_unknown = 0  # t_ns of a trap from a LID we do not know
+        self._wake = trio.Event()
+        self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, int]](self.config.outbox)
+        self._sweeping = False
+        self._t_start = time.monotonic_ns()
+
+    @property
+    def graph(self) -> SubnetGraph:
+        return self.disc.graph
+
+    # ------------------------------------------------------------------ running
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[SubnetManager]:
+        """The transport and the outbox run; sweeps are the caller's (tests drive them)."""
+        async with trio.open_nursery() as n:
+            await n.start(self.transport.run)
+            n.start_soon(self._outbox)
+            yield self
+            n.cancel_scope.cancel()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Cold sweep, then traps and light sweeps until cancelled."""
+        self.events.emit("sm_start", engine=self.config.engine, max_in_flight=self.config.max_in_flight)
+        async with self.running():
+            task_status.started()
+            while not self.up.is_set():
+                await self.full_sweep("cold")
+                if not self.up.is_set():
+                    await trio.sleep(min(1.0, self.config.sweep_interval_s))
+            await self.serve()
+
+    async def serve(self) -> None:
+        """The event loop after SUBNET UP: trap sweeps and periodic light sweeps."""
+        while True:
+            with trio.move_on_after(self.config.sweep_interval_s):
+                await self._wake.wait()
+            await self.step()
+
+    async def step(self) -> None:
+        """One pass: handle pending traps, else a light sweep."""
+        self._wake = trio.Event()
+        if self._dirty or self._trap_unknown:
+            await self.trap_sweep()
+        else:
+            await self.light_sweep()
+
+    # ------------------------------------------------------------------ unsolicited
+
+    def _on_mad(self, req: SimRequest) -> None:
+        mad = req.mad
+        attr = struct.unpack_from("!H", mad, 16)[0]
+        if req.mgmt_class == CLASS_SUBN_LID and req.method == mb.TRAP and attr == ATTR_NOTICE:
+            self._on_trap(req)
+        elif req.mgmt_class in (0x01, 0x81) and req.method == mb.GET and attr == ATTR_SM_INFO:
+            self._on_sm_info(req)
+        else:
+            self.stats["unsolicited_ignored"] += 1
+
+    def _on_trap(self, req: SimRequest) -> None:
+        now = self.events.now()
+        data = mb.smp_data(req.mad)
+        trap_number, issuer = struct.unpack_from("!HH", data, 4)
+        self.stats["traps"] += 1
+        self.events.emit("trap", t_ns=now, issuer_lid=issuer, trap_number=trap_number,
+                         tid=req.tid, slid=req.slid)
+        repress = bytearray(req.mad)
+        repress[3] = mb.TRAP_REPRESS
+        self._queue_out(bytes(repress), req.slid or issuer)
+        guid = self.lids.owner(issuer)
+        node = self.graph.nodes.get(guid) if guid is not None else None
+        if node is not None and node.is_switch:
+            self._dirty.setdefault(node.guid, now)
+        elif not self._trap_unknown:
+            self._trap_unknown = now
+        self._wake.set()
+
+    def _on_sm_info(self, req: SimRequest) -> None:
+        """Another SM polls us: answer a LID-routed SMInfo Get as the master."""
+        self.stats["sm_info"] += 1
+        if req.mgmt_class != CLASS_SUBN_LID or not req.slid or req.slid == 0xFFFF:
+            self.events.emit("sm_info", from_lid=req.slid, answered=False)
+            return
+        resp = bytearray(req.mad)
+        resp[3] = mb.GET_RESP
+        struct.pack_into("!QQIB", resp, 64, self.graph.sm_guid, 0, self.sweeps,
+                         (self.config.priority << 4) | SM_STATE_MASTER)
+        self._queue_out(bytes(resp), req.slid)
+        self.events.emit("sm_info", from_lid=req.slid, answered=True)
+
+    def _queue_out(self, mad: bytes, dlid: int) -> None:
+        try:
+            self._out_send.send_nowait((mad, dlid))
+        except trio.WouldBlock:
+            self.stats["outbox_full"] += 1
+
+    async def _outbox(self) -> None:
+        async for mad, dlid in self._out_recv:
+            await self.transport.send_only(mad, dlid=dlid)
+            if mad[3] == mb.TRAP_REPRESS:
+                self.stats["trap_repress"] += 1
+
+    # ------------------------------------------------------------------ sweeps
+
+    def _begin(self, reason: str) -> tuple[int, Counter[str]]:
+        self.sweeps += 1
+        self._sweeping = True
+        self.events.emit("sweep_start", sweep=self.sweeps, reason=reason)
+        return self.events.now(), Counter(self.transport.stats)
+
+    def _end(self, reason: str, t0: int, before: Counter[str], **fields: Any) -> None:
+        self._sweeping = False
+        smps = dict(Counter(self.transport.stats) - before)
+        self.events.emit("sweep_end", sweep=self.sweeps, reason=reason,
+                         seconds=(self.events.now() - t0) / 1e9, nodes=len(self.graph.nodes),
+                         smps=smps, **fields)
+
+    async def full_sweep(self, reason: str = "cold") -> bool:
+        """Discover everything, assign LIDs, route, program, activate. True when up."""
+        t0, before = self._begin(reason)
+        known = set(self.graph.nodes)
+        await self.disc.discover()
+        g = self.graph
+        for guid in set(g.nodes) - known:
+            self.prog.forget(guid)
+        self.events.emit("discovered", switches=len(g.switches()), cas=len(g.cas()),
+                         links=sum(1 for n in g.nodes.values() for _ in n.neighbors()) // 2,
+                         seconds=(self.events.now() - t0) / 1e9)
+        if g.sm_guid not in g.nodes:
+            self.events.emit("error", what="the SM's own port did not answer")
+            self._end(reason, t0, before, ok=False)
+            return False
+        self.recompute_paths()
+        new = self.lids.assign(g)
+        self.sm_lid = g.nodes[g.sm_guid].ports[self.disc.sm_port].lid
+        self.events.emit("lids_assigned", new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
+        await act.set_lids(self.disc, self.sm_lid)
+        await act.set_pkeys(self.disc)
+        ok = await self._route_and_program(None)
+        top = self.lids.top
+        await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
+        n = await act.activate(self.disc)
+        self.events.emit("ports_active", sets=n, ports=len(act.link_ends(self.disc)))
+        if ok and reason == "cold" and not self.up.is_set():
+            self.events.emit("subnet_up", seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
+                             ports=len(act.link_ends(self.disc)))
+            self.up.set()
+        self._end(reason, t0, before, ok=ok)
+        return ok
+
+    async def _route_and_program(self, info: dict[str, Any] | None) -> bool:
+        t = self.events.now()
+        try:
+            routes = self.route_fn(self.graph, self.config.engine)
+        except Exception as exc:
+            log.exception("routing engine %s failed", self.config.engine)
+            self.events.emit("error", what=f"routing failed: {exc!r}")
+            return False
+        t_routed = self.events.now()
+        self.events.emit("routes_computed", t_ns=t_routed, engine=routes.engine,
+                         seconds=(t_routed - t) / 1e9, switches=len(routes.lfts))
+        self.routes = routes
+        res = await self.prog.program(self.graph, routes, self.lids.top)
+        self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, switches=res.switches,
+                         seconds=(self.events.now() - t_routed) / 1e9)
+        if info is not None:
+            info.update(t_routed=t_routed, t_programmed=res.t_last_ack_ns or self.events.now(),
+                        blocks=res.acked, blocks_failed=res.failed)
+        return res.failed == 0
+
+    def recompute_paths(self) -> set[int]:
+        """Re-derive directed routes; drop and report nodes that became unreachable."""
+        lost = self.disc.recompute_paths()
+        if lost:
+            gone = self.disc.remove(lost)
+            for node in gone:
+                if node.is_switch:
+                    self.prog.forget(node.guid)
+                self.lost[node.guid] = node.desc or f"{node.guid:#018x}"
+            cas = [n for n in gone if not n.is_switch]
+            lost_names = sorted(n.desc or f"{n.guid:#018x}" for n in cas)
+            reachable = sorted(n.desc or f"{n.guid:#018x}" for n in self.graph.cas())
+            self.events.emit("partition", lost=lost_names,
+                             lost_switches=sum(1 for n in gone if n.is_switch),
+                             peers_lost={ca: lost_names for ca in reachable} if lost_names else {})
+            log.warning("fabric partitioned: %d nodes unreachable (%d CAs)", len(gone), len(cas))
+        back = [g for g in self.lost if g in self.graph.nodes]
+        for guid in back:
+            del self.lost[guid]
+        if back:
+            self.events.emit("partition_healed", nodes=len(back), still_lost=len(self.lost))
+        return lost
+
+    async def trap_sweep(self) -> None:
+        """Re-discover the switches that sent traps, then reroute if anything changed."""
+        dirty, self._dirty = self._dirty, {}
+        unknown, self._trap_unknown = self._trap_unknown, 0
+        t_trap = min([*dirty.values(), *([unknown] if unknown else [])])
+        guids = set(dirty)
+        if unknown:  # a LID we do not know: look at every switch
+            guids |= {s.guid for s in self.graph.switches()}
+        await self._resweep(guids, "trap", t_trap)
+
+    async def light_sweep(self) -> None:
+        """SwitchInfo of every switch; re-discover those with PortStateChange set."""
+        t0, before = self._begin("light")
+        switches = [s.guid for s in self.graph.switches()]
+        infos = await self.disc.read_switch_info(switches)
+        guids = {g for g, si in infos.items() if si[11] & 0x04}
+        guids |= {end[0] for end in self.disc.unresponsive if end[0] in self.graph.nodes}
+        missing = [g for g in switches if g not in infos]
+        self._end("light", t0, before, changed=len(guids), unanswered=len(missing))
+        if guids:
+            await self._resweep(guids, "light", None)
+
+    async def _resweep(self, guids: set[int], reason: str, t_trap: int | None) -> None:
+        t0, before = self._begin(reason)
+        if not self.up.is_set():
+            self._end(reason, t0, before, changed=0, deferred=True)
+            return
+        known = set(self.graph.nodes)
+        changes: list[Change] = await self.disc.verify_paths(guids)
+        changes += await self.disc.refresh(guids)
+        t_rediscovered = self.events.now()
+        for guid in set(self.graph.nodes) - known:
+            self.prog.forget(guid)
+        for c in changes:
+            peer = f"{c.peer[0]:#018x}:{c.peer[1]}" if c.peer else None
+            self.events.emit(f"link_{c.kind}", guid=f"{c.guid:#018x}", port=c.port, peer=peer)
+        structural = [c for c in changes if c.kind in ("down", "up")]
+        info: dict[str, Any] = {}
+        if structural:
+            self.recompute_paths()
+            new = self.lids.assign(self.graph)
+            if new:
+                await act.set_lids(self.disc, self.sm_lid)
+                await act.set_pkeys(self.disc)
+            await self._route_and_program(info)
+            top = self.lids.top
+            stale = [s.guid for s in self.graph.switches() if act.fdb_top(self.disc, s.guid) != top]
+            await act.set_switch_info(self.disc, stale, top=top)
+        if changes:
+            await act.activate(self.disc)
+        present = [g for g in guids if g in self.graph.nodes]
+        await act.set_switch_info(self.disc, present, top=None)  # clear PortStateChange
+        if structural:
+            rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
+                   "issuers": len(guids), "changes": len(changes), "reason": reason}
+            self.events.emit("reroute", **rec)
+        self._end(reason, t0, before, changed=len(changes))

@@ -1,0 +1,278 @@
+"""MAD transactions for the SM: a window of SMPs in flight, TIDs, timeouts, retries.
+
+``Transport`` runs over any ``MadPort`` (send / receive ``SimRequest`` datagrams):
+
+- ``UmadPort``: a live host's MAD socket through ``UmadClient`` (the SM process);
+- ``InMemoryPort``: a CA of an ``InMemoryFabric`` (unit tests; run under trio's
+  ``MockClock(autojump_threshold=0)`` so timeouts cost no wall time).
+
+At most ``max_in_flight`` requests are outstanding; each gets a fresh TID (low 32 bits; the
+MAD socket owns bits 48-63) per attempt, ``timeout_s`` per attempt and ``retries`` more
+attempts. A response is matched on its TID's low 32 bits; a late one (its attempt timed
+out), a duplicate (already answered) or one with an unknown TID is dropped and counted in
+``stats``. Requests sent to us (traps, SMInfo) go to ``on_unsolicited``, which must not block.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from ibemu.device import madbuild as mb
+from ibemu.device.wiring import InMemoryFabric
+from ibemu.hca.umad import STATUS_OK, SimRequest, set_mad_tid
+from ibemu.hca.umad_client import UmadClient
+
+log = logging.getLogger(__name__)
+
+PERMISSIVE_LID = 0xFFFF
+LOW32 = 0xFFFFFFFF
+DEFAULT_MAX_IN_FLIGHT = 64
+DEFAULT_TIMEOUT_S = 0.2
+DEFAULT_RETRIES = 3
+_MEMORY = 8192  # finished TIDs remembered, to tell late and duplicate responses apart
+
+
+class MadPort(Protocol):
+    """Where the SM's MADs go in and out."""
+
+    async def send(self, req: SimRequest) -> None: ...
+
+    async def recv(self) -> SimRequest: ...
+
+
+class UmadPort:
+    """A ``MadPort`` over a connected ``UmadClient`` (a live host's MAD socket)."""
+
+    def __init__(self, client: UmadClient) -> None:
+        self.client = client
+
+    async def send(self, req: SimRequest) -> None:
+        raw = req.pack()
+        while True:
+            try:
+                self.client.data.send(raw)
+                return
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(self.client.data)
+
+    async def recv(self) -> SimRequest:
+        return await self.client.recv()
+
+
+class InMemoryPort:
+    """A ``MadPort`` on CA ``name`` port ``port`` of an ``InMemoryFabric``.
+
+    ``send`` hands the MAD to the CA agent and runs the fabric to quiet; what the CA
+    delivered is queued for ``recv``. Call ``pump()`` after acting on the fabric yourself
+    (a link down, ``advance``) so traps it produced reach the SM. ``fab.delivered[name]``
+    is consumed (cleared) as it is read.
+    """
+
+    def __init__(self, fab: InMemoryFabric, name: str, port: int = 1) -> None:
+        self.fab, self.name, self.port = fab, name, port
+        self.agent = fab.agents[name]
+        self._queue: deque[SimRequest] = deque()
+        self._wake = trio.Event()
+
+    async def send(self, req: SimRequest) -> None:
+        send_mad = getattr(self.agent, "send_mad")  # noqa: B009 - a CA agent
+        self.fab.handle(self.name, send_mad(self.port, req.dlid, req.dqp, req.sqp, req.mad))
+        self.fab.run()
+        self.pump()
+        await trio.lowlevel.checkpoint()
+
+    def pump(self) -> int:
+        got = self.fab.delivered[self.name]
+        n = 0
+        for d in got:
+            if d.port == self.port:
+                self._queue.append(SimRequest(d.dlid, d.slid, d.dqp, d.sqp, d.mad, d.status))
+                n += 1
+        got.clear()
+        if n:
+            self._wake.set()
+        return n
+
+    async def recv(self) -> SimRequest:
+        while not self._queue:
+            self._wake = trio.Event()
+            await self._wake.wait()
+        return self._queue.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An answered request: the response MAD, its status, and how many attempts it took."""
+
+    mad: bytes
+    attempts: int
+
+    @property
+    def status(self) -> int:
+        return mb.status(self.mad)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+    @property
+    def data(self) -> bytes:
+        return mb.smp_data(self.mad)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request to make: a MAD (its TID is replaced) and where it goes."""
+
+    mad: bytes
+    dlid: int = PERMISSIVE_LID
+    dqp: int = 0
+    sqp: int = 0
+
+
+class _Pending:
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: SimRequest | None = None
+
+
+Unsolicited = Callable[[SimRequest], None]
+
+
+class Transport:
+    """MAD transactions over a ``MadPort``; start ``run`` in a nursery first."""
+
+    def __init__(self, port: MadPort, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, retries: int = DEFAULT_RETRIES,
+                 on_unsolicited: Unsolicited | None = None) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.port = port
+        self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.on_unsolicited = on_unsolicited
+        self.stats: Counter[str] = Counter()
+        self._window = trio.Semaphore(max_in_flight)
+        self._pending: dict[int, _Pending] = {}
+        self._finished: OrderedDict[int, str] = OrderedDict()
+        self._tid = 0
+
+    # ------------------------------------------------------------------ receive side
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Receive loop: match responses, hand requests to ``on_unsolicited``."""
+        task_status.started()
+        while True:
+            req = await self.port.recv()
+            self.on_datagram(req)
+
+    def on_datagram(self, req: SimRequest) -> None:
+        if len(req.mad) < 24 or req.mad[0] != 1:
+            self.stats["rx_malformed"] += 1
+            return
+        if not req.is_response and req.status == STATUS_OK:
+            self.stats["rx_unsolicited"] += 1
+            if self.on_unsolicited is not None:
+                try:
+                    self.on_unsolicited(req)
+                except Exception:
+                    log.exception("unsolicited MAD handler failed")
+                    self.stats["unsolicited_handler_error"] += 1
+            return
+        low = req.tid & LOW32
+        pending = self._pending.get(low)
+        if pending is None or pending.reply is not None:
+            why = self._finished.get(low)
+            key = {"answered": "rx_duplicate", "timed_out": "rx_late"}.get(why or "", "rx_bad_tid")
+            if pending is not None:
+                key = "rx_duplicate"
+            self.stats[key] += 1
+            return
+        pending.reply = req
+        pending.event.set()
+
+    # ------------------------------------------------------------------ requests
+
+    def _next_tid(self) -> int:
+        while True:
+            self._tid = (self._tid + 1) & LOW32
+            if self._tid and self._tid not in self._pending:
+                return self._tid
+
+    def _finish(self, tid: int, how: str) -> None:
+        self._pending.pop(tid, None)
+        self._finished[tid] = how
+        self._finished.move_to_end(tid)
+        while len(self._finished) > _MEMORY:
+            self._finished.popitem(last=False)
+
+    async def request(self, req: Request | bytes, *, timeout_s: float | None = None,
+                      retries: int | None = None) -> Reply | None:
+        """Send and wait for the response; None when every attempt timed out or the MAD
+        was returned undeliverable (status 110)."""
+        if isinstance(req, bytes):
+            req = Request(req)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        attempts = 1 + (self.retries if retries is None else retries)
+        async with self._window:
+            for attempt in range(1, attempts + 1):
+                tid = self._next_tid()
+                pending = _Pending()
+                self._pending[tid] = pending
+                if attempt > 1:
+                    self.stats["retries"] += 1
+                self.stats["sent"] += 1
+                try:
+                    await self.port.send(SimRequest(req.dlid, 0, req.dqp, req.sqp,
+                                                    set_mad_tid(req.mad, tid)))
+                except OSError as exc:
+                    self.stats["send_error"] += 1
+                    log.warning("send failed: %s", exc)
+                    self._finish(tid, "timed_out")
+                    await trio.sleep(min(timeout, 0.01))
+                    continue
+                with trio.move_on_after(timeout):
+                    await pending.event.wait()
+                got = pending.reply
+                if got is None:
+                    self._finish(tid, "timed_out")
+                    self.stats["timeouts"] += 1
+                    continue
+                self._finish(tid, "answered")
+                if got.status != STATUS_OK:
+                    self.stats["undeliverable"] += 1
+                    return None
+                self.stats["answered"] += 1
+                return Reply(got.mad, attempt)
+        self.stats["failed"] += 1
+        return None
+
+    async def request_all(self, reqs: Sequence[Request | bytes]) -> list[Reply | None]:
+        """Many requests in parallel (the window bounds what is in flight); results in order."""
+        out: list[Reply | None] = [None] * len(reqs)
+
+        async def one(i: int, r: Request | bytes) -> None:
+            out[i] = await self.request(r)
+
+        async with trio.open_nursery() as nursery:
+            for i, r in enumerate(reqs):
+                nursery.start_soon(one, i, r)
+        return out
+
+    async def send_only(self, mad: bytes, *, dlid: int, dqp: int = 0, sqp: int = 0) -> None:
+        """Send a MAD that gets no response (TrapRepress, a GetResp to a request of ours)."""
+        self.stats["sent_unacked"] += 1
+        try:
+            await self.port.send(SimRequest(dlid, 0, dqp, sqp, mad))
+        except OSError as exc:
+            self.stats["send_error"] += 1
+            log.warning("send failed: %s", exc)

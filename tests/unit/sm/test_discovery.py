@@ -1,0 +1,64 @@
+"""Discovery by directed route over real device agents (k=4 fat-tree in memory)."""
+
+from __future__ import annotations
+
+import trio
+
+from ibemu.sm.discovery import Discovery
+from ibemu.sm.transport import InMemoryPort, Transport
+from tests.unit.sm.helpers import fat_tree, run
+
+
+def test_cold_discovery_finds_every_node_and_every_cable_with_its_ports() -> None:
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16)
+        d = Discovery(t)
+        async with trio.open_nursery() as n:
+            await n.start(t.run)
+            g = await d.discover()
+            assert len(g.switches()) == 20 and len(g.cas()) == 16
+            assert g.sm_guid == topo.node("h0").guid and d.sm_port == 1
+            want = {frozenset({(topo.node(lk.a.node).guid, lk.a.port), (topo.node(lk.b.node).guid, lk.b.port)})
+                    for lk in topo.links}
+            got = {frozenset({(n.guid, p), (peer, pp)}) for n in g.nodes.values() for p, peer, pp in n.neighbors()}
+            assert got == want
+            edge = g.nodes[topo.node("edge3_1").guid]
+            assert edge.desc == topo.node("edge3_1").desc
+            assert all(d.switch_info.get(s.guid) for s in g.switches())
+            assert t.stats["timeouts"] == 0
+            # every directed route leads where the graph says
+            unreachable = d.recompute_paths()
+            assert not unreachable
+            assert len(g.nodes[topo.node("edge0_1").guid].dr_path) == 3  # h0 -> edge0_0 -> agg -> edge0_1
+            assert len(edge.dr_path) == 5  # ... -> agg -> core -> agg -> edge3_1
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_refresh_finds_a_cable_gone_and_back_and_routes_avoid_it() -> None:
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16)
+        d = Discovery(t)
+        async with trio.open_nursery() as n:
+            await n.start(t.run)
+            g = await d.discover()
+            d.recompute_paths()
+            e00, a00 = topo.node("edge0_0").guid, topo.node("agg0_0").guid
+            fab.link_down("edge0_0", 3)  # edge0_0:3 - agg0_0:1
+            changes = await d.verify_paths({a00})
+            changes += await d.refresh({e00, a00})
+            assert {(c.kind, c.guid, c.port) for c in changes} >= {("down", e00, 3)}
+            assert g.nodes[e00].ports[3].peer is None and g.nodes[a00].ports[1].peer is None
+            assert 3 not in g.nodes[a00].dr_path[1:2]  # no longer through the dead cable
+            fab.link_up("edge0_0", 3)
+            changes = await d.refresh({e00})
+            assert [(c.kind, c.port) for c in changes] == [("up", 3)]
+            assert g.nodes[e00].ports[3].peer == (a00, 1)
+            n.cancel_scope.cancel()
+
+    run(main)

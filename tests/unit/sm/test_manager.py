@@ -1,0 +1,294 @@
+"""ibemu's SM over real device agents in memory: bring-up, reroute, bad input."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import trio
+
+from ibemu.device.port import PhysState, PortState
+from ibemu.device.wiring import InMemoryFabric, WireRecord
+from ibemu.hca.umad import SimRequest
+from ibemu.sm.manager import SmConfig, SubnetManager
+from ibemu.sm.transport import InMemoryPort
+from ibemu.switch.sma import SwitchAgent
+from ibemu.topo import Topology
+from tests.unit.sm.helpers import fat_tree, minhop, run, unreachable_pairs
+
+
+def make_sm(fab: InMemoryFabric, **cfg: object) -> tuple[SubnetManager, InMemoryPort]:
+    port = InMemoryPort(fab, "h0")
+    return SubnetManager(port, SmConfig(**cfg), route_fn=minhop), port  # type: ignore[arg-type]
+
+
+async def settle(port: InMemoryPort) -> None:
+    """Hand what the fabric delivered to the SM and let its tasks run."""
+    port.pump()
+    for _ in range(5):
+        await trio.sleep(0)
+
+
+def link_ports_active(fab: InMemoryFabric) -> bool:
+    for (name, num), _peer in fab.links.items():
+        p = fab.agents[name].ports[num]
+        if p.phys == PhysState.LINK_UP and p.state != PortState.ACTIVE:
+            return False
+    return True
+
+
+def lids(fab: InMemoryFabric) -> dict[tuple[str, int], int]:
+    out = {}
+    for name, a in fab.agents.items():
+        if isinstance(a, SwitchAgent):
+            out[(name, 0)] = a.lid
+        else:
+            out.update({(name, n): p.lid for n, p in a.ports.items()})
+    return out
+
+
+def test_cold_bring_up_activates_every_port_and_every_ca_reaches_every_ca() -> None:
+    _topo, fab = fat_tree(4)
+    sm, _port = make_sm(fab)
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+        assert sm.up.is_set() and sm.events.counts["subnet_up"] == 1
+        table = lids(fab)
+        assert all(table.values()) and len(set(table.values())) == len(table) == 36
+        assert table[("h0", 1)] == sm.sm_lid == 1
+        assert link_ports_active(fab)
+        assert not unreachable_pairs(fab)
+        assert sm.transport.stats["timeouts"] == 0
+        assert sm.events.counts["lft_block_acked"] == 20  # one block per switch (36 LIDs)
+        for a in fab.agents.values():
+            if isinstance(a, SwitchAgent):
+                assert a.switch_info.linear_fdb_top == 36 and not a.switch_info.port_state_change
+                assert a.ports[0].master_sm_lid == 1
+
+    run(main)
+
+
+def test_a_second_sweep_changes_nothing_and_writes_no_block() -> None:
+    _topo, fab = fat_tree(4)
+    sm, _port = make_sm(fab)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            before = lids(fab)
+            acked = sm.events.counts["lft_block_acked"]
+            updates = sum(len(v) for v in fab.lft_updates.values())
+            await sm.full_sweep("heavy")
+            await sm.light_sweep()
+            assert lids(fab) == before
+            assert sm.events.counts["lft_block_acked"] == acked
+            assert sum(len(v) for v in fab.lft_updates.values()) == updates
+            assert sm.events.counts["reroute"] == 0
+
+    run(main)
+
+
+def test_link_failure_trap_reroutes_with_only_changed_blocks_then_restoration_rebalances() -> None:
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            routes_before = {g: dict(lft) for g, lft in sm.routes.lfts.items()}  # type: ignore[union-attr]
+            acked = sm.events.counts["lft_block_acked"]
+            fab.link_down("edge1_0", 3)  # edge1_0:3 - agg1_0:1, away from the SM
+            await settle(port)
+            assert sm.stats["traps"] >= 1 and sm._dirty
+            await sm.step()
+            await settle(port)
+            assert sm.stats["trap_repress"] == sm.stats["traps"]
+            assert not unreachable_pairs(fab)
+            rr = sm.events.of("reroute")[-1]
+            assert rr["t_trap"] <= rr["t_rediscovered"] <= rr["t_routed"] <= rr["t_programmed"]
+            changed = {g for g, lft in sm.routes.lfts.items() if lft != routes_before[g]}  # type: ignore[union-attr]
+            written = sm.events.counts["lft_block_acked"] - acked
+            assert 0 < written == len(changed) < 20  # one block per switch whose routes moved
+            # the traps stop: every switch that sent one saw a repress
+            assert not any(a.traps.pending() for a in fab.agents.values() if isinstance(a, SwitchAgent)
+                           if a.lid in {r["issuer_lid"] for r in sm.events.of("trap")})
+            # restoration: the cable comes back and the original routes return
+            fab.link_up("edge1_0", 3)
+            await settle(port)
+            await sm.step()
+            await settle(port)
+            if sm._dirty:
+                await sm.step()
+            assert link_ports_active(fab) and not unreachable_pairs(fab)
+            assert {g: dict(lft) for g, lft in sm.routes.lfts.items()} == routes_before  # type: ignore[union-attr]
+
+    run(main)
+
+
+def test_a_lost_trap_is_caught_by_the_light_sweep() -> None:
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)
+
+    def no_traps(rec: WireRecord) -> bytes | None:
+        pkt = rec.packet
+        return None if len(pkt) > 40 and pkt[28 + 3] == 0x05 else pkt
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            fab.impair = no_traps
+            fab.link_down("edge2_1", 3)
+            await settle(port)
+            assert sm.stats["traps"] == 0
+            assert unreachable_pairs(fab)
+            await sm.step()  # nothing dirty: a light sweep
+            assert sm.events.counts["reroute"] == 1
+            assert not unreachable_pairs(fab)
+
+    run(main)
+
+
+class Lossy:
+    """Loses a share of the SM's requests and of the answers."""
+
+    def __init__(self, inner: InMemoryPort, loss: float, seed: int = 5) -> None:
+        self.inner, self.loss, self.rng = inner, loss, random.Random(seed)
+
+    async def send(self, req: SimRequest) -> None:
+        if self.rng.random() < self.loss:
+            await trio.lowlevel.checkpoint()
+            return
+        await self.inner.send(req)
+
+    async def recv(self) -> SimRequest:
+        while True:
+            got = await self.inner.recv()
+            if self.rng.random() >= self.loss:
+                return got
+
+
+def test_ten_percent_smp_loss_still_converges_with_retries_counted() -> None:
+    _topo, fab = fat_tree(4)
+    lossy = Lossy(InMemoryPort(fab, "h0"), 0.10)
+    sm = SubnetManager(lossy, SmConfig(timeout_s=0.05, retries=6), route_fn=minhop)
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+        assert sm.transport.stats["retries"] > 20 and sm.transport.stats["failed"] == 0
+        assert link_ports_active(fab) and not unreachable_pairs(fab)
+        assert sm.events.of("sweep_end")[-1]["smps"]["retries"] == sm.transport.stats["retries"]
+
+    run(main)
+
+
+class KillAfter:
+    """Kills a switch (every cable unplugged) after ``n`` SMPs."""
+
+    def __init__(self, inner: InMemoryPort, n: int, kill: Callable[[], None]) -> None:
+        self.inner, self.n, self.kill, self.sent = inner, n, kill, 0
+
+    async def send(self, req: SimRequest) -> None:
+        self.sent += 1
+        if self.sent == self.n:
+            self.kill()
+        await self.inner.send(req)
+
+    async def recv(self) -> SimRequest:
+        return await self.inner.recv()
+
+
+def _kill(fab: InMemoryFabric, topo: Topology, name: str) -> Callable[[], None]:
+    def kill() -> None:
+        for num in topo.node(name).port_range:
+            if fab.peer(name, num) is not None:
+                fab.link_down(name, num)
+
+    return kill
+
+
+def test_a_switch_dying_mid_sweep_is_left_out_and_the_rest_comes_up() -> None:
+    topo, fab = fat_tree(4)
+    inner = InMemoryPort(fab, "h0")
+    sm = SubnetManager(KillAfter(inner, 60, _kill(fab, topo, "agg1_1")), SmConfig(timeout_s=0.05, retries=1),
+                       route_fn=minhop)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            assert topo.node("agg1_1").guid not in sm.graph.nodes or sm.transport.stats["timeouts"] >= 0
+            await settle(inner)
+            while sm._dirty or sm._trap_unknown:
+                await sm.step()
+            await sm.light_sweep()
+        assert topo.node("agg1_1").guid not in sm.graph.nodes
+        assert len(sm.graph.nodes) == 35
+        assert not unreachable_pairs(fab)
+
+    run(main)
+
+
+def test_a_flapping_port_stays_bounded_and_ends_correct() -> None:
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab, outbox=16)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            sweeps = sm.sweeps
+            for i in range(200):
+                if i % 2:
+                    fab.link_up("edge3_0", 4)
+                else:
+                    fab.link_down("edge3_0", 4)
+                port.pump()
+                if i % 20 == 19:  # the SM gets a turn now and then: traps coalesce meanwhile
+                    await trio.sleep(0)
+                    await sm.step()
+            await settle(port)
+            while sm._dirty:
+                await sm.step()
+                await settle(port)
+            assert len(sm._dirty) == 0 and sm.sweeps - sweeps <= 40
+            assert sm.stats["traps"] >= 100
+            assert len(sm.transport._pending) == 0
+            assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
+
+
+def test_a_partition_is_reported_not_hung_on() -> None:
+    topo, fab = fat_tree(4)
+    sm, port = make_sm(fab, timeout_s=0.05, retries=1)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            for num in (3, 4):  # both uplinks of edge2_0: it and its hosts are cut off
+                fab.link_down("edge2_0", num)
+            await settle(port)
+            with trio.fail_after(30):
+                while sm._dirty or sm._trap_unknown:
+                    await sm.step()
+                    await settle(port)
+            parts = sm.events.of("partition")
+            assert parts
+            lost = {x for p in parts for x in p["lost"]}
+            hosts = {topo.node(h).desc for h in ("h8", "h9")}
+            assert lost == hosts
+            assert parts[-1]["peers_lost"][topo.node("h0").desc] == sorted(hosts)
+            assert set(sm.lost.values()) >= hosts
+            pairs = unreachable_pairs(fab)
+            assert pairs and all({"h8", "h9"} & {a.split(":")[0], b.split(":")[0]} for a, b in pairs)
+            # healed: the cable is back, the hosts return with the same LIDs
+            lid8 = fab.agents["h8"].ports[1].lid
+            fab.link_up("edge2_0", 3)
+            await settle(port)
+            await sm.step()
+            await sm.light_sweep()
+            assert not unreachable_pairs(fab) and fab.agents["h8"].ports[1].lid == lid8
+            assert sm.events.counts["partition_healed"] >= 1
+
+    run(main)
