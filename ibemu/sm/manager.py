@@ -55,8 +55,11 @@ SM_STATE_MASTER = 3
 
 
 def default_route_fn(graph: SubnetGraph, engine: str) -> Routes:
-    """``ibemu.sm.routing.compute`` (imported on first use)."""
-    routes: Routes = importlib.import_module("ibemu.sm.routing").compute(graph, engine)
+    """``ibemu.sm.routing`` (imported on first use): ``compute_with_fallback`` when it has it
+    (an engine that cannot apply falls back to minhop, as OpenSM does), else ``compute``."""
+    mod = importlib.import_module("ibemu.sm.routing")
+    fn = getattr(mod, "compute_with_fallback", None) or mod.compute
+    routes: Routes = fn(graph, engine)
     return routes
 
 

@@ -1,0 +1,85 @@
+"""``python -m ibemu.sm``: ibemu's subnet manager on one emulated host's MAD socket.
+
+    python -m ibemu.sm --ns ibemu-xxxx-h0 --engine minhop --events sm.jsonl
+
+Attaches as the SM (IsSM) to the MAD socket of the host in namespace ``--ns`` (the sockets
+are made inside that namespace; this process stays where it is), brings the subnet up and
+keeps it up until SIGTERM/SIGINT. Events go to ``--events`` as JSON lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import cast
+
+import trio
+
+from ibemu.hca.umad import DEFAULT_SOCKNAME
+from ibemu.hca.umad_client import UmadClient
+from ibemu.sm.events import EventLog
+from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
+from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
+
+log = logging.getLogger("ibemu.sm")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ibemu.sm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ns", default=None, help="network namespace of the SM's host (default: this one)")
+    p.add_argument("--sockname", default=DEFAULT_SOCKNAME, help="MAD socket base name (default %(default)s)")
+    p.add_argument("--engine", default="minhop", help="routing engine: minhop|updn|ftree|dor")
+    p.add_argument("--events", default=None, help="JSON-lines event log file")
+    p.add_argument("--sweep-interval", type=float, default=10.0, help="seconds between light sweeps")
+    p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, help="SMPs in flight")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per SMP attempt")
+    p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
+    p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def load_route_fn(spec: str | None) -> RouteFn:
+    if not spec:
+        return default_route_fn
+    module, _, name = spec.partition(":")
+    fn = getattr(importlib.import_module(module), name or "compute")
+    return cast(Callable[..., object], fn)  # type: ignore[return-value]
+
+
+async def amain(args: argparse.Namespace) -> int:
+    events = EventLog(args.events)
+    client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
+    cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
+                   retries=args.retries, sweep_interval_s=args.sweep_interval)
+    sm = SubnetManager(UmadPort(client), cfg, route_fn=load_route_fn(args.route_fn), events=events)
+    try:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as n:
+                n.start_soon(sm.run)
+
+                async def stop() -> None:
+                    async for _sig in signals:
+                        n.cancel_scope.cancel()
+                        return
+
+                n.start_soon(stop)
+    finally:
+        events.emit("sm_stop", sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats))
+        events.close()
+        client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return trio.run(amain, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""ibemu's own SM (``python -m ibemu.sm``, a separate process) manages a live k=4 fabric.
+
+Its SMPs leave through h0's MAD socket and cross the emulated switches as real frames; the
+LFTs it writes are what tc forwards data on. A cut edge-aggregation cable is rerouted and
+the phases are in its event log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ibemu.device.port import PhysState, PortState
+from ibemu.fabric.agents import make_agents
+from ibemu.fabric.host import AgentHost
+from ibemu.fabric.runtime import FabricRuntime
+from ibemu.fabric.tools import tool_argv, umad2sim_path
+from ibemu.kernel import netns, ownership
+from ibemu.kernel.packet import open_packet_socket
+from ibemu.topo import generate
+from ibemu.wire import fast
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Live:
+    """A k=4 fabric (agents + MAD sockets) on a trio loop in a thread, and ibemu's SM."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.topo = generate("fat-tree", k=4)
+        self.state = ownership.RunState(ownership.new_run_id(), scenario="pytest-sm-live")
+        self.rt = FabricRuntime(self.topo, make_agents=make_agents, state=self.state, run_dir=tmp)
+        self.tmp = tmp
+        self.host: AgentHost | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.stop: trio.Event | None = None
+        self.sm: subprocess.Popen[bytes] | None = None
+        self.events = tmp / "sm-events.jsonl"
+
+    def ns(self, node: str) -> str:
+        return self.rt.plan.nodes[node].ns
+
+    def on_loop(self, fn, *args):  # type: ignore[no-untyped-def]
+        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+
+    def start_sm(self, *extra: str) -> None:
+        argv = [sys.executable, "-m", "ibemu.sm", "--ns", self.ns("h0"), "--events", str(self.events),
+                "--sweep-interval", "2", *extra]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.sm = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=open(self.tmp / "sm.stderr", "wb"))  # noqa: SIM115
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.events.exists():
+            return []
+        return [json.loads(line) for line in self.events.read_text().splitlines() if line.strip()]
+
+    def wait_for(self, kind: str, count: int = 1, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = [r for r in self.records() if r["kind"] == kind]
+            if len(got) >= count:
+                return got
+            assert self.sm is not None
+            if self.sm.poll() is not None:
+                raise AssertionError(f"SM exited ({self.sm.returncode}): "
+                                     f"{(self.tmp / 'sm.stderr').read_text()[-3000:]}")
+            assert time.monotonic() < deadline, f"no {kind} in {timeout_s} s"
+            time.sleep(0.02)
+
+    def lid(self, host: str) -> int:
+        return int(self.on_loop(lambda: self.host.nodes[host].agent.lid(1)))  # type: ignore[union-attr]
+
+    def ports_not_active(self) -> list[str]:
+        def scan() -> list[str]:
+            assert self.host is not None
+            bad = []
+            for name, rt in self.host.nodes.items():
+                for num, p in rt.agent.ports.items():  # type: ignore[attr-defined]
+                    if num and p.phys == PhysState.LINK_UP and p.state != PortState.ACTIVE:
+                        bad.append(f"{name}:{num}")
+            return bad
+
+        return list(self.on_loop(scan))
+
+    def blast(self, src: str, dst: str, n: int, size: int = 200) -> int:
+        """``n`` frames from ``src`` to ``dst`` on raw sockets; how many arrive."""
+        sp, dp = self.rt.plan.nodes[src], self.rt.plan.nodes[dst]
+        s_out = open_packet_socket(sp.ns, sp.ports[1].ifname)
+        s_in = open_packet_socket(dp.ns, dp.ports[1].ifname)
+        try:
+            eth = fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac)
+            tmpl = fast.NativeTemplate(slid=self.lid(src), dlid=self.lid(dst), destqp=0x42, eth=eth)
+            got = 0
+            for psn in range(n):
+                s_out.send(tmpl.packet(0x04, psn, b"\xa5" * size))
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline and got < n:
+                try:
+                    while True:
+                        s_in.recv(9000)
+                        got += 1
+                except BlockingIOError:
+                    time.sleep(0.01)
+            return got
+        finally:
+            s_out.close()
+            s_in.close()
+
+
+@pytest.fixture
+def live(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
+    fab = Live(tmp_path)
+    ready = threading.Event()
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        fab.stop = trio.Event()
+        fab.token = trio.lowlevel.current_trio_token()
+        async with fab.rt.running() as host:
+            fab.host = host
+            ready.set()
+            await fab.stop.wait()
+
+    def thread() -> None:
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            ready.set()
+
+    t = threading.Thread(target=thread, daemon=True)
+    t.start()
+    assert ready.wait(60) and not errors, errors
+    try:
+        yield fab
+    finally:
+        if fab.sm is not None and fab.sm.poll() is None:
+            fab.sm.terminate()
+            try:
+                fab.sm.wait(10)
+            except subprocess.TimeoutExpired:
+                fab.sm.kill()
+                fab.sm.wait(5)
+        if fab.token is not None and fab.stop is not None:
+            trio.from_thread.run_sync(fab.stop.set, trio_token=fab.token)
+        t.join(60)
+        assert not errors, errors
+        assert not any(netns.exists(n) for n in fab.rt.plan.namespaces)
+
+
+def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(live: Live) -> None:
+    live.start_sm()
+    up = live.wait_for("subnet_up")[0]
+    assert up["nodes"] == 36
+    assert live.ports_not_active() == []
+    lids = {h: live.lid(h) for h in ("h0", "h1", "h15")}
+    assert lids["h0"] == 1 and len(set(lids.values())) == 3
+    assert live.blast("h1", "h15", 500) == 500  # edge, agg, core, agg, edge
+    assert live.blast("h2", "h3", 200) == 200
+    if umad2sim_path() is not None and shutil.which("ibnetdiscover"):
+        out = subprocess.run(tool_argv(live.ns("h5"), ["ibnetdiscover"]), cwd=live.tmp, capture_output=True,
+                             text=True, timeout=60, check=True).stdout
+        assert out.count("\nSwitch") == 20 and out.count("\nCa") == 16
+    # cut h1's edge switch's first uplink (edge0_0:3 - agg0_0:1): the SM reroutes
+    ns, ifname = live.ns("edge0_0"), live.topo.ifname("edge0_0", 3)
+    assert live.rt.fabric is not None
+    t_fault = time.monotonic_ns()
+    live.rt.fabric.links.set_up(ns, ifname, False)
+    rr = live.wait_for("reroute", timeout_s=20)[0]
+    assert t_fault <= rr["t_trap"] <= rr["t_rediscovered"] <= rr["t_routed"] <= rr["t_programmed"]
+    assert rr["blocks"] > 0 and rr["blocks_failed"] == 0
+    phases = {k: (rr[k] - t_fault) / 1e6 for k in ("t_trap", "t_rediscovered", "t_routed", "t_programmed")}
+    print("reroute phases (ms after the fault):", phases)
+    assert live.blast("h1", "h15", 300) == 300
+    assert live.blast("h0", "h7", 300) == 300
+    # restoration: the cable comes back, the SM activates it again
+    live.rt.fabric.links.set_up(ns, ifname, True)
+    live.wait_for("reroute", count=2, timeout_s=20)
+    deadline = time.monotonic() + 10
+    while live.ports_not_active() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live.ports_not_active() == []
+    assert live.blast("h1", "h15", 300) == 300
+    assert live.sm is not None and live.sm.poll() is None
