@@ -57,7 +57,7 @@ def build(plan: FabricPlan, state: ownership.RunState, *, datapath: str = "kerne
         if datapath == "kernel":
             switches = [n for n in plan.switches() if n.ports]
             for sw in switches:
-                fabric.lfts[sw.name] = KernelLft(sw.ns, {p: pp.ifname for p, pp in sw.ports.items()}, fabric.links)
+                fabric.lfts[sw.name] = KernelLft(sw.ns, {p: pp.ifname for p, pp in sw.ports.items()})
             with ThreadPoolExecutor(max_workers=4) as pool:
                 list(pool.map(lambda lft: lft.setup(), fabric.lfts.values()))
         t4 = time.perf_counter()

@@ -36,6 +36,15 @@ def _socket() -> socket.socket:
     return s
 
 
+def ifindexes(ns: str, ifnames: Iterable[str]) -> dict[str, int]:
+    """Interface indexes of ``ifnames`` in ``ns``."""
+    with netns.entered(ns):
+        try:
+            return {n: socket.if_nametoindex(n) for n in ifnames}
+        except OSError as exc:
+            raise KernelError(f"{ns}: {exc}") from exc
+
+
 def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> None:
     """Set the administrative state of ``ifnames`` in ``ns``, all in one netlink send."""
     names = list(ifnames)

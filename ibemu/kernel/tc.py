@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ibemu.kernel.commands import batch
-from ibemu.kernel.links import LinkControl
+from ibemu.kernel import rtnl
 from ibemu.kernel.packet import ETH_P_IB
 from ibemu.kernel.tc_netlink import BlockFilters, U32Route
 
@@ -68,20 +67,21 @@ def lft_lines(changes: Mapping[int, int], *, installed: Mapping[int, int],
 class KernelLft:
     """The LFT of one switch as installed in tc: set up once, then minimal netlink updates."""
 
-    def __init__(self, ns: str, ifnames: Mapping[int, str], links: LinkControl) -> None:
+    def __init__(self, ns: str, ifnames: Mapping[int, str]) -> None:
         """``ifnames`` maps each cabled port number to its interface in ``ns``."""
         self.ns = ns
         self.ifnames = dict(ifnames)
         self.ports = sorted(ifnames)
         self.installed: dict[int, int] = {}
-        self._links = links
         self._ifindex: dict[int, int] = {}
         self._filters: BlockFilters | None = None
 
     def setup(self) -> None:
-        batch("tc", setup_lines(self.ifnames.values()), netns=self.ns)
-        self._ifindex = {p: self._links.index(self.ns, name) for p, name in self.ifnames.items()}
+        """clsact + the shared block's skeleton (``setup_lines``), over netlink in one send."""
+        index = rtnl.ifindexes(self.ns, self.ifnames.values())
+        self._ifindex = {p: index[name] for p, name in self.ifnames.items()}
         self._filters = BlockFilters(self.ns, block=BLOCK, prio=2, protocol=ETH_P_IB, ht=1)
+        self._filters.setup_switch(self._ifindex.values())
 
     def apply(self, changes: Mapping[int, int]) -> int:
         """Install ``changes`` (LID -> port; 0/0xFF = no route); returns kernel operations.

@@ -29,9 +29,16 @@ NLM_F_EXCL = 0x200
 NLM_F_CREATE = 0x400
 TCM_IFINDEX_MAGIC_BLOCK = 0xFFFFFFFF
 
+RTM_NEWQDISC = 36
+TC_H_CLSACT = 0xFFFFFFF1
+TC_H_CLSACT_HANDLE = 0xFFFF0000
 TCA_KIND = 1
 TCA_OPTIONS = 2
+TCA_INGRESS_BLOCK = 13
+TCA_U32_CLASSID = 1
 TCA_U32_HASH = 2
+TCA_U32_LINK = 3
+TCA_U32_DIVISOR = 4
 TCA_U32_SEL = 5
 TCA_U32_ACT = 7
 TCA_ACT_KIND = 1
@@ -107,6 +114,44 @@ class BlockFilters:
         ht_bucket = _u32_handle(self.ht, value & 0xFF, 0)
         return (_attr(TCA_U32_HASH, struct.pack("=I", ht_bucket)) + _attr(TCA_U32_SEL, sel)
                 + _attr(TCA_U32_ACT | NLA_F_NESTED, actions))
+
+    def setup_switch(self, ifindexes: Iterable[int], *, vl15_classid: int = 0x00010015) -> None:
+        """The switch's forwarding skeleton (what ``tc.setup_lines`` says, in one send).
+
+        clsact on every port with this block as ingress; in the root table (800:), first a
+        VL15 rule that stops classification (the frame goes up to the SMA), then a link
+        hashing the DLID's low byte into table ``ht`` (256 buckets) where the LFT lives.
+        This object's prio is the LFT's; the root rules go one prio earlier.
+        """
+        msgs = []
+        for idx in ifindexes:
+            body = _TCMSG.pack(0, idx, TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0)
+            body += _attr(TCA_KIND, b"clsact\0") + _attr(TCA_INGRESS_BLOCK, struct.pack("=I", self.block))
+            self._seq += 1
+            msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWQDISC,
+                                       NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body)
+        create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+        root_info, lft_info = self.info - (1 << 16), self.info
+        vl15_key = struct.pack("!IIii", 0xF0000000, 0xF0000000, 0, 0)
+        vl15_sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0) + vl15_key
+        self.info = root_info
+        msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(0x800, 0, 1),
+                                  _attr(TCA_U32_CLASSID, struct.pack("=I", vl15_classid))
+                                  + _attr(TCA_U32_SEL, vl15_sel)))
+        self.info = lft_info
+        msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(self.ht, 0, 0),
+                                  _attr(TCA_U32_DIVISOR, struct.pack("=I", 256))))
+        link_key = struct.pack("!IIii", 0, 0, 0, 0)
+        link_sel = struct.pack("!BBBxHHhhI", 0, 0, 1, 0, 0, 0, 0, 0x000000FF) + link_key
+        self.info = root_info
+        msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(0x800, 0, 2),
+                                  _attr(TCA_U32_HASH, struct.pack("=I", _u32_handle(0x800, 0, 0)))
+                                  + _attr(TCA_U32_LINK, struct.pack("=I", _u32_handle(self.ht, 0, 0)))
+                                  + _attr(TCA_U32_SEL, link_sel)))
+        self.info = lft_info
+        first_seq = self._seq - len(msgs) + 1
+        self._send_all(msgs)
+        self._collect_acks(first_seq, len(msgs))
 
     def apply(self, put: Sequence[tuple[U32Route, bool]], delete: Iterable[int] = ()) -> int:
         """Write routes (``(route, exists)``: replace if it exists, else create) and deletions.

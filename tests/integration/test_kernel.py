@@ -68,7 +68,7 @@ def test_cables_carrier_follows_either_end(run_state: ownership.RunState) -> Non
 
 def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership.RunState) -> None:
     h1, sw, h2, links = _three_nodes(run_state)
-    lft = tc.KernelLft(sw, {1: "p1", 2: "p2"}, links)
+    lft = tc.KernelLft(sw, {1: "p1", 2: "p2"})
     lft.setup()
     s_h1, s_h2 = open_packet_socket(h1, "p1"), open_packet_socket(h2, "p1")
     s_sw1 = open_packet_socket(sw, "p1")
