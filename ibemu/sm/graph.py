@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 
 class NodeType(IntEnum):
@@ -37,6 +38,9 @@ class SmNode:
     ports: dict[int, SmPort] = field(default_factory=dict)
     dr_path: tuple[int, ...] = ()
     """Directed route (InitialPath hops 1..n) the SM reaches this node by."""
+    coords: tuple[int, ...] | None = None
+    """Position in a mesh/torus when known (set by the topology converter, not by discovery);
+    the ``dor`` routing engine needs it."""
 
     @property
     def is_switch(self) -> bool:
@@ -93,3 +97,6 @@ class Routes:
     engine: str
     lfts: dict[int, dict[int, int]] = field(default_factory=dict)
     compute_s: float = 0.0
+    state: Any = None
+    """Engine-private data (hop layers, fabric index) that lets ``ibemu.sm.reroute`` recompute
+    only what a link change touches; None when unknown (reroute then recomputes)."""
