@@ -173,9 +173,15 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
             copied.add(g)
         return lfts[g]
 
+    new_loads = None if st.loads is None else list(st.loads)
+    new.loads = new_loads
+
     def load_of(v: int) -> dict[int, int]:
         if v not in loads:
-            loads[v] = port_loads(lfts[fab.guids[v]])
+            if new_loads is None:
+                loads[v] = port_loads(lfts[fab.guids[v]])
+            else:
+                loads[v] = new_loads[v] = dict(new_loads[v])
         return loads[v]
 
     def set_entry(v: int, lid: int, port: int) -> None:
@@ -183,20 +189,25 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
         old = lft.get(lid)
         if old == port:
             return
-        load = load_of(v)
-        if old is not None:
-            load[old] = load.get(old, 1) - 1
-        load[port] = load.get(port, 0) + 1
+        if new_loads is not None or v in loads:  # ftree keeps no load counters
+            load = load_of(v)
+            if old is not None:
+                load[old] = load.get(old, 1) - 1
+            load[port] = load.get(port, 0) + 1
         lft[lid] = port
         diff.setdefault(fab.guids[v], {})[lid] = port
 
     def repick(v: int, lay: Layers, k: int, lids: list[int]) -> None:
-        mask = new.cand_mask(lay, v, k)
-        ports = ports_of(fab, v, mask)
-        if new.engine == "ftree" and lay.down is not None:
-            for lid in lids:
-                set_entry(v, lid, ftree_pick(new, v, lay, k, lid))
+        if new.engine == "ftree":
+            if lay.down is not None:
+                for lid in lids:
+                    set_entry(v, lid, ftree_pick(new, v, lay, k, lid))
+                return
+            ports = ports_of(fab, v, new.cand_mask(lay, v, k))
+            for lid in lids:  # switch LIDs: spread by LID, no load counters
+                set_entry(v, lid, ports[lid % len(ports)])
             return
+        ports = ports_of(fab, v, new.cand_mask(lay, v, k))
         load = dict(load_of(v))
         for lid in lids:
             old = lfts[fab.guids[v]].get(lid)
@@ -205,8 +216,18 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
         for lid, port in zip(lids, spread(ports, load, len(lids)), strict=True):
             set_entry(v, lid, port)
 
-    def fix(lay: Layers, lids: list[int], only: int) -> None:
-        """Re-pick every entry of ``lids`` that is not on a route of ``lay``."""
+    ends = 0
+    for i, _, j, _ in removed:
+        ends |= 1 << i | 1 << j
+
+    def fix(lay: Layers, lids: list[int], only: int, old: Layers | None) -> None:
+        """Re-pick every entry of ``lids`` that is not on a route of ``lay``.
+
+        Only switches whose layer changed (from ``old``), their neighbours and the ends of
+        the failed links can hold such an entry.
+        """
+        if old is not None:
+            only &= _zone(fab.adj, old, lay) | ends
         for k in range(1, len(lay.rings)):
             for v in _bits(lay.rings[k] & only):
                 mask = new.cand_mask(lay, v, k)
@@ -223,12 +244,18 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
         """Shortest-path layers of ``w`` on the degraded fabric, entries they govern fixed."""
         if w not in refreshed:
             refreshed.add(w)
-            new.minhop[w] = minhop_layers(fab.adj, w)
+            old = new.minhop[w]
+            new.minhop[w] = mh = minhop_layers(fab.adj, w)
             own = [fab.sw_lid[w]] if fab.sw_lid[w] else []
-            fix(new.minhop[w], lids_on(fab, w) if new.updown is None else own, -1)  # type: ignore[arg-type]
+            fix(mh, lids_on(fab, w) if new.updown is None else own, -1, old)
         lay = new.minhop[w]
         assert lay is not None
         return lay
+
+    leaves = 0
+    for v in range(fab.n):
+        if fab.ca_lids[v]:
+            leaves |= 1 << v
 
     # hurt LIDs, grouped by the layers that govern them: (updown?, destination switch)
     hurt: dict[tuple[bool, int], dict[int, list[int]]] = {}
@@ -262,22 +289,37 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
         if ud:
             assert new.up_adj is not None and new.down_adj is not None
             lay = updown_layers(new.up_adj, new.down_adj, w)
-            leaves = 0
-            for v in range(fab.n):
-                if fab.ca_lids[v]:
-                    leaves |= 1 << v
             if leaves & ~lay.reached():
                 return None  # no up*/down* path left for some leaf: recompute (new roots)
             lids = fab.ca_lids[w]
+            old = new.updown[w]  # type: ignore[index]
             new.updown[w] = lay  # type: ignore[index]
-            fix(lay, lids, -1)
+            fix(lay, lids, -1, old)
             left = reach(fab.adj, 1 << w) & ~lay.reached()
             if left:  # cut off from the up*/down* routes: shortest paths (see fallback_jobs)
-                fix(refresh_minhop(w), lids, left)
+                fix(refresh_minhop(w), lids, left, None)
         else:
             refresh_minhop(w)
     routes = Routes(prev.engine, lfts, state=new)
     return RerouteResult(routes, diff, _blocks(diff), affected)
+
+
+def _zone(adj: list[int], old: Layers, new: Layers) -> int:
+    """Switches whose layer (or up/down type) differs between ``old`` and ``new``, with
+    their neighbours."""
+    changed = 0
+    for k in range(max(len(old.rings), len(new.rings))):
+        a = old.rings[k] if k < len(old.rings) else 0
+        b = new.rings[k] if k < len(new.rings) else 0
+        changed |= a ^ b
+        if old.down is not None and new.down is not None:
+            da = old.down[k] if k < len(old.down) else 0
+            db = new.down[k] if k < len(new.down) else 0
+            changed |= da ^ db
+    zone = changed
+    for v in _bits(changed):
+        zone |= adj[v]
+    return zone
 
 
 def _bits(mask: int) -> Iterable[int]:

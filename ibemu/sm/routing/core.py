@@ -57,6 +57,8 @@ class State:
     stride: list[int] = field(default_factory=list)
     """ftree: per switch, the divisor applied to the LID index before ``mod`` up-ports."""
     opts: dict[str, object] = field(default_factory=dict)
+    loads: list[dict[int, int]] | None = None
+    """Per switch: port -> LIDs it forwards (minhop, updn), for balanced re-picks."""
 
     def layers_for(self, lid: int, w: int) -> Layers | None:
         """The layers that govern ``lid`` (living on switch ``w``)."""
@@ -215,11 +217,15 @@ def fallback_jobs(st: State) -> list[Job]:
     return out
 
 
-def fill_balanced(st: State, lfts: list[dict[int, int]], jobs: list[Job]) -> None:
+def fill_balanced(
+    st: State, lfts: list[dict[int, int]], jobs: list[Job], count_all: bool = True
+) -> None:
     """Route ``jobs`` (layers, destination switch, LIDs, switches) with balanced choices.
 
     Choices are gathered per (switch, candidate mask) and handed out least-loaded first,
-    most constrained groups first: OpenSM minhop's port-load balancing, batched.
+    most constrained groups first: OpenSM minhop's port-load balancing, batched. The loads
+    count every LID already in ``lfts`` (kept in ``st.loads``), or with ``count_all`` False
+    only the LIDs of these jobs.
     """
     fab = st.fabric
     groups: list[dict[int, list[int]]] = [{} for _ in range(fab.n)]
@@ -237,13 +243,14 @@ def fill_balanced(st: State, lfts: list[dict[int, int]], jobs: list[Job]) -> Non
                     groups[v][mask] = list(lids)
                 else:
                     g += lids
+    loads: list[dict[int, int]] = []
     for v in range(fab.n):
         gv = groups[v]
-        if not gv:
-            continue
         lft = lfts[v]
-        load = port_loads(lft)
+        load = port_loads(lft) if count_all else {}
+        loads.append(load)
         for mask in sorted(gv, key=lambda m: (m.bit_count(), m)):
             lids = gv[mask]
             ports = ports_of(fab, v, mask)
             lft.update(zip(lids, spread(ports, load, len(lids)), strict=True))
+    st.loads = loads if count_all else None

@@ -132,5 +132,5 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
         if mh is not None and fab.sw_lid[w]
     ]
     jobs += fallback_jobs(st)
-    fill_balanced(st, lfts, jobs)
+    fill_balanced(st, lfts, jobs, count_all=False)
     return lfts, st
