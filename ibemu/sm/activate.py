@@ -74,7 +74,8 @@ async def set_lids(disc: Discovery, sm_lid: int, ends: Iterable[End] | None = No
 
     async def one(end: End, data: bytes) -> None:
         nonlocal ok
-        ok += await _set_port(disc, end, data)
+        done_ok = await _set_port(disc, end, data)
+        ok += done_ok
 
     async with trio.open_nursery() as n:
         for end, data in todo:
@@ -114,7 +115,8 @@ async def set_state(disc: Discovery, state: int, ends: Iterable[End] | None = No
 
     async def one(end: End, data: bytes) -> None:
         nonlocal ok
-        ok += await _set_port(disc, end, data)
+        done_ok = await _set_port(disc, end, data)
+        ok += done_ok
 
     async with trio.open_nursery() as n:
         for end, data in todo:

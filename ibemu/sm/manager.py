@@ -47,6 +47,7 @@ from ibemu.sm.transport import (
 log = logging.getLogger(__name__)
 
 RouteFn = Callable[[SubnetGraph, str], Routes]
+RerouteFn = Callable[[SubnetGraph, Routes, list[tuple[int, int]]], Routes]
 
 CLASS_SUBN_LID = 0x01
 ATTR_NOTICE = 0x0002
@@ -63,6 +64,13 @@ def default_route_fn(graph: SubnetGraph, engine: str) -> Routes:
     return routes
 
 
+def default_reroute_fn(graph: SubnetGraph, prev: Routes, ends: list[tuple[int, int]]) -> Routes:
+    """``ibemu.sm.reroute.reroute``: incremental after a failure, re-balancing otherwise."""
+    res = importlib.import_module("ibemu.sm.reroute").reroute(graph, prev, ends)
+    routes: Routes = res.routes
+    return routes
+
+
 @dataclass
 class SmConfig:
     engine: str = "minhop"
@@ -76,10 +84,15 @@ class SmConfig:
 
 class SubnetManager:
     def __init__(self, port: MadPort, config: SmConfig | None = None, *,
-                 route_fn: RouteFn | None = None, events: EventLog | None = None) -> None:
+                 route_fn: RouteFn | None = None, reroute_fn: RerouteFn | None = None,
+                 events: EventLog | None = None) -> None:
+        """``route_fn`` computes routes from scratch; ``reroute_fn`` after changes (given the
+        previous routes and the changed ends). Defaults: ``ibemu.sm.routing`` and
+        ``ibemu.sm.reroute``; an injected ``route_fn`` alone is used for both."""
         self.config = config or SmConfig()
         self.events = events or EventLog()
         self.route_fn = route_fn or default_route_fn
+        self.reroute_fn = reroute_fn or (default_reroute_fn if route_fn is None else None)
         self.transport = Transport(port, max_in_flight=self.config.max_in_flight,
                                    timeout_s=self.config.timeout_s, retries=self.config.retries,
                                    on_unsolicited=self._on_mad)
@@ -243,10 +256,20 @@ class SubnetManager:
         self._end(reason, t0, before, ok=ok)
         return ok
 
-    async def _route_and_program(self, info: dict[str, Any] | None) -> bool:
+    def _compute(self, ends: list[tuple[int, int]] | None) -> Routes:
+        if ends is not None and self.routes is not None and self.reroute_fn is not None:
+            try:
+                return self.reroute_fn(self.graph, self.routes, ends)
+            except Exception:
+                log.exception("incremental reroute failed; recomputing")
+                self.stats["reroute_errors"] += 1
+        return self.route_fn(self.graph, self.config.engine)
+
+    async def _route_and_program(self, info: dict[str, Any] | None,
+                                 ends: list[tuple[int, int]] | None = None) -> bool:
         t = self.events.now()
         try:
-            routes = self.route_fn(self.graph, self.config.engine)
+            routes = self._compute(ends)
         except Exception as exc:
             log.exception("routing engine %s failed", self.config.engine)
             self.events.emit("error", what=f"routing failed: {exc!r}")
@@ -330,7 +353,9 @@ class SubnetManager:
             if new:
                 await act.set_lids(self.disc, self.sm_lid)
                 await act.set_pkeys(self.disc)
-            await self._route_and_program(info)
+            ends = [(c.guid, c.port) for c in structural]
+            ends += [c.peer for c in structural if c.peer is not None]
+            await self._route_and_program(info, ends)
             top = self.lids.top
             stale = [s.guid for s in self.graph.switches() if act.fdb_top(self.disc, s.guid) != top]
             await act.set_switch_info(self.disc, stale, top=top)

@@ -51,15 +51,22 @@ class UmadPort:
 
     def __init__(self, client: UmadClient) -> None:
         self.client = client
+        self._blocked = trio.Lock()  # one task at a time may wait for the socket to drain
 
     async def send(self, req: SimRequest) -> None:
         raw = req.pack()
-        while True:
-            try:
-                self.client.data.send(raw)
-                return
-            except BlockingIOError:
-                await trio.lowlevel.wait_writable(self.client.data)
+        try:
+            self.client.data.send(raw)
+            return
+        except BlockingIOError:
+            pass
+        async with self._blocked:
+            while True:
+                try:
+                    self.client.data.send(raw)
+                    return
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self.client.data)
 
     async def recv(self) -> SimRequest:
         return await self.client.recv()

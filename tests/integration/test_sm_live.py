@@ -53,7 +53,7 @@ class Live:
     def ns(self, node: str) -> str:
         return self.rt.plan.nodes[node].ns
 
-    def on_loop(self, fn, *args):  # type: ignore[no-untyped-def]
+    def on_loop(self, fn, *args):
         return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
 
     def start_sm(self, *extra: str) -> None:

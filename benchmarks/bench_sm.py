@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""ibemu's SM vs the real OpenSM on live fabrics (root): cold bring-up and reroute phases.
+
+For each k: a fresh live fat-tree per run (same topology, agents, MAD sockets), then
+``python -m ibemu.sm`` (one run per --windows value) and OpenSM (``-R minhop``) on h0, each
+timed from process start to "SUBNET UP" (every port Active, every LFT acked). ibemu's own
+sweep time (first SMP to SUBNET UP) is reported too. Then, on k=max, ``--cuts``
+edge-aggregation cables are cut one at a time (and restored) under ibemu's SM: trap
+received -> rediscovered -> routed -> last LFT block acked (target <= 10 ms).
+Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 4 16 64 256] [--cuts 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu.fabric import opensm
+from ibemu.fabric.agents import make_agents
+from ibemu.fabric.runtime import FabricRuntime
+from ibemu.kernel import ownership
+from ibemu.topo import generate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class LiveFabric:
+    """A live fat-tree on a trio loop in a background thread."""
+
+    datapath = "kernel"
+
+    def __init__(self, k: int, tmp: Path) -> None:
+        self.topo = generate("fat-tree", k=k)
+        self.state = ownership.RunState(ownership.new_run_id(), scenario=f"bench-sm-k{k}")
+        self.rt = FabricRuntime(self.topo, make_agents=make_agents, state=self.state, run_dir=tmp,
+                                datapath=self.datapath)
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.stop: trio.Event | None = None
+        self.errors: list[BaseException] = []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self.stop = trio.Event()
+            self.token = trio.lowlevel.current_trio_token()
+            async with self.rt.running():
+                self._ready.set()
+                await self.stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> LiveFabric:
+        self._thread.start()
+        if not self._ready.wait(120) or self.errors:
+            raise RuntimeError(f"fabric did not come up: {self.errors}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None and self.stop is not None:
+            trio.from_thread.run_sync(self.stop.set, trio_token=self.token)
+        self._thread.join(120)
+
+    def ns(self, node: str) -> str:
+        return self.rt.plan.nodes[node].ns
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def wait_kind(path: Path, kind: str, count: int, proc: subprocess.Popen[bytes], timeout_s: float) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = [r for r in records(path) if r["kind"] == kind]
+        if len(got) >= count:
+            return got
+        if proc.poll() is not None:
+            raise RuntimeError(f"ibemu SM exited ({proc.returncode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {kind} in {timeout_s} s")
+        time.sleep(0.002)
+
+
+def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events),
+            "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30"]
+    return subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def ibemu_cold(k: int, window: int, engine: str, tmp: Path) -> dict[str, float]:
+    with LiveFabric(k, tmp) as fab:
+        events = tmp / f"sm-k{k}-w{window}.jsonl"
+        t0 = time.monotonic_ns()
+        proc = start_sm(fab, events, window, engine)
+        try:
+            up = wait_kind(events, "subnet_up", 1, proc, 120)[0]
+            wall = (up["t_ns"] - t0) / 1e9
+            end = wait_kind(events, "sweep_end", 1, proc, 10)[0]
+            return {"wall_s": wall, "sweep_s": float(up["seconds"]), "smps": float(end["smps"].get("sent", 0)),
+                    "retries": float(end["smps"].get("retries", 0))}
+        finally:
+            stop(proc)
+
+
+def opensm_cold(k: int, tmp: Path) -> float:
+    with LiveFabric(k, tmp) as fab:
+        work = tmp / f"opensm-k{k}"
+        proc = opensm.start(fab.ns("h0"), work)
+        try:
+            return opensm.wait_subnet_up(proc, work, timeout_s=120)
+        finally:
+            opensm.stop(proc)
+
+
+def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dict[str, Any]]:
+    """Cut (then restore) ``cuts`` edge-aggregation cables, one at a time, under ibemu's SM."""
+    out: list[dict[str, Any]] = []
+    half = k // 2
+    with LiveFabric(k, tmp) as fab:
+        events = tmp / f"sm-reroute-k{k}.jsonl"
+        proc = start_sm(fab, events, window, engine)
+        try:
+            wait_kind(events, "subnet_up", 1, proc, 120)
+            assert fab.rt.fabric is not None
+            links = fab.rt.fabric.links
+            n = 0
+            for i in range(cuts):
+                pod, edge, up = 1 + i % (k - 1), i % half, i % half
+                name = f"edge{pod}_{edge}"
+                ns, ifname = fab.ns(name), fab.topo.ifname(name, half + 1 + up)
+                t_fault = time.monotonic_ns()
+                links.set_up(ns, ifname, False)
+                n += 1
+                rr = wait_kind(events, "reroute", n, proc, 30)[-1]
+                out.append({"cable": f"{name}:{half + 1 + up}",
+                            "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
+                            "trap_to_rediscovered_ms": (rr["t_rediscovered"] - rr["t_trap"]) / 1e6,
+                            "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
+                            "routed_to_programmed_ms": (rr["t_programmed"] - rr["t_routed"]) / 1e6,
+                            "trap_to_programmed_ms": (rr["t_programmed"] - rr["t_trap"]) / 1e6,
+                            "blocks": rr["blocks"]})
+                time.sleep(0.2)
+                links.set_up(ns, ifname, True)
+                n += 1
+                wait_kind(events, "reroute", n, proc, 30)
+                time.sleep(0.3)
+        finally:
+            stop(proc)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--k", type=int, nargs="+", default=[4, 8])
+    ap.add_argument("--windows", type=int, nargs="+", default=[4, 16, 64, 256])
+    ap.add_argument("--engine", default="minhop")
+    ap.add_argument("--cuts", type=int, default=5)
+    ap.add_argument("--no-opensm", action="store_true")
+    ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
+    args = ap.parse_args()
+    LiveFabric.datapath = args.datapath
+    with tempfile.TemporaryDirectory(prefix="bench-sm-") as d:
+        tmp = Path(d)
+        for k in args.k:
+            print(f"== fat-tree k={k}, {args.datapath} datapath: cold bring-up (process start -> SUBNET UP)")
+            for w in args.windows:
+                r = ibemu_cold(k, w, args.engine, tmp)
+                print(f"ibemu SM  max_in_flight={w:4d}: {r['wall_s']:.3f} s "
+                      f"(sweep {r['sweep_s']:.3f} s, {r['smps']:.0f} SMPs, {r['retries']:.0f} retries)")
+            if not args.no_opensm and opensm.opensm_available():
+                print(f"OpenSM 3.3 (-R minhop)       : {opensm_cold(k, tmp):.3f} s")
+        if args.cuts:
+            k = max(args.k)
+            print(f"== fat-tree k={k}: reroute of one edge-aggregation cable ({args.engine})")
+            rows = reroutes(k, args.cuts, args.engine, 64, tmp)
+            for row in rows:
+                print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
+                                       for key, v in row.items()))
+            for key in ("fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
+                        "routed_to_programmed_ms", "trap_to_programmed_ms"):
+                vals = [float(r[key]) for r in rows]
+                print(f"median {key}: {statistics.median(vals):.2f} (max {max(vals):.2f})")
+
+
+if __name__ == "__main__":
+    main()
