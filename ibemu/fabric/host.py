@@ -35,7 +35,7 @@ from ibemu.device.actions import (
 )
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
-from ibemu.kernel import rtnl
+from ibemu.kernel import netns, rtnl
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.switch.forwarder import Forwarder, Reason
@@ -118,16 +118,17 @@ class AgentHost:
 
     def open(self) -> None:
         """Open every socket (blocking; before trio or from a worker thread)."""
-        links = self.fabric.links
         for rt in self.nodes.values():
             ns = rt.plan.ns
-            for port, pp in rt.plan.ports.items():
-                rt.sockets[port] = open_packet_socket(ns, pp.ifname, ETH_P_IB)
-                rt.eth[port] = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")
-                rt.by_ifindex[links.index(ns, pp.ifname)] = port
-            rt.monitor = open_link_monitor(ns)
-            # Carrier as it is now (after the monitor exists, so no change is missed).
-            down = set(rtnl.carrier_down(ns, [pp.ifname for pp in rt.plan.ports.values()]))
+            with netns.entered(ns):  # once for all of this node's sockets
+                index = rtnl.ifindexes(ns, [pp.ifname for pp in rt.plan.ports.values()])
+                for port, pp in rt.plan.ports.items():
+                    rt.sockets[port] = open_packet_socket(ns, pp.ifname, ETH_P_IB)
+                    rt.eth[port] = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")
+                    rt.by_ifindex[index[pp.ifname]] = port
+                rt.monitor = open_link_monitor(ns)
+                # Carrier as it is now (after the monitor exists, so no change is missed).
+                down = set(rtnl.carrier_down(ns, [pp.ifname for pp in rt.plan.ports.values()]))
             rt.carrier = {port: pp.ifname not in down for port, pp in rt.plan.ports.items()}
         self._opened = True
 

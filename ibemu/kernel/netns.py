@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -57,25 +58,35 @@ def _setns(fd: int) -> None:
         raise KernelError(f"setns failed: {os.strerror(err)}")
 
 
+_where = threading.local()
+
+
 @contextlib.contextmanager
 def entered(name: str) -> Iterator[None]:
     """Run the body with the calling thread inside namespace ``name`` (then come back).
 
-    Never use on the trio thread while other tasks run: call from a worker thread or before
-    ``trio.run``.
+    Nested use for the same namespace costs nothing, so a caller opening many sockets in one
+    namespace can enter it once around them all. On the trio thread only for a synchronous
+    body (no await inside): the thread must be home again before another task runs.
     """
+    if getattr(_where, "ns", None) == name:
+        yield
+        return
     path = NETNS_RUN_DIR / name
     try:
         target = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise KernelError(f"namespace {name} does not exist") from None
     home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    outer = getattr(_where, "ns", None)
     try:
         _setns(target)
+        _where.ns = name
         try:
             yield
         finally:
             _setns(home)
+            _where.ns = outer
     finally:
         os.close(target)
         os.close(home)

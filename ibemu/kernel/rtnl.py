@@ -25,6 +25,8 @@ NLM_F_DUMP = 0x300
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 IFLA_IFNAME = 3
+IFLA_OPERSTATE = 16
+IF_OPER_UP = 6
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _IFINFOMSG = struct.Struct("=BxHiII")
@@ -83,7 +85,12 @@ def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> None:
 
 
 def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:
-    """Those of ``ifnames`` in ``ns`` without carrier (IFF_LOWER_UP), from one link dump."""
+    """Those of ``ifnames`` in ``ns`` not yet operationally up, from one link dump.
+
+    IFF_LOWER_UP is set the moment a veth's peer comes up, but the device keeps dropping
+    every frame (noop qdisc) until linkwatch activates it, up to a second later, and sets
+    the operational state UP: that is the state waited for.
+    """
     wanted = set(ifnames)
     with netns.entered(ns):
         sock = _socket()
@@ -104,8 +111,9 @@ def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:
                 elif kind == RTM_NEWLINK:
                     _fam, _type, _idx, flags, _chg = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)
                     if flags & IFF_LOWER_UP:
-                        name = _ifname(data[off + _NLMSGHDR.size + _IFINFOMSG.size: off + length])
-                        if name:
+                        attrs = _attrs(data[off + _NLMSGHDR.size + _IFINFOMSG.size: off + length])
+                        name = attrs.get(IFLA_IFNAME, b"").split(b"\0", 1)[0].decode()
+                        if name and attrs.get(IFLA_OPERSTATE, b"\0")[:1] == bytes([IF_OPER_UP]):
                             up.add(name)
                 elif kind == NLMSG_ERROR:
                     raise KernelError(f"{ns}: link dump failed")
@@ -115,13 +123,13 @@ def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:
         sock.close()
 
 
-def _ifname(attrs: bytes) -> str | None:
+def _attrs(raw: bytes) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
     off = 0
-    while off + 4 <= len(attrs):
-        alen, atype = struct.unpack_from("=HH", attrs, off)
+    while off + 4 <= len(raw):
+        alen, atype = struct.unpack_from("=HH", raw, off)
         if alen < 4:
-            return None
-        if atype == IFLA_IFNAME:
-            return attrs[off + 4: off + alen].split(b"\0", 1)[0].decode()
+            break
+        out[atype & 0x3FFF] = raw[off + 4: off + alen]
         off += (alen + 3) & ~3
-    return None
+    return out

@@ -46,6 +46,7 @@ def _three_nodes(state: ownership.RunState) -> tuple[str, str, str, LinkControl]
     links.all_up(h1, ["p1"])
     links.all_up(h2, ["p1"])
     links.all_up(sw, ["p1", "p2"])
+    links.wait_carrier({h1: ["p1"], h2: ["p1"], sw: ["p1", "p2"]})  # veth carrier lags up to ~1 s
     return h1, sw, h2, links
 
 
