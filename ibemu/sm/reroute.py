@@ -84,7 +84,9 @@ def reroute(
         changes = _changes(st.fabric, graph, ends)
         if changes is not None:
             removed, added = changes
-            if removed and not added:
+            if not removed and not added:  # nothing the routes depend on changed
+                res = RerouteResult(replace(prev))
+            elif removed and not added:
                 res = _incremental(st, prev, removed)
     if res is None:
         res = _full(graph, prev, **opts)

@@ -1,7 +1,7 @@
 """dor: dimension-order routing on a mesh or torus (lowest dimension first, shortest way).
 
-Needs every switch's coordinates (``SmNode.coords``, set by the topology converter: discovery
-cannot know them); a dimension whose ends are linked is a ring and is crossed the short way
+Uses the switches' coordinates (``SmNode.coords``, set by the topology converter: discovery
+cannot know them), else infers them from port numbers (:mod:`ibemu.sm.routing.grid`); a dimension whose ends are linked is a ring and is crossed the short way
 round (ties go +). On a mesh the routes are minimal and deadlock-free. On a torus they are
 minimal but NOT deadlock-free: each ring is a credit loop unless a dateline moves packets to
 a second VL, which ibemu does not do; the checker reports that cycle as a warning.
@@ -9,9 +9,14 @@ a second VL, which ibemu does not do; the checker reports that cycle as a warnin
 
 from __future__ import annotations
 
+import logging
+
 from ibemu.sm.routing.core import Layers, RoutingError, State, base_lfts, port_loads, spread
 from ibemu.sm.routing.fabric import Fabric
+from ibemu.sm.routing.grid import infer_coords
 from ibemu.sm.routing.minhop import lids_on
+
+log = logging.getLogger(__name__)
 
 
 def grid(fab: Fabric, coords: list[tuple[int, ...] | None]) -> tuple[dict[tuple[int, ...], int], list[int], list[bool]]:
@@ -59,11 +64,15 @@ def next_coord(c: tuple[int, ...], t: tuple[int, ...], size: list[int], wraps: l
 def route(
     fab: Fabric, coords: list[tuple[int, ...] | None] | None = None, **_opts: object
 ) -> tuple[list[dict[int, int]], State]:
-    at, size, wraps = grid(fab, coords or [None] * fab.n)
+    if not coords or any(c is None for c in coords):
+        inferred = infer_coords(fab)  # RoutingError when the ports do not describe a grid
+        log.info("dor: switch coordinates inferred from port numbers (%d switches)", fab.n)
+        coords = list(inferred)
+    at, size, wraps = grid(fab, coords)
     n = fab.n
     lfts = base_lfts(fab)
     loads = [port_loads(lft) for lft in lfts]
-    pos = [c for c in coords or []]
+    pos = list(coords)
     for v in range(n):
         cv = pos[v]
         assert cv is not None

@@ -133,13 +133,19 @@ def test_ftree_refuses_non_trees(topo: str) -> None:
         compute(graph(topo), "ftree")
 
 
-def test_dor_refuses_fabric_without_coordinates() -> None:
+def test_dor_infers_coordinates_or_refuses() -> None:
     g = graph_of(generate("fat-tree", k=4))
-    with pytest.raises(RoutingError, match="coordinates"):
+    with pytest.raises(RoutingError, match="mesh/torus"):
         compute(g, "dor")
+    for gen, params in (("mesh", {"dims": (3, 4)}), ("torus", {"dims": (3, 4, 5), "hosts_per_switch": 2})):
+        g = graph_of(generate(gen, **params))
+        known = compute(g, "dor")
+        for n in g.switches():
+            n.coords = None
+        inferred = compute(g, "dor")  # from port numbers, as discovery would leave it
+        assert inferred.lfts == known.lfts
     g = graph_of(generate("mesh", dims=(3, 3)))
-    for n in g.switches():
-        n.coords = None
+    g.switches()[0].coords = (0, 0, 0)
     with pytest.raises(RoutingError, match="coordinates"):
         compute(g, "dor")
 
