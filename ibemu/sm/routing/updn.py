@@ -153,4 +153,6 @@ def route(fab: Fabric, roots: list[int] | None = None, **_opts: object) -> tuple
         st, ok = build_state(fab, "updn", rank)
         assert ok, "a single root per component always gives every pair an up*/down* path"
     st.opts["rank"] = rank
+    if roots:
+        st.opts["roots"] = list(roots)
     return fill(st), st

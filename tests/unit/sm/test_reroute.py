@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ibemu.sm.checker import check
 from ibemu.sm.graph import Routes, SubnetGraph
@@ -157,3 +159,38 @@ def test_routes_without_state_are_recomputed() -> None:
     assert res.full and res.routes.engine == "minhop"
     assert check(g, res.routes, expect_minimal=True).ok
     del b, pb
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.sampled_from([(4, 1), (4, 2), (6, 2), (6, 3)]),
+    st.integers(0, 10_000),
+    st.sampled_from(["ftree", "updn", "minhop"]),
+)
+def test_fat_tree_variants_any_failure(shape: tuple[int, int], pick: int, engine: str) -> None:
+    k, hosts = shape
+    g = graph_of(generate("fat-tree", k=k, hosts_per_edge=hosts))
+    routes = compute(g, engine)
+    assert check(g, routes, expect_minimal=engine != "updn", expect_deadlock_free=engine != "minhop").ok
+    links = switch_links(g)
+    a, pa, b, pb = links[pick % len(links)]
+    remove_link(g, a, pa)
+    res = reroute(g, routes, ends=[(a, pa), (b, pb)])
+    assert not res.full
+    rep = check(g, res.routes, expect_minimal=engine == "minhop", expect_deadlock_free=engine != "minhop")
+    assert rep.ok, rep.errors
+
+
+def test_updn_keeps_given_roots_across_a_full_recompute() -> None:
+    g = graph_of(generate("torus", dims=(4, 4)))
+    root = max(n.guid for n in g.switches())
+    routes = compute(g, "updn", roots=[root])
+    a, pa, b, pb = switch_links(g)[0]
+    remove_link(g, a, pa)
+    restore_link(g, a, pa, (b, pb))
+    res = reroute(g, routes)
+    assert res.diff == {}
+    remove_link(g, a, pa)
+    res = reroute(g, routes, ends=[(a, pa)])
+    assert res.routes.state.opts["roots"] == [root]
+    assert check(g, res.routes, expect_deadlock_free=True).ok
