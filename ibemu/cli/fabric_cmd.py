@@ -21,6 +21,7 @@ from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric.daemon import write_spec
 from ibemu.fabric.tools import scratch_dir, tool_argv
 from ibemu.kernel import netns, ownership
+from ibemu.scenario.schema import SMSpec
 from ibemu.topo import Topology, dumps_ibnetdiscover, generate
 
 UP_TIMEOUT_S = 120.0
@@ -43,30 +44,38 @@ def _require_root(what: str) -> None:
         raise ConfigError(f"ibemu {what} needs root (network namespaces, veth, tc): use sudo")
 
 
-def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str]:
-    """(topology, datapath, description) from a scenario and/or the overrides."""
+def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None]:
+    """(topology, datapath, description, the scenario's SM) from a scenario and/or overrides."""
     datapath = args.datapath
     if args.topo:
-        topo, name = parse_topo_spec(args.topo), args.topo
-    elif args.scenario:
+        return parse_topo_spec(args.topo), datapath or "kernel", args.topo, None
+    if args.scenario:
         from ibemu.scenario import load_scenario
 
-        scen = load_scenario(args.scenario)
-        topo, name = scen.topology, str(args.scenario)
-        datapath = datapath or scen.fabric.datapath
+        scen, name = load_scenario(args.scenario), str(args.scenario)
     else:
         from ibemu.scenario.loader import load_builtin
 
-        scen = load_builtin("default")
-        topo, name = scen.topology, "built-in default"
-        datapath = datapath or scen.fabric.datapath
-    return topo, datapath or "kernel", name
+        scen, name = load_builtin("default"), "built-in default"
+    return scen.topology, datapath or scen.fabric.datapath, name, scen.sm
 
 
-def _sm_choice(args: argparse.Namespace, topo: Topology) -> tuple[str, str, str]:
-    """(impl, host, engine): the command line over the scenario; none by default."""
-    sm = args.sm or "none"
-    host = args.sm_host or next((n.name for n in topo.cas()), "")
+def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
+    """(impl, host, engine): the command line, else the scenario's SM, else none."""
+    sm = args.sm
+    if sm is None and spec is not None:
+        sm = spec.impl
+        if sm == "ibemu":  # the scenario asks for ibemu's own SM, which is not there yet
+            print("ibemu up: the scenario's SM is ibemu's own, which is not ready yet: starting "
+                  "without an SM (use --sm opensm for the real OpenSM)", file=sys.stderr)
+            sm = "none"
+    sm = sm or "none"
+    if sm == "ibemu":
+        raise ConfigError("--sm ibemu: ibemu's own subnet manager is not ready yet; use --sm opensm "
+                          "(the real OpenSM) or --sm none")
+    host = args.sm_host or (spec.host if spec is not None and spec.host else "") or next(
+        (n.name for n in topo.cas()), "")
+    engine = args.sm_engine or (spec.engine if spec is not None else "minhop")
     if host not in topo.nodes or not topo.node(host).is_ca:
         raise ConfigError(f"--sm-host {host}: not a host of this fabric")
     if sm == "opensm":
@@ -75,7 +84,7 @@ def _sm_choice(args: argparse.Namespace, topo: Topology) -> tuple[str, str, str]
 
         if not opensm_available() or umad2sim_path() is None:
             raise ConfigError("--sm opensm needs Debian's opensm and ibsim-utils (scripts/setup.sh installs them)")
-    return sm, host, args.sm_engine
+    return sm, host, engine
 
 
 def _live_runs() -> list[ownership.RunState]:
@@ -98,12 +107,9 @@ def _pick_run(run_id: str | None) -> ownership.RunState:
 
 def cmd_up(args: argparse.Namespace) -> int:
     _require_root("up")
-    if args.sm == "ibemu":
-        raise ConfigError("--sm ibemu: ibemu's own subnet manager is not ready yet; use --sm opensm "
-                          "(the real OpenSM) or --sm none")
-    topo, datapath, name = _resolve(args)
+    topo, datapath, name, sm_spec = _resolve(args)
     topo.check()
-    sm, sm_host, engine = _sm_choice(args, topo)  # every check before anything is recorded
+    sm, sm_host, engine = _sm_choice(args, topo, sm_spec)  # every check before anything is recorded
     state = ownership.RunState(ownership.new_run_id(), scenario=name)
     run_dir = state.run_dir
     state.save()
@@ -202,10 +208,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
     up.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
     up.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
-    up.add_argument("--sm", choices=("ibemu", "opensm", "none"), default="none",
-                    help="subnet manager to start on --sm-host: the real OpenSM, or none")
-    up.add_argument("--sm-host", help="host that runs the SM (default: the first host)")
-    up.add_argument("--sm-engine", default="minhop", help="routing engine (OpenSM's -R), default minhop")
+    up.add_argument("--sm", choices=("ibemu", "opensm", "none"),
+                    help="subnet manager to start on the SM host (default: the scenario's; none for --topo)")
+    up.add_argument("--sm-host", help="host that runs the SM (default: the scenario's, else the first host)")
+    up.add_argument("--sm-engine", help="routing engine, e.g. minhop, updn, ftree (default: the scenario's, else minhop)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="tear a running fabric down")
     down.add_argument("--run", help="run id (when several fabrics run)")
