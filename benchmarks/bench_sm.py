@@ -81,23 +81,40 @@ class LiveFabric:
         return self.rt.plan.nodes[node].ns
 
 
-def records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+class Tail:
+    """Reads a JSON-lines file incrementally (the fabric shares this process: no re-parsing)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.records = path, 0, []  # type: ignore[var-annotated]
+        self._partial = b""
+
+    def poll(self) -> list[dict[str, Any]]:
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+            self.offset += len(chunk)
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()
+            self.records += [json.loads(x) for x in lines if x.strip()]
+        return self.records
+
+
+_tails: dict[Path, Tail] = {}
 
 
 def wait_kind(path: Path, kind: str, count: int, proc: subprocess.Popen[bytes], timeout_s: float) -> list[dict[str, Any]]:
+    tail = _tails.setdefault(path, Tail(path))
     deadline = time.monotonic() + timeout_s
     while True:
-        got = [r for r in records(path) if r["kind"] == kind]
+        got = [r for r in tail.poll() if r["kind"] == kind]
         if len(got) >= count:
             return got
         if proc.poll() is not None:
             raise RuntimeError(f"ibemu SM exited ({proc.returncode})")
         if time.monotonic() > deadline:
             raise RuntimeError(f"no {kind} in {timeout_s} s")
-        time.sleep(0.002)
+        time.sleep(0.005)
 
 
 def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:

@@ -10,6 +10,7 @@ keeps it up until SIGTERM/SIGINT. Events go to ``--events`` as JSON lines.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import logging
 import signal
@@ -51,6 +52,13 @@ def load_route_fn(spec: str | None) -> RouteFn:
     return cast(Callable[..., object], fn)  # type: ignore[return-value]
 
 
+async def _freeze_after_up(sm: SubnetManager) -> None:
+    """What exists at SUBNET UP lives on: keep it out of the collector (no pauses in a reroute)."""
+    await sm.up.wait()
+    gc.collect()
+    gc.freeze()
+
+
 async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
@@ -68,6 +76,7 @@ async def amain(args: argparse.Namespace) -> int:
                         return
 
                 n.start_soon(stop)
+                n.start_soon(_freeze_after_up, sm)
     finally:
         events.emit("sm_stop", sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats))
         events.close()

@@ -92,7 +92,7 @@ class SubnetManager:
         self.config = config or SmConfig()
         self.events = events or EventLog()
         self.route_fn = route_fn or default_route_fn
-        self.reroute_fn = reroute_fn or (default_reroute_fn if route_fn is None else None)
+        self.reroute_fn = reroute_fn or (default_reroute_fn if route_fn in (None, default_route_fn) else None)
         self.transport = Transport(port, max_in_flight=self.config.max_in_flight,
                                    timeout_s=self.config.timeout_s, retries=self.config.retries,
                                    on_unsolicited=self._on_mad)
@@ -130,6 +130,7 @@ class SubnetManager:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Cold sweep, then traps and light sweeps until cancelled."""
         self.events.emit("sm_start", engine=self.config.engine, max_in_flight=self.config.max_in_flight)
+        self.warm_up()
         async with self.running():
             task_status.started()
             while not self.up.is_set():
@@ -137,6 +138,16 @@ class SubnetManager:
                 if not self.up.is_set():
                     await trio.sleep(min(1.0, self.config.sweep_interval_s))
             await self.serve()
+
+    def warm_up(self) -> None:
+        """Import the routing modules now: a first import costs ~8 ms of a reroute."""
+        for name, used in (("ibemu.sm.routing", self.route_fn is default_route_fn),
+                           ("ibemu.sm.reroute", self.reroute_fn is default_reroute_fn)):
+            if used:
+                try:
+                    importlib.import_module(name)
+                except ImportError as exc:
+                    log.warning("cannot import %s: %s", name, exc)
 
     async def serve(self) -> None:
         """The event loop after SUBNET UP: trap sweeps and periodic light sweeps."""

@@ -49,6 +49,8 @@ class Live:
         self.stop: trio.Event | None = None
         self.sm: subprocess.Popen[bytes] | None = None
         self.events = tmp / "sm-events.jsonl"
+        self._offset = 0
+        self._records: list[dict[str, Any]] = []
 
     def ns(self, node: str) -> str:
         return self.rt.plan.nodes[node].ns
@@ -64,9 +66,15 @@ class Live:
                                    stderr=open(self.tmp / "sm.stderr", "wb"))  # noqa: SIM115
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.events.exists():
-            return []
-        return [json.loads(line) for line in self.events.read_text().splitlines() if line.strip()]
+        """The SM's events so far, read incrementally (the fabric shares this process's GIL)."""
+        if self.events.exists():
+            with open(self.events, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1
+            self._offset += end
+            self._records += [json.loads(x) for x in chunk[:end].splitlines() if x.strip()]
+        return self._records
 
     def wait_for(self, kind: str, count: int = 1, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
@@ -79,7 +87,7 @@ class Live:
                 raise AssertionError(f"SM exited ({self.sm.returncode}): "
                                      f"{(self.tmp / 'sm.stderr').read_text()[-3000:]}")
             assert time.monotonic() < deadline, f"no {kind} in {timeout_s} s"
-            time.sleep(0.02)
+            time.sleep(0.01)
 
     def lid(self, host: str) -> int:
         return int(self.on_loop(lambda: self.host.nodes[host].agent.lid(1)))  # type: ignore[union-attr]

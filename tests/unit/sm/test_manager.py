@@ -292,3 +292,24 @@ def test_a_partition_is_reported_not_hung_on() -> None:
             assert sm.events.counts["partition_healed"] >= 1
 
     run(main)
+
+
+def test_sm_info_from_another_node_is_answered_as_master() -> None:
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            from ibemu.device import madbuild as mb
+
+            got = fab.send_mad("h5", 1, sm.sm_lid, 0, 0, mb.lr_smp(mb.GET, 0x0020, tid=0x77))
+            assert got == []  # nothing yet: the request went to the SM
+            await settle(port)
+            answers = [d for d in fab.delivered["h5"] if mb.tid(d.mad) == 0x77]
+            assert len(answers) == 1 and answers[0].mad[3] == mb.GET_RESP
+            data = mb.smp_data(answers[0].mad)
+            assert int.from_bytes(data[0:8], "big") == sm.graph.sm_guid and data[20] & 0x0F == 3
+            assert sm.events.of("sm_info")[-1]["answered"]
+
+    run(main)
