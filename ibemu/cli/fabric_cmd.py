@@ -65,14 +65,7 @@ def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) ->
     sm = args.sm
     if sm is None and spec is not None:
         sm = spec.impl
-        if sm == "ibemu":  # the scenario asks for ibemu's own SM, which is not there yet
-            print("ibemu up: the scenario's SM is ibemu's own, which is not ready yet: starting "
-                  "without an SM (use --sm opensm for the real OpenSM)", file=sys.stderr)
-            sm = "none"
     sm = sm or "none"
-    if sm == "ibemu":
-        raise ConfigError("--sm ibemu: ibemu's own subnet manager is not ready yet; use --sm opensm "
-                          "(the real OpenSM) or --sm none")
     host = args.sm_host or (spec.host if spec is not None and spec.host else "") or next(
         (n.name for n in topo.cas()), "")
     engine = args.sm_engine or (spec.engine if spec is not None else "minhop")

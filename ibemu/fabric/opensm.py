@@ -43,6 +43,7 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s (any SM process: OpenSM or ibemu's)."""
     if proc.poll() is None:
         proc.terminate()
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from ibemu.fabric import opensm
+from ibemu.fabric import ibemusm, opensm
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.host import Agent, AgentHost, EventLog
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 AgentFactory = Callable[[FabricPlan], Mapping[str, Agent]]
 MAD_SOCKET_LIMIT = 4096
-SM_IMPLS = ("none", "opensm")
+SM_IMPLS = ("none", "opensm", "ibemu")
 
 
 def raise_fd_limit(want: int = 1 << 18) -> None:
@@ -82,17 +82,18 @@ class FabricRuntime:
         self.timings_s: dict[str, float] = {}
         self._sm_proc: subprocess.Popen[bytes] | None = None
 
-    async def _start_opensm(self) -> None:
-        """The real OpenSM on the SM host, owned by the run, up to SUBNET UP."""
+    async def _start_sm(self) -> None:
+        """The SM (the real OpenSM or ibemu's) on the SM host, owned by the run, to SUBNET UP."""
         if self.sm_host not in self.mad_ports:
             raise ValueError(f"the SM host {self.sm_host!r} has no MAD socket")
-        workdir = (self.run_dir or self.state.run_dir) / "opensm"
+        impl = opensm if self.sm == "opensm" else ibemusm
+        workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
-        self._sm_proc = await trio.to_thread.run_sync(
-            lambda: opensm.start(ns, workdir, engine=self.sm_engine))
-        self.state.claim_process(self._sm_proc.pid, "opensm")
-        self.sm_up_s = await trio.to_thread.run_sync(opensm.wait_subnet_up, self._sm_proc, workdir)
-        log.info("OpenSM on %s: SUBNET UP in %.2f s", self.sm_host, self.sm_up_s)
+        proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine))
+        self._sm_proc = proc
+        self.state.claim_process(proc.pid, f"sm-{self.sm}")
+        self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
+        log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
 
     def _mad_hosts(self) -> list[str]:
         cabled = [n.name for n in self.plan.cas() if 1 in n.ports]
@@ -151,8 +152,8 @@ class FabricRuntime:
                 await nursery.start(self.host.serve)
                 for name in self._mad_hosts():
                     self.mad_ports[name] = await nursery.start(serve_mad_port, self.host, name, 1)
-                if self.sm == "opensm":
-                    await self._start_opensm()
+                if self.sm != "none":
+                    await self._start_sm()
                 self.state.status = "up"
                 self.state.save()
                 yield self.host

@@ -50,14 +50,15 @@ def test_up_exec_diag_down(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(umad2sim_path() is None or shutil.which("opensm") is None or shutil.which("ibtracert") is None,
                     reason="needs opensm, ibsim-utils and infiniband-diags (scripts/setup.sh installs them)")
-def test_up_with_opensm_then_ibtracert_across_the_fabric(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sm", ["opensm", "ibemu"])
+def test_up_with_an_sm_then_ibtracert_across_the_fabric(tmp_path: Path, sm: str) -> None:
     state = tmp_path / "state"
-    up = ibemu(state, "up", "--topo", "fat-tree,k=4", "--sm", "opensm", "--sm-host", "h0")
+    up = ibemu(state, "up", "--topo", "fat-tree,k=4", "--sm", sm, "--sm-host", "h0")
     try:
         assert up.returncode == 0, up.stderr
-        assert "opensm on h0: SUBNET UP" in up.stdout
+        assert f"{sm} on h0: SUBNET UP" in up.stdout
         status = json.loads(ibemu(state, "status", "--json").stdout)
-        assert sorted(status[0]["processes"]) == ["fabric-daemon", "opensm"]
+        assert sorted(status[0]["processes"]) == ["fabric-daemon", f"sm-{sm}"]
 
         def lid(host: str) -> int:
             out = ibemu(state, "diag", host, "smpquery", "-D", "portinfo", "0").stdout
@@ -79,7 +80,6 @@ def test_up_with_opensm_then_ibtracert_across_the_fabric(tmp_path: Path) -> None
     (["up", "--topo", "fat-tree,k=3"], "k"),
     (["up", "--topo", "fat-tree,k"], "expected NAME,key=value"),
     (["up", "--topo", "no-such-gen"], "no-such-gen"),
-    (["up", "--sm", "ibemu", "--topo", "single-switch"], "--sm ibemu"),
     (["up", "--sm", "opensm", "--sm-host", "sw0", "--topo", "single-switch"], "--sm-host sw0"),
     (["down"], "no fabric is running"),
     (["up", "/nonexistent/scenario.yaml"], "nonexistent"),

@@ -1,0 +1,41 @@
+"""Run ibemu's own subnet manager (``python -m ibemu.sm``) on an emulated host, owned by a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ibemu.errors import IbemuError
+
+
+def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """The SM process, attached to the MAD socket in ``ns``; events in ``workdir/events.jsonl``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "ibemu.sm", "--ns", ns, "--engine", engine,
+            "--events", str(workdir / "events.jsonl"), *(extra or [])]
+    return subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=open(workdir / "sm.err", "wb"))
+
+
+def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0) -> float:
+    """Seconds the SM reported for its bring-up (its ``subnet_up`` event)."""
+    events = workdir / "events.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if events.exists():
+            for line in events.read_text(errors="replace").splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("kind") == "subnet_up":
+                    return float(record.get("seconds", 0.0))
+        if proc.poll() is not None:
+            err = (workdir / "sm.err").read_text(errors="replace")[-2000:] if (workdir / "sm.err").exists() else ""
+            raise IbemuError(f"ibemu's SM exited ({proc.returncode}) before SUBNET UP:\n{err}")
+        if time.monotonic() > deadline:
+            raise IbemuError(f"no SUBNET UP from ibemu's SM in {timeout_s:.0f} s")
+        time.sleep(0.02)
