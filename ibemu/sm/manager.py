@@ -326,12 +326,16 @@ class SubnetManager:
         unknown, self._trap_unknown = self._trap_unknown, 0
         t_trap = min([*dirty.values(), *([unknown] if unknown else [])])
         guids = set(dirty)
-        if unknown:  # a LID we do not know: look at every switch
+        if unknown and not await self._own_port_ok():
+            return
+        if unknown:  # a LID we do not know (or of a node cut off): look at every switch
             guids |= {s.guid for s in self.graph.switches()}
         await self._resweep(guids, "trap", t_trap)
 
     async def light_sweep(self) -> None:
         """SwitchInfo of every switch; re-discover those with PortStateChange set."""
+        if not await self._own_port_ok():
+            return
         t0, before = self._begin("light")
         switches = [s.guid for s in self.graph.switches()]
         infos = await self.disc.read_switch_info(switches)
@@ -341,6 +345,23 @@ class SubnetManager:
         self._end("light", t0, before, changed=len(guids), unanswered=len(missing))
         if guids:
             await self._resweep(guids, "light", None)
+
+    async def _own_port_ok(self) -> bool:
+        """Our own cable: down -> everything is lost (reported); back -> a full sweep."""
+        sm = self.graph.nodes.get(self.graph.sm_guid)
+        num = self.disc.sm_port
+        port = sm.ports.get(num) if sm is not None else None
+        r = await self.transport.request(mb.dr_smp(mb.GET, 0x0015, path=[], modifier=num))
+        up = r is not None and r.ok and r.data[33] >> 4 == 5
+        if port is None or (up and port.peer is None):
+            if up:
+                await self.full_sweep("recover")
+            return False
+        if not up and port.peer is not None:
+            self.disc.unlink(self.graph.sm_guid, num)
+            self.events.emit("link_down", guid=f"{self.graph.sm_guid:#018x}", port=num, peer=None)
+            self.recompute_paths()
+        return up
 
     async def _resweep(self, guids: set[int], reason: str, t_trap: int | None) -> None:
         t0, before = self._begin(reason)

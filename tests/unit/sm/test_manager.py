@@ -313,3 +313,41 @@ def test_sm_info_from_another_node_is_answered_as_master() -> None:
             assert sm.events.of("sm_info")[-1]["answered"]
 
     run(main)
+
+
+def test_a_dual_ported_ca_gets_a_lid_per_port_and_both_are_reachable() -> None:
+    from tests.unit.devices.fabrics import tree
+
+    fab = tree()
+    port = InMemoryPort(fab, "sm")
+    sm = SubnetManager(port, SmConfig(), route_fn=minhop)
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+        dual = fab.agents["dual"]
+        assert dual.ports[1].lid and dual.ports[2].lid and dual.ports[1].lid != dual.ports[2].lid
+        assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
+
+
+def test_the_sms_own_cable_going_down_and_back_is_recovered_by_the_light_sweep() -> None:
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab, timeout_s=0.05, retries=1)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            lids_before = lids(fab)
+            fab.link_down("h0", 1)
+            await settle(port)
+            await sm.step()  # nothing reaches us: the light sweep finds our port cut off
+            assert len(sm.graph.nodes) == 1 and sm.events.of("partition")
+            fab.link_up("h0", 1)
+            await settle(port)
+            await sm.step()
+            assert len(sm.graph.nodes) == 36 and lids(fab) == lids_before
+            assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
