@@ -97,6 +97,14 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
     idx = st.ca_index
     stride = st.stride
     nbr = fab.nbr_ports
+    cache: list[dict[int, list[int]]] = [{} for _ in range(fab.n)]
+
+    def cached(v: int, mask: int) -> list[int]:
+        ports = cache[v].get(mask)
+        if ports is None:
+            ports = cache[v][mask] = ports_of(fab, v, mask)
+        return ports
+
     for w in range(fab.n):
         lay = ud[w]
         lids = fab.ca_lids[w]
@@ -111,7 +119,7 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
                 lft = lfts[v]
                 if dk >> v & 1:
                     mask = down[v] & dprev
-                    ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else ports_of(fab, v, mask)
+                    ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else cached(v, mask)
                     m = len(ports)
                     if m == 1:
                         p = ports[0]
@@ -122,7 +130,7 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
                             lft[lid] = ports[i % m]
                 else:
                     mask = up[v] & prev
-                    ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else ports_of(fab, v, mask)
+                    ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else cached(v, mask)
                     m, s = len(ports), stride[v]
                     for lid, i in ilids:
                         lft[lid] = ports[(i // s) % m]
