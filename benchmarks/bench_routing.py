@@ -59,6 +59,16 @@ def main() -> int:
                 f"| restore {back.compute_s * 1e3:5.1f} ms ({back.changed_entries} entries, "
                 f"{back.changed_blocks} blocks)"
             )
+    for gen, params in (("torus", {"dims": (8, 8)}), ("mesh", {"dims": (8, 8)}), ("dragonfly", {})):
+        g = graph_of(generate(gen, **params))
+        line = []
+        for engine in ("minhop", "updn", "dor"):
+            if engine == "dor" and gen == "dragonfly":
+                continue
+            best = min(compute(g, engine).compute_s for _ in range(3))
+            rep = check(g, compute(g, engine))
+            line.append(f"{engine} {best * 1e3:.1f} ms (CDG {'cyclic' if rep.cdg_cycle else 'acyclic'})")
+        print(f"{gen} {params}: {len(g.switches())} switches: " + ", ".join(line))
     return 0
 
 

@@ -89,6 +89,7 @@ def check(
     total_cas = sum(ncas)
     cas_in = {comp: sum(ncas[v] for v in range(n) if comp >> v & 1) for comp in set(comp_of)}
     deps: set[int] = set()
+    dists: dict[int, list[int]] = {}
     hop_sum = 0
     lid_owner = [(lid, at[0], at[1]) for lid, at in fab.ca_at.items()]
     lid_owner += [(lid, v, 0) for v, lid in enumerate(fab.sw_lid) if lid]
@@ -132,7 +133,11 @@ def check(
                 hops[y] = base
         if not is_ca:
             continue
-        dist: list[int] | None = hop_table(fab.adj, o, n) if expect_minimal else None
+        dist: list[int] | None = None
+        if expect_minimal:
+            dist = dists.get(o)
+            if dist is None:
+                dist = dists[o] = hop_table(fab.adj, o, n)
         rep.disconnected += total_cas - cas_in[comp]
         walked = [False] * n
         for s in range(n):
