@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -330,14 +331,17 @@ class Discovery:
 
     # ------------------------------------------------------------------ targeted
 
-    async def refresh(self, guids: set[int]) -> list[Change]:
-        """PortInfo of every port of the switches ``guids``; apply and return what changed."""
+    async def refresh(self, guids: set[int], *, verify: bool = False) -> list[Change]:
+        """PortInfo of every port of the switches ``guids``; apply and return what changed.
+
+        ``verify``: also check, at the same time, the cables each switch's directed route
+        crosses; a dead one is unlinked, the route re-derived and that switch read again (its
+        first read cannot have been answered: the route was cut, so nothing of it applied).
+        """
         changes: list[Change] = []
         probes: list[tuple[SmNode, int]] = []
 
-        async def read(node: SmNode) -> None:
-            got: dict[int, bytes] = {}
-
+        async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
             async def pi(num: int) -> None:
                 r = await self._get(node.dr_path, ATTR_PORT_INFO, num)
                 if r is not None:
@@ -346,25 +350,29 @@ class Discovery:
             async with trio.open_nursery() as n:
                 for num in range(1, node.num_ports + 1):
                     n.start_soon(pi, num)
-            for num, data in sorted(got.items()):
-                old_state = self.state((node.guid, num))
-                self._store_pi(node, num, data)
-                up = data[33] >> 4 == PHYS_LINK_UP
-                port = node.ports[num]
-                if port.peer is not None and not up:
-                    peer = self.unlink(node.guid, num)
-                    changes.append(Change("down", node.guid, num, peer))
-                elif port.peer is None and up:
-                    probes.append((node, num))
-                elif port.peer is not None and up and (data[32] & 0x0F) == STATE_INIT \
-                        and old_state in (STATE_ARMED, STATE_ACTIVE):
-                    changes.append(Change("reinit", node.guid, num, port.peer))
+
+        async def read(guid: int) -> None:
+            for _ in range(8):
+                node = self.graph.nodes.get(guid)
+                if node is None or not node.is_switch:
+                    return
+                got: dict[int, bytes] = {}
+                hops = sorted(self._hops(node.dr_path)) if verify else []
+                if not hops:
+                    await read_ports(node, got)
+                    break
+                dead = await self._read_checked(node, hops, got, read_ports)
+                changes.extend(dead)
+                if not dead:
+                    break
+                self.recompute_paths()
+            else:
+                return
+            self._apply_ports(node, got, changes, probes)
 
         async with trio.open_nursery() as n:
             for guid in guids:
-                node = self.graph.nodes.get(guid)
-                if node is not None and node.is_switch:
-                    n.start_soon(read, node)
+                n.start_soon(read, guid)
         if probes:
             async with trio.open_nursery() as n:
                 for node, num in probes:
@@ -374,6 +382,42 @@ class Discovery:
                 if peer is not None:
                     changes.append(Change("up", node.guid, num, peer))
         return changes
+
+    async def _read_checked(self, node: SmNode, hops: list[End], got: dict[int, bytes],
+                            read_ports: Callable[[SmNode, dict[int, bytes]], Awaitable[None]]) -> list[Change]:
+        """``read_ports`` and the check of ``hops`` at once; the read is cancelled if a hop is dead."""
+        dead: list[Change] = []
+        reading = trio.CancelScope()
+
+        async def check() -> None:
+            dead.extend(await self._check_ports(hops))
+            if dead:
+                reading.cancel()
+
+        async def ports() -> None:
+            with reading:
+                await read_ports(node, got)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(check)
+            n.start_soon(ports)
+        return dead
+
+    def _apply_ports(self, node: SmNode, got: dict[int, bytes], changes: list[Change],
+                     probes: list[tuple[SmNode, int]]) -> None:
+        for num, data in sorted(got.items()):
+            old_state = self.state((node.guid, num))
+            self._store_pi(node, num, data)
+            up = data[33] >> 4 == PHYS_LINK_UP
+            port = node.ports[num]
+            if port.peer is not None and not up:
+                peer = self.unlink(node.guid, num)
+                changes.append(Change("down", node.guid, num, peer))
+            elif port.peer is None and up:
+                probes.append((node, num))
+            elif port.peer is not None and up and (data[32] & 0x0F) == STATE_INIT \
+                    and old_state in (STATE_ARMED, STATE_ACTIVE):
+                changes.append(Change("reinit", node.guid, num, port.peer))
 
     async def read_switch_info(self, guids: list[int]) -> dict[int, bytes]:
         """SwitchInfo of the given switches (the light sweep looks at PortStateChange)."""

@@ -369,8 +369,7 @@ class SubnetManager:
             self._end(reason, t0, before, changed=0, deferred=True)
             return
         known = set(self.graph.nodes)
-        changes: list[Change] = await self.disc.verify_paths(guids)
-        changes += await self.disc.refresh(guids)
+        changes: list[Change] = await self.disc.refresh(guids, verify=True)
         t_rediscovered = self.events.now()
         for guid in set(self.graph.nodes) - known:
             self.prog.forget(guid)

@@ -247,8 +247,13 @@ class Transport:
                     self._finish(tid, "timed_out")
                     await trio.sleep(min(timeout, 0.01))
                     continue
-                with trio.move_on_after(timeout):
-                    await pending.event.wait()
+                try:
+                    with trio.move_on_after(timeout):
+                        await pending.event.wait()
+                except BaseException:  # cancelled by the caller: forget this TID
+                    self._finish(tid, "timed_out")
+                    self.stats["cancelled"] += 1
+                    raise
                 got = pending.reply
                 if got is None:
                     self._finish(tid, "timed_out")

@@ -62,3 +62,27 @@ def test_refresh_finds_a_cable_gone_and_back_and_routes_avoid_it() -> None:
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_refresh_with_verify_reads_a_switch_behind_a_dead_cable_without_a_timeout() -> None:
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16, timeout_s=5.0)
+        d = Discovery(t)
+        async with trio.open_nursery() as n:
+            await n.start(t.run)
+            g = await d.discover()
+            d.recompute_paths()
+            e00, a00 = topo.node("edge0_0").guid, topo.node("agg0_0").guid
+            assert g.nodes[a00].dr_path == (1, 3)  # through edge0_0:3
+            fab.link_down("edge0_0", 3)
+            t0 = trio.current_time()
+            changes = await d.refresh({a00}, verify=True)
+            assert trio.current_time() - t0 < 1.0  # no 5 s timeout: the read was cancelled
+            assert ("down", e00, 3) in {(c.kind, c.guid, c.port) for c in changes}
+            assert g.nodes[a00].dr_path[1] != 3 and g.nodes[a00].ports[1].peer is None
+            assert t.stats["timeouts"] == 0 and t.stats["cancelled"] >= 1 and not t._pending
+            n.cancel_scope.cancel()
+
+    run(main)
