@@ -106,6 +106,8 @@ def _changes(
     """Switch-to-switch links removed/added since ``fab``; None if anything else changed."""
     if sum(1 for nd in graph.nodes.values() if nd.is_switch) != fab.n:
         return None
+    if any(g not in graph.nodes for g in fab.guids):
+        return None  # a switch was replaced
     if ends is None:
         todo: Iterable[tuple[int, int]] = (
             (g, num) for g in fab.guids for num in graph.nodes[g].ports if num

@@ -1,8 +1,8 @@
 """An indexed, flat view of a SubnetGraph that the routing engines compute on.
 
 Switches are numbered 0..n-1 (GUID order); sets of switches are Python ints used as bitsets,
-which keeps the per-destination BFS at O(switches) big-int operations. A link is a port with
-a peer (discovery clears ``peer`` on a port that went down).
+which keeps the per-destination BFS at O(switches) big-int operations. A link is a pair of
+ports that name each other as ``peer`` (discovery clears ``peer`` on a port that went down).
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ class Fabric:
                 far = graph.nodes.get(p.peer[0])
                 if far is None:
                     continue
+                back = far.ports.get(p.peer[1])
+                if back is None or back.peer != (nd.guid, num):
+                    continue  # a half-known cable: only links both ends agree on count
                 if far.is_switch:
                     j = index[far.guid]
                     if j == i:
@@ -75,12 +78,10 @@ class Fabric:
                     nbr_ports[i].setdefault(j, []).append(num)
                     port_peer[i][num] = j
                     adj[i] |= 1 << j
-                elif far.kind in (NodeType.CA, NodeType.ROUTER):
-                    fp = far.ports.get(p.peer[1])
-                    if fp is not None and fp.lid:
-                        ca_at[fp.lid] = (i, num)
-                        ca_lids[i].append(fp.lid)
-                        ca_guid[fp.lid] = far.guid
+                elif far.kind in (NodeType.CA, NodeType.ROUTER) and back.lid:
+                    ca_at[back.lid] = (i, num)
+                    ca_lids[i].append(back.lid)
+                    ca_guid[back.lid] = far.guid
         for lids in ca_lids:
             lids.sort()
         sw_lid = [nd.lid for nd in sws]

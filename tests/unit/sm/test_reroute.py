@@ -194,3 +194,15 @@ def test_updn_keeps_given_roots_across_a_full_recompute() -> None:
     res = reroute(g, routes, ends=[(a, pa)])
     assert res.routes.state.opts["roots"] == [root]
     assert check(g, res.routes, expect_deadlock_free=True).ok
+
+
+def test_replaced_switch_recomputes() -> None:
+    g = graph_of(generate("fat-tree", k=4))
+    routes = compute(g, "minhop")
+    other = graph_of(generate("fat-tree", k=4))
+    old = other.switches()[0]
+    other.nodes.pop(old.guid)
+    old.guid += 1
+    other.nodes[old.guid] = old
+    res = reroute(other, routes)
+    assert res.full
