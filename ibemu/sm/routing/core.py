@@ -223,34 +223,43 @@ def fill_balanced(
     """Route ``jobs`` (layers, destination switch, LIDs, switches) with balanced choices.
 
     Choices are gathered per (switch, candidate mask) and handed out least-loaded first,
-    most constrained groups first: OpenSM minhop's port-load balancing, batched. The loads
-    count every LID already in ``lfts`` (kept in ``st.loads``), or with ``count_all`` False
-    only the LIDs of these jobs.
+    most constrained groups first: OpenSM minhop's port-load balancing, batched. CA LIDs are
+    spread first and switch LIDs (management traffic) after them, so that the data traffic
+    is even over the ports (interleaving them would park all switch LIDs on one port and
+    the CA LIDs on the others). The loads count every LID already in ``lfts`` (kept in
+    ``st.loads``), or with ``count_all`` False only the LIDs of these jobs.
     """
     fab = st.fabric
-    groups: list[dict[int, list[int]]] = [{} for _ in range(fab.n)]
+    ca_at = fab.ca_at
+    # per switch: mask -> LIDs, CA LIDs in groups[v][0], switch LIDs in groups[v][1]
+    groups: list[tuple[dict[int, list[int]], dict[int, list[int]]]] = [
+        ({}, {}) for _ in range(fab.n)
+    ]
     cand = st.cand_mask
+    adj = fab.adj
     for lay, _w, lids, only in jobs:
+        parts = [(0, [x for x in lids if x in ca_at]), (1, [x for x in lids if x not in ca_at])]
+        parts = [(i, part) for i, part in parts if part]
         rings = lay.rings
         plain = lay.down is None
-        adj = fab.adj
         for k in range(1, len(rings)):
             prev = rings[k - 1]
             for v in bits(rings[k] & only):
                 mask = adj[v] & prev if plain else cand(lay, v, k)
-                g = groups[v].get(mask)
-                if g is None:
-                    groups[v][mask] = list(lids)
-                else:
-                    g += lids
+                gv = groups[v]
+                for i, part in parts:
+                    g = gv[i].get(mask)
+                    if g is None:
+                        gv[i][mask] = list(part)
+                    else:
+                        g += part
     loads: list[dict[int, int]] = []
     for v in range(fab.n):
-        gv = groups[v]
         lft = lfts[v]
         load = port_loads(lft) if count_all else {}
         loads.append(load)
-        for mask in sorted(gv, key=lambda m: (m.bit_count(), m)):
-            lids = gv[mask]
-            ports = ports_of(fab, v, mask)
-            lft.update(zip(lids, spread(ports, load, len(lids)), strict=True))
+        for by_mask in groups[v]:
+            for m in sorted(by_mask, key=lambda x: (x.bit_count(), x)):
+                chosen = by_mask[m]
+                lft.update(zip(chosen, spread(ports_of(fab, v, m), load, len(chosen)), strict=True))
     st.loads = loads if count_all else None

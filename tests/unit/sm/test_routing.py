@@ -186,3 +186,11 @@ def test_single_switch_and_lone_switches() -> None:
     for engine in ("minhop", "updn", "ftree"):
         rep = check(g, compute(g, engine), expect_minimal=True, expect_deadlock_free=True)
         assert rep.ok and rep.ca_pairs == 6 and rep.max_hops == 2
+
+
+@pytest.mark.parametrize("engine", ["minhop", "updn"])
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+def test_minhop_balances_ca_lids_on_partial_fat_trees(engine: str, hosts: int) -> None:
+    """CA LIDs are spread first, switch LIDs after: no up-port is left without data LIDs."""
+    g = graph_of(generate("fat-tree", k=8, hosts_per_edge=hosts))
+    assert up_port_spread(g, compute(g, engine).lfts) <= 1
