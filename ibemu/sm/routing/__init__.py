@@ -1,8 +1,15 @@
 """Routing engines of the SM: pure functions from a SubnetGraph to LFTs.
 
 ``compute(graph, "minhop" | "updn" | "ftree" | "dor")`` returns :class:`Routes` (per switch
-GUID: LID -> egress port, own LID -> 0). An engine that cannot apply raises
-:class:`RoutingError`; the SM then falls back to minhop, as OpenSM does.
+GUID: LID -> egress port, own LID -> 0; ``state`` keeps the hop layers for
+``ibemu.sm.reroute``). An engine that cannot apply raises :class:`RoutingError`;
+``compute_with_fallback`` then uses minhop, as OpenSM does. Options: ``updn`` takes
+``roots=[switch GUID, ...]``; ``dor`` takes ``coords`` (per switch, in GUID order), else
+uses ``SmNode.coords`` or infers them from port numbers.
+
+Modules: ``fabric`` (indexed bitset view of the graph), ``core`` (layers, balanced
+filling), one per engine, ``grid`` (mesh/torus coordinates), ``fromtopo`` (Topology ->
+SubnetGraph for tests and benchmarks). ``ibemu.sm.checker`` validates the result.
 """
 
 from __future__ import annotations
