@@ -1,0 +1,361 @@
+"""RC requester: PSNs, AckReq coalescing, ACK/NAK handling, go-back-N, retry and RNR timers."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ibemu.device.actions import Send
+from ibemu.hca.transport.cq import WcOpcode, WcStatus, WorkCompletion
+from ibemu.hca.transport.mr import Segment, capacity, gather, scatter
+from ibemu.hca.transport.segment import (
+    PSN_HALF,
+    PSN_MASK,
+    READ_RESP_OPS,
+    SEND_IMM_OPS,
+    SEND_OPS,
+    WRITE_IMM_OPS,
+    WRITE_OPS,
+    npkts,
+    psn_diff,
+)
+from ibemu.hca.transport.timers import rnr_delay_ns
+from ibemu.hca.transport.wr import SendWr, WrOpcode
+from ibemu.wire import fast
+from ibemu.wire.opcodes import Op
+
+if TYPE_CHECKING:
+    from ibemu.hca.transport.rc import RcQp
+
+log = logging.getLogger(__name__)
+
+_NAK_STATUS = {
+    0x61: WcStatus.REM_INV_REQ_ERR,
+    0x62: WcStatus.REM_ACCESS_ERR,
+    0x63: WcStatus.REM_OP_ERR,
+    0x64: WcStatus.REM_INV_REQ_ERR,
+}
+_READ_REQ = int(Op.RDMA_READ_REQUEST)
+_reth = fast.reth
+_immdt = fast.immdt
+
+
+@dataclass(slots=True, eq=False)
+class SendWqe:
+    """A posted send-queue request and where its packets are in PSN space."""
+
+    wr_id: int
+    kind: WcOpcode
+    ops: tuple[int, int, int, int]
+    data: memoryview | None  # SEND / WRITE source
+    segs: list[Segment]  # READ destination
+    length: int
+    raddr: int
+    rkey: int
+    imm: int | None
+    signaled: bool
+    solicited: bool
+    psn: int = 0
+    n: int = 1
+    done: int = 0  # READ: response packets placed
+
+
+class RcRequester:
+    """The send side of one RC QP (IBA 9.7.4/9.7.5 requester behaviour)."""
+
+    def __init__(self, qp: RcQp) -> None:
+        self.qp = qp
+        self.next_psn = 0
+        self.una = 0  # oldest PSN neither acknowledged nor (READ) answered
+        self.outstanding: deque[SendWqe] = deque()
+        self.pending: deque[SendWqe] = deque()  # posted while SQD
+        self.timeout_ns: int | None = None
+        self.retry_cnt = 7
+        self.retry_left = 7
+        self.rnr_retry = 7
+        self.rnr_left = 7
+        self.ack_every = 16
+        self.max_send_wr = 4096
+        self.ack_deadline: int | None = None
+        self.rnr_deadline: int | None = None
+        self._since_ackreq = 0
+        self._gap_psn = -1  # una at the last READ-gap / seq-NAK go-back (once per error)
+
+    # -- posting -------------------------------------------------------------------------
+    def make_wqe(self, wr: SendWr) -> SendWqe:
+        mrs = self.qp.hca.mrs
+        op = wr.opcode
+        if op is WrOpcode.RDMA_READ:
+            segs = mrs.resolve(wr.sg_list, write=True)
+            return SendWqe(wr.wr_id, WcOpcode.RDMA_READ, READ_RESP_OPS, None, segs, capacity(segs),
+                           wr.remote_addr, wr.rkey, None, wr.signaled, False)
+        segs = mrs.resolve(wr.sg_list, write=False)
+        data = gather(segs)
+        if op is WrOpcode.SEND or op is WrOpcode.SEND_WITH_IMM:
+            imm = wr.imm if op is WrOpcode.SEND_WITH_IMM else None
+            return SendWqe(wr.wr_id, WcOpcode.SEND, SEND_OPS if imm is None else SEND_IMM_OPS, data,
+                           [], len(data), 0, 0, imm, wr.signaled, wr.solicited)
+        imm = wr.imm if op is WrOpcode.RDMA_WRITE_WITH_IMM else None
+        if imm is not None and wr.imm is None:
+            raise ValueError("RDMA_WRITE_WITH_IMM needs imm")
+        return SendWqe(wr.wr_id, WcOpcode.RDMA_WRITE, WRITE_OPS if imm is None else WRITE_IMM_OPS,
+                       data, [], len(data), wr.remote_addr, wr.rkey, imm, wr.signaled, wr.solicited)
+
+    def post(self, wrs: Sequence[SendWr], out: list[Send], *, queue_only: bool) -> None:
+        if len(self.outstanding) + len(self.pending) + len(wrs) > self.max_send_wr:
+            raise OverflowError(f"send queue of QP {self.qp.qpn:#x} full ({self.max_send_wr})")
+        wqes = [self.make_wqe(wr) for wr in wrs]
+        mtu = self.qp.mtu
+        for w in wqes:
+            w.n = npkts(w.length, mtu)
+        if queue_only:
+            self.pending.extend(wqes)
+            return
+        self._start(wqes, out)
+
+    def flush_pending(self, out: list[Send]) -> None:
+        if self.pending:
+            wqes = list(self.pending)
+            self.pending.clear()
+            self._start(wqes, out)
+
+    def _start(self, wqes: list[SendWqe], out: list[Send]) -> None:
+        for w in wqes:
+            w.psn = self.next_psn
+            self.next_psn = (self.next_psn + w.n) & PSN_MASK
+        if psn_diff(self.next_psn, self.una) < 0:
+            raise OverflowError("more than 2^23 PSNs outstanding")
+        self.outstanding.extend(wqes)
+        last = len(wqes) - 1
+        for i, w in enumerate(wqes):
+            self._emit(w, 0, out, i == last)
+        if self.ack_deadline is None and self.rnr_deadline is None and self.timeout_ns is not None:
+            self.ack_deadline = self.qp.hca.clock() + self.timeout_ns
+
+    def _emit(self, w: SendWqe, k: int, out: list[Send], last: bool) -> int:
+        """Packets ``k ..`` of ``w`` onto ``out``; returns how many."""
+        qp = self.qp
+        tmpl = qp.tmpl
+        port = qp.hca.port
+        mtu = qp.mtu
+        psn0 = w.psn
+        n = w.n
+        if w.kind is WcOpcode.RDMA_READ:
+            off = k * mtu
+            out.append(Send(port, tmpl.packet(_READ_REQ, (psn0 + k) & PSN_MASK,
+                                              ext=_reth(w.raddr + off, w.rkey, w.length - off))))
+            qp.stats.tx_packets += 1
+            return 1
+        data = w.data
+        assert data is not None
+        ops = w.ops
+        every = self.ack_every
+        since = self._since_ackreq
+        is_write = w.kind is WcOpcode.RDMA_WRITE
+        end_ack = w.signaled or last
+        imm = w.imm
+        for i in range(k, n):
+            ext = b""
+            if n == 1:
+                op = ops[3]
+                if is_write:
+                    ext = _reth(w.raddr, w.rkey, w.length)
+            elif i == 0:
+                op = ops[0]
+                if is_write:
+                    ext = _reth(w.raddr, w.rkey, w.length)
+            elif i == n - 1:
+                op = ops[2]
+            else:
+                op = ops[1]
+            tail = i == n - 1
+            if tail and imm is not None:
+                ext += _immdt(imm)
+            since += 1
+            ackreq = since >= every or (tail and end_ack)
+            if ackreq:
+                since = 0
+            out.append(Send(port, tmpl.packet(op, (psn0 + i) & PSN_MASK, data[i * mtu : (i + 1) * mtu],
+                                              ackreq=ackreq, se=tail and w.solicited, ext=ext)))
+        self._since_ackreq = since
+        qp.stats.tx_packets += n - k
+        return n - k
+
+    def go_back(self, out: list[Send]) -> None:
+        """Go-back-N: resend everything from ``una`` (the front WQE contains it)."""
+        q = self.outstanding
+        if not q:
+            return
+        w = q[0]
+        k = w.done if w.kind is WcOpcode.RDMA_READ else psn_diff(self.una, w.psn)
+        if not 0 <= k < w.n:
+            k = 0
+        count = 0
+        last = len(q) - 1
+        for i, w in enumerate(q):
+            count += self._emit(w, k, out, i == last)
+            k = 0
+        self.qp.stats.retransmitted += count
+        log.debug("QP %#x: go-back-N from PSN %#x, %d packets", self.qp.qpn, self.una, count)
+        if self.timeout_ns is not None:
+            self.ack_deadline = self.qp.hca.clock() + self.timeout_ns
+
+    # -- responses -----------------------------------------------------------------------
+    def ack_upto(self, p: int, out: list[Send]) -> bool:
+        """Everything up to PSN ``p`` is acknowledged; complete WQEs, restart timers."""
+        una = self.una
+        d = (p - una) & PSN_MASK
+        if d >= PSN_HALF or ((p - self.next_psn) & PSN_MASK) < PSN_HALF:
+            return False  # stale (p < una) or for PSNs never sent
+        q = self.outstanding
+        new_una = (p + 1) & PSN_MASK
+        while q:
+            w = q[0]
+            last = (w.psn + w.n - 1) & PSN_MASK
+            if ((last - p) & PSN_MASK) < PSN_HALF and last != p:  # w extends beyond p
+                if w.kind is WcOpcode.RDMA_READ:
+                    new_una = (w.psn + w.done) & PSN_MASK
+                break
+            if w.kind is WcOpcode.RDMA_READ and w.done < w.n:
+                # acknowledged past a READ whose responses were lost: ask again (implicit NAK)
+                new_una = (w.psn + w.done) & PSN_MASK
+                if new_una != una:
+                    self._progress()
+                self.una = new_una
+                if self._gap_psn != new_una:
+                    self._gap_psn = new_una
+                    self.go_back(out)
+                return new_una != una
+            q.popleft()
+            self._complete(w, WcStatus.SUCCESS)
+        if new_una == una:
+            return False
+        self.una = new_una
+        self._progress()
+        return True
+
+    def _progress(self) -> None:
+        self.retry_left = self.retry_cnt
+        self.rnr_left = self.rnr_retry
+        self._gap_psn = -1
+        if self.outstanding and self.timeout_ns is not None and self.rnr_deadline is None:
+            self.ack_deadline = self.qp.hca.clock() + self.timeout_ns
+        else:
+            self.ack_deadline = None
+
+    def on_ack(self, syndrome: int, psn: int, out: list[Send]) -> None:
+        kind = syndrome >> 5
+        st = self.qp.stats
+        if kind == 0:
+            st.acks_received += 1
+            self.ack_upto(psn, out)
+            return
+        self.ack_upto((psn - 1) & PSN_MASK, out)
+        if not self.outstanding or psn_diff(psn, self.una) != 0:
+            st.dropped += 1  # stale NAK
+            return
+        if kind == 1:
+            st.rnr_naks_received += 1
+            if self.rnr_deadline is not None:
+                return
+            if self.rnr_retry != 7:
+                if self.rnr_left == 0:
+                    self.fail(WcStatus.RNR_RETRY_EXC_ERR, out)
+                    return
+                self.rnr_left -= 1
+            self.ack_deadline = None
+            self.rnr_deadline = self.qp.hca.clock() + rnr_delay_ns(syndrome & 0x1F)
+            return
+        if syndrome == 0x60:
+            st.seq_naks_received += 1
+            if self._gap_psn == psn:
+                return  # the same sequence error again (a duplicated NAK)
+            self._gap_psn = psn
+            if self._use_retry(out):
+                self.go_back(out)
+            return
+        self.fail(_NAK_STATUS.get(syndrome, WcStatus.REM_OP_ERR), out)
+
+    def on_read_response(self, opcode: int, psn: int, payload: memoryview, out: list[Send]) -> None:
+        st = self.qp.stats
+        self.ack_upto((psn - 1) & PSN_MASK, out)
+        q = self.outstanding
+        if not q or q[0].kind is not WcOpcode.RDMA_READ:
+            st.dropped += 1
+            return
+        w = q[0]
+        expect = (w.psn + w.done) & PSN_MASK
+        d = psn_diff(psn, expect)
+        if d < 0:
+            st.duplicates += 1
+            return
+        if d > 0:
+            st.dropped += 1
+            if d < w.n - w.done and self._gap_psn != expect:  # a lost response: ask again
+                self._gap_psn = expect
+                if self._use_retry(out):
+                    self.go_back(out)
+            return
+        i = w.done
+        n = w.n
+        want_op = READ_RESP_OPS[3] if n == 1 else READ_RESP_OPS[0] if i == 0 else READ_RESP_OPS[2] if i == n - 1 else READ_RESP_OPS[1]
+        mtu = self.qp.mtu
+        off = i * mtu
+        if opcode != want_op or len(payload) != min(mtu, w.length - off):
+            st.dropped += 1
+            return
+        if payload:
+            scatter(w.segs, off, payload)
+        w.done = i + 1
+        self.una = (psn + 1) & PSN_MASK
+        if w.done == n:
+            q.popleft()
+            self._complete(w, WcStatus.SUCCESS)
+        self._progress()
+
+    # -- timers and errors ---------------------------------------------------------------
+    def _use_retry(self, out: list[Send]) -> bool:
+        if self.retry_left == 0:
+            self.fail(WcStatus.RETRY_EXC_ERR, out)
+            return False
+        self.retry_left -= 1
+        return True
+
+    def tick(self, now: int, out: list[Send]) -> None:
+        if self.rnr_deadline is not None and now >= self.rnr_deadline:
+            self.rnr_deadline = None
+            self.go_back(out)
+        if self.ack_deadline is not None and now >= self.ack_deadline:
+            self.ack_deadline = None
+            if not self.outstanding:
+                return
+            self.qp.stats.timeouts += 1
+            log.debug("QP %#x: local ACK timeout at PSN %#x", self.qp.qpn, self.una)
+            if self._use_retry(out):
+                self.go_back(out)
+
+    def next_deadline(self) -> int | None:
+        a, r = self.ack_deadline, self.rnr_deadline
+        if a is None:
+            return r
+        return a if r is None else min(a, r)
+
+    def _complete(self, w: SendWqe, status: WcStatus) -> None:
+        if w.signaled or status is not WcStatus.SUCCESS:
+            self.qp.send_cq.push(WorkCompletion(w.wr_id, status, w.kind, self.qp.qpn, w.length))
+
+    def fail(self, status: WcStatus, out: list[Send]) -> None:
+        """The front WQE completes with ``status``; the QP goes to ERROR and flushes."""
+        log.info("QP %#x: %s, to ERROR", self.qp.qpn, status.name)
+        if self.outstanding:
+            self._complete(self.outstanding.popleft(), status)
+        self.qp.enter_error()
+
+    def flush(self) -> None:
+        for q in (self.outstanding, self.pending):
+            while q:
+                self._complete(q.popleft(), WcStatus.WR_FLUSH_ERR)
+        self.ack_deadline = self.rnr_deadline = None
