@@ -1,0 +1,69 @@
+"""QP state machine and verbs argument checks; DLID and unknown-QP drops."""
+
+from __future__ import annotations
+
+import pytest
+
+from ibemu.hca.transport import Hca, QpState, QpStateError, RecvWr, SendWr, Sge, WcStatus, WrOpcode
+from ibemu.hca.transport.loopback import Loopback, SimClock
+from ibemu.hca.verbs import connect_pair, open_device, sge
+
+from .harness import make_pair
+
+
+def test_states_gate_the_verbs() -> None:
+    a = Hca(lid=1, clock=lambda: 0)
+    cq = a.create_cq()
+    qp = a.create_rc_qp(cq, psn=5)
+    mr = a.reg_mr(bytearray(64))
+    assert qp.state is QpState.RESET
+    with pytest.raises(QpStateError):
+        qp.post_recv(RecvWr(1, [Sge(mr.addr, 8, mr.lkey)]))
+    qp.modify_to_init()
+    qp.post_recv(RecvWr(1, [Sge(mr.addr, 8, mr.lkey)]))  # allowed from INIT on
+    with pytest.raises(QpStateError):
+        qp.post_send([])
+    with pytest.raises(QpStateError):
+        qp.modify_to_rts()
+    qp.modify_to_rtr({"qpn": 0x99, "psn": 7, "lid": 2})
+    assert qp.state is QpState.RTR and qp.resp.epsn == 7
+    with pytest.raises(QpStateError):
+        qp.post_send([])
+    qp.modify_to_rts()
+    assert qp.state is QpState.RTS and qp.info().psn == 5
+    with pytest.raises(ValueError, match="lkey"):
+        qp.post_recv(RecvWr(2, [Sge(mr.addr, 8, 0x4242)]))
+    with pytest.raises(ValueError, match="outside"):
+        qp.post_recv(RecvWr(2, [Sge(mr.addr + 60, 8, mr.lkey)]))
+
+
+def test_bad_mtu_rejected() -> None:
+    with pytest.raises(ValueError, match="MTU"):
+        Hca(mtu=1500)
+
+
+def test_sqd_holds_new_sends_until_rts() -> None:
+    p = make_pair(mtu=256)
+    p.qa.modify_to_sqd()
+    assert p.qa.post_send(p.write(1, 0, 100)) == []
+    p.run()
+    assert p.wcs_a == []
+    p.link.send(p.a, p.qa.modify_to_rts())
+    p.run()
+    assert [(w.wr_id, w.status) for w in p.wcs_a] == [(1, WcStatus.SUCCESS)]
+
+
+def test_wrong_dlid_and_unknown_qp_are_dropped() -> None:
+    clock = SimClock()
+    a, b, c = (open_device(lid, clock=clock) for lid in (1, 2, 3))
+    qa, qb = a.create_rc_qp(a.create_cq()), b.create_rc_qp(b.create_cq())
+    connect_pair(qa, qb)
+    qb.post_recv(RecvWr(1, [sge(b.reg_mr(bytearray(16)))]))
+    mr = a.reg_mr(bytearray(8))
+    (s,) = qa.post_send(SendWr(1, WrOpcode.SEND, [sge(mr)]))
+    assert c.receive(s.packet) == [] and c.stats.dlid_mismatch == 1
+    b.destroy_qp(qb)
+    assert b.receive(s.packet) == [] and b.stats.unknown_qp == 1
+    Loopback(a, b, clock).run()  # the armed ACK timer retries 7 times into the void
+    assert b.stats.unknown_qp == 1 + 7 and qa.state is QpState.ERROR
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.RETRY_EXC_ERR]
