@@ -21,6 +21,7 @@ from ibemu.hca.transport.segment import (
     WRITE_OPS,
     npkts,
     psn_diff,
+    segment_opcode,
 )
 from ibemu.hca.transport.timers import rnr_delay_ns
 from ibemu.hca.transport.wr import SendWr, WrOpcode
@@ -61,6 +62,7 @@ class SendWqe:
     psn: int = 0
     n: int = 1
     done: int = 0  # READ: response packets placed
+    base: int = 0  # READ: the packet the last request asked from (its responses restart at First)
 
 
 class RcRequester:
@@ -145,6 +147,7 @@ class RcRequester:
         n = w.n
         if w.kind is WcOpcode.RDMA_READ:
             off = k * mtu
+            w.base = k
             out.append(Send(port, tmpl.packet(_READ_REQ, (psn0 + k) & PSN_MASK,
                                               ext=_reth(w.raddr + off, w.rkey, w.length - off))))
             qp.stats.tx_packets += 1
@@ -301,7 +304,7 @@ class RcRequester:
             return
         i = w.done
         n = w.n
-        want_op = READ_RESP_OPS[3] if n == 1 else READ_RESP_OPS[0] if i == 0 else READ_RESP_OPS[2] if i == n - 1 else READ_RESP_OPS[1]
+        want_op = segment_opcode(READ_RESP_OPS, i - w.base, n - w.base)
         mtu = self.qp.mtu
         off = i * mtu
         if opcode != want_op or len(payload) != min(mtu, w.length - off):
