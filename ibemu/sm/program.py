@@ -89,10 +89,12 @@ class LftProgrammer:
             rec = self.events.emit("lft_block_acked", switch=f"{guid:#018x}", block=block)
             res.t_last_ack_ns = max(res.t_last_ack_ns, rec["t_ns"])
 
+        # farthest switches first: their round trips are the longest, so the last ack comes sooner
+        order = sorted(plan, key=lambda g: -len(graph.nodes[g].dr_path) if g in graph.nodes else 0)
         async with trio.open_nursery() as n:
-            for guid, blocks in plan.items():
+            for guid in order:
                 if guid not in self.written:
                     self.written[guid] = {}
-                for block, data in sorted(blocks.items()):
+                for block, data in sorted(plan[guid].items()):
                     n.start_soon(one, guid, block, data)
         return res
