@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+import pytest
 import trio
 
 from ibemu.device.port import PhysState, PortState
@@ -348,6 +349,38 @@ def test_the_sms_own_cable_going_down_and_back_is_recovered_by_the_light_sweep()
             await settle(port)
             await sm.step()
             assert len(sm.graph.nodes) == 36 and lids(fab) == lids_before
+            assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
+
+
+@pytest.mark.parametrize("engine", ["minhop", "updn", "ftree"])
+def test_with_the_routing_engines_bring_up_and_incremental_reroute_keep_every_ca_connected(engine: str) -> None:
+    routing = pytest.importorskip("ibemu.sm.routing")
+    pytest.importorskip("ibemu.sm.reroute")
+    if engine not in routing.ENGINES:
+        pytest.skip(f"no {engine} engine yet")
+    _topo, fab = fat_tree(4)
+    port = InMemoryPort(fab, "h0")
+    sm = SubnetManager(port, SmConfig(engine=engine))  # ibemu.sm.routing + ibemu.sm.reroute
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+            assert not unreachable_pairs(fab)
+            total = sm.events.counts["lft_block_acked"]
+            fab.link_down("edge1_1", 4)
+            await settle(port)
+            while sm._dirty or sm._trap_unknown:
+                await sm.step()
+                await settle(port)
+            assert not unreachable_pairs(fab)
+            assert 0 < sm.events.counts["lft_block_acked"] - total < total
+            fab.link_up("edge1_1", 4)
+            await settle(port)
+            for _ in range(3):
+                await sm.step()
+                await settle(port)
             assert link_ports_active(fab) and not unreachable_pairs(fab)
 
     run(main)
