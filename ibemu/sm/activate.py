@@ -26,19 +26,30 @@ from ibemu.sm.discovery import (
     Discovery,
     End,
 )
+from ibemu.sm.transport import Request
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PKEY = 0xFFFF  # the default partition, full member
 
 
-async def _set_port(disc: Discovery, end: End, data: bytes) -> bool:
+async def _set_port(disc: Discovery, end: End, data: bytes, *, lid_routed: bool = False) -> bool:
+    """PortInfo Set of ``end``; ``lid_routed``: to the node's LID through the LFTs first
+    (cheaper per hop than directed route), directed route if that goes unanswered."""
     node = disc.graph.nodes.get(end[0])
     if node is None:
         return False
     path = node.dr_path if node.is_switch else node.ports[end[1]].dr_path
-    r = await disc.transport.request(mb.dr_smp(mb.SET, ATTR_PORT_INFO, path=list(path),
-                                               modifier=end[1], data=data))
+    r = None
+    lid = node.ports[0].lid if node.is_switch else node.ports[end[1]].lid
+    if lid_routed and lid:
+        r = await disc.transport.request(Request(mb.lr_smp(mb.SET, ATTR_PORT_INFO, modifier=end[1], data=data),
+                                                 dlid=lid))
+        if r is None:
+            disc.transport.stats["lid_routed_fallback"] += 1
+    if r is None:
+        r = await disc.transport.request(mb.dr_smp(mb.SET, ATTR_PORT_INFO, path=list(path),
+                                                   modifier=end[1], data=data))
     if r is None or not r.ok:
         log.warning("PortInfo Set %#x:%d failed (%s)", end[0], end[1],
                     "timeout" if r is None else f"status {r.status:#x}")
@@ -93,7 +104,8 @@ def link_ends(disc: Discovery) -> list[End]:
     return out
 
 
-async def set_state(disc: Discovery, state: int, ends: Iterable[End] | None = None) -> int:
+async def set_state(disc: Discovery, state: int, ends: Iterable[End] | None = None, *,
+                    lid_routed: bool = False) -> int:
     """Move each port one step towards ``state`` (Armed or Active); returns Sets done.
 
     A port already there, not LinkUp, or (for Active) not yet Armed is left alone.
@@ -115,7 +127,7 @@ async def set_state(disc: Discovery, state: int, ends: Iterable[End] | None = No
 
     async def one(end: End, data: bytes) -> None:
         nonlocal ok
-        done_ok = await _set_port(disc, end, data)
+        done_ok = await _set_port(disc, end, data, lid_routed=lid_routed)
         ok += done_ok
 
     async with trio.open_nursery() as n:
@@ -124,11 +136,14 @@ async def set_state(disc: Discovery, state: int, ends: Iterable[End] | None = No
     return ok
 
 
-async def activate(disc: Discovery, ends: Iterable[End] | None = None) -> int:
-    """Init -> Armed -> Active for ``ends`` (default: every live link); returns Sets done."""
+async def activate(disc: Discovery, ends: Iterable[End] | None = None, *, lid_routed: bool = False) -> int:
+    """Init -> Armed -> Active for ``ends`` (default: every live link); returns Sets done.
+
+    ``lid_routed``: the LFTs are known good (just programmed, nothing failed since).
+    """
     chosen = list(link_ends(disc) if ends is None else ends)
-    n = await set_state(disc, STATE_ARMED, chosen)
-    return n + await set_state(disc, STATE_ACTIVE, chosen)
+    n = await set_state(disc, STATE_ARMED, chosen, lid_routed=lid_routed)
+    return n + await set_state(disc, STATE_ACTIVE, chosen, lid_routed=lid_routed)
 
 
 async def set_switch_info(disc: Discovery, guids: Iterable[int], *, top: int | None,

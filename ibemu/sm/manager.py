@@ -80,6 +80,7 @@ class SmConfig:
     sweep_interval_s: float = 10.0
     outbox: int = 1024  # TrapRepress / SMInfo responses waiting to be sent
     priority: int = 0
+    lid_routed_activation: bool = True  # after a clean programming pass (cheaper per hop)
 
 
 class SubnetManager:
@@ -258,7 +259,7 @@ class SubnetManager:
         ok = await self._route_and_program(None)
         top = self.lids.top
         await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
-        n = await act.activate(self.disc)
+        n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
         self.events.emit("ports_active", sets=n, ports=len(act.link_ends(self.disc)))
         if ok and reason == "cold" and not self.up.is_set():
             self.events.emit("subnet_up", seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
