@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from ibemu.device.actions import Send
 from ibemu.hca.transport import (
     Access,
     AddressHandle,
@@ -43,6 +42,7 @@ from ibemu.hca.transport import (
     WorkCompletion,
     WrOpcode,
 )
+from ibemu.hca.transport.actions import Send
 
 Device = Hca
 

@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ibemu.device.actions import Send
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import CompletionQueue
 from ibemu.hca.transport.mr import Access, MemoryRegion, MrTable
 from ibemu.hca.transport.qp import QpType

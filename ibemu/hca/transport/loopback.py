@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ibemu.device.actions import Send
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.hca import Hca
 
 

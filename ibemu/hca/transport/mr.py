@@ -24,6 +24,10 @@ class MemoryRegion:
     lkey: int
     rkey: int
     access: Access
+    bits: int = 0  # int(access), for the data path (IntFlag operators are slow)
+
+    def __post_init__(self) -> None:
+        self.bits = int(self.access)
 
     @property
     def length(self) -> int:
@@ -74,18 +78,25 @@ class MrTable:
         self._by_lkey.pop(mr.lkey, None)
         self._by_rkey.pop(mr.rkey, None)
 
-    def remote(self, rkey: int, va: int, length: int, need: Access) -> tuple[MemoryRegion, int] | None:
+    def remote(self, rkey: int, va: int, length: int, need: int) -> tuple[MemoryRegion, int] | None:
         """(region, offset) for a remote access, or None: unknown rkey, no right, out of range."""
         mr = self._by_rkey.get(rkey)
-        if mr is None or not mr.access & need:
+        if mr is None or not mr.bits & need:
             return None
-        off = mr.offset(va, length)
-        if off is None:
+        off = va - mr.addr
+        if off < 0 or off + length > len(mr.buf):
             return None
         return mr, off
 
     def resolve(self, sges: Sequence[Sge], *, write: bool) -> list[Segment]:
         """Check local SGEs (lkey, range, LOCAL_WRITE when the HCA writes into them)."""
+        if len(sges) == 1:  # the common case, without the loop
+            s = sges[0]
+            mr = self._by_lkey.get(s.lkey)
+            if mr is not None and (not write or mr.bits & 1):
+                off = s.addr - mr.addr
+                if off >= 0 and off + s.length <= len(mr.buf):
+                    return [(mr.buf, off, s.length)]
         out: list[Segment] = []
         for s in sges:
             mr = self._by_lkey.get(s.lkey)
@@ -93,19 +104,19 @@ class MrTable:
                 raise ValueError(f"unknown lkey {s.lkey:#x}")
             if write and not mr.access & Access.LOCAL_WRITE:
                 raise ValueError(f"region {s.lkey:#x} has no LOCAL_WRITE access")
-            off = mr.offset(s.addr, s.length)
-            if off is None:
+            where = mr.offset(s.addr, s.length)
+            if where is None:
                 raise ValueError(f"SGE {s.addr:#x}+{s.length} is outside region {s.lkey:#x}")
-            out.append((mr.buf, off, s.length))
+            out.append((mr.buf, where, s.length))
         return out
 
 
-def gather(segs: Sequence[Segment]) -> memoryview:
-    """The bytes of ``segs`` in order (a view without a copy for a single segment)."""
+def gather(segs: Sequence[Segment]) -> bytes:
+    """A copy of the bytes of ``segs`` in order (taken when the WR is posted)."""
     if len(segs) == 1:
         buf, off, n = segs[0]
-        return memoryview(buf)[off : off + n]
-    return memoryview(b"".join(bytes(memoryview(b)[o : o + n]) for b, o, n in segs))
+        return bytes(memoryview(buf)[off : off + n])
+    return b"".join(bytes(memoryview(b)[o : o + n]) for b, o, n in segs)
 
 
 def capacity(segs: Sequence[Segment]) -> int:

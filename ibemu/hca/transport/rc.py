@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ibemu.device.actions import Send
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import CompletionQueue, WcStatus
 from ibemu.hca.transport.qp import PathRecord, QpInfo, QpState, QpStateError, QpType, QueuePair
 from ibemu.hca.transport.rc_requester import RcRequester

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ibemu.device.actions import Send
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import WcOpcode, WcStatus, WorkCompletion
 from ibemu.hca.transport.mr import Segment, capacity, gather, scatter
 from ibemu.hca.transport.segment import (
@@ -40,6 +40,13 @@ _NAK_STATUS = {
     0x64: WcStatus.REM_INV_REQ_ERR,
 }
 _READ_REQ = int(Op.RDMA_READ_REQUEST)
+_NO_SEGS: list[Segment] = []
+_WR_READ = WrOpcode.RDMA_READ
+_WR_WRITE = WrOpcode.RDMA_WRITE
+_WR_SEND = WrOpcode.SEND
+_WR_SEND_IMM = WrOpcode.SEND_WITH_IMM
+_READ = WcOpcode.RDMA_READ
+_WRITE = WcOpcode.RDMA_WRITE
 _reth = fast.reth
 _immdt = fast.immdt
 
@@ -51,7 +58,7 @@ class SendWqe:
     wr_id: int
     kind: WcOpcode
     ops: tuple[int, int, int, int]
-    data: memoryview | None  # SEND / WRITE source
+    data: bytes | None  # SEND / WRITE source (a copy taken at post time)
     segs: list[Segment]  # READ destination
     length: int
     raddr: int
@@ -88,23 +95,26 @@ class RcRequester:
 
     # -- posting -------------------------------------------------------------------------
     def make_wqe(self, wr: SendWr) -> SendWqe:
-        mrs = self.qp.hca.mrs
         op = wr.opcode
-        if op is WrOpcode.RDMA_READ:
-            segs = mrs.resolve(wr.sg_list, write=True)
-            return SendWqe(wr.wr_id, WcOpcode.RDMA_READ, READ_RESP_OPS, None, segs, capacity(segs),
+        resolve = self.qp.hca.mrs.resolve
+        if op is _WR_READ:
+            segs = resolve(wr.sg_list, write=True)
+            return SendWqe(wr.wr_id, _READ, READ_RESP_OPS, None, segs, capacity(segs),
                            wr.remote_addr, wr.rkey, None, wr.signaled, False)
-        segs = mrs.resolve(wr.sg_list, write=False)
-        data = gather(segs)
-        if op is WrOpcode.SEND or op is WrOpcode.SEND_WITH_IMM:
-            imm = wr.imm if op is WrOpcode.SEND_WITH_IMM else None
+        data = gather(resolve(wr.sg_list, write=False))
+        if op is _WR_WRITE:
+            return SendWqe(wr.wr_id, _WRITE, WRITE_OPS, data, _NO_SEGS, len(data), wr.remote_addr,
+                           wr.rkey, None, wr.signaled, wr.solicited)
+        if op is _WR_SEND or op is _WR_SEND_IMM:
+            imm = wr.imm if op is _WR_SEND_IMM else None
+            if op is _WR_SEND_IMM and imm is None:
+                raise ValueError("SEND_WITH_IMM needs imm")
             return SendWqe(wr.wr_id, WcOpcode.SEND, SEND_OPS if imm is None else SEND_IMM_OPS, data,
-                           [], len(data), 0, 0, imm, wr.signaled, wr.solicited)
-        imm = wr.imm if op is WrOpcode.RDMA_WRITE_WITH_IMM else None
-        if imm is not None and wr.imm is None:
+                           _NO_SEGS, len(data), 0, 0, imm, wr.signaled, wr.solicited)
+        if wr.imm is None:
             raise ValueError("RDMA_WRITE_WITH_IMM needs imm")
-        return SendWqe(wr.wr_id, WcOpcode.RDMA_WRITE, WRITE_OPS if imm is None else WRITE_IMM_OPS,
-                       data, [], len(data), wr.remote_addr, wr.rkey, imm, wr.signaled, wr.solicited)
+        return SendWqe(wr.wr_id, _WRITE, WRITE_IMM_OPS, data, _NO_SEGS, len(data), wr.remote_addr,
+                       wr.rkey, wr.imm, wr.signaled, wr.solicited)
 
     def post(self, wrs: Sequence[SendWr], out: list[Send], *, queue_only: bool) -> None:
         if len(self.outstanding) + len(self.pending) + len(wrs) > self.max_send_wr:
@@ -131,61 +141,74 @@ class RcRequester:
         if psn_diff(self.next_psn, self.una) < 0:
             raise OverflowError("more than 2^23 PSNs outstanding")
         self.outstanding.extend(wqes)
-        last = len(wqes) - 1
-        for i, w in enumerate(wqes):
-            self._emit(w, 0, out, i == last)
+        self._emit(wqes, 0, out)
         if self.ack_deadline is None and self.rnr_deadline is None and self.timeout_ns is not None:
             self.ack_deadline = self.qp.hca.clock() + self.timeout_ns
 
-    def _emit(self, w: SendWqe, k: int, out: list[Send], last: bool) -> int:
-        """Packets ``k ..`` of ``w`` onto ``out``; returns how many."""
+    def _emit(self, wqes: Sequence[SendWqe], k: int, out: list[Send]) -> int:
+        """Packets of ``wqes`` onto ``out``, the first WQE from its packet ``k``; AckReq on the
+        last packet of signaled messages, of the burst, and every ``ack_every`` packets."""
         qp = self.qp
-        tmpl = qp.tmpl
+        packet = qp.tmpl.packet
         port = qp.hca.port
         mtu = qp.mtu
-        psn0 = w.psn
-        n = w.n
-        if w.kind is WcOpcode.RDMA_READ:
-            off = k * mtu
-            w.base = k
-            out.append(Send(port, tmpl.packet(_READ_REQ, (psn0 + k) & PSN_MASK,
-                                              ext=_reth(w.raddr + off, w.rkey, w.length - off))))
-            qp.stats.tx_packets += 1
-            return 1
-        data = w.data
-        assert data is not None
-        ops = w.ops
         every = self.ack_every
         since = self._since_ackreq
-        is_write = w.kind is WcOpcode.RDMA_WRITE
-        end_ack = w.signaled or last
-        imm = w.imm
-        for i in range(k, n):
-            ext = b""
-            if n == 1:
-                op = ops[3]
-                if is_write:
-                    ext = _reth(w.raddr, w.rkey, w.length)
-            elif i == 0:
-                op = ops[0]
-                if is_write:
-                    ext = _reth(w.raddr, w.rkey, w.length)
-            elif i == n - 1:
-                op = ops[2]
-            else:
-                op = ops[1]
-            tail = i == n - 1
-            if tail and imm is not None:
-                ext += _immdt(imm)
-            since += 1
-            ackreq = since >= every or (tail and end_ack)
-            if ackreq:
-                since = 0
-            out.append(Send(port, tmpl.packet(op, (psn0 + i) & PSN_MASK, data[i * mtu : (i + 1) * mtu],
-                                              ackreq=ackreq, se=tail and w.solicited, ext=ext)))
+        append = out.append
+        last_w = wqes[-1] if wqes else None
+        count = 0
+        for w in wqes:
+            psn0 = w.psn
+            n = w.n
+            kind = w.kind
+            if kind is _READ:
+                off = k * mtu
+                w.base = k
+                append(Send(port, packet(_READ_REQ, (psn0 + k) & PSN_MASK,
+                                         ext=_reth(w.raddr + off, w.rkey, w.length - off))))
+                count += 1
+                k = 0
+                continue
+            data = w.data or b""
+            ops = w.ops
+            imm = w.imm
+            end_ack = w.signaled or w is last_w
+            if n == 1:  # the common one-packet message, without the loop
+                since += 1
+                ackreq = since >= every or end_ack
+                if ackreq:
+                    since = 0
+                ext = _reth(w.raddr, w.rkey, w.length) if kind is _WRITE else b""
+                if imm is not None:
+                    ext += _immdt(imm)
+                append(Send(port, packet(ops[3], psn0, data, ackreq=ackreq, se=w.solicited, ext=ext)))
+                count += 1
+                continue
+            is_write = kind is _WRITE
+            for i in range(k, n):
+                ext = b""
+                if i == 0:
+                    op = ops[0]
+                    if is_write:
+                        ext = _reth(w.raddr, w.rkey, w.length)
+                elif i == n - 1:
+                    op = ops[2]
+                    if imm is not None:
+                        ext = _immdt(imm)
+                else:
+                    op = ops[1]
+                tail = i == n - 1
+                since += 1
+                ackreq = since >= every or (tail and end_ack)
+                if ackreq:
+                    since = 0
+                append(Send(port, packet(op, (psn0 + i) & PSN_MASK, data[i * mtu : (i + 1) * mtu],
+                                         ackreq=ackreq, se=tail and w.solicited, ext=ext)))
+            count += n - k
+            k = 0
         self._since_ackreq = since
-        qp.stats.tx_packets += n - k
-        return n - k
+        qp.stats.tx_packets += count
+        return count
 
     def go_back(self, out: list[Send]) -> None:
         """Go-back-N: resend everything from ``una`` (the front WQE contains it)."""
@@ -196,11 +219,7 @@ class RcRequester:
         k = w.done if w.kind is WcOpcode.RDMA_READ else psn_diff(self.una, w.psn)
         if not 0 <= k < w.n:
             k = 0
-        count = 0
-        last = len(q) - 1
-        for i, w in enumerate(q):
-            count += self._emit(w, k, out, i == last)
-            k = 0
+        count = self._emit(list(q), k, out)
         self.qp.stats.retransmitted += count
         log.debug("QP %#x: go-back-N from PSN %#x, %d packets", self.qp.qpn, self.una, count)
         if self.timeout_ns is not None:

@@ -6,7 +6,7 @@ import logging
 import struct
 from typing import TYPE_CHECKING
 
-from ibemu.device.actions import Send
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import WcOpcode, WcStatus, WorkCompletion
 from ibemu.hca.transport.mr import Access, MemoryRegion, scatter
 from ibemu.hca.transport.qp import RecvWqe
@@ -23,6 +23,8 @@ _RETH = struct.Struct("!QII")
 _U32 = struct.Struct("!I")
 _aeth = fast.aeth
 _ACK = int(Op.ACKNOWLEDGE)
+_REMOTE_WRITE = int(Access.REMOTE_WRITE)
+_REMOTE_READ = int(Access.REMOTE_READ)
 CREDITS_UNLIMITED = 0x1F
 NAK_SEQ = 0x60
 NAK_INV_REQ = 0x61
@@ -146,7 +148,7 @@ class RcResponder:
                 self._nak(NAK_INV_REQ, out)
                 return
             va, rkey, dlen = _RETH.unpack_from(pkt, 20)
-            res = qp.hca.mrs.remote(rkey, va, dlen, Access.REMOTE_WRITE)
+            res = qp.hca.mrs.remote(rkey, va, dlen, _REMOTE_WRITE)
             if res is None:
                 log.debug("QP %#x: remote access error rkey %#x va %#x+%d", qp.qpn, rkey, va, dlen)
                 self._nak(NAK_ACCESS, out)
@@ -220,7 +222,7 @@ class RcResponder:
     def _read(self, pkt: bytes | bytearray | memoryview, psn: int, out: list[Send], *, dup: bool) -> None:
         qp = self.qp
         va, rkey, dlen = _RETH.unpack_from(pkt, 20)
-        res = qp.hca.mrs.remote(rkey, va, dlen, Access.REMOTE_READ)
+        res = qp.hca.mrs.remote(rkey, va, dlen, _REMOTE_READ)
         if res is None:
             if not dup:
                 self._nak(NAK_ACCESS, out)

@@ -6,7 +6,7 @@ import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ibemu.device.actions import Send
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import CompletionQueue, WcOpcode, WcStatus, WorkCompletion
 from ibemu.hca.transport.mr import gather, scatter
 from ibemu.hca.transport.qp import QpState, QpStateError, QpType, QueuePair
