@@ -305,8 +305,11 @@ class RcRequester:
         st = self.qp.stats
         self.ack_upto((psn - 1) & PSN_MASK, out)
         q = self.outstanding
-        if not q or q[0].kind is not WcOpcode.RDMA_READ:
-            st.dropped += 1
+        if not q or q[0].kind is not _READ:
+            if psn_diff(psn, self.una) < 0:
+                st.duplicates += 1  # a late answer to a READ already complete
+            else:
+                st.dropped += 1
             return
         w = q[0]
         expect = (w.psn + w.done) & PSN_MASK
