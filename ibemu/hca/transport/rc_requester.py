@@ -142,7 +142,8 @@ class RcRequester:
             raise OverflowError("more than 2^23 PSNs outstanding")
         self.outstanding.extend(wqes)
         self._emit(wqes, 0, out)
-        if self.ack_deadline is None and self.rnr_deadline is None and self.timeout_ns is not None:
+        if (self.ack_deadline is None and self.rnr_deadline is None and self.timeout_ns is not None
+                and self.outstanding):
             self.ack_deadline = self.qp.hca.clock() + self.timeout_ns
 
     def _emit(self, wqes: Sequence[SendWqe], k: int, out: list[Send]) -> int:

@@ -110,3 +110,18 @@ def test_verbs_api_end_to_end() -> None:
     assert [(w.wr_id, w.opcode) for w in ca.poll()] == [(1, WcOpcode.RDMA_WRITE), (2, WcOpcode.SEND)]
     assert [(w.wr_id, w.byte_len, w.imm) for w in cb.poll()] == [(9, 7, 42)]
     assert theirs.buf[:14] == b"hello, fabric!" and theirs.buf[32:39] == b"fabric!"
+
+
+def test_both_directions_at_once_over_a_lossy_cable() -> None:
+    p = make_pair(mtu=512, loss=0.1, seed=21)
+    back = p.b.reg_mr(bytearray(bytes(range(256)) * 64), Access.LOCAL_WRITE)
+    land = p.a.reg_mr(bytearray(len(back.buf)), Access.LOCAL_WRITE | Access.REMOTE_WRITE)
+    p.post([p.write(i, i * 4000, 4000, i * 4000) for i in range(4)])
+    p.link.send(p.b, p.qb.post_send([
+        SendWr(10 + i, WrOpcode.RDMA_WRITE, [Sge(back.addr + i * 4000, 4000, back.lkey)],
+               remote_addr=land.addr + i * 4000, rkey=land.rkey) for i in range(4)]))
+    p.run()
+    assert [w.wr_id for w in p.wcs_a] == [0, 1, 2, 3] and [w.wr_id for w in p.wcs_b] == [10, 11, 12, 13]
+    assert all(w.status is WcStatus.SUCCESS for w in p.wcs_a + p.wcs_b)
+    assert p.dst.buf[:16000] == p.src.buf[:16000] and land.buf[:16000] == back.buf[:16000]
+    assert p.link.stats.lost > 0
