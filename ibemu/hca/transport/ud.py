@@ -47,7 +47,8 @@ class UdQp(QueuePair):
         self.state = QpState.RTR
 
     def modify_to_rts(self) -> None:
-        self._need(QpState.RTR)
+        """RTR -> RTS, or SQE -> RTS after a send error."""
+        self._need(QpState.RTR, QpState.SQE)
         self.state = QpState.RTS
 
     def activate(self, *, qkey: int, pkey_index: int = 0) -> None:
@@ -69,9 +70,13 @@ class UdQp(QueuePair):
         for wr in batch:
             if wr.opcode not in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM) or wr.ah is None:
                 raise ValueError("UD QPs send SEND / SEND_WITH_IMM to an address handle")
+            if self.state is QpState.SQE:  # the rest of a batch behind a send error
+                self.send_cq.push(WorkCompletion(wr.wr_id, WcStatus.WR_FLUSH_ERR, WcOpcode.SEND, self.qpn))
+                continue
             data = gather(hca.mrs.resolve(wr.sg_list, write=False))
-            if len(data) > hca.mtu:
+            if len(data) > hca.mtu:  # a send error: the QP stops in SQE until modify_to_rts()
                 self.send_cq.push(WorkCompletion(wr.wr_id, WcStatus.LOC_LEN_ERR, WcOpcode.SEND, self.qpn))
+                self.state = QpState.SQE
                 continue
             key = (wr.ah.dlid, wr.ah.sl, wr.remote_qpn)
             tmpl = self._templates.get(key)
@@ -93,7 +98,7 @@ class UdQp(QueuePair):
 
     def receive(self, pkt: bytes | bytearray | memoryview, mv: memoryview, op: int, b1bth: int,
                 ackreq: int, psn: int, n: int, out: list[Send]) -> None:
-        if self.state not in (QpState.RTR, QpState.RTS) or op not in (UD_SEND_ONLY, UD_SEND_ONLY_IMM):
+        if self.state not in (QpState.RTR, QpState.RTS, QpState.SQE) or op not in (UD_SEND_ONLY, UD_SEND_ONLY_IMM):
             self.stats.dropped += 1
             return
         qkey, srcqp = _DETH.unpack_from(pkt, 20)

@@ -67,3 +67,21 @@ def test_wrong_dlid_and_unknown_qp_are_dropped() -> None:
     Loopback(a, b, clock).run()  # the armed ACK timer retries 7 times into the void
     assert b.stats.unknown_qp == 1 + 7 and qa.state is QpState.ERROR
     assert [w.status for w in qa.send_cq.poll()] == [WcStatus.RETRY_EXC_ERR]
+
+
+def test_user_moves_qp_to_error_flushes_everything() -> None:
+    p = make_pair(mtu=256)
+    p.link.filter = lambda sender, idx, pkt: False  # nothing gets through
+    p.recv(1, 0, 10)
+    p.qa.post_recv(RecvWr(2, [Sge(p.sink.addr, 10, p.sink.lkey)]))
+    p.post([p.write(3, 0, 10), p.send(4, 0, 10)])
+    p.qa.enter_error()
+    assert p.qa.state is QpState.ERROR and p.a.next_deadline() is None
+    assert [(w.wr_id, w.status) for w in p.cqa.poll()] == [
+        (3, WcStatus.WR_FLUSH_ERR), (4, WcStatus.WR_FLUSH_ERR), (2, WcStatus.WR_FLUSH_ERR)]
+    p.qa.post_recv(RecvWr(5, [Sge(p.sink.addr, 10, p.sink.lkey)]))
+    assert [(w.wr_id, w.status) for w in p.cqa.poll()] == [(5, WcStatus.WR_FLUSH_ERR)]
+    p.qa.reset()
+    assert p.qa.state is QpState.RESET
+    p.qa.connect(p.qb.info())
+    assert p.qa.state is QpState.RTS

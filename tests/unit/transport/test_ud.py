@@ -10,6 +10,8 @@ from ibemu.hca.transport import (
     Access,
     AddressHandle,
     Hca,
+    QpState,
+    QpStateError,
     RecvWr,
     SendWr,
     Sge,
@@ -60,11 +62,17 @@ def test_ud_send_delivers_with_source(n: int, imm: int | None) -> None:
     assert rmr.buf[:n] == data
 
 
-def test_ud_larger_than_mtu_is_a_local_length_error() -> None:
+def test_ud_larger_than_mtu_is_a_local_length_error_and_sqe() -> None:
     a, _b, qa, qb = _ud()
-    wr, _ = _wr(a, qb, 1025)
-    assert qa.post_send(wr) == []
-    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.LOC_LEN_ERR]
+    big, _ = _wr(a, qb, 1025)
+    small, _ = _wr(a, qb, 10)
+    assert qa.post_send([big, small]) == []
+    assert [w.status for w in qa.send_cq.poll()] == [WcStatus.LOC_LEN_ERR, WcStatus.WR_FLUSH_ERR]
+    assert qa.state is QpState.SQE
+    with pytest.raises(QpStateError):
+        qa.post_send(small)
+    qa.modify_to_rts()
+    assert len(qa.post_send(small)) == 1
 
 
 def test_ud_qkey_and_pkey_mismatch_dropped_and_counted() -> None:
