@@ -111,11 +111,12 @@ class MrTable:
         return out
 
 
-def gather(segs: Sequence[Segment]) -> bytes:
-    """A copy of the bytes of ``segs`` in order (taken when the WR is posted)."""
+def gather(segs: Sequence[Segment]) -> bytes | memoryview:
+    """The bytes of ``segs`` in order: a view of the region for one SGE (read again at each
+    (re)transmission, as an HCA's DMA does), a copy taken at post time for several."""
     if len(segs) == 1:
         buf, off, n = segs[0]
-        return bytes(memoryview(buf)[off : off + n])
+        return memoryview(buf)[off : off + n]
     return b"".join(bytes(memoryview(b)[o : o + n]) for b, o, n in segs)
 
 

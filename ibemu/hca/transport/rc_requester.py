@@ -58,7 +58,7 @@ class SendWqe:
     wr_id: int
     kind: WcOpcode
     ops: tuple[int, int, int, int]
-    data: bytes | None  # SEND / WRITE source (a copy taken at post time)
+    data: bytes | memoryview | None  # SEND / WRITE source
     segs: list[Segment]  # READ destination
     length: int
     raddr: int
