@@ -30,6 +30,7 @@ from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
+from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,6 +203,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, nargs="+", default=[4, 16, 64, 256])
     ap.add_argument("--engine", default="minhop")
     ap.add_argument("--cuts", type=int, default=5)
+    ap.add_argument("--reroute-window", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     ap.add_argument("--no-opensm", action="store_true")
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
     args = ap.parse_args()
@@ -219,7 +221,7 @@ def main() -> None:
         if args.cuts:
             k = max(args.k)
             print(f"== fat-tree k={k}: reroute of one edge-aggregation cable ({args.engine})")
-            rows = reroutes(k, args.cuts, args.engine, 64, tmp)
+            rows = reroutes(k, args.cuts, args.engine, args.reroute_window, tmp)
             for row in rows:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))

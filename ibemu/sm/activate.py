@@ -54,7 +54,7 @@ async def _set_port(disc: Discovery, end: End, data: bytes, *, lid_routed: bool 
         log.warning("PortInfo Set %#x:%d failed (%s)", end[0], end[1],
                     "timeout" if r is None else f"status {r.status:#x}")
         return False
-    disc._store_pi(node, end[1], r.data)
+    disc.store_port_info(node, end[1], r.data)
     return True
 
 

@@ -80,7 +80,7 @@ class Discovery:
             return None
         return r
 
-    def _store_pi(self, node: SmNode, num: int, data: bytes) -> None:
+    def store_port_info(self, node: SmNode, num: int, data: bytes) -> None:
         self.port_info[(node.guid, num)] = data
         p = node.ports[num]
         p.state = data[32] & 0x0F
@@ -135,7 +135,7 @@ class Discovery:
         if node.is_switch and not new and reread:
             r = await self._get(path, ATTR_PORT_INFO, here)
             if r is not None:
-                self._store_pi(node, here, r.data)
+                self.store_port_info(node, here, r.data)
         if node.is_switch and new:
             await self._read_switch(node)
             for num in range(1, node.num_ports + 1):
@@ -154,7 +154,7 @@ class Discovery:
         async def pi(num: int) -> None:
             r = await self._get(path, ATTR_PORT_INFO, num)
             if r is not None:
-                self._store_pi(node, num, r.data)
+                self.store_port_info(node, num, r.data)
 
         async def desc() -> None:
             r = await self._get(path, ATTR_NODE_DESC)
@@ -176,7 +176,7 @@ class Discovery:
         async def pi() -> None:
             r = await self._get(path, ATTR_PORT_INFO, num)
             if r is not None:
-                self._store_pi(node, num, r.data)
+                self.store_port_info(node, num, r.data)
 
         async def pk() -> None:
             r = await self._get(path, ATTR_PKEY_TABLE, 0)
@@ -319,7 +319,7 @@ class Discovery:
             r = await self._get(node.dr_path, ATTR_PORT_INFO, end[1])
             if r is None:
                 return
-            self._store_pi(node, end[1], r.data)
+            self.store_port_info(node, end[1], r.data)
             if r.data[33] >> 4 != PHYS_LINK_UP and node.ports[end[1]].peer is not None:
                 peer = self.unlink(*end)
                 changes.append(Change("down", end[0], end[1], peer))
@@ -407,7 +407,7 @@ class Discovery:
                      probes: list[tuple[SmNode, int]]) -> None:
         for num, data in sorted(got.items()):
             old_state = self.state((node.guid, num))
-            self._store_pi(node, num, data)
+            self.store_port_info(node, num, data)
             up = data[33] >> 4 == PHYS_LINK_UP
             port = node.ports[num]
             if port.peer is not None and not up:
