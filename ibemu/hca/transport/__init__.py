@@ -2,7 +2,23 @@
 
 ``Hca`` is one port's engine: ``receive(packet)`` / ``tick(now_ns)`` return ``Send`` actions,
 verbs (``reg_mr``, ``create_cq``, ``create_qp``, ``QP.connect``, ``post_send``, ``post_recv``,
-``CQ.poll``) drive it. ``ibemu.hca.verbs`` is the user-facing face of the same objects.
+``CQ.poll``) drive it. ``ibemu.hca.verbs`` is the user-facing face of the same objects;
+``loopback`` wires two engines in memory with a simulated clock and seeded faults.
+
+Packets are LRH .. VCRC without a GRH (LNH=2), built with ``wire.fast.NativeTemplate`` (one
+per QP and path) and checked on receive (length, VCRC, ICRC, DLID, QPN, P_Key: each drop
+counted in ``Hca.stats``). Choices where the spec leaves room or where this is simpler:
+
+- AckReq on the last packet of every signaled message, of every post/retransmission burst,
+  and every ``ack_every`` packets; the responder ACKs exactly those (credits 0x1F, MSN).
+- Go-back-N restarts at the oldest unacknowledged PSN (a lost READ response re-requests the
+  rest of the READ); seq-error NAKs and timeouts both use up ``retry_cnt``, forward progress
+  restores it and ``rnr_retry`` (7 = unlimited).
+- The responder NAKs once per sequence error/RNR and drops later packets until the expected
+  PSN returns; after a remote access / invalid request NAK it stays in RTS, the requester
+  goes to ERROR (WQE in error, the rest flushed).
+- Peers must agree on the path MTU (both use min(path MTU, port MTU)).
+- UD receives land at offset 0 (no 40-byte GRH area); a send error puts the QP in SQE.
 """
 
 from ibemu.hca.transport.cq import CompletionQueue, WcOpcode, WcStatus, WorkCompletion

@@ -4,6 +4,7 @@ multiple SGEs, reordering, determinism, and the verbs helpers."""
 from __future__ import annotations
 
 from ibemu.hca.transport import QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode
+from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.loopback import Loopback, SimClock
 from ibemu.hca.verbs import Access, connect_pair, open_device, sge
 
@@ -30,7 +31,7 @@ def test_duplicated_read_request_answered_again_and_ignored_by_requester() -> No
     p.post(p.read(1, 100, 600))
     pkt = next(pk for _t, h, pk in p.link.trace or [] if h is p.a)
     p.run()
-    p.link.send(p.a, [type("S", (), {"packet": pkt})()])  # the request again, late
+    p.link.send(p.a, [Send(1, pkt)])  # the request again, late
     p.run()
     assert [(w.wr_id, w.status) for w in p.wcs_a] == [(1, WcStatus.SUCCESS)]
     assert p.qb.stats.duplicates == 1 and p.qa.stats.duplicates == 3  # 3 responses re-sent
