@@ -20,12 +20,16 @@ ops = st.lists(st.tuples(st.sampled_from(["write", "read", "send", "send_imm", "
 @given(msgs=ops, mtu=st.sampled_from([256, 1024, 4096]), seed=st.integers(0, 2**16),
        loss=st.sampled_from([0.0, 0.05, 0.2]), dup=st.sampled_from([0.0, 0.1]),
        reorder=st.sampled_from([0.0, 0.1]), corrupt=st.sampled_from([0.0, 0.05]),
-       psn=st.sampled_from([0, (1 << 24) - 5]), ack_every=st.sampled_from([1, 4, 16]))
+       psn=st.sampled_from([0, (1 << 24) - 5]), ack_every=st.sampled_from([1, 4, 16]),
+       late_recv=st.booleans())
 def test_exactly_once_in_order_or_reported_error(msgs: list[tuple[str, int]], mtu: int, seed: int,
                                                  loss: float, dup: float, reorder: float,
-                                                 corrupt: float, psn: int, ack_every: int) -> None:
+                                                 corrupt: float, psn: int, ack_every: int,
+                                                 late_recv: bool) -> None:
     p = make_pair(mtu=mtu, size=SLOT * 16, psn_a=psn, psn_b=psn ^ 0x5555, seed=seed, loss=loss,
-                  dup=dup, reorder=reorder, corrupt=corrupt, timeout=6, ack_every=ack_every)
+                  dup=dup, reorder=reorder, corrupt=corrupt, timeout=6, ack_every=ack_every,
+                  min_rnr_timer=3)
+    recvs: list[tuple[int, int, int]] = []
     p.dst.buf[SLOT * 13 :] = p.src.buf[SLOT * 13 :]  # READ source
     sends: list[tuple[int, int, int | None]] = []  # (slot, size, imm)
     wrs = []
@@ -35,22 +39,30 @@ def test_exactly_once_in_order_or_reported_error(msgs: list[tuple[str, int]], mt
             imm = 0x1000 + i if kind == "write_imm" else None
             wrs.append(p.write(i, off, n, off, imm=imm))
             if imm is not None:
-                p.recv(100 + i, 0, 1)
+                recvs.append((100 + i, 0, 1))
                 sends.append((-1, n, imm))
         elif kind == "read":
             wrs.append(p.read(i, SLOT * 13 + off % (SLOT * 3), n, off))
         else:
             imm = 0x2000 + i if kind == "send_imm" else None
-            p.recv(100 + i, off, SLOT)
+            recvs.append((100 + i, off, SLOT))
             wrs.append(p.send(i, off, n, imm=imm))
             sends.append((off, n, imm))
+    if not late_recv:
+        for r in recvs:
+            p.recv(*r)
     p.post(wrs[: len(wrs) // 2])
     p.post(wrs[len(wrs) // 2 :])
+    if late_recv:  # SENDs meet an empty receive queue first: RNR NAKs, then retries
+        p.link.run(until_ns=30_000)
+        for r in recvs:
+            p.recv(*r)
     steps = p.link.run(max_steps=200_000)
     assert steps < 200_000, "stuck"
     p.run()
     statuses = [w.status for w in p.wcs_a]
     event(f"retransmitted: {bool(p.qa.stats.retransmitted)}, error: {p.qa.state is QpState.ERROR}")
+    event(f"rnr: {bool(p.qa.stats.rnr_naks_received)}")
     assert [w.wr_id for w in p.wcs_a] == list(range(len(msgs)))  # in order, once each
     ok = statuses.count(WcStatus.SUCCESS)
     if ok < len(msgs):  # an error is reported, then everything after it is flushed
