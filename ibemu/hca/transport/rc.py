@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 _ACK = 0x11
 _RESP_FIRST, _RESP_LAST = 0x0D, 0x10
 _AETH_OPS = (0x0D, 0x0F, 0x10)
+_RC_EXTRA = frozenset(range(0x12, 0x20))  # atomics, SEND with invalidate: NAKed as unsupported
 
 
 class RcQp(QueuePair):
@@ -129,8 +130,9 @@ class RcQp(QueuePair):
     def receive(self, pkt: bytes | bytearray | memoryview, mv: memoryview, op: int, b1bth: int,
                 ackreq: int, psn: int, n: int, out: list[Send]) -> None:
         st = self.state
-        if (st is not QpState.RTS and st is not QpState.SQD
-                and (st is not QpState.RTR or _RESP_FIRST <= op <= _ACK)):
+        if (op > _ACK and op not in _RC_EXTRA) or (
+                st is not QpState.RTS and st is not QpState.SQD
+                and (st is not QpState.RTR or _RESP_FIRST <= op <= _ACK)):  # not RC, or not now
             self.stats.dropped += 1
             return
         self.stats.rx_packets += 1

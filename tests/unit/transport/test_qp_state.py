@@ -85,3 +85,16 @@ def test_user_moves_qp_to_error_flushes_everything() -> None:
     assert p.qa.state is QpState.RESET
     p.qa.connect(p.qb.info())
     assert p.qa.state is QpState.RTS
+
+
+def test_other_transports_opcodes_to_an_rc_qp_are_dropped() -> None:
+    from ibemu.wire import fast
+
+    p = make_pair(mtu=256)
+    for opcode, ext in ((0x64, fast.deth(1, 2)), (0x24, b""), (0x81, b"")):
+        t = fast.NativeTemplate(slid=1, dlid=2, destqp=p.qb.qpn)
+        assert p.b.receive(t.packet(opcode, 0, b"x", ext=ext)) == []
+    assert p.qb.stats.dropped == 3 and p.qb.resp.epsn == 0
+    t = fast.NativeTemplate(slid=1, dlid=2, destqp=p.qb.qpn)  # an atomic: NAK invalid request
+    (nak,) = p.b.receive(t.packet(0x14, 0, ext=fast.atomic_eth(0, 0, 1, 0)))
+    assert nak.packet[20] == 0x61
