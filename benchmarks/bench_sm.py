@@ -13,6 +13,7 @@ Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 4 16 64 2
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -71,12 +72,17 @@ class LiveFabric:
         self._thread.start()
         if not self._ready.wait(120) or self.errors:
             raise RuntimeError(f"fabric did not come up: {self.errors}")
+        # as a long-running fabric would: startup objects (and the last run's garbage) are
+        # not walked by the collector in the middle of a measurement
+        gc.collect()
+        gc.freeze()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.token is not None and self.stop is not None:
             trio.from_thread.run_sync(self.stop.set, trio_token=self.token)
         self._thread.join(120)
+        gc.unfreeze()
 
     def ns(self, node: str) -> str:
         return self.rt.plan.nodes[node].ns
