@@ -70,11 +70,12 @@ def main() -> None:
         for ack in b_receive(p):
             a_receive(ack.packet)
     first_psn = int.from_bytes(pkts[0][17:20], "big")
-    outstanding = qa.req.outstanding
+    req = qa.req
 
     def send_only() -> None:
         qa.post_send(wrs)
-        outstanding.clear()  # nobody acknowledges these
+        req.outstanding.clear()  # nobody acknowledges these: forget them
+        req.una = req.next_psn
 
     r = rate(send_only, s) * BATCH
     rows.append(("  sender only: build 4 KiB WRITE packets", f"{1e6 / r:.2f}", "us/pkt"))

@@ -59,38 +59,42 @@ class RcQp(QueuePair):
         self.state = QpState.RTR
 
     def modify_to_rts(self, *, timeout: int = 14, retry_cnt: int = 7, rnr_retry: int = 7,
-                      ack_every: int = 16) -> list[Send]:
+                      ack_every: int = 16, max_inflight: int = 4096) -> list[Send]:
         """RTR -> RTS (or SQD -> RTS, which sends what was posted meanwhile).
 
         ``timeout``: local ACK timeout 4.096 us x 2^timeout (0 = none); ``retry_cnt``: transport
         retries (0..7); ``rnr_retry``: RNR retries (7 = unlimited); ``ack_every``: AckReq on
-        every N-th packet besides the last of each signaled message.
+        every N-th packet besides the last of each signaled message; ``max_inflight``: PSNs
+        sent and not yet acknowledged before further WQEs wait.
         """
         out: list[Send] = []
         if self.state is QpState.SQD:
             self.state = QpState.RTS
-            self.req.flush_pending(out)
+            self.req.fill(out)
             return out
         self._need(QpState.RTR)
-        if not (0 <= retry_cnt <= 7 and 0 <= rnr_retry <= 7 and ack_every >= 1):
-            raise ValueError("retry_cnt and rnr_retry are 0..7, ack_every >= 1")
+        if not (0 <= retry_cnt <= 7 and 0 <= rnr_retry <= 7 and ack_every >= 1
+                and 1 <= max_inflight < 1 << 22):
+            raise ValueError("retry_cnt and rnr_retry are 0..7, ack_every >= 1, max_inflight 1..2^22")
         r = self.req
         r.timeout_ns = ack_timeout_ns(timeout)
         r.retry_cnt = r.retry_left = retry_cnt
         r.rnr_retry = r.rnr_left = rnr_retry
         r.ack_every = ack_every
+        r.max_inflight = max_inflight
         r.next_psn = r.una = self.sq_psn
         self.state = QpState.RTS
         return out
 
     def connect(self, remote: QpInfo | Mapping[str, int], path: PathRecord | None = None, *,
                 pkey_index: int = 0, min_rnr_timer: int = 1, timeout: int = 14, retry_cnt: int = 7,
-                rnr_retry: int = 7, ack_every: int = 16) -> None:
+                rnr_retry: int = 7, ack_every: int = 16, max_inflight: int = 4096) -> None:
         """RESET -> INIT -> RTR -> RTS in one call, with ``remote`` = the peer's ``info()``."""
         if self.state is QpState.RESET:
             self.modify_to_init(pkey_index=pkey_index)
         self.modify_to_rtr(remote, path, min_rnr_timer=min_rnr_timer)
-        self.modify_to_rts(timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry, ack_every=ack_every)
+        self.modify_to_rts(timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
+                           ack_every=ack_every, max_inflight=max_inflight)
 
     def modify_to_sqd(self) -> None:
         """RTS -> SQD: sends posted from now on wait; outstanding ones still complete."""

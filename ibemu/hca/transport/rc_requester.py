@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import WcOpcode, WcStatus, WorkCompletion
 from ibemu.hca.transport.mr import Segment, capacity, gather, scatter
+from ibemu.hca.transport.qp import QpState
 from ibemu.hca.transport.segment import (
     PSN_HALF,
     PSN_MASK,
@@ -41,6 +42,7 @@ _NAK_STATUS = {
 }
 _READ_REQ = int(Op.RDMA_READ_REQUEST)
 _NO_SEGS: list[Segment] = []
+_RTS = QpState.RTS
 _WR_READ = WrOpcode.RDMA_READ
 _WR_WRITE = WrOpcode.RDMA_WRITE
 _WR_SEND = WrOpcode.SEND
@@ -80,7 +82,8 @@ class RcRequester:
         self.next_psn = 0
         self.una = 0  # oldest PSN neither acknowledged nor (READ) answered
         self.outstanding: deque[SendWqe] = deque()
-        self.pending: deque[SendWqe] = deque()  # posted while SQD
+        self.pending: deque[SendWqe] = deque()  # posted, not started (window full, or SQD)
+        self.max_inflight = 4096  # PSNs sent and not yet acknowledged
         self.timeout_ns: int | None = None
         self.retry_cnt = 7
         self.retry_left = 7
@@ -123,23 +126,29 @@ class RcRequester:
         mtu = self.qp.mtu
         for w in wqes:
             w.n = npkts(w.length, mtu)
-        if queue_only:
-            self.pending.extend(wqes)
+        self.pending.extend(wqes)
+        if not queue_only:
+            self.fill(out)
+
+    def fill(self, out: list[Send]) -> None:
+        """Start waiting WQEs while fewer than ``max_inflight`` PSNs are unacknowledged (a WQE
+        is started whole: one message may go over the window)."""
+        pending = self.pending
+        if not pending:
             return
-        self._start(wqes, out)
-
-    def flush_pending(self, out: list[Send]) -> None:
-        if self.pending:
-            wqes = list(self.pending)
-            self.pending.clear()
-            self._start(wqes, out)
-
-    def _start(self, wqes: list[SendWqe], out: list[Send]) -> None:
-        for w in wqes:
-            w.psn = self.next_psn
-            self.next_psn = (self.next_psn + w.n) & PSN_MASK
-        if psn_diff(self.next_psn, self.una) < 0:
-            raise OverflowError("more than 2^23 PSNs outstanding")
+        inflight = (self.next_psn - self.una) & PSN_MASK
+        limit = self.max_inflight
+        if inflight >= limit:
+            return
+        wqes: list[SendWqe] = []
+        psn = self.next_psn
+        while pending and inflight < limit:
+            w = pending.popleft()
+            w.psn = psn
+            psn = (psn + w.n) & PSN_MASK
+            inflight += w.n
+            wqes.append(w)
+        self.next_psn = psn
         self.outstanding.extend(wqes)
         self._emit(wqes, 0, out)
         if (self.ack_deadline is None and self.rnr_deadline is None and self.timeout_ns is not None
@@ -274,7 +283,8 @@ class RcRequester:
         st = self.qp.stats
         if kind == 0:
             st.acks_received += 1
-            self.ack_upto(psn, out)
+            if self.ack_upto(psn, out) and self.pending and self.qp.state is _RTS:
+                self.fill(out)
             return
         self.ack_upto((psn - 1) & PSN_MASK, out)
         if not self.outstanding or psn_diff(psn, self.una) != 0:
@@ -341,6 +351,8 @@ class RcRequester:
             q.popleft()
             self._complete(w, WcStatus.SUCCESS)
         self._progress()
+        if self.pending and self.qp.state is _RTS:
+            self.fill(out)
 
     # -- timers and errors ---------------------------------------------------------------
     def _use_retry(self, out: list[Send]) -> bool:

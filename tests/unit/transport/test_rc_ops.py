@@ -139,3 +139,22 @@ def test_psn_wraps_at_2_24() -> None:
     assert p.qa.req.next_psn == (start + 8 + 4 + 2) & 0xFFFFFF == 11
     assert p.dst.buf[:2048] == p.src.buf[:2048]
     assert p.sink.buf[:1024] == p.src.buf[:1024]
+
+
+def test_window_limits_unacknowledged_psns() -> None:
+    p = make_pair(mtu=256, max_inflight=8, ack_every=4)
+    p.post([p.write(i, i * 1024, 1024, i * 1024) for i in range(10)])  # 4 packets each
+    first = [pk for _t, h, pk in p.link.trace or [] if h is p.a]
+    assert len(first) == 8  # two WQEs started, eight waiting for ACKs
+    p.run()
+    assert [(w.wr_id, w.status) for w in p.wcs_a] == [(i, WcStatus.SUCCESS) for i in range(10)]
+    assert p.dst.buf[:10240] == p.src.buf[:10240]
+    # at no time were more than 8 + 3 PSNs sent and not yet acknowledged
+    acked, worst = -1, 0
+    for _t, h, pk in p.link.trace or []:
+        psn = int.from_bytes(pk[17:20], "big")
+        if h is p.b:
+            acked = max(acked, psn)
+        else:
+            worst = max(worst, psn - acked)
+    assert worst <= 8

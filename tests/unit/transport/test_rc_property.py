@@ -21,14 +21,14 @@ ops = st.lists(st.tuples(st.sampled_from(["write", "read", "send", "send_imm", "
        loss=st.sampled_from([0.0, 0.05, 0.2]), dup=st.sampled_from([0.0, 0.1]),
        reorder=st.sampled_from([0.0, 0.1]), corrupt=st.sampled_from([0.0, 0.05]),
        psn=st.sampled_from([0, (1 << 24) - 5]), ack_every=st.sampled_from([1, 4, 16]),
-       late_recv=st.booleans())
+       late_recv=st.booleans(), window=st.sampled_from([3, 4096]))
 def test_exactly_once_in_order_or_reported_error(msgs: list[tuple[str, int]], mtu: int, seed: int,
                                                  loss: float, dup: float, reorder: float,
                                                  corrupt: float, psn: int, ack_every: int,
-                                                 late_recv: bool) -> None:
+                                                 late_recv: bool, window: int) -> None:
     p = make_pair(mtu=mtu, size=SLOT * 16, psn_a=psn, psn_b=psn ^ 0x5555, seed=seed, loss=loss,
                   dup=dup, reorder=reorder, corrupt=corrupt, timeout=6, ack_every=ack_every,
-                  min_rnr_timer=3)
+                  min_rnr_timer=3, max_inflight=window)
     recvs: list[tuple[int, int, int]] = []
     p.dst.buf[SLOT * 13 :] = p.src.buf[SLOT * 13 :]  # READ source
     sends: list[tuple[int, int, int | None]] = []  # (slot, size, imm)
