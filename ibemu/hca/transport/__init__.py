@@ -17,6 +17,8 @@ counted in ``Hca.stats``). Choices where the spec leaves room or where this is s
 - The responder NAKs once per sequence error/RNR and drops later packets until the expected
   PSN returns; after a remote access / invalid request NAK it stays in RTS, the requester
   goes to ERROR (WQE in error, the rest flushed).
+- Send window: WQEs start while fewer than ``max_inflight`` PSNs are unacknowledged (whole
+  WQEs), the rest wait in the send queue and go out from the ACK path.
 - Peers must agree on the path MTU (both use min(path MTU, port MTU)).
 - UD receives land at offset 0 (no 40-byte GRH area); a send error puts the QP in SQE.
 """
