@@ -98,3 +98,17 @@ def test_other_transports_opcodes_to_an_rc_qp_are_dropped() -> None:
     t = fast.NativeTemplate(slid=1, dlid=2, destqp=p.qb.qpn)  # an atomic: NAK invalid request
     (nak,) = p.b.receive(t.packet(0x14, 0, ext=fast.atomic_eth(0, 0, 1, 0)))
     assert nak.packet[20] == 0x61
+
+
+def test_receive_takes_a_view_into_an_ethernet_frame() -> None:
+    from ibemu.wire import fast
+
+    p = make_pair(mtu=256)
+    p.recv(1, 0, 600)
+    eth = fast.ethernet_header(b"\2" * 6, b"\4" * 6)
+    for s in p.qa.post_send(p.send(1, 0, 600)):
+        frame = bytearray(eth + s.packet)
+        for ack in p.b.receive(fast.frame_payload(frame)):
+            p.a.receive(memoryview(ack.packet))
+    assert [w.status for w in p.cqa.poll()] == [WcStatus.SUCCESS]
+    assert p.rbuf.buf[:600] == p.src.buf[:600]
