@@ -112,3 +112,13 @@ def test_receive_takes_a_view_into_an_ethernet_frame() -> None:
             p.a.receive(memoryview(ack.packet))
     assert [w.status for w in p.cqa.poll()] == [WcStatus.SUCCESS]
     assert p.rbuf.buf[:600] == p.src.buf[:600]
+
+
+def test_timer_values() -> None:
+    from ibemu.hca.transport.timers import ack_timeout_ns, rnr_delay_ns
+
+    assert ack_timeout_ns(0) is None and ack_timeout_ns(1) == 8192 and ack_timeout_ns(14) == 67_108_864
+    assert [rnr_delay_ns(c) for c in (0, 1, 5, 14, 31)] == [655_360_000, 10_000, 60_000, 1_280_000,
+                                                            491_520_000]
+    with pytest.raises(ValueError):
+        ack_timeout_ns(32)
