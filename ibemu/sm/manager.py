@@ -381,10 +381,11 @@ class SubnetManager:
         info: dict[str, Any] = {}
         if structural:
             self.recompute_paths()
-            new = self.lids.assign(self.graph)
-            if new:
-                await act.set_lids(self.disc, self.sm_lid)
-                await act.set_pkeys(self.disc)
+            self.lids.assign(self.graph)
+            # only ports whose LID is not what we gave them are written: new ports, and nodes
+            # that come back (rebooted: no LID), whose GUIDs keep their LIDs
+            await act.set_lids(self.disc, self.sm_lid)
+            await act.set_pkeys(self.disc)
             ends = [(c.guid, c.port) for c in structural]
             ends += [c.peer for c in structural if c.peer is not None]
             await self._route_and_program(info, ends)

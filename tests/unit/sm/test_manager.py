@@ -384,3 +384,40 @@ def test_with_the_routing_engines_bring_up_and_incremental_reroute_keep_every_ca
             assert link_ports_active(fab) and not unreachable_pairs(fab)
 
     run(main)
+
+
+def test_a_dead_switch_comes_back_fresh_and_is_brought_up_again() -> None:
+    topo, fab = fat_tree(4)
+    sm, port = make_sm(fab, timeout_s=0.05, retries=1)
+    name = "agg2_1"
+    node = topo.node(name)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            old = fab.agents[name]
+            assert isinstance(old, SwitchAgent)
+            lid = old.lid
+            _kill(fab, topo, name)()
+            await settle(port)
+            while sm._dirty or sm._trap_unknown:
+                await sm.step()
+                await settle(port)
+            assert node.guid not in sm.graph.nodes and not unreachable_pairs(fab)
+            # rebooted: a fresh agent (no LID, empty LFT) behind the same cables
+            fab.agents[name] = SwitchAgent(node_guid=node.guid, num_ports=node.num_ports,
+                                           description=node.desc, clock=fab.clock)
+            for num in node.port_range:
+                if fab.peer(name, num) is not None:
+                    fab.link_up(name, num)
+            await settle(port)
+            for _ in range(4):
+                await sm.step()
+                await settle(port)
+            agent = fab.agents[name]
+            assert isinstance(agent, SwitchAgent)
+            assert node.guid in sm.graph.nodes and agent.lid == lid
+            assert agent.switch_info.linear_fdb_top == 36 and agent.lft.lookup(1) not in (0, 0xFF)
+            assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
