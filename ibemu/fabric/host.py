@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -95,6 +96,11 @@ class NodeRuntime:
     mad_sink: MadSink | None = None
     tx_dropped: int = 0
     rx_runts: int = 0
+    powered: bool = True
+    """A powered-off node (switch_down) neither hears nor sends anything."""
+    vl15_loss: float = 0.0
+    """Probability that a management (VL15) frame reaching this node's agent is lost."""
+    vl15_dropped: int = 0
 
 
 class AgentHost:
@@ -112,6 +118,7 @@ class AgentHost:
         self.lft_ops = 0
         self._opened = False
         self._delays_ns: dict[str, dict[int, int]] = {}
+        self._rng = random.Random(0)
         self._nursery: trio.Nursery | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
@@ -158,7 +165,7 @@ class AgentHost:
                     self._apply_impairments(name, rt, forwarder)
                 for port, sock in rt.sockets.items():
                     if forwarder is not None:
-                        nursery.start_soon(self._user_switch_reader, name, rt, port, sock, forwarder)
+                        nursery.start_soon(self._user_switch_reader, name, rt, port, sock)
                     else:
                         nursery.start_soon(self._reader, name, rt, port, sock)
                 nursery.start_soon(self._link_watch, name, rt)
@@ -170,9 +177,9 @@ class AgentHost:
             task_status.started()
 
     async def _reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
-        receive = rt.agent.receive
         while True:
             await trio.lowlevel.wait_readable(sock)
+            receive = rt.agent.receive  # per wake-up: a rebooted node gets a new agent
             for _ in range(RECV_BATCH):
                 try:
                     frame = sock.recv(9216)
@@ -184,17 +191,19 @@ class AgentHost:
                 if len(frame) <= ETH_LEN:
                     rt.rx_runts += 1
                     continue
+                if not rt.powered or (rt.vl15_loss and self._lose_vl15(rt, frame)):
+                    continue
                 self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
 
-    async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket,
-                                  forwarder: Forwarder) -> None:
+    async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
         """User datapath: every frame of the port goes through the switch's forwarder."""
-        decide = forwarder.decide
-        receive = rt.agent.receive
         sockets, eth = rt.sockets, rt.eth
         delays = self._delays_ns.get(name, {})
         while True:
             await trio.lowlevel.wait_readable(sock)
+            agent = rt.agent  # per wake-up: a rebooted switch gets a new agent and forwarder
+            decide = agent.forwarder.decide  # type: ignore[attr-defined]
+            receive = agent.receive
             for _ in range(RECV_BATCH):
                 try:
                     frame = sock.recv(9216)
@@ -204,6 +213,8 @@ class AgentHost:
                     break
                 if len(frame) <= ETH_LEN:
                     rt.rx_runts += 1
+                    continue
+                if not rt.powered:
                     continue
                 verdict = decide(frame[ETH_LEN:], port)
                 if verdict.port:
@@ -217,6 +228,8 @@ class AgentHost:
                     except OSError:
                         rt.tx_dropped += 1
                 elif verdict.reason is Reason.TO_SMA:
+                    if rt.vl15_loss and self._lose_vl15(rt, frame):
+                        continue
                     self.dispatch(name, rt, receive(port, verdict.packet))
 
     async def _send_later(self, rt: NodeRuntime, sock: socket.socket, frame: bytes, delay_ns: int) -> None:
@@ -273,7 +286,36 @@ class AgentHost:
 
     # ------------------------------------------------------------------ actions
 
+    def _lose_vl15(self, rt: NodeRuntime, frame: bytes) -> bool:
+        if frame[ETH_LEN] >> 4 != 15 or self._rng.random() >= rt.vl15_loss:
+            return False
+        rt.vl15_dropped += 1
+        return True
+
+    def power(self, name: str, on: bool, *, fresh_agent: Agent | None = None) -> None:
+        """Switch a node off (every port down, it answers nothing) or on again.
+
+        Switching on with ``fresh_agent`` replaces the agent, as a rebooted device comes back
+        with no LID and an empty LFT; the kernel LFT is emptied likewise. Blocking (netlink).
+        """
+        rt = self.nodes[name]
+        ifnames = [pp.ifname for pp in rt.plan.ports.values()]
+        lft = self.fabric.lfts.get(name)
+        if lft is not None and lft.installed:
+            lft.apply(dict.fromkeys(lft.installed, 0xFF))
+        if on:
+            if fresh_agent is not None:
+                rt.agent = fresh_agent
+                rt.carrier = dict.fromkeys(rt.plan.ports, False)
+            rt.powered = True
+            rtnl.set_up(rt.plan.ns, ifnames, True)
+        else:
+            rt.powered = False
+            rtnl.set_up(rt.plan.ns, ifnames, False)
+
     def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action]) -> None:
+        if not rt.powered:
+            return
         for action in actions:
             if isinstance(action, Send):
                 sock = rt.sockets.get(action.port)

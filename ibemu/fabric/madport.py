@@ -8,10 +8,11 @@ the right client through ``UmadServer.deliver``.
 from __future__ import annotations
 
 import logging
+import time
 
 import trio
 
-from ibemu.device.actions import DeliverMad
+from ibemu.device.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.fabric.host import AgentHost
 from ibemu.hca.sma import CaAgent
 from ibemu.hca.umad import SimRequest
@@ -20,10 +21,23 @@ from ibemu.hca.umad_server import UmadServer
 log = logging.getLogger(__name__)
 
 
-class CaMadPort:
-    """``UmadPortBackend`` for port ``port`` of the CA agent of node ``name``."""
+NO_REPLY_METHODS = frozenset({0x03, 0x05, 0x07})  # Send, Trap, TrapRepress
+DEFAULT_MAD_TIMEOUT_S = 0.5
 
-    def __init__(self, host: AgentHost, name: str, port: int = 1) -> None:
+
+class CaMadPort:
+    """``UmadPortBackend`` for port ``port`` of the CA agent of node ``name``.
+
+    umad2sim has no MAD timeouts (the real kernel's umad module returns an unanswered
+    request with ETIMEDOUT after the client's timeout; umad2sim ignores it): a request lost
+    in the fabric — to a dead switch, through a cut cable — would hang OpenSM forever. So a
+    request unanswered after ``timeout_s`` goes back to its client with status 110, as
+    ibsim does for what it cannot deliver. ``timeout_s`` is above ibemu's own SM's per-try
+    timeout, which retries by itself.
+    """
+
+    def __init__(self, host: AgentHost, name: str, port: int = 1, *,
+                 timeout_s: float = DEFAULT_MAD_TIMEOUT_S) -> None:
         rt = host.nodes[name]
         if not isinstance(rt.agent, CaAgent):
             raise TypeError(f"{name} is not a CA: MAD sockets live on hosts")
@@ -35,6 +49,9 @@ class CaMadPort:
         self.gid_prefix = self.agent.ports[port].gid_prefix
         self.node_name = name
         self.server: UmadServer | None = None
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.pending: dict[int, tuple[int, SimRequest]] = {}  # TID -> (deadline, request)
+        self.timed_out = 0
         host.attach_mad_sink(name, self._from_fabric)
 
     # UmadPortBackend -------------------------------------------------------------
@@ -60,13 +77,29 @@ class CaMadPort:
         self.agent.set_is_sm(self.port, on)
 
     def send_mad(self, req: SimRequest) -> None:
+        method = req.mad[3] if len(req.mad) > 3 else 0
+        if not method & 0x80 and method not in NO_REPLY_METHODS:
+            self.pending[req.tid] = (time.monotonic_ns() + self.timeout_ns, req)
         actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, req.mad)
         self.host.dispatch(self.name, self.host.nodes[self.name], actions)
+
+    def expire(self, now_ns: int) -> int:
+        """Return the requests past their deadline to their clients with status 110."""
+        late = [tid for tid, (deadline, _) in self.pending.items() if deadline <= now_ns]
+        for tid in late:
+            _, req = self.pending.pop(tid)
+            self.timed_out += 1
+            if self.server is not None:
+                self.server.deliver(SimRequest(dlid=req.dlid, slid=req.slid, dqp=req.dqp, sqp=req.sqp,
+                                               mad=req.mad, status=STATUS_UNDELIVERABLE))
+        return len(late)
 
     # fabric -> clients -------------------------------------------------------------
     def _from_fabric(self, mad: DeliverMad) -> None:
         if self.server is None or mad.port != self.port:
             return
+        if len(mad.mad) >= 16:
+            self.pending.pop(int.from_bytes(mad.mad[8:16], "big"), None)
         self.server.deliver(SimRequest(dlid=mad.dlid, slid=mad.slid, dqp=mad.dqp, sqp=mad.sqp,
                                        mad=mad.mad, status=mad.status))
 
@@ -81,3 +114,7 @@ async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *,
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         task_status.started(backend)
+        while True:
+            await trio.sleep(0.02)
+            if backend.pending:
+                backend.expire(time.monotonic_ns())
