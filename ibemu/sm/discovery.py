@@ -419,6 +419,30 @@ class Discovery:
                     and old_state in (STATE_ARMED, STATE_ACTIVE):
                 changes.append(Change("reinit", node.guid, num, port.peer))
 
+    async def read_ends(self, ends: list[End]) -> None:
+        """PortInfo of the given ports again (the far ends of ports that retrained)."""
+        async def one(end: End) -> None:
+            node = self.graph.nodes.get(end[0])
+            if node is None or end[1] not in node.ports:
+                return
+            path = node.dr_path if node.is_switch else node.ports[end[1]].dr_path
+            r = await self._get(path, ATTR_PORT_INFO, end[1])
+            if r is not None:
+                self.store_port_info(node, end[1], r.data)
+
+        async with trio.open_nursery() as n:
+            for end in ends:
+                n.start_soon(one, end)
+
+    async def read_port0(self, guid: int) -> None:
+        """PortInfo of a switch's port 0 again (its LID, after a reset)."""
+        node = self.graph.nodes.get(guid)
+        if node is None or not node.is_switch:
+            return
+        r = await self._get(node.dr_path, ATTR_PORT_INFO, 0)
+        if r is not None:
+            self.store_port_info(node, 0, r.data)
+
     async def read_switch_info(self, guids: list[int]) -> dict[int, bytes]:
         """SwitchInfo of the given switches (the light sweep looks at PortStateChange)."""
         out: dict[int, bytes] = {}

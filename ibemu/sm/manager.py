@@ -342,10 +342,19 @@ class SubnetManager:
         infos = await self.disc.read_switch_info(switches)
         guids = {g for g, si in infos.items() if si[11] & 0x04}
         guids |= {end[0] for end in self.disc.unresponsive if end[0] in self.graph.nodes}
+        reset = self._reset_switches(infos)
         missing = [g for g in switches if g not in infos]
-        self._end("light", t0, before, changed=len(guids), unanswered=len(missing))
-        if guids:
-            await self._resweep(guids, "light", None)
+        self._end("light", t0, before, changed=len(guids), unanswered=len(missing), reset=len(reset))
+        if guids or reset:
+            await self._resweep(guids | reset, "light", None, reset=reset)
+
+    def _reset_switches(self, infos: dict[int, bytes]) -> set[int]:
+        """Switches whose LinearFDBTop is not ours: rebooted (or reset) behind our back."""
+        top = self.lids.top
+        out = {g for g, si in infos.items() if struct.unpack_from("!H", si, 6)[0] != top}
+        for guid in out:
+            self.prog.forget(guid)
+        return out
 
     async def _own_port_ok(self) -> bool:
         """Our own cable: down -> everything is lost (reported); back -> a full sweep."""
@@ -364,7 +373,10 @@ class SubnetManager:
             self.recompute_paths()
         return up
 
-    async def _resweep(self, guids: set[int], reason: str, t_trap: int | None) -> None:
+    async def _resweep(self, guids: set[int], reason: str, t_trap: int | None, *,
+                       reset: set[int] | None = None) -> None:
+        """Re-discover ``guids`` and act on what changed. ``reset``: switches known to have
+        lost their configuration (LIDs, LFT), rewritten in full."""
         t0, before = self._begin(reason)
         if not self.up.is_set():
             self._end(reason, t0, before, changed=0, deferred=True)
@@ -378,8 +390,27 @@ class SubnetManager:
             peer = f"{c.peer[0]:#018x}:{c.peer[1]}" if c.peer else None
             self.events.emit(f"link_{c.kind}", guid=f"{c.guid:#018x}", port=c.port, peer=peer)
         structural = [c for c in changes if c.kind in ("down", "up")]
+        # a switch at the far end of a port that retrained may have rebooted in between
+        peers = {c.peer[0] for c in changes if c.kind in ("up", "reinit") and c.peer}
+        peers |= {c.guid for c in changes if c.kind == "reinit"}
+        peers = {g for g in peers if g in self.graph.nodes and self.graph.nodes[g].is_switch}
+        reset = set(reset or ())
+        if peers - reset:
+            reset |= self._reset_switches(await self.disc.read_switch_info(sorted(peers - reset)))
+        if reset - guids:
+            changes += await self.disc.refresh(reset - guids)  # its ports, as they are now
+        for guid in reset:
+            await self.disc.read_port0(guid)
+        retrained = [c.peer for c in changes if c.kind == "reinit" and c.peer]
+        if retrained:
+            await self.disc.read_ends(retrained)
+            lost_lid = [e for e in retrained if e[0] in self.graph.nodes and not self.graph.nodes[e[0]].is_switch
+                        and self.disc.port_info.get(e, b"\0" * 64)[16:18] == b"\0\0"]
+            if lost_lid:  # a CA that rebooted: its LID goes back
+                self.lids.assign(self.graph)
+                await act.set_lids(self.disc, self.sm_lid, lost_lid)
         info: dict[str, Any] = {}
-        if structural:
+        if structural or reset:
             self.recompute_paths()
             self.lids.assign(self.graph)
             # only ports whose LID is not what we gave them are written: new ports, and nodes
@@ -392,12 +423,12 @@ class SubnetManager:
             top = self.lids.top
             stale = [s.guid for s in self.graph.switches() if act.fdb_top(self.disc, s.guid) != top]
             await act.set_switch_info(self.disc, stale, top=top)
-        if changes:
+        if changes or reset:
             await act.activate(self.disc)
         present = [g for g in guids if g in self.graph.nodes]
         await act.set_switch_info(self.disc, present, top=None)  # clear PortStateChange
-        if structural:
+        if structural or reset:
             rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
-                   "issuers": len(guids), "changes": len(changes), "reason": reason}
+                   "issuers": len(guids), "changes": len(changes), "reset": len(reset), "reason": reason}
             self.events.emit("reroute", **rec)
         self._end(reason, t0, before, changed=len(changes))

@@ -421,3 +421,36 @@ def test_a_dead_switch_comes_back_fresh_and_is_brought_up_again() -> None:
             assert link_ports_active(fab) and not unreachable_pairs(fab)
 
     run(main)
+
+
+def test_a_switch_rebooting_between_two_sweeps_is_configured_again() -> None:
+    topo, fab = fat_tree(4)
+    sm, port = make_sm(fab, timeout_s=0.05, retries=1)
+    name = "edge3_0"
+    node = topo.node(name)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            old = fab.agents[name]
+            assert isinstance(old, SwitchAgent)
+            lid = old.lid
+            # every cable drops and comes back before the SM looks; the agent is a fresh one
+            for num in node.port_range:
+                if fab.peer(name, num) is not None:
+                    fab.link_down(name, num)
+            fab.agents[name] = SwitchAgent(node_guid=node.guid, num_ports=node.num_ports,
+                                           description=node.desc, clock=fab.clock)
+            for num in node.port_range:
+                if fab.peer(name, num) is not None:
+                    fab.link_up(name, num)
+            await settle(port)
+            for _ in range(4):
+                await sm.step()
+                await settle(port)
+            agent = fab.agents[name]
+            assert isinstance(agent, SwitchAgent)
+            assert agent.lid == lid and agent.switch_info.linear_fdb_top == 36
+            assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
