@@ -4,17 +4,21 @@ The same clock the fabric's agents stamp with, so SM and fabric logs merge on ``
 
 Kinds (fields beyond ``kind`` and ``t_ns``):
 
-- ``sm_start`` (guid, port, engine, max_in_flight) · ``sm_stop`` (stats)
-- ``sweep_start`` (sweep, reason: cold|light|trap|follow_up) · ``sweep_end`` (sweep, reason,
-  seconds, nodes, changed, smps: {sent, answered, timeouts, retries, ...})
-- ``discovered`` (switches, cas, links, seconds) · ``lids_assigned`` (new, total)
-- ``routes_computed`` (engine, seconds) · ``lft_block_acked`` (switch, block) ·
-  ``lft_programmed`` (blocks, switches, seconds) · ``ports_active`` (ports)
-- ``subnet_up`` (seconds since start, nodes, ports) — the SM's "SUBNET UP"
-- ``trap`` (issuer_lid, trap_number, tid) · ``trap_repress`` (issuer_lid, tid)
-- ``link_down`` / ``link_up`` (guid, port, peer) · ``partition`` (lost: list of CA GUIDs
-  the SM cannot reach; peers_lost: {CA GUID: [CA GUIDs]})
-- ``reroute`` (t_trap, t_rediscovered, t_routed, t_programmed, blocks, issuers)
+- ``sm_start`` (engine, max_in_flight) · ``sm_stop`` (sweeps, smps, stats)
+- ``sweep_start`` (sweep, reason: cold|heavy|recover|light|trap) · ``sweep_end`` (sweep,
+  reason, seconds, nodes, smps: {sent, answered, timeouts, retries, failed, undeliverable,
+  rx_late, rx_duplicate, rx_bad_tid, ...} during that sweep, and per reason: ok, changed,
+  unanswered, reset)
+- ``discovered`` (switches, cas, links, seconds) · ``lids_assigned`` (new, total, sm_lid)
+- ``routes_computed`` (engine, seconds, switches) · ``lft_block_acked`` (switch, block) ·
+  ``lft_programmed`` (blocks, failed, switches, seconds) · ``ports_active`` (sets, ports)
+- ``subnet_up`` (seconds of the cold sweep, nodes, ports) — the SM's "SUBNET UP"
+- ``trap`` (issuer_lid, trap_number, tid, slid); the TrapRepress goes out at once
+- ``link_down`` / ``link_up`` / ``link_reinit`` (guid, port, peer "guid:port")
+- ``partition`` (lost: CA names the SM can no longer reach, lost_switches, peers_lost:
+  {reachable CA: [lost CAs]}) · ``partition_healed`` (nodes, still_lost)
+- ``reroute`` (t_trap (None for a light sweep), t_rediscovered, t_routed, t_programmed =
+  last LFT block acked, blocks, blocks_failed, issuers, changes, reset, reason)
 - ``sm_info`` (from_lid, answered) · ``error`` (what)
 """
 
