@@ -24,9 +24,17 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
     """Seconds the SM reported for its bring-up (its ``subnet_up`` event)."""
     events = workdir / "events.jsonl"
     deadline = time.monotonic() + timeout_s
+    offset, partial = 0, b""
     while True:
         if events.exists():
-            for line in events.read_text(errors="replace").splitlines():
+            with open(events, "rb") as f:  # read only what was appended since the last look
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            *lines, partial = (partial + chunk).split(b"\n")
+            for line in lines:
+                if b"subnet_up" not in line:
+                    continue
                 try:
                     record = json.loads(line)
                 except ValueError:

@@ -90,9 +90,11 @@ class UmadClient:
             await trio.lowlevel.wait_readable(self.data)
 
     def close(self) -> None:
+        """DISCONNECT (waiting briefly for the server's reply, so it has a socket to answer)."""
         try:
-            self.ctl.setblocking(False)
+            self.ctl.settimeout(0.2)
             self.ctl.send(CtlMessage(CtlType.DISCONNECT, clientid=self.slot).pack())
+            self.ctl.recv(CTL_LEN)
         except OSError:
             pass
         self.ctl.close()
