@@ -200,6 +200,13 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                 time.sleep(0.3)
         finally:
             stop(proc)
+            for line in events.read_text().splitlines()[::-1]:
+                if '"sm_stop"' in line:
+                    smps = json.loads(line).get("smps", {})
+                    print(f"  SM transport: {smps.get('sent', 0)} SMPs sent, "
+                          f"{smps.get('lid_routed_sets', 0)} LFT Sets LID-routed "
+                          f"({smps.get('lid_routed_fallback', 0)} fell back to directed route)")
+                    break
     return out
 
 

@@ -3,8 +3,9 @@
 Every port of a switch has a clsact qdisc whose ingress is the switch's shared filter block.
 In the block:
 
-- prio 1: VL15 frames match and stop (no action): they continue up the stack to the SMA's
-  packet socket — management traffic is always the SMA's.
+- prio 1: directed-route SMPs (VL15 and the permissive DLID) match and stop (no action):
+  they continue up the stack to the SMA's packet socket, which relays them hop by hop.
+  LID-routed SMPs are switched by the LFT like data, as a real switch does.
 - prio 2: a u32 hash table of 256 buckets keyed on the low byte of the DLID; each LFT entry
   is one filter ``match DLID -> mirred egress redirect dev p<port>`` with the handle
   ``1:<dlid & 0xff>:<(dlid >> 8) + 1>``, so an entry is replaced or deleted by handle alone.
@@ -33,7 +34,8 @@ def setup_lines(ifnames: Iterable[str]) -> list[str]:
     """clsact on every port, all sharing block 1; the VL15 rule and the LFT hash table."""
     lines = [f"qdisc add dev {name} ingress_block {BLOCK} clsact" for name in ifnames]
     lines += [
-        f"filter add block {BLOCK} prio 1 protocol {PROTO} u32 match u8 0xf0 0xf0 at 0 classid 1:15",
+        f"filter add block {BLOCK} prio 1 protocol {PROTO} handle 800::1 u32 match u32 0xf000ffff 0xf000ffff at 0 "
+        "classid 1:15",
         f"filter add block {BLOCK} prio 2 protocol {PROTO} handle {HT}: u32 divisor 256",
         f"filter add block {BLOCK} prio 2 protocol {PROTO} u32 ht 800:: match u8 0 0 "
         f"hashkey mask 0x000000ff at 0 link {HT}:",

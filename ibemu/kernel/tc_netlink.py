@@ -119,7 +119,8 @@ class BlockFilters:
         """The switch's forwarding skeleton (what ``tc.setup_lines`` says, in one send).
 
         clsact on every port with this block as ingress; in the root table (800:), first a
-        VL15 rule that stops classification (the frame goes up to the SMA), then a link
+        rule for directed-route SMPs (VL15, DLID 0xFFFF) that stops classification (the frame
+        goes up to the SMA; LID-routed SMPs are switched by the LFT), then a link
         hashing the DLID's low byte into table ``ht`` (256 buckets) where the LFT lives.
         This object's prio is the LFT's; the root rules go one prio earlier.
         """
@@ -132,7 +133,8 @@ class BlockFilters:
                                        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body)
         create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
         root_info, lft_info = self.info - (1 << 16), self.info
-        vl15_key = struct.pack("!IIii", 0xF0000000, 0xF0000000, 0, 0)
+        # VL15 with the permissive DLID: directed-route SMPs, which the SMA must relay.
+        vl15_key = struct.pack("!IIii", 0xF000FFFF, 0xF000FFFF, 0, 0)
         vl15_sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0) + vl15_key
         self.info = root_info
         msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(0x800, 0, 1),

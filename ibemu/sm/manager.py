@@ -253,6 +253,7 @@ class SubnetManager:
         self.recompute_paths()
         new = self.lids.assign(g)
         self.sm_lid = g.nodes[g.sm_guid].ports[self.disc.sm_port].lid
+        self.prog.sm_guid, self.prog.sm_port, self.prog.sm_lid = g.sm_guid, self.disc.sm_port, self.sm_lid
         self.events.emit("lids_assigned", new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
         await act.set_lids(self.disc, self.sm_lid)
         await act.set_pkeys(self.disc)

@@ -19,7 +19,7 @@ import trio
 from ibemu.device import madbuild as mb
 from ibemu.sm.events import EventLog
 from ibemu.sm.graph import Routes, SubnetGraph
-from ibemu.sm.transport import Transport
+from ibemu.sm.transport import Request, Transport
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,58 @@ class Programmed:
 
 @dataclass
 class LftProgrammer:
+    """Writes LFT blocks; LID-routed where the installed tables carry the SMP both ways.
+
+    A LID-routed SMP is switched by the LFTs (in the kernel datapath, without waking any SMA
+    on the way), so it costs far less than a directed-route one, which every switch on the
+    path relays in software. It is used only when the tables this programmer last wrote
+    lead from the SM to the switch and back over cables that are still up — after a link
+    failure the entries for those LIDs are untouched by the reroute, so the path holds
+    while the new blocks go out. Anything else goes directed route.
+    """
+
     transport: Transport
     events: EventLog
     written: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    sm_guid: int = 0
+    sm_port: int = 0
+    sm_lid: int = 0
+
+    def _lookup(self, guid: int, lid: int) -> int | None:
+        block = self.written.get(guid, {}).get(lid // BLOCK)
+        return None if block is None else block[lid % BLOCK]
+
+    def _walk(self, graph: SubnetGraph, start: tuple[int, int], lid: int, goal: int) -> bool:
+        """Does a packet entering at ``start`` (node, port) reach ``goal`` by our tables?"""
+        node_guid, _ = start
+        for _ in range(64):
+            node = graph.nodes.get(node_guid)
+            if node is None:
+                return False
+            if node_guid == goal:
+                return True
+            if not node.is_switch:
+                return False
+            port = self._lookup(node_guid, lid)
+            if port is None or port in (0, NO_ROUTE):
+                return False
+            p = node.ports.get(port)
+            if p is None or p.peer is None or p.state < 2:
+                return False  # the cable is down (or not yet known): not through here
+            node_guid = p.peer[0]
+        return False
+
+    def lid_routed_ok(self, graph: SubnetGraph, guid: int) -> bool:
+        """Whether an LFT Set to switch ``guid`` can go LID-routed (see the class docstring)."""
+        node = graph.nodes.get(guid)
+        sm = graph.nodes.get(self.sm_guid)
+        if node is None or sm is None or not self.sm_lid or not node.lid or guid not in self.written:
+            return False
+        sm_p = sm.ports.get(self.sm_port)
+        if sm_p is None or sm_p.peer is None:
+            return False
+        return (self._walk(graph, sm_p.peer, node.lid, guid)
+                and self._walk(graph, (guid, 0), self.sm_lid, self.sm_guid))
 
     def forget(self, guid: int) -> None:
         """The switch is gone (or reset): write it in full next time."""
@@ -77,8 +126,16 @@ class LftProgrammer:
             if node is None:
                 return
             res.sent += 1
-            r = await self.transport.request(mb.dr_smp(mb.SET, ATTR_LFT, path=list(node.dr_path),
-                                                       modifier=block, data=data))
+            r = None
+            if lid_routed.get(guid):
+                self.transport.stats["lid_routed_sets"] += 1
+                r = await self.transport.request(
+                    Request(mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data), dlid=node.lid), retries=0)
+                if r is None:
+                    self.transport.stats["lid_routed_fallback"] += 1
+            if r is None:
+                r = await self.transport.request(mb.dr_smp(mb.SET, ATTR_LFT, path=list(node.dr_path),
+                                                           modifier=block, data=data))
             if r is None or not r.ok:
                 res.failed += 1
                 self.written.get(guid, {}).pop(block, None)
@@ -89,6 +146,8 @@ class LftProgrammer:
             rec = self.events.emit("lft_block_acked", switch=f"{guid:#018x}", block=block)
             res.t_last_ack_ns = max(res.t_last_ack_ns, rec["t_ns"])
 
+        # Decide LID-routed vs directed route against the tables as they are before this pass.
+        lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in plan}
         # farthest switches first: their round trips are the longest, so the last ack comes sooner
         order = sorted(plan, key=lambda g: -len(graph.nodes[g].dr_path) if g in graph.nodes else 0)
         async with trio.open_nursery() as n:

@@ -5,7 +5,8 @@ checked per hop unless ``verify_vcrc`` is off), consults the switch's ``Lft`` an
 states, updates the PMA counters of the ports it touches, and applies the injected
 impairments of the egress port with a seeded RNG. Rules:
 
-- VL15 packets and packets for the switch's own LID go to the SMA (``Reason.TO_SMA``).
+- Directed-route SMPs (VL15, permissive DLID) and packets for the switch's own LID go to the
+  SMA (``Reason.TO_SMA``); LID-routed VL15 packets are switched by the LFT (Init ports too).
 - Ingress must be Armed/Active, egress Active (Init ports carry only VL15).
 - No route (LFT 0xFF, DLID above LinearFDBTop, LID 0), multicast and permissive DLIDs,
   and egress == ingress: PortRcvSwitchRelayErrors on the ingress port.
@@ -109,12 +110,15 @@ class Forwarder:
             self.stats[Reason.BAD_VCRC] += 1
             return Verdict(0, packet, Reason.BAD_VCRC)
         dlid = (packet[2] << 8) | packet[3]
-        if packet[0] >> 4 == 15 or ports[0].owns_lid(dlid):
+        vl15 = packet[0] >> 4 == 15
+        # Directed-route SMPs (permissive DLID) and anything for this switch go to its SMA;
+        # LID-routed SMPs are switched through the LFT like data, on VL15, as in hardware.
+        if (vl15 and dlid == 0xFFFF) or ports[0].owns_lid(dlid):
             return Verdict(0, packet, Reason.TO_SMA)
-        if pin.state not in _RX_OK:
+        if not vl15 and pin.state not in _RX_OK:
             self.stats[Reason.INGRESS_NOT_ACTIVE] += 1
             return Verdict(0, packet, Reason.INGRESS_NOT_ACTIVE)
-        egress, reason = self.route(dlid, ingress, vl15=False)
+        egress, reason = self.route(dlid, ingress, vl15=vl15)
         if reason is not None:
             return Verdict(0, packet, reason)
         imp = self.impairments.get(egress)

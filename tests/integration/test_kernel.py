@@ -82,13 +82,17 @@ def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership
         got = _wait_drain(s_h2, 500)
         assert len(got) == 500 and fast.peek(got[-1][14:]).psn == 499
         assert _drain(s_sw1) == []  # forwarded frames never reach the switch's SMA socket
-        vl15 = fast.NativeTemplate(slid=1, dlid=2, destqp=0, vl=15, eth=ETH)
+        directed = fast.NativeTemplate(slid=0xFFFF, dlid=0xFFFF, destqp=0, vl=15, eth=ETH)
+        lid_routed_smp = fast.NativeTemplate(slid=1, dlid=2, destqp=0, vl=15, eth=ETH)
         unroutable = fast.NativeTemplate(slid=1, dlid=9, destqp=5, eth=ETH)
-        s_h1.send(vl15.packet(0x64, 0, b"\0" * 256, ext=fast.deth(0, 0)))
+        s_h1.send(directed.packet(0x64, 0, b"\0" * 256, ext=fast.deth(0, 0)))
+        s_h1.send(lid_routed_smp.packet(0x64, 0, b"\0" * 256, ext=fast.deth(0, 0)))
         s_h1.send(unroutable.packet(0x04, 0, b"y"))
         at_sma = _wait_drain(s_sw1, 2)
-        assert sorted(fast.dlid_vl(f[14:]) for f in at_sma) == [(2, 15), (9, 0)]
-        assert _drain(s_h2) == []
+        # DR SMPs and unroutable frames reach the SMA; LID-routed SMPs are switched (VL15 kept).
+        assert sorted(fast.dlid_vl(f[14:]) for f in at_sma) == [(9, 0), (0xFFFF, 15)]
+        switched = _wait_drain(s_h2, 1)
+        assert [fast.dlid_vl(f[14:]) for f in switched] == [(2, 15)]
         # Reroute LID 2 back out of port 1 (a hairpin), then remove it.
         assert lft.apply({2: 1}) == 1
         s_h1.send(data.packet(0x04, 1, b"z"))

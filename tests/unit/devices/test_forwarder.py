@@ -54,8 +54,18 @@ def test_relay_errors(dlid: int, ingress: int, reason: Reason, counter_port: int
 
 def test_sma_traffic_is_handed_over() -> None:
     sw = active_switch()
-    assert sw.forwarder.decide(data_packet(5, vl=15), 1).reason == Reason.TO_SMA
-    assert sw.forwarder.decide(data_packet(20), 1).reason == Reason.TO_SMA
+    assert sw.forwarder.decide(data_packet(0xFFFF, vl=15), 1).reason == Reason.TO_SMA  # directed route
+    assert sw.forwarder.decide(data_packet(20), 1).reason == Reason.TO_SMA  # the switch's own LID
+    assert sw.forwarder.decide(data_packet(20, vl=15), 1).reason == Reason.TO_SMA
+
+
+def test_lid_routed_smps_are_switched_even_from_init_ports() -> None:
+    sw = active_switch()
+    want = sw.lft.lookup(5)
+    sw.ports[1].state = PortState.INIT  # data would be refused here; VL15 is not
+    v = sw.forwarder.decide(data_packet(5, vl=15), 1)
+    assert v.reason is None and v.port == want
+    assert sw.forwarder.decide(data_packet(5), 1).reason == Reason.INGRESS_NOT_ACTIVE
 
 
 def test_port_states_gate_data() -> None:
