@@ -344,10 +344,12 @@ class AgentHost:
         lft = self.fabric.lfts.get(name)
         if lft is None:
             return  # user datapath: the forwarder reads the agent's LFT itself
+        t0 = time.monotonic_ns()
         ops = lft.apply(action.changes)
+        t1 = time.monotonic_ns()
         self.lft_ops += ops
-        self.events.write(name, {"kind": "lft_programmed", "t_ns": time.monotonic_ns(),
-                                 "entries": len(action.changes), "ops": ops})
+        self.events.write(name, {"kind": "lft_programmed", "t_ns": t1, "entries": len(action.changes),
+                                 "ops": ops, "apply_us": (t1 - t0) // 1000})
 
     def _link_request(self, name: str, rt: NodeRuntime, action: LinkRequest) -> None:
         pp = rt.plan.ports.get(action.port)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 RECV_BUF = 4096  # larger than any valid datagram, so oversized ones are seen as such
 _DEAD = frozenset({errno.ECONNREFUSED, errno.ENOTCONN, errno.ECONNRESET, errno.EPIPE})
-_FAIRNESS = 32  # datagrams handled per socket before yielding to other tasks
+_FAIRNESS = 256  # datagrams handled per socket before yielding to other tasks (a whole SM window)
 
 
 class UmadServer:
