@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,10 +21,11 @@ from ibemu.fabric.agents import make_agents
 from ibemu.fabric.host import AgentHost
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.tools import tool_argv, umad2sim_path
-from ibemu.kernel import netns, ownership
+from ibemu.kernel import ownership
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.topo import generate
 from ibemu.wire import fast
+from tests.integration.live import fabric_in_thread
 
 pytestmark = [
     pytest.mark.root,
@@ -45,7 +45,6 @@ class Managed:
         self.tmp = tmp
         self.host: AgentHost | None = None
         self.token: trio.lowlevel.TrioToken | None = None
-        self.stop_event: trio.Event | None = None
 
     def on_loop(self, fn, *args):  # type: ignore[no-untyped-def]
         return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
@@ -82,40 +81,20 @@ class Managed:
 
 @pytest.fixture(params=["kernel", "user"])
 def managed(request: pytest.FixtureRequest, state_dir: Path, tmp_path: Path) -> Iterator[Managed]:
-    m = Managed(request.param, tmp_path)
-    ready = threading.Event()
-    errors: list[BaseException] = []
+    yield from managed_fabric(request.param, tmp_path)
 
-    async def main() -> None:
-        m.stop_event = trio.Event()
-        m.token = trio.lowlevel.current_trio_token()
-        async with m.rt.running() as host:
-            m.host = host
-            ready.set()
-            await m.stop_event.wait()
 
-    def run() -> None:
+def managed_fabric(datapath: str, tmp_path: Path, opensm_args: list[str] | None = None) -> Iterator[Managed]:
+    """A k=4 fabric running in a thread, brought up by the real OpenSM on h0."""
+    m = Managed(datapath, tmp_path)
+    with fabric_in_thread(m.rt) as live:
+        m.host, m.token = live.host, live.token
+        osm = opensm.start(m.rt.plan.nodes["h0"].ns, tmp_path / "opensm", extra=opensm_args)
         try:
-            trio.run(main)
-        except BaseException as exc:
-            errors.append(exc)
+            opensm.wait_subnet_up(osm, tmp_path / "opensm")
+            yield m
         finally:
-            ready.set()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(60) and not errors, errors
-    osm = opensm.start(m.rt.plan.nodes["h0"].ns, tmp_path / "opensm")
-    try:
-        opensm.wait_subnet_up(osm, tmp_path / "opensm")
-        yield m
-    finally:
-        opensm.stop(osm)
-        if m.token is not None and m.stop_event is not None:
-            trio.from_thread.run_sync(m.stop_event.set, trio_token=m.token)
-        t.join(60)
-        assert not errors, errors
-        assert not any(netns.exists(n) for n in m.rt.plan.namespaces)
+            opensm.stop(osm)
 
 
 def test_data_crosses_five_switches_on_opensm_lfts(managed: Managed) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +16,7 @@ from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agent
 from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.tools import tool_argv, umad2sim_path
-from ibemu.kernel import netns
-from tests.integration.test_datapaths import Managed
+from tests.integration.test_datapaths import Managed, managed_fabric
 
 pytestmark = [
     pytest.mark.root,
@@ -29,41 +27,9 @@ pytestmark = [
 
 @pytest.fixture
 def fab(state_dir: Path, tmp_path: Path) -> Iterator[tuple[Managed, FaultInjector]]:
-    m = Managed("kernel", tmp_path)
-    ready = threading.Event()
-    errors: list[BaseException] = []
-
-    async def main() -> None:
-        m.stop_event = trio.Event()
-        m.token = trio.lowlevel.current_trio_token()
-        async with m.rt.running() as host:
-            m.host = host
-            ready.set()
-            await m.stop_event.wait()
-
-    def run() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            ready.set()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(60) and not errors, errors
-    assert m.host is not None
-    injector = FaultInjector(m.host, lambda name: make_agent(m.rt.plan, m.topo.node(name)))
-    osm = opensm.start(m.rt.plan.nodes["h0"].ns, tmp_path / "opensm", extra=["--sweep", "1"])
-    try:
-        opensm.wait_subnet_up(osm, tmp_path / "opensm")
-        yield m, injector
-    finally:
-        opensm.stop(osm)
-        trio.from_thread.run_sync(m.stop_event.set, trio_token=m.token)  # type: ignore[arg-type]
-        t.join(60)
-        assert not errors, errors
-        assert not any(netns.exists(n) for n in m.rt.plan.namespaces)
+    for m in managed_fabric("kernel", tmp_path, opensm_args=["--sweep", "1"]):
+        assert m.host is not None
+        yield m, FaultInjector(m.host, lambda name, m=m: make_agent(m.rt.plan, m.topo.node(name)))
 
 
 def _path(m: Managed, src: str, dst: str) -> list[str]:

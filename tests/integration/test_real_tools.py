@@ -25,6 +25,7 @@ from ibemu.topo import generate
 from ibemu.wire import read_pcap
 from ibemu.wire.ib import LRH
 from ibemu.wire.mad import SMP, Notice
+from tests.integration.live import fabric_in_thread
 
 pytestmark = [
     pytest.mark.root,
@@ -46,16 +47,13 @@ def _field(text: str, name: str) -> str:
 
 
 class LiveFabric:
-    """A k=4 fabric with agents and MAD sockets running in a trio thread of the test."""
+    """A k=4 fabric with agents and MAD sockets (run by ``fabric_in_thread``)."""
 
     def __init__(self, tmp: Path) -> None:
         self.topo = generate("fat-tree", k=4)
         self.state = ownership.RunState(ownership.new_run_id(), scenario="pytest-real-tools")
         self.rt = FabricRuntime(self.topo, make_agents=make_agents, state=self.state, run_dir=tmp)
         self.tmp = tmp
-        self._portal: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._thread_done = False
 
     def ns(self, node: str) -> str:
         return self.rt.plan.nodes[node].ns
@@ -66,39 +64,9 @@ class LiveFabric:
 
 @pytest.fixture
 def live(state_dir: Path, tmp_path: Path) -> Iterator[LiveFabric]:
-    import threading
-
     fab = LiveFabric(tmp_path)
-    ready = threading.Event()
-    errors: list[BaseException] = []
-
-    async def main() -> None:
-        fab._stop = trio.Event()
-        fab._portal = trio.lowlevel.current_trio_token()
-        async with fab.rt.running():
-            ready.set()
-            await fab._stop.wait()
-
-    def thread() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:  # surfaced by the fixture
-            errors.append(exc)
-        finally:
-            ready.set()
-
-    t = threading.Thread(target=thread, daemon=True)
-    t.start()
-    assert ready.wait(60), "fabric did not come up"
-    assert not errors, errors
-    try:
+    with fabric_in_thread(fab.rt):
         yield fab
-    finally:
-        if fab._portal is not None and fab._stop is not None:
-            trio.from_thread.run_sync(fab._stop.set, trio_token=fab._portal)
-        t.join(60)
-        assert not errors, errors
-        assert not any(ownership.netns.exists(n) for n in fab.rt.plan.namespaces)
 
 
 def test_smpquery_reads_the_local_ca_and_the_switches_along_a_path(live: LiveFabric) -> None:

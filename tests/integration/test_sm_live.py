@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +25,11 @@ from ibemu.fabric.agents import make_agents
 from ibemu.fabric.host import AgentHost
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.tools import tool_argv, umad2sim_path
-from ibemu.kernel import netns, ownership
+from ibemu.kernel import ownership
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.topo import generate
 from ibemu.wire import fast
+from tests.integration.live import fabric_in_thread
 
 pytestmark = pytest.mark.root
 
@@ -46,7 +46,6 @@ class Live:
         self.tmp = tmp
         self.host: AgentHost | None = None
         self.token: trio.lowlevel.TrioToken | None = None
-        self.stop: trio.Event | None = None
         self.sm: subprocess.Popen[bytes] | None = None
         self.events = tmp / "sm-events.jsonl"
         self._offset = 0
@@ -132,43 +131,18 @@ class Live:
 @pytest.fixture
 def live(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
     fab = Live(tmp_path)
-    ready = threading.Event()
-    errors: list[BaseException] = []
-
-    async def main() -> None:
-        fab.stop = trio.Event()
-        fab.token = trio.lowlevel.current_trio_token()
-        async with fab.rt.running() as host:
-            fab.host = host
-            ready.set()
-            await fab.stop.wait()
-
-    def thread() -> None:
+    with fabric_in_thread(fab.rt) as running:
+        fab.host, fab.token = running.host, running.token
         try:
-            trio.run(main)
-        except BaseException as exc:
-            errors.append(exc)
+            yield fab
         finally:
-            ready.set()
-
-    t = threading.Thread(target=thread, daemon=True)
-    t.start()
-    assert ready.wait(60) and not errors, errors
-    try:
-        yield fab
-    finally:
-        if fab.sm is not None and fab.sm.poll() is None:
-            fab.sm.terminate()
-            try:
-                fab.sm.wait(10)
-            except subprocess.TimeoutExpired:
-                fab.sm.kill()
-                fab.sm.wait(5)
-        if fab.token is not None and fab.stop is not None:
-            trio.from_thread.run_sync(fab.stop.set, trio_token=fab.token)
-        t.join(60)
-        assert not errors, errors
-        assert not any(netns.exists(n) for n in fab.rt.plan.namespaces)
+            if fab.sm is not None and fab.sm.poll() is None:
+                fab.sm.terminate()
+                try:
+                    fab.sm.wait(10)
+                except subprocess.TimeoutExpired:
+                    fab.sm.kill()
+                    fab.sm.wait(5)
 
 
 def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(live: Live) -> None:
