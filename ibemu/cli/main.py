@@ -19,6 +19,7 @@ COMMANDS = (
     "ibemu.cli.demo_cmd",
     "ibemu.cli.clean_cmd",
     "ibemu.cli.fabric_cmd",
+    "ibemu.cli.sm_cmd",
     "ibemu.cli.topo_cmd",
     "ibemu.cli.validate_cmd",
 )
@@ -52,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ibemu: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ibemu ... | head`: the reader left, nothing more to say
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

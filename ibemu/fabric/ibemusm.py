@@ -15,7 +15,7 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     """The SM process, attached to the MAD socket in ``ns``; events in ``workdir/events.jsonl``."""
     workdir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", ns, "--engine", engine,
-            "--events", str(workdir / "events.jsonl"), *(extra or [])]
+            "--events", str(workdir / "events.jsonl"), "--state", str(workdir / "state.json"), *(extra or [])]
     return subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(workdir / "sm.err", "wb"))
 

@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per SMP attempt")
     p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
     p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
+    p.add_argument("--state", default=None, help="JSON snapshot of LIDs, cables and LFTs (for `ibemu sm`)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -63,7 +64,7 @@ async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
-                   retries=args.retries, sweep_interval_s=args.sweep_interval)
+                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state)
     sm = SubnetManager(UmadPort(client), cfg, route_fn=load_route_fn(args.route_fn), events=events)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -17,7 +17,9 @@ t_programmed`` (monotonic ns).
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import os
 import struct
 import time
 from collections import Counter
@@ -81,6 +83,7 @@ class SmConfig:
     outbox: int = 1024  # TrapRepress / SMInfo responses waiting to be sent
     priority: int = 0
     lid_routed_activation: bool = True  # after a clean programming pass (cheaper per hop)
+    state_path: str | None = None  # where to keep a JSON snapshot of LIDs, links and LFTs
 
 
 class SubnetManager:
@@ -102,6 +105,7 @@ class SubnetManager:
         self.prog = LftProgrammer(self.transport, self.events)
         self.routes: Routes | None = None
         self.sm_lid = 0
+        self._snapshot_due = False
         self.up = trio.Event()
         self.lost: dict[int, str] = {}
         self.stats: Counter[str] = Counter()
@@ -125,6 +129,7 @@ class SubnetManager:
         async with trio.open_nursery() as n:
             await n.start(self.transport.run)
             n.start_soon(self._outbox)
+            n.start_soon(self._snapshots)
             yield self
             n.cancel_scope.cancel()
 
@@ -292,12 +297,44 @@ class SubnetManager:
                          seconds=(t_routed - t) / 1e9, switches=len(routes.lfts))
         self.routes = routes
         res = await self.prog.program(self.graph, routes, self.lids.top)
+        self._snapshot_due = True
         self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, switches=res.switches,
                          seconds=(self.events.now() - t_routed) / 1e9)
         if info is not None:
             info.update(t_routed=t_routed, t_programmed=res.t_last_ack_ns or self.events.now(),
                         blocks=res.acked, blocks_failed=res.failed)
         return res.failed == 0
+
+    def snapshot(self) -> dict[str, Any]:
+        """LIDs, names, cables and LFTs as this SM last wrote them (``ibemu sm routes``)."""
+        nodes = {f"{g:#018x}": {"desc": n.desc, "switch": n.is_switch, "lid": n.lid,
+                                "ports": {str(num): [f"{p.peer[0]:#018x}", p.peer[1]]
+                                          for num, p in n.ports.items() if p.peer is not None}}
+                 for g, n in self.graph.nodes.items()}
+        lfts = {f"{g:#018x}": {str(lid): port for lid, port in sorted(lft.items())}
+                for g, lft in (self.routes.lfts.items() if self.routes else [])}
+        return {"t_ns": self.events.now(), "engine": self.routes.engine if self.routes else None,
+                "sm_guid": f"{self.graph.sm_guid:#018x}", "sm_lid": self.sm_lid, "nodes": nodes, "lfts": lfts}
+
+    async def _snapshots(self) -> None:
+        """Keep ``config.state_path`` current, at most every half second, off the trio thread."""
+        path = self.config.state_path
+        if not path:
+            return
+        while True:
+            await trio.sleep(0.5)
+            if not self._snapshot_due:
+                continue
+            self._snapshot_due = False
+            data = self.snapshot()
+
+            def write(data: dict[str, Any] = data) -> None:
+                tmp = f"{path}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump(data, f)
+                os.replace(tmp, path)
+
+            await trio.to_thread.run_sync(write)
 
     def recompute_paths(self) -> set[int]:
         """Re-derive directed routes; drop and report nodes that became unreachable."""

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,17 @@ def test_up_with_an_sm_then_ibtracert_across_the_fabric(tmp_path: Path, sm: str)
         trace = ibemu(state, "diag", "h1", "ibtracert", str(l1), str(l15))
         assert trace.returncode == 0, trace.stderr
         assert trace.stdout.count("-> switch port") == 5 and '"h15 HCA-1"' in trace.stdout
+        if sm == "ibemu":  # the SM's own view of the same path agrees with ibtracert's
+            time.sleep(0.7)  # its snapshot is written within half a second of programming
+            path = ibemu(state, "sm", "path", "h1", "h15")
+            assert path.returncode == 0 and "arrived after 5 switches" in path.stdout, path.stdout
+            ours = re.findall(r"ibemu (\w+)", path.stdout)
+            theirs = re.findall(r'"ibemu (\w+)"', trace.stdout)
+            assert ours == theirs
+            routes = ibemu(state, "sm", "routes", ours[0])
+            assert f"{l15:#06x}" in routes.stdout and "valid lids dumped" in routes.stdout
+            events = ibemu(state, "sm", "events", "--kind", "subnet_up")
+            assert events.returncode == 0 and "subnet_up" in events.stdout
     finally:
         down = ibemu(state, "down")
     assert down.returncode == 0, down.stderr
