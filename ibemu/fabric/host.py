@@ -198,7 +198,7 @@ class AgentHost:
     async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
         """User datapath: every frame of the port goes through the switch's forwarder."""
         sockets, eth = rt.sockets, rt.eth
-        delays = self._delays_ns.get(name, {})
+        delays = self._delays_ns.setdefault(name, {})  # the same dict `impair` changes later
         while True:
             await trio.lowlevel.wait_readable(sock)
             agent = rt.agent  # per wake-up: a rebooted switch gets a new agent and forwarder
@@ -307,6 +307,9 @@ class AgentHost:
             if fresh_agent is not None:
                 rt.agent = fresh_agent
                 rt.carrier = dict.fromkeys(rt.plan.ports, False)
+                forwarder = getattr(fresh_agent, "forwarder", None)
+                if self.datapath == "user" and forwarder is not None:
+                    self._apply_impairments(name, rt, forwarder)  # the cables' own delay/loss
             rt.powered = True
             rtnl.set_up(rt.plan.ns, ifnames, True)
         else:
