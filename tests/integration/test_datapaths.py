@@ -190,3 +190,37 @@ def test_malformed_frames_never_crash_a_live_agent(managed: Managed) -> None:
                          cwd=managed.tmp, capture_output=True, text=True, timeout=30, check=True).stdout
     assert "Switch" in out
     assert managed.blast("h1", "h15", 200) == 200
+
+
+def test_injected_delay_on_the_user_datapath(managed: Managed) -> None:
+    if managed.rt.datapath != "user":
+        pytest.skip("delay injection is a user-datapath feature (no netem here)")
+    edge = managed.topo.peer("h2", 1)
+    assert edge is not None and managed.host is not None
+    host = managed.host
+
+    def one_way_ms() -> float:
+        sp, dp = managed.rt.plan.nodes["h3"], managed.rt.plan.nodes["h2"]
+        out = open_packet_socket(sp.ns, sp.ports[1].ifname)
+        inp = open_packet_socket(dp.ns, dp.ports[1].ifname)
+        try:
+            tmpl = fast.NativeTemplate(slid=managed.lid("h3"), dlid=managed.lid("h2"), destqp=0x42,
+                                       eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
+            t0 = time.monotonic()
+            out.send(tmpl.packet(0x04, 1, b"x" * 64))
+            while time.monotonic() - t0 < 2:
+                try:
+                    inp.recv(9000)
+                    return (time.monotonic() - t0) * 1000
+                except BlockingIOError:
+                    time.sleep(0.0005)
+            raise AssertionError("frame never arrived")
+        finally:
+            out.close()
+            inp.close()
+
+    assert one_way_ms() < 20
+    managed.on_loop(lambda: host.impair(edge.node, edge.port, delay_us=40_000))
+    assert one_way_ms() >= 38
+    managed.on_loop(lambda: host.impair(edge.node, edge.port, delay_us=0))
+    assert one_way_ms() < 20
