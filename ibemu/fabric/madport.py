@@ -52,6 +52,7 @@ class CaMadPort:
         self.timeout_ns = int(timeout_s * 1e9)
         self.pending: dict[int, tuple[int, SimRequest]] = {}  # TID -> (deadline, request)
         self.timed_out = 0
+        self._armed: trio.Event | None = None  # set when a request starts waiting
         host.attach_mad_sink(name, self._from_fabric)
 
     # UmadPortBackend -------------------------------------------------------------
@@ -80,8 +81,22 @@ class CaMadPort:
         method = req.mad[3] if len(req.mad) > 3 else 0
         if not method & 0x80 and method not in NO_REPLY_METHODS:
             self.pending[req.tid] = (time.monotonic_ns() + self.timeout_ns, req)
+            if self._armed is not None:
+                self._armed.set()
         actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, req.mad)
         self.host.dispatch(self.name, self.host.nodes[self.name], actions)
+
+    async def watch_deadlines(self) -> None:
+        """Sleep until the earliest pending deadline (or until a request arrives), expire."""
+        while True:
+            if not self.pending:
+                self._armed = trio.Event()
+                await self._armed.wait()
+                self._armed = None
+                continue
+            earliest = min(deadline for deadline, _ in self.pending.values())
+            await trio.sleep(max(0.0, (earliest - time.monotonic_ns()) / 1e9) + 0.001)
+            self.expire(time.monotonic_ns())
 
     def expire(self, now_ns: int) -> int:
         """Return the requests past their deadline to their clients with status 110."""
@@ -114,7 +129,4 @@ async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *,
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         task_status.started(backend)
-        while True:
-            await trio.sleep(0.02)
-            if backend.pending:
-                backend.expire(time.monotonic_ns())
+        await backend.watch_deadlines()
