@@ -19,11 +19,10 @@ import trio
 
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.host import AgentHost
+from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.tools import tool_argv
-from ibemu.kernel.packet import open_packet_socket
 from ibemu.topo import Topology
-from ibemu.wire import fast
 
 log = logging.getLogger(__name__)
 
@@ -39,29 +38,6 @@ def _tool(rt: FabricRuntime, node: str, argv: list[str], cwd: Path) -> str:
 def _lid(rt: FabricRuntime, node: str, cwd: Path) -> int:
     m = re.search(r"^Lid:\.+(\d+)", _tool(rt, node, ["smpquery", "-D", "portinfo", "0"], cwd), re.M)
     return int(m.group(1)) if m else 0
-
-
-def _blast(rt: FabricRuntime, src: str, dst: str, src_lid: int, dst_lid: int, n: int) -> int:
-    sp, dp = rt.plan.nodes[src], rt.plan.nodes[dst]
-    out = open_packet_socket(sp.ns, sp.ports[1].ifname)
-    inp = open_packet_socket(dp.ns, dp.ports[1].ifname)
-    try:
-        tmpl = fast.NativeTemplate(slid=src_lid, dlid=dst_lid, destqp=0x42,
-                                   eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
-        for psn in range(n):
-            out.send(tmpl.packet(0x0A, psn, b"\x5a" * 1024, ext=fast.reth(0x1000, 0x77, 1024)))
-        got, deadline = 0, time.monotonic() + 2
-        while got < n and time.monotonic() < deadline:
-            try:
-                while True:
-                    inp.recv(9000)
-                    got += 1
-            except BlockingIOError:
-                time.sleep(0.01)
-        return got
-    finally:
-        out.close()
-        inp.close()
 
 
 def run_live_demo(topo: Topology, workdir: Path, say: Say) -> None:
@@ -86,7 +62,7 @@ def _after_up(rt: FabricRuntime, host: AgentHost, workdir: Path, say: Say) -> No
     trace = _tool(rt, "h1", ["ibtracert", str(l1), str(l15)], workdir)
     hops = re.findall(r'"ibemu (\w+)"', trace)
     say(f"  ibtracert h1 (LID {l1}) -> h15 (LID {l15}): {' -> '.join(hops)}")
-    got = _blast(rt, "h1", "h15", l1, l15, 1000)
+    got = send_and_count(rt.plan, "h1", "h15", l1, l15, 1000, size=1024, rdma_write=True)
     say(f"  1000 RDMA WRITE frames h1 -> h15 through the kernel datapath: {got} delivered")
     agg, core = hops[1], hops[2]
     port = next(p for p, far in rt.topo.neighbors(agg) if far.node == core)
@@ -105,7 +81,7 @@ def _after_up(rt: FabricRuntime, host: AgentHost, workdir: Path, say: Say) -> No
     hops2 = re.findall(r'"ibemu (\w+)"', trace2)
     say(f"  cut {agg}:{port} - {core}: trap 128 -> OpenSM re-sweep -> SUBNET UP again within {rerouted_ms:.0f} ms")
     say(f"  ibtracert now: {' -> '.join(hops2)}")
-    got = _blast(rt, "h1", "h15", l1, l15, 1000)
+    got = send_and_count(rt.plan, "h1", "h15", l1, l15, 1000, size=1024, rdma_write=True)
     say(f"  1000 frames h1 -> h15 after the reroute: {got} delivered")
 
 

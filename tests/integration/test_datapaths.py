@@ -19,6 +19,7 @@ import trio
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.host import AgentHost
+from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.tools import tool_argv, umad2sim_path
 from ibemu.kernel import ownership
@@ -54,29 +55,7 @@ class Managed:
 
     def blast(self, src: str, dst: str, n: int, size: int = 200) -> int:
         """Send ``n`` frames from ``src`` to ``dst`` on raw sockets; how many arrive."""
-        sp, dp = self.rt.plan.nodes[src], self.rt.plan.nodes[dst]
-        s_out = open_packet_socket(sp.ns, sp.ports[1].ifname)
-        s_in = open_packet_socket(dp.ns, dp.ports[1].ifname)
-        try:
-            eth = fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac)
-            tmpl = fast.NativeTemplate(slid=self.lid(src), dlid=self.lid(dst), destqp=0x42, eth=eth)
-            got = 0
-            for psn in range(n):
-                s_out.send(tmpl.packet(0x04, psn, b"\xa5" * size))
-                if psn % 64 == 63:
-                    time.sleep(0.001)  # stay below what one Python forwarder can take
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline and got < n:
-                try:
-                    while True:
-                        s_in.recv(9000)
-                        got += 1
-                except BlockingIOError:
-                    time.sleep(0.01)
-            return got
-        finally:
-            s_out.close()
-            s_in.close()
+        return send_and_count(self.rt.plan, src, dst, self.lid(src), self.lid(dst), n, size=size)
 
 
 @pytest.fixture(params=["kernel", "user"])

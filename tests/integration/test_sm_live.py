@@ -23,12 +23,11 @@ import trio
 from ibemu.device.port import PhysState, PortState
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.host import AgentHost
+from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.tools import tool_argv, umad2sim_path
 from ibemu.kernel import ownership
-from ibemu.kernel.packet import open_packet_socket
 from ibemu.topo import generate
-from ibemu.wire import fast
 from tests.integration.live import fabric_in_thread
 
 pytestmark = pytest.mark.root
@@ -104,28 +103,8 @@ class Live:
         return list(self.on_loop(scan))
 
     def blast(self, src: str, dst: str, n: int, size: int = 200) -> int:
-        """``n`` frames from ``src`` to ``dst`` on raw sockets; how many arrive."""
-        sp, dp = self.rt.plan.nodes[src], self.rt.plan.nodes[dst]
-        s_out = open_packet_socket(sp.ns, sp.ports[1].ifname)
-        s_in = open_packet_socket(dp.ns, dp.ports[1].ifname)
-        try:
-            eth = fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac)
-            tmpl = fast.NativeTemplate(slid=self.lid(src), dlid=self.lid(dst), destqp=0x42, eth=eth)
-            got = 0
-            for psn in range(n):
-                s_out.send(tmpl.packet(0x04, psn, b"\xa5" * size))
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline and got < n:
-                try:
-                    while True:
-                        s_in.recv(9000)
-                        got += 1
-                except BlockingIOError:
-                    time.sleep(0.01)
-            return got
-        finally:
-            s_out.close()
-            s_in.close()
+        """Send ``n`` frames from ``src`` to ``dst`` on raw sockets; how many arrive."""
+        return send_and_count(self.rt.plan, src, dst, self.lid(src), self.lid(dst), n, size=size)
 
 
 @pytest.fixture

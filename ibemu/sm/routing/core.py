@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ibemu.errors import IbemuError
-from ibemu.sm.routing.fabric import Fabric, bits
+from ibemu.sm.routing.fabric import Fabric, bits, rings
 
 
 class RoutingError(IbemuError, ValueError):
@@ -78,17 +78,7 @@ class State:
 
 
 def minhop_layers(adj: list[int], w: int) -> Layers:
-    seen = frontier = 1 << w
-    out = [frontier]
-    while True:
-        nxt = 0
-        for x in bits(frontier):
-            nxt |= adj[x]
-        frontier = nxt & ~seen
-        if not frontier:
-            return Layers(out)
-        seen |= frontier
-        out.append(frontier)
+    return Layers(rings(adj, w))
 
 
 def updown_layers(up_adj: list[int], down_adj: list[int], w: int) -> Layers:
