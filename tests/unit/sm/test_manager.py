@@ -14,7 +14,7 @@ from ibemu.hca.umad import SimRequest
 from ibemu.sm.manager import SmConfig, SubnetManager
 from ibemu.sm.transport import InMemoryPort
 from ibemu.switch.sma import SwitchAgent
-from ibemu.topo import Topology
+from ibemu.topo import Node, Topology
 from tests.unit.sm.helpers import fat_tree, minhop, run, unreachable_pairs
 
 
@@ -208,6 +208,15 @@ def _kill(fab: InMemoryFabric, topo: Topology, name: str) -> Callable[[], None]:
                 fab.link_down(name, num)
 
     return kill
+
+
+def _reboot(fab: InMemoryFabric, node: Node) -> None:
+    """A fresh agent (no LID, empty LFT) behind the same cables, which come up again."""
+    fab.agents[node.name] = SwitchAgent(node_guid=node.guid, num_ports=node.num_ports,
+                                        description=node.desc, clock=fab.clock)
+    for num in node.port_range:
+        if fab.peer(node.name, num) is not None:
+            fab.link_up(node.name, num)
 
 
 def test_a_switch_dying_mid_sweep_is_left_out_and_the_rest_comes_up() -> None:
@@ -404,12 +413,7 @@ def test_a_dead_switch_comes_back_fresh_and_is_brought_up_again() -> None:
                 await sm.step()
                 await settle(port)
             assert node.guid not in sm.graph.nodes and not unreachable_pairs(fab)
-            # rebooted: a fresh agent (no LID, empty LFT) behind the same cables
-            fab.agents[name] = SwitchAgent(node_guid=node.guid, num_ports=node.num_ports,
-                                           description=node.desc, clock=fab.clock)
-            for num in node.port_range:
-                if fab.peer(name, num) is not None:
-                    fab.link_up(name, num)
+            _reboot(fab, node)
             await settle(port)
             for _ in range(4):
                 await sm.step()
@@ -436,14 +440,8 @@ def test_a_switch_rebooting_between_two_sweeps_is_configured_again() -> None:
             assert isinstance(old, SwitchAgent)
             lid = old.lid
             # every cable drops and comes back before the SM looks; the agent is a fresh one
-            for num in node.port_range:
-                if fab.peer(name, num) is not None:
-                    fab.link_down(name, num)
-            fab.agents[name] = SwitchAgent(node_guid=node.guid, num_ports=node.num_ports,
-                                           description=node.desc, clock=fab.clock)
-            for num in node.port_range:
-                if fab.peer(name, num) is not None:
-                    fab.link_up(name, num)
+            _kill(fab, topo, name)()
+            _reboot(fab, node)
             await settle(port)
             for _ in range(4):
                 await sm.step()
