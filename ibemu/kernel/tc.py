@@ -31,13 +31,15 @@ NO_ROUTE = 0xFF
 
 
 def setup_lines(ifnames: Iterable[str]) -> list[str]:
-    """clsact on every port, all sharing block 1; the VL15 rule and the LFT hash table."""
+    """What ``KernelLft.setup`` writes over netlink, as ``tc -batch`` lines (a root test checks
+    that both build the same filters): clsact on every port sharing block 1, the
+    directed-route rule, the LFT hash table and the link into it."""
     lines = [f"qdisc add dev {name} ingress_block {BLOCK} clsact" for name in ifnames]
     lines += [
         f"filter add block {BLOCK} prio 1 protocol {PROTO} handle 800::1 u32 match u32 0xf000ffff 0xf000ffff at 0 "
         "classid 1:15",
         f"filter add block {BLOCK} prio 2 protocol {PROTO} handle {HT}: u32 divisor 256",
-        f"filter add block {BLOCK} prio 2 protocol {PROTO} u32 ht 800:: match u8 0 0 "
+        f"filter add block {BLOCK} prio 1 protocol {PROTO} handle 800::2 u32 ht 800:: match u8 0 0 "
         f"hashkey mask 0x000000ff at 0 link {HT}:",
     ]
     return lines

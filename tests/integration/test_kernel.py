@@ -203,3 +203,30 @@ def test_tbf_shapes_a_cable_and_netem_absence_is_explained(run_state: ownership.
         s_out.close()
         s_in.close()
         links.close()
+
+
+def test_netlink_skeleton_equals_what_tc_itself_builds(run_state: ownership.RunState) -> None:
+    """The raw rtnetlink encoder writes exactly the filters `tc -batch setup_lines` would."""
+    import re as _re
+
+    from ibemu.kernel.commands import batch
+
+    a, b = (ownership.ns_name(run_state.run_id, n) for n in ("nl", "tc"))
+    run_state.claim_namespaces([a, b])
+    netns.create([a, b])
+    create_cables([Cable(a, "p1", b, "p1"), Cable(a, "p2", b, "p2")])
+    ours = tc.KernelLft(a, {1: "p1", 2: "p2"})
+    ours.setup()
+    ours.apply({5: 2, 300: 1})
+    batch("tc", tc.setup_lines(["p1", "p2"]), netns=b)
+    batch("tc", tc.lft_lines({5: 2, 300: 1}, installed={}, ifnames={1: "p1", 2: "p2"}), netns=b)
+    try:
+        def shown(ns: str) -> list[str]:
+            out = subprocess.run(["tc", "-n", ns, "filter", "show", "block", "1"], capture_output=True,
+                                 text=True, check=True).stdout
+            # action indexes and device names' ifindexes differ between namespaces; the rest must not
+            return sorted(_re.sub(r"index \d+ ref \d+ bind \d+", "", line).strip()
+                          for line in out.splitlines() if line.strip())
+        assert shown(a) == shown(b)
+    finally:
+        ours.close()
