@@ -36,7 +36,7 @@ from ibemu.device.actions import (
 )
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
-from ibemu.kernel import netns, rtnl
+from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.switch.forwarder import Forwarder, Reason
@@ -129,8 +129,10 @@ class AgentHost:
             ns = rt.plan.ns
             with netns.entered(ns):  # once for all of this node's sockets
                 index = rtnl.ifindexes(ns, [pp.ifname for pp in rt.plan.ports.values()])
+                # A CA's agent hears only QP0/QP1: data QPs belong to the host's transport.
+                bpf = None if rt.plan.is_switch else sockfilter.MANAGEMENT_ONLY
                 for port, pp in rt.plan.ports.items():
-                    rt.sockets[port] = open_packet_socket(ns, pp.ifname, ETH_P_IB)
+                    rt.sockets[port] = open_packet_socket(ns, pp.ifname, ETH_P_IB, bpf=bpf)
                     rt.eth[port] = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")
                     rt.by_ifindex[index[pp.ifname]] = port
                 rt.monitor = open_link_monitor(ns)

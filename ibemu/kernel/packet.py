@@ -7,36 +7,52 @@ import socket
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from ibemu.kernel import netns
+from ibemu.kernel import netns, sockfilter
 from ibemu.kernel.commands import KernelError
 
 ETH_P_ALL = 0x0003
 ETH_P_IB = 0x88B5
 ETH_P_IP = 0x0800
 SOCK_BUFFER = 4 * 1024 * 1024
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
 
 
-def open_packet_socket(ns: str, ifname: str, ethertype: int = ETH_P_IB, *,
-                       buffer_bytes: int = SOCK_BUFFER) -> socket.socket:
+def open_packet_socket(ns: str | None, ifname: str, ethertype: int = ETH_P_IB, *,
+                       buffer_bytes: int = SOCK_BUFFER,
+                       bpf: list[sockfilter.Insn] | None = None) -> socket.socket:
     """A non-blocking raw socket on ``ifname`` in ``ns`` receiving only ``ethertype`` frames.
+
+    ``ns`` None: the namespace this process is in.
 
     Bound to a protocol (not ETH_P_ALL), the socket sees frames after tc ingress: frames a
     tc filter redirected elsewhere never reach it, and it does not see its own transmissions.
     The socket is created with protocol 0 and gets its protocol at bind: created with one,
     the kernel hooks it to every device first and unhooks it at bind with an RCU grace
-    period (~10 ms a socket here).
+    period (~10 ms a socket here). ``bpf``: a classic BPF program (``kernel.sockfilter``)
+    attached before the socket is bound, so no frame it rejects is ever queued.
     """
-    with netns.entered(ns):
+    with netns.entered(ns) if ns else contextlib.nullcontext():
         try:
             sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            if bpf is not None:
+                sockfilter.attach(sock, bpf)
             sock.bind((ifname, ethertype))
         except OSError as exc:
             raise KernelError(f"packet socket on {ns}/{ifname}: {exc}") from exc
     sock.setblocking(False)
-    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, opt, buffer_bytes)
+    set_buffers(sock, buffer_bytes)
     return sock
+
+
+def set_buffers(sock: socket.socket, nbytes: int) -> None:
+    """Receive and send buffers of ``nbytes``: beyond net.core.[rw]mem_max where root may."""
+    for force, plain in ((SO_RCVBUFFORCE, socket.SO_RCVBUF), (SO_SNDBUFFORCE, socket.SO_SNDBUF)):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, nbytes)
+        except OSError:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
 
 
 def mac_address(sock: socket.socket) -> bytes:

@@ -1,0 +1,171 @@
+"""An HCA port's transport on its real cable: the sans-IO ``Hca`` fed from an AF_PACKET socket.
+
+``HcaPort`` owns one packet socket on a host's cable (data QPs only: the management agent in
+the agent host keeps QP0/QP1, see ``kernel.sockfilter``), runs the receive path and the
+transport's timers as trio tasks, and transmits what the transport asks for::
+
+    port = HcaPort.open(ns, "h3-1", lid=7)        # blocking: before trio or in a thread
+    async with trio.open_nursery() as n:
+        await n.start(port.serve)
+        qp = port.hca.create_rc_qp(cq)
+        ...
+        port.post(qp, wrs)                        # transmit now, arm the timers
+        await port.wait_progress()                # until a receive batch or a timer ran
+
+Received frames are checked by the transport (length, CRCs, DLID, QPN, P_Key) and every
+drop is counted in ``hca.stats``; nothing a cable delivers can raise here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import trio
+
+from ibemu.hca.transport import Hca, RcQp, SendWr, UdQp
+from ibemu.hca.transport.actions import Send
+from ibemu.kernel import sockfilter
+from ibemu.kernel.packet import ETH_P_IB, mac_address, open_packet_socket
+from ibemu.wire import fast
+
+log = logging.getLogger(__name__)
+
+ETH_LEN = 14
+RECV_BATCH = 128
+MAX_FRAME = 9216
+PORT_BUFFER = 32 << 20
+"""Socket buffers of a host port: a window of 256 4 KiB packets per QP, several QPs."""
+
+
+class HcaPort:
+    """One host port: an ``Hca`` transport on a packet socket, with trio receive and timer tasks."""
+
+    def __init__(self, sock: socket.socket, hca: Hca, peer_mac: bytes, *, name: str = "") -> None:
+        self.sock = sock
+        self.hca = hca
+        self.name = name or f"lid{hca.lid}"
+        self.eth = fast.ethernet_header(peer_mac, mac_address(sock))
+        self.tx_packets = 0
+        self.tx_dropped = 0
+        self.rx_frames = 0
+        self.rx_runts = 0
+        self.on_receive: list[Callable[[], None]] = []
+        """Called after every receive batch (e.g. to poll memory, as write_lat does)."""
+        self._progress = trio.Event()
+        self._kick = trio.Event()
+        self._timer_at: int | None = None
+
+    @classmethod
+    def open(cls, ns: str | None, ifname: str, peer_mac: bytes, lid: int, *, mtu: int = 4096,
+             port: int = 1, seed: int | None = None, name: str = "") -> HcaPort:
+        """Open the port's socket on ``ifname`` in ``ns`` (None: this namespace). Blocking.
+
+        ``peer_mac``: the far end of the cable (the frames' Ethernet destination).
+        """
+        sock = open_packet_socket(ns, ifname, ETH_P_IB, bpf=sockfilter.DATA_ONLY,
+                                  buffer_bytes=PORT_BUFFER)
+        try:
+            return cls(sock, Hca(lid=lid, port=port, mtu=mtu, seed=seed), peer_mac,
+                       name=name or ifname)
+        except BaseException:
+            sock.close()
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # -- transmit ------------------------------------------------------------------------
+    def transmit(self, sends: Iterable[Send]) -> None:
+        """Put the transport's packets on the cable (a full queue drops, as a wire would)."""
+        send, eth = self.sock.send, self.eth
+        n = 0
+        for s in sends:
+            try:
+                send(eth + s.packet)
+                n += 1
+            except OSError:
+                self.tx_dropped += 1
+        self.tx_packets += n
+        if n:
+            self._rearm()
+
+    def post(self, qp: RcQp | UdQp, wrs: SendWr | Sequence[SendWr]) -> None:
+        """``qp.post_send(wrs)`` and transmit what it produced."""
+        self.transmit(qp.post_send(wrs))
+
+    # -- waiting -------------------------------------------------------------------------
+    async def wait_progress(self) -> None:
+        """Until the next receive batch or timer run on this port."""
+        await self._progress.wait()
+
+    def _signal_progress(self) -> None:
+        ev = self._progress
+        self._progress = trio.Event()
+        ev.set()
+
+    def _rearm(self) -> None:
+        """Wake the timer task if the transport now has an earlier deadline than it sleeps to."""
+        at = self._timer_at
+        if at is None or at > 0:
+            d = self.hca.next_deadline()
+            if d is not None and (at is None or d < at):
+                self._kick.set()
+
+    # -- tasks ---------------------------------------------------------------------------
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the receive path and the timers until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receiver)
+            nursery.start_soon(self._timers)
+            task_status.started()
+
+    async def _receiver(self) -> None:
+        sock, hca = self.sock, self.hca
+        recv, receive, transmit = sock.recv, hca.receive, self.transmit
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            got = 0
+            for _ in range(RECV_BATCH):
+                try:
+                    frame = recv(MAX_FRAME)
+                except BlockingIOError:
+                    break
+                except OSError as exc:  # the interface went away (a torn-down fabric)
+                    log.debug("%s: recv: %s", self.name, exc)
+                    break
+                got += 1
+                if len(frame) <= ETH_LEN:
+                    self.rx_runts += 1
+                    continue
+                out = receive(memoryview(frame)[ETH_LEN:])
+                if out:
+                    transmit(out)
+            self.rx_frames += got
+            for hook in self.on_receive:
+                hook()
+            self._signal_progress()
+
+    async def _timers(self) -> None:
+        hca = self.hca
+        while True:
+            deadline = hca.next_deadline()
+            self._timer_at = deadline
+            kick = self._kick = trio.Event()
+            if deadline is None:
+                await kick.wait()
+                continue
+            now = time.monotonic_ns()
+            if deadline > now:
+                with trio.move_on_after((deadline - now) / 1e9):
+                    await kick.wait()
+                continue
+            self._timer_at = 0  # running: transmit() must not re-kick
+            out = hca.tick(time.monotonic_ns())
+            if out:
+                self.transmit(out)
+            self._signal_progress()
+            await trio.lowlevel.checkpoint()
+

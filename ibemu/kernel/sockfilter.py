@@ -1,0 +1,97 @@
+"""Classic BPF socket filters that split a host port's IB frames between its two readers.
+
+A host port has two AF_PACKET readers: the HCA's management agent (QP0/QP1: SMPs, GMPs,
+the MAD socket's traffic) in the agent host, and the transport (data QPs) of whatever
+workload runs on the host. Each attaches a filter so the kernel hands it only its share:
+at 100,000 data packets/s the agent host would otherwise wake for every one.
+
+Frames are Ethernet (14 bytes) + LRH (8) [+ GRH (40) when LNH = 3] + BTH; DestQP is the low
+24 bits of the BTH's second word. Raw (LNH 0/1) frames go to the management agent, which
+counts them as errors; frames too short to hold a BTH are dropped by both filters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+
+SO_ATTACH_FILTER = 26
+
+# BPF opcodes (linux/filter.h)
+_LD_B_ABS = 0x30
+_LD_W_ABS = 0x20
+_ALU_AND_K = 0x54
+_JEQ_K = 0x15
+_JGT_K = 0x25
+_RET_K = 0x06
+
+_ETH = 14
+_LRH_B1 = _ETH + 1
+_QP_WORD_LOCAL = _ETH + 8 + 4   # BTH word 1 (resv8 | DestQP), no GRH
+_QP_WORD_GLOBAL = _ETH + 48 + 4  # ... behind a GRH
+ACCEPT = 0x40000
+"""Bytes of a frame a filter keeps (all of it: frames are at most 9 KiB)."""
+
+Insn = tuple[int, int, int, int]
+
+
+def _qp_split(mad_side: bool) -> list[Insn]:
+    """Accept frames for QP0/QP1 (``mad_side``) or for every other QP (the data side)."""
+    mad, data = (ACCEPT, 0) if mad_side else (0, ACCEPT)
+    return [
+        (_LD_B_ABS, 0, 0, _LRH_B1),            # 0: A = LRH byte 1
+        (_ALU_AND_K, 0, 0, 3),                 # 1: A = LNH
+        (_JEQ_K, 2, 0, 2),                     # 2: LNH 2 (BTH follows) -> 5
+        (_JEQ_K, 3, 0, 3),                     # 3: LNH 3 (GRH, then BTH) -> 7
+        (_RET_K, 0, 0, mad),                   # 4: raw IB or IPv6: the management side
+        (_LD_W_ABS, 0, 0, _QP_WORD_LOCAL),     # 5
+        (0x05, 0, 0, 1),                       # 6: ja +1 -> 8
+        (_LD_W_ABS, 0, 0, _QP_WORD_GLOBAL),    # 7
+        (_ALU_AND_K, 0, 0, 0xFFFFFF),          # 8: A = DestQP
+        (_JGT_K, 0, 1, 1),                     # 9: DestQP > 1 -> 10 else 11
+        (_RET_K, 0, 0, data),                  # 10
+        (_RET_K, 0, 0, mad),                   # 11
+    ]
+
+
+MANAGEMENT_ONLY = _qp_split(True)
+"""QP0/QP1 frames (and malformed ones): the HCA's management agent."""
+DATA_ONLY = _qp_split(False)
+"""Frames for data QPs (2 and above): the host's transport."""
+
+
+def attach(sock: socket.socket, program: list[Insn]) -> None:
+    """Attach a classic BPF ``program`` to ``sock`` (SO_ATTACH_FILTER)."""
+    code = b"".join(struct.pack("HBBI", op, jt, jf, k) for op, jt, jf, k in program)
+    buf = ctypes.create_string_buffer(code, len(code))
+    fprog = struct.pack("HL", len(program), ctypes.addressof(buf))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def matches(program: list[Insn], frame: bytes) -> bool:
+    """Run ``program`` over ``frame`` in Python, as the kernel would (for tests)."""
+    a, pc = 0, 0
+    while True:
+        op, jt, jf, k = program[pc]
+        if op == _RET_K:
+            return k != 0
+        if op == _LD_B_ABS:
+            if k >= len(frame):
+                return False
+            a = frame[k]
+        elif op == _LD_W_ABS:
+            if k + 4 > len(frame):
+                return False
+            a = int.from_bytes(frame[k : k + 4], "big")
+        elif op == _ALU_AND_K:
+            a &= k
+        elif op == 0x05:
+            pc += k
+        elif op == _JEQ_K:
+            pc += jt if a == k else jf
+        elif op == _JGT_K:
+            pc += jt if a > k else jf
+        else:  # pragma: no cover - only the opcodes above are emitted
+            raise ValueError(f"opcode {op:#x}")
+        pc += 1

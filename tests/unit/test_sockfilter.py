@@ -1,0 +1,37 @@
+"""The socket filters that split a host port's frames between its management agent and its transport."""
+
+from __future__ import annotations
+
+import pytest
+
+from ibemu.kernel.sockfilter import DATA_ONLY, MANAGEMENT_ONLY, matches
+from ibemu.wire import fast
+
+ETH = fast.ethernet_header(b"\x02" * 6, b"\x04" * 6)
+
+
+def native(destqp: int, *, grh: bool = False) -> bytes:
+    pkt = bytearray(fast.NativeTemplate(slid=1, dlid=2, destqp=destqp).packet(0x04, 0, b"x" * 16))
+    if grh:  # LNH 3 and a 40-byte GRH between LRH and BTH
+        pkt[1] = (pkt[1] & ~3) | 3
+        pkt[8:8] = bytes(40)
+    return ETH + bytes(pkt)
+
+
+@pytest.mark.parametrize("grh", [False, True])
+@pytest.mark.parametrize(("qp", "mad"), [(0, True), (1, True), (2, False), (0x11, False), (0xFFFFFF, False)])
+def test_qp0_qp1_go_to_the_agent_and_the_rest_to_the_transport(qp: int, mad: bool, grh: bool) -> None:
+    frame = native(qp, grh=grh)
+    assert matches(MANAGEMENT_ONLY, frame) is mad
+    assert matches(DATA_ONLY, frame) is not mad
+
+
+def test_raw_packets_go_to_the_agent_which_counts_them() -> None:
+    frame = bytearray(native(0x11))
+    frame[15] &= ~3  # LNH 0: raw
+    assert matches(MANAGEMENT_ONLY, bytes(frame)) and not matches(DATA_ONLY, bytes(frame))
+
+
+def test_runts_are_dropped_by_both() -> None:
+    assert not matches(DATA_ONLY, ETH + b"\x00\x02")
+    assert not matches(MANAGEMENT_ONLY, ETH + b"\x00\x02\x00")
