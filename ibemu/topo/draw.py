@@ -2,23 +2,28 @@
 
 Layouts: layered (tiers bottom-up: hosts, edge/leaf, aggregation, core) for trees and Clos,
 a grid for tori and meshes, groups on a circle for dragonflies, and a seeded spring layout
-for anything else. Names are drawn while a tier is small enough to read them.
+for anything else. Names are drawn while a tier is small enough to read them. Failed links and
+nodes (``failed_links``, ``failed_nodes``) can be marked in red.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 from ibemu.errors import ConfigError
 from ibemu.topo.analysis import infer_levels
-from ibemu.topo.model import NodeKind, Topology
+from ibemu.topo.model import Link, NodeKind, Topology
 
 log = logging.getLogger(__name__)
 
 LABEL_LIMIT = 48  # most nodes in one tier that still get their names drawn
 _TIER_COLORS = ["#6c757d", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+FAILED_COLOR = "#e41a1c"
+_TIER_COLORS_NO_RED = [c if c != "#d62728" else "#17becf" for c in _TIER_COLORS]
+"""Tier colours when failures are marked: red means failed."""
 
 
 def _layered(topo: Topology) -> dict[str, tuple[float, float]]:
@@ -124,8 +129,18 @@ def layout(topo: Topology) -> tuple[str, dict[str, tuple[float, float]]]:
     return "spring", {k: (float(v[0]), float(v[1])) for k, v in raw.items()}
 
 
-def draw(topo: Topology, path: str | Path, title: str | None = None, dpi: int = 120) -> Path:
-    """Render ``topo`` to ``path`` (format from the suffix: .png, .svg, .pdf)."""
+def draw(
+    topo: Topology,
+    path: str | Path,
+    title: str | None = None,
+    dpi: int = 120,
+    failed_links: Iterable[Link] = (),
+    failed_nodes: Iterable[str] = (),
+) -> Path:
+    """Render ``topo`` to ``path`` (format from the suffix: .png, .svg, .pdf).
+
+    ``failed_links`` and ``failed_nodes`` are drawn in red (a failed node's cables too).
+    """
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"cannot draw to {path.name!r}: use a .png, .svg or .pdf file name")
@@ -149,10 +164,21 @@ def draw(topo: Topology, path: str | Path, title: str | None = None, dpi: int = 
     fig, ax = plt.subplots(figsize=(width, height))
     segs_sw: list[tuple[tuple[float, float], tuple[float, float]]] = []
     segs_host: list[tuple[tuple[float, float], tuple[float, float]]] = []
+    segs_failed: list[tuple[tuple[float, float], tuple[float, float]]] = []
+    crosses: list[tuple[float, float]] = []  # midpoints of the links that failed themselves
+    down_nodes = {name for name in failed_nodes if name in pos}
+    down_links = {lk.key() for lk in failed_links}
+    highlight = bool(down_nodes or down_links)
+    tier_colors = _TIER_COLORS_NO_RED if highlight else _TIER_COLORS
     for lk in topo.links:
         if lk.a.node not in pos or lk.b.node not in pos:
             continue
         seg = (pos[lk.a.node], pos[lk.b.node])
+        if lk.key() in down_links or lk.a.node in down_nodes or lk.b.node in down_nodes:
+            segs_failed.append(seg)
+            if lk.key() in down_links:
+                crosses.append(((seg[0][0] + seg[1][0]) / 2, (seg[0][1] + seg[1][1]) / 2))
+            continue
         both_sw = topo.nodes[lk.a.node].is_switch and topo.nodes[lk.b.node].is_switch
         (segs_sw if both_sw else segs_host).append(seg)
     from matplotlib.collections import LineCollection
@@ -160,6 +186,27 @@ def draw(topo: Topology, path: str | Path, title: str | None = None, dpi: int = 
     lw = 0.4 if len(topo.links) > 1500 else 0.8
     ax.add_collection(LineCollection(segs_host, colors="#bbbbbb", linewidths=lw, zorder=1))
     ax.add_collection(LineCollection(segs_sw, colors="#555555", linewidths=lw, alpha=0.7, zorder=1))
+    if segs_failed:
+        ax.add_collection(
+            LineCollection(
+                segs_failed,
+                colors=FAILED_COLOR,
+                linewidths=max(2.0, lw * 2.5),
+                linestyles="dashed",
+                zorder=2.5,
+                label="failed link",
+            )
+        )
+        if crosses and len(crosses) <= LABEL_LIMIT:
+            ax.scatter(
+                [m[0] for m in crosses],
+                [m[1] for m in crosses],
+                marker="x",
+                s=60,
+                c=FAILED_COLOR,
+                linewidths=2,
+                zorder=4,
+            )
     for kind_ in (NodeKind.CA, NodeKind.ROUTER, NodeKind.SWITCH):
         members = [m for m in topo.nodes.values() if m.kind is kind_ and m.name in pos]
         if not members:
@@ -167,7 +214,7 @@ def draw(topo: Topology, path: str | Path, title: str | None = None, dpi: int = 
         xs = [pos[m.name][0] for m in members]
         ys = [pos[m.name][1] for m in members]
         if kind_ is NodeKind.SWITCH:
-            colors = [_TIER_COLORS[levels[m.name] % len(_TIER_COLORS)] for m in members]
+            colors = [tier_colors[levels[m.name] % len(tier_colors)] for m in members]
             ax.scatter(
                 xs, ys, s=140 if n < 200 else 40, marker="s", c=colors, zorder=3, label="switch"
             )
@@ -182,6 +229,20 @@ def draw(topo: Topology, path: str | Path, title: str | None = None, dpi: int = 
                 zorder=2,
                 label=kind_.value.upper(),
             )
+    if down_nodes:
+        ax.scatter(
+            [pos[m][0] for m in sorted(down_nodes)],
+            [pos[m][1] for m in sorted(down_nodes)],
+            s=220 if n < 200 else 70,
+            marker="s",
+            facecolors=FAILED_COLOR,
+            edgecolors="black",
+            linewidths=1.2,
+            zorder=3.5,
+            label="failed switch"
+            if all(topo.nodes[m].is_switch for m in down_nodes)
+            else "failed node",
+        )
     for lvl, count in tiers.items():
         if count > LABEL_LIMIT:
             continue
@@ -198,12 +259,19 @@ def draw(topo: Topology, path: str | Path, title: str | None = None, dpi: int = 
                     xytext=(0, 7 if is_sw else -6),
                     textcoords="offset points",
                     zorder=4,
+                    color=FAILED_COLOR if name in down_nodes else "black",
+                    fontweight="bold" if name in down_nodes else "normal",
                 )
     c = topo.counts()
     ax.set_title(
         title or f"{topo.name}: {c.switches} switches, {c.cas} CAs, {c.links} links", fontsize=11
     )
-    ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
+    if highlight:  # below the drawing: failures are often at the top right (core switches)
+        ax.legend(
+            loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=5, fontsize=8, frameon=False
+        )
+    else:
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
     ax.autoscale()
     ax.margins(0.05)
     ax.set_axis_off()

@@ -1,0 +1,607 @@
+"""The result of ``ibemu run`` (schema ``ibemu.run/1``): typed structures and a validator.
+
+The canonical form is a JSON object (what ``--json FILE`` writes); :class:`RunResult` and its
+parts are the typed view of it, with ``to_dict()`` / ``from_dict()``. Every object is closed:
+an unknown key is a problem, so a typo never passes silently and a new field means a new
+schema version. The one open place is ``traffic[].extra``, where each traffic kind keeps its
+own figures (latency percentiles, bus bandwidth...) as any JSON values. Every key is required;
+the fields documented as nullable take ``null``.
+
+:func:`validate` reports every problem at once, located by key path
+(``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ibemu.errors import IbemuError
+from ibemu.scenario.yamlnodes import did_you_mean
+
+SCHEMA_VERSION = "ibemu.run/1"
+
+FABRIC_KINDS = ("ib", "roce")
+DATAPATHS = ("kernel", "user")
+SM_IMPLS = ("ibemu", "opensm", "none")
+PHASES = ("detect", "trap", "routed", "programmed")
+"""Reroute phases in order, each in ms since the fault was injected."""
+
+
+class ResultError(IbemuError):
+    """A run result does not follow the schema; ``problems`` lists every located problem."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = problems
+        head = f"{source}: " if source else ""
+        super().__init__(f"{head}not a valid {SCHEMA_VERSION} result:\n  " + "\n  ".join(problems))
+
+
+# --------------------------------------------------------------------------- typed structures
+
+
+@dataclass
+class ScenarioInfo:
+    name: str
+    file: str | None = None
+    description: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.file, "description": self.description}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScenarioInfo:
+        return cls(d["name"], d["file"], d["description"])
+
+
+@dataclass
+class FabricInfo:
+    kind: str
+    datapath: str
+    nodes: int
+    switches: int
+    hosts: int
+    links: int
+    topology: str
+    """How the topology was made: ``fat-tree k=4``, ``file small-cluster.ibnd``..."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "datapath": self.datapath,
+            "nodes": self.nodes,
+            "switches": self.switches,
+            "hosts": self.hosts,
+            "links": self.links,
+            "topology": self.topology,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FabricInfo:
+        return cls(
+            d["kind"], d["datapath"], d["nodes"], d["switches"], d["hosts"], d["links"], d["topology"]
+        )
+
+
+@dataclass
+class SMInfo:
+    impl: str
+    engine: str | None = None
+    host: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"impl": self.impl, "engine": self.engine, "host": self.host}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SMInfo:
+        return cls(d["impl"], d["engine"], d["host"])
+
+
+@dataclass
+class Bringup:
+    fabric_s: float
+    sm_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fabric_s": self.fabric_s, "sm_s": self.sm_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Bringup:
+        return cls(d["fabric_s"], d["sm_s"])
+
+
+@dataclass
+class Phases:
+    """Each phase in ms since the fault was injected; ``None``: did not happen / not applicable."""
+
+    detect: float | None = None
+    trap: float | None = None
+    routed: float | None = None
+    programmed: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {p: getattr(self, p) for p in PHASES}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Phases:
+        return cls(*(d[p] for p in PHASES))
+
+
+@dataclass
+class FlowImpact:
+    """What one fault did to one flow."""
+
+    flow: str
+    blackout_ms: float | None = None
+    resume_ms: float | None = None
+    lost: int = 0
+    retransmitted: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flow": self.flow,
+            "blackout_ms": self.blackout_ms,
+            "resume_ms": self.resume_ms,
+            "lost": self.lost,
+            "retransmitted": self.retransmitted,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FlowImpact:
+        return cls(d["flow"], d["blackout_ms"], d["resume_ms"], d["lost"], d["retransmitted"])
+
+
+@dataclass
+class FaultResult:
+    at_s: float
+    action: str
+    target: str
+    t_fault_s: float
+    """Seconds since traffic start (the x axis of the plots)."""
+    phases: Phases = field(default_factory=Phases)
+    flows: list[FlowImpact] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at_s": self.at_s,
+            "action": self.action,
+            "target": self.target,
+            "t_fault_s": self.t_fault_s,
+            "phases_ms": self.phases.to_dict(),
+            "flows": [f.to_dict() for f in self.flows],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FaultResult:
+        return cls(
+            d["at_s"],
+            d["action"],
+            d["target"],
+            d["t_fault_s"],
+            Phases.from_dict(d["phases_ms"]),
+            [FlowImpact.from_dict(f) for f in d["flows"]],
+        )
+
+
+@dataclass
+class Timeline:
+    """Throughput per bin: ``t_s[i]`` is the start of bin i (seconds since traffic start)."""
+
+    t_s: list[float] = field(default_factory=list)
+    gbps: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t_s": list(self.t_s), "gbps": list(self.gbps)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Timeline:
+        return cls(list(d["t_s"]), list(d["gbps"]))
+
+    @property
+    def bin_s(self) -> float | None:
+        """Width of a bin, or ``None`` with fewer than two bins."""
+        return self.t_s[1] - self.t_s[0] if len(self.t_s) > 1 else None
+
+
+@dataclass
+class TrafficResult:
+    name: str
+    kind: str
+    src: str
+    """JSON key ``from``."""
+    dst: str | list[str]
+    """JSON key ``to``."""
+    gbps: float
+    packets: int
+    bytes: int
+    timeline: Timeline = field(default_factory=Timeline)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "from": self.src,
+            "to": list(self.dst) if isinstance(self.dst, list) else self.dst,
+            "gbps": self.gbps,
+            "packets": self.packets,
+            "bytes": self.bytes,
+            "timeline": self.timeline.to_dict(),
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrafficResult:
+        to = d["to"]
+        return cls(
+            d["name"],
+            d["kind"],
+            d["from"],
+            list(to) if isinstance(to, list) else to,
+            d["gbps"],
+            d["packets"],
+            d["bytes"],
+            Timeline.from_dict(d["timeline"]),
+            dict(d["extra"]),
+        )
+
+
+@dataclass
+class Files:
+    events: str | None = None
+    json: str | None = None
+    plots: list[str] = field(default_factory=list)
+    captures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "events": self.events,
+            "json": self.json,
+            "plots": list(self.plots),
+            "captures": list(self.captures),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Files:
+        return cls(d["events"], d["json"], list(d["plots"]), list(d["captures"]))
+
+
+@dataclass
+class RunResult:
+    """One ``ibemu run``: what was built, broken and measured."""
+
+    scenario: ScenarioInfo
+    started_at: str
+    """ISO-8601 wall-clock time the run started (``datetime.now(UTC).isoformat()``)."""
+    duration_s: float
+    interrupted: bool
+    fabric: FabricInfo
+    sm: SMInfo
+    bringup: Bringup
+    faults: list[FaultResult] = field(default_factory=list)
+    traffic: list[TrafficResult] = field(default_factory=list)
+    files: Files = field(default_factory=Files)
+    schema: str = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "scenario": self.scenario.to_dict(),
+            "started_at": self.started_at,
+            "duration_s": self.duration_s,
+            "interrupted": self.interrupted,
+            "fabric": self.fabric.to_dict(),
+            "sm": self.sm.to_dict(),
+            "bringup": self.bringup.to_dict(),
+            "faults": [f.to_dict() for f in self.faults],
+            "traffic": [t.to_dict() for t in self.traffic],
+            "files": self.files.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str | None = None) -> RunResult:
+        """Build from a JSON-like dict; raises :class:`ResultError` listing every problem."""
+        problems = validate(d)
+        if problems:
+            raise ResultError(problems, source)
+        return cls(
+            ScenarioInfo.from_dict(d["scenario"]),
+            d["started_at"],
+            d["duration_s"],
+            d["interrupted"],
+            FabricInfo.from_dict(d["fabric"]),
+            SMInfo.from_dict(d["sm"]),
+            Bringup.from_dict(d["bringup"]),
+            [FaultResult.from_dict(f) for f in d["faults"]],
+            [TrafficResult.from_dict(t) for t in d["traffic"]],
+            Files.from_dict(d["files"]),
+            d["schema"],
+        )
+
+
+def as_result(result: RunResult | Mapping[str, Any]) -> RunResult:
+    """Accept either form: a :class:`RunResult` as is, a dict validated and converted."""
+    return result if isinstance(result, RunResult) else RunResult.from_dict(result)
+
+
+# --------------------------------------------------------------------------- validation
+
+Check = Callable[[Any, str, list[str]], None]
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, Mapping):
+        return "object"
+    if isinstance(v, list | tuple):
+        return "list"
+    return type(v).__name__
+
+
+def _got(v: Any) -> str:
+    text = repr(v)
+    return f"got {_kind(v)} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _number(nullable: bool = False, minimum: float | None = 0.0) -> Check:
+    what = "number or null" if nullable else "number"
+
+    def check(v: Any, path: str, out: list[str]) -> None:
+        if v is None and nullable:
+            return
+        if not _is_number(v):
+            out.append(f"{path}: expected {what}, {_got(v)}")
+        elif not math.isfinite(v):
+            out.append(f"{path}: expected finite number, got {v!r}")
+        elif minimum is not None and v < minimum:
+            out.append(f"{path}: must be >= {minimum:g}, got {v!r}")
+
+    return check
+
+
+def _count(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, int) or isinstance(v, bool):
+        out.append(f"{path}: expected integer, {_got(v)}")
+    elif v < 0:
+        out.append(f"{path}: must be >= 0, got {v}")
+
+
+def _boolean(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, bool):
+        out.append(f"{path}: expected true or false, {_got(v)}")
+
+
+def _string(nullable: bool = False, choices: tuple[str, ...] | None = None) -> Check:
+    what = "string or null" if nullable else "string"
+
+    def check(v: Any, path: str, out: list[str]) -> None:
+        if v is None and nullable:
+            return
+        if not isinstance(v, str):
+            out.append(f"{path}: expected {what}, {_got(v)}")
+        elif choices is not None and v not in choices:
+            out.append(f"{path}: expected one of {', '.join(choices)}, got {v!r}{did_you_mean(v, choices)}")
+        elif choices is None and not nullable and not v:
+            out.append(f"{path}: must not be empty")
+
+    return check
+
+
+def _timestamp(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, str):
+        out.append(f"{path}: expected ISO-8601 timestamp string, {_got(v)}")
+        return
+    try:
+        datetime.fromisoformat(v)
+    except ValueError:
+        out.append(f"{path}: expected ISO-8601 timestamp, got {v!r}")
+
+
+def _list(item: Check) -> Check:
+    def check(v: Any, path: str, out: list[str]) -> None:
+        if not isinstance(v, list | tuple):
+            out.append(f"{path}: expected list, {_got(v)}")
+            return
+        for i, x in enumerate(v):
+            item(x, f"{path}[{i}]", out)
+
+    return check
+
+
+def _dest(v: Any, path: str, out: list[str]) -> None:
+    if isinstance(v, list | tuple):
+        if not v:
+            out.append(f"{path}: expected at least one destination")
+        _list(_string())(v, path, out)
+    else:
+        _string()(v, path, out)
+
+
+def _json_value(v: Any, path: str, out: list[str]) -> None:
+    if v is None or isinstance(v, bool | str):
+        return
+    if _is_number(v):
+        if not math.isfinite(v):
+            out.append(f"{path}: expected finite number, got {v!r}")
+    elif isinstance(v, Mapping):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                out.append(f"{path}: keys must be strings, got {k!r}")
+            else:
+                _json_value(x, f"{path}.{k}", out)
+    elif isinstance(v, list | tuple):
+        for i, x in enumerate(v):
+            _json_value(x, f"{path}[{i}]", out)
+    else:
+        out.append(f"{path}: not a JSON value, {_got(v)}")
+
+
+def _free_object(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, Mapping):
+        out.append(f"{path}: expected object, {_got(v)}")
+    else:
+        _json_value(v, path, out)
+
+
+def _object(fields: dict[str, Check], extra: Callable[[Mapping[str, Any], str, list[str]], None] | None = None) -> Check:
+    def check(v: Any, path: str, out: list[str]) -> None:
+        if not isinstance(v, Mapping):
+            out.append(f"{path or 'result'}: expected object, {_got(v)}")
+            return
+        prefix = f"{path}." if path else ""
+        for key, sub in fields.items():
+            if key not in v:
+                out.append(f"{prefix}{key}: missing")
+            else:
+                sub(v[key], prefix + key, out)
+        for key in v:
+            if key not in fields:
+                out.append(f"{prefix}{key}: unknown key{did_you_mean(str(key), fields)}")
+        if extra is not None:
+            extra(v, path, out)
+
+    return check
+
+
+def _timeline_consistent(v: Mapping[str, Any], path: str, out: list[str]) -> None:
+    t, g = v.get("t_s"), v.get("gbps")
+    if not (isinstance(t, list) and isinstance(g, list)):
+        return
+    if len(t) != len(g):
+        out.append(f"{path}: t_s has {len(t)} bins but gbps has {len(g)}")
+    if len(t) < 2 or not all(_is_number(x) and math.isfinite(x) for x in t):
+        return
+    width = t[1] - t[0]
+    if width <= 0:
+        out.append(f"{path}.t_s: must increase, got {t[0]!r} then {t[1]!r}")
+        return
+    for i in range(2, len(t)):
+        if not math.isclose(t[i] - t[i - 1], width, rel_tol=1e-3, abs_tol=1e-9):
+            out.append(f"{path}.t_s[{i}]: bins must have equal width {width:g} s, got {t[i] - t[i - 1]:g} s")
+            return
+
+
+def _fabric_consistent(v: Mapping[str, Any], path: str, out: list[str]) -> None:
+    n, s, h = v.get("nodes"), v.get("switches"), v.get("hosts")
+    if not (isinstance(n, int) and isinstance(s, int) and isinstance(h, int)):
+        return
+    if n < s + h:
+        out.append(f"{path}.nodes: {n} is fewer than switches + hosts ({s} + {h})")
+
+
+_NUM = _number()
+_NUM_OR_NULL = _number(nullable=True)
+
+_FLOW = _object(
+    {
+        "flow": _string(),
+        "blackout_ms": _NUM_OR_NULL,
+        "resume_ms": _NUM_OR_NULL,
+        "lost": _count,
+        "retransmitted": _count,
+    }
+)
+_FAULT = _object(
+    {
+        "at_s": _NUM,
+        "action": _string(),
+        "target": _string(),
+        "t_fault_s": _number(minimum=None),
+        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES}),
+        "flows": _list(_FLOW),
+    }
+)
+_TRAFFIC = _object(
+    {
+        "name": _string(),
+        "kind": _string(),
+        "from": _string(),
+        "to": _dest,
+        "gbps": _NUM,
+        "packets": _count,
+        "bytes": _count,
+        "timeline": _object(
+            {"t_s": _list(_number(minimum=None)), "gbps": _list(_NUM)}, _timeline_consistent
+        ),
+        "extra": _free_object,
+    }
+)
+
+
+def _schema_version(v: Any, path: str, out: list[str]) -> None:
+    if v != SCHEMA_VERSION:
+        out.append(f"{path}: expected {SCHEMA_VERSION!r}, {_got(v)}")
+
+
+def _unique_traffic_names(v: Mapping[str, Any], path: str, out: list[str]) -> None:
+    traffic = v.get("traffic")
+    if not isinstance(traffic, list):
+        return
+    seen: dict[str, int] = {}
+    for i, t in enumerate(traffic):
+        name = t.get("name") if isinstance(t, Mapping) else None
+        if isinstance(name, str):
+            if name in seen:
+                out.append(f"traffic[{i}].name: {name!r} already names traffic[{seen[name]}]")
+            seen.setdefault(name, i)
+
+
+_RESULT = _object(
+    {
+        "schema": _schema_version,
+        "scenario": _object(
+            {"name": _string(), "file": _string(nullable=True), "description": _string(nullable=True)}
+        ),
+        "started_at": _timestamp,
+        "duration_s": _NUM,
+        "interrupted": _boolean,
+        "fabric": _object(
+            {
+                "kind": _string(choices=FABRIC_KINDS),
+                "datapath": _string(choices=DATAPATHS),
+                "nodes": _count,
+                "switches": _count,
+                "hosts": _count,
+                "links": _count,
+                "topology": _string(),
+            },
+            _fabric_consistent,
+        ),
+        "sm": _object(
+            {
+                "impl": _string(choices=SM_IMPLS),
+                "engine": _string(nullable=True),
+                "host": _string(nullable=True),
+            }
+        ),
+        "bringup": _object({"fabric_s": _NUM, "sm_s": _NUM_OR_NULL}),
+        "faults": _list(_FAULT),
+        "traffic": _list(_TRAFFIC),
+        "files": _object(
+            {
+                "events": _string(nullable=True),
+                "json": _string(nullable=True),
+                "plots": _list(_string()),
+                "captures": _list(_string()),
+            }
+        ),
+    },
+    _unique_traffic_names,
+)
+
+
+def validate(result: Any) -> list[str]:
+    """Every problem of ``result`` (a JSON-like dict) against ``ibemu.run/1``; ``[]`` if valid."""
+    out: list[str] = []
+    _RESULT(result, "", out)
+    return out

@@ -1,0 +1,181 @@
+"""The terminal summary of a run: plain-text aligned tables, no colours, no terminal needed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ibemu.report.schema import PHASES, FaultResult, RunResult, TrafficResult, as_result
+
+DASH = "-"
+"""What a cell shows for a value that is absent (``null``)."""
+DEST_LIMIT = 3
+"""Destinations listed by name before a list is shortened to ``h1,h2,... (16)``."""
+EXTRA_WIDTH = 48
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool], indent: str = "  ") -> str:
+    """Columns padded to their widest cell; ``right[i]`` right-aligns column i (numbers)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+        return (indent + "  ".join(parts)).rstrip()
+
+    rule = indent + "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    return DASH if v is None else f"{v:,.{digits}f}"
+
+
+def _int(v: int) -> str:
+    return f"{v:,}"
+
+
+def _ms(v: float | None) -> str:
+    """Milliseconds with precision that fits their size (0.42, 8.7, 148)."""
+    if v is None:
+        return DASH
+    if v < 10:
+        return f"{v:.2f}"
+    return f"{v:.1f}" if v < 100 else f"{v:,.0f}"
+
+
+def _dest(dst: str | list[str]) -> str:
+    if isinstance(dst, str):
+        return dst
+    if len(dst) <= DEST_LIMIT:
+        return ",".join(dst)
+    return f"{','.join(dst[:2])},... ({len(dst)})"
+
+
+def _scalar(v: Any) -> str | None:
+    if isinstance(v, bool) or v is None:
+        return None if v is None else str(v).lower()
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, str):
+        return v
+    return None
+
+
+def _extra(extra: Mapping[str, Any]) -> str:
+    """``p50_us=3.1 p99_us=9`` from the scalar entries (nested ones are flattened one level)."""
+    parts: list[str] = []
+    for k, v in extra.items():
+        if isinstance(v, Mapping):
+            parts.extend(f"{k}.{k2}={s}" for k2, v2 in v.items() if (s := _scalar(v2)) is not None)
+        elif (s := _scalar(v)) is not None:
+            parts.append(f"{k}={s}")
+    text = " ".join(parts)
+    return text if len(text) <= EXTRA_WIDTH else text[: EXTRA_WIDTH - 3] + "..."
+
+
+def _header(r: RunResult) -> list[str]:
+    sc = r.scenario
+    title = f"ibemu run: {sc.name}" + (f" ({sc.file})" if sc.file else "")
+    lines = [title, "=" * len(title)]
+    if sc.description:
+        lines.append(sc.description)
+    state = "INTERRUPTED" if r.interrupted else "completed"
+    lines.append(f"started {r.started_at}, {r.duration_s:.1f} s, {state}")
+    return lines
+
+
+def _fabric(r: RunResult) -> list[str]:
+    f, sm, b = r.fabric, r.sm, r.bringup
+    lines = [
+        "",
+        "Fabric",
+        f"  {f.kind} ({f.datapath} datapath), {f.topology}: {_int(f.nodes)} nodes "
+        f"({_int(f.switches)} switches, {_int(f.hosts)} hosts), {_int(f.links)} links",
+        f"  fabric up in {b.fabric_s:.2f} s",
+    ]
+    if sm.impl == "none":
+        lines.append("  no subnet manager")
+    else:
+        engine = f" ({sm.engine})" if sm.engine else ""
+        where = f" on {sm.host}" if sm.host else ""
+        up = f"SUBNET UP in {b.sm_s:.2f} s" if b.sm_s is not None else "never reached SUBNET UP"
+        lines.append(f"  SM {sm.impl}{engine}{where}: {up}")
+    return lines
+
+
+def _faults(faults: list[FaultResult]) -> list[str]:
+    lines = ["", f"Faults ({len(faults)})"]
+    if not faults:
+        lines.append("  none injected")
+        return lines
+    rows = [
+        [
+            str(i),
+            f"{f.at_s:.2f}",
+            f"{f.t_fault_s:.3f}",
+            f.action,
+            f.target,
+            *(_ms(getattr(f.phases, p)) for p in PHASES),
+        ]
+        for i, f in enumerate(faults, 1)
+    ]
+    headers = ["#", "at (s)", "t (s)", "action", "target", *(f"{p} (ms)" for p in PHASES)]
+    lines.append(table(headers, rows, [True, True, True, False, False, True, True, True, True]))
+    lines.append("  (t: since traffic start; phases: ms since the fault was injected, - = did not happen)")
+    for i, f in enumerate(faults, 1):
+        if not f.flows:
+            continue
+        lines += ["", f"  Fault {i} ({f.action} {f.target}), flows:"]
+        rows = [
+            [fl.flow, _ms(fl.blackout_ms), _ms(fl.resume_ms), _int(fl.lost), _int(fl.retransmitted)]
+            for fl in f.flows
+        ]
+        headers = ["flow", "blackout (ms)", "resume (ms)", "lost", "retransmitted"]
+        lines.append(table(headers, rows, [False, True, True, True, True], indent="    "))
+    return lines
+
+
+def _traffic(traffic: list[TrafficResult]) -> list[str]:
+    lines = ["", f"Traffic ({len(traffic)})"]
+    if not traffic:
+        lines.append("  none")
+        return lines
+    rows = [
+        [
+            t.name,
+            t.kind,
+            f"{t.src} -> {_dest(t.dst)}",
+            _num(t.gbps, 2),
+            _int(t.packets),
+            _int(t.bytes),
+            _extra(t.extra),
+        ]
+        for t in traffic
+    ]
+    headers = ["name", "kind", "from -> to", "Gb/s", "packets", "bytes", "details"]
+    lines.append(table(headers, rows, [False, False, False, True, True, True, False]))
+    return lines
+
+
+def _files(r: RunResult) -> list[str]:
+    f = r.files
+    items = [("events", [f.events] if f.events else []), ("json", [f.json] if f.json else [])]
+    items += [("plots", f.plots), ("captures", f.captures)]
+    present = [(k, v) for k, v in items if v]
+    if not present:
+        return []
+    lines = ["", "Files"]
+    width = max(len(k) for k, _ in present)
+    lines += [f"  {k.ljust(width)}  {', '.join(v)}" for k, v in present]
+    return lines
+
+
+def summary(result: RunResult | Mapping[str, Any]) -> str:
+    """The whole summary: header, fabric and bring-up, faults and their flows, traffic, files."""
+    r = as_result(result)
+    lines = _header(r) + _fabric(r) + _faults(r.faults) + _traffic(r.traffic) + _files(r)
+    return "\n".join(lines) + "\n"
