@@ -84,23 +84,33 @@ def _mark_faults(ax: Axes, faults: Sequence[FaultResult], labels: bool) -> None:
 
 def _fault_handles(faults: Sequence[FaultResult]) -> list[Line2D]:
     """Legend entries: the marker, then one line of text per fault."""
-    handles = [Line2D([], [], color=FAULT_COLOR, linestyle="--", linewidth=1.1, label="fault injected")]
+    handles = [
+        Line2D([], [], color=FAULT_COLOR, linestyle="--", linewidth=1.1, label="fault injected")
+    ]
     handles += [
-        Line2D([], [], linestyle="none", label=f"#{i} at {f.t_fault_s:.2f} s: {f.action} {f.target}")
+        Line2D(
+            [], [], linestyle="none", label=f"#{i} at {f.t_fault_s:.2f} s: {f.action} {f.target}"
+        )
         for i, f in enumerate(faults, 1)
     ]
     return handles
 
 
 def _no_data(ax: Axes, text: str) -> None:
-    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#666")
+    ax.text(
+        0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=11, color="#666"
+    )
     ax.set_xticks([])
     ax.set_yticks([])
 
 
 def _subtitle(r: RunResult) -> str:
     f = r.fabric
-    sm = "no SM" if r.sm.impl == "none" else f"SM {r.sm.impl}" + (f" ({r.sm.engine})" if r.sm.engine else "")
+    sm = (
+        "no SM"
+        if r.sm.impl == "none"
+        else f"SM {r.sm.impl}" + (f" ({r.sm.engine})" if r.sm.engine else "")
+    )
     return f"{f.topology}, {f.kind} {f.datapath} datapath, {sm}"
 
 
@@ -197,7 +207,12 @@ def phases_plot(result: RunResult | Mapping[str, Any], path: str | Path) -> Path
         total = max(reached) if reached else None
         text = f"{total:.2f} ms" if total is not None else "not rerouted"
         ax.annotate(
-            text, (total or 0.0, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8
+            text,
+            (total or 0.0, y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
         )
         resumes = [fl.resume_ms for fl in f.flows if fl.resume_ms is not None]
         if resumes:
@@ -213,7 +228,10 @@ def phases_plot(result: RunResult | Mapping[str, Any], path: str | Path) -> Path
             right = max(right, max(resumes))
     ax.set_yticks(
         range(n),
-        [f"#{n - y} {f.action} {f.target}\nat {f.t_fault_s:.2f} s" for y, f in zip(range(n), reversed(r.faults), strict=True)],
+        [
+            f"#{n - y} {f.action} {f.target}\nat {f.t_fault_s:.2f} s"
+            for y, f in zip(range(n), reversed(r.faults), strict=True)
+        ],
         fontsize=8,
     )
     ax.set_ylim(-0.6, n - 0.4)
@@ -252,11 +270,11 @@ def resolve_targets(topology: Topology, targets: Iterable[str]) -> tuple[list[Li
     links: list[Link] = []
     nodes: list[str] = []
     for target in targets:
-        if target in topology.nodes:
-            nodes.append(target)
-            continue
         try:
-            links.append(refs.link(topology, target))
+            if ":" in target or "-" in target:  # node names never contain either
+                links.append(refs.link(topology, target))
+            else:
+                nodes.append(refs.node(topology, target).name)
         except refs.RefError as e:
             log.warning("topology plot: cannot mark %r as failed: %s", target, e)
     return links, nodes
@@ -279,9 +297,13 @@ def topology_plot(
     targets = list(failed) if failed is not None else failed_targets(r)
     links, nodes = resolve_targets(topology, targets)
     c = topology.counts()
-    title = f"{r.scenario.name}: {topology.name}, {c.switches} switches, {c.cas} hosts, {c.links} links"
+    title = (
+        f"{r.scenario.name}: {topology.name}, {c.switches} switches, {c.cas} hosts, {c.links} links"
+    )
     if targets:
-        shown = ", ".join(targets[:4]) + (f" and {len(targets) - 4} more" if len(targets) > 4 else "")
+        shown = ", ".join(targets[:4]) + (
+            f" and {len(targets) - 4} more" if len(targets) > 4 else ""
+        )
         title += f"\nfailed during the run (red): {shown}"
     return draw(topology, path, title=title, failed_links=links, failed_nodes=nodes)
 

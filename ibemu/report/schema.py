@@ -82,7 +82,13 @@ class FabricInfo:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FabricInfo:
         return cls(
-            d["kind"], d["datapath"], d["nodes"], d["switches"], d["hosts"], d["links"], d["topology"]
+            d["kind"],
+            d["datapath"],
+            d["nodes"],
+            d["switches"],
+            d["hosts"],
+            d["links"],
+            d["topology"],
         )
 
 
@@ -390,7 +396,9 @@ def _string(nullable: bool = False, choices: tuple[str, ...] | None = None) -> C
         if not isinstance(v, str):
             out.append(f"{path}: expected {what}, {_got(v)}")
         elif choices is not None and v not in choices:
-            out.append(f"{path}: expected one of {', '.join(choices)}, got {v!r}{did_you_mean(v, choices)}")
+            out.append(
+                f"{path}: expected one of {', '.join(choices)}, got {v!r}{did_you_mean(v, choices)}"
+            )
         elif choices is None and not nullable and not v:
             out.append(f"{path}: must not be empty")
 
@@ -453,7 +461,10 @@ def _free_object(v: Any, path: str, out: list[str]) -> None:
         _json_value(v, path, out)
 
 
-def _object(fields: dict[str, Check], extra: Callable[[Mapping[str, Any], str, list[str]], None] | None = None) -> Check:
+def _object(
+    fields: dict[str, Check],
+    extra: Callable[[Mapping[str, Any], str, list[str]], None] | None = None,
+) -> Check:
     def check(v: Any, path: str, out: list[str]) -> None:
         if not isinstance(v, Mapping):
             out.append(f"{path or 'result'}: expected object, {_got(v)}")
@@ -487,7 +498,9 @@ def _timeline_consistent(v: Mapping[str, Any], path: str, out: list[str]) -> Non
         return
     for i in range(2, len(t)):
         if not math.isclose(t[i] - t[i - 1], width, rel_tol=1e-3, abs_tol=1e-9):
-            out.append(f"{path}.t_s[{i}]: bins must have equal width {width:g} s, got {t[i] - t[i - 1]:g} s")
+            out.append(
+                f"{path}.t_s[{i}]: bins must have equal width {width:g} s, got {t[i] - t[i - 1]:g} s"
+            )
             return
 
 
@@ -560,7 +573,11 @@ _RESULT = _object(
     {
         "schema": _schema_version,
         "scenario": _object(
-            {"name": _string(), "file": _string(nullable=True), "description": _string(nullable=True)}
+            {
+                "name": _string(),
+                "file": _string(nullable=True),
+                "description": _string(nullable=True),
+            }
         ),
         "started_at": _timestamp,
         "duration_s": _NUM,

@@ -14,14 +14,18 @@ DEST_LIMIT = 3
 EXTRA_WIDTH = 48
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool], indent: str = "  ") -> str:
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool], indent: str = "  "
+) -> str:
     """Columns padded to their widest cell; ``right[i]`` right-aligns column i (numbers)."""
     widths = [len(h) for h in headers]
     for row in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
-        parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+        parts = [
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
+        ]
         return (indent + "  ".join(parts)).rstrip()
 
     rule = indent + "  ".join("-" * w for w in widths)
@@ -125,7 +129,9 @@ def _faults(faults: list[FaultResult]) -> list[str]:
     ]
     headers = ["#", "at (s)", "t (s)", "action", "target", *(f"{p} (ms)" for p in PHASES)]
     lines.append(table(headers, rows, [True, True, True, False, False, True, True, True, True]))
-    lines.append("  (t: since traffic start; phases: ms since the fault was injected, - = did not happen)")
+    lines.append(
+        "  (t: since traffic start; phases: ms since the fault was injected, - = did not happen)"
+    )
     for i, f in enumerate(faults, 1):
         if not f.flows:
             continue

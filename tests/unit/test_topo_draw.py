@@ -53,3 +53,23 @@ def test_draw_import_and_svg(tmp_path: Path) -> None:
 def test_draw_rejects_unknown_suffix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"use a \.png, \.svg or \.pdf"):
         draw(generate("ring"), tmp_path / "x.gif")
+
+
+def _failed_red_pixels(path: Path) -> int:
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    rgb = mpimg.imread(path)[..., :3]
+    return int((np.abs(rgb - np.array([0xE4, 0x1A, 0x1C]) / 255).max(axis=2) < 0.03).sum())
+
+
+def test_draw_marks_failed_links_and_nodes(tmp_path: Path) -> None:
+    t = generate("fat-tree", k=4)
+    plain = draw(t, tmp_path / "plain.png")
+    link = draw(t, tmp_path / "link.png", failed_links=[t.links_between("agg0_0", "core0")[0]])
+    node = draw(t, tmp_path / "node.png", failed_nodes=["core3"])
+    both = draw(
+        t, tmp_path / "both.png", failed_links=t.links_between("edge0_0", "h0"), failed_nodes=["core3"]
+    )
+    assert _failed_red_pixels(plain) == 0
+    assert 0 < _failed_red_pixels(link) < _failed_red_pixels(node) < _failed_red_pixels(both)

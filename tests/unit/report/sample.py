@@ -51,8 +51,20 @@ def result() -> dict[str, Any]:
                 "t_fault_s": 5.012,
                 "phases_ms": {"detect": 0.31, "trap": 1.24, "routed": 3.4, "programmed": 8.71},
                 "flows": [
-                    {"flow": "bulk", "blackout_ms": 9.8, "resume_ms": 10.2, "lost": 37, "retransmitted": 41},
-                    {"flow": "probe", "blackout_ms": 0.2, "resume_ms": 0.3, "lost": 0, "retransmitted": 0},
+                    {
+                        "flow": "bulk",
+                        "blackout_ms": 9.8,
+                        "resume_ms": 10.2,
+                        "lost": 37,
+                        "retransmitted": 41,
+                    },
+                    {
+                        "flow": "probe",
+                        "blackout_ms": 0.2,
+                        "resume_ms": 0.3,
+                        "lost": 0,
+                        "retransmitted": 0,
+                    },
                 ],
             },
             {
@@ -62,8 +74,20 @@ def result() -> dict[str, Any]:
                 "t_fault_s": 12.004,
                 "phases_ms": {"detect": 0.52, "trap": 2.9, "routed": 6.1, "programmed": 19.4},
                 "flows": [
-                    {"flow": "bulk", "blackout_ms": None, "resume_ms": None, "lost": 0, "retransmitted": 0},
-                    {"flow": "probe", "blackout_ms": 21.3, "resume_ms": 21.9, "lost": 213, "retransmitted": 0},
+                    {
+                        "flow": "bulk",
+                        "blackout_ms": None,
+                        "resume_ms": None,
+                        "lost": 0,
+                        "retransmitted": 0,
+                    },
+                    {
+                        "flow": "probe",
+                        "blackout_ms": 21.3,
+                        "resume_ms": 21.9,
+                        "lost": 213,
+                        "retransmitted": 0,
+                    },
                 ],
             },
         ],

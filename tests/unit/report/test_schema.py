@@ -1,0 +1,271 @@
+"""ibemu.run/1: a good result passes; every kind of bad value is reported at its key path."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ibemu.report import (
+    SCHEMA_VERSION,
+    Bringup,
+    FabricInfo,
+    FaultResult,
+    FlowImpact,
+    Phases,
+    ResultError,
+    RunResult,
+    ScenarioInfo,
+    SMInfo,
+    Timeline,
+    TrafficResult,
+    dump,
+    dumps,
+    load,
+    loads,
+    validate,
+)
+from tests.unit.report.sample import result
+
+
+def test_sample_is_valid() -> None:
+    assert validate(result()) == []
+
+
+def test_minimal_result_is_valid() -> None:
+    r = RunResult(
+        ScenarioInfo("tiny"),
+        "2025-01-01T00:00:00",
+        1.0,
+        False,
+        FabricInfo("ib", "kernel", 3, 1, 2, 2, "single-switch hosts=2"),
+        SMInfo("none"),
+        Bringup(0.1),
+    )
+    d = r.to_dict()
+    assert validate(d) == []
+    assert d["schema"] == SCHEMA_VERSION
+    assert d["files"] == {"events": None, "json": None, "plots": [], "captures": []}
+
+
+def _set(d: dict[str, Any], path: str, value: Any) -> None:
+    """``_set(d, "faults.0.phases_ms.trap", x)``; the value ``KeyError`` deletes the key."""
+    *head, last = path.split(".")
+    node: Any = d
+    for k in head:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    key: Any = int(last) if isinstance(node, list) else last
+    if value is KeyError:
+        del node[key]
+    else:
+        node[key] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (
+            "faults.0.phases_ms.trap",
+            "fast",
+            "faults[0].phases_ms.trap: expected number or null, got str 'fast'",
+        ),
+        (
+            "faults.1.phases_ms.routed",
+            True,
+            "faults[1].phases_ms.routed: expected number or null, got bool",
+        ),
+        ("faults.0.phases_ms.detect", -0.5, "faults[0].phases_ms.detect: must be >= 0"),
+        ("faults.0.phases_ms.programmed", KeyError, "faults[0].phases_ms.programmed: missing"),
+        ("faults.0.flows.1.lost", 2.5, "faults[0].flows[1].lost: expected integer, got float 2.5"),
+        ("faults.0.flows.0.retransmitted", -1, "faults[0].flows[0].retransmitted: must be >= 0"),
+        (
+            "faults.0.flows.0.blackout_ms",
+            math.inf,
+            "faults[0].flows[0].blackout_ms: expected finite number",
+        ),
+        ("faults.0.at_s", None, "faults[0].at_s: expected number, got null"),
+        ("faults.0.flows", {}, "faults[0].flows: expected list, got object"),
+        ("schema", "ibemu.run/2", "schema: expected 'ibemu.run/1', got str 'ibemu.run/2'"),
+        ("started_at", "yesterday", "started_at: expected ISO-8601 timestamp, got 'yesterday'"),
+        ("duration_s", "20", "duration_s: expected number, got str '20'"),
+        ("interrupted", 0, "interrupted: expected true or false, got int 0"),
+        ("fabric.kind", "ethernet", "fabric.kind: expected one of ib, roce, got 'ethernet'"),
+        (
+            "fabric.datapath",
+            "kernal",
+            "fabric.datapath: expected one of kernel, user, got 'kernal' (did you mean 'kernel'?)",
+        ),
+        ("fabric.nodes", 10, "fabric.nodes: 10 is fewer than switches + hosts (20 + 16)"),
+        ("sm.impl", "osm", "sm.impl: expected one of ibemu, opensm, none"),
+        ("sm.engine", 3, "sm.engine: expected string or null, got int 3"),
+        ("bringup.sm_s", "n/a", "bringup.sm_s: expected number or null"),
+        ("scenario.name", "", "scenario.name: must not be empty"),
+        ("scenario", [], "scenario: expected object, got list"),
+        ("traffic.2.to", [], "traffic[2].to: expected at least one destination"),
+        ("traffic.2.to.1", 7, "traffic[2].to[1]: expected string, got int 7"),
+        ("traffic.0.packets", "many", "traffic[0].packets: expected integer"),
+        ("traffic.1.extra", [1], "traffic[1].extra: expected object, got list"),
+        ("traffic.1.extra.rate", math.nan, "traffic[1].extra.rate: expected finite number"),
+        ("traffic.1.extra.when", object(), "traffic[1].extra.when: not a JSON value"),
+        ("traffic.1.timeline.gbps.3", -2.0, "traffic[1].timeline.gbps[3]: must be >= 0"),
+        ("traffic.1.name", "bulk", "traffic[1].name: 'bulk' already names traffic[0]"),
+        ("files.plots", "a.png", "files.plots: expected list, got str 'a.png'"),
+        ("files.events", KeyError, "files.events: missing"),
+    ],
+)
+def test_bad_values_are_located(path: str, value: Any, expected: str) -> None:
+    d = result()
+    _set(d, path, value)
+    problems = validate(d)
+    assert any(p.startswith(expected) for p in problems), problems
+    assert len(problems) == 1, problems
+
+
+def test_unknown_keys_are_rejected_except_in_extra() -> None:
+    d = result()
+    d["fabric"]["toplogy"] = "x"
+    d["notes"] = "hello"
+    d["traffic"][0]["extra"]["anything"] = {"goes": [1, "two", None]}
+    problems = validate(d)
+    assert "fabric.toplogy: unknown key (did you mean 'topology'?)" in problems
+    assert "notes: unknown key" in problems
+    assert len(problems) == 2, problems
+
+
+def test_timeline_checks() -> None:
+    d = result()
+    d["traffic"][0]["timeline"]["gbps"].pop()
+    d["traffic"][1]["timeline"]["t_s"][5] += 0.05
+    d["traffic"][2]["timeline"]["t_s"][1] = 0.0
+    problems = validate(d)
+    assert "traffic[0].timeline: t_s has 200 bins but gbps has 199" in problems
+    assert any(
+        p.startswith("traffic[1].timeline.t_s[5]: bins must have equal width 0.1 s")
+        for p in problems
+    )
+    assert any(p.startswith("traffic[2].timeline.t_s: must increase") for p in problems)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    d = result()
+    d["duration_s"] = -1
+    d["faults"][1]["target"] = None
+    d["traffic"][2]["gbps"] = "fast"
+    assert [p.split(":")[0] for p in validate(d)] == [
+        "duration_s",
+        "faults[1].target",
+        "traffic[2].gbps",
+    ]
+
+
+def test_not_an_object() -> None:
+    assert validate([]) == ["result: expected object, got list []"]
+
+
+def test_dataclasses_round_trip() -> None:
+    d = result()
+    r = RunResult.from_dict(d)
+    assert r.traffic[2].dst == ["h3", "h6", "h7", "h10", "h11"]
+    assert r.traffic[0].src == "h0"
+    assert r.faults[1].phases.programmed == 19.4
+    assert r.faults[0].flows[0] == FlowImpact("bulk", 9.8, 10.2, 37, 41)
+    assert r.traffic[0].timeline.bin_s == pytest.approx(0.1)
+    assert r.to_dict() == d
+
+
+def test_from_dict_raises_with_every_problem() -> None:
+    d = result()
+    d["fabric"]["kind"] = "fc"
+    d["faults"][0]["phases_ms"]["trap"] = "x"
+    with pytest.raises(ResultError) as e:
+        RunResult.from_dict(d, source="r.json")
+    assert [p.split(":")[0] for p in e.value.problems] == [
+        "fabric.kind",
+        "faults[0].phases_ms.trap",
+    ]
+    assert str(e.value).startswith("r.json: not a valid ibemu.run/1 result:")
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    d = result()
+    path = dump(d, tmp_path / "sub" / "run.json")
+    assert json.loads(path.read_text()) == d
+    back = load(path)
+    assert back.to_dict() == d
+    assert loads(dumps(back)).to_dict() == d
+
+
+def test_json_order_follows_the_schema() -> None:
+    text = dumps(result())
+    keys = list(json.loads(text))
+    assert keys == [
+        "schema",
+        "scenario",
+        "started_at",
+        "duration_s",
+        "interrupted",
+        "fabric",
+        "sm",
+        "bringup",
+        "faults",
+        "traffic",
+        "files",
+    ]
+
+
+def test_dump_refuses_an_invalid_result(tmp_path: Path) -> None:
+    d = result()
+    d["traffic"][0]["bytes"] = -5
+    with pytest.raises(ResultError, match=r"traffic\[0\]\.bytes: must be >= 0"):
+        dump(d, tmp_path / "run.json")
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_loads_reports_bad_json() -> None:
+    with pytest.raises(ResultError, match=r"(?s)x\.json: .*line 1 column 2"):
+        loads("{oops", "x.json")
+
+
+def test_built_from_dataclasses() -> None:
+    fault = FaultResult(
+        5.0,
+        "link_down",
+        "edge0_0:3",
+        5.01,
+        Phases(detect=0.2, programmed=4.0),
+        [FlowImpact("a", 3.0, 3.5, 4, 0)],
+    )
+    traffic = TrafficResult(
+        "a",
+        "write_bw",
+        "h0",
+        "h3",
+        1.5,
+        10,
+        40960,
+        Timeline([0.0, 0.5, 1.0], [1.4, 0.0, 1.5]),
+        {"qps": 1},
+    )
+    r = RunResult(
+        ScenarioInfo("x", None, None),
+        "2025-01-01T00:00:00Z",
+        2.0,
+        True,
+        FabricInfo("roce", "user", 6, 2, 4, 5, "ring"),
+        SMInfo("opensm", None, "h0"),
+        Bringup(0.3, 0.2),
+        [fault],
+        [traffic],
+    )
+    d = json.loads(dumps(r))
+    assert d["faults"][0]["phases_ms"] == {
+        "detect": 0.2,
+        "trap": None,
+        "routed": None,
+        "programmed": 4.0,
+    }
+    assert d["traffic"][0]["from"] == "h0" and d["traffic"][0]["to"] == "h3"
+    assert RunResult.from_dict(d) == r
