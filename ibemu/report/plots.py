@@ -137,11 +137,15 @@ def throughput_plot(result: RunResult | Mapping[str, Any], path: str | Path) -> 
         ax.step(xs, ys, where="post", color=colors[i], linewidth=1.3, label=_flow_label(t))
         if panels > 1:
             ax.fill_between(xs, ys, step="post", color=colors[i], alpha=0.15)
-    end = max(max(_steps(t)[0]) for t in flows)
+    fault_ts = [f.t_fault_s for f in r.faults]
+    start = min([0.0, *fault_ts])
+    end = max([max(_steps(t)[0]) for t in flows] + fault_ts)
+    if end <= start:
+        end = start + 1.0
     for j, ax in enumerate(axes):
         _mark_faults(ax, r.faults, labels=(j == 0))
         ax.set_ylim(bottom=0)
-        ax.set_xlim(0, max(end, *(f.t_fault_s for f in r.faults)) if r.faults else end)
+        ax.set_xlim(start, end)
         ax.grid(True, alpha=0.3)
         ax.set_ylabel("Gb/s" if panels > 1 else "throughput (Gb/s)")
         handles, _ = ax.get_legend_handles_labels()
@@ -203,9 +207,11 @@ def phases_plot(result: RunResult | Mapping[str, Any], path: str | Path) -> Path
             )
             seen.add(phase)
             right = max(right, start + width)
-        reached = [getattr(f.phases, p) for p in PHASES if getattr(f.phases, p) is not None]
-        total = max(reached) if reached else None
-        text = f"{total:.2f} ms" if total is not None else "not rerouted"
+        reached = [(getattr(f.phases, p), p) for p in PHASES if getattr(f.phases, p) is not None]
+        total = max(v for v, _ in reached) if reached else None
+        text = f"{total:.2f} ms" if total is not None else "no phase recorded"
+        if reached and reached[-1][1] != PHASES[-1]:
+            text += f" (up to {reached[-1][1]})"
         ax.annotate(
             text,
             (total or 0.0, y),

@@ -269,3 +269,14 @@ def test_built_from_dataclasses() -> None:
     }
     assert d["traffic"][0]["from"] == "h0" and d["traffic"][0]["to"] == "h3"
     assert RunResult.from_dict(d) == r
+
+
+def test_readme_example_is_valid() -> None:
+    """The README documents the schema with an example: it must stay a valid result."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme[readme.index("### Run results (ibemu.run/1)") :]
+    block = re.search(r"```json\n(.*?)```", section, re.S)
+    assert block is not None
+    assert validate(json.loads(block.group(1))) == []
