@@ -22,6 +22,7 @@ COMMANDS = (
     "ibemu.cli.sm_cmd",
     "ibemu.cli.topo_cmd",
     "ibemu.cli.validate_cmd",
+    "ibemu.cli.run_cmd",
 )
 
 log = logging.getLogger("ibemu")

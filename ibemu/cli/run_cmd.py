@@ -1,0 +1,103 @@
+"""`ibemu run [SCENARIO]`: build, bring up, drive traffic, break things, measure, report, tear down.
+
+With no scenario it runs the built-in default (a k=4 fat-tree, ftree routing, an aggregation
+uplink failing under traffic). ``--topo``, ``--datapath``, ``--sm``, ``--sm-engine`` and
+``--duration`` override the scenario. The summary goes to stdout; ``--json FILE`` writes the
+result (schema ibemu.run/1), plots go next to it (``--no-plots`` to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import trio
+
+from ibemu.errors import ConfigError
+from ibemu.scenario.schema import Scenario
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a scenario end to end (default: the built-in one)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("scenario", nargs="?", help="scenario file (default: the built-in default)")
+    p.add_argument("--topo", help="override the topology: fat-tree,k=4 | leaf-spine,leaves=4,... ")
+    p.add_argument("--datapath", choices=("kernel", "user"), help="override fabric.datapath")
+    p.add_argument("--sm", choices=("ibemu", "opensm"), help="override sm.impl")
+    p.add_argument("--sm-engine", choices=("minhop", "updn", "ftree", "dor"), help="override sm.engine")
+    p.add_argument("--duration", type=float, metavar="S", help="override duration_s")
+    p.add_argument("--out", type=Path, help="directory for results (default: results/<scenario>)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the result here (ibemu.run/1)")
+    p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
+    p.add_argument("--capture", action="append", default=[], metavar="NODE:PORT",
+                   help="record a cable end to a pcap tshark decodes (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    from ibemu.scenario import load_scenario
+    from ibemu.scenario.loader import load_builtin
+
+    scen = load_scenario(args.scenario) if args.scenario else load_builtin("default")
+    changes: dict[str, object] = {}
+    if args.topo:
+        from ibemu.cli.fabric_cmd import parse_topo_spec
+
+        topo = parse_topo_spec(args.topo)
+        names = set(topo.nodes)
+        used = {h for t in scen.traffic for h in t.hosts} | {f.switch for f in scen.faults if f.switch}
+        used |= {ep.node for f in scen.faults if f.link for ep in (f.link.a, f.link.b)}
+        missing = sorted(n for n in used if n not in names)
+        if missing:
+            raise ConfigError(f"--topo {args.topo}: the scenario names {', '.join(missing[:5])}, "
+                              "which this topology does not have")
+        changes["topology"] = topo
+        changes["topology_spec"] = dataclasses.replace(scen.topology_spec, source="generator",
+                                                       generator=args.topo.split(",")[0], params={})
+    if args.datapath:
+        changes["fabric"] = dataclasses.replace(scen.fabric, datapath=args.datapath)
+    if args.sm or args.sm_engine:
+        changes["sm"] = dataclasses.replace(scen.sm, impl=args.sm or scen.sm.impl,
+                                            engine=args.sm_engine or scen.sm.engine)
+    if args.duration is not None:
+        if not 0 < args.duration <= 86400:
+            raise ConfigError(f"--duration {args.duration}: must be in (0, 86400] seconds")
+        changes["duration_s"] = args.duration
+    return dataclasses.replace(scen, **changes) if changes else scen  # type: ignore[arg-type]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ibemu.report import plots, store
+    from ibemu.report.summary import summary as render_summary
+    from ibemu.scenario.runner import ScenarioRun
+
+    scen = _scenario(args)  # every scenario error is reported before anything is built
+    if os.geteuid() != 0:
+        raise ConfigError("ibemu run needs root (network namespaces, veth, tc): use sudo")
+    out_dir = args.out or Path("results") / scen.name
+    json_path = args.json or (scen.record.json if scen.record.json else out_dir / "result.json")
+    t0 = time.monotonic()
+
+    def progress(phase: str, text: str) -> None:
+        if not args.quiet:
+            print(f"[{time.monotonic() - t0:6.2f}s] {phase:<9} {text}", file=sys.stderr, flush=True)
+
+    runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
+    result = trio.run(runner.run)
+    result["files"]["json"] = str(json_path)
+    if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):
+        try:
+            result["files"]["plots"] = [str(p) for p in plots.write_plots(result, scen.topology, out_dir)]
+        except Exception as exc:  # a plot must never lose the measurement
+            log.error("plots: %s", exc)
+    store.dump(result, json_path)
+    print(render_summary(result))
+    return 130 if result["interrupted"] else 0

@@ -1,0 +1,263 @@
+"""``ibemu run``: one scenario end to end — build, SM bring-up, traffic, faults, measure, report.
+
+Phases: ``build`` (namespaces, cables, agents), ``sm`` (to SUBNET UP), ``warm-up`` (the
+traffic worker opens the hosts' ports), ``traffic`` (flows run; faults are injected on
+schedule, each stamped at the source), ``drain`` (flows finish, the worker writes what it
+measured), ``teardown``. Ctrl-C at any point tears everything down and still returns what was
+measured (``interrupted: true``). The result follows ``ibemu.report.schema`` (ibemu.run/1).
+
+Processes: this one runs the fabric's agents (and the SM's MAD socket); the SM and the
+traffic worker are processes of their own, owned by the run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu.errors import ConfigError, IbemuError
+from ibemu.fabric.agents import make_agent, make_agents
+from ibemu.fabric.capture import capture
+from ibemu.fabric.faults import FaultInjector
+from ibemu.fabric.host import AgentHost
+from ibemu.fabric.runtime import FabricRuntime
+from ibemu.kernel import ownership
+from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
+from ibemu.scenario.schema import Scenario, TrafficSpec
+from ibemu.traffic.flows import KINDS, FlowOutput
+
+log = logging.getLogger(__name__)
+
+WARMUP_S = 1.0
+"""From launching the traffic worker to the flows' time zero (it imports, opens sockets)."""
+DRAIN_S = 30.0
+TIMELINE_BIN_S = 0.05
+
+Progress = Callable[[str, str], None]
+
+
+def _quiet(phase: str, text: str) -> None:
+    log.info("[%s] %s", phase, text)
+
+
+def check_runnable(scen: Scenario) -> None:
+    """What this runner cannot run, said before anything is built."""
+    if scen.fabric.kind != "ib":
+        raise ConfigError(f"fabric kind {scen.fabric.kind!r}: only 'ib' fabrics run yet (RoCEv2 is to come)",
+                          f"{scen.path or scen.name}: fabric.kind")
+    for t in scen.traffic:
+        if t.kind not in KINDS:
+            raise ConfigError(f"traffic kind {t.kind!r} is not implemented", t.where)
+    if scen.traffic and scen.sm.impl not in ("ibemu", "opensm"):
+        raise ConfigError("traffic needs a subnet manager (sm.impl: ibemu or opensm)", "sm.impl")
+    needs_user = [f for f in scen.faults if f.action == "corrupt"]
+    if needs_user and scen.fabric.datapath != "user":
+        raise ConfigError("corrupt faults need the user datapath (fabric: {datapath: user})",
+                          needs_user[0].where)
+
+
+def flow_dict(t: TrafficSpec, duration_s: float) -> dict[str, Any]:
+    """A ``traffic:`` entry as the worker takes it."""
+    return {"name": t.name, "kind": t.kind, "hosts": list(t.hosts), "src": t.src, "dst": t.dst,
+            "size": t.size, "qps": t.qps, "start_s": t.start_s, "stop_s": min(t.stop_s, duration_s),
+            "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl}
+
+
+class ScenarioRun:
+    """Runs ``scen`` once; ``await run()`` returns the result dict."""
+
+    def __init__(self, scen: Scenario, out_dir: Path, *, captures: list[str] | None = None,
+                 progress: Progress = _quiet) -> None:
+        check_runnable(scen)
+        self.scen = scen
+        self.out_dir = out_dir
+        self.progress = progress
+        self.captures = captures or []
+        self.state = ownership.RunState(ownership.new_run_id(), scenario=scen.name)
+        self.run_dir = out_dir / "run"
+        self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
+                                state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
+                                sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.t0_ns = 0
+        self.t_end_ns = 0
+        self.faults_injected: list[dict[str, Any]] = []
+        self.interrupted = False
+        self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.capture_files: list[str] = []
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> dict[str, Any]:
+        scen = self.scen
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        t_start = time.perf_counter()
+        self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
+                               f"{len(scen.topology.links)} links ({scen.fabric.datapath} datapath)")
+        outputs: list[FlowOutput] = []
+        bringup: dict[str, Any] = {"fabric_s": None, "sm_s": None}
+        try:
+            async with self.rt.running() as host:
+                bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0) for k in ("build", "agents")), 3),
+                           "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
+                self.progress("sm", f"{scen.sm.impl} SM on {self.rt.sm_host}: SUBNET UP in "
+                                    f"{bringup['sm_s']} s" if scen.sm.impl != "none" else "no SM")
+                outputs = await self._traffic_and_faults(host)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.progress("teardown", "interrupted: torn down")
+        self.progress("teardown", f"done in {time.perf_counter() - t_start:.1f} s")
+        if self.worker is not None and not outputs:
+            outputs = self._read_worker()
+        return self._result(bringup, outputs, time.perf_counter() - t_start)
+
+    async def _traffic_and_faults(self, host: AgentHost) -> list[FlowOutput]:
+        scen = self.scen
+        spec = self._worker_spec(host)
+        self.progress("warm-up", f"{len(scen.traffic)} flows on {len(spec['hosts'])} hosts, "
+                                 f"{len(scen.faults)} faults, {scen.duration_s:g} s")
+        spec_path = self.run_dir / "traffic.json"
+        spec_path.write_text(json.dumps(spec))
+        injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
+        if spec["flows"]:
+            self.worker = subprocess.Popen(
+                [sys.executable, "-m", "ibemu.traffic.worker", str(spec_path), str(self.run_dir / "flows.json")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=open(self.run_dir / "traffic.log", "wb"))  # noqa: SIM115
+            self.state.claim_process(self.worker.pid, "traffic-worker")
+        try:
+            async with trio.open_nursery() as nursery:
+                for link_name in self.captures:
+                    await nursery.start(self._capture, link_name)
+                # The flows' time zero on trio's clock, for the fault schedule.
+                t0_trio = trio.current_time() + (self.t0_ns - time.monotonic_ns()) / 1e9
+                await nursery.start(functools.partial(injector.run, list(scen.faults), t0=t0_trio))
+                await trio.sleep_until(t0_trio)
+                self.progress("traffic", "flows started" + (", faults scheduled" if scen.faults else ""))
+                await trio.sleep_until(t0_trio + scen.duration_s)
+                self.t_end_ns = time.monotonic_ns()
+                self.progress("drain", "waiting for the flows to finish")
+                await self._wait_worker()
+                nursery.cancel_scope.cancel()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.t_end_ns = self.t_end_ns or time.monotonic_ns()
+            self.progress("drain", "interrupted: collecting what was measured")
+            with trio.CancelScope(shield=True):
+                await self._wait_worker(signal_first=True)
+        finally:
+            self.faults_injected = list(injector.injected)
+            if self.worker is not None and self.worker.poll() is None:  # an error above
+                self.worker.kill()
+                self.worker.wait()
+        return self._read_worker()
+
+    def _worker_spec(self, host: AgentHost) -> dict[str, Any]:
+        scen = self.scen
+        names = sorted({h for t in scen.traffic for h in t.hosts})
+        hosts: dict[str, Any] = {}
+        for name in names:
+            lid = host.nodes[name].agent.lid(1)  # type: ignore[attr-defined]
+            if not lid:
+                raise IbemuError(f"host {name} has no LID after SUBNET UP")
+            pp = self.rt.plan.nodes[name].ports[1]
+            hosts[name] = {"ns": self.rt.plan.nodes[name].ns, "ifname": pp.ifname,
+                           "peer_mac": pp.peer_mac.hex(), "lid": lid}
+        self.t0_ns = time.monotonic_ns() + int(WARMUP_S * 1e9)
+        mtu = scen.defaults.mtu or 4096
+        return {"t0_ns": self.t0_ns, "hosts": hosts, "mtu": mtu,
+                "flows": [flow_dict(t, scen.duration_s) for t in scen.traffic]}
+
+    async def _capture(self, link_name: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        node, _, port = link_name.partition(":")
+        plan = self.rt.plan.nodes.get(node)
+        if plan is None or not port.isdigit() or int(port) not in plan.ports:
+            raise ConfigError(f"--capture {link_name}: no such cable end (NODE:PORT)")
+        path = self.out_dir / f"capture-{node}-{port}.pcap"
+        self.capture_files.append(str(path))
+        await capture(plan.ns, plan.ports[int(port)].ifname, path, task_status=task_status)
+
+    async def _wait_worker(self, *, signal_first: bool = False) -> None:
+        proc = self.worker
+        if proc is None:
+            return
+        if signal_first and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        deadline = trio.current_time() + DRAIN_S
+        while proc.poll() is None and trio.current_time() < deadline:
+            await trio.sleep(0.05)
+        if proc.poll() is None:
+            log.warning("traffic worker still running after %.0f s: stopping it", DRAIN_S)
+            proc.send_signal(signal.SIGTERM)
+            await trio.to_thread.run_sync(proc.wait)
+
+    def _read_worker(self) -> list[FlowOutput]:
+        path = self.run_dir / "flows.json"
+        if not path.exists():
+            if self.worker is not None and self.worker.poll() not in (None, 0):
+                log.error("traffic worker failed; see %s", self.run_dir / "traffic.log")
+            return []
+        data = json.loads(path.read_text())
+        return [FlowOutput.from_dict(d) for d in data["flows"]]
+
+    # ------------------------------------------------------------------ the result
+
+    def _result(self, bringup: dict[str, Any], outputs: list[FlowOutput], wall_s: float) -> dict[str, Any]:
+        scen = self.scen
+        topo = scen.topology
+        fabric_events = read_events(self.run_dir / "events.jsonl")
+        sm_events = read_events(self.run_dir / scen.sm.impl / "events.jsonl")
+        t_end = self.t_end_ns or time.monotonic_ns()
+        order = {t.name: i for i, t in enumerate(scen.traffic)}
+        outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
+        fault_records = sorted((f for f in self.faults_injected), key=lambda f: f["t_ns"])
+        faults = []
+        for i, f in enumerate(fault_records):
+            t_f = int(f["t_ns"])
+            window_end = int(fault_records[i + 1]["t_ns"]) if i + 1 < len(fault_records) else t_end
+            faults.append({
+                "at_s": round((t_f - self.t0_ns) / 1e9, 3), "action": f["action"], "target": f["target"],
+                "t_fault_s": round((t_f - self.t0_ns) / 1e9, 6),
+                "phases_ms": fault_phases(t_f, window_end, fabric_events, sm_events),
+                "flows": [flow_impact(o, t_f, window_end, t_end) for o in outputs if o.t_ns],
+            })
+        traffic = [traffic_entry(o, self.t0_ns, t_end, TIMELINE_BIN_S) for o in outputs]
+        return {
+            "schema": "ibemu.run/1",
+            "scenario": {"name": scen.name, "file": str(scen.path) if scen.path else None,
+                         "description": scen.description or None},
+            "started_at": self.started_at,
+            "duration_s": round(wall_s, 3),
+            "interrupted": self.interrupted,
+            "fabric": {"kind": scen.fabric.kind, "datapath": scen.fabric.datapath,
+                       "nodes": len(topo.nodes), "switches": len(topo.switches()),
+                       "hosts": len(topo.cas()), "links": len(topo.links),
+                       "topology": _describe_topology(scen)},
+            "sm": {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None},
+            "bringup": bringup,
+            "faults": faults,
+            "traffic": traffic,
+            "files": {"events": str(self.run_dir / "events.jsonl"), "json": None, "plots": [],
+                      "captures": self.capture_files},
+        }
+
+
+def _describe_topology(scen: Scenario) -> str:
+    spec = scen.topology_spec
+    if spec.source == "generator":
+        params = ",".join(f"{k}={v}" for k, v in spec.params.items())
+        return f"{spec.generator}{',' + params if params else ''}"
+    if spec.source == "file":
+        return str(spec.file)
+    return "explicit"

@@ -1,0 +1,251 @@
+"""Collectives across many hosts: ring allreduce, all-to-all (and incast/permutation as bw sets).
+
+Every rank is a host port of this process; data moves as RDMA WRITE with immediate into the
+receiver's staging area, and the immediate's receive completion tells the receiver which step
+arrived, as NCCL's IB transport does with its own flags. The data are float32 vectors whose
+sums are exact, and every rank's result is checked element by element (``wrong``).
+
+Figures as nccl-tests prints them: ``time`` per iteration, ``algbw`` = size / time,
+``busbw`` = algbw x 2(n-1)/n for allreduce and x (n-1)/n for all-to-all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+
+from ibemu.hca.nic import HcaPort
+from ibemu.hca.transport import (
+    Access,
+    CompletionQueue,
+    MemoryRegion,
+    PathRecord,
+    QpInfo,
+    RcQp,
+    RecvWr,
+    SendWr,
+    Sge,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+from ibemu.traffic.perftest import TransportError
+
+COLLECTIVES = ("allreduce", "alltoall")
+
+
+@dataclass
+class CollectiveResult:
+    kind: str
+    ranks: int
+    size: int
+    """Bytes per rank."""
+    iterations: int
+    seconds: list[float]
+    """Each timed iteration."""
+    wrong: int
+    retransmitted: int
+
+    @property
+    def time_us(self) -> float:
+        return sum(self.seconds) / len(self.seconds) * 1e6 if self.seconds else 0.0
+
+    @property
+    def algbw_gbs(self) -> float:
+        t = self.time_us / 1e6
+        return self.size / t / 1e9 if t else 0.0
+
+    @property
+    def busbw_gbs(self) -> float:
+        n = self.ranks
+        factor = 2 * (n - 1) / n if self.kind == "allreduce" else (n - 1) / n
+        return self.algbw_gbs * factor
+
+
+def nccl_header() -> str:
+    return ("#       size         count    type   redop     time   algbw   busbw  #wrong\n"
+            "#        (B)    (elements)                     (us)  (GB/s)  (GB/s)")
+
+
+def nccl_line(r: CollectiveResult) -> str:
+    redop = "sum" if r.kind == "allreduce" else "none"
+    return (f"{r.size:12d}  {r.size // 4:12d}   float  {redop:>6}  {r.time_us:9.1f}  "
+            f"{r.algbw_gbs:6.3f}  {r.busbw_gbs:6.3f}  {r.wrong:6d}")
+
+
+class _Rank:
+    """One rank: its port, CQ, vector and staging memory, and QPs to the ranks it talks to."""
+
+    def __init__(self, index: int, port: HcaPort, size: int, staging_slots: int) -> None:
+        self.index = index
+        self.port = port
+        hca = port.hca
+        self.cq: CompletionQueue = hca.create_cq()
+        acc = Access.LOCAL_WRITE | Access.REMOTE_WRITE
+        self.data: MemoryRegion = hca.reg_mr(bytearray(size), acc)
+        self.stage: MemoryRegion = hca.reg_mr(bytearray(size * staging_slots), acc)
+        self.out: MemoryRegion = hca.reg_mr(bytearray(size * staging_slots), Access.LOCAL_WRITE)
+        self.tx: dict[int, RcQp] = {}
+        self.rx: dict[int, RcQp] = {}
+        self.arrived: dict[int, int] = {}  # immediate -> count
+        self.sends_done = 0
+
+    def vector(self) -> np.ndarray:
+        return np.frombuffer(self.data.buf, dtype=np.float32)
+
+    def staged(self, offset: int, count: int) -> np.ndarray:
+        return np.frombuffer(self.stage.buf, dtype=np.float32, count=count, offset=offset)
+
+    def reap(self) -> None:
+        for wc in self.cq.poll(1 << 16):
+            if wc.status is not WcStatus.SUCCESS:
+                raise TransportError(f"rank {self.index}: {wc.opcode.name} completed with {wc.status.name}")
+            if wc.opcode >= WcOpcode.RECV:
+                imm = wc.imm or 0
+                self.arrived[imm] = self.arrived.get(imm, 0) + 1
+                qp = next((q for q in self.rx.values() if q.qpn == wc.qpn), None)
+                if qp is not None:
+                    qp.post_recv(RecvWr(0, ()))
+            else:
+                self.sends_done += 1
+
+    async def wait_imm(self, imm: int, count: int = 1) -> None:
+        while True:
+            self.reap()
+            if self.arrived.get(imm, 0) >= count:
+                self.arrived[imm] -= count
+                return
+            await self.port.wait_progress()
+
+    def write(self, peer: int, src_off: int, length: int, raddr: int, rkey: int, imm: int) -> None:
+        self.port.post(self.tx[peer], SendWr(imm, WrOpcode.RDMA_WRITE_WITH_IMM,
+                                             [Sge(self.out.addr + src_off, length, self.out.lkey)],
+                                             remote_addr=raddr, rkey=rkey, imm=imm))
+
+
+def _connect(a: _Rank, b: _Rank, mtu: int) -> None:
+    """An RC QP from ``a`` to ``b`` (a's tx, b's rx), with receives posted for immediates."""
+    qa = a.port.hca.create_rc_qp(a.cq)
+    qb = b.port.hca.create_rc_qp(b.cq)
+    qa.connect(QpInfo(qb.qpn, qb.sq_psn, b.port.hca.lid), PathRecord(b.port.hca.lid, mtu=mtu),
+               max_inflight=256)
+    qb.connect(QpInfo(qa.qpn, qa.sq_psn, a.port.hca.lid), PathRecord(a.port.hca.lid, mtu=mtu),
+               max_inflight=256)
+    for _ in range(256):
+        qb.post_recv(RecvWr(0, ()))
+    a.tx[b.index], b.rx[a.index] = qa, qb
+
+
+def _fill(ranks: list[_Rank], count: int) -> np.ndarray:
+    """Each rank's input (small integers: float32 sums stay exact); returns the expected sum."""
+    base = (np.arange(count, dtype=np.int64) % 7).astype(np.float32)
+    for r in ranks:
+        r.vector()[:] = base + r.index
+    n = len(ranks)
+    return base * n + n * (n - 1) / 2
+
+
+async def _ring_allreduce(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
+    n = len(ranks)
+    nxt = ranks[(r.index + 1) % n]
+    bounds = [count * k // n for k in range(n + 1)]
+    vec = r.vector()
+    out = np.frombuffer(r.out.buf, dtype=np.float32)
+    for step in range(2 * (n - 1)):
+        gather = step >= n - 1
+        s = step - (n - 1) if gather else step
+        send_chunk = (r.index - s + (1 if gather else 0)) % n
+        lo, hi = bounds[send_chunk], bounds[send_chunk + 1]
+        # Copy into this step's own send area: a retransmission must resend the same bytes.
+        base = step * count
+        out[base + lo : base + hi] = vec[lo:hi]
+        imm = (it << 16) | step
+        r.write(nxt.index, (base + lo) * 4, (hi - lo) * 4, nxt.stage.addr + (base + lo) * 4,
+                nxt.stage.rkey, imm)
+        await r.wait_imm(imm)
+        recv_chunk = (r.index - s - (0 if gather else 1)) % n
+        lo, hi = bounds[recv_chunk], bounds[recv_chunk + 1]
+        incoming = r.staged((base + lo) * 4, hi - lo)
+        if gather:
+            vec[lo:hi] = incoming
+        else:
+            vec[lo:hi] += incoming
+
+
+async def _alltoall(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
+    n = len(ranks)
+    chunk = count // n
+    vec = r.vector()
+    out = np.frombuffer(r.out.buf, dtype=np.float32)
+    imm = it << 16
+    for peer in ranks:
+        if peer is r:
+            continue
+        src = peer.index * chunk
+        out[src : src + chunk] = vec[src : src + chunk]
+        dst_off = r.index * chunk * 4
+        r.write(peer.index, src * 4, chunk * 4, peer.stage.addr + dst_off, peer.stage.rkey, imm)
+    await r.wait_imm(imm, n - 1)
+
+
+async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iterations: int = 5,
+                         warmup: int = 1, mtu: int = 4096) -> CollectiveResult:
+    """``kind`` ("allreduce" or "alltoall") over ``ports`` (their serve tasks running)."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}: one of {', '.join(COLLECTIVES)}")
+    n = len(ports)
+    if n < 2:
+        raise ValueError("a collective needs at least 2 hosts")
+    count = max(n, size // 4 // n * n)
+    size = count * 4
+    slots = 2 * (n - 1) if kind == "allreduce" else 1
+    ranks = [_Rank(i, p, size, slots) for i, p in enumerate(ports)]
+    if kind == "allreduce":
+        for i in range(n):
+            _connect(ranks[i], ranks[(i + 1) % n], mtu)
+    else:
+        for a in ranks:
+            for b in ranks:
+                if a is not b:
+                    _connect(a, b, mtu)
+    seconds: list[float] = []
+    wrong = 0
+    for it in range(warmup + iterations):
+        expected = _fill(ranks, count)
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for r in ranks:
+                nursery.start_soon(_ring_allreduce if kind == "allreduce" else _alltoall, r, ranks,
+                                   count, it)
+        if it >= warmup:
+            seconds.append(time.perf_counter() - t0)
+        wrong += _check(kind, ranks, count, expected)
+    for r in ranks:
+        for qp in (*r.tx.values(), *r.rx.values()):
+            r.port.hca.destroy_qp(qp)
+    retrans = sum(q.stats.retransmitted for r in ranks for q in r.tx.values())
+    return CollectiveResult(kind, n, size, iterations, seconds, wrong, retrans)
+
+
+def _check(kind: str, ranks: list[_Rank], count: int, expected: np.ndarray) -> int:
+    """Elements that differ from the right answer, over every rank."""
+    wrong = 0
+    n = len(ranks)
+    if kind == "allreduce":
+        for r in ranks:
+            wrong += int(np.count_nonzero(r.vector() != expected))
+        return wrong
+    chunk = count // n
+    base = (np.arange(count, dtype=np.int64) % 7).astype(np.float32)
+    for r in ranks:
+        for src in ranks:
+            if src is r:
+                continue
+            got = r.staged(src.index * chunk * 4, chunk)
+            want = base[r.index * chunk : (r.index + 1) * chunk] + src.index
+            wrong += int(np.count_nonzero(got != want))
+    return wrong

@@ -1,0 +1,186 @@
+"""A scenario's traffic as running flows: one task per ``traffic:`` entry, over host ports.
+
+``run_flow`` turns one flow description (the scenario's ``TrafficSpec`` as a dict, the form
+the traffic worker receives) into the generator it names and returns a ``FlowOutput``:
+deliveries over time (for throughput plots and blackouts) and the kind's own figures.
+Bandwidth kinds and collectives run from ``start_s`` to ``stop_s``; latency kinds run their
+iterations once; streams send at ``rate_pps`` until ``stop_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ibemu.hca.nic import HcaPort
+from ibemu.traffic import collectives, perftest, stream
+from ibemu.traffic.perftest import BwResult, Deliveries, LatResult, PerfOptions
+
+log = logging.getLogger(__name__)
+
+BW_KINDS = ("write_bw", "read_bw", "send_bw", "incast", "permutation")
+KINDS = (*perftest.TESTS, *collectives.COLLECTIVES, "incast", "permutation", "stream")
+LAT_ITERATIONS = 1000
+
+
+@dataclass
+class FlowOutput:
+    """What one flow did, in a JSON-friendly shape."""
+
+    name: str
+    kind: str
+    src: str | list[str]
+    dst: str | list[str]
+    t_ns: list[int] = field(default_factory=list)
+    nbytes: list[int] = field(default_factory=list)
+    packets: int = 0
+    retransmitted: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    # streams only: what was sent when, and which sequence numbers arrived
+    sent_t_ns: list[int] = field(default_factory=list)
+    recv_seq: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FlowOutput:
+        return cls(**d)
+
+
+def _add(out: FlowOutput, d: Deliveries) -> None:
+    out.t_ns.extend(d.t_ns)
+    out.nbytes.extend(d.nbytes)
+
+
+def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None) -> PerfOptions:
+    return PerfOptions(test=test, size=int(spec.get("size", 65536)), qps=int(spec.get("qps", 1)),
+                       bidirectional=bool(spec.get("bidirectional", False)),
+                       duration_s=duration_s, iterations=LAT_ITERATIONS, tx_depth=16)
+
+
+async def _bw_pair(src: HcaPort, dst: HcaPort, opts: PerfOptions, stop: trio.Event,
+                   out: FlowOutput) -> BwResult:
+    a, b = perftest.Side.create(src, opts), perftest.Side.create(dst, opts)
+    a.connect(b.info())
+    b.connect(a.info())
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(perftest.bw_server, b, done)
+        result = await perftest.bw_client(a, stop=stop)
+        done.set()
+    _add(out, result.deliveries)
+    out.packets += result.packets
+    out.retransmitted += result.retransmitted
+    return result
+
+
+def permutation_pairs(hosts: list[str], seed: int) -> list[tuple[str, str]]:
+    """A derangement of ``hosts`` (nobody sends to itself), reproducible from ``seed``."""
+    rng = random.Random(seed)
+    n = len(hosts)
+    if n < 2:
+        raise ValueError("a permutation needs at least 2 hosts")
+    while True:
+        perm = hosts[:]
+        rng.shuffle(perm)
+        if all(a != b for a, b in zip(hosts, perm, strict=True)):
+            return list(zip(hosts, perm, strict=True))
+
+
+async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int) -> FlowOutput:
+    """Run one flow from ``start_s`` to ``stop_s`` after ``t0_ns`` (monotonic)."""
+    kind = spec["kind"]
+    hosts: list[str] = list(spec["hosts"])
+    src = spec.get("src") or hosts[0]
+    dst = spec.get("dst") or hosts[-1]
+    out = FlowOutput(spec["name"], kind, src if kind != "incast" else hosts[:-1],
+                     dst if kind not in (*collectives.COLLECTIVES, "permutation") else hosts)
+    start_ns = t0_ns + int(float(spec.get("start_s", 0.0)) * 1e9)
+    stop_ns = t0_ns + int(float(spec["stop_s"]) * 1e9)
+    await trio.sleep(max(0.0, (start_ns - time.monotonic_ns()) / 1e9))
+    stop = trio.Event()
+
+    async def _stopper() -> None:
+        await trio.sleep(max(0.0, (stop_ns - time.monotonic_ns()) / 1e9))
+        stop.set()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stopper)
+            await _dispatch(kind, spec, ports, hosts, src, dst, stop, out)
+            nursery.cancel_scope.cancel()
+    except perftest.TransportError as exc:
+        out.error = str(exc)
+        log.warning("flow %s: %s", out.name, exc)
+    return out
+
+
+async def _dispatch(kind: str, spec: dict[str, Any], ports: dict[str, HcaPort], hosts: list[str],
+                    src: str, dst: str, stop: trio.Event, out: FlowOutput) -> None:
+    size = int(spec.get("size", 65536))
+    if kind in ("write_bw", "read_bw", "send_bw"):
+        r = await _bw_pair(ports[src], ports[dst], _perf_opts(spec, kind, 1e9), stop, out)
+        out.extra = {"peak_mbps": round(r.peak_mbps, 2), "avg_mbps": round(r.avg_mbps, 2),
+                     "msg_rate_mpps": round(r.msg_rate_mpps, 6), "iterations": r.iterations}
+    elif kind in ("incast", "permutation"):
+        pairs = ([(h, dst) for h in hosts[:-1]] if kind == "incast"
+                 else permutation_pairs(hosts, int(spec.get("seed", 0))))
+        async with trio.open_nursery() as nursery:
+            for a, b in pairs:
+                nursery.start_soon(_bw_pair, ports[a], ports[b], _perf_opts(spec, "write_bw", 1e9),
+                                   stop, out)
+        out.extra = {"pairs": [f"{a}->{b}" for a, b in pairs]}
+        order = sorted(range(len(out.t_ns)), key=out.t_ns.__getitem__)
+        out.t_ns = [out.t_ns[i] for i in order]
+        out.nbytes = [out.nbytes[i] for i in order]
+    elif kind in perftest.LAT_TESTS:
+        lat = await perftest.run_local(ports[src], ports[dst], _perf_opts(spec, kind, None))
+        assert isinstance(lat, LatResult)
+        out.extra = {k: round(v, 3) for k, v in lat.stats_us().items()}
+        out.packets = 2 * lat.iterations
+    elif kind in collectives.COLLECTIVES:
+        runs: list[collectives.CollectiveResult] = []
+        group = [ports[h] for h in hosts]
+        it = 0
+        while not stop.is_set():
+            cr = await collectives.run_collective(kind, group, size, iterations=1,
+                                                  warmup=1 if not it else 0)
+            runs.append(cr)
+            out.t_ns.append(time.monotonic_ns())
+            out.nbytes.append(cr.size)
+            it += 1
+        if runs:
+            secs = [s for c in runs for s in c.seconds]
+            best = runs[0]
+            summary = collectives.CollectiveResult(kind, best.ranks, best.size, len(secs), secs,
+                                                   sum(c.wrong for c in runs),
+                                                   sum(c.retransmitted for c in runs))
+            out.retransmitted = summary.retransmitted
+            out.extra = {"iterations": len(secs), "time_us": round(summary.time_us, 1),
+                         "algbw_gbs": round(summary.algbw_gbs, 4),
+                         "busbw_gbs": round(summary.busbw_gbs, 4), "wrong": summary.wrong}
+    elif kind == "stream":
+        opts = stream.StreamOptions(rate_pps=float(spec.get("rate_pps") or 1000), size=size,
+                                    transport=str(spec.get("transport", "rc")))
+        s = stream.Stream(ports[src], ports[dst], opts)
+        rec = await s.run(stop=stop)
+        order = sorted(range(len(rec.recv_t_ns)), key=rec.recv_t_ns.__getitem__)
+        out.t_ns = [rec.recv_t_ns[i] for i in order]
+        out.nbytes = [size] * len(order)
+        out.recv_seq = [rec.recv_seq[i] for i in order]
+        out.sent_t_ns = list(rec.sent_t_ns)
+        out.packets = rec.delivered
+        out.retransmitted = rec.retransmitted
+        out.extra = {"sent": rec.sent, "delivered": rec.delivered, "lost": rec.lost,
+                     "rate_pps": opts.rate_pps, "transport": opts.transport}
+        if rec.errors:
+            out.error = "; ".join(rec.errors[:3])
+    else:
+        raise ValueError(f"unknown traffic kind {kind!r}")

@@ -1,0 +1,188 @@
+"""Sequence-numbered streams for reroute studies: every packet's delivery time is recorded.
+
+A stream sends ``rate_pps`` messages of ``size`` bytes (one packet each up to the MTU) from
+one host to another, over RC (default: lost packets are retransmitted by the transport and
+counted as such) or UD (lost packets stay lost and show as gaps). Each message carries its
+sequence number and send time; the receiver keeps ``(seq, t_recv)`` for every delivery, so
+the blackout of the flow across a fault is exact (``blackout.analyse``).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from array import array
+from dataclasses import dataclass, field
+
+import trio
+
+from ibemu.hca.nic import HcaPort
+from ibemu.hca.transport import (
+    Access,
+    AddressHandle,
+    PathRecord,
+    QpInfo,
+    RcQp,
+    RecvWr,
+    SendWr,
+    Sge,
+    UdQp,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+)
+
+HEADER = struct.Struct("!QQ")  # seq, t_send_ns
+RING = 4096
+QKEY = 0x1BE0_0001
+TICK_S = 0.001
+
+
+@dataclass
+class StreamOptions:
+    rate_pps: float = 10_000.0
+    size: int = 256
+    transport: str = "rc"
+    duration_s: float | None = None
+    count: int | None = None
+    timeout: int = 12
+    """RC local ACK timeout exponent: 4.096 us x 2^12 = 16.8 ms before a retransmission."""
+    retry_cnt: int = 7
+
+    def __post_init__(self) -> None:
+        if self.transport not in ("rc", "ud"):
+            raise ValueError(f"stream transport is rc or ud, not {self.transport!r}")
+        if not 0 < self.rate_pps <= 1_000_000:
+            raise ValueError("rate_pps must be in (0, 1,000,000]")
+        if not HEADER.size <= self.size <= 4096:
+            raise ValueError(f"stream messages are {HEADER.size} .. 4096 bytes (one packet)")
+
+
+@dataclass
+class StreamRecord:
+    """What a stream's two ends saw."""
+
+    sent: int = 0
+    sent_t_ns: array = field(default_factory=lambda: array("q"))
+    """Send time of every message, by sequence number."""
+    recv_seq: array = field(default_factory=lambda: array("q"))
+    recv_t_ns: array = field(default_factory=lambda: array("q"))
+    retransmitted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def delivered(self) -> int:
+        return len(set(self.recv_seq))
+
+    @property
+    def lost(self) -> int:
+        return self.sent - self.delivered
+
+
+class Stream:
+    """A stream between two ports of this process."""
+
+    def __init__(self, src: HcaPort, dst: HcaPort, opts: StreamOptions) -> None:
+        self.src, self.dst, self.opts = src, dst, opts
+        self.record = StreamRecord()
+        access = Access.LOCAL_WRITE
+        self.tx_mr = src.hca.reg_mr(bytearray(RING * opts.size), access)
+        self.rx_mr = dst.hca.reg_mr(bytearray(RING * opts.size), access)
+        self.tx_cq, self.rx_cq = src.hca.create_cq(), dst.hca.create_cq()
+        self.tx_qp: RcQp | UdQp
+        self.rx_qp: RcQp | UdQp
+        if opts.transport == "rc":
+            a, b = src.hca.create_rc_qp(self.tx_cq), dst.hca.create_rc_qp(self.rx_cq)
+            path_ab = PathRecord(dlid=dst.hca.lid, mtu=min(4096, src.hca.mtu))
+            path_ba = PathRecord(dlid=src.hca.lid, mtu=min(4096, dst.hca.mtu))
+            a.connect(QpInfo(b.qpn, b.sq_psn, dst.hca.lid), path_ab, timeout=opts.timeout,
+                      retry_cnt=opts.retry_cnt, max_inflight=RING // 2)
+            b.connect(QpInfo(a.qpn, a.sq_psn, src.hca.lid), path_ba, timeout=opts.timeout,
+                      retry_cnt=opts.retry_cnt)
+            self.tx_qp, self.rx_qp = a, b
+        else:
+            u, v = src.hca.create_ud_qp(self.tx_cq), dst.hca.create_ud_qp(self.rx_cq)
+            u.activate(qkey=QKEY)
+            v.activate(qkey=QKEY)
+            self.tx_qp, self.rx_qp = u, v
+        for slot in range(RING):
+            self.rx_qp.post_recv(RecvWr(slot, [self._slot(self.rx_mr, slot)]))
+
+    def _slot(self, mr: object, slot: int) -> Sge:
+        size = self.opts.size
+        return Sge(mr.addr + slot * size, size, mr.lkey)  # type: ignore[attr-defined]
+
+    async def run(self, *, stop: trio.Event | None = None, task_status: trio.TaskStatus[None]
+                  = trio.TASK_STATUS_IGNORED) -> StreamRecord:
+        """Send until the duration/count is reached or ``stop`` is set; then drain briefly."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receiver)
+            nursery.start_soon(self._reaper)
+            task_status.started()
+            await self._sender(stop)
+            # Let the last packets (and any retransmission) arrive.
+            with trio.move_on_after(max(0.2, 4 * 4.096e-6 * (1 << self.opts.timeout))):
+                while self.record.delivered < self.record.sent:
+                    await self.dst.wait_progress()
+            nursery.cancel_scope.cancel()
+        self.record.retransmitted = self.tx_qp.stats.retransmitted
+        return self.record
+
+    async def _sender(self, stop: trio.Event | None) -> None:
+        opts, rec, buf = self.opts, self.record, self.tx_mr.buf
+        size = opts.size
+        t0 = time.monotonic_ns()
+        end = None if opts.duration_s is None else t0 + int(opts.duration_s * 1e9)
+        limit = opts.count
+        period_ns = 1e9 / opts.rate_pps
+        ud = opts.transport == "ud"
+        ah = AddressHandle(self.dst.hca.lid)
+        seq = 0
+        while True:
+            now = time.monotonic_ns()
+            if (stop is not None and stop.is_set()) or (end is not None and now >= end) or (
+                    limit is not None and seq >= limit):
+                return
+            due = int((now - t0) / period_ns) + 1
+            if limit is not None:
+                due = min(due, limit)
+            wrs = []
+            while seq < due:
+                slot = seq % RING
+                HEADER.pack_into(buf, slot * size, seq, now)
+                rec.sent_t_ns.append(now)
+                if ud:
+                    wrs.append(SendWr(seq, WrOpcode.SEND, [self._slot(self.tx_mr, slot)], ah=ah,
+                                      remote_qpn=self.rx_qp.qpn, remote_qkey=QKEY, signaled=slot % 64 == 63))
+                else:
+                    wrs.append(SendWr(seq, WrOpcode.SEND, [self._slot(self.tx_mr, slot)],
+                                      signaled=slot % 64 == 63))
+                seq += 1
+            rec.sent = seq
+            if wrs:
+                self.src.post(self.tx_qp, wrs)
+            await trio.sleep(TICK_S)
+
+    async def _receiver(self) -> None:
+        rec, cq, qp, buf, size = self.record, self.rx_cq, self.rx_qp, self.rx_mr.buf, self.opts.size
+        while True:
+            await self.dst.wait_progress()
+            now = time.monotonic_ns()
+            for wc in cq.poll(1 << 16):
+                if wc.opcode < WcOpcode.RECV:
+                    continue
+                if wc.status is WcStatus.SUCCESS:
+                    seq, _t_send = HEADER.unpack_from(buf, wc.wr_id * size)
+                    rec.recv_seq.append(seq)
+                    rec.recv_t_ns.append(now)
+                elif wc.status is not WcStatus.WR_FLUSH_ERR:
+                    rec.errors.append(f"receive: {wc.status.name}")
+                qp.post_recv(RecvWr(wc.wr_id, [self._slot(self.rx_mr, wc.wr_id)]))
+
+    async def _reaper(self) -> None:
+        """Take the sender's completions; an error ends the stream's QP (recorded)."""
+        while True:
+            await self.src.wait_progress()
+            for wc in self.tx_cq.poll(1 << 16):
+                if wc.status is not WcStatus.SUCCESS and not self.record.errors:
+                    self.record.errors.append(f"send: {wc.status.name}")

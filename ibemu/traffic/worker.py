@@ -1,0 +1,104 @@
+"""The traffic worker: the process that runs a scenario's flows on the hosts' cables.
+
+``python -m ibemu.traffic.worker SPEC OUT`` reads ``SPEC`` (JSON: ``t0_ns``, ``hosts``
+{name: {ns, ifname, peer_mac, lid}}, ``flows`` [flow dicts, see ``flows.run_flow``], ``mtu``),
+opens one HCA port per host (sockets entered into each host's namespace), runs every flow and
+writes ``OUT`` (JSON: ``flows`` [FlowOutput], ``ports`` {name: counters}). It runs apart
+from the agent host so that traffic and the fabric's management each have a core. SIGTERM
+or SIGINT stops the flows early; what was measured is still written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu.hca.nic import HcaPort
+from ibemu.traffic.endpoints import HostAddress, close_ports, open_ports
+from ibemu.traffic.flows import FlowOutput, run_flow
+
+log = logging.getLogger("ibemu.traffic.worker")
+
+
+def addresses(spec: dict[str, Any]) -> list[HostAddress]:
+    return [HostAddress(name, h["ns"], h["ifname"], bytes.fromhex(h["peer_mac"]), int(h["lid"]))
+            for name, h in spec["hosts"].items()]
+
+
+def port_counters(port: HcaPort) -> dict[str, int]:
+    st = port.hca.stats
+    return {"tx_packets": port.tx_packets, "tx_dropped": port.tx_dropped, "rx_frames": port.rx_frames,
+            "rx_packets": st.rx_packets, "malformed": st.malformed, "crc_errors": st.crc_errors,
+            "dlid_mismatch": st.dlid_mismatch, "unknown_qp": st.unknown_qp,
+            "pkey_violations": st.pkey_violations}
+
+
+async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutput]:
+    """Every flow of ``spec`` on ``ports``; stops early on SIGTERM/SIGINT."""
+    outputs: list[FlowOutput] = []
+    t0 = int(spec["t0_ns"])
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            for p in ports.values():
+                await nursery.start(p.serve)
+
+            async def _on_signal() -> None:
+                async for _ in signals:
+                    log.info("signal: stopping the flows")
+                    flows_scope.cancel()
+                    return
+
+            nursery.start_soon(_on_signal)
+            with trio.CancelScope() as flows_scope:
+                async with trio.open_nursery() as flows:
+                    for f in spec["flows"]:
+                        flows.start_soon(_collect, f, ports, t0, outputs)
+            nursery.cancel_scope.cancel()
+    names = {o.name for o in outputs}
+    for f in spec["flows"]:  # flows cut short by a signal: said so, not silently missing
+        if f["name"] not in names:
+            outputs.append(FlowOutput(f["name"], f["kind"], f.get("src") or "", f.get("dst") or "",
+                                      error="interrupted"))
+    return outputs
+
+
+async def _collect(flow: dict[str, Any], ports: dict[str, HcaPort], t0: int,
+                   outputs: list[FlowOutput]) -> None:
+    outputs.append(await run_flow(flow, ports, t0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ibemu.traffic.worker")
+    ap.add_argument("spec", type=Path)
+    ap.add_argument("out", type=Path)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    spec = json.loads(args.spec.read_text())
+    ports = open_ports(addresses(spec), mtu=int(spec.get("mtu", 4096)))
+    t_start = time.monotonic_ns()
+    try:
+        outputs = trio.run(run, spec, ports)
+        code = 0
+    except Exception:
+        log.exception("traffic worker failed")
+        outputs, code = [], 1
+    finally:
+        counters = {name: port_counters(p) for name, p in ports.items()}
+        close_ports(ports)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"started_ns": t_start, "flows": [o.as_dict() for o in outputs],
+                               "ports": counters}))
+    tmp.replace(args.out)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
