@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import socket
 import time
@@ -37,6 +38,8 @@ from ibemu.device.actions import (
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
+from ibemu.kernel.commands import KernelError
+from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.switch.forwarder import Forwarder, Reason
@@ -120,6 +123,9 @@ class AgentHost:
         self._delays_ns: dict[str, dict[int, int]] = {}
         self._rng = random.Random(0)
         self._nursery: trio.Nursery | None = None
+        self.dr_relay: DrRelay | None = None
+        self._relay_ids: dict[str, int] = {}
+        self._relay_on: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -141,11 +147,55 @@ class AgentHost:
             rt.carrier = {port: pp.ifname not in down for port, pp in rt.plan.ports.items()}
         self._opened = True
 
+    def open_dr_relay(self) -> None:
+        """Kernel datapath: relay directed-route SMPs at intermediate switches in the kernel
+        (``ibemu.kernel.dr_relay``, a bpf filter on each switch's tc block). Blocking (enters
+        the namespaces). Without eBPF, or with IBEMU_DR_RELAY=0, the agents relay them."""
+        if self.datapath != "kernel" or self.dr_relay is not None or os.environ.get("IBEMU_DR_RELAY") == "0":
+            return
+        switches = [(name, rt) for name, rt in self.nodes.items() if rt.plan.is_switch and rt.sockets]
+        if not switches:
+            return
+        try:
+            relay = DrRelay()
+        except (OSError, KernelError) as exc:
+            log.warning("directed-route SMPs stay with the agents (no eBPF relay: %s)", exc)
+            return
+        try:
+            for sid, (name, rt) in enumerate(switches, 1):
+                self._relay_ids[name] = sid
+                self._relay_on[name] = on = rt.powered and not rt.vl15_loss
+                for ifindex, port in rt.by_ifindex.items():
+                    pp = rt.plan.ports[port]
+                    relay.add_port(sid, port, ifindex, pp.mac, pp.peer_mac,
+                                   up=rt.carrier.get(port, False), enabled=on)
+                relay.attach(rt.plan.ns, prio=2)  # after the LFT (tc.KernelLft: prio 2)
+        except (OSError, KernelError) as exc:
+            log.warning("directed-route SMPs stay with the agents (attaching the eBPF relay failed: %s)", exc)
+            relay.close()
+            self._relay_ids.clear()
+            return
+        self.dr_relay = relay
+
+    def _sync_relay(self, name: str, rt: NodeRuntime) -> None:
+        """A switch's kernel relay runs only while its agent would relay every SMP itself:
+        powered and without an SMP-loss fault."""
+        relay, sid = self.dr_relay, self._relay_ids.get(name)
+        if relay is None or sid is None:
+            return
+        on = rt.powered and not rt.vl15_loss
+        if self._relay_on.get(name) != on:
+            self._relay_on[name] = on
+            relay.set_enabled(sid, on)
+
     def attach_mad_sink(self, node: str, sink: MadSink) -> None:
         """Where a CA's ``DeliverMad`` actions go (its MAD-socket server)."""
         self.nodes[node].mad_sink = sink
 
     def close(self) -> None:
+        if self.dr_relay is not None:
+            self.dr_relay.close()
+            self.dr_relay = None
         close_all(s for rt in self.nodes.values() for s in rt.sockets.values())
         for rt in self.nodes.values():
             rt.sockets.clear()
@@ -159,6 +209,7 @@ class AgentHost:
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self._opened:
             await trio.to_thread.run_sync(self.open)
+        await trio.to_thread.run_sync(self.open_dr_relay)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for name, rt in self.nodes.items():
@@ -272,6 +323,8 @@ class AgentHost:
                 if port is None or rt.carrier.get(port) == ev.carrier:
                     continue
                 rt.carrier[port] = ev.carrier
+                if self.dr_relay is not None and name in self._relay_ids:
+                    self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": "carrier", "t_ns": time.monotonic_ns(),
                                          "port": port, "up": ev.carrier})
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
@@ -282,6 +335,8 @@ class AgentHost:
             await trio.sleep(TICK_S)
             now = time.monotonic_ns()
             for name, rt in self.nodes.items():
+                if self.dr_relay is not None:
+                    self._sync_relay(name, rt)
                 actions = rt.agent.tick(now)
                 if actions:
                     self.dispatch(name, rt, actions)
@@ -313,9 +368,11 @@ class AgentHost:
                 if self.datapath == "user" and forwarder is not None:
                     self._apply_impairments(name, rt, forwarder)  # the cables' own delay/loss
             rt.powered = True
+            self._sync_relay(name, rt)
             rtnl.set_up(rt.plan.ns, ifnames, True)
         else:
             rt.powered = False
+            self._sync_relay(name, rt)
             rtnl.set_up(rt.plan.ns, ifnames, False)
 
     def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action]) -> None:

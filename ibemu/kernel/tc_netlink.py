@@ -44,6 +44,10 @@ TCA_U32_ACT = 7
 TCA_ACT_KIND = 1
 TCA_ACT_OPTIONS = 2
 TCA_MIRRED_PARMS = 2
+TCA_BPF_FD = 6
+TCA_BPF_NAME = 7
+TCA_BPF_FLAGS = 8
+TCA_BPF_FLAG_ACT_DIRECT = 1
 TC_U32_TERMINAL = 1
 TC_ACT_STOLEN = 4
 TCA_EGRESS_REDIR = 1
@@ -172,6 +176,30 @@ class BlockFilters:
         self._send_all(msgs)
         self._collect_acks(first_seq, len(msgs))
         return len(msgs)
+
+    def replace_dr_rule_with_bpf(self, prog_fd: int, *, name: str = "dr_relay", prio: int) -> None:
+        """Hand directed-route SMPs to a direct-action BPF program (``ibemu.kernel.dr_relay``)
+        instead of stopping them at the root rule: add it as a ``bpf`` filter at ``prio``
+        (after the LFT's, which a permissive DLID never matches), then delete the root rule
+        ``800::1`` that would stop them first. Frames the program does not take go on to the
+        stack, i.e. the SMA, as before. ``tc filter show block 1`` shows both changes."""
+        info = (prio << 16) | (self.info & 0xFFFF)
+        body = _TCMSG.pack(0, -1, 1, self.block, info) + _attr(TCA_KIND, b"bpf\0")
+        body += _attr(TCA_OPTIONS | NLA_F_NESTED,
+                      _attr(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _attr(TCA_BPF_NAME, name.encode() + b"\0")
+                      + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+        self._seq += 1
+        add = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWTFILTER,
+                             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body
+        root_info = self.info - (1 << 16)
+        body = _TCMSG.pack(0, -1, _u32_handle(0x800, 0, 1), self.block, root_info) + _attr(TCA_KIND, b"u32\0")
+        self._seq += 1
+        delete = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK,
+                                self._seq, 0) + body
+        self._send_all([add])
+        self._collect_acks(self._seq - 1, 1)
+        self._send_all([delete])
+        self._collect_acks(self._seq, 1)
 
     def _send_all(self, msgs: list[bytes]) -> None:
         chunk: list[bytes] = []

@@ -117,3 +117,97 @@ def test_an_agent_crash_is_reported_and_the_fabric_torn_down(state_dir: Path, tm
     assert "agent bug" in repr(exc.value) or any("agent bug" in repr(e) for e in getattr(exc.value, "exceptions", []))
     assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)
     assert not state.path.exists()
+
+
+def _dr_frame(hp: int, path: list[int], *, back: bool = False, rp: dict[int, int] | None = None) -> bytes:
+    from ibemu.device import madbuild as mb
+    from ibemu.device.packet import frame_mad
+
+    mad = bytearray(mb.dr_smp(mb.GET, 0x11, path=path, tid=7))
+    mad[6] = hp
+    if back:
+        mad[4] |= 0x80
+    for i, v in (rp or {}).items():
+        mad[192 + i] = v
+    return frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0, qkey=0, vl=15)
+
+
+def test_kernel_dr_relay_rewrites_as_the_agent_does() -> None:
+    """The eBPF relay's output is the switch agent's relay, byte for byte; what it must not
+    relay (the last hop, a bad port, a bad CRC, a disabled switch, an egress without
+    carrier) it leaves to the agent."""
+    from ibemu.kernel import bpf, dr_relay
+    from ibemu.switch.sma import SwitchAgent
+
+    dr_relay._self_check()
+    relay = dr_relay.DrRelay()
+    mac_in, peer_in = bytes([2, 0x1B, 0, 5, 3, 0]), bytes([2, 0x1B, 0, 9, 1, 0])
+    mac_out, peer_out = bytes([2, 0x1B, 0, 5, 4, 0]), bytes([2, 0x1B, 0, 7, 2, 0])
+    relay.add_port(5, 3, 1, mac_in, peer_in, up=True)  # test runs see ifindex 1 (lo)
+    relay.add_port(5, 4, 1, mac_out, peer_out, up=True)
+    sw = SwitchAgent(node_guid=0x1000, num_ports=8, link_up=[True] * 8)
+    eth = mac_in + peer_in + b"\x88\xb5"
+    try:
+        for pkt, relayed in [(_dr_frame(1, [1, 4, 3]), True),
+                             (_dr_frame(3, [1, 4, 3], back=True, rp={1: 2, 2: 4}), True),
+                             (_dr_frame(2, [1, 4]), False), (_dr_frame(1, [1, 9, 3]), False)]:
+            ret, out, _ns = bpf.test_run(relay.prog_fd, eth + pkt)
+            sends = [a for a in sw.receive(3, pkt) if isinstance(a, Send)]
+            if relayed:
+                assert ret == bpf.TC_ACT_REDIRECT
+                assert out[14:] == sends[0].packet and out[:12] == peer_out + mac_out
+            else:
+                assert ret == bpf.TC_ACT_UNSPEC
+        bad = bytearray(_dr_frame(1, [1, 4, 3]))
+        bad[100] ^= 1
+        assert bpf.test_run(relay.prog_fd, eth + bytes(bad))[0] == bpf.TC_ACT_UNSPEC
+        relay.set_enabled(5, False)
+        assert bpf.test_run(relay.prog_fd, eth + _dr_frame(1, [1, 4, 3]))[0] == bpf.TC_ACT_UNSPEC
+        relay.set_enabled(5, True)
+        relay.set_carrier(5, 4, False)
+        assert bpf.test_run(relay.prog_fd, eth + _dr_frame(1, [1, 4, 3]))[0] == bpf.TC_ACT_UNSPEC
+    finally:
+        relay.close()
+
+
+def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_path: Path) -> None:
+    """A DR NodeInfo through 3 switches is answered by the third; the first two relay it in
+    the kernel (their agents never see it) unless an SMP-loss fault is set on them."""
+    from ibemu.device import madbuild as mb
+    from ibemu.fabric.agents import make_agents
+    from ibemu.hca.umad import SimRequest
+    from ibemu.hca.umad_client import UmadClient
+
+    topo = generate("fat-tree", k=4)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-dr-relay")
+    rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path)
+    edge = topo.peer("h0", 1)
+    assert edge is not None
+    up = next(p for p, e in topo.neighbors(edge.node) if (topo.node(e.node).level or 0) > (topo.node(edge.node).level or 0))
+    agg = topo.peer(edge.node, up)
+    assert agg is not None
+    up2 = next(p for p, e in topo.neighbors(agg.node) if (topo.node(e.node).level or 0) > (topo.node(agg.node).level or 0))
+
+    async def main() -> None:
+        async with rt.running() as host:
+            assert host.dr_relay is not None
+            client = await UmadClient.connect(host.nodes["h0"].plan.ns)
+            try:
+                for tid, relay_on in ((1, True), (2, False)):
+                    host.nodes[edge.node].vl15_loss = 0.0 if relay_on else 1e-9
+                    host._sync_relay(edge.node, host.nodes[edge.node])
+                    seen = host.nodes[edge.node].agent.ports[edge.port].counters.rcv_pkts  # type: ignore[attr-defined]
+                    client.send(SimRequest(dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0,
+                                           mad=mb.dr_smp(mb.GET, 0x11, path=[1, up, up2], tid=tid)))
+                    with trio.fail_after(5):
+                        resp = await client.recv()
+                    assert resp.status == 0 and resp.mad[4] & 0x80 and resp.mad[3] == 0x81
+                    assert int.from_bytes(resp.mad[64 + 12 : 64 + 20], "big") == topo.node(
+                        topo.peer(agg.node, up2).node).guid  # type: ignore[union-attr]
+                    now = host.nodes[edge.node].agent.ports[edge.port].counters.rcv_pkts  # type: ignore[attr-defined]
+                    assert (now == seen) == relay_on
+            finally:
+                client.close()
+
+    trio.run(main)
+    assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)

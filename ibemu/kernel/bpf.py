@@ -1,0 +1,263 @@
+"""eBPF without a compiler: the bpf() syscall through ctypes and a small bytecode assembler.
+
+Enough for the programs ibemu loads itself (``ibemu.kernel.dr_relay``): array and hash maps,
+a SCHED_CLS program written with ``Asm``, used as a cls_bpf filter (``tc_netlink``), and
+BPF_PROG_TEST_RUN to try it on a packet. (A TCX link per interface would also work, but
+every attach and detach waits for an RCU grace period under the RTNL lock: ~10 ms per port,
+seconds for a fabric.) Encodings: linux/bpf.h, linux/bpf_common.h. Every object is a file
+descriptor owned by this process; a filter using a program keeps it alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ibemu.kernel.commands import KernelError
+
+SYS_BPF = 321  # x86_64
+
+BPF_MAP_CREATE = 0
+BPF_MAP_LOOKUP_ELEM = 1
+BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_DELETE_ELEM = 3
+BPF_PROG_LOAD = 5
+BPF_PROG_TEST_RUN = 10
+
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_ARRAY = 2
+BPF_PROG_TYPE_SCHED_CLS = 3
+
+TC_ACT_UNSPEC = -1  # direct action: go on with the next filter
+TC_ACT_OK = 0
+TC_ACT_REDIRECT = 7
+
+FN_MAP_LOOKUP_ELEM = 1
+FN_REDIRECT = 23
+
+# __sk_buff fields
+SKB_LEN = 0
+SKB_IFINDEX = 40
+SKB_DATA = 76
+SKB_DATA_END = 80
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+def _bpf(cmd: int, attr: bytes | bytearray) -> int:
+    buf = ctypes.create_string_buffer(bytes(attr), len(attr))
+    ret = _libc.syscall(SYS_BPF, cmd, buf, len(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return int(ret)
+
+
+def _addr(buf: ctypes.Array[ctypes.c_char]) -> int:
+    return ctypes.addressof(buf)
+
+
+class Map:
+    """A BPF map: ``update(key, value)`` with raw bytes, ``lookup``, ``delete``."""
+
+    def __init__(self, map_type: int, key_size: int, value_size: int, max_entries: int,
+                 name: str = "") -> None:
+        # map_type, key_size, value_size, max_entries, map_flags, inner_map_fd, numa_node, name
+        attr = struct.pack("=7I", map_type, key_size, value_size, max_entries, 0, 0, 0)
+        attr = (attr + name.encode()[:15].ljust(16, b"\0")).ljust(128, b"\0")
+        self.fd = _bpf(BPF_MAP_CREATE, attr)
+        self.key_size, self.value_size = key_size, value_size
+
+    def update(self, key: bytes, value: bytes) -> None:
+        if len(key) != self.key_size or len(value) != self.value_size:
+            raise ValueError("key/value size does not match the map")
+        k = ctypes.create_string_buffer(key, len(key))
+        v = ctypes.create_string_buffer(value, len(value))
+        _bpf(BPF_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", self.fd, 0, _addr(k), _addr(v), 0).ljust(128, b"\0"))
+
+    def lookup(self, key: bytes) -> bytes | None:
+        k = ctypes.create_string_buffer(key, len(key))
+        v = ctypes.create_string_buffer(self.value_size)
+        try:
+            _bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("=IIQQQ", self.fd, 0, _addr(k), _addr(v), 0).ljust(128, b"\0"))
+        except FileNotFoundError:
+            return None
+        return v.raw
+
+    def delete(self, key: bytes) -> bool:
+        k = ctypes.create_string_buffer(key, len(key))
+        try:
+            _bpf(BPF_MAP_DELETE_ELEM, struct.pack("=IIQ", self.fd, 0, _addr(k)).ljust(128, b"\0"))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def load_program(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS, name: str = "",
+                 expected_attach_type: int = 0) -> int:
+    """Load (and verify) a program; returns its fd. A rejection raises with the verifier's log."""
+    license_ = ctypes.create_string_buffer(b"GPL")
+    code = ctypes.create_string_buffer(insns, len(insns))
+
+    def attempt(log_level: int, log_size: int) -> tuple[int, ctypes.Array[ctypes.c_char] | None]:
+        log = ctypes.create_string_buffer(log_size) if log_size else None
+        attr = struct.pack("=IIQQIIQII", prog_type, len(insns) // 8, _addr(code), _addr(license_),
+                           log_level, log_size, _addr(log) if log is not None else 0, 0, 0)
+        attr += name.encode()[:15].ljust(16, b"\0") + struct.pack("=II", 0, expected_attach_type)
+        return _bpf(BPF_PROG_LOAD, attr.ljust(128, b"\0")), log
+
+    try:
+        return attempt(0, 0)[0]
+    except OSError as exc:
+        log_text = verifier_log(insns, prog_type=prog_type)
+        raise KernelError(f"BPF program {name!r} rejected: {exc}\n{log_text[-3000:]}") from exc
+
+
+def verifier_log(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> str:
+    """The verifier's log for ``insns`` (for debugging a program)."""
+    license_ = ctypes.create_string_buffer(b"GPL")
+    code = ctypes.create_string_buffer(insns, len(insns))
+    log = ctypes.create_string_buffer(1 << 22)
+    attr = struct.pack("=IIQQIIQII", prog_type, len(insns) // 8, _addr(code), _addr(license_),
+                       1, len(log), _addr(log), 0, 0).ljust(128, b"\0")
+    try:
+        fd = _bpf(BPF_PROG_LOAD, attr)
+        os.close(fd)
+    except OSError:
+        pass
+    return log.value.decode(errors="replace")
+
+
+def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
+    """BPF_PROG_TEST_RUN: (return value, packet after the run, average ns per run)."""
+    din = ctypes.create_string_buffer(data, len(data))
+    dout = ctypes.create_string_buffer(len(data) + 256)
+    attr = bytearray(struct.pack("=IIIIQQII", prog_fd, 0, len(data), len(dout), _addr(din), _addr(dout),
+                                 repeat, 0).ljust(128, b"\0"))
+    buf = ctypes.create_string_buffer(bytes(attr), len(attr))
+    ret = _libc.syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, len(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"BPF_PROG_TEST_RUN: {os.strerror(err)}")
+    raw = buf.raw
+    retval = struct.unpack_from("=I", raw, 4)[0]
+    size_out = struct.unpack_from("=I", raw, 12)[0]
+    duration = struct.unpack_from("=I", raw, 36)[0]
+    return ctypes.c_int32(retval).value, dout.raw[:size_out], duration
+
+
+# ---------------------------------------------------------------------- assembler
+
+R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10 = range(11)
+
+_SIZE = {1: 0x10, 2: 0x08, 4: 0x00, 8: 0x18}
+_ALU = {"add": 0x00, "sub": 0x10, "mul": 0x20, "div": 0x30, "or": 0x40, "and": 0x50, "lsh": 0x60,
+        "rsh": 0x70, "neg": 0x80, "mod": 0x90, "xor": 0xA0, "mov": 0xB0, "arsh": 0xC0}
+_JMP = {"ja": 0x00, "jeq": 0x10, "jgt": 0x20, "jge": 0x30, "jset": 0x40, "jne": 0x50, "jsgt": 0x60,
+        "jsge": 0x70, "jlt": 0xA0, "jle": 0xB0, "jslt": 0xC0, "jsle": 0xD0}
+
+
+def _insn(op: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    return struct.pack("<BBhi", op, (src << 4) | dst, off, ctypes.c_int32(imm).value)
+
+
+@dataclass
+class Asm:
+    """Instructions with symbolic jump labels: ``a.jmp("jne", R2, 5, "next")``, ``a.label("next")``."""
+
+    code: list[bytes | tuple[int, int, int, int, str]] = field(default_factory=list)
+    labels: dict[str, int] = field(default_factory=dict)
+    _n: int = 0
+
+    def _emit(self, b: bytes) -> None:
+        self.code.append(b)
+
+    def label(self, name: str) -> None:
+        if name in self.labels:
+            raise ValueError(f"label {name!r} defined twice")
+        self.labels[name] = len(self.code)
+
+    def fresh(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}.{self._n}"
+
+    # ALU
+    def alu64(self, op: str, dst: int, src_or_imm: int, *, reg: bool = False) -> None:
+        code = 0x07 | _ALU[op] | (0x08 if reg else 0)
+        self._emit(_insn(code, dst, src_or_imm if reg else 0, 0, 0 if reg else src_or_imm))
+
+    def alu32(self, op: str, dst: int, src_or_imm: int, *, reg: bool = False) -> None:
+        code = 0x04 | _ALU[op] | (0x08 if reg else 0)
+        self._emit(_insn(code, dst, src_or_imm if reg else 0, 0, 0 if reg else src_or_imm))
+
+    def mov(self, dst: int, src: int) -> None:
+        self.alu64("mov", dst, src, reg=True)
+
+    def movi(self, dst: int, imm: int) -> None:
+        self.alu64("mov", dst, imm)
+
+    def ld_map_fd(self, dst: int, fd: int) -> None:
+        self._emit(_insn(0x18, dst, 1, 0, fd))  # BPF_PSEUDO_MAP_FD
+        self._emit(_insn(0, 0, 0, 0, 0))
+
+    # memory
+    def ldx(self, size: int, dst: int, src: int, off: int) -> None:
+        self._emit(_insn(0x61 | _SIZE[size], dst, src, off, 0))
+
+    def stx(self, size: int, dst: int, off: int, src: int) -> None:
+        self._emit(_insn(0x63 | _SIZE[size], dst, src, off, 0))
+
+    def st(self, size: int, dst: int, off: int, imm: int) -> None:
+        self._emit(_insn(0x62 | _SIZE[size], dst, 0, off, imm))
+
+    # control
+    def jmp(self, op: str, dst: int, src_or_imm: int, target: str, *, reg: bool = False) -> None:
+        code = 0x05 | _JMP[op] | (0x08 if reg else 0)
+        self.code.append((code, dst, src_or_imm if reg else 0, 0 if reg else src_or_imm, target))
+
+    def goto(self, target: str) -> None:
+        self.code.append((0x05, 0, 0, 0, target))
+
+    def call(self, fn: int) -> None:
+        self._emit(_insn(0x85, 0, 0, 0, fn))
+
+    def exit(self) -> None:
+        self._emit(_insn(0x95))
+
+    def assemble(self) -> bytes:
+        # ld_imm64 occupies two slots: positions already count per list item, which is one
+        # 8-byte instruction each (the second half is its own item), so offsets are direct.
+        out = []
+        for i, item in enumerate(self.code):
+            if isinstance(item, bytes):
+                out.append(item)
+                continue
+            code, dst, src, imm, target = item
+            if target not in self.labels:
+                raise ValueError(f"undefined label {target!r}")
+            out.append(_insn(code, dst, src, self.labels[target] - i - 1, imm))
+        return b"".join(out)
+
+
+def crc_table(poly_reflected: int, width: int) -> list[int]:
+    """Byte-wise table of a reflected CRC (``crc = T[(crc ^ b) & 0xff] ^ (crc >> 8)``)."""
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ poly_reflected if c & 1 else c >> 1
+        table.append(c & ((1 << width) - 1))
+    return table
+
+
+def pack_u32s(values: Sequence[int]) -> bytes:
+    return struct.pack(f"<{len(values)}I", *values)
