@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -27,6 +28,7 @@ import trio
 
 from ibemu.hca.transport import Hca, RcQp, SendWr, UdQp
 from ibemu.hca.transport.actions import Send
+from ibemu.hca.transport.hca import FIRST_QPN
 from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import ETH_P_IB, mac_address, open_packet_socket
 from ibemu.wire import fast
@@ -37,13 +39,17 @@ ETH_LEN = 14
 RECV_BATCH = 128
 MAX_FRAME = 9216
 PORT_BUFFER = 32 << 20
+SO_TIMESTAMPNS = 35
+CMSG_SPACE = 64
+_TIMESPEC = struct.Struct("qq")
 """Socket buffers of a host port: a window of 256 4 KiB packets per QP, several QPs."""
 
 
 class HcaPort:
     """One host port: an ``Hca`` transport on a packet socket, with trio receive and timer tasks."""
 
-    def __init__(self, sock: socket.socket, hca: Hca, peer_mac: bytes, *, name: str = "") -> None:
+    def __init__(self, sock: socket.socket, hca: Hca, peer_mac: bytes, *, name: str = "",
+                 timestamps: bool = False) -> None:
         self.sock = sock
         self.hca = hca
         self.name = name or f"lid{hca.lid}"
@@ -54,28 +60,45 @@ class HcaPort:
         self.rx_runts = 0
         self.on_receive: list[Callable[[], None]] = []
         """Called after every receive batch (e.g. to poll memory, as write_lat does)."""
+        self.on_frame: list[Callable[[int], None]] = []
+        """Called after each received frame with its arrival time (monotonic ns): the kernel's
+        receive stamp with ``timestamps``, else the time this process read it."""
+        self.timestamps = timestamps
+        self._real_minus_mono = 0
+        if timestamps:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            self._sync_clocks()
         self._progress = trio.Event()
         self._kick = trio.Event()
         self._timer_at: int | None = None
 
     @classmethod
     def open(cls, ns: str | None, ifname: str, peer_mac: bytes, lid: int, *, mtu: int = 4096,
-             port: int = 1, seed: int | None = None, name: str = "") -> HcaPort:
+             port: int = 1, seed: int | None = None, name: str = "",
+             qpns: tuple[int, int] | None = None, timestamps: bool = False) -> HcaPort:
         """Open the port's socket on ``ifname`` in ``ns`` (None: this namespace). Blocking.
 
-        ``peer_mac``: the far end of the cable (the frames' Ethernet destination).
+        ``peer_mac``: the far end of the cable (the frames' Ethernet destination). ``qpns``:
+        this process's QP numbers ``(first, end)`` when several processes share the port
+        (the kernel gives each only its own QPs' frames); default: every data QP.
+        ``timestamps``: frames carry the kernel's receive time (``on_frame``).
         """
-        sock = open_packet_socket(ns, ifname, ETH_P_IB, bpf=sockfilter.DATA_ONLY,
-                                  buffer_bytes=PORT_BUFFER)
+        bpf = sockfilter.DATA_ONLY if qpns is None else sockfilter.qp_range(*qpns)
+        sock = open_packet_socket(ns, ifname, ETH_P_IB, bpf=bpf, buffer_bytes=PORT_BUFFER)
         try:
-            return cls(sock, Hca(lid=lid, port=port, mtu=mtu, seed=seed), peer_mac,
-                       name=name or ifname)
+            hca = Hca(lid=lid, port=port, mtu=mtu, seed=seed,
+                      first_qpn=qpns[0] if qpns else FIRST_QPN)
+            return cls(sock, hca, peer_mac, name=name or ifname, timestamps=timestamps)
         except BaseException:
             sock.close()
             raise
 
     def close(self) -> None:
         self.sock.close()
+
+    def _sync_clocks(self) -> None:
+        """Kernel receive stamps are CLOCK_REALTIME: keep its offset from the monotonic clock."""
+        self._real_minus_mono = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
 
     # -- transmit ------------------------------------------------------------------------
     def transmit(self, sends: Iterable[Send]) -> None:
@@ -124,13 +147,24 @@ class HcaPort:
 
     async def _receiver(self) -> None:
         sock, hca = self.sock, self.hca
-        recv, receive, transmit = sock.recv, hca.receive, self.transmit
+        recv, recvmsg, receive, transmit = sock.recv, sock.recvmsg, hca.receive, self.transmit
+        frame_hooks = self.on_frame
+        stamped = self.timestamps
+        batches = 0
         while True:
             await trio.lowlevel.wait_readable(sock)
             got = 0
+            if stamped and batches % 1024 == 0:
+                self._sync_clocks()
+            batches += 1
             for _ in range(RECV_BATCH):
+                t_ns = 0
                 try:
-                    frame = recv(MAX_FRAME)
+                    if stamped:
+                        frame, anc, _flags, _addr = recvmsg(MAX_FRAME, CMSG_SPACE)
+                        t_ns = _stamp(anc) - self._real_minus_mono
+                    else:
+                        frame = recv(MAX_FRAME)
                 except BlockingIOError:
                     break
                 except OSError as exc:  # the interface went away (a torn-down fabric)
@@ -143,6 +177,11 @@ class HcaPort:
                 out = receive(memoryview(frame)[ETH_LEN:])
                 if out:
                     transmit(out)
+                if frame_hooks:
+                    if not stamped:
+                        t_ns = time.monotonic_ns()
+                    for fhook in frame_hooks:
+                        fhook(t_ns)
             self.rx_frames += got
             for hook in self.on_receive:
                 hook()
@@ -169,3 +208,11 @@ class HcaPort:
             self._signal_progress()
             await trio.lowlevel.checkpoint()
 
+
+def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int:
+    """The SCM_TIMESTAMPNS of a received frame (CLOCK_REALTIME ns); 0 when absent."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return int(sec * 1_000_000_000 + nsec)
+    return time.clock_gettime_ns(time.CLOCK_REALTIME)

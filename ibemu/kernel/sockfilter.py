@@ -24,6 +24,7 @@ _LD_W_ABS = 0x20
 _ALU_AND_K = 0x54
 _JEQ_K = 0x15
 _JGT_K = 0x25
+_JGE_K = 0x35
 _RET_K = 0x06
 
 _ETH = 14
@@ -39,19 +40,41 @@ Insn = tuple[int, int, int, int]
 def _qp_split(mad_side: bool) -> list[Insn]:
     """Accept frames for QP0/QP1 (``mad_side``) or for every other QP (the data side)."""
     mad, data = (ACCEPT, 0) if mad_side else (0, ACCEPT)
+    return _qp_prefix(mad) + [
+        (_JGT_K, 0, 1, 1),                     # 9: DestQP > 1 -> 10 else 11
+        (_RET_K, 0, 0, data),                  # 10
+        (_RET_K, 0, 0, mad),                   # 11
+    ]
+
+
+def _qp_prefix(raw_verdict: int) -> list[Insn]:
+    """Load DestQP into A (instructions 0-8); raw IB frames get ``raw_verdict``."""
     return [
         (_LD_B_ABS, 0, 0, _LRH_B1),            # 0: A = LRH byte 1
         (_ALU_AND_K, 0, 0, 3),                 # 1: A = LNH
         (_JEQ_K, 2, 0, 2),                     # 2: LNH 2 (BTH follows) -> 5
         (_JEQ_K, 3, 0, 3),                     # 3: LNH 3 (GRH, then BTH) -> 7
-        (_RET_K, 0, 0, mad),                   # 4: raw IB or IPv6: the management side
+        (_RET_K, 0, 0, raw_verdict),           # 4: raw IB or IPv6
         (_LD_W_ABS, 0, 0, _QP_WORD_LOCAL),     # 5
         (0x05, 0, 0, 1),                       # 6: ja +1 -> 8
         (_LD_W_ABS, 0, 0, _QP_WORD_GLOBAL),    # 7
         (_ALU_AND_K, 0, 0, 0xFFFFFF),          # 8: A = DestQP
-        (_JGT_K, 0, 1, 1),                     # 9: DestQP > 1 -> 10 else 11
-        (_RET_K, 0, 0, data),                  # 10
-        (_RET_K, 0, 0, mad),                   # 11
+    ]
+
+
+def qp_range(first: int, end: int) -> list[Insn]:
+    """Frames for QPs ``first`` .. ``end - 1`` only: one process's share of a host port.
+
+    Processes that share a host port (two flows ending on one host) take disjoint QP number
+    ranges, and the kernel hands each only its own frames, as an HCA demultiplexes QPs.
+    """
+    if not 2 <= first < end <= 1 << 24:
+        raise ValueError("a QP range lies within 2 .. 2^24")
+    return _qp_prefix(0) + [
+        (_JGE_K, 0, 2, first),                 # 9: DestQP >= first -> 10 else 12
+        (_JGE_K, 1, 0, end),                   # 10: DestQP >= end -> 12 else 11
+        (_RET_K, 0, 0, ACCEPT),                # 11
+        (_RET_K, 0, 0, 0),                     # 12
     ]
 
 
@@ -92,6 +115,8 @@ def matches(program: list[Insn], frame: bytes) -> bool:
             pc += jt if a == k else jf
         elif op == _JGT_K:
             pc += jt if a > k else jf
+        elif op == _JGE_K:
+            pc += jt if a >= k else jf
         else:  # pragma: no cover - only the opcodes above are emitted
             raise ValueError(f"opcode {op:#x}")
         pc += 1

@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 WARMUP_S = 1.0
 """From launching the traffic worker to the flows' time zero (it imports, opens sockets)."""
 DRAIN_S = 30.0
+QPN_BASE = 0x100
+QPNS_PER_FLOW = 0x10000
+"""Each flow's worker numbers its QPs in its own range (workers may share a host port)."""
 TIMELINE_BIN_S = 0.05
 
 Progress = Callable[[str, str], None]
@@ -89,7 +92,7 @@ class ScenarioRun:
         self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
                                 state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
                                 sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
-        self.worker: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
         self.t0_ns = 0
         self.t_end_ns = 0
         self.faults_injected: list[dict[str, Any]] = []
@@ -118,8 +121,8 @@ class ScenarioRun:
             self.interrupted = True
             self.progress("teardown", "interrupted: torn down")
         self.progress("teardown", f"done in {time.perf_counter() - t_start:.1f} s")
-        if self.worker is not None and not outputs:
-            outputs = self._read_worker()
+        if self.workers and not outputs:
+            outputs = self._read_workers()
         return self._result(bringup, outputs, time.perf_counter() - t_start)
 
     async def _traffic_and_faults(self, host: AgentHost) -> list[FlowOutput]:
@@ -127,15 +130,12 @@ class ScenarioRun:
         spec = self._worker_spec(host)
         self.progress("warm-up", f"{len(scen.traffic)} flows on {len(spec['hosts'])} hosts, "
                                  f"{len(scen.faults)} faults, {scen.duration_s:g} s")
-        spec_path = self.run_dir / "traffic.json"
-        spec_path.write_text(json.dumps(spec))
         injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
-        if spec["flows"]:
-            self.worker = subprocess.Popen(
-                [sys.executable, "-m", "ibemu.traffic.worker", str(spec_path), str(self.run_dir / "flows.json")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=open(self.run_dir / "traffic.log", "wb"))  # noqa: SIM115
-            self.state.claim_process(self.worker.pid, "traffic-worker")
+        for i, flow in enumerate(spec["flows"]):
+            self._start_worker(i, {**spec, "flows": [flow],
+                                   "hosts": {h: spec["hosts"][h] for h in flow["hosts"]},
+                                   "qpns": [QPN_BASE + i * QPNS_PER_FLOW, QPN_BASE + (i + 1) * QPNS_PER_FLOW],
+                                   "timestamps": flow["kind"] == "stream"})
         try:
             async with trio.open_nursery() as nursery:
                 for link_name in self.captures:
@@ -148,20 +148,32 @@ class ScenarioRun:
                 await trio.sleep_until(t0_trio + scen.duration_s)
                 self.t_end_ns = time.monotonic_ns()
                 self.progress("drain", "waiting for the flows to finish")
-                await self._wait_worker()
+                await self._wait_workers()
                 nursery.cancel_scope.cancel()
         except KeyboardInterrupt:
             self.interrupted = True
             self.t_end_ns = self.t_end_ns or time.monotonic_ns()
             self.progress("drain", "interrupted: collecting what was measured")
             with trio.CancelScope(shield=True):
-                await self._wait_worker(signal_first=True)
+                await self._wait_workers(signal_first=True)
         finally:
             self.faults_injected = list(injector.injected)
-            if self.worker is not None and self.worker.poll() is None:  # an error above
-                self.worker.kill()
-                self.worker.wait()
-        return self._read_worker()
+            for proc in self.workers:
+                if proc.poll() is None:  # an error above
+                    proc.kill()
+                    proc.wait()
+        return self._read_workers()
+
+    def _start_worker(self, index: int, spec: dict[str, Any]) -> None:
+        spec_path = self.run_dir / f"traffic-{index}.json"
+        spec_path.write_text(json.dumps(spec))
+        with open(self.run_dir / f"traffic-{index}.log", "wb") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ibemu.traffic.worker", str(spec_path),
+                 str(self.run_dir / f"flows-{index}.json")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        self.workers.append(proc)
+        self.state.claim_process(proc.pid, f"traffic-worker-{index}")
 
     def _worker_spec(self, host: AgentHost) -> dict[str, Any]:
         scen = self.scen
@@ -188,28 +200,30 @@ class ScenarioRun:
         self.capture_files.append(str(path))
         await capture(plan.ns, plan.ports[int(port)].ifname, path, task_status=task_status)
 
-    async def _wait_worker(self, *, signal_first: bool = False) -> None:
-        proc = self.worker
-        if proc is None:
-            return
-        if signal_first and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    async def _wait_workers(self, *, signal_first: bool = False) -> None:
+        if signal_first:
+            for proc in self.workers:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
         deadline = trio.current_time() + DRAIN_S
-        while proc.poll() is None and trio.current_time() < deadline:
+        while any(p.poll() is None for p in self.workers) and trio.current_time() < deadline:
             await trio.sleep(0.05)
-        if proc.poll() is None:
-            log.warning("traffic worker still running after %.0f s: stopping it", DRAIN_S)
-            proc.send_signal(signal.SIGTERM)
-            await trio.to_thread.run_sync(proc.wait)
+        for proc in self.workers:
+            if proc.poll() is None:
+                log.warning("traffic worker %d still running after %.0f s: stopping it", proc.pid, DRAIN_S)
+                proc.send_signal(signal.SIGTERM)
+                await trio.to_thread.run_sync(proc.wait)
 
-    def _read_worker(self) -> list[FlowOutput]:
-        path = self.run_dir / "flows.json"
-        if not path.exists():
-            if self.worker is not None and self.worker.poll() not in (None, 0):
-                log.error("traffic worker failed; see %s", self.run_dir / "traffic.log")
-            return []
-        data = json.loads(path.read_text())
-        return [FlowOutput.from_dict(d) for d in data["flows"]]
+    def _read_workers(self) -> list[FlowOutput]:
+        outputs: list[FlowOutput] = []
+        for i, proc in enumerate(self.workers):
+            path = self.run_dir / f"flows-{i}.json"
+            if not path.exists():
+                if proc.poll() not in (None, 0):
+                    log.error("traffic worker %d failed; see %s", i, self.run_dir / f"traffic-{i}.log")
+                continue
+            outputs.extend(FlowOutput.from_dict(d) for d in json.loads(path.read_text())["flows"])
+        return outputs
 
     # ------------------------------------------------------------------ the result
 

@@ -62,13 +62,18 @@ def query_lid(ns: str | None, *, timeout_s: float = 2.0) -> int:
         client.close()
 
 
-def open_ports(addresses: Iterable[HostAddress], *, mtu: int = 4096) -> dict[str, HcaPort]:
-    """One ``HcaPort`` per host (blocking: before trio or in a worker thread)."""
+def open_ports(addresses: Iterable[HostAddress], *, mtu: int = 4096,
+               qpns: tuple[int, int] | None = None, timestamps: bool = False) -> dict[str, HcaPort]:
+    """One ``HcaPort`` per host (blocking: before trio or in a worker thread).
+
+    ``qpns``/``timestamps``: see ``HcaPort.open`` (a process sharing hosts with others).
+    """
     ports: dict[str, HcaPort] = {}
     try:
         for a in addresses:
             if a.name not in ports:
-                ports[a.name] = HcaPort.open(a.ns, a.ifname, a.peer_mac, a.lid, mtu=mtu, name=a.name)
+                ports[a.name] = HcaPort.open(a.ns, a.ifname, a.peer_mac, a.lid, mtu=mtu, name=a.name,
+                                             qpns=qpns, timestamps=timestamps)
     except BaseException:
         close_ports(ports)
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 import trio
@@ -107,6 +108,17 @@ class Stream:
             self.tx_qp, self.rx_qp = u, v
         for slot in range(RING):
             self.rx_qp.post_recv(RecvWr(slot, [self._slot(self.rx_mr, slot)]))
+        # Every receive completion gets its frame's arrival time (the kernel's stamp when the
+        # port has them): the CQ is FIFO, so stamps queue in the same order.
+        self._stamps: deque[int] = deque()
+        self._stamped = 0
+        dst.on_frame.append(self._on_frame)
+
+    def _on_frame(self, t_ns: int) -> None:
+        n = len(self.rx_cq)
+        while self._stamped < n:
+            self._stamps.append(t_ns)
+            self._stamped += 1
 
     def _slot(self, mr: object, slot: int) -> Sge:
         size = self.opts.size
@@ -125,6 +137,7 @@ class Stream:
                 while self.record.delivered < self.record.sent:
                     await self.dst.wait_progress()
             nursery.cancel_scope.cancel()
+        self.dst.on_frame.remove(self._on_frame)
         self.record.retransmitted = self.tx_qp.stats.retransmitted
         return self.record
 
@@ -165,16 +178,19 @@ class Stream:
 
     async def _receiver(self) -> None:
         rec, cq, qp, buf, size = self.record, self.rx_cq, self.rx_qp, self.rx_mr.buf, self.opts.size
+        stamps = self._stamps
         while True:
             await self.dst.wait_progress()
-            now = time.monotonic_ns()
-            for wc in cq.poll(1 << 16):
+            wcs = cq.poll(1 << 16)
+            self._stamped -= len(wcs)
+            for wc in wcs:
+                t_ns = stamps.popleft() if stamps else time.monotonic_ns()
                 if wc.opcode < WcOpcode.RECV:
                     continue
                 if wc.status is WcStatus.SUCCESS:
                     seq, _t_send = HEADER.unpack_from(buf, wc.wr_id * size)
                     rec.recv_seq.append(seq)
-                    rec.recv_t_ns.append(now)
+                    rec.recv_t_ns.append(t_ns)
                 elif wc.status is not WcStatus.WR_FLUSH_ERR:
                     rec.errors.append(f"receive: {wc.status.name}")
                 qp.post_recv(RecvWr(wc.wr_id, [self._slot(self.rx_mr, wc.wr_id)]))

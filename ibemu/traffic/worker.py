@@ -1,11 +1,15 @@
 """The traffic worker: the process that runs a scenario's flows on the hosts' cables.
 
 ``python -m ibemu.traffic.worker SPEC OUT`` reads ``SPEC`` (JSON: ``t0_ns``, ``hosts``
-{name: {ns, ifname, peer_mac, lid}}, ``flows`` [flow dicts, see ``flows.run_flow``], ``mtu``),
-opens one HCA port per host (sockets entered into each host's namespace), runs every flow and
-writes ``OUT`` (JSON: ``flows`` [FlowOutput], ``ports`` {name: counters}). It runs apart
-from the agent host so that traffic and the fabric's management each have a core. SIGTERM
-or SIGINT stops the flows early; what was measured is still written.
+{name: {ns, ifname, peer_mac, lid}}, ``flows`` [flow dicts, see ``flows.run_flow``], ``mtu``,
+``qpns`` [first, end] and ``timestamps``), opens one HCA port per host (sockets entered into
+each host's namespace), runs every flow and writes ``OUT`` (JSON: ``flows`` [FlowOutput],
+``ports`` {name: counters}).
+
+The runner starts one worker per flow, apart from the agent host: a busy bulk flow then
+cannot delay a probe stream's sends, and management keeps its own core. Workers sharing a
+host take disjoint QP number ranges (``qpns``), so the kernel gives each only its frames.
+SIGTERM or SIGINT stops the flows early; what was measured is still written.
 """
 
 from __future__ import annotations
@@ -82,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = json.loads(args.spec.read_text())
-    ports = open_ports(addresses(spec), mtu=int(spec.get("mtu", 4096)))
+    qpns = spec.get("qpns")
+    ports = open_ports(addresses(spec), mtu=int(spec.get("mtu", 4096)),
+                       qpns=(int(qpns[0]), int(qpns[1])) if qpns else None,
+                       timestamps=bool(spec.get("timestamps", False)))
     t_start = time.monotonic_ns()
     try:
         outputs = trio.run(run, spec, ports)

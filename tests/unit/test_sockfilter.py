@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ibemu.kernel.sockfilter import DATA_ONLY, MANAGEMENT_ONLY, matches
+from ibemu.kernel.sockfilter import DATA_ONLY, MANAGEMENT_ONLY, matches, qp_range
 from ibemu.wire import fast
 
 ETH = fast.ethernet_header(b"\x02" * 6, b"\x04" * 6)
@@ -35,3 +35,16 @@ def test_raw_packets_go_to_the_agent_which_counts_them() -> None:
 def test_runts_are_dropped_by_both() -> None:
     assert not matches(DATA_ONLY, ETH + b"\x00\x02")
     assert not matches(MANAGEMENT_ONLY, ETH + b"\x00\x02\x00")
+
+
+@pytest.mark.parametrize(("qp", "inside"), [(0, False), (1, False), (0x0FFF, False), (0x1000, True),
+                                            (0x1FFF, True), (0x2000, False), (0xFFFFFF, False)])
+def test_a_qp_range_takes_only_its_own_qps(qp: int, inside: bool) -> None:
+    prog = qp_range(0x1000, 0x2000)
+    assert matches(prog, native(qp)) is inside
+    assert matches(prog, native(qp, grh=True)) is inside
+
+
+def test_qp_ranges_stay_clear_of_qp0_and_qp1() -> None:
+    with pytest.raises(ValueError):
+        qp_range(1, 10)

@@ -51,7 +51,10 @@ class Hca:
 
     def __init__(self, *, lid: int = 0, port: int = 1, pkeys: Sequence[int] = (0xFFFF,),
                  mtu: int = 4096, clock: Callable[[], int] = time.monotonic_ns,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, first_qpn: int = FIRST_QPN) -> None:
+        """``first_qpn``: where QP numbers start (processes sharing a port take disjoint ranges)."""
+        if not 2 <= first_qpn < 1 << 24:
+            raise ValueError("QP numbers are 2 .. 2^24-1 (0 and 1 are QP0 and QP1)")
         self.lid = lid
         self.port = port
         self.pkeys = list(pkeys)
@@ -61,7 +64,7 @@ class Hca:
         self.stats = HcaStats()
         self.qps: dict[int, RcQp | UdQp] = {}
         self._rng = random.Random(seed)
-        self._next_qpn = FIRST_QPN
+        self._next_qpn = first_qpn
         self._next_cqn = 1
 
     # -- verbs ---------------------------------------------------------------------------
