@@ -93,6 +93,7 @@ class ScenarioRun:
                                 state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
                                 sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.outputs: list[FlowOutput] = []
         self.t0_ns = 0
         self.t_end_ns = 0
         self.faults_injected: list[dict[str, Any]] = []
@@ -103,40 +104,49 @@ class ScenarioRun:
     # ------------------------------------------------------------------ the run
 
     async def run(self) -> dict[str, Any]:
+        """The whole run; SIGINT/SIGTERM end it early, torn down, with what was measured."""
         scen = self.scen
         self.out_dir.mkdir(parents=True, exist_ok=True)
         t_start = time.perf_counter()
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
                                f"{len(scen.topology.links)} links ({scen.fabric.datapath} datapath)")
-        outputs: list[FlowOutput] = []
         bringup: dict[str, Any] = {"fabric_s": None, "sm_s": None}
-        try:
-            async with self.rt.running() as host:
-                bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0) for k in ("build", "agents")), 3),
-                           "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
-                self.progress("sm", f"{scen.sm.impl} SM on {self.rt.sm_host}: SUBNET UP in "
-                                    f"{bringup['sm_s']} s" if scen.sm.impl != "none" else "no SM")
-                outputs = await self._traffic_and_faults(host)
-        except KeyboardInterrupt:
-            self.interrupted = True
-            self.progress("teardown", "interrupted: torn down")
-        self.progress("teardown", f"done in {time.perf_counter() - t_start:.1f} s")
-        if self.workers and not outputs:
-            outputs = self._read_workers()
-        return self._result(bringup, outputs, time.perf_counter() - t_start)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                with trio.CancelScope() as work:
+                    nursery.start_soon(self._interrupt_on, signals, work)
+                    async with self.rt.running() as host:
+                        bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0)
+                                                         for k in ("build", "agents")), 3),
+                                   "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
+                        self.progress("sm", f"{scen.sm.impl} SM on {self.rt.sm_host}: SUBNET UP in "
+                                            f"{bringup['sm_s']} s")
+                        await self._traffic_and_faults(host)
+                nursery.cancel_scope.cancel()
+        self.progress("teardown", ("interrupted: " if self.interrupted else "")
+                      + f"torn down; {time.perf_counter() - t_start:.1f} s in all")
+        return self._result(bringup, self.outputs, time.perf_counter() - t_start)
 
-    async def _traffic_and_faults(self, host: AgentHost) -> list[FlowOutput]:
+    async def _interrupt_on(self, signals: Any, work: trio.CancelScope) -> None:
+        async for sig in signals:
+            self.interrupted = True
+            self.progress("interrupt", f"{signal.Signals(sig).name}: stopping, keeping what was measured")
+            work.cancel()
+            return
+
+    async def _traffic_and_faults(self, host: AgentHost) -> None:
         scen = self.scen
         spec = self._worker_spec(host)
         self.progress("warm-up", f"{len(scen.traffic)} flows on {len(spec['hosts'])} hosts, "
                                  f"{len(scen.faults)} faults, {scen.duration_s:g} s")
         injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
-        for i, flow in enumerate(spec["flows"]):
-            self._start_worker(i, {**spec, "flows": [flow],
-                                   "hosts": {h: spec["hosts"][h] for h in flow["hosts"]},
-                                   "qpns": [QPN_BASE + i * QPNS_PER_FLOW, QPN_BASE + (i + 1) * QPNS_PER_FLOW],
-                                   "timestamps": flow["kind"] == "stream"})
+        finished = False
         try:
+            for i, flow in enumerate(spec["flows"]):
+                self._start_worker(i, {**spec, "flows": [flow],
+                                       "hosts": {h: spec["hosts"][h] for h in flow["hosts"]},
+                                       "qpns": [QPN_BASE + i * QPNS_PER_FLOW, QPN_BASE + (i + 1) * QPNS_PER_FLOW],
+                                       "timestamps": flow["kind"] == "stream"})
             async with trio.open_nursery() as nursery:
                 for link_name in self.captures:
                     await nursery.start(self._capture, link_name)
@@ -150,19 +160,14 @@ class ScenarioRun:
                 self.progress("drain", "waiting for the flows to finish")
                 await self._wait_workers()
                 nursery.cancel_scope.cancel()
-        except KeyboardInterrupt:
-            self.interrupted = True
-            self.t_end_ns = self.t_end_ns or time.monotonic_ns()
-            self.progress("drain", "interrupted: collecting what was measured")
-            with trio.CancelScope(shield=True):
-                await self._wait_workers(signal_first=True)
+            finished = True
         finally:
+            self.t_end_ns = self.t_end_ns or time.monotonic_ns()
             self.faults_injected = list(injector.injected)
-            for proc in self.workers:
-                if proc.poll() is None:  # an error above
-                    proc.kill()
-                    proc.wait()
-        return self._read_workers()
+            with trio.CancelScope(shield=True):
+                if not finished:  # interrupted or failed: the workers write what they have
+                    await self._wait_workers(signal_first=True)
+            self.outputs = self._read_workers()
 
     def _start_worker(self, index: int, spec: dict[str, Any]) -> None:
         spec_path = self.run_dir / f"traffic-{index}.json"
@@ -205,13 +210,13 @@ class ScenarioRun:
             for proc in self.workers:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
-        deadline = trio.current_time() + DRAIN_S
+        deadline = trio.current_time() + (5.0 if signal_first else DRAIN_S)
         while any(p.poll() is None for p in self.workers) and trio.current_time() < deadline:
             await trio.sleep(0.05)
         for proc in self.workers:
             if proc.poll() is None:
-                log.warning("traffic worker %d still running after %.0f s: stopping it", proc.pid, DRAIN_S)
-                proc.send_signal(signal.SIGTERM)
+                log.warning("traffic worker %d still running: killing it", proc.pid)
+                proc.kill()
                 await trio.to_thread.run_sync(proc.wait)
 
     def _read_workers(self) -> list[FlowOutput]:
@@ -219,8 +224,11 @@ class ScenarioRun:
         for i, proc in enumerate(self.workers):
             path = self.run_dir / f"flows-{i}.json"
             if not path.exists():
-                if proc.poll() not in (None, 0):
-                    log.error("traffic worker %d failed; see %s", i, self.run_dir / f"traffic-{i}.log")
+                t = self.scen.traffic[i]
+                why = f"traffic worker failed (exit {proc.poll()}); see {self.run_dir / f'traffic-{i}.log'}"
+                log.error("flow %s: %s", t.name, why)
+                outputs.append(FlowOutput(t.name, t.kind, t.src or list(t.hosts), t.dst or list(t.hosts),
+                                          error=why))
                 continue
             outputs.extend(FlowOutput.from_dict(d) for d in json.loads(path.read_text())["flows"])
         return outputs

@@ -94,21 +94,31 @@ def permutation_pairs(hosts: list[str], seed: int) -> list[tuple[str, str]]:
             return list(zip(hosts, perm, strict=True))
 
 
-async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int) -> FlowOutput:
-    """Run one flow from ``start_s`` to ``stop_s`` after ``t0_ns`` (monotonic)."""
+async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
+                   abort: trio.Event | None = None) -> FlowOutput:
+    """Run one flow from ``start_s`` to ``stop_s`` after ``t0_ns`` (monotonic).
+
+    ``abort`` ends it early the same way ``stop_s`` does: what was measured is returned.
+    """
     kind = spec["kind"]
     hosts: list[str] = list(spec["hosts"])
     src = spec.get("src") or hosts[0]
     dst = spec.get("dst") or hosts[-1]
     out = FlowOutput(spec["name"], kind, src if kind != "incast" else hosts[:-1],
                      dst if kind not in (*collectives.COLLECTIVES, "permutation") else hosts)
+    abort = trio.Event() if abort is None else abort
     start_ns = t0_ns + int(float(spec.get("start_s", 0.0)) * 1e9)
     stop_ns = t0_ns + int(float(spec["stop_s"]) * 1e9)
-    await trio.sleep(max(0.0, (start_ns - time.monotonic_ns()) / 1e9))
+    with trio.move_on_after(max(0.0, (start_ns - time.monotonic_ns()) / 1e9)):
+        await abort.wait()
+    if abort.is_set():
+        out.error = "interrupted before it started"
+        return out
     stop = trio.Event()
 
     async def _stopper() -> None:
-        await trio.sleep(max(0.0, (stop_ns - time.monotonic_ns()) / 1e9))
+        with trio.move_on_after(max(0.0, (stop_ns - time.monotonic_ns()) / 1e9)):
+            await abort.wait()
         stop.set()
 
     try:
@@ -119,6 +129,8 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int) 
     except perftest.TransportError as exc:
         out.error = str(exc)
         log.warning("flow %s: %s", out.name, exc)
+    if abort.is_set() and not out.error:
+        out.error = "interrupted"
     return out
 
 

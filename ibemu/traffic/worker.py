@@ -45,38 +45,44 @@ def port_counters(port: HcaPort) -> dict[str, int]:
             "pkey_violations": st.pkey_violations}
 
 
+GRACE_S = 3.0
+"""After a stop signal, how long flows get to finish what is in flight."""
+
+
 async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutput]:
-    """Every flow of ``spec`` on ``ports``; stops early on SIGTERM/SIGINT."""
+    """Every flow of ``spec`` on ``ports``; SIGTERM/SIGINT end them early, measured."""
     outputs: list[FlowOutput] = []
     t0 = int(spec["t0_ns"])
+    abort = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             for p in ports.values():
                 await nursery.start(p.serve)
-
-            async def _on_signal() -> None:
-                async for _ in signals:
-                    log.info("signal: stopping the flows")
-                    flows_scope.cancel()
-                    return
-
-            nursery.start_soon(_on_signal)
             with trio.CancelScope() as flows_scope:
+
+                async def _on_signal() -> None:
+                    async for _ in signals:
+                        log.info("signal: stopping the flows")
+                        abort.set()
+                        flows_scope.deadline = trio.current_time() + GRACE_S
+                        return
+
+                nursery.start_soon(_on_signal)
                 async with trio.open_nursery() as flows:
                     for f in spec["flows"]:
-                        flows.start_soon(_collect, f, ports, t0, outputs)
+                        flows.start_soon(_collect, f, ports, t0, abort, outputs)
             nursery.cancel_scope.cancel()
     names = {o.name for o in outputs}
-    for f in spec["flows"]:  # flows cut short by a signal: said so, not silently missing
+    for f in spec["flows"]:  # flows that did not finish in the grace time: said so
         if f["name"] not in names:
             outputs.append(FlowOutput(f["name"], f["kind"], f.get("src") or "", f.get("dst") or "",
                                       error="interrupted"))
     return outputs
 
 
-async def _collect(flow: dict[str, Any], ports: dict[str, HcaPort], t0: int,
+async def _collect(flow: dict[str, Any], ports: dict[str, HcaPort], t0: int, abort: trio.Event,
                    outputs: list[FlowOutput]) -> None:
-    outputs.append(await run_flow(flow, ports, t0))
+    outputs.append(await run_flow(flow, ports, t0, abort))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Outside trio's own signal handling a late SIGINT/SIGTERM must not kill the process
+    # before it has written what it measured.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     spec = json.loads(args.spec.read_text())
     qpns = spec.get("qpns")
     ports = open_ports(addresses(spec), mtu=int(spec.get("mtu", 4096)),
