@@ -182,7 +182,9 @@ def _node_command(args: argparse.Namespace, what: str, usage: str) -> tuple[owne
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    _state, ns, command = _node_command(args, "exec", "ibemu exec NODE -- CMD")
+    state, ns, command = _node_command(args, "exec", "ibemu exec NODE -- CMD")
+    # Tell ibemu commands inside which run and node they are (``ibemu perf`` uses it).
+    os.environ["IBEMU_RUN"], os.environ["IBEMU_NODE"] = state.run_id, args.node
     os.execvp("ip", ["ip", "netns", "exec", ns, *command])
     return 127  # not reached
 

@@ -23,6 +23,7 @@ COMMANDS = (
     "ibemu.cli.topo_cmd",
     "ibemu.cli.validate_cmd",
     "ibemu.cli.run_cmd",
+    "ibemu.cli.perf_cmd",
 )
 
 log = logging.getLogger("ibemu")
