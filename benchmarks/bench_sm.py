@@ -6,7 +6,9 @@ For each k: a fresh live fat-tree per run (same topology, agents, MAD sockets), 
 timed from process start to "SUBNET UP" (every port Active, every LFT acked). ibemu's own
 sweep time (first SMP to SUBNET UP) is reported too. Then, on k=max, ``--cuts``
 edge-aggregation cables are cut one at a time (and restored) under ibemu's SM: trap
-received -> rediscovered -> routed -> last LFT block acked (target <= 10 ms).
+received -> rediscovered -> routed -> last LFT block acked (target <= 10 ms), and when tc
+had the last new entry (``trap_to_tc_ms``: an ack means the switch's SMA accepted the block;
+the agent host writes tc from a worker thread right after).
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 4 16 64 256] [--cuts 5]
 """
 
@@ -186,14 +188,20 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                 links.set_up(ns, ifname, False)
                 n += 1
                 rr = wait_kind(events, "reroute", n, proc, 30)[-1]
+                time.sleep(0.2)
+                # the fabric's side: when tc had the last of the new entries (the SM's ack
+                # means the switch's SMA accepted the block; tc follows from a worker thread)
+                fabric_log = _tails.setdefault(tmp / "events.jsonl", Tail(tmp / "events.jsonl"))
+                applied = [r["t_ns"] for r in fabric_log.poll()
+                           if r["kind"] == "lft_programmed" and r["t_ns"] >= t_fault]
                 out.append({"cable": f"{name}:{half + 1 + up}",
                             "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
                             "trap_to_rediscovered_ms": (rr["t_rediscovered"] - rr["t_trap"]) / 1e6,
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
                             "routed_to_programmed_ms": (rr["t_programmed"] - rr["t_routed"]) / 1e6,
                             "trap_to_programmed_ms": (rr["t_programmed"] - rr["t_trap"]) / 1e6,
+                            "trap_to_tc_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
                             "blocks": rr["blocks"]})
-                time.sleep(0.2)
                 links.set_up(ns, ifname, True)
                 n += 1
                 wait_kind(events, "reroute", n, proc, 30)
@@ -239,7 +247,7 @@ def main() -> None:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
             for key in ("fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
-                        "routed_to_programmed_ms", "trap_to_programmed_ms"):
+                        "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_tc_ms"):
                 vals = [float(r[key]) for r in rows]
                 print(f"median {key}: {statistics.median(vals):.2f} (max {max(vals):.2f})")
 

@@ -54,7 +54,19 @@ _VCRC_AT = _ICRC_AT + 4  # 288
 
 
 def check(packet: bytes | bytearray | memoryview) -> None:
-    """Strict receive check: PktLen matches, headers fit, a MAD is 256 bytes, CRCs verify."""
+    """Strict receive check: PktLen matches, headers fit, a MAD is 256 bytes, CRCs verify.
+
+    A packet shaped like every management packet (290 bytes, LRH + BTH, PktLen 72, UD SEND
+    Only without pad) needs only its two CRCs checked: its lengths hold by construction.
+    Anything else, or a CRC that fails, takes the general path (and its error messages).
+    """
+    if (len(packet) == PACKET_LEN and packet[1] & 3 == 2 and packet[5] == PKTLEN_WORDS
+            and not packet[4] & 0x07 and packet[8] == UD_SEND_ONLY and not packet[9] & 0x30):
+        mv = memoryview(packet)
+        masked = bytes((packet[0] | 0xF0,)) + bytes(mv[1:12]) + b"\xff"
+        if (_crc32(mv[13:_ICRC_AT], _crc32(masked)) == _ICRC.unpack_from(mv, _ICRC_AT)[0]
+                and _vcrc(mv[:_VCRC_AT]) == _VCRC.unpack_from(mv, _VCRC_AT)[0]):
+            return
     check_native_length(packet)
     verify_native_crcs(packet)
 

@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,10 @@ class AgentHost:
         self._rng = random.Random(0)
         self._nursery: trio.Nursery | None = None
         self.dr_relay: DrRelay | None = None
+        self._lft_pending: dict[str, dict[int, int]] = {}
+        self._lft_accepted_ns: dict[str, int] = {}
+        self._lft_wake: trio.Event | None = None
+        self._lft_lock = threading.Lock()
         self._relay_ids: dict[str, int] = {}
         self._relay_on: dict[str, bool] = {}
 
@@ -227,6 +232,7 @@ class AgentHost:
                     if carrier:
                         self.dispatch(name, rt, rt.agent.link_up(port))
             nursery.start_soon(self._ticker)
+            nursery.start_soon(self._lft_writer)
             task_status.started()
 
     async def _reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
@@ -358,8 +364,10 @@ class AgentHost:
         rt = self.nodes[name]
         ifnames = [pp.ifname for pp in rt.plan.ports.values()]
         lft = self.fabric.lfts.get(name)
-        if lft is not None and lft.installed:
-            lft.apply(dict.fromkeys(lft.installed, 0xFF))
+        with self._lft_lock:
+            self._lft_pending.pop(name, None)  # the old agent's, not yet in tc
+            if lft is not None and lft.installed:
+                lft.apply(dict.fromkeys(lft.installed, 0xFF))
         if on:
             if fresh_agent is not None:
                 rt.agent = fresh_agent
@@ -403,15 +411,71 @@ class AgentHost:
                                          "phys": action.phys_state.name.lower()})
 
     def _program(self, name: str, action: LftUpdate) -> None:
+        """Queue an LFT change for tc; the SMA has accepted it (its GetResp may already be on
+        the wire). While serving, a writer task applies the queued changes from a worker
+        thread, every switch's changes since the last write merged into one netlink batch:
+        acknowledging a Set costs the agent host no netlink round trip, and the kernel work
+        runs beside it. Each write is an ``lft_programmed`` event stamped when tc has it,
+        with ``queued_us`` since the first change it carries was accepted."""
         lft = self.fabric.lfts.get(name)
         if lft is None:
             return  # user datapath: the forwarder reads the agent's LFT itself
-        t0 = time.monotonic_ns()
-        ops = lft.apply(action.changes)
-        t1 = time.monotonic_ns()
-        self.lft_ops += ops
-        self.events.write(name, {"kind": "lft_programmed", "t_ns": t1, "entries": len(action.changes),
-                                 "ops": ops, "apply_us": (t1 - t0) // 1000})
+        pending = self._lft_pending.get(name)
+        if pending is None:
+            self._lft_pending[name] = dict(action.changes)
+            self._lft_accepted_ns[name] = time.monotonic_ns()
+        else:
+            pending.update(action.changes)
+        if self._lft_wake is not None:
+            self._lft_wake.set()
+        else:  # not serving (a caller driving dispatch itself): write now
+            for rec in self._write_lfts(self._take_pending()):
+                self._lft_written(rec)
+
+    def _take_pending(self) -> list[tuple[str, dict[int, int], int]]:
+        batch = [(name, changes, self._lft_accepted_ns.pop(name, 0)) for name, changes in self._lft_pending.items()]
+        self._lft_pending = {}
+        return batch
+
+    def _write_lfts(self, batch: list[tuple[str, dict[int, int], int]]) -> list[dict[str, Any]]:
+        """Apply queued LFT changes (blocking: netlink); returns event records."""
+        out = []
+        with self._lft_lock:
+            for name, changes, t_accepted in batch:
+                lft = self.fabric.lfts.get(name)
+                if lft is None:
+                    continue
+                t0 = time.monotonic_ns()
+                try:
+                    ops = lft.apply(changes)
+                except KernelError as exc:
+                    log.error("%s: LFT write failed: %s", name, exc)
+                    out.append({"node": name, "kind": "lft_error", "t_ns": time.monotonic_ns(),
+                                "entries": len(changes), "error": str(exc)})
+                    continue
+                t1 = time.monotonic_ns()
+                out.append({"node": name, "kind": "lft_programmed", "t_ns": t1, "entries": len(changes),
+                            "ops": ops, "apply_us": (t1 - t0) // 1000,
+                            "queued_us": (t0 - t_accepted) // 1000 if t_accepted else 0})
+        return out
+
+    def _lft_written(self, rec: dict[str, Any]) -> None:
+        self.lft_ops += int(rec.get("ops", 0))
+        name = rec.pop("node")
+        self.events.write(name, rec)
+
+    async def _lft_writer(self) -> None:
+        """Writes queued LFT changes to tc (see ``_program``)."""
+        try:
+            while True:
+                self._lft_wake = trio.Event()
+                if not self._lft_pending:
+                    await self._lft_wake.wait()
+                batch = self._take_pending()
+                for rec in await trio.to_thread.run_sync(self._write_lfts, batch):
+                    self._lft_written(rec)
+        finally:
+            self._lft_wake = None
 
     def _link_request(self, name: str, rt: NodeRuntime, action: LinkRequest) -> None:
         pp = rt.plan.ports.get(action.port)

@@ -74,11 +74,27 @@ class LidTable:
             if lid > MAX_UNICAST_LID:
                 return
 
+    def _all_known(self, graph: SubnetGraph) -> bool:
+        """Every port already has its LID here (the common case after a link failure): write
+        them into the graph and skip the grouping."""
+        by_guid = self.by_guid
+        for node in graph.nodes.values():
+            for num, port in node.ports.items():
+                if node.is_switch and num:
+                    continue
+                lid = by_guid.get(port.guid)
+                if lid is None:
+                    return False
+                port.lid = lid
+        return True
+
     def assign(self, graph: SubnetGraph) -> dict[int, int]:
         """Give every port in ``graph`` its LID (written into the graph); returns the new ones
         (port GUID -> LID). The SM's own port comes first; then, in GUID order, each switch
         with the CA ports cabled to it (one group, see the module docstring); then CAs cabled
         to no switch."""
+        if self._all_known(graph):
+            return {}
         groups: list[list[SmPort]] = []
         sm = graph.nodes.get(graph.sm_guid)
         placed: set[int] = set()

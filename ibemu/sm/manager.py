@@ -301,7 +301,8 @@ class SubnetManager:
         self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, switches=res.switches,
                          seconds=(self.events.now() - t_routed) / 1e9)
         if info is not None:
-            info.update(t_routed=t_routed, t_programmed=res.t_last_ack_ns or self.events.now(),
+            info.update(t_route_start=t, t_routed=t_routed, t_planned=res.t_planned_ns,
+                        t_programmed=res.t_last_ack_ns or self.events.now(),
                         blocks=res.acked, blocks_failed=res.failed)
         return res.failed == 0
 
