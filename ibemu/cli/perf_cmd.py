@@ -155,12 +155,16 @@ async def _point_to_point(args: argparse.Namespace, state: Any, plan: Any, me: s
                     await perftest.lat_ping(side, False)
                 else:
                     done = trio.Event()
+                    cpu0, rx0 = os.times(), port.rx_frames
                     nursery.start_soon(perftest.bw_server, side, done)
                     if opts.bidirectional:
                         own = await perftest.bw_client(side)
                         print(perftest.report(own))
                     await chan.recv()  # "done"
                     done.set()
+                    cpu1 = os.times()
+                    print(perftest.cpu_line((cpu1.user - cpu0.user, cpu1.system - cpu0.system),
+                                            port.rx_frames - rx0, "receiver"), flush=True)
             else:
                 opts = _options(args)
                 side = perftest.Side.create(port, opts)

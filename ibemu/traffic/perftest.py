@@ -176,6 +176,9 @@ class BwResult:
     packets: int
     retransmitted: int
     deliveries: Deliveries
+    cpu: tuple[float, float] = (0.0, 0.0)
+    """This process's user and kernel CPU seconds during the test (``os.times``): the kernel
+    share includes the emulated switches' tc forwarding, done in the sender's system calls."""
 
     @property
     def gbps(self) -> float:
@@ -241,6 +244,7 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None) -> BwResult:
     deliveries = Deliveries()
     by_qpn = {qp.qpn: i for i, qp in enumerate(side.qps)}
     t0 = time.monotonic_ns()
+    cpu0 = os.times()
     while True:
         stopping = (stop is not None and stop.is_set()) or (
             deadline is not None and time.monotonic_ns() >= deadline)
@@ -270,11 +274,13 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None) -> BwResult:
             done += n
             deliveries.add(now, n * size)
     seconds = (time.monotonic_ns() - t0) / 1e9
+    cpu1 = os.times()
     nbytes = done * size
     return BwResult(opts.test, size, done, seconds, nbytes, _peak_mbps(deliveries),
                     nbytes / seconds / (1 << 20) if seconds else 0.0,
                     done / seconds / 1e6 if seconds else 0.0, done * pkts_per_msg,
-                    sum(qp.stats.retransmitted for qp in side.qps), deliveries)
+                    sum(qp.stats.retransmitted for qp in side.qps), deliveries,
+                    (cpu1.user - cpu0.user, cpu1.system - cpu0.system))
 
 
 async def bw_server(side: Side, done: trio.Event) -> None:
@@ -433,9 +439,17 @@ def lat_line(r: LatResult) -> str:
             f"{s['p99']:>22.2f} {s['p999']:>24.2f}")
 
 
+def cpu_line(cpu: tuple[float, float], packets: int, role: str) -> str:
+    """CPU per packet of this process: user (the HCA in Python) and kernel (syscalls, and the
+    emulated switches' forwarding the sender's system calls carry)."""
+    n = max(packets, 1)
+    return (f" # CPU per packet ({role}): {cpu[0] / n * 1e6:.2f} us user + {cpu[1] / n * 1e6:.2f} us kernel"
+            f" = {(cpu[0] + cpu[1]) / n * 1e6:.2f} us")
+
+
 def report(r: BwResult | LatResult) -> str:
-    """perftest's result table for ``r``."""
+    """perftest's result table for ``r`` (and, for bandwidth, this side's CPU per packet)."""
     bar = "-" * 91
     if isinstance(r, LatResult):
         return "\n".join((bar, lat_header(), lat_line(r), bar))
-    return "\n".join((bar, bw_header(), bw_line(r), bar))
+    return "\n".join((bar, bw_header(), bw_line(r), bar, cpu_line(r.cpu, r.packets, "sender")))
