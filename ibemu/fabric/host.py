@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -43,6 +44,7 @@ from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.tc_netlink import BlockFilters
 from ibemu.switch.forwarder import Forwarder, Reason
 
 log = logging.getLogger(__name__)
@@ -193,11 +195,34 @@ class AgentHost:
             self._relay_on[name] = on
             relay.set_enabled(sid, on)
 
+    def _flush_lfts(self) -> None:
+        """Before the namespaces go: empty the switches' tc blocks (see
+        ``tc_netlink.BlockFilters.flush``), from a few threads. Blocking."""
+        names = [name for name, lft in self.fabric.lfts.items() if lft.installed and name in self.nodes]
+
+        def flush(name: str) -> None:
+            try:
+                filters = BlockFilters(self.nodes[name].plan.ns, block=1, prio=2, protocol=ETH_P_IB)
+            except (OSError, KernelError) as exc:
+                log.debug("%s: no tc flush: %s", name, exc)
+                return
+            try:
+                filters.flush()
+            except (OSError, KernelError) as exc:
+                log.debug("%s: tc flush: %s", name, exc)
+            finally:
+                filters.close()
+
+        if names:
+            with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+                list(pool.map(flush, names))
+
     def attach_mad_sink(self, node: str, sink: MadSink) -> None:
         """Where a CA's ``DeliverMad`` actions go (its MAD-socket server)."""
         self.nodes[node].mad_sink = sink
 
     def close(self) -> None:
+        self._flush_lfts()
         if self.dr_relay is not None:
             self.dr_relay.close()
             self.dr_relay = None

@@ -201,6 +201,20 @@ class BlockFilters:
         self._send_all([delete])
         self._collect_acks(self._seq, 1)
 
+    def flush(self) -> None:
+        """Delete every filter of the block (``tc filter del block N``), with their actions.
+
+        For teardown: each mirred action sits on one kernel-wide list that every unregistering
+        interface walks; a k=16 fabric routed by an SM holds ~430,000 of them, and deleting its
+        namespaces with the filters still in place kept the kernel busy (RTNL held, no
+        namespace could be created) for ~2.5 minutes. Flushed first, the list is short.
+        """
+        body = _TCMSG.pack(0, -1, 0, self.block, 0)
+        self._seq += 1
+        self._send_all([_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_DELTFILTER,
+                                       NLM_F_REQUEST | NLM_F_ACK, self._seq, 0) + body])
+        self._collect_acks(self._seq, 1)
+
     def _send_all(self, msgs: list[bytes]) -> None:
         chunk: list[bytes] = []
         size = 0
