@@ -50,7 +50,9 @@ def _dest(dst: str | list[str]) -> str:
 
 
 def _flow_label(t: TrafficResult) -> str:
-    return f"{t.name} ({t.kind}, {t.src} -> {_dest(t.dst)})"
+    if t.src == t.dst:
+        return f"{t.name} ({t.kind}, {_dest(t.src)})"
+    return f"{t.name} ({t.kind}, {_dest(t.src)} -> {_dest(t.dst)})"
 
 
 def _steps(t: TrafficResult) -> tuple[list[float], list[float]]:

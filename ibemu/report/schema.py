@@ -216,7 +216,7 @@ class Timeline:
 class TrafficResult:
     name: str
     kind: str
-    src: str
+    src: str | list[str]
     """JSON key ``from``."""
     dst: str | list[str]
     """JSON key ``to``."""
@@ -429,7 +429,7 @@ def _list(item: Check) -> Check:
 def _dest(v: Any, path: str, out: list[str]) -> None:
     if isinstance(v, list | tuple):
         if not v:
-            out.append(f"{path}: expected at least one destination")
+            out.append(f"{path}: expected at least one host")
         _list(_string())(v, path, out)
     else:
         _string()(v, path, out)
@@ -538,7 +538,7 @@ _TRAFFIC = _object(
     {
         "name": _string(),
         "kind": _string(),
-        "from": _string(),
+        "from": _dest,
         "to": _dest,
         "gbps": _NUM,
         "packets": _count,

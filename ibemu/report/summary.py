@@ -154,7 +154,7 @@ def _traffic(traffic: list[TrafficResult]) -> list[str]:
         [
             t.name,
             t.kind,
-            f"{t.src} -> {_dest(t.dst)}",
+            f"{_dest(t.src)} -> {_dest(t.dst)}" if t.src != t.dst else f"{_dest(t.src)} (all)",
             _num(t.gbps, 2),
             _int(t.packets),
             _int(t.bytes),

@@ -16,6 +16,7 @@ import datetime as dt
 import functools
 import json
 import logging
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,6 +108,8 @@ class ScenarioRun:
         """The whole run; SIGINT/SIGTERM end it early, torn down, with what was measured."""
         scen = self.scen
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.run_dir.exists():  # a previous run's logs there must not mix with this one's
+            shutil.rmtree(self.run_dir)
         t_start = time.perf_counter()
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
                                f"{len(scen.topology.links)} links ({scen.fabric.datapath} datapath)")
@@ -245,9 +248,12 @@ class ScenarioRun:
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
         fault_records = sorted((f for f in self.faults_injected), key=lambda f: f["t_ns"])
         faults = []
+        last_event = max((r["t_ns"] for r in (*fabric_events, *sm_events) if isinstance(r.get("t_ns"), int)),
+                         default=t_end)
         for i, f in enumerate(fault_records):
             t_f = int(f["t_ns"])
-            window_end = int(fault_records[i + 1]["t_ns"]) if i + 1 < len(fault_records) else t_end
+            # The fabric settles after the traffic stopped too: phases look up to the next fault.
+            window_end = int(fault_records[i + 1]["t_ns"]) if i + 1 < len(fault_records) else last_event + 1
             faults.append({
                 "at_s": round((t_f - self.t0_ns) / 1e9, 3), "action": f["action"], "target": f["target"],
                 "t_fault_s": round((t_f - self.t0_ns) / 1e9, 6),

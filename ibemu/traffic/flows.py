@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 BW_KINDS = ("write_bw", "read_bw", "send_bw", "incast", "permutation")
 KINDS = (*perftest.TESTS, *collectives.COLLECTIVES, "incast", "permutation", "stream")
 LAT_ITERATIONS = 1000
+WINDOW = 256
+BW_TIMEOUT = 16
+"""Bandwidth flows: local ACK timeout 4.096 us x 2^16 = 268 ms."""
 
 
 @dataclass
@@ -59,10 +62,17 @@ def _add(out: FlowOutput, d: Deliveries) -> None:
     out.nbytes.extend(d.nbytes)
 
 
-def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None) -> PerfOptions:
+def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None, *, sharing: int = 1) -> PerfOptions:
+    """Options of one pair; ``sharing`` pairs run in this process.
+
+    One process emulates every HCA of a many-pair kind (incast, permutation): what it can
+    move is shared, so each pair keeps a smaller window, drained well within its ACK timeout
+    (a window the process cannot drain in time would time out and go back N for nothing).
+    """
     return PerfOptions(test=test, size=int(spec.get("size", 65536)), qps=int(spec.get("qps", 1)),
                        bidirectional=bool(spec.get("bidirectional", False)),
-                       duration_s=duration_s, iterations=LAT_ITERATIONS, tx_depth=16)
+                       duration_s=duration_s, iterations=LAT_ITERATIONS, tx_depth=16,
+                       window=max(16, WINDOW // sharing), timeout=BW_TIMEOUT)
 
 
 async def _bw_pair(src: HcaPort, dst: HcaPort, opts: PerfOptions, stop: trio.Event,
@@ -71,14 +81,24 @@ async def _bw_pair(src: HcaPort, dst: HcaPort, opts: PerfOptions, stop: trio.Eve
     a.connect(b.info())
     b.connect(a.info())
     done = trio.Event()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(perftest.bw_server, b, done)
-        result = await perftest.bw_client(a, stop=stop)
-        done.set()
-    _add(out, result.deliveries)
-    out.packets += result.packets
-    out.retransmitted += result.retransmitted
+    deliveries = Deliveries()  # filled as it goes: kept if the QP fails half way
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(perftest.bw_server, b, done)
+            result = await perftest.bw_client(a, stop=stop, deliveries=deliveries)
+            done.set()
+    finally:
+        _add(out, deliveries)
+        pkts = max(1, -(-opts.size // opts.mtu))
+        out.packets += sum(deliveries.nbytes) // opts.size * pkts
+        out.retransmitted += sum(qp.stats.retransmitted for qp in a.qps)
     return result
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
 
 
 def permutation_pairs(hosts: list[str], seed: int) -> list[tuple[str, str]]:
@@ -104,8 +124,9 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
     hosts: list[str] = list(spec["hosts"])
     src = spec.get("src") or hosts[0]
     dst = spec.get("dst") or hosts[-1]
-    out = FlowOutput(spec["name"], kind, src if kind != "incast" else hosts[:-1],
-                     dst if kind not in (*collectives.COLLECTIVES, "permutation") else hosts)
+    many = kind in (*collectives.COLLECTIVES, "permutation")
+    out = FlowOutput(spec["name"], kind, hosts if many else (hosts[:-1] if kind == "incast" else src),
+                     hosts if many else dst)
     abort = trio.Event() if abort is None else abort
     start_ns = t0_ns + int(float(spec.get("start_s", 0.0)) * 1e9)
     stop_ns = t0_ns + int(float(spec["stop_s"]) * 1e9)
@@ -126,9 +147,9 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
             nursery.start_soon(_stopper)
             await _dispatch(kind, spec, ports, hosts, src, dst, stop, out)
             nursery.cancel_scope.cancel()
-    except perftest.TransportError as exc:
-        out.error = str(exc)
-        log.warning("flow %s: %s", out.name, exc)
+    except* perftest.TransportError as group:  # a QP gave up (retries exhausted): said, kept
+        out.error = str(_leaves(group)[0])
+        log.warning("flow %s: %s", out.name, out.error)
     if abort.is_set() and not out.error:
         out.error = "interrupted"
     return out
@@ -146,8 +167,8 @@ async def _dispatch(kind: str, spec: dict[str, Any], ports: dict[str, HcaPort], 
                  else permutation_pairs(hosts, int(spec.get("seed", 0))))
         async with trio.open_nursery() as nursery:
             for a, b in pairs:
-                nursery.start_soon(_bw_pair, ports[a], ports[b], _perf_opts(spec, "write_bw", 1e9),
-                                   stop, out)
+                nursery.start_soon(_bw_pair, ports[a], ports[b],
+                                   _perf_opts(spec, "write_bw", 1e9, sharing=len(pairs)), stop, out)
         out.extra = {"pairs": [f"{a}->{b}" for a, b in pairs]}
         order = sorted(range(len(out.t_ns)), key=out.t_ns.__getitem__)
         out.t_ns = [out.t_ns[i] for i in order]

@@ -227,11 +227,19 @@ def _peak_mbps(d: Deliveries) -> float:
 
 def _check(wc_status: WcStatus, qp: RcQp) -> None:
     if wc_status is not WcStatus.SUCCESS:
-        raise TransportError(f"QP {qp.qpn:#x}: work request completed with {wc_status.name}")
+        st = qp.stats
+        raise TransportError(
+            f"QP {qp.qpn:#x} to LID {qp.path_dlid}: work request completed with "
+            f"{wc_status.name} (timeouts {st.timeouts}, retransmitted "
+            f"{st.retransmitted}, NAKs seq {st.seq_naks_received} rnr {st.rnr_naks_received})")
 
 
-async def bw_client(side: Side, *, stop: trio.Event | None = None) -> BwResult:
-    """Drive a bandwidth test from this side; returns when every message completed."""
+async def bw_client(side: Side, *, stop: trio.Event | None = None,
+                    deliveries: Deliveries | None = None) -> BwResult:
+    """Drive a bandwidth test from this side; returns when every message completed.
+
+    ``deliveries`` (default: a new one) records completions as they come.
+    """
     opts, port, cq = side.opts, side.port, side.cq
     op, size = opts.op, opts.size
     deadline = None if opts.duration_s is None else time.monotonic_ns() + int(opts.duration_s * 1e9)
@@ -241,7 +249,7 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None) -> BwResult:
     batch_of: dict[int, tuple[int, int]] = {}  # signaled wr_id -> (qp index, messages it covers)
     posted = done = 0
     next_id = 0
-    deliveries = Deliveries()
+    deliveries = Deliveries() if deliveries is None else deliveries
     by_qpn = {qp.qpn: i for i, qp in enumerate(side.qps)}
     t0 = time.monotonic_ns()
     cpu0 = os.times()
@@ -266,9 +274,11 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None) -> BwResult:
         now = time.monotonic_ns()
         for wc in cq.poll(1 << 16):
             qi = by_qpn.get(wc.qpn)
-            if qi is None or wc.wr_id not in batch_of:
+            if qi is None:
                 continue
-            _check(wc.status, side.qps[qi])
+            _check(wc.status, side.qps[qi])  # an unsignaled WR's error completes too
+            if wc.wr_id not in batch_of:
+                continue
             i, n = batch_of.pop(wc.wr_id)
             inflight[i] -= n
             done += n

@@ -37,6 +37,9 @@ HEADER = struct.Struct("!QQ")  # seq, t_send_ns
 RING = 4096
 QKEY = 0x1BE0_0001
 TICK_S = 0.001
+SEND_QUEUE = RING // 2
+"""Messages a stream keeps posted and unacknowledged at most (its slots are not reused
+before they are acknowledged: a retransmission resends the same bytes)."""
 
 
 @dataclass
@@ -46,8 +49,9 @@ class StreamOptions:
     transport: str = "rc"
     duration_s: float | None = None
     count: int | None = None
-    timeout: int = 12
-    """RC local ACK timeout exponent: 4.096 us x 2^12 = 16.8 ms before a retransmission."""
+    timeout: int = 14
+    """RC local ACK timeout exponent: 4.096 us x 2^14 = 67 ms (7 retries: ~0.5 s of path
+    loss before the QP gives up). A lost packet followed by others is NAKed at once."""
     retry_cnt: int = 7
 
     def __post_init__(self) -> None:
@@ -93,7 +97,8 @@ class Stream:
         self.tx_qp: RcQp | UdQp
         self.rx_qp: RcQp | UdQp
         if opts.transport == "rc":
-            a, b = src.hca.create_rc_qp(self.tx_cq), dst.hca.create_rc_qp(self.rx_cq)
+            a = src.hca.create_rc_qp(self.tx_cq, max_send_wr=SEND_QUEUE)
+            b = dst.hca.create_rc_qp(self.rx_cq)
             path_ab = PathRecord(dlid=dst.hca.lid, mtu=min(4096, src.hca.mtu))
             path_ba = PathRecord(dlid=src.hca.lid, mtu=min(4096, dst.hca.mtu))
             a.connect(QpInfo(b.qpn, b.sq_psn, dst.hca.lid), path_ab, timeout=opts.timeout,
@@ -159,6 +164,9 @@ class Stream:
             due = int((now - t0) / period_ns) + 1
             if limit is not None:
                 due = min(due, limit)
+            # While the path is down an RC sender cannot get ahead of its send queue: it
+            # falls behind (as an application blocked on a full queue) and catches up later.
+            due = min(due, seq + self._room())
             wrs = []
             while seq < due:
                 slot = seq % RING
@@ -175,6 +183,13 @@ class Stream:
             if wrs:
                 self.src.post(self.tx_qp, wrs)
             await trio.sleep(TICK_S)
+
+    def _room(self) -> int:
+        """Messages the sender may post now."""
+        qp = self.tx_qp
+        if isinstance(qp, RcQp):
+            return max(0, SEND_QUEUE - len(qp.req.outstanding) - len(qp.req.pending))
+        return SEND_QUEUE
 
     async def _receiver(self) -> None:
         rec, cq, qp, buf, size = self.record, self.rx_cq, self.rx_qp, self.rx_mr.buf, self.opts.size

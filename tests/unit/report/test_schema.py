@@ -104,7 +104,7 @@ def _set(d: dict[str, Any], path: str, value: Any) -> None:
         ("bringup.sm_s", "n/a", "bringup.sm_s: expected number or null"),
         ("scenario.name", "", "scenario.name: must not be empty"),
         ("scenario", [], "scenario: expected object, got list"),
-        ("traffic.2.to", [], "traffic[2].to: expected at least one destination"),
+        ("traffic.2.to", [], "traffic[2].to: expected at least one host"),
         ("traffic.2.to.1", 7, "traffic[2].to[1]: expected string, got int 7"),
         ("traffic.0.packets", "many", "traffic[0].packets: expected integer"),
         ("traffic.1.extra", [1], "traffic[1].extra: expected object, got list"),
