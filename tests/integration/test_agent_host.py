@@ -66,12 +66,16 @@ def test_host_moves_frames_and_carrier_events(state_dir: Path, tmp_path: Path) -
             probe = await trio.to_thread.run_sync(open_packet_socket, sw.ns, sw.ports[sw_port].ifname)
             try:
                 assert (rt.plan.nodes[h0_name].ports[1].port, True) in [(p, u) for p, u in h0.links]
-                pkt = fast.NativeTemplate(slid=1, dlid=2, destqp=7).packet(0x04, 5, b"ping")
+                # A CA's agent hears QP0/QP1 (here QP1); data QPs belong to the host's transport.
+                data = fast.NativeTemplate(slid=1, dlid=2, destqp=7).packet(0x04, 4, b"data")
+                probe.send(b"\xff" * 6 + b"\x02" * 6 + b"\x88\xb5" + data)
+                pkt = fast.NativeTemplate(slid=1, dlid=2, destqp=1).packet(0x04, 5, b"ping")
                 probe.send(b"\xff" * 6 + b"\x02" * 6 + b"\x88\xb5" + pkt)
                 with trio.fail_after(5):
                     while True:
                         await trio.lowlevel.wait_readable(probe)
                         frame = probe.recv(9000)
+                        assert frame[14:] != data, "a data-QP frame reached the CA's agent"
                         if frame[14:] == pkt:
                             break
                 # The reflected frame carries the host port's MAC and its peer's.
