@@ -2,11 +2,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run demo test lint bench clean
 setup:
 	IBEMU_VENV=$(VENV) scripts/setup.sh
 
 run: setup
+	$(VENV)/bin/ibemu run
+
+demo: setup
 	$(VENV)/bin/ibemu demo
 
 test: setup

@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -52,6 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except IbemuError as exc:
         print(f"ibemu: error: {exc}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # raised inside a trio task: report it the same way
+        leaves = _leaves(group)
+        if all(isinstance(e, IbemuError) for e in leaves):
+            for e in leaves:
+                print(f"ibemu: error: {e}", file=sys.stderr)
+            return 2
+        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            print("ibemu: interrupted", file=sys.stderr)
+            return 130
+        raise
     except KeyboardInterrupt:
         print("ibemu: interrupted", file=sys.stderr)
         return 130

@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from ibemu.errors import ConfigError, IbemuError
+from ibemu.errors import ConfigError
 
 TESTS = ("write_bw", "read_bw", "send_bw", "write_lat", "send_lat")
 COLLECTIVES = ("allreduce", "alltoall")
@@ -93,19 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the server is this host ({me}): name another one")
     if args.server is not None and (args.server not in plan.nodes or plan.nodes[args.server].is_switch):
         raise ConfigError(f"no host {args.server!r} in fabric {state.run_id}")
-    try:
-        return trio.run(_point_to_point, args, state, plan, me)
-    except BaseExceptionGroup as group:  # a user-facing error from inside a task: unwrap it
-        leaves = _leaves(group)
-        if len(leaves) == 1 and isinstance(leaves[0], IbemuError):
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
+    return trio.run(_point_to_point, args, state, plan, me)
 
 
 def _open(plan: Any, host: str, *, here: bool) -> Any:

@@ -85,11 +85,11 @@ class ScenarioRun:
                  progress: Progress = _quiet) -> None:
         check_runnable(scen)
         self.scen = scen
-        self.out_dir = out_dir
+        self.out_dir = out_dir.resolve()  # the SM and the workers run in other directories
         self.progress = progress
         self.captures = captures or []
         self.state = ownership.RunState(ownership.new_run_id(), scenario=scen.name)
-        self.run_dir = out_dir / "run"
+        self.run_dir = self.out_dir / "run"
         self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
                                 state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
                                 sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
