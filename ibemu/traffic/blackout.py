@@ -1,11 +1,10 @@
 """What a fault did to a flow: its blackout, when it resumed, what it lost.
 
 Pure functions over delivery times (monotonic ns, the clock every ibemu process stamps with).
-The blackout across a fault at ``t_fault`` is the longest gap between consecutive deliveries
-among those that span ``[t_fault, t_fault + window]``: the gap that holds the fault, or a
-later one while the fabric was still settling. ``resume`` is the first delivery after that
-gap, relative to the fault. A flow the fault did not touch shows a gap of about one
-inter-arrival time.
+The blackout across a fault at ``t_fault`` is the first gap between consecutive deliveries,
+from the one holding the fault on, that is clearly longer than the flow's usual pace (see
+``analyse``). ``resume`` is the first delivery after that gap, relative to the fault. A flow
+the fault did not touch shows a gap of about one inter-arrival time.
 """
 
 from __future__ import annotations
@@ -35,6 +34,10 @@ def analyse(t_ns: Sequence[int], t_fault: int, *, window_ns: int = DEFAULT_WINDO
             until_ns: int | None = None) -> Blackout:
     """The blackout of a flow delivered at the sorted times ``t_ns`` across a fault.
 
+    The flow's usual pace is the median gap between its deliveries in the second before the
+    fault; the blackout is the first gap from the fault on (within ``window_ns``) longer than
+    three times that pace plus 1 ms: the disruption the fault caused, not a later hiccup. A
+    flow with no such gap was not disrupted: its gap holding the fault is reported.
     ``until_ns``: the end of the measurement; a flow silent from the fault to then has a
     blackout that lasts until it (and no resume).
     """
@@ -46,13 +49,23 @@ def analyse(t_ns: Sequence[int], t_fault: int, *, window_ns: int = DEFAULT_WINDO
         end = None if until_ns is None else max(0, until_ns - t_ns[-1])
         return Blackout(end, None, t_ns[-1] - t_fault)
     start = t_ns[after - 1] if after else t_fault
-    best, best_from, best_to = t_ns[after] - start, start, t_ns[after]
+    first = Blackout(t_ns[after] - start, t_ns[after] - t_fault, start - t_fault)
+    threshold = 3 * _pace(t_ns, after, t_fault) + 1_000_000
+    if first.blackout_ns is not None and first.blackout_ns > threshold:
+        return first
     stop = min(bisect_left(t_ns, t_fault + window_ns), n - 1)
     for i in range(after, stop):
         gap = t_ns[i + 1] - t_ns[i]
-        if gap > best:
-            best, best_from, best_to = gap, t_ns[i], t_ns[i + 1]
-    return Blackout(best, best_to - t_fault, best_from - t_fault)
+        if gap > threshold:
+            return Blackout(gap, t_ns[i + 1] - t_fault, t_ns[i] - t_fault)
+    return first
+
+
+def _pace(t_ns: Sequence[int], after: int, t_fault: int) -> int:
+    """Median gap between deliveries in the second before the fault (0 if too few)."""
+    lo = bisect_left(t_ns, t_fault - 1_000_000_000)
+    gaps = sorted(t_ns[i + 1] - t_ns[i] for i in range(lo, after - 1))
+    return gaps[len(gaps) // 2] if gaps else 0
 
 
 def lost_between(sent_t_ns: Sequence[int], delivered_seqs: set[int], start_ns: int, end_ns: int) -> int:

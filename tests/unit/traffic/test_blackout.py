@@ -19,10 +19,17 @@ def test_gap_holding_the_fault_is_the_blackout() -> None:
     assert b.gap_start_ns == -(MS // 10)
 
 
-def test_a_later_longer_gap_inside_the_window_wins() -> None:
-    t = steady(0, 100 * MS, MS) + steady(105 * MS, 150 * MS, MS) + steady(200 * MS, 300 * MS, MS)
+def test_the_first_disruption_after_the_fault_counts_not_a_later_hiccup() -> None:
+    t = steady(0, 100 * MS, MS) + steady(130 * MS, 150 * MS, MS) + steady(200 * MS, 300 * MS, MS)
     b = analyse(t, 100 * MS)
-    assert b.blackout_ns == 200 * MS - 149 * MS and b.resume_ns == 100 * MS
+    assert b.blackout_ns == 31 * MS and b.resume_ns == 30 * MS
+
+
+def test_traffic_that_went_on_for_a_while_then_stopped() -> None:
+    """Packets in flight still arrive after the fault; the disruption comes a bit later."""
+    t = steady(0, 104 * MS, MS // 10) + steady(150 * MS, 300 * MS, MS // 10)
+    b = analyse(t, 100 * MS)
+    assert b.resume_ns == 50 * MS and b.gap_start_ns == 4 * MS - MS // 10
 
 
 def test_an_untouched_flow_shows_one_interarrival_time() -> None:
