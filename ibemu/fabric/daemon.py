@@ -2,8 +2,10 @@
 
 ``python -m ibemu.fabric.daemon RUN_DIR`` reads ``RUN_DIR/fabric.json`` (the run id, the
 datapath and the topology in ibnetdiscover form), builds the fabric, runs its agents and
-marks the run state ``up``; SIGTERM or SIGINT tears everything down and exits 0. If it dies
-any other way, ``ibemu clean`` removes what it left (the state file lists it all).
+marks the run state ``up``; ``RUN_DIR/control.sock`` then takes faults on demand
+(:mod:`ibemu.fabric.control`, used by ``ibemu cli``). SIGTERM or SIGINT tears everything
+down and exits 0. If it dies any other way, ``ibemu clean`` removes what it left (the state
+file lists it all).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from pathlib import Path
 
 import trio
 
-from ibemu.fabric.agents import make_agents
+from ibemu.fabric import control
+from ibemu.fabric.agents import make_agent, make_agents
+from ibemu.fabric.control import serve_control
+from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
 from ibemu.topo import loads_ibnetdiscover
@@ -39,11 +44,15 @@ def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str,
 
 async def _serve(rt: FabricRuntime) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with rt.running():
+        async with rt.running() as host, trio.open_nursery() as nursery:
             log.info("fabric %s up: %s", rt.state.run_id, rt.timings_s)
+            # Faults on demand (``ibemu cli``), stamped by the same injector as scheduled ones.
+            injector = FaultInjector(host, lambda name: make_agent(rt.plan, rt.topo.node(name)))
+            await nursery.start(serve_control, control.socket_path(rt.run_dir or rt.state.run_dir), injector)
             async for sig in signals:
                 log.info("signal %s: tearing down", signal.Signals(sig).name)
                 break
+            nursery.cancel_scope.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
