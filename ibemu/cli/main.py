@@ -24,6 +24,7 @@ COMMANDS = (
     "ibemu.cli.validate_cmd",
     "ibemu.cli.run_cmd",
     "ibemu.cli.perf_cmd",
+    "ibemu.cli.console_cmd",
 )
 
 log = logging.getLogger("ibemu")

@@ -18,6 +18,7 @@ as ``{"ok": false, "error": "..."}``; the channel never takes the daemon down.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -132,10 +133,8 @@ async def _connection(stream: trio.SocketStream, injector: Injector, lock: trio.
             return
         async with lock:  # one fault at a time, in the order they came
             reply = await trio.to_thread.run_sync(_reply, injector, buf.split(b"\n", 1)[0])
-        try:
+        with contextlib.suppress(trio.BrokenResourceError):  # the client left
             await stream.send_all(json.dumps(reply).encode() + b"\n")
-        except trio.BrokenResourceError:
-            pass
 
 
 async def serve_control(path: Path, injector: Injector, *,
