@@ -76,8 +76,8 @@ def link_request(topo: Topology, args: list[str]) -> dict[str, Any]:
     except refs.RefError as exc:
         raise ConfigError(str(exc)) from None
     head = args[0].split("-")[0].strip()  # the end named first: a node or node:port
-    end = 0 if (str(link.a) == head if ":" in head else link.a.node == head) else 1
-    return {"fault": "link_up" if up else "link_down", "link": str(link), "end": end}
+    end = link.a if (str(link.a) == head if ":" in head else link.a.node == head) else link.b
+    return {"fault": "link_up" if up else "link_down", "link": str(link), "end": str(end)}
 
 
 def switch_request(topo: Topology, args: list[str]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ root only, like everything in a run). A client sends one JSON object on one line
 one JSON line back, then the connection closes::
 
     {"fault": "link_down", "link": "agg0_0:4"}            -> {"ok": true, "t_fault_ns": ...}
-    {"fault": "link_up", "link": "edge0_0-agg0_0", "end": 1}
+    {"fault": "link_up", "link": "edge0_0-agg0_0", "end": "agg0_0"}   (end: 0, 1 or a name)
     {"fault": "switch_down", "switch": "agg1_0"}          (and switch_up)
     {"fault": "smp_loss", "percent": 20, "switch": "core0"} (switch optional: every agent)
     {"fault": "corrupt", "link": "edge0_0:3", "percent": 1}
@@ -66,6 +66,16 @@ def _link(topo: Topology, text: object) -> Link:
         raise ControlError(str(exc)) from None
 
 
+def _end(link: Link, value: object) -> int:
+    """Which end goes down: 0 / 1, or the end's name (``agg0_0:4`` or ``agg0_0``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
+        return value
+    for i, ep in enumerate(link.ends):
+        if value in (str(ep), ep.node):
+            return i
+    raise ControlError(f"end must be 0, 1 or an end of {link}, not {value!r}")
+
+
 def _percent(req: dict[str, Any]) -> float:
     value = req.get("percent")
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 100:
@@ -86,10 +96,8 @@ def handle(injector: Injector, req: object) -> dict[str, Any]:
         raise ControlError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
     topo = injector.topo
     if fault in ("link_down", "link_up"):
-        end = req.get("end", 0)
-        if end not in (0, 1):
-            raise ControlError(f"end must be 0 or 1, not {end!r}")
         link = _link(topo, req.get("link"))
+        end = _end(link, req.get("end", 0))
         return {"ok": True, "link": str(link), "t_fault_ns": injector.link(link, fault == "link_up", end=end)}
     if fault == "corrupt":
         link = _link(topo, req.get("link"))

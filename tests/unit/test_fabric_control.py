@@ -43,10 +43,13 @@ def test_handle_resolves_links_like_scenarios() -> None:
     r = control.handle(inj, {"fault": "link_down", "link": "agg0_0:4"})
     assert r == {"ok": True, "link": "agg0_0:4-core1:1", "t_fault_ns": 11}
     control.handle(inj, {"fault": "link_up", "link": "edge0_0-agg0_0", "end": 1})
+    control.handle(inj, {"fault": "link_down", "link": "core1:1", "end": "agg0_0:4"})
+    control.handle(inj, {"fault": "link_down", "link": "core1:1", "end": "core1"})
     control.handle(inj, {"fault": "switch_down", "switch": "agg1_0"})
     control.handle(inj, {"fault": "smp_loss", "percent": 20})
     control.handle(inj, {"fault": "corrupt", "link": "edge0_0:3", "percent": 1.5})
     assert inj.calls == [("link", "agg0_0:4-core1:1", False, 0), ("link", "edge0_0:3-agg0_0:1", True, 1),
+                         ("link", "agg0_0:4-core1:1", False, 0), ("link", "agg0_0:4-core1:1", False, 1),
                          ("switch", "agg1_0", False), ("smp_loss", 20.0, None),
                          ("corrupt", "edge0_0:3-agg0_0:1", 1.5)]
 
@@ -54,7 +57,8 @@ def test_handle_resolves_links_like_scenarios() -> None:
 @pytest.mark.parametrize("req, message", [
     ({"fault": "explode"}, "unknown fault"),
     ({"fault": "link_down", "link": "edge0_0:9"}, "edge0_0 has ports 1-4"),
-    ({"fault": "link_down", "link": "agg0_0:4", "end": 2}, "end must be 0 or 1"),
+    ({"fault": "link_down", "link": "agg0_0:4", "end": 2}, "end must be 0, 1 or an end"),
+    ({"fault": "link_down", "link": "agg0_0:4", "end": "h1"}, "end must be 0, 1 or an end"),
     ({"fault": "switch_down", "switch": "h1"}, "expected a switch"),
     ({"fault": "smp_loss", "percent": 150}, "within 0..100"),
     ([1, 2], "expected a JSON object"),

@@ -56,11 +56,11 @@ def _console(topo: Any) -> tuple[Console, FakeFabric, io.StringIO]:
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["edge0_0", "agg0_0", "down"], {"fault": "link_down", "link": "edge0_0:3-agg0_0:1", "end": 0}),
-    (["agg0_0", "edge0_0", "down"], {"fault": "link_down", "link": "edge0_0:3-agg0_0:1", "end": 1}),
-    (["agg0_0:4", "down"], {"fault": "link_down", "link": "agg0_0:4-core1:1", "end": 0}),
-    (["core1:1", "up"], {"fault": "link_up", "link": "agg0_0:4-core1:1", "end": 1}),
-    (["edge0_0:3-agg0_0:1", "up"], {"fault": "link_up", "link": "edge0_0:3-agg0_0:1", "end": 0}),
+    (["edge0_0", "agg0_0", "down"], {"fault": "link_down", "link": "edge0_0:3-agg0_0:1", "end": "edge0_0:3"}),
+    (["agg0_0", "edge0_0", "down"], {"fault": "link_down", "link": "edge0_0:3-agg0_0:1", "end": "agg0_0:1"}),
+    (["agg0_0:4", "down"], {"fault": "link_down", "link": "agg0_0:4-core1:1", "end": "agg0_0:4"}),
+    (["core1:1", "up"], {"fault": "link_up", "link": "agg0_0:4-core1:1", "end": "core1:1"}),
+    (["edge0_0:3-agg0_0:1", "up"], {"fault": "link_up", "link": "edge0_0:3-agg0_0:1", "end": "edge0_0:3"}),
 ])
 def test_link_request(topo: Any, args: list[str], expected: dict[str, Any]) -> None:
     assert link_request(topo, args) == expected
@@ -97,7 +97,7 @@ def test_console_dispatch(topo: Any) -> None:
                  "h1 perf write_bw h3 -n 100", "h1 ip -br link | grep h1", "", "switch core0 down"):
         assert con.onecmd(line) is False
     assert fake.calls == [
-        ("fault", {"fault": "link_down", "link": "edge0_0:3-agg0_0:1", "end": 0}),
+        ("fault", {"fault": "link_down", "link": "edge0_0:3-agg0_0:1", "end": "edge0_0:3"}),
         ("fault", {"fault": "switch_up", "switch": "agg1_0"}),
         ("sm", ["routes", "edge0_0"]), ("sm", ["path", "h1", "h15"]),
         ("perf", "h1", "write_bw", "h3", ["-n", "100"]),
