@@ -66,13 +66,17 @@ def main() -> None:
         raise SystemExit(up.stderr)
     rows: list[tuple[str, str]] = []
     try:
-        for label, server, client in (("3 switches (h2 -> h0)", "h0", "h2"), ("5 switches (h15 -> h0)", "h0", "h15")):
-            text, srv_text = run_pair(env, "write_bw", server, client, "-s", "4096", "-n", str(args.iters),
-                                      "-t", "256")
+        cases = (("4 KiB messages, 3 switches (h2 -> h0)", "h0", "h2", 4096, args.iters, "256"),
+                 ("4 KiB messages, 5 switches (h15 -> h0)", "h0", "h15", 4096, args.iters, "256"),
+                 ("64 KiB messages, 5 switches (h15 -> h0)", "h0", "h15", 65536, args.iters // 16, "128"))
+        for label, server, client, size, iters, depth in cases:
+            text, srv_text = run_pair(env, "write_bw", server, client, "-s", str(size), "-n", str(iters),
+                                      "-t", depth)
             v = values(text)
             mbps = float(v[3])
-            pps = float(v[4]) * 1e6
-            rows.append((f"RC WRITE 4 KiB, 1 QP, {label}", f"{pps:,.0f} packets/s, {mbps * 8 * 1.048576 / 1000:.2f} Gb/s"))
+            pps = float(v[4]) * 1e6 * (size // 4096)
+            rows.append((f"RC WRITE, MTU 4096, 1 QP, {label}",
+                         f"{pps:,.0f} packets/s, {mbps * 8 * 1.048576 / 1000:.2f} Gb/s"))
             rows.append(("  CPU per packet, sender", cpu(text)))
             rows.append(("  CPU per packet, receiver", cpu(srv_text)))
         for test in ("write_lat", "send_lat"):
@@ -82,7 +86,7 @@ def main() -> None:
         for kind in ("allreduce", "alltoall"):
             r = subprocess.run(ibemu(env, "perf", kind, "-s", "1MiB", "-n", "5"), env=env, capture_output=True,
                                text=True)
-            line = [ln for ln in r.stdout.splitlines() if ln and not ln.startswith("#")][0].split()
+            line = next(ln for ln in r.stdout.splitlines() if ln and not ln.startswith("#")).split()
             rows.append((f"{kind} 1 MiB, 16 hosts", f"{float(line[4]) / 1000:.1f} ms, algbw {line[5]} GB/s, "
                                                    f"busbw {line[6]} GB/s, wrong {line[7]}"))
     finally:

@@ -65,7 +65,9 @@ class PerfOptions:
     timeout: int = 14
     """Local ACK timeout exponent (4.096 us x 2^timeout)."""
     retry_cnt: int = 7
-    window: int = 256
+    window: int = 512
+    ack_every: int = 64
+    """AckReq every N packets (and on each signaled message's last): fewer ACKs, fewer wake-ups."""
     """Packets a QP may have unacknowledged: what the receiving socket can queue (a real HCA
     has link credits; a veth drops what the receiver's queue cannot take)."""
 
@@ -140,7 +142,7 @@ class Side:
         for qp, rq in zip(self.qps, peer["qps"], strict=True):
             qp.connect(QpInfo(int(rq["qpn"]), int(rq["psn"]), int(peer["lid"])), path,
                        timeout=self.opts.timeout, retry_cnt=self.opts.retry_cnt,
-                       max_inflight=self.opts.window)
+                       max_inflight=self.opts.window, ack_every=self.opts.ack_every)
         self.remote = [dict(q) for q in peer["qps"]]
         if self.opts.op is WrOpcode.SEND or self.opts.is_latency:
             for i, qp in enumerate(self.qps):
