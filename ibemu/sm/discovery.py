@@ -61,6 +61,9 @@ class Discovery:
     pkeys: dict[End, bytes] = field(default_factory=dict)
     unresponsive: set[End] = field(default_factory=set)
     """Ports LinkUp whose far end did not answer NodeInfo (a dead or dying node)."""
+    avoid: set[int] = field(default_factory=set)
+    """Switches directed routes go through only when there is no other way (suspected dead:
+    an SMP relayed by one would be lost; the SM shares its programmer's ``suspects``)."""
     sm_port: int = 0
 
     # ------------------------------------------------------------------ helpers
@@ -212,9 +215,13 @@ class Discovery:
             p.dr_path = ()
             if p.peer is not None:
                 self._reach(g.nodes[p.peer[0]], (self.sm_port,), p.peer[1], seen, seen_ports, queue)
-        while queue:
-            node = queue.popleft()
+        deferred: deque[SmNode] = deque()  # suspects: expanded only when nothing else is left
+        while queue or deferred:
+            node = queue.popleft() if queue else deferred.popleft()
             if len(node.dr_path) >= MAX_HOPS:
+                continue
+            if queue and node.guid in self.avoid:
+                deferred.append(node)
                 continue
             for num, peer_guid, peer_port in node.neighbors():
                 self._reach(g.nodes[peer_guid], (*node.dr_path, num), peer_port, seen, seen_ports, queue)

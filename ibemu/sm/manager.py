@@ -12,6 +12,18 @@ routes recomputed by the engine (``route_fn(graph, engine)``, default
 ``ibemu.sm.routing.compute``), only the changed LFT blocks written, new ports activated.
 Each such pass is a ``reroute`` event with ``t_trap -> t_rediscovered -> t_routed ->
 t_programmed`` (monotonic ns).
+
+A switch that dies still sits in the graph until every one of its cables is known down, and
+its neighbours' traps may be lost (their route to the SM went through it). So after a trap
+sweep a switch is never waited for: a reroute's blocks to a switch that does not answer are
+abandoned as soon as a trap (or a suspicion) waits (``LftProgrammer``), and the switch
+becomes a *suspect*. So does the far end of a cable found down whose other cables, read from
+their other ends while the reroute is being programmed, are down too. The next pass checks
+each suspect at once: its cables are read from its neighbours and it gets one NodeInfo
+(``suspect_probe_s``); unanswered, it is dropped from the subnet as if all its cables were
+down (as a heavy sweep would leave it out), and the light sweep probes its cables again.
+Directed routes avoid suspects. ``t_programmed`` is the last ack from the switches that
+answered; blocks not waited for are in ``blocks_failed`` (and ``blocks_abandoned``).
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ import trio
 from ibemu.device import madbuild as mb
 from ibemu.hca.umad import SimRequest
 from ibemu.sm import activate as act
-from ibemu.sm.discovery import Change, Discovery
+from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.events import EventLog
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
@@ -84,6 +96,8 @@ class SmConfig:
     priority: int = 0
     lid_routed_activation: bool = True  # after a clean programming pass (cheaper per hop)
     state_path: str | None = None  # where to keep a JSON snapshot of LIDs, links and LFTs
+    overdue_s: float = 0.02  # with a trap waiting, an LFT Set unanswered this long is abandoned
+    suspect_probe_s: float = 0.05  # a suspected switch not answering NodeInfo within this is dropped
 
 
 class SubnetManager:
@@ -102,7 +116,10 @@ class SubnetManager:
                                    on_unsolicited=self._on_mad)
         self.disc = Discovery(self.transport)
         self.lids = LidTable()
-        self.prog = LftProgrammer(self.transport, self.events)
+        self.prog = LftProgrammer(self.transport, self.events, overdue_s=self.config.overdue_s)
+        self.disc.avoid = self.prog.suspects
+        self._check: set[int] = set()  # suspects the next pass looks at
+        self._reprogram = False  # the last pass left blocks unwritten
         self.routes: Routes | None = None
         self.sm_lid = 0
         self._snapshot_due = False
@@ -163,9 +180,9 @@ class SubnetManager:
             await self.step()
 
     async def step(self) -> None:
-        """One pass: handle pending traps, else a light sweep."""
+        """One pass: handle pending traps (and suspects), else a light sweep."""
         self._wake = trio.Event()
-        if self._dirty or self._trap_unknown:
+        if self._dirty or self._trap_unknown or self._check:
             await self.trap_sweep()
         else:
             await self.light_sweep()
@@ -244,6 +261,8 @@ class SubnetManager:
         """Discover everything, assign LIDs, route, program, activate. True when up."""
         t0, before = self._begin(reason)
         known = set(self.graph.nodes)
+        self.prog.suspects.clear()
+        self._check.clear()
         await self.disc.discover()
         g = self.graph
         for guid in set(g.nodes) - known:
@@ -284,10 +303,14 @@ class SubnetManager:
         return self.route_fn(self.graph, self.config.engine)
 
     async def _route_and_program(self, info: dict[str, Any] | None,
-                                 ends: list[tuple[int, int]] | None = None) -> bool:
+                                 ends: list[tuple[int, int]] | None = None, *,
+                                 recompute: bool = True) -> bool:
+        """Route (``recompute=False``: keep the routes, write what is still unwritten) and
+        program. With ``info`` (a trap or light sweep) unresponsive switches are not waited
+        for once a trap waits (see the module docstring)."""
         t = self.events.now()
         try:
-            routes = self._compute(ends)
+            routes = self._compute(ends) if recompute or self.routes is None else self.routes
         except Exception as exc:
             log.exception("routing engine %s failed", self.config.engine)
             self.events.emit("error", what=f"routing failed: {exc!r}")
@@ -296,15 +319,87 @@ class SubnetManager:
         self.events.emit("routes_computed", t_ns=t_routed, engine=routes.engine,
                          seconds=(t_routed - t) / 1e9, switches=len(routes.lfts))
         self.routes = routes
-        res = await self.prog.program(self.graph, routes, self.lids.top)
+        if info is None:
+            res = await self.prog.program(self.graph, routes, self.lids.top)
+        else:
+            res = await self.prog.program(self.graph, routes, self.lids.top, urgent=self._wake,
+                                          on_suspect=self._on_suspect)
+        self._reprogram = res.failed > 0
         self._snapshot_due = True
-        self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, switches=res.switches,
-                         seconds=(self.events.now() - t_routed) / 1e9)
+        self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, abandoned=res.abandoned,
+                         switches=res.switches, seconds=(self.events.now() - t_routed) / 1e9)
         if info is not None:
             info.update(t_route_start=t, t_routed=t_routed, t_planned=res.t_planned_ns,
                         t_programmed=res.t_last_ack_ns or self.events.now(),
-                        blocks=res.acked, blocks_failed=res.failed)
+                        blocks=res.acked, blocks_failed=res.failed, blocks_abandoned=res.abandoned,
+                        suspects=[f"{g:#018x}" for g in res.suspects])
         return res.failed == 0
+
+    def _on_suspect(self, guid: int, why: str = "unanswered") -> None:
+        """A switch did not answer (or looks dead from its neighbours): check it next pass."""
+        node = self.graph.nodes.get(guid)
+        self.prog.suspects.add(guid)
+        self.events.emit("suspect", guid=f"{guid:#018x}", desc=node.desc if node else "", why=why)
+        self._check.add(guid)
+        self._wake.set()
+
+    async def _check_suspects(self, guids: set[int]) -> list[Change]:
+        """Read the suspects' cables from their neighbours (dead ones unlinked), then one
+        NodeInfo each; a suspect that does not answer is dropped: every cable of it unlinked
+        (``link_down``), the far ends still up remembered as unresponsive (the light sweep
+        probes them again, so a switch that was only slow comes back)."""
+        g = self.graph
+        self.disc.recompute_paths()  # routes around the suspects where there is a way
+        facing = sorted({(peer, pp) for s in guids if s in g.nodes for _n, peer, pp in g.nodes[s].neighbors()
+                         if peer in g.nodes and g.nodes[peer].is_switch and peer not in guids})
+        changes = await self.disc._check_ports(facing)
+        cut_off = self.disc.recompute_paths()  # all its cables down: nothing left to ask
+        alive: set[int] = set()
+
+        async def probe(guid: int) -> None:
+            node = g.nodes.get(guid)
+            if node is None:
+                return
+            r = await self.transport.request(mb.dr_smp(mb.GET, 0x0011, path=list(node.dr_path)),
+                                             timeout_s=self.config.suspect_probe_s, retries=0)
+            if r is not None and r.ok and mb.parse_node_info(r.data).node_guid == guid:
+                alive.add(guid)
+
+        async with trio.open_nursery() as n:
+            for guid in guids - cut_off:
+                n.start_soon(probe, guid)
+        for guid in guids:
+            node = g.nodes.get(guid)
+            if node is None:
+                continue
+            if guid in alive:
+                self.prog.suspects.discard(guid)
+                continue
+            if guid in cut_off:
+                continue  # unreachable: the caller drops it (``partition``)
+            for num, peer, pp in list(node.neighbors()):
+                far = g.nodes.get(peer)
+                if far is not None and far.is_switch and self.disc.phys((peer, pp)) == PHYS_LINK_UP:
+                    self.disc.unresponsive.add((peer, pp))
+                self.disc.unlink(guid, num)
+                changes.append(Change("down", guid, num, (peer, pp)))
+            self.events.emit("switch_dropped", guid=f"{guid:#018x}", desc=node.desc)
+        return changes
+
+    async def _check_far_ends(self, guids: set[int]) -> None:
+        """The far switches of cables just found down: are their other cables down too (a
+        switch dying, whose neighbours' traps may never come)? Read from the other ends."""
+        g = self.graph
+        ends = sorted({(peer, pp) for s in guids if s in g.nodes for _n, peer, pp in g.nodes[s].neighbors()
+                       if peer in g.nodes and g.nodes[peer].is_switch and peer not in self._dirty})
+        with trio.move_on_after(self.config.timeout_s):
+            await self.disc.read_ends(ends)
+        for guid in guids:
+            node = g.nodes.get(guid)
+            if node is None or guid in self.prog.suspects:
+                continue
+            if any(self.disc.phys((peer, pp)) not in (0, PHYS_LINK_UP) for _n, peer, pp in node.neighbors()):
+                self._on_suspect(guid, "cables")
 
     def snapshot(self) -> dict[str, Any]:
         """LIDs, names, cables and LFTs as this SM last wrote them (``ibemu sm routes``)."""
@@ -364,7 +459,8 @@ class SubnetManager:
         """Re-discover the switches that sent traps, then reroute if anything changed."""
         dirty, self._dirty = self._dirty, {}
         unknown, self._trap_unknown = self._trap_unknown, 0
-        t_trap = min([*dirty.values(), *([unknown] if unknown else [])])
+        stamps = [*dirty.values(), *([unknown] if unknown else [])]
+        t_trap = min(stamps) if stamps else None  # None: only suspects to check
         guids = set(dirty)
         if unknown and not await self._own_port_ok():
             return
@@ -384,7 +480,7 @@ class SubnetManager:
         reset = self._reset_switches(infos)
         missing = [g for g in switches if g not in infos]
         self._end("light", t0, before, changed=len(guids), unanswered=len(missing), reset=len(reset))
-        if guids or reset:
+        if guids or reset or self._reprogram:
             await self._resweep(guids | reset, "light", None, reset=reset)
 
     def _reset_switches(self, infos: dict[int, bytes]) -> set[int]:
@@ -421,7 +517,10 @@ class SubnetManager:
             self._end(reason, t0, before, changed=0, deferred=True)
             return
         known = set(self.graph.nodes)
-        changes: list[Change] = await self.disc.refresh(guids, verify=True)
+        check, self._check = {g for g in self._check if g in self.graph.nodes}, set()
+        changes: list[Change] = await self._check_suspects(check) if check else []
+        guids = {g for g in guids if g not in check}
+        changes += await self.disc.refresh(guids, verify=True)
         t_rediscovered = self.events.now()
         for guid in set(self.graph.nodes) - known:
             self.prog.forget(guid)
@@ -458,15 +557,23 @@ class SubnetManager:
             await act.set_pkeys(self.disc)
             ends = [(c.guid, c.port) for c in structural]
             ends += [c.peer for c in structural if c.peer is not None]
-            await self._route_and_program(info, ends)
+            far = {c.peer[0] for c in structural if c.kind == "down" and c.peer is not None
+                   and c.guid not in check and c.peer[0] not in check}
+            far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch}
+            async with trio.open_nursery() as n:
+                if far:  # beside the programming: not on a single cable's fast path
+                    n.start_soon(self._check_far_ends, far)
+                await self._route_and_program(info, ends)
             top = self.lids.top
             stale = [s.guid for s in self.graph.switches() if act.fdb_top(self.disc, s.guid) != top]
             await act.set_switch_info(self.disc, stale, top=top)
+        elif self._reprogram:  # blocks a pass left unwritten (abandoned, unanswered)
+            await self._route_and_program(info, recompute=False)
         if changes or reset:
             await act.activate(self.disc)
         present = [g for g in guids if g in self.graph.nodes]
         await act.set_switch_info(self.disc, present, top=None)  # clear PortStateChange
-        if structural or reset:
+        if structural or reset or info:
             rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
                    "issuers": len(guids), "changes": len(changes), "reset": len(reset), "reason": reason}
             self.events.emit("reroute", **rec)

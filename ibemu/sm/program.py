@@ -6,12 +6,23 @@ that only blocks whose bytes differ are sent, all in parallel within the transpo
 window. Each ack is an ``lft_block_acked`` event; ``Programmed.t_last_ack_ns`` is the
 reroute's ``t_programmed``. A block whose Set failed is forgotten, so the next pass
 sends it again.
+
+Unresponsive switches are not waited for (a switch that died still sits in the graph until
+the SM has seen all of its cables go): a switch whose Set times out once becomes a *suspect*
+(``suspects``, ``on_suspect`` tells the SM, which checks it at once). When the pass is given
+an ``urgent`` event (set when a trap, or a suspicion, is waiting for the next reroute), then
+once it is set the pass stops waiting for blocks to suspects and for blocks in flight longer
+than ``overdue_s`` (a responsive switch acks in a few ms); those are *abandoned*: counted in
+``failed`` and ``abandoned``, forgotten (the next pass plans them again), and their switches
+become suspects. Suspects get one attempt per pass. A switch that acks is no longer a suspect.
+So ``t_last_ack_ns`` is the last ack of the switches that answered.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import trio
@@ -44,6 +55,10 @@ class Programmed:
     acked: int = 0
     failed: int = 0
     switches: int = 0
+    abandoned: int = 0
+    """Blocks not waited for (unresponsive switch, superseded by a waiting trap); in ``failed``."""
+    suspects: list[int] = field(default_factory=list)
+    """Switches that became suspects during this pass."""
     t_planned_ns: int = 0
     """When the blocks to write were known (and whether each goes LID-routed)."""
     t_last_ack_ns: int = 0
@@ -67,6 +82,10 @@ class LftProgrammer:
     sm_guid: int = 0
     sm_port: int = 0
     sm_lid: int = 0
+    suspects: set[int] = field(default_factory=set)
+    """Switches whose Sets went unanswered (timed out, or abandoned) since they last acked."""
+    overdue_s: float = 0.02
+    """With a trap waiting, a Set unanswered this long is abandoned (see the module docstring)."""
     _blocks: dict[int, tuple[Mapping[int, int], int, dict[int, bytes]]] = field(default_factory=dict)
     """Switch GUID -> (the LFT mapping, top, its blocks): an incremental reroute hands the
     unchanged switches' LFTs over as the same objects (it copies the ones it changes), so
@@ -112,6 +131,7 @@ class LftProgrammer:
         """The switch is gone (or reset): write it in full next time."""
         self.written.pop(guid, None)
         self._blocks.pop(guid, None)
+        self.suspects.discard(guid)
 
     def plan(self, routes: Routes, top: int) -> dict[int, dict[int, bytes]]:
         """Blocks to send per switch GUID."""
@@ -129,44 +149,108 @@ class LftProgrammer:
                 out[guid] = diff
         return out
 
-    async def program(self, graph: SubnetGraph, routes: Routes, top: int) -> Programmed:
+    async def program(self, graph: SubnetGraph, routes: Routes, top: int, *,
+                      urgent: trio.Event | None = None,
+                      on_suspect: Callable[[int], None] | None = None) -> Programmed:
+        """Write the blocks that differ from what the switches have. ``urgent``: see the
+        module docstring (None: wait for every block, all its retries)."""
         plan = self.plan(routes, top)
         res = Programmed(switches=len(plan))
+        scopes: dict[tuple[int, int], trio.CancelScope] = {}
+        sent_at: dict[tuple[int, int], float] = {}  # trio time the current attempt went out
+        news = trio.Event()  # a new suspect: the watcher looks again
+
+        def suspect(guid: int) -> None:
+            nonlocal news
+            if guid in self.suspects:
+                return
+            self.suspects.add(guid)
+            res.suspects.append(guid)
+            news.set()
+            if on_suspect is not None:
+                on_suspect(guid)
 
         async def one(guid: int, block: int, data: bytes) -> None:
             node = graph.nodes.get(guid)
             if node is None:
                 return
+            key = (guid, block)
             res.sent += 1
+
+            def attempt(n: int) -> None:
+                sent_at[key] = trio.current_time()
+                if n > 1:  # the attempt before timed out
+                    suspect(guid)
+
             r = None
-            if lid_routed.get(guid):
-                self.transport.stats["lid_routed_sets"] += 1
-                r = await self.transport.request(
-                    Request(mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data), dlid=node.lid), retries=0)
+            with scopes.setdefault(key, trio.CancelScope()) as scope:
+                if lid_routed.get(guid):
+                    self.transport.stats["lid_routed_sets"] += 1
+                    r = await self.transport.request(
+                        Request(mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data), dlid=node.lid),
+                        retries=0, on_attempt=attempt)
+                    if r is None:
+                        self.transport.stats["lid_routed_fallback"] += 1
                 if r is None:
-                    self.transport.stats["lid_routed_fallback"] += 1
-            if r is None:
-                r = await self.transport.request(mb.dr_smp(mb.SET, ATTR_LFT, path=list(node.dr_path),
-                                                           modifier=block, data=data))
+                    retries = 0 if urgent is not None and guid in self.suspects else None
+                    r = await self.transport.request(
+                        mb.dr_smp(mb.SET, ATTR_LFT, path=list(node.dr_path), modifier=block, data=data),
+                        retries=retries, on_attempt=attempt)
+            scopes.pop(key, None)
+            sent_at.pop(key, None)
+            if scope.cancelled_caught:
+                res.failed += 1
+                res.abandoned += 1
+                self.written.get(guid, {}).pop(block, None)
+                return
             if r is None or not r.ok:
+                if r is None:
+                    suspect(guid)
                 res.failed += 1
                 self.written.get(guid, {}).pop(block, None)
                 log.warning("LFT block %d of %#x not acked", block, guid)
                 return
+            self.suspects.discard(guid)
             self.written.setdefault(guid, {})[block] = data
             res.acked += 1
             rec = self.events.emit("lft_block_acked", switch=f"{guid:#018x}", block=block)
             res.t_last_ack_ns = max(res.t_last_ack_ns, rec["t_ns"])
+
+        async def watch(urgent: trio.Event) -> None:
+            """Once ``urgent`` is set: abandon blocks to suspects and overdue ones."""
+            nonlocal news
+            await urgent.wait()
+            while True:
+                now = trio.current_time()
+                due = math.inf
+                for key, scope in list(scopes.items()):
+                    t = sent_at.get(key)
+                    if key[0] in self.suspects or (t is not None and now - t >= self.overdue_s):
+                        if key[0] not in self.suspects:
+                            suspect(key[0])
+                        scope.cancel()
+                        del scopes[key]
+                    elif t is not None:
+                        due = min(due, t + self.overdue_s)
+                    else:  # waiting for the window: look again soon
+                        due = min(due, now + self.overdue_s / 4)
+                news = trio.Event()
+                with trio.move_on_at(due):
+                    await news.wait()
 
         # Decide LID-routed vs directed route against the tables as they are before this pass.
         lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in plan}
         res.t_planned_ns = self.events.now()
         # farthest switches first: their round trips are the longest, so the last ack comes sooner
         order = sorted(plan, key=lambda g: -len(graph.nodes[g].dr_path) if g in graph.nodes else 0)
-        async with trio.open_nursery() as n:
-            for guid in order:
-                if guid not in self.written:
-                    self.written[guid] = {}
-                for block, data in sorted(plan[guid].items()):
-                    n.start_soon(one, guid, block, data)
+        async with trio.open_nursery() as outer:
+            if urgent is not None:
+                outer.start_soon(watch, urgent)
+            async with trio.open_nursery() as n:
+                for guid in order:
+                    if guid not in self.written:
+                        self.written[guid] = {}
+                    for block, data in sorted(plan[guid].items()):
+                        n.start_soon(one, guid, block, data)
+            outer.cancel_scope.cancel()
         return res

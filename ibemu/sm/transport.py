@@ -223,9 +223,11 @@ class Transport:
             self._finished.popitem(last=False)
 
     async def request(self, req: Request | bytes, *, timeout_s: float | None = None,
-                      retries: int | None = None) -> Reply | None:
+                      retries: int | None = None,
+                      on_attempt: Callable[[int], None] | None = None) -> Reply | None:
         """Send and wait for the response; None when every attempt timed out or the MAD
-        was returned undeliverable (status 110)."""
+        was returned undeliverable (status 110). ``on_attempt(n)`` is called as attempt
+        ``n`` (1, 2, ...) goes out (past the window): n > 1 means the one before timed out."""
         if isinstance(req, bytes):
             req = Request(req)
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -238,6 +240,8 @@ class Transport:
                 if attempt > 1:
                     self.stats["retries"] += 1
                 self.stats["sent"] += 1
+                if on_attempt is not None:
+                    on_attempt(attempt)
                 try:
                     await self.port.send(SimRequest(req.dlid, 0, req.dqp, req.sqp,
                                                     set_mad_tid(req.mad, tid)))
