@@ -119,6 +119,7 @@ class SubnetManager:
         self.prog = LftProgrammer(self.transport, self.events, overdue_s=self.config.overdue_s)
         self.disc.avoid = self.prog.suspects
         self._check: set[int] = set()  # suspects the next pass looks at
+        self._unanswered: set[int] = set()  # suspects because an SMP to them went unanswered
         self._reprogram = False  # the last pass left blocks unwritten
         self.routes: Routes | None = None
         self.sm_lid = 0
@@ -339,6 +340,8 @@ class SubnetManager:
         """A switch did not answer (or looks dead from its neighbours): check it next pass."""
         node = self.graph.nodes.get(guid)
         self.prog.suspects.add(guid)
+        if why == "unanswered":
+            self._unanswered.add(guid)
         self.events.emit("suspect", guid=f"{guid:#018x}", desc=node.desc if node else "", why=why)
         self._check.add(guid)
         self._wake.set()
@@ -354,6 +357,9 @@ class SubnetManager:
                          if peer in g.nodes and g.nodes[peer].is_switch and peer not in guids})
         changes = await self.disc._check_ports(facing)
         cut_off = self.disc.recompute_paths()  # all its cables down: nothing left to ask
+        # unanswered, and cables of it going down: dying, no need to ask again
+        dying = {c.peer[0] for c in changes if c.peer is not None} & self._unanswered
+        cut_off |= dying
         alive: set[int] = set()
 
         async def probe(guid: int) -> None:
@@ -375,7 +381,7 @@ class SubnetManager:
             if guid in alive:
                 self.prog.suspects.discard(guid)
                 continue
-            if guid in cut_off:
+            if guid in cut_off - dying:
                 continue  # unreachable: the caller drops it (``partition``)
             for num, peer, pp in list(node.neighbors()):
                 far = g.nodes.get(peer)
@@ -519,6 +525,7 @@ class SubnetManager:
         known = set(self.graph.nodes)
         check, self._check = {g for g in self._check if g in self.graph.nodes}, set()
         changes: list[Change] = await self._check_suspects(check) if check else []
+        self._unanswered -= check
         guids = {g for g in guids if g not in check}
         changes += await self.disc.refresh(guids, verify=True)
         t_rediscovered = self.events.now()

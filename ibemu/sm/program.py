@@ -11,10 +11,11 @@ Unresponsive switches are not waited for (a switch that died still sits in the g
 the SM has seen all of its cables go): a switch whose Set times out once becomes a *suspect*
 (``suspects``, ``on_suspect`` tells the SM, which checks it at once). When the pass is given
 an ``urgent`` event (set when a trap, or a suspicion, is waiting for the next reroute), then
-once it is set the pass stops waiting for blocks to suspects and for blocks in flight longer
-than ``overdue_s`` (a responsive switch acks in a few ms); those are *abandoned*: counted in
+once it is set the pass stops waiting for blocks to suspects; and it never waits for blocks
+in flight longer than ``overdue_s`` (a responsive switch acks in a few ms); those are *abandoned*: counted in
 ``failed`` and ``abandoned``, forgotten (the next pass plans them again), and their switches
-become suspects. Suspects get one attempt per pass. A switch that acks is no longer a suspect.
+become suspects. A Set unanswered after ``overdue_s`` (or 3x the slowest ack of the pass, if
+longer) is abandoned even with no trap waiting. Suspects get one attempt per pass. A switch that acks is no longer a suspect.
 So ``t_last_ack_ns`` is the last ack of the switches that answered.
 """
 
@@ -159,6 +160,7 @@ class LftProgrammer:
         scopes: dict[tuple[int, int], trio.CancelScope] = {}
         sent_at: dict[tuple[int, int], float] = {}  # trio time the current attempt went out
         news = trio.Event()  # a new suspect: the watcher looks again
+        slowest = 0.0  # the longest an acked Set took in this pass (s)
 
         def suspect(guid: int) -> None:
             nonlocal news
@@ -171,6 +173,7 @@ class LftProgrammer:
                 on_suspect(guid)
 
         async def one(guid: int, block: int, data: bytes) -> None:
+            nonlocal slowest
             node = graph.nodes.get(guid)
             if node is None:
                 return
@@ -197,7 +200,7 @@ class LftProgrammer:
                         mb.dr_smp(mb.SET, ATTR_LFT, path=list(node.dr_path), modifier=block, data=data),
                         retries=retries, on_attempt=attempt)
             scopes.pop(key, None)
-            sent_at.pop(key, None)
+            t_sent = sent_at.pop(key, None)
             if scope.cancelled_caught:
                 res.failed += 1
                 res.abandoned += 1
@@ -211,32 +214,41 @@ class LftProgrammer:
                 log.warning("LFT block %d of %#x not acked", block, guid)
                 return
             self.suspects.discard(guid)
+            if t_sent is not None:
+                slowest = max(slowest, trio.current_time() - t_sent)
             self.written.setdefault(guid, {})[block] = data
             res.acked += 1
             rec = self.events.emit("lft_block_acked", switch=f"{guid:#018x}", block=block)
             res.t_last_ack_ns = max(res.t_last_ack_ns, rec["t_ns"])
 
         async def watch(urgent: trio.Event) -> None:
-            """Once ``urgent`` is set: abandon blocks to suspects and overdue ones."""
+            """Abandon blocks overdue (their switches become suspects) and, once ``urgent``
+            is set, blocks to suspects."""
             nonlocal news
-            await urgent.wait()
             while True:
                 now = trio.current_time()
                 due = math.inf
+                overdue = max(self.overdue_s, 3 * slowest)
                 for key, scope in list(scopes.items()):
                     t = sent_at.get(key)
-                    if key[0] in self.suspects or (t is not None and now - t >= self.overdue_s):
+                    if (urgent.is_set() and key[0] in self.suspects) or (t is not None and now - t >= overdue):
                         if key[0] not in self.suspects:
                             suspect(key[0])
                         scope.cancel()
                         del scopes[key]
                     elif t is not None:
-                        due = min(due, t + self.overdue_s)
+                        due = min(due, t + overdue)
                     else:  # waiting for the window: look again soon
                         due = min(due, now + self.overdue_s / 4)
                 news = trio.Event()
                 with trio.move_on_at(due):
-                    await news.wait()
+                    async with trio.open_nursery() as n:
+                        async def first(ev: trio.Event) -> None:
+                            await ev.wait()
+                            n.cancel_scope.cancel()
+                        n.start_soon(first, news)
+                        if not urgent.is_set():
+                            n.start_soon(first, urgent)
 
         # Decide LID-routed vs directed route against the tables as they are before this pass.
         lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in plan}
