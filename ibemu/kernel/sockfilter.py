@@ -40,7 +40,8 @@ Insn = tuple[int, int, int, int]
 def _qp_split(mad_side: bool) -> list[Insn]:
     """Accept frames for QP0/QP1 (``mad_side``) or for every other QP (the data side)."""
     mad, data = (ACCEPT, 0) if mad_side else (0, ACCEPT)
-    return _qp_prefix(mad) + [
+    return [
+        *_qp_prefix(mad),
         (_JGT_K, 0, 1, 1),                     # 9: DestQP > 1 -> 10 else 11
         (_RET_K, 0, 0, data),                  # 10
         (_RET_K, 0, 0, mad),                   # 11
@@ -70,7 +71,8 @@ def qp_range(first: int, end: int) -> list[Insn]:
     """
     if not 2 <= first < end <= 1 << 24:
         raise ValueError("a QP range lies within 2 .. 2^24")
-    return _qp_prefix(0) + [
+    return [
+        *_qp_prefix(0),
         (_JGE_K, 0, 2, first),                 # 9: DestQP >= first -> 10 else 12
         (_JGE_K, 1, 0, end),                   # 10: DestQP >= end -> 12 else 11
         (_RET_K, 0, 0, ACCEPT),                # 11

@@ -57,7 +57,7 @@ def test_server_and_client_in_two_hosts(fabric: Path, test: str, column: str) ->
 def test_allreduce_from_the_root_namespace(fabric: Path) -> None:
     r = run(fabric, "perf", "allreduce", "--hosts", "h0,h3,h6,h9,h12", "-s", "256KiB", "-n", "2")
     assert r.returncode == 0, r.stderr
-    line = [ln for ln in r.stdout.splitlines() if not ln.startswith("#")][0].split()
+    line = next(ln for ln in r.stdout.splitlines() if not ln.startswith("#")).split()
     assert int(line[0]) == 256 * 1024 // 20 * 20 and line[-1] == "0"  # whole floats per rank; #wrong
 
 

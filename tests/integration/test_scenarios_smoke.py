@@ -53,7 +53,7 @@ def test_shipped_scenario_runs(path: Path, state_dir: Path, tmp_path: Path) -> N
             assert "error" not in t["extra"], (t["name"], t["extra"]["error"])
         else:
             assert "RETRY_EXC_ERR" in t["extra"].get("error", "RETRY_EXC_ERR"), t["extra"]["error"]
-        assert t["bytes"] > 0 or t["kind"].endswith("_lat") and t["packets"] > 0, t["name"]
+        assert t["bytes"] > 0 or (t["kind"].endswith("_lat") and t["packets"] > 0), t["name"]
     injected = result["faults"]
     assert len(injected) >= len(scen.faults)
     for f in injected:
