@@ -199,9 +199,11 @@ class Discovery:
 
     # ------------------------------------------------------------------ paths
 
-    def recompute_paths(self) -> set[int]:
+    def recompute_paths(self, avoid: set[int] | None = None) -> set[int]:
         """Shortest directed routes over live links from the SM's port; returns the GUIDs
-        of nodes no longer reachable (left in the graph for the caller to deal with)."""
+        of nodes no longer reachable (left in the graph for the caller to deal with).
+        Routes go through ``self.avoid`` and ``avoid`` only where there is no other way."""
+        shun = self.avoid | avoid if avoid else self.avoid
         g = self.graph
         sm = g.nodes.get(g.sm_guid)
         if sm is None:
@@ -220,7 +222,7 @@ class Discovery:
             node = queue.popleft() if queue else deferred.popleft()
             if len(node.dr_path) >= MAX_HOPS:
                 continue
-            if queue and node.guid in self.avoid:
+            if queue and node.guid in shun:
                 deferred.append(node)
                 continue
             for num, peer_guid, peer_port in node.neighbors():

@@ -567,6 +567,8 @@ class SubnetManager:
             far = {c.peer[0] for c in structural if c.kind == "down" and c.peer is not None
                    and c.guid not in check and c.peer[0] not in check}
             far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch}
+            if far:  # their neighbours are asked around them, not through them
+                self.disc.recompute_paths(avoid=far)
             async with trio.open_nursery() as n:
                 if far:  # beside the programming: not on a single cable's fast path
                     n.start_soon(self._check_far_ends, far)

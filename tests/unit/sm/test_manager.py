@@ -452,3 +452,44 @@ def test_a_switch_rebooting_between_two_sweeps_is_configured_again() -> None:
             assert link_ports_active(fab) and not unreachable_pairs(fab)
 
     run(main)
+
+
+def test_a_switch_dying_whose_neighbours_traps_are_lost_is_not_waited_for() -> None:
+    """A whole switch dies; only one neighbour's trap reaches the SM (the others' routes to
+    the SM went through the dead switch). The reroute must not sit on the dead switch's LFT
+    Sets (4 timeouts x 0.2 s) nor wait for a light sweep: it is suspected, checked from its
+    neighbours and dropped, and every CA reaches every CA again within ~0.1 s."""
+    topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)  # default timeouts: 0.2 s, 3 retries
+    name = "agg1_0"
+    node = topo.node(name)
+    cables = [num for num in node.port_range if fab.peer(name, num) is not None]
+    first = fab.peer(name, cables[-1])  # a core: its trap gets through
+    assert first is not None
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            messenger = fab.agents[first[0]]
+            assert isinstance(messenger, SwitchAgent)
+            _kill(fab, topo, name)()
+            got = fab.delivered["h0"]
+            got[:] = [d for d in got if d.slid == messenger.lid]  # every other trap is lost
+            assert got
+            t0 = trio.current_time()
+            await settle(port)
+            for _ in range(10):
+                if not (sm._dirty or sm._trap_unknown or getattr(sm, "_check", None)):
+                    break
+                await sm.step()
+                await settle(port)
+            elapsed = trio.current_time() - t0
+            assert node.guid not in sm.graph.nodes
+            assert not unreachable_pairs(fab)
+            assert elapsed < 0.15, elapsed
+            first_rr = sm.events.of("reroute")[0]
+            assert first_rr["blocks_failed"] >= 1  # the dead switch's blocks: not waited for
+            assert first_rr["t_programmed"] - first_rr["t_trap"] < 0.1e9
+            assert sm.events.counts["suspect"] >= 1
+
+    run(main)
