@@ -34,6 +34,7 @@ from ibemu.scenario.schema import (
     SM_ENGINES,
     SM_IMPLS,
     SM_KEYS,
+    STREAM_TRANSPORTS,
     TOP_KEYS,
     TOPOLOGY_EXPLICIT_KEYS,
     TOPOLOGY_FILE_KEYS,
@@ -551,6 +552,9 @@ class _Loader(Reader):
         qps = integer("qps", 1, 1, 1024)
         seed = integer("seed", 0, 0, 2**32 - 1)
         rate_pps = integer("rate_pps", 10_000, 1, 10_000_000) if kind == "stream" else None
+        transport = "rc"
+        if "transport" in m:
+            transport = self.choice(m["transport"][1], f"{path}.transport", STREAM_TRANSPORTS) or "rc"
         size = TRAFFIC_DEFAULT_SIZE.get(kind, DEFAULT_SIZE)
         if "size" in m:
             v = self.size(m["size"][1], f"{path}.size")
@@ -610,7 +614,7 @@ class _Loader(Reader):
         return TrafficSpec(
             name=name, kind=kind, hosts=hosts, src=src, dst=dst, size=size, qps=qps,
             start_s=start, stop_s=stop, sl=sl, bidirectional=bidir, seed=seed,
-            rate_pps=rate_pps, where=f"{self.source}:{line_of(item)} {path}",
+            rate_pps=rate_pps, transport=transport, where=f"{self.source}:{line_of(item)} {path}",
         )  # fmt: skip
 
     def _kind_mapping(

@@ -75,7 +75,13 @@ def flow_dict(t: TrafficSpec, duration_s: float) -> dict[str, Any]:
     """A ``traffic:`` entry as the worker takes it."""
     return {"name": t.name, "kind": t.kind, "hosts": list(t.hosts), "src": t.src, "dst": t.dst,
             "size": t.size, "qps": t.qps, "start_s": t.start_s, "stop_s": min(t.stop_s, duration_s),
-            "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl}
+            "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl,
+            "transport": t.transport}
+
+
+def flow_dicts(scen: Scenario) -> list[dict[str, Any]]:
+    """Every ``traffic:`` entry as the workers take them (with the fabric's datapath)."""
+    return [{**flow_dict(t, scen.duration_s), "datapath": scen.fabric.datapath} for t in scen.traffic]
 
 
 class ScenarioRun:
@@ -197,7 +203,7 @@ class ScenarioRun:
         self.t0_ns = time.monotonic_ns() + int(WARMUP_S * 1e9)
         mtu = scen.defaults.mtu or 4096
         return {"t0_ns": self.t0_ns, "hosts": hosts, "mtu": mtu,
-                "flows": [flow_dict(t, scen.duration_s) for t in scen.traffic]}
+                "flows": flow_dicts(scen)}
 
     async def _capture(self, link_name: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         node, _, port = link_name.partition(":")

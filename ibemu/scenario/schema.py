@@ -61,7 +61,7 @@ TRAFFIC_KINDS: dict[str, tuple[str, ...]] = {
     "alltoall": ("hosts", "size"),
     "incast": ("from", "to", "size", "qps"),
     "permutation": ("hosts", "size", "qps", "seed"),
-    "stream": ("from", "to", "size", "rate_pps"),
+    "stream": ("from", "to", "size", "rate_pps", "transport"),
 }
 TRAFFIC_DEFAULT_SIZE = {
     "write_lat": 64,
@@ -93,6 +93,7 @@ FAULT_REQUIRED: dict[str, tuple[str, ...]] = {
     "corrupt": ("percent",),
 }
 
+STREAM_TRANSPORTS = ("rc", "ud")
 DEFAULT_DURATION_S = 30.0
 MAX_DURATION_S = 86400.0
 
@@ -141,6 +142,8 @@ class TrafficSpec:
     bidirectional: bool = False
     seed: int = 0
     rate_pps: int | None = None
+    transport: str = "rc"
+    """Streams: rc (losses retransmitted) or ud (losses stay lost)."""
     where: str = ""
 
 

@@ -17,8 +17,13 @@ Kinds (fields beyond ``kind`` and ``t_ns``):
 - ``link_down`` / ``link_up`` / ``link_reinit`` (guid, port, peer "guid:port")
 - ``partition`` (lost: CA names the SM can no longer reach, lost_switches, peers_lost:
   {reachable CA: [lost CAs]}) · ``partition_healed`` (nodes, still_lost)
-- ``reroute`` (t_trap (None for a light sweep), t_rediscovered, t_routed, t_programmed =
-  last LFT block acked, blocks, blocks_failed, issuers, changes, reset, reason)
+- ``reroute`` (t_trap (None for a light sweep), t_rediscovered, t_route_start, t_routed,
+  t_planned, t_programmed = last LFT block acked by a switch that answers, blocks,
+  blocks_failed (including blocks_abandoned: Sets to a switch that stopped answering, not
+  waited for), suspects, issuers, changes, reset, reason)
+- ``suspect`` (guid, desc, why): a switch left a Set unanswered or lost its cables; the next
+  pass reads its cables from its neighbours and probes it once · ``switch_dropped`` (guid,
+  desc): a suspect that did not answer, taken out of the subnet as if all its cables were down
 - ``sm_info`` (from_lid, answered) · ``error`` (what)
 """
 

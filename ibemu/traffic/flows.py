@@ -27,6 +27,10 @@ BW_KINDS = ("write_bw", "read_bw", "send_bw", "incast", "permutation")
 KINDS = (*perftest.TESTS, *collectives.COLLECTIVES, "incast", "permutation", "stream")
 LAT_ITERATIONS = 1000
 WINDOW = 256
+USER_DATAPATH_WINDOW = 64
+"""On the user datapath every switch is a Python forwarder, much slower than tc: a window it
+cannot drain within the ACK timeout would go back N for nothing (IB's link credits would
+have held the sender back instead)."""
 BW_TIMEOUT = 14
 """Bandwidth flows: local ACK timeout 4.096 us x 2^14 = 67 ms (a lost window's tail waits
 this long: nothing behind it can draw a NAK)."""
@@ -72,11 +76,13 @@ def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None, *, sha
     move is shared, so each pair keeps a smaller window, drained well within its ACK timeout
     (a window the process cannot drain in time would time out and go back N for nothing).
     """
+    user = spec.get("datapath") == "user"  # switches forward in Python: far less to go round
+    window = (USER_DATAPATH_WINDOW if user else WINDOW) // sharing
     return PerfOptions(test=test, size=int(spec.get("size", 65536)), qps=int(spec.get("qps", 1)),
                        bidirectional=bool(spec.get("bidirectional", False)),
                        duration_s=duration_s, iterations=LAT_ITERATIONS, tx_depth=16,
-                       window=max(16, WINDOW // sharing),
-                       timeout=BW_TIMEOUT if sharing == 1 else SHARED_BW_TIMEOUT)
+                       window=max(16, window),
+                       timeout=BW_TIMEOUT if sharing == 1 and not user else SHARED_BW_TIMEOUT)
 
 
 async def _bw_pair(src: HcaPort, dst: HcaPort, opts: PerfOptions, stop: trio.Event,
