@@ -68,7 +68,8 @@ def main() -> None:
     try:
         cases = (("4 KiB messages, 3 switches (h2 -> h0)", "h0", "h2", 4096, args.iters, "256"),
                  ("4 KiB messages, 5 switches (h15 -> h0)", "h0", "h15", 4096, args.iters, "256"),
-                 ("64 KiB messages, 5 switches (h15 -> h0)", "h0", "h15", 65536, args.iters // 16, "128"))
+                 ("64 KiB messages, 3 switches (h2 -> h0)", "h0", "h2", 65536, args.iters // 8, "128"),
+                 ("64 KiB messages, 5 switches (h15 -> h0)", "h0", "h15", 65536, args.iters // 8, "128"))
         for label, server, client, size, iters, depth in cases:
             text, srv_text = run_pair(env, "write_bw", server, client, "-s", str(size), "-n", str(iters),
                                       "-t", depth)
