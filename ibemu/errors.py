@@ -22,3 +22,10 @@ class ConfigError(IbemuError):
     def __init__(self, message: str, where: str | None = None) -> None:
         self.where = where
         super().__init__(f"{where}: {message}" if where else message)
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``[exc]``: what trio tasks raised."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from ibemu import __version__
-from ibemu.errors import IbemuError
+from ibemu.errors import IbemuError, leaves
 
 COMMANDS = (
     "ibemu.cli.demo_cmd",
@@ -43,11 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
@@ -60,12 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ibemu: error: {exc}", file=sys.stderr)
         return 2
     except BaseExceptionGroup as group:  # raised inside a trio task: report it the same way
-        leaves = _leaves(group)
-        if all(isinstance(e, IbemuError) for e in leaves):
-            for e in leaves:
+        inner = leaves(group)
+        if all(isinstance(e, IbemuError) for e in inner):
+            for e in inner:
                 print(f"ibemu: error: {e}", file=sys.stderr)
             return 2
-        if all(isinstance(e, KeyboardInterrupt) for e in leaves):
+        if all(isinstance(e, KeyboardInterrupt) for e in inner):
             print("ibemu: interrupted", file=sys.stderr)
             return 130
         raise

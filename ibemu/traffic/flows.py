@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from ibemu.errors import leaves
 from ibemu.hca.nic import HcaPort
 from ibemu.traffic import collectives, perftest, stream
 from ibemu.traffic.perftest import BwResult, Deliveries, LatResult, PerfOptions
@@ -105,11 +106,6 @@ async def _bw_pair(src: HcaPort, dst: HcaPort, opts: PerfOptions, stop: trio.Eve
     return result
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
-    return [exc]
-
 
 def permutation_pairs(hosts: list[str], seed: int) -> list[tuple[str, str]]:
     """A derangement of ``hosts`` (nobody sends to itself), reproducible from ``seed``."""
@@ -158,7 +154,7 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
             await _dispatch(kind, spec, ports, hosts, src, dst, stop, out)
             nursery.cancel_scope.cancel()
     except* perftest.TransportError as group:  # a QP gave up (retries exhausted): said, kept
-        out.error = str(_leaves(group)[0])
+        out.error = str(leaves(group)[0])
         log.warning("flow %s: %s", out.name, out.error)
     if abort.is_set() and not out.error:
         out.error = "interrupted"
