@@ -22,20 +22,20 @@ from typing import Any
 import trio
 
 from ibemu.errors import ConfigError
+from ibemu.scenario.yamlnodes import parse_size
 
+# Also in ibemu.traffic (a unit test keeps them equal): importing it here would load the
+# transport and scapy for every `ibemu` command.
 TESTS = ("write_bw", "read_bw", "send_bw", "write_lat", "send_lat")
 COLLECTIVES = ("allreduce", "alltoall")
 
 
 def _size(text: str) -> int:
-    units = {"k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-    t = text.strip().lower()
-    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
-        if t.endswith(suffix) and t[: -len(suffix)].isdigit():
-            return int(t[: -len(suffix)]) * mult
-    if not t.isdigit():
+    """A size as scenario files write it (``4096``, ``64KiB``, ``1MiB``)."""
+    n = parse_size(text)
+    if n is None or n < 1:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64KiB, 1MiB)")
-    return int(t)
+    return n
 
 
 def register(sub: argparse._SubParsersAction) -> None:

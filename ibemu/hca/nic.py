@@ -58,8 +58,6 @@ class HcaPort:
         self.tx_dropped = 0
         self.rx_frames = 0
         self.rx_runts = 0
-        self.on_receive: list[Callable[[], None]] = []
-        """Called after every receive batch (e.g. to poll memory, as write_lat does)."""
         self.on_frame: list[Callable[[int], None]] = []
         """Called after each received frame with its arrival time (monotonic ns): the kernel's
         receive stamp with ``timestamps``, else the time this process read it."""
@@ -183,8 +181,6 @@ class HcaPort:
                     for fhook in frame_hooks:
                         fhook(t_ns)
             self.rx_frames += got
-            for hook in self.on_receive:
-                hook()
             self._signal_progress()
 
     async def _timers(self) -> None:
@@ -210,7 +206,7 @@ class HcaPort:
 
 
 def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int:
-    """The SCM_TIMESTAMPNS of a received frame (CLOCK_REALTIME ns); 0 when absent."""
+    """The SCM_TIMESTAMPNS of a received frame (CLOCK_REALTIME ns); now when absent."""
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)

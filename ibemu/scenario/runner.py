@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from ibemu.errors import ConfigError, IbemuError
+from ibemu.errors import ConfigError
 from ibemu.fabric.agents import make_agent, make_agents
 from ibemu.fabric.capture import capture
 from ibemu.fabric.faults import FaultInjector
@@ -36,6 +36,7 @@ from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
+from ibemu.traffic.endpoints import host_address
 from ibemu.traffic.flows import KINDS, FlowOutput
 
 log = logging.getLogger(__name__)
@@ -71,17 +72,13 @@ def check_runnable(scen: Scenario) -> None:
                           needs_user[0].where)
 
 
-def flow_dict(t: TrafficSpec, duration_s: float) -> dict[str, Any]:
-    """A ``traffic:`` entry as the worker takes it."""
+def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
+    """A ``traffic:`` entry as the worker takes it (with the fabric's datapath)."""
+    duration_s = scen.duration_s
     return {"name": t.name, "kind": t.kind, "hosts": list(t.hosts), "src": t.src, "dst": t.dst,
             "size": t.size, "qps": t.qps, "start_s": t.start_s, "stop_s": min(t.stop_s, duration_s),
             "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl,
-            "transport": t.transport}
-
-
-def flow_dicts(scen: Scenario) -> list[dict[str, Any]]:
-    """Every ``traffic:`` entry as the workers take them (with the fabric's datapath)."""
-    return [{**flow_dict(t, scen.duration_s), "datapath": scen.fabric.datapath} for t in scen.traffic]
+            "transport": t.transport, "datapath": scen.fabric.datapath}
 
 
 class ScenarioRun:
@@ -192,18 +189,12 @@ class ScenarioRun:
     def _worker_spec(self, host: AgentHost) -> dict[str, Any]:
         scen = self.scen
         names = sorted({h for t in scen.traffic for h in t.hosts})
-        hosts: dict[str, Any] = {}
-        for name in names:
-            lid = host.nodes[name].agent.lid(1)  # type: ignore[attr-defined]
-            if not lid:
-                raise IbemuError(f"host {name} has no LID after SUBNET UP")
-            pp = self.rt.plan.nodes[name].ports[1]
-            hosts[name] = {"ns": self.rt.plan.nodes[name].ns, "ifname": pp.ifname,
-                           "peer_mac": pp.peer_mac.hex(), "lid": lid}
+        hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
+                 for name in names}
         self.t0_ns = time.monotonic_ns() + int(WARMUP_S * 1e9)
         mtu = scen.defaults.mtu or 4096
         return {"t0_ns": self.t0_ns, "hosts": hosts, "mtu": mtu,
-                "flows": flow_dicts(scen)}
+                "flows": [flow_dict(t, scen) for t in scen.traffic]}
 
     async def _capture(self, link_name: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         node, _, port = link_name.partition(":")

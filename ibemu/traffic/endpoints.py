@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ibemu.errors import ConfigError
 from ibemu.fabric.plan import FabricPlan
@@ -28,6 +29,14 @@ class HostAddress:
     ifname: str
     peer_mac: bytes
     lid: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The form a traffic worker's spec carries (``from_json`` reads it back)."""
+        return {"ns": self.ns, "ifname": self.ifname, "peer_mac": self.peer_mac.hex(), "lid": self.lid}
+
+    @classmethod
+    def from_json(cls, name: str, d: Mapping[str, Any]) -> HostAddress:
+        return cls(name, str(d["ns"]), str(d["ifname"]), bytes.fromhex(d["peer_mac"]), int(d["lid"]))
 
 
 def host_address(plan: FabricPlan, name: str, lid: int, *, port: int = 1) -> HostAddress:

@@ -88,9 +88,7 @@ def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None, *, sha
 
 async def _bw_pair(src: HcaPort, dst: HcaPort, opts: PerfOptions, stop: trio.Event,
                    out: FlowOutput) -> BwResult:
-    a, b = perftest.Side.create(src, opts), perftest.Side.create(dst, opts)
-    a.connect(b.info())
-    b.connect(a.info())
+    a, b = perftest.connected_sides(src, dst, opts)
     done = trio.Event()
     deliveries = Deliveries()  # filled as it goes: kept if the QP fails half way
     try:

@@ -376,12 +376,17 @@ def _reap_sends(side: Side) -> None:
             _check(wc.status, side.qps[0])
 
 
-async def run_local(client: HcaPort, server: HcaPort, opts: PerfOptions) -> BwResult | LatResult:
-    """Both sides of a test in this process (their ports already serving)."""
+def connected_sides(client: HcaPort, server: HcaPort, opts: PerfOptions) -> tuple[Side, Side]:
+    """Both sides of a test in this process, connected to each other."""
     a, b = Side.create(client, opts), Side.create(server, opts)
     a.connect(b.info())
     b.connect(a.info())
-    return await run_sides(a, b)
+    return a, b
+
+
+async def run_local(client: HcaPort, server: HcaPort, opts: PerfOptions) -> BwResult | LatResult:
+    """Both sides of a test in this process (their ports already serving)."""
+    return await run_sides(*connected_sides(client, server, opts))
 
 
 async def run_sides(a: Side, b: Side) -> BwResult | LatResult:

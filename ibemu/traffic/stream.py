@@ -21,6 +21,7 @@ from ibemu.hca.nic import HcaPort
 from ibemu.hca.transport import (
     Access,
     AddressHandle,
+    MemoryRegion,
     PathRecord,
     QpInfo,
     RcQp,
@@ -125,9 +126,9 @@ class Stream:
             self._stamps.append(t_ns)
             self._stamped += 1
 
-    def _slot(self, mr: object, slot: int) -> Sge:
+    def _slot(self, mr: MemoryRegion, slot: int) -> Sge:
         size = self.opts.size
-        return Sge(mr.addr + slot * size, size, mr.lkey)  # type: ignore[attr-defined]
+        return Sge(mr.addr + slot * size, size, mr.lkey)
 
     async def run(self, *, stop: trio.Event | None = None, task_status: trio.TaskStatus[None]
                   = trio.TASK_STATUS_IGNORED) -> StreamRecord:

@@ -33,15 +33,14 @@ log = logging.getLogger("ibemu.traffic.worker")
 
 
 def addresses(spec: dict[str, Any]) -> list[HostAddress]:
-    return [HostAddress(name, h["ns"], h["ifname"], bytes.fromhex(h["peer_mac"]), int(h["lid"]))
-            for name, h in spec["hosts"].items()]
+    return [HostAddress.from_json(name, h) for name, h in spec["hosts"].items()]
 
 
 def port_counters(port: HcaPort) -> dict[str, int]:
     st = port.hca.stats
     return {"tx_packets": port.tx_packets, "tx_dropped": port.tx_dropped, "rx_frames": port.rx_frames,
             "rx_packets": st.rx_packets, "malformed": st.malformed, "crc_errors": st.crc_errors,
-            "dlid_mismatch": st.dlid_mismatch, "unknown_qp": st.unknown_qp,
+            "rx_runts": port.rx_runts, "dlid_mismatch": st.dlid_mismatch, "unknown_qp": st.unknown_qp,
             "pkey_violations": st.pkey_violations}
 
 

@@ -58,3 +58,4 @@ def test_lost_counts_only_the_window() -> None:
 def test_timeline_bins_bytes_into_gbps() -> None:
     t_s, gbps = timeline([0, 50 * MS, 150 * MS], [1_250_000, 1_250_000, 2_500_000], 0, 200 * MS, 0.1)
     assert t_s == [0.0, 0.1] and gbps == [0.2, 0.2]
+
