@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from ibemu.cli.fabric_cmd import add_fabric_arguments
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.topo import Topology
 
@@ -385,11 +386,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cli", help="build a fabric and open a Mininet-style console on it",
                        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog=__doc__.split("\n", 2)[2])
-    p.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
-    p.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
-    p.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
-    p.add_argument("--sm", choices=("ibemu", "opensm", "none"),
-                   help="subnet manager (default: the scenario's; none for --topo)")
-    p.add_argument("--sm-host", help="host that runs the SM (default: the scenario's, else the first host)")
-    p.add_argument("--sm-engine", help="routing engine, e.g. minhop, updn, ftree")
+    add_fabric_arguments(p)
     p.set_defaults(func=run)

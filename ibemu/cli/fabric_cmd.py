@@ -198,15 +198,20 @@ def cmd_diag(args: argparse.Namespace) -> int:
     return 127  # not reached
 
 
+def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``cmd_up`` reads: a scenario or a topology shorthand, datapath and SM choices."""
+    p.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
+    p.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
+    p.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
+    p.add_argument("--sm", choices=("ibemu", "opensm", "none"),
+                   help="subnet manager to start on the SM host (default: the scenario's; none for --topo)")
+    p.add_argument("--sm-host", help="host that runs the SM (default: the scenario's, else the first host)")
+    p.add_argument("--sm-engine", help="routing engine, e.g. minhop, updn, ftree (default: the scenario's, else minhop)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="build a fabric and leave it running")
-    up.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
-    up.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
-    up.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
-    up.add_argument("--sm", choices=("ibemu", "opensm", "none"),
-                    help="subnet manager to start on the SM host (default: the scenario's; none for --topo)")
-    up.add_argument("--sm-host", help="host that runs the SM (default: the scenario's, else the first host)")
-    up.add_argument("--sm-engine", help="routing engine, e.g. minhop, updn, ftree (default: the scenario's, else minhop)")
+    add_fabric_arguments(up)
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="tear a running fabric down")
     down.add_argument("--run", help="run id (when several fabrics run)")

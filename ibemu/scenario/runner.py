@@ -243,7 +243,7 @@ class ScenarioRun:
         t_end = self.t_end_ns or time.monotonic_ns()
         order = {t.name: i for i, t in enumerate(scen.traffic)}
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
-        fault_records = sorted((f for f in self.faults_injected), key=lambda f: f["t_ns"])
+        fault_records = sorted(self.faults_injected, key=lambda f: f["t_ns"])
         faults = []
         last_event = max((r["t_ns"] for r in (*fabric_events, *sm_events) if isinstance(r.get("t_ns"), int)),
                          default=t_end)

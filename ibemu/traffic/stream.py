@@ -189,7 +189,7 @@ class Stream:
         """Messages the sender may post now."""
         qp = self.tx_qp
         if isinstance(qp, RcQp):
-            return max(0, SEND_QUEUE - len(qp.req.outstanding) - len(qp.req.pending))
+            return max(0, SEND_QUEUE - qp.send_queue_depth)
         return SEND_QUEUE
 
     async def _receiver(self) -> None:

@@ -112,6 +112,11 @@ class RcQp(QueuePair):
         self.req = RcRequester(self)
         self.resp = RcResponder(self)
 
+    @property
+    def send_queue_depth(self) -> int:
+        """WQEs posted and not yet completed (in flight or waiting for the send window)."""
+        return len(self.req.outstanding) + len(self.req.pending)
+
     # -- verbs ---------------------------------------------------------------------------
     def post_send(self, wrs: SendWr | Sequence[SendWr]) -> list[Send]:
         """Post one or more WRs; returns the packets to transmit now (AckReq on the last)."""
