@@ -143,6 +143,10 @@ class DeviceAgent:
             ATTR_MLNX_EXT_PORT_INFO: self._attr_mlnx_ext_port_info,
         }
         self._mlnx_ext: dict[int, bytes] = {}
+        self.link_counters: Callable[[Sequence[int]], None] | None = None
+        """Set by whoever runs the agent when the kernel carries frames the agent never sees:
+        called with port numbers before the PMA reads or writes their counters, to bring
+        them up to date (``PortCounters.follow_link``)."""
 
     # ================================================================== public API
 
@@ -619,6 +623,8 @@ class DeviceAgent:
             return ST_INVALID
         data = bytes(buf[d : d + 192])
         counter_select = _U16.unpack_from(data, 2)[0]
+        if self.link_counters is not None:
+            self.link_counters(nums)
         if method == SET:
             for num in nums:
                 pc = self.ports[num].counters

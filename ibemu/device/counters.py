@@ -5,6 +5,10 @@ One ``PortCounters`` per port. Data counters accumulate octets (LRH .. VCRC); Po
 counters saturate at their field width; PortCountersExtended (0x1D) reports the same
 accumulators as 64-bit values. A Set with CounterSelect writes the selected counters (tools
 write zeros: that is how counters are cleared); both views share the accumulators.
+
+A port whose frames the kernel carries without the agent (tc forwarding, an HCA transport's
+own socket) takes its packet and octet counters from the cable's interface statistics
+(``follow_link``): everything that crossed the cable, since power-up or the last clear.
 """
 
 from __future__ import annotations
@@ -38,19 +42,24 @@ _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
 
 ERROR_COUNTERS = tuple(f[0] for f in BASIC_FIELDS)
+LINK_COUNTERS = ("xmit_octets", "rcv_octets", "xmit_pkts", "rcv_pkts")
+"""The counters ``follow_link`` takes from the kernel, in the order of its arguments."""
+ETHERNET_OVERHEAD = 14
+"""Bytes of Ethernet header per frame the kernel counts and the IB octet counters do not."""
 
 
 class PortCounters:
     """Counters of one port; add with ``add_rx``/``add_tx``/``add``, read with ``encode_*``."""
 
     __slots__ = (
-        "excessive_buffer_overrun_errors", "link_downed_counter", "link_error_recovery_counter",
+        "_link_base", "_link_now", "excessive_buffer_overrun_errors", "link_downed_counter", "link_error_recovery_counter",
         "local_link_integrity_errors", "multicast_rcv_pkts", "multicast_xmit_pkts",
         "port_rcv_constraint_errors", "port_rcv_errors", "port_rcv_remote_physical_errors",
         "port_rcv_switch_relay_errors", "port_xmit_constraint_errors", "port_xmit_discards",
         "port_xmit_wait", "qp1_dropped", "rcv_octets", "rcv_pkts", "symbol_error_counter",
         "vl15_dropped", "xmit_octets", "xmit_pkts",
     )
+    NAMES: tuple[str, ...] = tuple(n for n in __slots__ if not n.startswith("_"))
 
     def __init__(self) -> None:
         self.excessive_buffer_overrun_errors: int = 0
@@ -73,6 +82,27 @@ class PortCounters:
         self.vl15_dropped: int = 0
         self.xmit_octets: int = 0
         self.xmit_pkts: int = 0
+        self._link_now: list[int] | None = None
+        self._link_base: list[int] = [0, 0, 0, 0]
+
+    def follow_link(self, tx_bytes: int, rx_bytes: int, tx_packets: int, rx_packets: int) -> None:
+        """Take the packet and octet counters from the cable's kernel totals (Ethernet header
+        excluded). The first call keeps the counts so far (the kernel may have counted frames
+        of a previous life of this port: a rebooted switch starts from what it had)."""
+        now = [tx_bytes - ETHERNET_OVERHEAD * tx_packets, rx_bytes - ETHERNET_OVERHEAD * rx_packets,
+               tx_packets, rx_packets]
+        if self._link_now is None:
+            self._link_base = [n - getattr(self, name) for n, name in zip(now, LINK_COUNTERS, strict=True)]
+        self._link_now = now
+        for i, name in enumerate(LINK_COUNTERS):
+            setattr(self, name, max(0, now[i] - self._link_base[i]))
+
+    def _written(self, name: str, value: int) -> None:
+        """A Set wrote ``value`` to ``name``: a kernel-backed counter restarts from it."""
+        setattr(self, name, value)
+        if self._link_now is not None and name in LINK_COUNTERS:
+            i = LINK_COUNTERS.index(name)
+            self._link_base[i] = self._link_now[i] - value
 
     def add_rx(self, nbytes: int) -> None:
         self.rcv_pkts += 1
@@ -85,21 +115,21 @@ class PortCounters:
     def add(self, **deltas: int) -> None:
         """Add to counters by name (``rcv_pkts=3, rcv_octets=4096, port_rcv_errors=1``)."""
         for name, value in deltas.items():
-            if name not in self.__slots__:
+            if name not in self.NAMES:
                 raise KeyError(f"no port counter named {name!r}")
             if value < 0:
                 raise ValueError(f"counter deltas are non-negative, {name}={value}")
             setattr(self, name, min(getattr(self, name) + value, _U64_MAX))
 
     def snapshot(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self.NAMES}
 
     @classmethod
     def total(cls, many: Iterable[PortCounters]) -> PortCounters:
         """Sum of several ports' counters (PortSelect 0xFF on a switch)."""
         out = cls()
         for pc in many:
-            for name in cls.__slots__:
+            for name in cls.NAMES:
                 setattr(out, name, min(getattr(out, name) + getattr(pc, name), _U64_MAX))
         return out
 
@@ -143,13 +173,13 @@ class PortCounters:
             setattr(self, name, value)
         xd, rd, xp, rp, xw = _DATA.unpack_from(data, 24)
         if select & (1 << 12):
-            self.xmit_octets = xd * 4
+            self._written("xmit_octets", xd * 4)
         if select & (1 << 13):
-            self.rcv_octets = rd * 4
+            self._written("rcv_octets", rd * 4)
         if select & (1 << 14):
-            self.xmit_pkts = xp
+            self._written("xmit_pkts", xp)
         if select & (1 << 15):
-            self.rcv_pkts = rp
+            self._written("rcv_pkts", rp)
         if select2 & 1:
             self.port_xmit_wait = xw
 
@@ -167,13 +197,13 @@ class PortCounters:
     def set_extended(self, data: bytes | bytearray | memoryview) -> None:
         _r, _ps, select, xd, rd, xp, rp, _ux, _ur, mx, mr = _EXT.unpack_from(data, 0)
         if select & 1:
-            self.xmit_octets = xd * 4
+            self._written("xmit_octets", xd * 4)
         if select & 2:
-            self.rcv_octets = rd * 4
+            self._written("rcv_octets", rd * 4)
         if select & 4:
-            self.xmit_pkts = xp
+            self._written("xmit_pkts", xp)
         if select & 8:
-            self.rcv_pkts = rp
+            self._written("rcv_pkts", rp)
         if select & 0x40:
             self.multicast_xmit_pkts = mx
         if select & 0x80:

@@ -19,7 +19,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,7 +138,7 @@ class AgentHost:
 
     def open(self) -> None:
         """Open every socket (blocking; before trio or from a worker thread)."""
-        for rt in self.nodes.values():
+        for name, rt in self.nodes.items():
             ns = rt.plan.ns
             with netns.entered(ns):  # once for all of this node's sockets
                 index = rtnl.ifindexes(ns, [pp.ifname for pp in rt.plan.ports.values()])
@@ -152,7 +152,32 @@ class AgentHost:
                 # Carrier as it is now (after the monitor exists, so no change is missed).
                 down = set(rtnl.carrier_down(ns, [pp.ifname for pp in rt.plan.ports.values()]))
             rt.carrier = {port: pp.ifname not in down for port, pp in rt.plan.ports.items()}
+            self._follow_links(name, rt)
         self._opened = True
+
+    def _follow_links(self, name: str, rt: NodeRuntime) -> None:
+        """Ports whose frames the kernel moves without the agent (every CA port: the HCA
+        transport has its own socket; every switch port on the kernel datapath: tc forwards)
+        count from the interfaces' statistics, from now on (``PortCounters.follow_link``)."""
+        if rt.plan.is_switch and self.datapath != "kernel":
+            return
+        agent: Any = rt.agent
+        if not hasattr(agent, "link_counters"):
+            return
+
+        def refresh(ports: Sequence[int]) -> None:
+            ifnames = {rt.plan.ports[p].ifname: p for p in ports if p in rt.plan.ports}
+            try:
+                stats = rtnl.link_stats(rt.plan.ns, ifnames)
+            except (OSError, KernelError) as exc:
+                log.warning("%s: interface statistics unavailable: %s", name, exc)
+                return
+            for ifname, st in stats.items():
+                agent.ports[ifnames[ifname]].counters.follow_link(st.tx_bytes, st.rx_bytes,
+                                                                  st.tx_packets, st.rx_packets)
+
+        agent.link_counters = refresh
+        refresh(list(rt.plan.ports))
 
     def open_dr_relay(self) -> None:
         """Kernel datapath: relay directed-route SMPs at intermediate switches in the kernel
@@ -397,6 +422,7 @@ class AgentHost:
             if fresh_agent is not None:
                 rt.agent = fresh_agent
                 rt.carrier = dict.fromkeys(rt.plan.ports, False)
+                self._follow_links(name, rt)
                 forwarder = getattr(fresh_agent, "forwarder", None)
                 if self.datapath == "user" and forwarder is not None:
                     self._apply_impairments(name, rt, forwarder)  # the cables' own delay/loss

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ibemu.errors import IbemuError
+from ibemu.fabric import opensm_log
 from ibemu.fabric.tools import tool_argv
 
 
@@ -27,13 +28,22 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     return subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0) -> float:
-    """Seconds until OpenSM logged SUBNET UP; raises if it exits or takes longer."""
+def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0, *,
+                   started_ns: int | None = None) -> float:
+    """Seconds until OpenSM logged SUBNET UP; raises if it exits or takes longer.
+
+    With ``started_ns`` (monotonic, taken just before ``start``): from then to the log's own
+    stamp of SUBNET UP, not to when this poll saw it.
+    """
     log = workdir / "opensm.log"
     t0 = time.monotonic()
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         if "SUBNET UP" in text:
+            if started_ns is not None:
+                up = next((e["t_ns"] for e in opensm_log.parse(text.splitlines()) if e["kind"] == "subnet_up"), None)
+                if up is not None:
+                    return max(0.0, (up - started_ns) / 1e9)
             return time.monotonic() - t0
         if proc.poll() is not None:
             raise IbemuError(f"opensm exited ({proc.returncode}) before SUBNET UP:\n{text[-2000:]}")

@@ -7,6 +7,7 @@ exception or on an agent crash — removes every namespace it created.
 
 from __future__ import annotations
 
+import functools
 import logging
 import resource
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import trio
 
-from ibemu.fabric import ibemusm, opensm
+from ibemu.fabric import ibemusm, opensm, opensm_log
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.host import Agent, AgentHost, EventLog
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
@@ -81,6 +82,8 @@ class FabricRuntime:
         self.host: AgentHost | None = None
         self.timings_s: dict[str, float] = {}
         self._sm_proc: subprocess.Popen[bytes] | None = None
+        self.sm_started_ns: int | None = None
+        """Monotonic stamp taken just before the SM process was started."""
 
     async def _start_sm(self) -> None:
         """The SM (the real OpenSM or ibemu's) on the SM host, owned by the run, to SUBNET UP."""
@@ -89,10 +92,15 @@ class FabricRuntime:
         impl = opensm if self.sm == "opensm" else ibemusm
         workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
+        self.sm_started_ns = time.monotonic_ns()
         proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine))
         self._sm_proc = proc
         self.state.claim_process(proc.pid, f"sm-{self.sm}")
-        self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
+        if impl is opensm:
+            self.sm_up_s = await trio.to_thread.run_sync(
+                functools.partial(opensm.wait_subnet_up, proc, workdir, started_ns=self.sm_started_ns))
+        else:
+            self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
         log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
 
     def _mad_hosts(self) -> list[str]:
@@ -163,6 +171,8 @@ class FabricRuntime:
                 if self._sm_proc is not None:
                     await trio.to_thread.run_sync(opensm.stop, self._sm_proc)
                     self._sm_proc = None
+                    if self.sm == "opensm":  # its phases, in the event vocabulary of ibemu's SM
+                        opensm_log.write_events((self.run_dir or self.state.run_dir) / self.sm)
                 problems = await trio.to_thread.run_sync(self.teardown)
             if problems:
                 log.error("teardown left: %s", "; ".join(problems))

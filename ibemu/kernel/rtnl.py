@@ -11,6 +11,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from ibemu.kernel import netns
 from ibemu.kernel.commands import KernelError
@@ -26,6 +27,7 @@ IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 IFLA_IFNAME = 3
 IFLA_OPERSTATE = 16
+IFLA_STATS64 = 23
 IF_OPER_UP = 6
 
 _NLMSGHDR = struct.Struct("=IHHII")
@@ -92,14 +94,47 @@ def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:
     the operational state UP: that is the state waited for.
     """
     wanted = set(ifnames)
+    up = {name for name, flags, attrs in _dump_links(ns)
+          if flags & IFF_LOWER_UP and attrs.get(IFLA_OPERSTATE, b"\0")[:1] == bytes([IF_OPER_UP])}
+    return sorted(wanted - up)
+
+
+class LinkStats(NamedTuple):
+    """An interface's totals (the first fields of the kernel's ``rtnl_link_stats64``)."""
+
+    rx_packets: int
+    tx_packets: int
+    rx_bytes: int
+    tx_bytes: int
+    rx_errors: int
+    tx_errors: int
+    rx_dropped: int
+    tx_dropped: int
+
+
+_STATS64 = struct.Struct("=8Q")
+
+
+def link_stats(ns: str, ifnames: Iterable[str]) -> dict[str, LinkStats]:
+    """Totals of ``ifnames`` in ``ns`` (those that exist), from one link dump."""
+    wanted = set(ifnames)
+    out: dict[str, LinkStats] = {}
+    for name, _flags, attrs in _dump_links(ns):
+        raw = attrs.get(IFLA_STATS64)
+        if name in wanted and raw is not None and len(raw) >= _STATS64.size:
+            out[name] = LinkStats(*_STATS64.unpack_from(raw))
+    return out
+
+
+def _dump_links(ns: str) -> list[tuple[str, int, dict[int, bytes]]]:
+    """(name, flags, attributes) of every interface in ``ns``, from one dump."""
     with netns.entered(ns):
         sock = _socket()
+    links: list[tuple[str, int, dict[int, bytes]]] = []
     try:
         body = _IFINFOMSG.pack(0, 0, 0, 0, 0)
         sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
-        up: set[str] = set()
-        done = False
-        while not done:
+        while True:
             data = sock.recv(1 << 16)
             off = 0
             while off + _NLMSGHDR.size <= len(data):
@@ -107,18 +142,14 @@ def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:
                 if length < _NLMSGHDR.size:
                     break
                 if kind == NLMSG_DONE:
-                    done = True
-                elif kind == RTM_NEWLINK:
-                    _fam, _type, _idx, flags, _chg = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)
-                    if flags & IFF_LOWER_UP:
-                        attrs = _attrs(data[off + _NLMSGHDR.size + _IFINFOMSG.size: off + length])
-                        name = attrs.get(IFLA_IFNAME, b"").split(b"\0", 1)[0].decode()
-                        if name and attrs.get(IFLA_OPERSTATE, b"\0")[:1] == bytes([IF_OPER_UP]):
-                            up.add(name)
-                elif kind == NLMSG_ERROR:
+                    return links
+                if kind == NLMSG_ERROR:
                     raise KernelError(f"{ns}: link dump failed")
+                if kind == RTM_NEWLINK:
+                    flags = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)[3]
+                    attrs = _attrs(data[off + _NLMSGHDR.size + _IFINFOMSG.size: off + length])
+                    links.append((attrs.get(IFLA_IFNAME, b"").split(b"\0", 1)[0].decode(), flags, attrs))
                 off += (length + 3) & ~3
-        return sorted(wanted - up)
     finally:
         sock.close()
 

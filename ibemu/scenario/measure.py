@@ -4,9 +4,10 @@ Every ibemu process stamps with ``time.monotonic_ns()`` at the source, so the ph
 differences of stamps taken where things happened (no runner latency in them):
 
 - ``detect``: the first ``carrier`` change a port of the fabric logged after the fault;
-- ``trap``: the SM received a trap (ibemu's SM ``trap`` event; OpenSM: None, its log has no
-  monotonic stamp);
-- ``routed``: the SM's ``reroute`` whose trap (or sweep) followed the fault: ``t_routed``;
+- ``trap``: the SM received a trap (ibemu's SM ``trap`` event; OpenSM's from its flushed log,
+  moved onto the monotonic clock by ``ibemu.fabric.opensm_log``);
+- ``routed``: the SM's ``reroute`` whose trap (or sweep) followed the fault: ``t_routed``
+  (OpenSM: its "tables configured" line of the sweep that trap started);
 - ``programmed``: that reroute's last LFT block acknowledged (``t_programmed``); for an SM
   without such events, the last ``lft_programmed`` a switch logged within the fault's window.
 

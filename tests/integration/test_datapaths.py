@@ -84,27 +84,33 @@ def test_data_crosses_five_switches_on_opensm_lfts(managed: Managed) -> None:
 
 
 @pytest.mark.skipif(shutil.which("perfquery") is None, reason="perfquery missing (infiniband-diags)")
-def test_perfquery_sees_the_traffic_on_the_edge_switch(managed: Managed) -> None:
+def test_perfquery_counters_move_with_the_traffic(managed: Managed) -> None:
+    """Switch and CA PortCounters count the data frames too, on both datapaths (the kernel
+    datapath's ports read them from their interfaces, as tc forwards without the agent)."""
     edge = managed.topo.peer("h1", 1)
     assert edge is not None
     edge_lid = int(managed.on_loop(lambda: managed.host.nodes[edge.node].agent.ports[0].lid))  # type: ignore[union-attr]
     ns = managed.rt.plan.nodes["h0"].ns
 
-    def rcv_pkts() -> int:
-        out = subprocess.run(tool_argv(ns, ["perfquery", str(edge_lid), str(edge.port)]), cwd=managed.tmp,
+    def counter(lid: int, port: int, name: str) -> int:
+        out = subprocess.run(tool_argv(ns, ["perfquery", str(lid), str(port)]), cwd=managed.tmp,
                              capture_output=True, text=True, timeout=30, check=True).stdout
-        m = re.search(r"^PortRcvPkts:\.+(\d+)", out, re.M)
+        m = re.search(rf"^{name}:\.+(\d+)", out, re.M)
         assert m, out
         return int(m.group(1))
 
-    before = rcv_pkts()
-    assert managed.blast("h1", "h15", 300) == 300
-    if managed.rt.datapath == "user":
-        assert rcv_pkts() - before >= 300  # every frame the edge took in from h1
-    else:
-        # tc forwards without the agent: its PortCounters see only management traffic
-        # (the kernel datapath reads frame counts from the interfaces instead).
-        assert rcv_pkts() >= before
+    before = (counter(edge_lid, edge.port, "PortRcvPkts"), counter(managed.lid("h1"), 1, "PortXmitPkts"),
+              counter(managed.lid("h15"), 1, "PortRcvPkts"), counter(managed.lid("h15"), 1, "PortRcvData"))
+    assert managed.blast("h1", "h15", 300, size=400) == 300
+    after = (counter(edge_lid, edge.port, "PortRcvPkts"), counter(managed.lid("h1"), 1, "PortXmitPkts"),
+             counter(managed.lid("h15"), 1, "PortRcvPkts"), counter(managed.lid("h15"), 1, "PortRcvData"))
+    assert after[0] - before[0] >= 300  # every frame the edge switch took in from h1
+    assert after[1] - before[1] >= 300 and after[2] - before[2] >= 300  # the two CAs' ports
+    assert after[3] - before[3] >= 300 * 400 // 4  # octets / 4
+    # A clear (perfquery -R) restarts the kernel-backed counters from zero.
+    subprocess.run(tool_argv(ns, ["perfquery", "-R", str(managed.lid("h15")), "1"]), cwd=managed.tmp,
+                   capture_output=True, timeout=30, check=True)
+    assert counter(managed.lid("h15"), 1, "PortRcvPkts") < 300
 
 
 def test_injected_loss_and_corruption_on_the_user_datapath(managed: Managed) -> None:

@@ -97,3 +97,36 @@ def test_unknown_pma_attribute_and_method() -> None:
     mad[3] = 0x14  # GetMulti
     (resp,) = fab.send_mad("sm", 1, lid["s2"], 1, 1, bytes(mad))
     assert mb.status(resp.mad) == 0x08 and resp.mad[3] == 0x94
+
+
+def test_link_backed_counters_follow_the_kernel_and_clear_from_where_it_was() -> None:
+    pc = PortCounters()
+    pc.add_rx(100)  # what the agent counted before the kernel was followed
+    pc.follow_link(tx_bytes=0, rx_bytes=1000 + 14 * 10, tx_packets=0, rx_packets=10)
+    assert pc.rcv_pkts == 1 and pc.rcv_octets == 100  # the first call keeps the counts so far
+    pc.follow_link(tx_bytes=5000 + 14 * 5, rx_bytes=9000 + 14 * 20, tx_packets=5, rx_packets=20)
+    assert (pc.rcv_pkts, pc.rcv_octets, pc.xmit_pkts, pc.xmit_octets) == (11, 8100, 5, 5000)
+    pc.set_basic(mb.port_counters_select(1, 0xFFFF))  # a PortCounters Set with zeros clears
+    assert pc.rcv_pkts == 0 and pc.xmit_octets == 0
+    pc.follow_link(tx_bytes=5000 + 14 * 5 + 514, rx_bytes=9000 + 14 * 20 + 257 * 2, tx_packets=6, rx_packets=22)
+    assert (pc.rcv_pkts, pc.rcv_octets, pc.xmit_pkts, pc.xmit_octets) == (2, 486, 1, 500)
+    assert "_link_now" not in pc.snapshot() and PortCounters.total([pc, pc]).rcv_pkts == 4
+
+
+def test_the_pma_asks_for_fresh_counts_before_answering() -> None:
+    fab, lid = setup()
+    s2 = fab.agents["s2"]
+    asked: list[list[int]] = []
+    kernel_tx = [0]
+
+    def refresh(ports: list[int]) -> None:  # the kernel carried 1000 more frames each time
+        asked.append(list(ports))
+        kernel_tx[0] += 1000
+        s2.counters(ports[0]).follow_link(4110 * kernel_tx[0], 0, kernel_tx[0], 0)
+
+    s2.link_counters = refresh
+    first = ScapyPortCounters(pma_get(fab, lid["s2"], 0x12, port_select=1)[1])
+    second = ScapyPortCounters(pma_get(fab, lid["s2"], 0x12, port_select=1)[1])
+    assert asked == [[1], [1]]
+    assert second.port_xmit_pkts - first.port_xmit_pkts == 1000
+    assert second.port_xmit_data - first.port_xmit_data == 1000 * 4096 // 4

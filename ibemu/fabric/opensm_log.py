@@ -1,0 +1,116 @@
+"""OpenSM's log (flushed line by line with ``-d2``) turned into ibemu's SM event vocabulary.
+
+OpenSM stamps each line with the local wall clock to the microsecond
+(``Dec 03 07:55:34 826097 [D288E6C0] 0x01 -> ...``). ibemu's processes stamp with the
+monotonic clock; the two are one offset apart (taken when the log is read), so OpenSM's
+steps land on the same time line as the fabric's agents and the runner's faults, to within
+the microsecond resolution of the log.
+
+Recognised lines (OpenSM 3.3.23, default log level):
+
+- ``log_trap_info: Received Generic Notice type:1 num:128 ... from LID:13 TID:0x...`` -> ``trap``
+- ``osm_ucast_mgr_process: <engine> tables configured on all switches`` -> ``routes_computed``
+- ``ucast_mgr_route: <engine>: cannot build ...`` -> ``routing_fallback`` (OpenSM then
+  routes with minhop, e.g. ftree on a fat-tree that lost a cable)
+- ``SUBNET UP`` -> ``subnet_up``
+
+and one ``reroute`` per trap-triggered sweep: ``t_trap`` (the first trap after the previous
+SUBNET UP), ``t_routed`` (its tables configured), ``t_subnet_up``. OpenSM logs no LFT ack,
+so ``t_programmed`` is left to the switch agents' ``lft_programmed`` stamps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+_LINE = re.compile(r"^(\w{3}) (\d\d) (\d\d):(\d\d):(\d\d) (\d{6}) \[[0-9A-Fa-f]+\] 0x[0-9a-f]{2} -> (.*)$")
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
+                                       "Oct", "Nov", "Dec"), 1)}
+_TRAP = re.compile(r"Received Generic Notice type:\d+ num:(\d+) .*from LID:(\d+) TID:(0x[0-9a-fA-F]+)")
+_ROUTED = re.compile(r"osm_ucast_mgr_process: (\S+) tables configured")
+_FALLBACK = re.compile(r"ucast_mgr_route: (\S+): cannot build")
+
+
+def wall_to_monotonic_offset_ns() -> int:
+    """CLOCK_REALTIME minus the monotonic clock, now."""
+    return time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+
+
+def _wall_ns(stamp: tuple[str, ...], now: float) -> int | None:
+    """Epoch ns of a local-time stamp (month, day, h, m, s, us) without a year: the year that
+    puts it nearest ``now``."""
+    month, day, hh, mm, ss, us = stamp
+    mon = _MONTHS.get(month)
+    if mon is None:
+        return None
+    year = time.localtime(now).tm_year
+    best: float | None = None
+    for y in (year - 1, year, year + 1):
+        try:
+            t = time.mktime((y, mon, int(day), int(hh), int(mm), int(ss), 0, 0, -1))
+        except (OverflowError, ValueError):
+            continue
+        if best is None or abs(t - now) < abs(best - now):
+            best = t
+    return None if best is None else int(best) * 1_000_000_000 + int(us) * 1000
+
+
+def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | None = None) -> list[dict[str, Any]]:
+    """The events of OpenSM log ``lines`` on the monotonic clock (``offset_ns``: wall - mono)."""
+    offset = wall_to_monotonic_offset_ns() if offset_ns is None else offset_ns
+    now_s = time.time() if now is None else now
+    events: list[dict[str, Any]] = []
+    pending: dict[str, Any] | None = None  # the reroute being followed
+    for t_ns, text in _stamped(lines, offset, now_s):
+        if m := _TRAP.search(text):
+            events.append({"kind": "trap", "t_ns": t_ns, "trap_number": int(m.group(1)),
+                           "issuer_lid": int(m.group(2)), "tid": m.group(3)})
+            if pending is None:
+                pending = {"kind": "reroute", "t_ns": t_ns, "t_trap": t_ns, "t_routed": None,
+                           "t_programmed": None, "t_subnet_up": None, "engine": None, "reason": "trap"}
+        elif m := _ROUTED.search(text):
+            events.append({"kind": "routes_computed", "t_ns": t_ns, "engine": m.group(1)})
+            if pending is not None and pending["t_routed"] is None:
+                pending["t_routed"] = t_ns
+                pending["engine"] = m.group(1)
+        elif m := _FALLBACK.search(text):
+            events.append({"kind": "routing_fallback", "t_ns": t_ns, "engine": m.group(1), "what": text})
+        elif text.strip() == "SUBNET UP":
+            events.append({"kind": "subnet_up", "t_ns": t_ns})
+            if pending is not None:
+                pending["t_subnet_up"] = t_ns
+                events.append(pending)
+                pending = None
+    if pending is not None:  # the log ended mid-sweep
+        events.append(pending)
+    events.sort(key=lambda e: e["t_ns"])
+    return events
+
+
+def _stamped(lines: Iterable[str], offset_ns: int, now_s: float) -> Iterator[tuple[int, str]]:
+    for line in lines:
+        m = _LINE.match(line.rstrip("\n"))
+        if m is None:
+            continue  # continuation lines of a multi-line message
+        wall = _wall_ns(m.groups()[:6], now_s)
+        if wall is not None:
+            yield wall - offset_ns, m.group(7)
+
+
+def write_events(workdir: Path) -> Path | None:
+    """``workdir/events.jsonl`` from ``workdir/opensm.log`` (None when there is no log)."""
+    log_path = workdir / "opensm.log"
+    if not log_path.exists():
+        return None
+    with open(log_path, errors="replace") as f:
+        events = parse(f)
+    out = workdir / "events.jsonl"
+    with open(out, "w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+    return out

@@ -1,0 +1,60 @@
+"""OpenSM's flushed log turned into SM events on the monotonic clock."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ibemu.fabric import opensm_log
+
+LOG = """\
+Dec 03 07:55:28 796201 [D088A6C0] 0x02 -> SUBNET UP
+Dec 03 07:55:34 826097 [D288E6C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:13 TID:0x0000004000000001
+Dec 03 07:55:34 826155 [D288E6C0] 0x02 -> SM class trap 128: Directed Path Dump of 2 hop path: Path = 0,1,3
+Dec 03 07:55:34 908533 [D088A6C0] 0x01 -> fabric_validate_topology: ERR AB0A: Different number of downward port groups on switches:
+       GUID 0x0a1be00100000000, LID 2, Index 0.0.0 - 4 port groups
+Dec 03 07:55:34 908546 [D088A6C0] 0x01 -> ucast_mgr_route: ftree: cannot build lid matrices
+Dec 03 07:55:34 908647 [D088A6C0] 0x02 -> osm_ucast_mgr_process: minhop tables configured on all switches
+Dec 03 07:55:34 956068 [D088A6C0] 0x02 -> SUBNET UP
+Dec 03 07:55:41 818339 [D288E6C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:13 TID:0x0000004000000002
+Dec 03 07:55:41 820504 [D308F6C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:4 TID:0x0000001000000002
+Dec 03 07:55:41 999999 [D088A6C0] 0x02 -> osm_ucast_mgr_process: ftree tables configured on all switches
+"""
+
+
+def _at(stamp: tuple[int, ...]) -> float:
+    return time.mktime((*stamp, 0, 0, -1))
+
+
+def test_traps_sweeps_and_reroutes_on_the_monotonic_clock() -> None:
+    now = _at((2026, 12, 3, 8, 0, 0))
+    offset = 5_000_000_000  # wall - monotonic
+    events = opensm_log.parse(LOG.splitlines(), offset_ns=offset, now=now)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("trap") == 3 and kinds.count("subnet_up") == 2
+    assert kinds.count("routing_fallback") == 1 and kinds.count("reroute") == 2
+    trap = next(e for e in events if e["kind"] == "trap")
+    wall = int(_at((2026, 12, 3, 7, 55, 34))) * 10**9 + 826_097_000
+    assert trap["t_ns"] == wall - offset and trap["issuer_lid"] == 13 and trap["trap_number"] == 128
+    first, second = (e for e in events if e["kind"] == "reroute")
+    assert first["t_routed"] - first["t_trap"] == 82_550_000  # 34.908647 - 34.826097
+    assert first["t_subnet_up"] - first["t_trap"] == 129_971_000 and first["engine"] == "minhop"
+    # The second sweep had two traps and the log ended before its SUBNET UP.
+    assert second["t_trap"] == wall - offset + 6_992_242_000 and second["t_subnet_up"] is None
+    assert second["engine"] == "ftree" and second["t_programmed"] is None
+
+
+def test_a_stamp_from_last_december_seen_in_january_keeps_its_year() -> None:
+    now = _at((2027, 1, 1, 0, 0, 5))
+    (up,) = opensm_log.parse(["Dec 31 23:59:59 500000 [AB] 0x02 -> SUBNET UP"], offset_ns=0, now=now)
+    assert up["t_ns"] == int(_at((2026, 12, 31, 23, 59, 59))) * 10**9 + 500_000_000
+
+
+def test_write_events_next_to_the_log(tmp_path: Path) -> None:
+    assert opensm_log.write_events(tmp_path) is None
+    (tmp_path / "opensm.log").write_text(LOG + "garbage \x00 line\nDec 99 xx\n")
+    out = opensm_log.write_events(tmp_path)
+    assert out is not None
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 10 and records == sorted(records, key=lambda r: r["t_ns"])
