@@ -340,8 +340,7 @@ class Port:
 
         if req_phys == PhysState.DISABLED:
             if self.phys != PhysState.DISABLED:
-                if self.link_is_up:
-                    self.counters.link_downed_counter += 1
+                # LinkDownedCounter counts failed link error recovery, not an SM's request.
                 self.phys = PhysState.DISABLED
                 self.state = PortState.DOWN
                 out.link_request = "disable"
@@ -352,9 +351,9 @@ class Port:
             return out
         if req_state == PortState.DOWN:
             if self.state != PortState.DOWN and self.link_is_up:
-                # Down, then the link retrains at once: back to Init, the peer too.
+                # Down, then the link retrains at once: back to Init, the peer too (an
+                # SM's request, not a link failure: LinkDownedCounter stays).
                 self.state = PortState.INIT
-                self.counters.link_downed_counter += 1
                 out.retrained = True
                 out.link_request = "retrain"
         elif req_state in (PortState.ARMED, PortState.ACTIVE):

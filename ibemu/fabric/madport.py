@@ -15,7 +15,7 @@ import trio
 from ibemu.device.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.fabric.host import AgentHost
 from ibemu.hca.sma import CaAgent
-from ibemu.hca.umad import SimRequest
+from ibemu.hca.umad import CLASS_SA, SimRequest
 from ibemu.hca.umad_server import UmadServer
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,13 @@ class CaMadPort:
         return self.agent.vendor_id, self.agent.device_id, self.agent.revision, 0
 
     def set_issm(self, on: bool) -> None:
+        """An SM attached (or left): IsSM on the port, and the SA's GSI class served here
+        (umad2sim registers classes locally; an SM client registers the SA's)."""
         self.agent.set_is_sm(self.port, on)
+        if on:
+            self.agent.register_class(CLASS_SA)
+        else:
+            self.agent.unregister_class(CLASS_SA)
 
     def send_mad(self, req: SimRequest) -> None:
         method = req.mad[3] if len(req.mad) > 3 else 0

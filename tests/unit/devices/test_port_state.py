@@ -85,6 +85,7 @@ def test_set_down_retrains_both_ends_to_init() -> None:
     assert status == 0 and pi.port_state == 2 and pi.phys_state == 5
     assert fab.link_requests["s1"] == [LinkRequest(5, LinkRequestKind.RETRAIN)]
     assert fab.agents["h"].ports[1].state == PortState.INIT  # the peer fell back too
+    assert fab.agents["s1"].counters(5).link_downed_counter == 0  # asked for: not a link failure
 
 
 def test_disable_and_enable_a_port() -> None:
