@@ -39,7 +39,9 @@ def analyse(t_ns: Sequence[int], t_fault: int, *, window_ns: int = DEFAULT_WINDO
     three times that pace plus 1 ms: the disruption the fault caused, not a later hiccup. A
     flow with no such gap was not disrupted: its gap holding the fault is reported.
     ``until_ns``: the end of the measurement; a flow silent from the fault to then has a
-    blackout that lasts until it (and no resume).
+    blackout that lasts until it (and no resume). A flow with no delivery before the fault
+    (it started after it, or late) has no blackout to measure: None, resume at its first
+    delivery.
     """
     n = len(t_ns)
     after = bisect_right(t_ns, t_fault)  # the first delivery after the fault
@@ -48,7 +50,9 @@ def analyse(t_ns: Sequence[int], t_fault: int, *, window_ns: int = DEFAULT_WINDO
             return Blackout(None, None, None)
         end = None if until_ns is None else max(0, until_ns - t_ns[-1])
         return Blackout(end, None, t_ns[-1] - t_fault)
-    start = t_ns[after - 1] if after else t_fault
+    if not after:
+        return Blackout(None, t_ns[0] - t_fault, None)
+    start = t_ns[after - 1]
     first = Blackout(t_ns[after] - start, t_ns[after] - t_fault, start - t_fault)
     threshold = 3 * _pace(t_ns, after, t_fault) + 1_000_000
     if first.blackout_ns is not None and first.blackout_ns > threshold:
