@@ -1,0 +1,151 @@
+"""RoCEv2 <-> native IB packet conversion (sans-IO): what ``RocePort`` does to every packet.
+
+Native packets are what the transport speaks: LRH .. ICRC .. VCRC, addressed by LID. A RoCEv2
+frame is Ethernet / IPv4 / UDP 4791 / BTH .. pad / ICRC. ``encapsulate`` maps the DLID to an
+address (the LID table), takes the UDP source port from the destination QP (ECMP entropy)
+and recomputes the ICRC over the RoCEv2 invariant fields (IBA annex A16.4.1: eight bytes of
+ones for the absent LRH, IPv4 with TOS, TTL and checksum masked, UDP with its checksum
+masked, BTH byte 4 masked). ``decapsulate`` checks a received frame (IPv4 without options,
+UDP 4791, consistent lengths, addressed to this port, known source, ICRC) and rebuilds the
+native packet (LRH from the table, fresh ICRC and VCRC). Refused frames are counted in
+``stats``; nothing raises.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ibemu.wire import crc as _crc
+from ibemu.wire.roce import check_emulated_address
+
+ETH_LEN, IP_LEN, UDP_LEN, BTH_LEN, ICRC_LEN = 14, 20, 8, 12, 4
+HDR_LEN = ETH_LEN + IP_LEN + UDP_LEN
+MIN_FRAME = HDR_LEN + BTH_LEN + ICRC_LEN
+TTL = 64
+SPORT_BASE = 0xC000
+
+_crc32 = zlib.crc32
+_vcrc = _crc.vcrc_calc
+_FF8_CRC = zlib.crc32(b"\xff" * 8)
+_U16 = struct.Struct("!H")
+_ICRC = struct.Struct("<I")
+_VCRC = struct.Struct("<H")
+_LRH = struct.Struct("!BBHHH")
+
+
+def udp_sport(qpn: int) -> int:
+    """The UDP source port of packets to QP ``qpn`` (0xC000-0xFFFF; a mix of the QPN's bits)."""
+    return SPORT_BASE | ((((qpn ^ (qpn >> 12)) * 0x9E3779B1) >> 16) & 0x3FFF)
+
+
+@dataclass(slots=True)
+class RoceStats:
+    """Frames the RoCE layer refused (before the transport saw them) and packets it could not send."""
+
+    rx_malformed: int = 0
+    rx_bad_icrc: int = 0
+    rx_unknown_source: int = 0
+    rx_not_ours: int = 0
+    tx_unknown_dlid: int = 0
+
+
+class RoceCodec:
+    """One port's conversions: its MACs, address, LID and the LID <-> address table."""
+
+    def __init__(self, *, lid: int, ip: str, lid_ips: Mapping[int, str], mac: bytes, peer_mac: bytes) -> None:
+        check_emulated_address(ip)
+        for addr in lid_ips.values():
+            check_emulated_address(addr)
+        if len(mac) != 6 or len(peer_mac) != 6:
+            raise ValueError("MAC addresses are 6 bytes")
+        self.lid = lid
+        self.ip = ip
+        self._src = socket.inet_aton(ip)
+        self._lid_ip = {int(k): socket.inet_aton(a) for k, a in lid_ips.items()}
+        self._ip_lid = {v: k for k, v in self._lid_ip.items()}
+        self.eth = bytes(peer_mac) + bytes(mac) + b"\x08\x00"
+        self.stats = RoceStats()
+        self._ip_sum: dict[int, tuple[bytes, int]] = {}
+        self._sports: dict[int, bytes] = {}
+
+    # -- native -> RoCEv2 ----------------------------------------------------------------
+    def _ip_prefix(self, dlid: int) -> tuple[bytes, int] | None:
+        """(source + destination address, their part of the IP checksum) for ``dlid``."""
+        got = self._ip_sum.get(dlid)
+        if got is None:
+            dst = self._lid_ip.get(dlid)
+            if dst is None:
+                return None
+            addrs = self._src + dst
+            fixed = 0x4500 + 0x4000 + (TTL << 8 | socket.IPPROTO_UDP)
+            fixed += sum(struct.unpack("!4H", addrs))
+            got = self._ip_sum[dlid] = (addrs, fixed)
+        return got
+
+    def encapsulate(self, pkt: bytes) -> bytes | None:
+        """The RoCEv2 frame of native packet ``pkt`` (LRH .. VCRC); None if its DLID is unknown."""
+        n = len(pkt)
+        prefix = self._ip_prefix((pkt[2] << 8) | pkt[3])
+        if prefix is None or n < 8 + BTH_LEN + 6:
+            self.stats.tx_unknown_dlid += 1
+            return None
+        addrs, fixed = prefix
+        dqp = (pkt[13] << 16) | (pkt[14] << 8) | pkt[15]
+        sport = self._sports.get(dqp)
+        if sport is None:
+            sport = self._sports[dqp] = _U16.pack(udp_sport(dqp))
+        total = n + 18  # IP + UDP + (BTH .. pad) + ICRC: n - LRH - ICRC - VCRC + 48
+        s = fixed + total
+        s = (s & 0xFFFF) + (s >> 16)
+        s = (s & 0xFFFF) + (s >> 16)
+        ln, udp_ln = _U16.pack(total), _U16.pack(total - IP_LEN)
+        mv = memoryview(pkt)
+        crc = _crc32(b"\x45\xff" + ln + b"\x00\x00\x40\x00\xff\x11\xff\xff" + addrs + sport + b"\x12\xb7"
+                     + udp_ln + b"\xff\xff" + pkt[8:12] + b"\xff", _FF8_CRC)
+        crc = _crc32(mv[13:n - 6], crc)
+        return b"".join((self.eth, b"\x45\x00", ln, b"\x00\x00\x40\x00", bytes((TTL, socket.IPPROTO_UDP)),
+                         _U16.pack(~s & 0xFFFF), addrs, sport, b"\x12\xb7", udp_ln, b"\x00\x00",
+                         mv[8:n - 6], _ICRC.pack(crc)))
+
+    # -- RoCEv2 -> native ----------------------------------------------------------------
+    def decapsulate(self, frame: bytes | bytearray | memoryview) -> bytes | None:
+        """The native packet the transport expects, or None (counted) for a frame it must not see."""
+        st = self.stats
+        n = len(frame)
+        if (n < MIN_FRAME or frame[12] != 0x08 or frame[13] != 0x00 or frame[14] != 0x45
+                or frame[23] != socket.IPPROTO_UDP or frame[36] != 0x12 or frame[37] != 0xB7):
+            st.rx_malformed += 1  # not IPv4 without options / UDP 4791, or too short
+            return None
+        total = (frame[16] << 8) | frame[17]
+        end = ETH_LEN + total
+        body_len = total - IP_LEN - UDP_LEN - ICRC_LEN
+        if (end > n or body_len < BTH_LEN or body_len % 4 or ((frame[38] << 8) | frame[39]) != total - IP_LEN
+                or (frame[20] & 0x3F) or frame[21]):  # fragments are not RoCE
+            st.rx_malformed += 1
+            return None
+        mv = memoryview(frame)
+        if bytes(mv[30:34]) != self._src:
+            st.rx_not_ours += 1
+            return None
+        slid = self._ip_lid.get(bytes(mv[26:30]))
+        if slid is None:
+            st.rx_unknown_source += 1
+            return None
+        masked = bytearray(mv[14:HDR_LEN + 5])
+        masked[1] = masked[8] = 0xFF        # TOS, TTL
+        masked[10] = masked[11] = 0xFF      # IP checksum
+        masked[26] = masked[27] = 0xFF      # UDP checksum
+        masked[32] = 0xFF                   # BTH byte 4 (FECN, BECN, reserved)
+        if _crc32(mv[HDR_LEN + 5:end - ICRC_LEN], _crc32(masked, _FF8_CRC)) != _ICRC.unpack_from(mv, end - 4)[0]:
+            st.rx_bad_icrc += 1
+            return None
+        body = mv[HDR_LEN:end - ICRC_LEN]
+        lrh = _LRH.pack(0x00, 0x02, self.lid, (8 + body_len + ICRC_LEN) >> 2, slid)
+        icrc = _crc32(body[5:], _crc32(b"\xf0" + lrh[1:] + bytes(body[:4]) + b"\xff"))
+        pkt = b"".join((lrh, body, _ICRC.pack(icrc)))
+        return pkt + _VCRC.pack(_vcrc(pkt))
+

@@ -1,0 +1,188 @@
+"""A live RoCE fabric: ibemu's namespaces and veth cables, configured as an IP network.
+
+The kernel substrate is the IB fabric's (``ibemu.fabric.build`` with no tc forwarding plane:
+namespaces recorded write-ahead in the run state, cables, ports up, carrier); on top of it
+every switch becomes an IP router and every host gets its address, its first hop as a static
+neighbour and one route (198.18.0.0/15 via that hop), plus the ingress guard that keeps its
+kernel from answering RoCE frames. Routes between routers are the fabric manager's job
+(``ibemu.roce.manager``, started by ``start_manager``). ``teardown_roce`` — and ``ibemu
+clean`` after a crash — remove everything, through the run state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ibemu.fabric import build as fabric_build
+from ibemu.fabric.plan import FabricPlan, mac_text, plan_fabric
+from ibemu.kernel import ownership
+from ibemu.kernel.commands import KernelError
+from ibemu.roce import netconf
+from ibemu.roce.addressing import AddressPlan, plan_addresses
+from ibemu.roce.routes import routers
+from ibemu.topo import Topology
+from ibemu.wire.roce import EMULATED_NET
+
+log = logging.getLogger(__name__)
+
+PLAN_FILE = "roce.json"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """What a ``RocePort`` on a host's cable needs to open."""
+
+    ns: str
+    ifname: str
+    gateway_mac: bytes
+    lid: int
+    ip: str
+
+
+@dataclass
+class RoceFabric:
+    built: fabric_build.BuiltFabric
+    addrs: AddressPlan
+    routers: list[str]
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def plan(self) -> FabricPlan:
+        return self.built.plan
+
+    @property
+    def state(self) -> ownership.RunState:
+        return self.built.state
+
+    @property
+    def plan_path(self) -> Path:
+        return self.state.run_dir / PLAN_FILE
+
+    def host_port(self, host: str, port: int = 1) -> HostPort:
+        node = self.plan.nodes[host]
+        pp = node.ports[port]
+        return HostPort(node.ns, pp.ifname, pp.peer_mac, self.addrs.lid(host, port), self.addrs.host_ip(host, port))
+
+    def manifest(self) -> dict[str, Any]:
+        """What the fabric manager reads (``roce.json`` in the run directory)."""
+        return {"schema": "ibemu.roce-plan/1", "run_id": self.plan.run_id,
+                "routers": {r: self.plan.nodes[r].ns for r in self.routers},
+                "hosts": {h.name: h.ns for h in self.plan.cas()},
+                "addresses": self.addrs.to_dict()}
+
+
+def _router_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
+    lines: list[str] = []
+    for pp in plan.nodes[name].ports.values():
+        pa = addrs.port(name, pp.port)
+        lines += netconf.address_lines(pp.ifname, pa.ip, pa.peer_ip, mac_text(pp.peer_mac))
+    return lines
+
+
+def _host_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
+    lines: list[str] = []
+    for i, pp in enumerate(sorted(plan.nodes[name].ports.values(), key=lambda p: p.port)):
+        pa = addrs.port(name, pp.port)
+        lines += netconf.address_lines(pp.ifname, pa.ip, pa.peer_ip, mac_text(pp.peer_mac))
+        if i == 0:  # one route to the range; a second port reaches its own cable only
+            lines.append(netconf.host_route_line(pp.ifname, pa.peer_ip))
+    return lines
+
+
+def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(EMULATED_NET)) -> RoceFabric:
+    """Build ``topo`` as a RoCE fabric owned by ``state`` (blocking). Nothing is left on failure."""
+    plan = plan_fabric(topo, state.run_id)
+    addrs = plan_addresses(topo, network)  # a bad plan fails before anything exists
+    names = routers(topo)
+    t0 = time.perf_counter()
+    built = fabric_build.build(plan, state, datapath="user")
+    fab = RoceFabric(built, addrs, names)
+    t1 = time.perf_counter()
+    try:
+        hosts = [n.name for n in plan.cas() if n.ports]
+
+        def router(name: str) -> None:
+            ns = plan.nodes[name].ns
+            netconf.router_sysctls(ns)
+            netconf.ip_lines(ns, _router_lines(plan, addrs, name))
+
+        def host(name: str) -> None:
+            ns = plan.nodes[name].ns
+            netconf.host_sysctls(ns)
+            netconf.ip_lines(ns, _host_lines(plan, addrs, name))
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(router, [r for r in names if plan.nodes[r].ports]))
+            list(pool.map(host, hosts))
+        t2 = time.perf_counter()
+        netconf.guard_hosts((plan.nodes[h].ns, pp.ifname) for h in hosts for pp in plan.nodes[h].ports.values())
+        state.run_dir.mkdir(parents=True, exist_ok=True)
+        fab.plan_path.write_text(json.dumps(fab.manifest()))
+        t3 = time.perf_counter()
+    except BaseException:
+        log.error("RoCE fabric build failed: tearing down what was built")
+        fabric_build.teardown(built)
+        raise
+    fab.phases_s = {**built.phases_s, "substrate": t1 - t0, "ip": t2 - t1, "guard": t3 - t2, "total": t3 - t0}
+    state.info["fabric"] = "roce"
+    state.save()
+    log.info("RoCE fabric %s built in %.2f s %s", plan.run_id, t3 - t0, fab.phases_s)
+    return fab
+
+
+def teardown_roce(fab: RoceFabric) -> list[str]:
+    """Stop the run's processes (the manager), delete its namespaces; returns problems."""
+    return fabric_build.teardown(fab.built)
+
+
+# ------------------------------------------------------------------ the fabric manager
+
+def start_manager(fab: RoceFabric, events: Path, *, extra: list[str] | None = None,
+                  log_file: Path | None = None) -> subprocess.Popen[bytes]:
+    """``python -m ibemu.roce.manager`` for this fabric, owned by its run."""
+    argv = [sys.executable, "-m", "ibemu.roce.manager", "--plan", str(fab.plan_path), "--events", str(events),
+            *(extra or [])]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if log_file else None)
+    finally:
+        if log_file:
+            out.close()  # type: ignore[union-attr]
+    fab.state.claim_process(proc.pid, "roce-manager")
+    return proc
+
+
+def wait_manager_up(proc: subprocess.Popen[bytes], events: Path, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Until the manager logs ``fabric_up`` (every route programmed); returns that event."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if events.exists():
+            for line in events.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("kind") == "fabric_up":
+                    return dict(rec)
+        if proc.poll() is not None:
+            raise KernelError(f"the fabric manager exited with status {proc.returncode} before the fabric was up")
+        time.sleep(0.02)
+    raise KernelError(f"the fabric manager did not bring the fabric up within {timeout_s} s")
+
+
+def stop_manager(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

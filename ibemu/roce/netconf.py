@@ -1,0 +1,245 @@
+"""The kernel side of a RoCE fabric: sysctls, addresses, static neighbours, routes, host guard.
+
+Kernel-touching code of ``ibemu.roce`` (it belongs with ``ibemu.kernel``; it lives here
+while RoCE fabrics are new). Routers forward IPv4 (``ip_forward``), hash ECMP on the 5-tuple
+(``fib_multipath_hash_policy=1``, a fixed seed so runs repeat) and ignore next hops without
+carrier (``ignore_routes_with_linkdown``). Neighbours are static (every MAC is planned), so
+no ARP crosses a cable. Hosts route only 198.18.0.0/15, via their first-hop router. A host's
+kernel never sees RoCE frames: a direct-action BPF filter on its port's ingress drops UDP
+4791 after the packet sockets (``ETH_P_ALL``) have had their copy, so it never answers them
+with ICMP port unreachable.
+
+``RouteWriter`` writes ECMP routes over raw rtnetlink, all of a router's changes in one send
+(pyroute2 costs a round trip and its own event loop per call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from ibemu.kernel import bpf, netns, rtnl
+from ibemu.kernel.bpf import R0, R1, R2, R3, R4, Asm
+from ibemu.kernel.commands import KernelError, batch
+from ibemu.roce.routes import NextHops
+from ibemu.wire.roce import EMULATED_NET, ROCEV2_UDP_PORT
+
+RTPROT_IBEMU = 66
+"""Protocol number of the fabric manager's routes (``ip route`` shows ``proto 66``)."""
+MULTIPATH_HASH_SEED = 0x1BE0
+SYSCTL = Path("/proc/sys/net/ipv4")
+
+ROUTER_SYSCTLS = {
+    "ip_forward": "1",
+    "fib_multipath_hash_policy": "1",
+    "conf/all/ignore_routes_with_linkdown": "1",
+    "conf/default/ignore_routes_with_linkdown": "1",
+    "conf/all/rp_filter": "0",
+    "conf/default/rp_filter": "0",
+    "conf/all/send_redirects": "0",
+    "conf/default/send_redirects": "0",
+}
+HOST_SYSCTLS = {
+    "ip_forward": "0",
+    "conf/all/ignore_routes_with_linkdown": "1",
+    "conf/default/ignore_routes_with_linkdown": "1",
+    "conf/all/rp_filter": "0",
+    "conf/default/rp_filter": "0",
+}
+
+
+def set_sysctls(ns: str, values: Mapping[str, str], *, optional: Iterable[str] = ()) -> None:
+    """Write ``net.ipv4`` sysctls inside ``ns`` (/proc/sys/net is the opening thread's)."""
+    skip = set(optional)
+    with netns.entered(ns):
+        for key, value in values.items():
+            try:
+                (SYSCTL / key).write_text(value)
+            except FileNotFoundError:
+                if key not in skip:
+                    raise KernelError(f"{ns}: this kernel has no net.ipv4.{key.replace('/', '.')}") from None
+
+
+def router_sysctls(ns: str) -> None:
+    set_sysctls(ns, {**ROUTER_SYSCTLS, "fib_multipath_hash_seed": str(MULTIPATH_HASH_SEED)},
+                optional=["fib_multipath_hash_seed"])
+
+
+def host_sysctls(ns: str) -> None:
+    set_sysctls(ns, HOST_SYSCTLS)
+
+
+def ip_lines(ns: str, lines: Sequence[str]) -> None:
+    """``ip -n ns -batch -`` (addresses, neighbours, routes)."""
+    batch("ip", lines, netns=ns)
+
+
+def address_lines(ifname: str, ip: str, peer_ip: str, peer_mac: str, prefix_len: int = 31) -> list[str]:
+    """An interface's address and its peer as a permanent neighbour."""
+    return [f"addr add {ip}/{prefix_len} dev {ifname}",
+            f"neigh replace {peer_ip} lladdr {peer_mac} dev {ifname} nud permanent"]
+
+
+def host_route_line(ifname: str, gateway: str) -> str:
+    """A host's only route beyond its cable: the emulated range, via its first-hop router."""
+    return f"route add {EMULATED_NET} via {gateway} dev {ifname}"
+
+
+# ------------------------------------------------------------------ host ingress guard
+
+TC_ACT_OK = 0
+TC_ACT_SHOT = 2
+ETH_P_ALL = 0x0003
+
+
+def guard_program() -> bytes:
+    """SCHED_CLS, direct action: drop IPv4 (no options) / UDP to port 4791, pass the rest."""
+    a = Asm()
+    a.ldx(4, R2, R1, bpf.SKB_DATA)
+    a.ldx(4, R3, R1, bpf.SKB_DATA_END)
+    a.mov(R4, R2)
+    a.alu64("add", R4, 38)
+    a.jmp("jgt", R4, R3, "pass", reg=True)
+    a.ldx(2, R4, R2, 12)
+    a.jmp("jne", R4, 0x0008, "pass")            # ethertype 0x0800 (little-endian load)
+    a.ldx(1, R4, R2, 14)
+    a.jmp("jne", R4, 0x45, "pass")              # IPv4, 20-byte header
+    a.ldx(1, R4, R2, 23)
+    a.jmp("jne", R4, socket.IPPROTO_UDP, "pass")
+    a.ldx(2, R4, R2, 36)
+    a.jmp("jne", R4, socket.htons(ROCEV2_UDP_PORT), "pass")
+    a.movi(R0, TC_ACT_SHOT)
+    a.exit()
+    a.label("pass")
+    a.movi(R0, TC_ACT_OK)
+    a.exit()
+    return a.assemble()
+
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_TCMSG = struct.Struct("=BxxxiIII")
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_REPLACE = 0x1, 0x4, 0x200, 0x400, 0x100
+NLMSG_ERROR = 2
+RTM_NEWQDISC, RTM_NEWTFILTER = 36, 44
+TC_H_CLSACT, TC_H_CLSACT_HANDLE, TC_H_INGRESS_PARENT = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
+NLA_F_NESTED = 0x8000
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    n = 4 + len(payload)
+    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n % 4)
+
+
+def _request(sock: socket.socket, msgs: list[bytes], what: str) -> None:
+    """Send ``msgs`` (sequence numbers 1..n) and check every ack."""
+    sock.send(b"".join(msgs))
+    pending, errors = len(msgs), []
+    while pending:
+        data = sock.recv(1 << 16)
+        off = 0
+        while off + _NLMSGHDR.size <= len(data):
+            length, kind, _f, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
+            if length < _NLMSGHDR.size:
+                break
+            if kind == NLMSG_ERROR:
+                err = struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
+                if err:
+                    errors.append(os.strerror(-err))
+                pending -= 1
+            off += (length + 3) & ~3
+    if errors:
+        raise KernelError(f"{what}: {len(errors)} of {len(msgs)} failed ({errors[0]})")
+
+
+def _route_socket(ns: str) -> socket.socket:
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
+    sock.bind((0, 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    return sock
+
+
+def guard_hosts(ports: Iterable[tuple[str, str]]) -> None:
+    """The ingress guard on each ``(namespace, interface)`` of a host (one program for all)."""
+    prog = bpf.load_program(guard_program(), name="roce_guard")
+    try:
+        for ns, ifname in ports:
+            idx = rtnl.ifindexes(ns, [ifname])[ifname]
+            create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+            qdisc = _TCMSG.pack(0, idx, TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0) + _attr(TCA_KIND, b"clsact\0")
+            filt = _TCMSG.pack(0, idx, 0, TC_H_INGRESS_PARENT, (1 << 16) | socket.htons(ETH_P_ALL))
+            filt += _attr(TCA_KIND, b"bpf\0") + _attr(
+                TCA_OPTIONS | NLA_F_NESTED,
+                _attr(TCA_BPF_FD, struct.pack("=I", prog)) + _attr(TCA_BPF_NAME, b"roce_guard\0")
+                + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+            msgs = [_NLMSGHDR.pack(_NLMSGHDR.size + len(b), kind, create, seq, 0) + b
+                    for seq, (kind, b) in enumerate(((RTM_NEWQDISC, qdisc), (RTM_NEWTFILTER, filt)), 1)]
+            sock = _route_socket(ns)
+            try:
+                _request(sock, msgs, f"{ns}/{ifname}: ingress guard")
+            finally:
+                sock.close()
+    finally:
+        os.close(prog)  # the filters keep the program alive
+
+
+# ------------------------------------------------------------------ routes
+
+RTM_NEWROUTE, RTM_DELROUTE = 24, 25
+RT_TABLE_MAIN, RT_SCOPE_UNIVERSE, RTN_UNICAST = 254, 0, 1
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_MULTIPATH = 1, 4, 5, 9
+_RTMSG = struct.Struct("=BBBBBBBBI")
+_RTNH = struct.Struct("=HBBi")
+
+
+class RouteWriter:
+    """Writes one router's routes (``prefix -> next hops``) over its own netlink socket."""
+
+    def __init__(self, ns: str, ifnames: Iterable[str]) -> None:
+        self.ns = ns
+        self.ifindex = rtnl.ifindexes(ns, ifnames)
+        self.sock = _route_socket(ns)
+        self.messages = 0
+
+    def _message(self, kind: int, flags: int, seq: int, prefix: str, hops: NextHops) -> bytes:
+        net = ipaddress.IPv4Network(prefix)
+        body = _RTMSG.pack(socket.AF_INET, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_IBEMU,
+                           RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
+        body += _attr(RTA_DST, net.network_address.packed)
+        if len(hops) == 1:
+            body += _attr(RTA_GATEWAY, socket.inet_aton(hops[0].gateway))
+            body += _attr(RTA_OIF, struct.pack("=i", self.ifindex[hops[0].ifname]))
+        elif hops:
+            nested = b""
+            for h in hops:
+                gw = _attr(RTA_GATEWAY, socket.inet_aton(h.gateway))
+                nested += _RTNH.pack(_RTNH.size + len(gw), 0, 0, self.ifindex[h.ifname]) + gw
+            body += _attr(RTA_MULTIPATH, nested)
+        return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+
+    def apply(self, put: Mapping[str, NextHops], delete: Iterable[str] = ()) -> int:
+        """Replace (or create) ``put`` and delete ``delete``, in one send; every ack checked."""
+        msgs: list[bytes] = []
+        for prefix, hops in put.items():
+            if not hops:
+                raise ValueError(f"{self.ns}: route to {prefix} without next hops")
+            msgs.append(self._message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+                                      len(msgs) + 1, prefix, hops))
+        for prefix in delete:
+            msgs.append(self._message(RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, len(msgs) + 1, prefix, ()))
+        if msgs:
+            for i in range(0, len(msgs), 256):  # stay well inside the socket buffers
+                _request(self.sock, msgs[i:i + 256], f"{self.ns}: routes")
+        self.messages += len(msgs)
+        return len(msgs)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
