@@ -11,7 +11,7 @@ restored at 6.5 s (late enough for every flow to be running on a busy machine). 
   OpenSM's from its flushed log);
 - the cut's reroute phases in ms since the cut (detect, trap, routed, programmed; for
   OpenSM also trap -> SUBNET UP, its own figure for a heavy sweep);
-- the flows the cut hit (blackout > 0) and their blackouts;
+- the flows the cut hit (blackout > 5 ms, ten times their pace) and their blackouts;
 - the LFTs both SMs programmed before the cut, compared in hop count per (switch,
   destination CA): LIDs differ between the SMs, paths are followed through each
   switch agent's LFT and the topology's cables.
@@ -48,6 +48,8 @@ FABRICS: dict[str, tuple[str, str, str]] = {
     "torus": ("generator: torus\n  dims: [4, 4]\n  hosts_per_switch: 1", "dor", "sw1_1 sw2_1"),
 }
 CUT_AT_S, RESTORE_AT_S, DURATION_S = 4.0, 6.5, 8.0
+HIT_MS = 5.0
+"""A flow the cut hit stopped longer than this (ten times its 0.5 ms pace)."""
 
 
 def distances(topo: Topology, start: str) -> dict[str, int]:
@@ -154,7 +156,7 @@ def summarize(run: ScenarioRun, result: dict[str, Any], impl: str) -> dict[str, 
     up = next((e["t_ns"] for e in events if e["kind"] == "subnet_up"), None)
     bringup = None if up is None or run.rt.sm_started_ns is None else (up - run.rt.sm_started_ns) / 1e9
     cut = next(f for f in result["faults"] if f["action"] == "link_down")
-    hit = [f["blackout_ms"] for f in cut["flows"] if f.get("blackout_ms")]
+    hit = [f["blackout_ms"] for f in cut["flows"] if (f.get("blackout_ms") or 0) > HIT_MS]
     late = sum(1 for f in cut["flows"] if f.get("blackout_ms") is None)  # not running before the cut
     errors = [t["name"] for t in result["traffic"] if "error" in t["extra"]]
     t_cut = run.t0_ns + int(cut["t_fault_s"] * 1e9)
