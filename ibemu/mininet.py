@@ -1,17 +1,16 @@
-"""Mininet adapter: IB topologies as Mininet custom topologies, and an ibemu fabric with a Mininet-like API.
+"""Mininet adapter: IB topologies for Mininet, an ibemu fabric with a Mininet-like API, and the
+venv side of ``mn --custom`` (:mod:`ibemu.mininet_custom`).
 
-As a Mininet custom file it registers ``topos`` (``ibfattree`` with ``k``, ``ibleafspine``
-with ``leaves, spines, hosts_per_leaf``), so ``mn --custom ibemu/mininet.py --topo
-ibfattree,4`` finds them. Mininet itself is optional: without it the topologies subclass a
-small stand-in with the same building API (``addSwitch``/``addHost``/``addLink``,
-``hosts``/``switches``/``iterLinks``), so this module always imports.
+Three ways in:
 
-What runs an IB fabric is ibemu, not Mininet's nodes: Mininet's ``Host``/``Switch``/``Link``
-classes make Ethernet namespaces through ``mnexec``, with Linux bridges or Open vSwitch and
-veths named ``s1-eth1``, and nothing in them speaks IB. So there are no ``ibsw``/``ibhost``
-node classes for ``mn``; instead :func:`to_ibemu` turns any Mininet topology (these or a
-user's own, ports kept) into an ibemu topology, and :class:`IbemuNet` runs it with the calls a
-Mininet script uses (``start``, ``stop``, ``get(name).cmd(...)``, ``configLinkStatus``)::
+- ``sudo mn --custom $(python -m ibemu.mininet --custom-path) --topo ibfattree,4 --switch ibsw``:
+  Mininet's own ``mn`` on an IB fabric. The custom file runs in ``mn``'s interpreter (the
+  system Python, without ibemu's dependencies) and calls this module's command line in
+  ibemu's venv: ``layout`` (a generated topology as JSON), ``run-info`` and ``pingall``.
+- ``to_ibemu(topo)``: any Mininet topology (these or a user's own, ports kept) as an ibemu
+  topology; ``topos`` here holds ``ibfattree``/``ibleafspine`` built straight from ibemu's
+  generators (a stand-in ``Topo`` when Mininet is not installed, so the module always imports).
+- :class:`IbemuNet`: an ibemu fabric driven with the calls a Mininet script uses::
 
     from ibemu.mininet import IbFatTree, IbemuNet
     net = IbemuNet(IbFatTree(k=4), sm="ibemu")
@@ -23,6 +22,9 @@ Mininet script uses (``start``, ``stop``, ``get(name).cmd(...)``, ``configLinkSt
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -270,3 +272,84 @@ class IbemuNet:
         self.stop()
 
 
+
+
+# --- the venv side of ``mn --custom`` (ibemu/mininet_custom.py runs these as subprocesses) ---
+
+def custom_path() -> Path:
+    """The file to give ``mn --custom``."""
+    return Path(__file__).with_name("mininet_custom.py")
+
+
+def layout(spec: str) -> dict[str, Any]:
+    """A generated topology (``fat-tree,k=4``) as the custom file builds its Mininet ``Topo``."""
+    from ibemu.cli.fabric_cmd import parse_topo_spec
+
+    topo = parse_topo_spec(spec).check()
+    return {
+        "switches": [{"name": n.name, "guid": f"{n.guid:016x}", "ports": n.num_ports} for n in topo.switches()],
+        "hosts": [{"name": n.name, "guid": f"{n.guid:016x}", "ports": n.num_ports} for n in topo.cas()],
+        "links": [{"node1": ln.a.node, "port1": ln.a.port, "intf1": topo.ifname(ln.a.node, ln.a.port),
+                   "node2": ln.b.node, "port2": ln.b.port, "intf2": topo.ifname(ln.b.node, ln.b.port)}
+                  for ln in topo.links],
+    }
+
+
+def _plan(run_id: str) -> Any:
+    from ibemu.fabric.daemon import SPEC_FILE
+    from ibemu.fabric.plan import plan_fabric
+    from ibemu.kernel import ownership
+    from ibemu.topo import loads_ibnetdiscover
+
+    spec = json.loads((ownership.RunState(run_id).run_dir / SPEC_FILE).read_text())
+    return plan_fabric(loads_ibnetdiscover(spec["topology"]), run_id)
+
+
+def run_info(run_id: str) -> dict[str, Any]:
+    """Where a running fabric's nodes live: their namespaces, the daemon's control socket."""
+    from ibemu.fabric import control
+    from ibemu.kernel import ownership
+
+    plan = _plan(run_id)
+    return {"run": run_id, "namespaces": {name: n.ns for name, n in plan.nodes.items()},
+            "control": str(control.socket_path(ownership.RunState(run_id).run_dir))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ibemu.mininet --custom-path | layout SPEC | run-info RUN | pingall RUN``."""
+    ap = argparse.ArgumentParser(prog="python -m ibemu.mininet", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--custom-path", action="store_true", help="print the file for `mn --custom` and exit")
+    sub = ap.add_subparsers(dest="what")
+    lay = sub.add_parser("layout", help="a generated topology (fat-tree,k=4) as JSON")
+    lay.add_argument("spec")
+    info = sub.add_parser("run-info", help="namespaces and control socket of a running fabric (JSON)")
+    info.add_argument("run")
+    png = sub.add_parser("pingall", help="IB reachability between hosts of a running fabric (JSON)")
+    png.add_argument("run")
+    png.add_argument("--hosts", help="comma-separated hosts (default: every host)")
+    png.add_argument("--count", type=int, default=1)
+    png.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for the frames")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.custom_path:
+        sys.stdout.write(f"{custom_path()}\n")
+        return 0
+    if args.what == "layout":
+        result = layout(args.spec)
+    elif args.what == "run-info":
+        result = run_info(args.run)
+    elif args.what == "pingall":
+        from ibemu.mininet_ping import pingall
+
+        plan = _plan(args.run)
+        hosts = args.hosts.split(",") if args.hosts else [n.name for n in plan.cas()]
+        result = pingall(plan, hosts, count=args.count, timeout_s=args.timeout)
+    else:
+        ap.print_usage(sys.stderr)
+        return 2
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
