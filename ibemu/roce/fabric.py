@@ -111,7 +111,7 @@ def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(
 
         def router(name: str) -> None:
             ns = plan.nodes[name].ns
-            netconf.router_sysctls(ns)
+            netconf.router_sysctls(ns, netconf.multipath_seed(name))
             netconf.ip_lines(ns, _router_lines(plan, addrs, name))
 
         def host(name: str) -> None:
@@ -186,3 +186,45 @@ def stop_manager(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class RoceRun:
+    """A RoCE fabric with its fabric manager running: ``up()``, use it, ``down()``."""
+
+    fab: RoceFabric
+    manager: subprocess.Popen[bytes] | None = None
+    events: Path | None = None
+    up_event: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def up(cls, topo: Topology, state: ownership.RunState, *, manager_args: list[str] | None = None,
+           timeout_s: float = 30.0) -> RoceRun:
+        """Build, start the manager, return once every route is programmed (blocking)."""
+        run = cls(build_roce(topo, state))
+        try:
+            run.events = state.run_dir / "fm.jsonl"
+            run.manager = start_manager(run.fab, run.events, extra=manager_args,
+                                        log_file=state.run_dir / "fm.log")
+            run.up_event = wait_manager_up(run.manager, run.events, timeout_s)
+        except BaseException:
+            run.down()
+            raise
+        return run
+
+    def manager_events(self) -> list[dict[str, Any]]:
+        if self.events is None or not self.events.exists():
+            return []
+        out = []
+        for line in self.events.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def down(self) -> list[str]:
+        if self.manager is not None:
+            stop_manager(self.manager)
+            self.manager = None
+        return teardown_roce(self.fab)

@@ -1,9 +1,9 @@
 """The kernel side of a RoCE fabric: sysctls, addresses, static neighbours, routes, host guard.
 
 Kernel-touching code of ``ibemu.roce`` (it belongs with ``ibemu.kernel``; it lives here
-while RoCE fabrics are new). Routers forward IPv4 (``ip_forward``), hash ECMP on the 5-tuple
-(``fib_multipath_hash_policy=1``, a fixed seed so runs repeat) and ignore next hops without
-carrier (``ignore_routes_with_linkdown``). Neighbours are static (every MAC is planned), so
+while RoCE fabrics are new). Routers forward IPv4 (``ip_forward``), hash ECMP on the
+5-tuple (``fib_multipath_hash_policy=1``, a seed per router, fixed so runs repeat) and
+ignore next hops without carrier (``ignore_routes_with_linkdown``). Neighbours are static (every MAC is planned), so
 no ARP crosses a cable. Hosts route only 198.18.0.0/15, via their first-hop router. A host's
 kernel never sees RoCE frames: a direct-action BPF filter on its port's ingress drops UDP
 4791 after the packet sockets (``ETH_P_ALL``) have had their copy, so it never answers them
@@ -20,6 +20,7 @@ import ipaddress
 import os
 import socket
 import struct
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -65,8 +66,18 @@ def set_sysctls(ns: str, values: Mapping[str, str], *, optional: Iterable[str] =
                     raise KernelError(f"{ns}: this kernel has no net.ipv4.{key.replace('/', '.')}") from None
 
 
-def router_sysctls(ns: str) -> None:
-    set_sysctls(ns, {**ROUTER_SYSCTLS, "fib_multipath_hash_seed": str(MULTIPATH_HASH_SEED)},
+def multipath_seed(router: str) -> int:
+    """A router's own ECMP hash seed, fixed by its name.
+
+    One seed for all would make every router of a path pick the same way for a given flow
+    (an edge's choice of aggregation switch would decide the aggregation's choice of core:
+    ECMP polarization, half the core idle); real switches seed their hashes apart.
+    """
+    return zlib.crc32(router.encode()) & 0x7FFFFFFF or MULTIPATH_HASH_SEED
+
+
+def router_sysctls(ns: str, seed: int = MULTIPATH_HASH_SEED) -> None:
+    set_sysctls(ns, {**ROUTER_SYSCTLS, "fib_multipath_hash_seed": str(seed)},
                 optional=["fib_multipath_hash_seed"])
 
 
