@@ -191,7 +191,7 @@ class IbHca(_IbNode, Host):
         self.cmd("ip link set lo up")  # the HCA port carries IB frames: no MAC or IP is set
         return {}
 
-    def IP(self, intf: Any = None) -> None:  # noqa: N802 - Mininet's name
+    def IP(self, intf: Any = None) -> None:
         return None
 
 
@@ -207,7 +207,7 @@ class IbSwitch(_IbNode, Switch):
     def start(self, controllers: list[Any]) -> None:
         """Nothing to start: the switch's agent runs since ``ibemu up``."""
 
-    def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet's name
+    def stop(self, deleteIntfs: bool = True) -> None:
         """Its interfaces are ibemu's: ``ibemu down`` removes them with the namespace."""
 
     def connected(self) -> bool:
@@ -220,7 +220,7 @@ class IbPort(Intf):
     def config(self, **_params: Any) -> dict[str, Any]:
         return {}
 
-    def updateIP(self) -> None:  # noqa: N802 - Mininet's name
+    def updateIP(self) -> None:
         return None
 
     def ifconfig(self, *args: str) -> str:
@@ -240,7 +240,7 @@ class IbCable(Link):
     """A cable ibemu made (a veth pair between two namespaces), seen as a Mininet ``Link``."""
 
     def __init__(self, node1: Any, node2: Any, port1: int | None = None, port2: int | None = None,
-                 intfName1: str | None = None, intfName2: str | None = None,  # noqa: N803
+                 intfName1: str | None = None, intfName2: str | None = None,
                  **_params: Any) -> None:
         self.intf1 = IbPort(intfName1 or f"{node1.name}-{port1}", node=node1, port=port1, link=self)
         self.intf2 = IbPort(intfName2 or f"{node2.name}-{port2}", node=node2, port=port2, link=self)
@@ -267,7 +267,7 @@ class IbSubnetManager(Controller):
         self.fabric = fabric
         super().__init__(name, **params)
 
-    def checkListening(self) -> None:  # noqa: N802 - Mininet's name
+    def checkListening(self) -> None:
         """No OpenFlow port to check."""
 
     def start(self) -> None:
@@ -276,7 +276,7 @@ class IbSubnetManager(Controller):
     def stop(self, *args: Any, **kwargs: Any) -> None:
         self.terminate()
 
-    def IP(self, intf: Any = None) -> None:  # noqa: N802 - Mininet's name
+    def IP(self, intf: Any = None) -> None:
         return None
 
 
@@ -313,10 +313,21 @@ class IbMininet(_MininetBase):
         return lost
 
 
+    def iperf(self, hosts: list[Any] | None = None, *args: Any, **kwargs: Any) -> list[str]:
+        """Mininet's iperf needs IP; between IB hosts it says what to run instead."""
+        pair = list(hosts or self.hosts[:1] + self.hosts[-1:])
+        if not pair or not all(isinstance(h, IbHca) for h in pair):
+            return list(super().iperf(hosts, *args, **kwargs))
+        a, b = pair[0].name, pair[-1].name
+        output(f"*** iperf: IB hosts have no IP. RDMA bandwidth instead: `{b} ibemu perf write_bw &` "
+               f"then `{a} ibemu perf write_bw {b}`\n")
+        return []
+
+
 class _IbTopo(Topo):
     """A Mininet topology of an ibemu generator, its nodes and links bound to the IB classes."""
 
-    def build(self, spec: str, datapath: str = "kernel") -> None:  # type: ignore[override]
+    def build(self, spec: str, datapath: str = "kernel") -> None:
         fabric = IbFabric(spec, datapath=datapath)
         for sw in fabric.layout["switches"]:
             self.addSwitch(sw["name"], cls=IbSwitch, fabric=fabric)
@@ -354,7 +365,7 @@ class IbGenerated(_IbTopo):
         super().build(_spec(generator, params), datapath)
 
 
-def findController(*_args: Any, **_kwargs: Any) -> type:  # noqa: N802 - replaces mn's
+def findController(*_args: Any, **_kwargs: Any) -> type:
     """``mn``'s default controller, when none is named: the subnet manager."""
     return IbSubnetManager
 

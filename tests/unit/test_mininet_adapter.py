@@ -59,3 +59,31 @@ def test_bad_mininet_topology_is_refused() -> None:
 
     with pytest.raises(Exception, match="s1:1"):
         adapter.to_ibemu(Twice())
+
+
+def test_custom_path_and_layout_for_mn() -> None:
+    """What the `mn --custom` file asks of ibemu's venv: its own path, and a topology as JSON."""
+    import json
+    from pathlib import Path
+
+    path = subprocess.run([sys.executable, "-m", "ibemu.mininet", "--custom-path"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert Path(path).is_file() and path.endswith("mininet_custom.py")
+    out = subprocess.run([sys.executable, "-m", "ibemu.mininet", "layout", "leaf-spine,leaves=2,spines=1,hosts_per_leaf=1"],
+                         capture_output=True, text=True, check=True).stdout
+    lay = json.loads(out)
+    assert sorted(s["name"] for s in lay["switches"]) == ["leaf0", "leaf1", "spine0"]
+    assert [h["name"] for h in lay["hosts"]] == ["h0", "h1"]
+    assert {"node1": "h0", "port1": 1, "intf1": "h0-1", "node2": "leaf0", "port2": 1, "intf2": "leaf0-1"} in lay["links"]
+    assert all(len(s["guid"]) == 16 for s in lay["switches"])
+
+
+def test_custom_file_needs_only_stdlib_and_mininet() -> None:
+    """`mn` runs the file in its own interpreter: it must not import ibemu or its dependencies."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(adapter.custom_path()).read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert roots <= set(sys.stdlib_module_names) | {"mininet", "__future__"}, roots
