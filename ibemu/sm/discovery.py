@@ -318,7 +318,10 @@ class Discovery:
             node_guid = p.peer[0] if p is not None and p.peer else None
         return out
 
-    async def _check_ports(self, ends: list[End]) -> list[Change]:
+    async def _check_ports(self, ends: list[End], *, until_first: bool = False) -> list[Change]:
+        """PortInfo of ``ends``; those no longer LinkUp are unlinked and returned.
+        ``until_first``: stop at the first one found down, even if already unlinked (the
+        others, maybe a dead switch's ports that would time out, are not waited for)."""
         changes: list[Change] = []
 
         async def one(end: End) -> None:
@@ -329,9 +332,12 @@ class Discovery:
             if r is None:
                 return
             self.store_port_info(node, end[1], r.data)
-            if r.data[33] >> 4 != PHYS_LINK_UP and node.ports[end[1]].peer is not None:
-                peer = self.unlink(*end)
-                changes.append(Change("down", end[0], end[1], peer))
+            if r.data[33] >> 4 != PHYS_LINK_UP:
+                if node.ports[end[1]].peer is not None:  # (another pass may have unlinked it)
+                    peer = self.unlink(*end)
+                    changes.append(Change("down", end[0], end[1], peer))
+                if until_first:
+                    n.cancel_scope.cancel()
 
         async with trio.open_nursery() as n:
             for end in ends:
@@ -372,9 +378,9 @@ class Discovery:
                     break
                 dead = await self._read_checked(node, hops, got, read_ports)
                 changes.extend(dead)
-                if not dead:
+                if all(self.phys(h) == PHYS_LINK_UP for h in hops):
                     break
-                self.recompute_paths()
+                self.recompute_paths()  # the route was cut (now, or by another pass)
             else:
                 return
             self._apply_ports(node, got, changes, probes)
@@ -394,13 +400,14 @@ class Discovery:
 
     async def _read_checked(self, node: SmNode, hops: list[End], got: dict[int, bytes],
                             read_ports: Callable[[SmNode, dict[int, bytes]], Awaitable[None]]) -> list[Change]:
-        """``read_ports`` and the check of ``hops`` at once; the read is cancelled if a hop is dead."""
+        """``read_ports`` and the check of ``hops`` at once; the read is cancelled as soon as a
+        hop is found dead (the caller re-derives the route and reads again)."""
         dead: list[Change] = []
         reading = trio.CancelScope()
 
         async def check() -> None:
-            dead.extend(await self._check_ports(hops))
-            if dead:
+            dead.extend(await self._check_ports(hops, until_first=True))
+            if any(self.phys(h) != PHYS_LINK_UP for h in hops):
                 reading.cancel()
 
         async def ports() -> None:

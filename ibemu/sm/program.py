@@ -14,8 +14,9 @@ an ``urgent`` event (set when a trap, or a suspicion, is waiting for the next re
 once it is set the pass stops waiting for blocks to suspects; and it never waits for blocks
 in flight longer than ``overdue_s`` (a responsive switch acks in a few ms); those are *abandoned*: counted in
 ``failed`` and ``abandoned``, forgotten (the next pass plans them again), and their switches
-become suspects. A Set unanswered after ``overdue_s`` (or 3x the slowest ack of the pass, if
-longer) is abandoned even with no trap waiting. Suspects get one attempt per pass. A switch that acks is no longer a suspect.
+become suspects. A block to a switch already suspected when the pass reaches it, with
+``urgent`` set, is abandoned unsent. A Set unanswered after ``overdue_s`` (or 3x the slowest
+ack of the pass, if longer) is abandoned even with no trap waiting. Suspects get one attempt per pass. A switch that acks is no longer a suspect.
 So ``t_last_ack_ns`` is the last ack of the switches that answered.
 """
 
@@ -172,6 +173,11 @@ class LftProgrammer:
             if on_suspect is not None:
                 on_suspect(guid)
 
+        def abandon(guid: int, block: int) -> None:
+            res.failed += 1
+            res.abandoned += 1
+            self.written.get(guid, {}).pop(block, None)
+
         async def one(guid: int, block: int, data: bytes) -> None:
             nonlocal slowest
             node = graph.nodes.get(guid)
@@ -185,8 +191,13 @@ class LftProgrammer:
                 if n > 1:  # the attempt before timed out
                     suspect(guid)
 
+            if urgent is not None and urgent.is_set() and guid in self.suspects:
+                abandon(guid, block)  # suspected before this pass reached it: not even sent
+                return
             r = None
-            with scopes.setdefault(key, trio.CancelScope()) as scope:
+            scope = scopes.setdefault(key, trio.CancelScope())
+            news.set()  # the watcher looks at it (it may have found nothing to watch yet)
+            with scope:
                 if lid_routed.get(guid):
                     self.transport.stats["lid_routed_sets"] += 1
                     r = await self.transport.request(
@@ -202,9 +213,7 @@ class LftProgrammer:
             scopes.pop(key, None)
             t_sent = sent_at.pop(key, None)
             if scope.cancelled_caught:
-                res.failed += 1
-                res.abandoned += 1
-                self.written.get(guid, {}).pop(block, None)
+                abandon(guid, block)
                 return
             if r is None or not r.ok:
                 if r is None:

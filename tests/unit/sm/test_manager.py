@@ -493,3 +493,33 @@ def test_a_switch_dying_whose_neighbours_traps_are_lost_is_not_waited_for() -> N
             assert sm.events.counts["suspect"] >= 1
 
     run(main)
+
+
+def test_a_switch_suspected_before_the_pass_programs_is_not_waited_for() -> None:
+    """A whole switch dies and every neighbour's trap arrives: reading the far ends of the
+    cables found down makes the dead switch a suspect before the reroute programs; the
+    pass then sends it nothing and waits for nothing (was: its Sets timed out, 0.8 s)."""
+    topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)  # default timeouts: 0.2 s, 3 retries
+    name = "agg1_0"
+    node = topo.node(name)
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            _kill(fab, topo, name)()
+            t0 = trio.current_time()
+            await settle(port)
+            for _ in range(10):
+                if not (sm._dirty or sm._trap_unknown or getattr(sm, "_check", None)):
+                    break
+                await sm.step()
+                await settle(port)
+            elapsed = trio.current_time() - t0
+            assert node.guid not in sm.graph.nodes
+            assert not unreachable_pairs(fab)
+            assert elapsed < 0.15, elapsed
+            for rr in sm.events.of("reroute"):
+                assert rr["t_programmed"] - rr["t_route_start"] < 0.05e9, rr
+
+    run(main)
