@@ -35,6 +35,7 @@ _U16 = struct.Struct("!H")
 _ICRC = struct.Struct("<I")
 _VCRC = struct.Struct("<H")
 _LRH = struct.Struct("!BBHHH")
+_ZEROS = memoryview(bytes(1 << 14))
 
 
 def udp_sport(qpn: int) -> int:
@@ -70,7 +71,9 @@ class RoceCodec:
         self.eth = bytes(peer_mac) + bytes(mac) + b"\x08\x00"
         self.stats = RoceStats()
         self._ip_sum: dict[int, tuple[bytes, int]] = {}
-        self._sports: dict[int, bytes] = {}
+        self._hdrs: dict[tuple[int, int, int], tuple[bytes, int]] = {}
+        self._rx_hdrs: dict[bytes, tuple[int, int, int]] = {}
+        self._shifts: dict[tuple[int, int], int] = {}
 
     # -- native -> RoCEv2 ----------------------------------------------------------------
     def _ip_prefix(self, dlid: int) -> tuple[bytes, int] | None:
@@ -86,38 +89,85 @@ class RoceCodec:
             got = self._ip_sum[dlid] = (addrs, fixed)
         return got
 
+    def _headers(self, dlid: int, dqp: int, total: int) -> tuple[bytes, int] | None:
+        """Ethernet + IPv4 + UDP headers of a frame, and the ICRC state after their masked
+        copy (cached: a flow repeats them)."""
+        key = (dlid, dqp, total)
+        got = self._hdrs.get(key)
+        if got is None:
+            prefix = self._ip_prefix(dlid)
+            if prefix is None:
+                return None
+            addrs, fixed = prefix
+            sport = _U16.pack(udp_sport(dqp))
+            s = fixed + total
+            s = (s & 0xFFFF) + (s >> 16)
+            s = (s & 0xFFFF) + (s >> 16)
+            ln, udp_ln = _U16.pack(total), _U16.pack(total - IP_LEN)
+            hdr = b"".join((self.eth, b"\x45\x00", ln, b"\x00\x00\x40\x00", bytes((TTL, socket.IPPROTO_UDP)),
+                            _U16.pack(~s & 0xFFFF), addrs, sport, b"\x12\xb7", udp_ln, b"\x00\x00"))
+            seed = _crc32(b"\x45\xff" + ln + b"\x00\x00\x40\x00\xff\x11\xff\xff" + addrs + sport + b"\x12\xb7"
+                          + udp_ln + b"\xff\xff", _FF8_CRC)
+            if len(self._hdrs) > 4096:
+                self._hdrs.clear()
+            got = self._hdrs[key] = (hdr, seed)
+        return got
+
     def encapsulate(self, pkt: bytes) -> bytes | None:
         """The RoCEv2 frame of native packet ``pkt`` (LRH .. VCRC); None if its DLID is unknown."""
         n = len(pkt)
-        prefix = self._ip_prefix((pkt[2] << 8) | pkt[3])
-        if prefix is None or n < 8 + BTH_LEN + 6:
+        got = self._headers((pkt[2] << 8) | pkt[3], (pkt[13] << 16) | (pkt[14] << 8) | pkt[15], n + 18)
+        if got is None or n < 8 + BTH_LEN + 6:
             self.stats.tx_unknown_dlid += 1
             return None
-        addrs, fixed = prefix
-        dqp = (pkt[13] << 16) | (pkt[14] << 8) | pkt[15]
-        sport = self._sports.get(dqp)
-        if sport is None:
-            sport = self._sports[dqp] = _U16.pack(udp_sport(dqp))
-        total = n + 18  # IP + UDP + (BTH .. pad) + ICRC: n - LRH - ICRC - VCRC + 48
-        s = fixed + total
-        s = (s & 0xFFFF) + (s >> 16)
-        s = (s & 0xFFFF) + (s >> 16)
-        ln, udp_ln = _U16.pack(total), _U16.pack(total - IP_LEN)
-        mv = memoryview(pkt)
-        crc = _crc32(b"\x45\xff" + ln + b"\x00\x00\x40\x00\xff\x11\xff\xff" + addrs + sport + b"\x12\xb7"
-                     + udp_ln + b"\xff\xff" + pkt[8:12] + b"\xff", _FF8_CRC)
-        crc = _crc32(mv[13:n - 6], crc)
-        return b"".join((self.eth, b"\x45\x00", ln, b"\x00\x00\x40\x00", bytes((TTL, socket.IPPROTO_UDP)),
-                         _U16.pack(~s & 0xFFFF), addrs, sport, b"\x12\xb7", udp_ln, b"\x00\x00",
-                         mv[8:n - 6], _ICRC.pack(crc)))
+        hdr, seed = got
+        bth4 = pkt[8:12] + b"\xff"
+        seed = _crc32(bth4, seed)
+        native_seed = _crc32(bytes((pkt[0] | 0xF0,)) + pkt[1:8] + bth4)  # the native ICRC's masked LRH + BTH
+        # The transport's ICRC covers the same bytes from BTH byte 5 on: move it to the new seed.
+        crc = _ICRC.unpack_from(pkt, n - 6)[0] ^ self._shift(n - 19, native_seed ^ seed)
+        return b"".join((hdr, memoryview(pkt)[8:n - 6], _ICRC.pack(crc)))
 
     # -- RoCEv2 -> native ----------------------------------------------------------------
-    def decapsulate(self, frame: bytes | bytearray | memoryview) -> bytes | None:
+    def decapsulate(self, frame: bytes | bytearray | memoryview) -> bytearray | None:
         """The native packet the transport expects, or None (counted) for a frame it must not see."""
+        if type(frame) is not bytes:
+            frame = bytes(frame)
+        key = frame[12:HDR_LEN]  # ethertype, IPv4, UDP: the same for every frame of a flow
+        got = self._rx_hdrs.get(key)
+        if got is None:
+            got = self._check_headers(frame)
+            if got is None:
+                return None
+            if len(self._rx_hdrs) > 4096:
+                self._rx_hdrs.clear()
+            self._rx_hdrs[key] = got
+        slid, seed, end = got
+        if end > len(frame):
+            self.stats.rx_malformed += 1
+            return None
+        seed = _crc32(frame[HDR_LEN:HDR_LEN + 4] + b"\xff", seed)
+        mv = memoryview(frame)
+        crc = _crc32(mv[HDR_LEN + 5:end - ICRC_LEN], seed)
+        if crc != _ICRC.unpack_from(frame, end - 4)[0]:
+            self.stats.rx_bad_icrc += 1
+            return None
+        body_len = end - HDR_LEN - ICRC_LEN
+        lrh = _LRH.pack(0x00, 0x02, self.lid, (8 + body_len + ICRC_LEN) >> 2, slid)
+        native_seed = _crc32(b"\xf0" + lrh[1:] + frame[HDR_LEN:HDR_LEN + 4] + b"\xff")
+        pkt = bytearray().join((lrh, mv[HDR_LEN:end - ICRC_LEN],
+                                _ICRC.pack(crc ^ self._shift(body_len - 5, seed ^ native_seed)), b"\0\0"))
+        end = len(pkt) - 2
+        _VCRC.pack_into(pkt, end, _vcrc(memoryview(pkt)[:end]))
+        return pkt
+
+    def _check_headers(self, frame: bytes) -> tuple[int, int, int] | None:
+        """(source LID, ICRC state after the masked IPv4 + UDP headers, frame end) of a valid
+        frame's headers; None (counted) otherwise."""
         st = self.stats
         n = len(frame)
-        if (n < MIN_FRAME or frame[12] != 0x08 or frame[13] != 0x00 or frame[14] != 0x45
-                or frame[23] != socket.IPPROTO_UDP or frame[36] != 0x12 or frame[37] != 0xB7):
+        if (n < MIN_FRAME or frame[12:15] != b"\x08\x00\x45" or frame[23] != socket.IPPROTO_UDP
+                or frame[36:38] != b"\x12\xb7"):
             st.rx_malformed += 1  # not IPv4 without options / UDP 4791, or too short
             return None
         total = (frame[16] << 8) | frame[17]
@@ -127,25 +177,32 @@ class RoceCodec:
                 or (frame[20] & 0x3F) or frame[21]):  # fragments are not RoCE
             st.rx_malformed += 1
             return None
-        mv = memoryview(frame)
-        if bytes(mv[30:34]) != self._src:
+        if frame[30:34] != self._src:
             st.rx_not_ours += 1
             return None
-        slid = self._ip_lid.get(bytes(mv[26:30]))
+        slid = self._ip_lid.get(frame[26:30])
         if slid is None:
             st.rx_unknown_source += 1
             return None
-        masked = bytearray(mv[14:HDR_LEN + 5])
+        masked = bytearray(frame[14:HDR_LEN])
         masked[1] = masked[8] = 0xFF        # TOS, TTL
         masked[10] = masked[11] = 0xFF      # IP checksum
         masked[26] = masked[27] = 0xFF      # UDP checksum
-        masked[32] = 0xFF                   # BTH byte 4 (FECN, BECN, reserved)
-        if _crc32(mv[HDR_LEN + 5:end - ICRC_LEN], _crc32(masked, _FF8_CRC)) != _ICRC.unpack_from(mv, end - 4)[0]:
-            st.rx_bad_icrc += 1
-            return None
-        body = mv[HDR_LEN:end - ICRC_LEN]
-        lrh = _LRH.pack(0x00, 0x02, self.lid, (8 + body_len + ICRC_LEN) >> 2, slid)
-        icrc = _crc32(body[5:], _crc32(b"\xf0" + lrh[1:] + bytes(body[:4]) + b"\xff"))
-        pkt = b"".join((lrh, body, _ICRC.pack(icrc)))
-        return pkt + _VCRC.pack(_vcrc(pkt))
+        return slid, _crc32(masked, _FF8_CRC), end
+
+    def _shift(self, length: int, delta: int) -> int:
+        """``crc32(data, a) ^ crc32(data, b)`` for any ``length`` bytes of data, ``delta = a ^ b``.
+
+        CRC-32 is affine in its initial value, so the ICRC over the bytes both headers share
+        moves from one header's seed to the other's without reading the payload again; the
+        correction depends only on the length and the seeds (cached: a flow repeats them).
+        """
+        key = (length, delta)
+        corr = self._shifts.get(key)
+        if corr is None:
+            if len(self._shifts) > 4096:
+                self._shifts.clear()
+            zeros = _ZEROS[:length]
+            corr = self._shifts[key] = _crc32(zeros, delta) ^ _crc32(zeros, 0)
+        return corr
 

@@ -160,8 +160,10 @@ def start_manager(fab: RoceFabric, events: Path, *, extra: list[str] | None = No
     return proc
 
 
-def wait_manager_up(proc: subprocess.Popen[bytes], events: Path, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Until the manager logs ``fabric_up`` (every route programmed); returns that event."""
+def wait_manager_up(proc: subprocess.Popen[bytes], events: Path, timeout_s: float = 30.0, *,
+                    since_ns: int = 0) -> dict[str, Any]:
+    """Until the manager logs ``fabric_up`` (every route programmed) at or after ``since_ns``
+    (monotonic; a log that a previous manager appended to holds its ``fabric_up`` too)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if events.exists():
@@ -170,7 +172,7 @@ def wait_manager_up(proc: subprocess.Popen[bytes], events: Path, timeout_s: floa
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if rec.get("kind") == "fabric_up":
+                if rec.get("kind") == "fabric_up" and rec.get("t_ns", 0) >= since_ns:
                     return dict(rec)
         if proc.poll() is not None:
             raise KernelError(f"the fabric manager exited with status {proc.returncode} before the fabric was up")
@@ -204,13 +206,23 @@ class RoceRun:
         run = cls(build_roce(topo, state))
         try:
             run.events = state.run_dir / "fm.jsonl"
-            run.manager = start_manager(run.fab, run.events, extra=manager_args,
-                                        log_file=state.run_dir / "fm.log")
-            run.up_event = wait_manager_up(run.manager, run.events, timeout_s)
+            run.restart_manager(manager_args, timeout_s=timeout_s)
         except BaseException:
             run.down()
             raise
         return run
+
+    def restart_manager(self, args: list[str] | None = None, *, timeout_s: float = 30.0) -> None:
+        """(Re)start the fabric manager with ``args``; returns once its routes are written."""
+        assert self.events is not None
+        if self.manager is not None:
+            stop_manager(self.manager)
+        t0 = time.monotonic_ns()
+        self.manager = start_manager(self.fab, self.events, extra=args, log_file=self.state_dir_log())
+        self.up_event = wait_manager_up(self.manager, self.events, timeout_s, since_ns=t0)
+
+    def state_dir_log(self) -> Path:
+        return self.fab.state.run_dir / "fm.log"
 
     def manager_events(self) -> list[dict[str, Any]]:
         if self.events is None or not self.events.exists():
