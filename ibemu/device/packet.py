@@ -3,7 +3,7 @@
 Every management packet here is a UD SEND Only without GRH, 290 bytes: the MAD starts at
 byte 28. Building and resealing use ``struct`` and chained CRCs (no scapy), fast enough for
 tens of thousands of SMPs per second. ``check`` is the strict receive check (lengths, then
-ICRC and VCRC) from ``ibemu.wire.decode``; it raises ``DecodeError``/``CrcError``.
+ICRC and VCRC) from ``ibemu.wire.checks``; it raises ``DecodeError``/``CrcError``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import struct
 import zlib
 
 from ibemu.wire import crc as _crc
-from ibemu.wire.decode import check_native_length, verify_native_crcs
+from ibemu.wire.checks import MAD_LEN, check_native_length, verify_native_crcs
 
 MAD_OFFSET = 28
-MAD_LEN = 256
 PACKET_LEN = MAD_OFFSET + MAD_LEN + 4 + 2  # 290
 PKTLEN_WORDS = (PACKET_LEN - 2) // 4  # 72
 UD_SEND_ONLY = 0x64

@@ -34,7 +34,6 @@ from scapy.packet import Packet, Raw
 
 from ibemu.wire.ib import register_mad_class
 
-MAD_LEN = 256
 SMP_DATA_OFFSET = 64
 SMP_DATA_LEN = 64
 PMA_DATA_OFFSET = 64

@@ -9,7 +9,7 @@ from ibemu.errors import CrcError
 from ibemu.switch.forwarder import Reason
 from ibemu.switch.sma import SwitchAgent
 from ibemu.wire import fast
-from ibemu.wire.decode import verify_native_crcs
+from ibemu.wire.checks import verify_native_crcs
 
 
 def data_packet(dlid: int, vl: int = 0, payload: bytes = b"x" * 100) -> bytes:
