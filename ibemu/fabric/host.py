@@ -17,6 +17,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -67,6 +68,10 @@ class Agent(Protocol):
 
 
 MadSink = Callable[[DeliverMad], None]
+
+
+SWITCH_INTERVAL_S = 0.0005
+"""The GIL hand-over interval of a process that runs agents (see ``AgentHost.serve``)."""
 
 
 class EventLog:
@@ -262,6 +267,9 @@ class AgentHost:
     # ------------------------------------------------------------------ running
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        # The tc writer thread must not hold the GIL for Python's default 5 ms while the agents
+        # have SMPs to answer (an SM's burst of LFT Sets waited that long, several times over).
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         if not self._opened:
             await trio.to_thread.run_sync(self.open)
         await trio.to_thread.run_sync(self.open_dr_relay)
