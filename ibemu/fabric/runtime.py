@@ -8,6 +8,7 @@ exception or on an agent crash — removes every namespace it created.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import resource
 import subprocess
@@ -164,6 +165,10 @@ class FabricRuntime:
                     await self._start_sm()
                 self.state.status = "up"
                 self.state.save()
+                # The fabric's objects live as long as it does: keep them out of the collector,
+                # whose passes over them otherwise stall the agents for milliseconds mid-reroute.
+                gc.collect()
+                gc.freeze()
                 yield self.host
                 nursery.cancel_scope.cancel()
         finally:
@@ -174,5 +179,6 @@ class FabricRuntime:
                     if self.sm == "opensm":  # its phases, in the event vocabulary of ibemu's SM
                         opensm_log.write_events((self.run_dir or self.state.run_dir) / self.sm)
                 problems = await trio.to_thread.run_sync(self.teardown)
+                gc.unfreeze()  # what the fabric held is garbage now (tests build many fabrics)
             if problems:
                 log.error("teardown left: %s", "; ".join(problems))
