@@ -1,9 +1,10 @@
 """`ibemu run [SCENARIO]`: build, bring up, drive traffic, break things, measure, report, tear down.
 
 With no scenario it runs the built-in default (a k=4 fat-tree, ftree routing, an aggregation
-uplink failing under traffic). ``--topo``, ``--datapath``, ``--sm``, ``--sm-engine`` and
-``--duration`` override the scenario. The summary goes to stdout; ``--json FILE`` writes the
-result (schema ibemu.run/1), plots go next to it (``--no-plots`` to skip).
+uplink failing under traffic). ``--topo``, ``--fabric``, ``--datapath``, ``--sm``,
+``--sm-engine`` and ``--duration`` override the scenario (``--fabric roce``: the same
+topology, traffic and faults on a RoCEv2 fabric). The summary goes to stdout; ``--json
+FILE`` writes the result (schema ibemu.run/1), plots go next to it (``--no-plots`` to skip).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("scenario", nargs="?", help="scenario file (default: the built-in default)")
     p.add_argument("--topo", help="override the topology: fat-tree,k=4 | leaf-spine,leaves=4,... ")
+    p.add_argument("--fabric", choices=("ib", "roce"),
+                   help="override fabric.kind (roce: IP routers, ECMP, RoCEv2 frames, the fabric manager)")
     p.add_argument("--datapath", choices=("kernel", "user"), help="override fabric.datapath")
     p.add_argument("--sm", choices=("ibemu", "opensm"), help="override sm.impl")
     p.add_argument("--sm-engine", choices=("minhop", "updn", "ftree", "dor"), help="override sm.engine")
@@ -62,8 +65,9 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         changes["topology"] = topo
         changes["topology_spec"] = dataclasses.replace(scen.topology_spec, source="generator",
                                                        generator=args.topo.split(",")[0], params={})
-    if args.datapath:
-        changes["fabric"] = dataclasses.replace(scen.fabric, datapath=args.datapath)
+    if args.datapath or getattr(args, "fabric", None):
+        changes["fabric"] = dataclasses.replace(scen.fabric, datapath=args.datapath or scen.fabric.datapath,
+                                                kind=getattr(args, "fabric", None) or scen.fabric.kind)
     if args.sm or args.sm_engine:
         changes["sm"] = dataclasses.replace(scen.sm, impl=args.sm or scen.sm.impl,
                                             engine=args.sm_engine or scen.sm.engine)

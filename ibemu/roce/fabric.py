@@ -76,7 +76,9 @@ class RoceFabric:
         return {"schema": "ibemu.roce-plan/1", "run_id": self.plan.run_id,
                 "routers": {r: self.plan.nodes[r].ns for r in self.routers},
                 "hosts": {h.name: h.ns for h in self.plan.cas()},
-                "addresses": self.addrs.to_dict()}
+                "addresses": self.addrs.to_dict(),
+                "peer_macs": {r: {pp.ifname: pp.peer_mac.hex() for pp in self.plan.nodes[r].ports.values()}
+                              for r in self.routers}}
 
 
 def _router_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
@@ -201,11 +203,14 @@ class RoceRun:
 
     @classmethod
     def up(cls, topo: Topology, state: ownership.RunState, *, manager_args: list[str] | None = None,
-           timeout_s: float = 30.0) -> RoceRun:
-        """Build, start the manager, return once every route is programmed (blocking)."""
+           events: Path | None = None, timeout_s: float = 30.0) -> RoceRun:
+        """Build, start the manager, return once every route is programmed (blocking).
+
+        ``events``: the manager's event log (default: in the run directory, which teardown
+        removes)."""
         run = cls(build_roce(topo, state))
         try:
-            run.events = state.run_dir / "fm.jsonl"
+            run.events = events or state.run_dir / "fm.jsonl"
             run.restart_manager(manager_args, timeout_s=timeout_s)
         except BaseException:
             run.down()

@@ -16,7 +16,7 @@ many had no next hop left and waited for the manager (``local_blackholed``). Wit
 Events (JSON lines, ``time.monotonic_ns()`` stamps, the clock every ibemu process shares):
 ``fm_start`` · ``routes_computed`` (seconds, routes, routers) · ``routes_programmed``
 (seconds, messages, routers) · ``fabric_up`` (seconds, routes) · ``carrier`` (node, port,
-ifname, up) · ``reroute`` (t_trap None, t_detect, t_routed, t_programmed, reason, cables,
+ifname, up: administratively up and running) · ``reroute`` (t_trap None, t_detect, t_routed, t_programmed, reason, cables,
 changes, routers, local_covered, local_blackholed, reprogrammed) · ``fm_stop``.
 """
 
@@ -27,8 +27,10 @@ import json
 import logging
 import signal
 import socket
+import struct
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from typing import Any
 import trio
 
 from ibemu.kernel import linkevents, rtnl
+from ibemu.kernel.commands import KernelError
 from ibemu.roce.addressing import AddressPlan, PortAddress
 from ibemu.roce.netconf import RouteWriter
 from ibemu.roce.routes import NextHop, RouteChanges, Routes, compute, diff, local_repair
@@ -44,15 +47,41 @@ from ibemu.sm.events import EventLog
 log = logging.getLogger("ibemu.roce.manager")
 
 
+IFF_UP, IFF_RUNNING = 0x1, 0x40
+RTM_NEWLINK, RTM_DELLINK = 16, 17
+_NLMSGHDR = struct.Struct("=IHHII")
+_IFINFOMSG = struct.Struct("=BxHiII")
+
+
+def link_states(data: bytes) -> Iterator[tuple[int, bool, bool]]:
+    """``(ifindex, admin up, running)`` of each link message in a netlink datagram.
+
+    IFF_RUNNING (operationally up) rather than carrier: a veth whose peer just came up has
+    carrier at once but drops every frame until linkwatch activates it, up to a second later;
+    the kernel revives its own next hops only then, and so does the manager.
+    """
+    off = 0
+    while off + _NLMSGHDR.size <= len(data):
+        length, kind, _f, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
+        if length < _NLMSGHDR.size or off + length > len(data):
+            return
+        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= _NLMSGHDR.size + _IFINFOMSG.size:
+            _fam, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)
+            alive = kind == RTM_NEWLINK
+            yield index, alive and bool(flags & IFF_UP), alive and bool(flags & IFF_RUNNING)
+        off += (length + 3) & ~3
+
+
 @dataclass(slots=True)
 class PortState:
     addr: PortAddress
+    peer_mac: bytes
     admin_up: bool = True
-    carrier: bool = True
+    running: bool = True
 
     @property
     def ok(self) -> bool:
-        return self.admin_up and self.carrier
+        return self.admin_up and self.running
 
 
 class FabricManager:
@@ -61,6 +90,7 @@ class FabricManager:
     def __init__(self, manifest: dict[str, Any], events: EventLog, *, reroute: bool = True) -> None:
         self.addrs = AddressPlan.from_dict(manifest["addresses"])
         self.router_ns: dict[str, str] = dict(manifest["routers"])
+        self.peer_macs: dict[str, dict[str, str]] = dict(manifest.get("peer_macs", {}))
         self.events = events
         self.reroute_enabled = reroute
         self.routes: Routes = {}
@@ -83,7 +113,9 @@ class FabricManager:
             self.writers[name] = RouteWriter(ns, names)
             index = self.writers[name].ifindex
             down = set(rtnl.carrier_down(ns, names))
-            self.ports[name] = {index[p.ifname]: PortState(p, carrier=p.ifname not in down) for p in mine}
+            macs = self.peer_macs.get(name, {})
+            self.ports[name] = {index[p.ifname]: PortState(p, bytes.fromhex(macs.get(p.ifname, "")),
+                                                           running=p.ifname not in down) for p in mine}
             self.down |= {p.cable for p in mine if p.ifname in down}
 
     def close(self) -> None:
@@ -119,19 +151,28 @@ class FabricManager:
         self.events.emit("fabric_up", t_ns=t2, seconds=(t2 - t0) / 1e9, routes=total)
         log.info("fabric up: %d routes on %d routers in %.1f ms", total, len(new), (t2 - t0) / 1e6)
 
-    def on_link_events(self, router: str, evs: list[linkevents.LinkEvent], t_ns: int) -> None:
-        """Carrier changes of one router's ports (read at ``t_ns``); reroute if a cable changed."""
+    def on_link_events(self, router: str, evs: Iterable[tuple[int, bool, bool]], t_ns: int) -> None:
+        """Link changes ``(ifindex, admin up, running)`` of one router's ports (read at
+        ``t_ns``); reroute if a cable changed."""
         ports = self.ports.get(router, {})
         was_down = set(self.down)
-        for ev in evs:
-            st = ports.get(ev.ifindex)
-            if st is None or (st.admin_up, st.carrier) == (ev.admin_up, ev.carrier and not ev.deleted):
+        back: list[tuple[str, str, bytes]] = []
+        for ifindex, admin_up, running in evs:
+            st = ports.get(ifindex)
+            if st is None or (st.admin_up, st.running) == (admin_up, running):
                 continue
             before = st.ok
-            st.admin_up, st.carrier = ev.admin_up, ev.carrier and not ev.deleted
+            st.admin_up, st.running = admin_up, running
             if st.ok != before:
                 self.events.emit("carrier", t_ns=t_ns, node=router, port=st.addr.port, ifname=st.addr.ifname,
                                  up=st.ok)
+                if st.ok and len(st.peer_mac) == 6:
+                    back.append((st.addr.ifname, st.addr.peer_ip, st.peer_mac))
+        if back:  # an interface set down lost its neighbours, permanent ones too
+            try:
+                self.writers[router].neighbours(back)
+            except KernelError as exc:
+                log.warning("%s", exc)
         self.down = {st.addr.cable for ps in self.ports.values() for st in ps.values() if not st.ok}
         if self.down != was_down:
             self.reroute(t_ns, was_down)
@@ -172,7 +213,12 @@ class FabricManager:
         while True:
             await trio.lowlevel.wait_readable(sock)
             t_ns = time.monotonic_ns()
-            evs = linkevents.read_events(sock)
+            evs: list[tuple[int, bool, bool]] = []
+            while True:
+                try:
+                    evs.extend(link_states(sock.recv(1 << 16)))
+                except BlockingIOError:
+                    break
             if evs:
                 self.on_link_events(router, evs, t_ns)
 

@@ -207,6 +207,8 @@ RTM_NEWROUTE, RTM_DELROUTE = 24, 25
 RT_TABLE_MAIN, RT_SCOPE_UNIVERSE, RTN_UNICAST = 254, 0, 1
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_MULTIPATH = 1, 4, 5, 9
 _RTMSG = struct.Struct("=BBBBBBBBI")
+RTM_NEWNEIGH, NDA_DST, NDA_LLADDR, NUD_PERMANENT = 28, 1, 2, 0x80
+_NDMSG = struct.Struct("=BxxxiHBB")
 _RTNH = struct.Struct("=HBBi")
 
 
@@ -249,6 +251,24 @@ class RouteWriter:
             for i in range(0, len(msgs), 256):  # stay well inside the socket buffers
                 _request(self.sock, msgs[i:i + 256], f"{self.ns}: routes")
         self.messages += len(msgs)
+        return len(msgs)
+
+    def neighbours(self, entries: Iterable[tuple[str, str, bytes]]) -> int:
+        """Permanent neighbours ``(ifname, address, MAC)``, replacing what is there.
+
+        An interface set administratively down loses even its permanent neighbours; the
+        manager puts them back when the cable returns, so no ARP (and no ARP timeout) is
+        ever needed on a router's cable.
+        """
+        msgs: list[bytes] = []
+        for ifname, ip, mac in entries:
+            body = _NDMSG.pack(socket.AF_INET, self.ifindex[ifname], NUD_PERMANENT, 0, 0)
+            body += _attr(NDA_DST, socket.inet_aton(ip)) + _attr(NDA_LLADDR, mac)
+            msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWNEIGH,
+                                       NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, len(msgs) + 1, 0)
+                        + body)
+        if msgs:
+            _request(self.sock, msgs, f"{self.ns}: neighbours")
         return len(msgs)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ traffic worker are processes of their own, owned by the run.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -34,6 +35,8 @@ from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.host import AgentHost
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
+from ibemu.roce.fabric import RoceRun
+from ibemu.roce.runtime import RoceFaultInjector, RoceRuntime
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
 from ibemu.traffic.endpoints import host_address
@@ -58,12 +61,23 @@ def _quiet(phase: str, text: str) -> None:
 
 def check_runnable(scen: Scenario) -> None:
     """What this runner cannot run, said before anything is built."""
-    if scen.fabric.kind != "ib":
-        raise ConfigError(f"fabric kind {scen.fabric.kind!r}: only 'ib' fabrics run yet (RoCEv2 is to come)",
+    if scen.fabric.kind not in ("ib", "roce"):
+        raise ConfigError(f"fabric kind {scen.fabric.kind!r}: ib or roce",
                           f"{scen.path or scen.name}: fabric.kind")
     for t in scen.traffic:
         if t.kind not in KINDS:
             raise ConfigError(f"traffic kind {t.kind!r} is not implemented", t.where)
+    if scen.fabric.kind == "roce":  # IP routers and a fabric manager: no SM, no user datapath
+        from ibemu.roce.runtime import FAULTS as ROCE_FAULTS
+
+        if scen.fabric.datapath != "kernel":
+            raise ConfigError("a RoCE fabric forwards in the routers' kernels: fabric.datapath must be kernel",
+                              f"{scen.path or scen.name}: fabric.datapath")
+        for f in scen.faults:
+            if f.action not in ROCE_FAULTS:
+                raise ConfigError(f"fault {f.action!r} does not apply to a RoCE fabric "
+                                  f"(it has: {', '.join(ROCE_FAULTS)})", f.where)
+        return
     if scen.traffic and scen.sm.impl not in ("ibemu", "opensm"):
         raise ConfigError("traffic needs a subnet manager (sm.impl: ibemu or opensm)", "sm.impl")
     needs_user = [f for f in scen.faults if f.action == "corrupt"]
@@ -93,9 +107,14 @@ class ScenarioRun:
         self.captures = captures or []
         self.state = ownership.RunState(ownership.new_run_id(), scenario=scen.name)
         self.run_dir = self.out_dir / "run"
-        self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
-                                state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
-                                sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
+        self.roce = scen.fabric.kind == "roce"
+        self.rt: FabricRuntime | RoceRuntime
+        if self.roce:  # the fabric manager (ibemu.roce.manager) takes the SM's place
+            self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir)
+        else:
+            self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
+                                    state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
+                                    sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.outputs: list[FlowOutput] = []
         self.t0_ns = 0
@@ -115,19 +134,28 @@ class ScenarioRun:
             shutil.rmtree(self.run_dir)
         t_start = time.perf_counter()
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
-                               f"{len(scen.topology.links)} links ({scen.fabric.datapath} datapath)")
+                               f"{len(scen.topology.links)} links ("
+                               + ("RoCEv2, IP routers" if self.roce else f"{scen.fabric.datapath} datapath") + ")")
         bringup: dict[str, Any] = {"fabric_s": None, "sm_s": None}
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 with trio.CancelScope() as work:
                     nursery.start_soon(self._interrupt_on, signals, work)
-                    async with self.rt.running() as host:
-                        bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0)
-                                                         for k in ("build", "agents")), 3),
-                                   "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
-                        self.progress("sm", f"{scen.sm.impl} SM on {self.rt.sm_host}: SUBNET UP in "
-                                            f"{bringup['sm_s']} s")
-                        await self._traffic_and_faults(host)
+                    if isinstance(self.rt, RoceRuntime):
+                        async with self.rt.running() as fabric:
+                            bringup = {"fabric_s": round(self.rt.timings_s.get("total", 0.0), 3),
+                                       "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
+                            self.progress("manager", f"fabric manager: routes programmed in "
+                                                     f"{(self.rt.sm_up_s or 0.0) * 1e3:.1f} ms")
+                            await self._traffic_and_faults(fabric)
+                    else:
+                        async with self.rt.running() as host:
+                            bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0)
+                                                             for k in ("build", "agents")), 3),
+                                       "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
+                            self.progress("sm", f"{scen.sm.impl} SM on {self.rt.sm_host}: SUBNET UP in "
+                                                f"{bringup['sm_s']} s")
+                            await self._traffic_and_faults(host)
                 nursery.cancel_scope.cancel()
         self.progress("teardown", ("interrupted: " if self.interrupted else "")
                       + f"torn down; {time.perf_counter() - t_start:.1f} s in all")
@@ -140,12 +168,16 @@ class ScenarioRun:
             work.cancel()
             return
 
-    async def _traffic_and_faults(self, host: AgentHost) -> None:
+    async def _traffic_and_faults(self, host: AgentHost | RoceRun) -> None:
         scen = self.scen
         spec = self._worker_spec(host)
         self.progress("warm-up", f"{len(scen.traffic)} flows on {len(spec['hosts'])} hosts, "
                                  f"{len(scen.faults)} faults, {scen.duration_s:g} s")
-        injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
+        injector: FaultInjector | RoceFaultInjector
+        if isinstance(host, RoceRun):
+            injector = RoceFaultInjector(host, self.run_dir / "faults.jsonl")
+        else:
+            injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
         finished = False
         try:
             for i, flow in enumerate(spec["flows"]):
@@ -186,15 +218,22 @@ class ScenarioRun:
         self.workers.append(proc)
         self.state.claim_process(proc.pid, f"traffic-worker-{index}")
 
-    def _worker_spec(self, host: AgentHost) -> dict[str, Any]:
+    def _worker_spec(self, host: AgentHost | RoceRun) -> dict[str, Any]:
         scen = self.scen
         names = sorted({h for t in scen.traffic for h in t.hosts})
-        hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
-                 for name in names}
+        extra: dict[str, Any] = {}
+        if isinstance(host, RoceRun):  # LIDs from the address plan; each host's address too
+            addrs = host.fab.addrs
+            hosts = {name: dataclasses.replace(host_address(self.rt.plan, name, addrs.lid(name)),
+                                               ip=addrs.host_ip(name)).to_json() for name in names}
+            extra["roce"] = {"lid_ips": addrs.lid_ips()}
+        else:
+            hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
+                     for name in names}
         self.t0_ns = time.monotonic_ns() + int(WARMUP_S * 1e9)
         mtu = scen.defaults.mtu or 4096
         return {"t0_ns": self.t0_ns, "hosts": hosts, "mtu": mtu,
-                "flows": [flow_dict(t, scen) for t in scen.traffic]}
+                "flows": [flow_dict(t, scen) for t in scen.traffic], **extra}
 
     async def _capture(self, link_name: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         node, _, port = link_name.partition(":")
@@ -238,8 +277,11 @@ class ScenarioRun:
     def _result(self, bringup: dict[str, Any], outputs: list[FlowOutput], wall_s: float) -> dict[str, Any]:
         scen = self.scen
         topo = scen.topology
-        fabric_events = read_events(self.run_dir / "events.jsonl")
-        sm_events = read_events(self.run_dir / scen.sm.impl / "events.jsonl")
+        if self.roce:  # the fabric manager's log has the carrier changes and its reroutes
+            fabric_events = sm_events = read_events(self.run_dir / "fm.jsonl")
+        else:
+            fabric_events = read_events(self.run_dir / "events.jsonl")
+            sm_events = read_events(self.run_dir / scen.sm.impl / "events.jsonl")
         t_end = self.t_end_ns or time.monotonic_ns()
         order = {t.name: i for i, t in enumerate(scen.traffic)}
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
@@ -269,11 +311,13 @@ class ScenarioRun:
                        "nodes": len(topo.nodes), "switches": len(topo.switches()),
                        "hosts": len(topo.cas()), "links": len(topo.links),
                        "topology": _describe_topology(scen)},
-            "sm": {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None},
+            "sm": ({"impl": "none", "engine": None, "host": None} if self.roce  # the fabric manager instead
+                   else {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None}),
             "bringup": bringup,
             "faults": faults,
             "traffic": traffic,
-            "files": {"events": str(self.run_dir / "events.jsonl"), "json": None, "plots": [],
+            "files": {"events": str(self.run_dir / ("fm.jsonl" if self.roce else "events.jsonl")), "json": None,
+                      "plots": [],
                       "captures": self.capture_files},
         }
 

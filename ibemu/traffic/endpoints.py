@@ -29,14 +29,21 @@ class HostAddress:
     ifname: str
     peer_mac: bytes
     lid: int
+    ip: str | None = None
+    """On a RoCE fabric: the port's IPv4 address (``peer_mac`` is then its first-hop router)."""
 
     def to_json(self) -> dict[str, Any]:
         """The form a traffic worker's spec carries (``from_json`` reads it back)."""
-        return {"ns": self.ns, "ifname": self.ifname, "peer_mac": self.peer_mac.hex(), "lid": self.lid}
+        d: dict[str, Any] = {"ns": self.ns, "ifname": self.ifname, "peer_mac": self.peer_mac.hex(), "lid": self.lid}
+        if self.ip is not None:
+            d["ip"] = self.ip
+        return d
 
     @classmethod
     def from_json(cls, name: str, d: Mapping[str, Any]) -> HostAddress:
-        return cls(name, str(d["ns"]), str(d["ifname"]), bytes.fromhex(d["peer_mac"]), int(d["lid"]))
+        ip = d.get("ip")
+        return cls(name, str(d["ns"]), str(d["ifname"]), bytes.fromhex(d["peer_mac"]), int(d["lid"]),
+                   None if ip is None else str(ip))
 
 
 def host_address(plan: FabricPlan, name: str, lid: int, *, port: int = 1) -> HostAddress:
@@ -72,15 +79,27 @@ def query_lid(ns: str | None, *, timeout_s: float = 2.0) -> int:
 
 
 def open_ports(addresses: Iterable[HostAddress], *, mtu: int = 4096,
-               qpns: tuple[int, int] | None = None, timestamps: bool = False) -> dict[str, HcaPort]:
+               qpns: tuple[int, int] | None = None, timestamps: bool = False,
+               lid_ips: Mapping[int, str] | None = None) -> dict[str, HcaPort]:
     """One ``HcaPort`` per host (blocking: before trio or in a worker thread).
 
     ``qpns``/``timestamps``: see ``HcaPort.open`` (a process sharing hosts with others).
+    ``lid_ips``: a RoCE fabric's LID -> address table; hosts with an ``ip`` then get a
+    ``RocePort`` (``ibemu.roce.port``), the same transport behind RoCEv2 frames.
     """
     ports: dict[str, HcaPort] = {}
     try:
         for a in addresses:
-            if a.name not in ports:
+            if a.name in ports:
+                continue
+            if a.ip is not None:
+                from ibemu.roce.port import RocePort
+
+                if lid_ips is None:
+                    raise ConfigError(f"host {a.name} is on a RoCE fabric, but no LID -> address table was given")
+                ports[a.name] = RocePort.open(a.ns, a.ifname, a.peer_mac, a.lid, ip=a.ip, lid_ips=lid_ips, mtu=mtu,
+                                              name=a.name, qpns=qpns, timestamps=timestamps)
+            else:
                 ports[a.name] = HcaPort.open(a.ns, a.ifname, a.peer_mac, a.lid, mtu=mtu, name=a.name,
                                              qpns=qpns, timestamps=timestamps)
     except BaseException:

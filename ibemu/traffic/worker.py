@@ -1,8 +1,8 @@
 """The traffic worker: the process that runs a scenario's flows on the hosts' cables.
 
 ``python -m ibemu.traffic.worker SPEC OUT`` reads ``SPEC`` (JSON: ``t0_ns``, ``hosts``
-{name: {ns, ifname, peer_mac, lid}}, ``flows`` [flow dicts, see ``flows.run_flow``], ``mtu``,
-``qpns`` [first, end] and ``timestamps``), opens one HCA port per host (sockets entered into
+{name: {ns, ifname, peer_mac, lid[, ip]}}, ``flows`` [flow dicts, see ``flows.run_flow``], ``mtu``,
+``qpns`` [first, end], ``timestamps`` and, on a RoCE fabric, ``roce`` {lid_ips}), opens one HCA port per host (sockets entered into
 each host's namespace), runs every flow and writes ``OUT`` (JSON: ``flows`` [FlowOutput],
 ``ports`` {name: counters}).
 
@@ -15,6 +15,7 @@ SIGTERM or SIGINT stops the flows early; what was measured is still written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -38,10 +39,14 @@ def addresses(spec: dict[str, Any]) -> list[HostAddress]:
 
 def port_counters(port: HcaPort) -> dict[str, int]:
     st = port.hca.stats
-    return {"tx_packets": port.tx_packets, "tx_dropped": port.tx_dropped, "rx_frames": port.rx_frames,
-            "rx_packets": st.rx_packets, "malformed": st.malformed, "crc_errors": st.crc_errors,
-            "rx_runts": port.rx_runts, "dlid_mismatch": st.dlid_mismatch, "unknown_qp": st.unknown_qp,
-            "pkey_violations": st.pkey_violations}
+    counters = {"tx_packets": port.tx_packets, "tx_dropped": port.tx_dropped, "rx_frames": port.rx_frames,
+                "rx_packets": st.rx_packets, "malformed": st.malformed, "crc_errors": st.crc_errors,
+                "rx_runts": port.rx_runts, "dlid_mismatch": st.dlid_mismatch, "unknown_qp": st.unknown_qp,
+                "pkey_violations": st.pkey_violations}
+    roce = getattr(port, "roce_stats", None)  # a RocePort: what its RoCEv2 layer refused
+    if roce is not None:
+        counters.update({f"roce_{k}": int(v) for k, v in dataclasses.asdict(roce).items()})
+    return counters
 
 
 GRACE_S = 3.0
@@ -96,9 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: None)
     spec = json.loads(args.spec.read_text())
     qpns = spec.get("qpns")
+    roce = spec.get("roce")  # a RoCE fabric: {"lid_ips": {lid: address}}
     ports = open_ports(addresses(spec), mtu=int(spec.get("mtu", 4096)),
                        qpns=(int(qpns[0]), int(qpns[1])) if qpns else None,
-                       timestamps=bool(spec.get("timestamps", False)))
+                       timestamps=bool(spec.get("timestamps", False)),
+                       lid_ips={int(k): str(v) for k, v in roce["lid_ips"].items()} if roce else None)
     t_start = time.monotonic_ns()
     try:
         outputs = trio.run(run, spec, ports)

@@ -1,0 +1,135 @@
+"""A RoCE fabric for a scenario run: build it, run its fabric manager, break its cables.
+
+``RoceRuntime`` has the surface the scenario runner uses of ``FabricRuntime`` (``plan``,
+``running()``, ``timings_s``, ``sm_up_s``, ``sm_host``), with the fabric manager in the SM's
+place: ``sm_up_s`` is the manager's start to its ``fabric_up``. Its event log
+(``fm.jsonl`` in the run directory) holds both what the fabric saw (``carrier``) and what
+the manager did (``reroute``), so it serves the phase measurement as both logs.
+
+``RoceFaultInjector`` breaks cables and routers as ``ibemu.fabric.faults.FaultInjector``
+breaks an IB fabric (which needs an agent host): each fault stamped ``t_fault`` just before
+its netlink call, in the same ``fault`` record shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu.errors import ConfigError
+from ibemu.fabric.plan import plan_fabric
+from ibemu.kernel import ownership, rtnl
+from ibemu.roce.fabric import RoceRun
+from ibemu.scenario.schema import FaultSpec
+from ibemu.topo import Topology
+from ibemu.topo.model import Link
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("link_down", "link_up", "switch_down", "switch_up", "port_flap")
+"""What a RoCE fabric can suffer (SMP loss and corruption are IB agents' business)."""
+
+
+class RoceRuntime:
+    def __init__(self, topo: Topology, *, state: ownership.RunState, run_dir: Path) -> None:
+        self.topo = topo
+        self.state = state
+        self.run_dir = run_dir
+        self.plan = plan_fabric(topo, state.run_id)
+        self.events_path = run_dir / "fm.jsonl"
+        self.timings_s: dict[str, float] = {}
+        self.sm_up_s: float | None = None
+        self.sm_host = ""
+        self.run: RoceRun | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[RoceRun]:
+        """Build and bring up (routes programmed); always torn down on the way out."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            t0 = time.perf_counter()
+            self.run = await trio.to_thread.run_sync(
+                functools.partial(RoceRun.up, self.topo, self.state, events=self.events_path))
+            self.timings_s = {**self.run.fab.phases_s, "up": time.perf_counter() - t0}
+            self.sm_up_s = float(self.run.up_event.get("seconds", 0.0))
+            self.state.status = "up"
+            self.state.save()
+            yield self.run
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.run is not None:
+                    problems = await trio.to_thread.run_sync(self.run.down)
+                    if problems:
+                        log.error("teardown left: %s", "; ".join(problems))
+                else:
+                    await trio.to_thread.run_sync(ownership.teardown, self.state)
+
+
+class RoceFaultInjector:
+    def __init__(self, fabric: RoceRun, events_path: Path) -> None:
+        self.fabric = fabric
+        self.topo = fabric.fab.plan.topology
+        self.events_path = events_path
+        self.injected: list[dict[str, Any]] = []
+
+    def _stamp(self, action: str, target: str, **fields: object) -> int:
+        t = time.monotonic_ns()
+        record = {"kind": "fault", "t_ns": t, "action": action, "target": target, **fields}
+        self.injected.append(record)
+        with open(self.events_path, "a") as f:
+            f.write(json.dumps({**record, "source": "fault-injector"}) + "\n")
+        log.info("fault %s %s", action, target)
+        return t
+
+    def link(self, link: Link, up: bool, *, end: int = 0) -> int:
+        """Take one end of ``link`` down (or up): both ends lose carrier, as when it is pulled."""
+        ep = link.a if end == 0 else link.b
+        t = self._stamp("link_up" if up else "link_down", f"{link}", end=str(ep))
+        rtnl.set_up(self.fabric.fab.plan.nodes[ep.node].ns, [self.topo.ifname(ep.node, ep.port)], up)
+        return t
+
+    def switch(self, name: str, up: bool) -> int:
+        """Every port of router ``name`` down (or up)."""
+        node = self.fabric.fab.plan.nodes.get(name)
+        if node is None or not node.is_switch:
+            raise ConfigError(f"no switch {name!r}")
+        t = self._stamp("switch_up" if up else "switch_down", name)
+        rtnl.set_up(node.ns, [p.ifname for p in node.ports.values()], up)
+        return t
+
+    async def apply(self, fault: FaultSpec) -> None:
+        action = fault.action
+        if action in ("link_down", "link_up"):
+            assert fault.link is not None
+            await trio.to_thread.run_sync(functools.partial(self.link, fault.link, action == "link_up"))
+        elif action in ("switch_down", "switch_up"):
+            assert fault.switch is not None
+            await trio.to_thread.run_sync(self.switch, fault.switch, action == "switch_up")
+        elif action == "port_flap":
+            assert fault.link is not None and fault.period_s is not None
+            for _ in range(fault.count):
+                await trio.to_thread.run_sync(self.link, fault.link, False)
+                await trio.sleep(fault.period_s / 2)
+                await trio.to_thread.run_sync(self.link, fault.link, True)
+                await trio.sleep(fault.period_s / 2)
+        else:
+            raise ConfigError(f"fault {action!r} does not apply to a RoCE fabric (it has: {', '.join(FAULTS)})",
+                              fault.where)
+
+    async def run(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Apply ``faults`` at their ``at_s`` (seconds after ``t0``, trio's clock; default now)."""
+        start = trio.current_time() if t0 is None else t0
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            for fault in sorted(faults, key=lambda f: f.at_s):
+                await trio.sleep_until(start + fault.at_s)
+                nursery.start_soon(self.apply, fault)
