@@ -35,7 +35,7 @@ import os
 import struct
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -305,10 +305,15 @@ class SubnetManager:
 
     async def _route_and_program(self, info: dict[str, Any] | None,
                                  ends: list[tuple[int, int]] | None = None, *,
-                                 recompute: bool = True) -> bool:
+                                 recompute: bool = True, first: set[int] | None = None,
+                                 between: Callable[[], Awaitable[object]] | None = None) -> bool:
         """Route (``recompute=False``: keep the routes, write what is still unwritten) and
         program. With ``info`` (a trap or light sweep) unresponsive switches are not waited
-        for once a trap waits (see the module docstring)."""
+        for once a trap waits (see the module docstring).
+
+        Make before break: the switches in ``first`` (back from a reboot, new) get their
+        tables, then ``between`` runs (their LinearFDBTop, the new cables' ports to Active),
+        and only then do the other switches get routes that lead through them."""
         t = self.events.now()
         try:
             routes = self._compute(ends) if recompute or self.routes is None else self.routes
@@ -320,11 +325,23 @@ class SubnetManager:
         self.events.emit("routes_computed", t_ns=t_routed, engine=routes.engine,
                          seconds=(t_routed - t) / 1e9, switches=len(routes.lfts))
         self.routes = routes
+        early = None
+        if first:
+            stage = Routes(engine=routes.engine, lfts={g: routes.lfts[g] for g in first if g in routes.lfts})
+            early = await self.prog.program(self.graph, stage, self.lids.top)
+        if between is not None:
+            await between()
         if info is None:
             res = await self.prog.program(self.graph, routes, self.lids.top)
         else:
             res = await self.prog.program(self.graph, routes, self.lids.top, urgent=self._wake,
                                           on_suspect=self._on_suspect)
+        if early is not None:
+            res.acked += early.acked
+            res.failed += early.failed
+            res.switches += early.switches
+            res.t_planned_ns = early.t_planned_ns
+            res.t_last_ack_ns = max(res.t_last_ack_ns, early.t_last_ack_ns)
         self._reprogram = res.failed > 0
         self._snapshot_due = True
         self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, abandoned=res.abandoned,
@@ -569,11 +586,24 @@ class SubnetManager:
             far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch}
             if far:  # their neighbours are asked around them, not through them
                 self.disc.recompute_paths(avoid=far)
+            top = self.lids.top
+            # switches back from a reboot (or new) are programmed before routes lead into them
+            fresh = {g for g in (reset | (set(self.graph.nodes) - known))
+                     if g in self.graph.nodes and self.graph.nodes[g].is_switch}
+            ups = [e for c in structural if c.kind == "up" for e in ((c.guid, c.port), c.peer) if e is not None]
+
+            async def make_ready() -> None:
+                """The fresh switches' LinearFDBTop, then the new cables' ports to Active."""
+                if fresh:
+                    await act.set_switch_info(self.disc, sorted(fresh), top=top)
+                if ups:
+                    await act.activate(self.disc, ups)
+
             async with trio.open_nursery() as n:
                 if far:  # beside the programming: not on a single cable's fast path
                     n.start_soon(self._check_far_ends, far)
-                await self._route_and_program(info, ends)
-            top = self.lids.top
+                await self._route_and_program(info, ends, first=fresh,
+                                              between=make_ready if fresh or ups else None)
             stale = [s.guid for s in self.graph.switches() if act.fdb_top(self.disc, s.guid) != top]
             await act.set_switch_info(self.disc, stale, top=top)
         elif self._reprogram:  # blocks a pass left unwritten (abandoned, unanswered)

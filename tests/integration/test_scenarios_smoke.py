@@ -37,19 +37,20 @@ def compressed(scen: Scenario, seconds: float) -> Scenario:
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_shipped_scenario_runs(path: Path, state_dir: Path, tmp_path: Path) -> None:
     scen = compressed(load_scenario(path), SECONDS)
-    before = set(netns.list_names())
     runner = ScenarioRun(scen, tmp_path / "out")
     result = trio.run(runner.run)
     assert validate(result) == []
-    assert set(netns.list_names()) == before
+    # nothing of this run is left (other processes may be building and removing their own)
+    assert not [n for n in netns.list_names() if runner.state.run_id in n]
     assert result["bringup"]["sm_s"] is not None
     # A host whose only cable is cut is unreachable: its flows may give up (RC retries run out).
     cut_hosts = {ep.node for f in scen.faults if f.action == "link_down" and f.link
                  for ep in (f.link.a, f.link.b) if scen.topology.node(ep.node).is_ca}
-    # Known SM limits (issue 5), where an RC flow's path can stay broken past its ~0.5 s retry
-    # budget: a port flapping every 0.6 s (the compressed schedule) while 5% of SMPs are lost;
-    # and, in about one run in five, a dead switch whose LFT Set the SM still retries for
-    # 0.8 s before the reroute that fixes the flow (see the closing note of this change).
+    # Known limits, where an RC flow can run out of its ~0.5 s retry budget: a port flapping
+    # every 0.6 s (the compressed schedule) while 5% of SMPs are lost; and switch-failure's
+    # 20,000 msg/s RC probe beside two saturating bulk flows on two cores: starved of CPU, its
+    # ACKs come later than its 67 ms timeout, and it spends its retries on go-back-N also
+    # between the faults (no frame is lost: the kernel's drop counters stay at zero).
     flapping = any(f.action in ("port_flap", "switch_down") for f in scen.faults)
     for t in result["traffic"]:
         ends = {*([t["from"]] if isinstance(t["from"], str) else t["from"]),

@@ -413,6 +413,7 @@ def test_a_dead_switch_comes_back_fresh_and_is_brought_up_again() -> None:
                 await sm.step()
                 await settle(port)
             assert node.guid not in sm.graph.nodes and not unreachable_pairs(fab)
+            n_acked = len(sm.events.of("lft_block_acked"))
             _reboot(fab, node)
             await settle(port)
             for _ in range(4):
@@ -423,6 +424,12 @@ def test_a_dead_switch_comes_back_fresh_and_is_brought_up_again() -> None:
             assert node.guid in sm.graph.nodes and agent.lid == lid
             assert agent.switch_info.linear_fdb_top == 36 and agent.lft.lookup(1) not in (0, 0xFF)
             assert link_ports_active(fab) and not unreachable_pairs(fab)
+            # Make before break: the switch back from its reboot had its tables before any
+            # other switch was given routes through it.
+            acked = sm.events.of("lft_block_acked")[n_acked:]
+            mine = [i for i, e in enumerate(acked) if e["switch"] == f"{node.guid:#018x}"]
+            others = [i for i, e in enumerate(acked) if e["switch"] != f"{node.guid:#018x}"]
+            assert mine and others and max(mine) < min(others), (mine, others)
 
     run(main)
 
