@@ -50,7 +50,7 @@ def test_shipped_scenario_runs(path: Path, state_dir: Path, tmp_path: Path) -> N
     # every 0.6 s (the compressed schedule) while 5% of SMPs are lost; and switch-failure's
     # 20,000 msg/s RC probe beside two saturating bulk flows on two cores: starved of CPU, its
     # ACKs come later than its 67 ms timeout, and it spends its retries on go-back-N also
-    # between the faults (no frame is lost: the kernel's drop counters stay at zero).
+    # between the faults (the kernel's backlog drop counters stay at zero).
     flapping = any(f.action in ("port_flap", "switch_down") for f in scen.faults)
     for t in result["traffic"]:
         ends = {*([t["from"]] if isinstance(t["from"], str) else t["from"]),
