@@ -5,10 +5,9 @@ while RoCE fabrics are new). Routers forward IPv4 (``ip_forward``), hash ECMP on
 5-tuple (``fib_multipath_hash_policy=1``, a seed per router, fixed so runs repeat) and
 ignore next hops without carrier (``ignore_routes_with_linkdown``). Neighbours are static
 (every MAC is planned), so no ARP crosses a cable. Hosts route only 198.18.0.0/15, via
-their first-hop router. A host's
-kernel never sees RoCE frames: a direct-action BPF filter on its port's ingress drops UDP
-4791 after the packet sockets (``ETH_P_ALL``) have had their copy, so it never answers them
-with ICMP port unreachable.
+their first-hop router. A host's kernel never sees RoCE frames: a direct-action BPF filter
+on its port's ingress drops UDP 4791 after the packet sockets (``ETH_P_ALL``) have had
+their copy, so it never answers them with ICMP port unreachable.
 
 ``RouteWriter`` writes ECMP routes over raw rtnetlink, all of a router's changes in one send
 (pyroute2 costs a round trip and its own event loop per call).
