@@ -133,6 +133,7 @@ class SubnetManager:
         self._wake = trio.Event()
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, int]](self.config.outbox)
         self._sweeping = False
+        self._lft_views: dict[int, tuple[dict[int, int], int, dict[str, int]]] = {}
         self._t_start = time.monotonic_ns()
 
     @property
@@ -430,19 +431,29 @@ class SubnetManager:
                                 "ports": {str(num): [f"{p.peer[0]:#018x}", p.peer[1]]
                                           for num, p in n.ports.items() if p.peer is not None}}
                  for g, n in self.graph.nodes.items()}
-        lfts = {f"{g:#018x}": {str(lid): port for lid, port in sorted(lft.items())}
-                for g, lft in (self.routes.lfts.items() if self.routes else [])}
+        lfts = {f"{g:#018x}": self._lft_view(g, lft) for g, lft in (self.routes.lfts.items() if self.routes else [])}
         return {"t_ns": self.events.now(), "engine": self.routes.engine if self.routes else None,
                 "sm_guid": f"{self.graph.sm_guid:#018x}", "sm_lid": self.sm_lid, "nodes": nodes, "lfts": lfts}
 
+    def _lft_view(self, guid: int, lft: dict[int, int]) -> dict[str, int]:
+        """A switch's LFT as the snapshot shows it; reused while the routes keep the same
+        table (an incremental reroute copies only the tables it changes)."""
+        cached = self._lft_views.get(guid)
+        if cached is not None and cached[0] is lft and cached[1] == len(lft):
+            return cached[2]
+        view = {str(lid): port for lid, port in sorted(lft.items())}
+        self._lft_views[guid] = (lft, len(lft), view)
+        return view
+
     async def _snapshots(self) -> None:
-        """Keep ``config.state_path`` current, at most every half second, off the trio thread."""
+        """Keep ``config.state_path`` current, at most every half second, off the trio thread,
+        and never while a sweep runs or a trap waits (building it holds the loop for ms)."""
         path = self.config.state_path
         if not path:
             return
         while True:
             await trio.sleep(0.5)
-            if not self._snapshot_due:
+            if not self._snapshot_due or self._sweeping or self._dirty or self._trap_unknown:
                 continue
             self._snapshot_due = False
             data = self.snapshot()
