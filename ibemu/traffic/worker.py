@@ -1,6 +1,7 @@
 """The traffic worker: the process that runs a scenario's flows on the hosts' cables.
 
-``python -m ibemu.traffic.worker SPEC OUT`` reads ``SPEC`` (JSON: ``t0_ns``, ``hosts``
+``python -m ibemu.traffic.worker SPEC OUT`` reads ``SPEC`` (JSON: ``t0_ns`` or ``ready`` and ``go``
+paths (see ``time_zero``), ``hosts``
 {name: {ns, ifname, peer_mac, lid[, ip]}}, ``flows`` [flow dicts, see ``flows.run_flow``], ``mtu``,
 ``qpns`` [first, end], ``timestamps`` and, on a RoCE fabric, ``roce`` {lid_ips}), opens one HCA port per host (sockets entered into
 each host's namespace), runs every flow and writes ``OUT`` (JSON: ``flows`` [FlowOutput],
@@ -56,25 +57,30 @@ GRACE_S = 3.0
 async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutput]:
     """Every flow of ``spec`` on ``ports``; SIGTERM/SIGINT end them early, measured."""
     outputs: list[FlowOutput] = []
-    t0 = int(spec["t0_ns"])
     abort = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             for p in ports.values():
                 await nursery.start(p.serve)
-            with trio.CancelScope() as flows_scope:
+            waiting, flows_scope = trio.CancelScope(), trio.CancelScope()
 
-                async def _on_signal() -> None:
-                    async for _ in signals:
-                        log.info("signal: stopping the flows")
-                        abort.set()
-                        flows_scope.deadline = trio.current_time() + GRACE_S
-                        return
+            async def _on_signal() -> None:
+                async for _ in signals:
+                    log.info("signal: stopping the flows")
+                    abort.set()
+                    waiting.cancel()
+                    flows_scope.deadline = trio.current_time() + GRACE_S
+                    return
 
-                nursery.start_soon(_on_signal)
-                async with trio.open_nursery() as flows:
-                    for f in spec["flows"]:
-                        flows.start_soon(_collect, f, ports, t0, abort, outputs)
+            nursery.start_soon(_on_signal)
+            t0 = None
+            with waiting:
+                t0 = await time_zero(spec)
+            if t0 is not None:
+                with flows_scope:
+                    async with trio.open_nursery() as flows:
+                        for f in spec["flows"]:
+                            flows.start_soon(_collect, f, ports, t0, abort, outputs)
             nursery.cancel_scope.cancel()
     names = {o.name for o in outputs}
     for f in spec["flows"]:  # flows that did not finish in the grace time: said so
@@ -82,6 +88,20 @@ async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutpu
             outputs.append(FlowOutput(f["name"], f["kind"], f.get("src") or "", f.get("dst") or "",
                                       error="interrupted"))
     return outputs
+
+
+async def time_zero(spec: dict[str, Any]) -> int:
+    """The flows' time zero (monotonic ns): ``t0_ns`` in the spec, or, with ``ready`` and
+    ``go`` paths, tell the runner the ports are open and wait for the time it writes to ``go``."""
+    if "t0_ns" in spec:
+        return int(spec["t0_ns"])
+    Path(spec["ready"]).touch()
+    go = Path(spec["go"])
+    while True:
+        try:
+            return int(json.loads(go.read_text())["t0_ns"])
+        except FileNotFoundError:
+            await trio.sleep(0.005)
 
 
 async def _collect(flow: dict[str, Any], ports: dict[str, HcaPort], t0: int, abort: trio.Event,
