@@ -143,9 +143,18 @@ class HcaPort:
             nursery.start_soon(self._timers)
             task_status.started()
 
+    def packet_of(self, frame: bytes) -> bytes | bytearray | memoryview | None:
+        """The native packet (LRH .. VCRC) a received frame carries; None (counted) if none.
+        Here the frame's Ethernet header goes; a RoCE port decapsulates RoCEv2 instead."""
+        if len(frame) <= ETH_LEN:
+            self.rx_runts += 1
+            return None
+        return memoryview(frame)[ETH_LEN:]
+
     async def _receiver(self) -> None:
         sock, hca = self.sock, self.hca
         recv, recvmsg, receive, transmit = sock.recv, sock.recvmsg, hca.receive, self.transmit
+        packet_of = self.packet_of
         frame_hooks = self.on_frame
         stamped = self.timestamps
         batches = 0
@@ -169,10 +178,10 @@ class HcaPort:
                     log.debug("%s: recv: %s", self.name, exc)
                     break
                 got += 1
-                if len(frame) <= ETH_LEN:
-                    self.rx_runts += 1
+                pkt = packet_of(frame)
+                if pkt is None:
                     continue
-                out = receive(memoryview(frame)[ETH_LEN:])
+                out = receive(pkt)
                 if out:
                     transmit(out)
                 if frame_hooks:

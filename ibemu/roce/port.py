@@ -19,14 +19,10 @@ host kernel never answers with ICMP.
 
 from __future__ import annotations
 
-import logging
 import socket
-import time
 from collections.abc import Iterable, Mapping
 
-import trio
-
-from ibemu.hca.nic import CMSG_SPACE, MAX_FRAME, PORT_BUFFER, RECV_BATCH, HcaPort, _stamp
+from ibemu.hca.nic import PORT_BUFFER, HcaPort
 from ibemu.hca.transport import Hca
 from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.hca import FIRST_QPN
@@ -34,8 +30,6 @@ from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import mac_address, open_packet_socket
 from ibemu.roce.codec import RoceCodec, RoceStats
 from ibemu.wire.roce import ROCEV2_UDP_PORT
-
-log = logging.getLogger(__name__)
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -120,43 +114,7 @@ class RocePort(HcaPort):
         if n:
             self._rearm()
 
-    async def _receiver(self) -> None:
-        sock, hca = self.sock, self.hca
-        recv, recvmsg, receive, transmit, decap = sock.recv, sock.recvmsg, hca.receive, self.transmit, self.codec.decapsulate
-        frame_hooks = self.on_frame
-        stamped = self.timestamps
-        batches = 0
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            got = 0
-            if stamped and batches % 1024 == 0:
-                self._sync_clocks()
-            batches += 1
-            for _ in range(RECV_BATCH):
-                t_ns = 0
-                try:
-                    if stamped:
-                        frame, anc, _flags, _addr = recvmsg(MAX_FRAME, CMSG_SPACE)
-                        t_ns = _stamp(anc) - self._real_minus_mono
-                    else:
-                        frame = recv(MAX_FRAME)
-                except BlockingIOError:
-                    break
-                except OSError as exc:  # the interface went away (a torn-down fabric)
-                    log.debug("%s: recv: %s", self.name, exc)
-                    break
-                got += 1
-                pkt = decap(frame)
-                if pkt is None:
-                    continue
-                out = receive(pkt)
-                if out:
-                    transmit(out)
-                if frame_hooks:
-                    if not stamped:
-                        t_ns = time.monotonic_ns()
-                    for fhook in frame_hooks:
-                        fhook(t_ns)
-            self.rx_frames += got
-            self._signal_progress()
-
+    def packet_of(self, frame: bytes) -> bytes | bytearray | memoryview | None:
+        """The native packet a RoCEv2 frame carries (None, counted in ``roce_stats``, if it is
+        not a good one of ours)."""
+        return self.codec.decapsulate(frame)
