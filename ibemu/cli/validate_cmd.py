@@ -22,9 +22,11 @@ def _summary(s: Scenario) -> str:
         shape = f"from {spec.file}"
     else:
         shape = "explicit"
+    manager = ("fabric manager (ECMP)" if s.fabric.kind == "roce"
+               else f"SM {s.sm.impl}/{s.sm.engine} on {s.sm.host}")
     return (
         f"{s.name}: {shape} ({c.switches} switches, {c.cas} CAs, {c.links} links), "
-        f"{s.fabric.kind}/{s.fabric.datapath}, SM {s.sm.impl}/{s.sm.engine} on {s.sm.host}, "
+        f"{s.fabric.kind}/{s.fabric.datapath}, {manager}, "
         f"{len(s.traffic)} traffic, {len(s.faults)} faults, {s.duration_s:g} s"
     )
 

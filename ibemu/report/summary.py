@@ -101,7 +101,10 @@ def _fabric(r: RunResult) -> list[str]:
         f"({_int(f.switches)} switches, {_int(f.hosts)} hosts), {_int(f.links)} links",
         f"  fabric up in {b.fabric_s:.2f} s",
     ]
-    if sm.impl == "none":
+    if f.kind == "roce":
+        up = f"routes installed in {b.sm_s:.2f} s" if b.sm_s is not None else "never installed its routes"
+        lines.append(f"  fabric manager (ECMP routes over netlink): {up}")
+    elif sm.impl == "none":
         lines.append("  no subnet manager")
     else:
         engine = f" ({sm.engine})" if sm.engine else ""

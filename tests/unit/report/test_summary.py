@@ -128,6 +128,16 @@ def test_no_sm() -> None:
     assert "  no subnet manager" in summary(d)
 
 
+def test_roce_fabric_names_its_fabric_manager() -> None:
+    d = result()
+    d["fabric"]["kind"] = "roce"
+    d["sm"] = {"impl": "none", "engine": None, "host": None}
+    d["bringup"]["sm_s"] = 0.012
+    text = summary(d)
+    assert "  fabric manager (ECMP routes over netlink): routes installed in 0.01 s" in text
+    assert "subnet manager" not in text
+
+
 def test_invalid_result_is_refused() -> None:
     d = result()
     d["fabric"]["links"] = "many"
