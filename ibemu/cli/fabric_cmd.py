@@ -98,16 +98,37 @@ def _pick_run(run_id: str | None) -> ownership.RunState:
     return runs[0]
 
 
+def _fabric_kind(args: argparse.Namespace) -> str:
+    """``--fabric``, else the scenario's ``fabric.kind`` (ib for --topo and the built-in one)."""
+    kind = getattr(args, "fabric", None)
+    if kind:
+        return str(kind)
+    if args.scenario and not args.topo:
+        from ibemu.scenario import load_scenario
+
+        return load_scenario(args.scenario).fabric.kind
+    return "ib"
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     _require_root("up")
     topo, datapath, name, sm_spec = _resolve(args)
     topo.check()
-    sm, sm_host, engine = _sm_choice(args, topo, sm_spec)  # every check before anything is recorded
+    kind = _fabric_kind(args)
+    if kind == "roce":  # its fabric manager routes it; its routers forward in the kernel
+        if args.sm not in (None, "none") or args.sm_host or args.sm_engine:
+            raise ConfigError("--sm/--sm-host/--sm-engine: a RoCE fabric has no subnet manager "
+                              "(its fabric manager computes and installs the routes)")
+        if args.datapath == "user":
+            raise ConfigError("--datapath user: a RoCE fabric's routers forward in the kernel")
+        sm, sm_host, engine, datapath = "none", "", "", "kernel"
+    else:
+        sm, sm_host, engine = _sm_choice(args, topo, sm_spec)  # every check before anything is recorded
     state = ownership.RunState(ownership.new_run_id(), scenario=name)
     run_dir = state.run_dir
     state.save()
     write_spec(run_dir, run_id=state.run_id, datapath=datapath, topology_text=dumps_ibnetdiscover(topo),
-               scenario=name, sm=sm, sm_host=sm_host, sm_engine=engine)
+               scenario=name, sm=sm, sm_host=sm_host, sm_engine=engine, fabric=kind)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -123,6 +144,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             ownership.teardown(current)
             raise IbemuError(f"fabric daemon {reason}; nothing is left running.\n{log_tail}")
     counts = topo.counts()
+    if kind == "roce":
+        print(f"RoCE fabric {state.run_id} up in {time.monotonic() - t0:.2f} s: {counts.switches} IP routers "
+              f"(ECMP), {counts.cas} hosts, {counts.links} links, routes installed by the fabric manager, "
+              f"from {name}")
+        print(f"  ibemu exec NODE -- CMD    e.g. ibemu exec {topo.cas()[0].name} -- ip -br addr")
+        print("  ibemu status | ibemu down")
+        return 0
     sm_note = f", {sm} on {sm_host}: SUBNET UP" if sm != "none" else ", no SM (ports stay in Init)"
     print(f"fabric {state.run_id} up in {time.monotonic() - t0:.2f} s: {counts.switches} switches, "
           f"{counts.cas} hosts, {counts.links} links ({datapath} datapath){sm_note} from {name}")
@@ -212,6 +240,8 @@ def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser("up", help="build a fabric and leave it running")
     add_fabric_arguments(up)
+    up.add_argument("--fabric", choices=("ib", "roce"),
+                    help="override fabric.kind (roce: IP routers, ECMP, RoCEv2, the fabric manager)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="tear a running fabric down")
     down.add_argument("--run", help="run id (when several fabrics run)")

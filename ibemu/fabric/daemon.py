@@ -1,8 +1,9 @@
 """The fabric daemon: the process that owns a fabric left running by ``ibemu up``.
 
 ``python -m ibemu.fabric.daemon RUN_DIR`` reads ``RUN_DIR/fabric.json`` (the run id, the
-datapath and the topology in ibnetdiscover form), builds the fabric, runs its agents and
-marks the run state ``up``; ``RUN_DIR/control.sock`` then takes faults on demand
+fabric kind, the datapath and the topology in ibnetdiscover form), builds the fabric, runs its
+agents (a RoCE fabric: its routers' addresses and the fabric manager) and marks the run state
+``up``; ``RUN_DIR/control.sock`` then takes faults on demand
 (:mod:`ibemu.fabric.control`, used by ``ibemu cli``). SIGTERM or SIGINT tears everything
 down and exits 0. If it dies any other way, ``ibemu clean`` removes what it left (the state
 file lists it all).
@@ -26,7 +27,9 @@ from ibemu.fabric.control import serve_control
 from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
+from ibemu.roce.runtime import RoceFaultInjector, RoceRuntime
 from ibemu.topo import loads_ibnetdiscover
+from ibemu.topo.model import Link
 
 log = logging.getLogger("ibemu.fabric.daemon")
 
@@ -34,11 +37,12 @@ SPEC_FILE = "fabric.json"
 
 
 def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str, scenario: str | None,
-               sm: str = "none", sm_host: str | None = None, sm_engine: str = "minhop") -> None:
+               sm: str = "none", sm_host: str | None = None, sm_engine: str = "minhop",
+               fabric: str = "ib") -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SPEC_FILE).write_text(json.dumps({
-        "run_id": run_id, "datapath": datapath, "scenario": scenario, "topology": topology_text,
-        "sm": sm, "sm_host": sm_host, "sm_engine": sm_engine,
+        "run_id": run_id, "fabric": fabric, "datapath": datapath, "scenario": scenario,
+        "topology": topology_text, "sm": sm, "sm_host": sm_host, "sm_engine": sm_engine,
     }))
 
 
@@ -55,6 +59,39 @@ async def _serve(rt: FabricRuntime) -> None:
             nursery.cancel_scope.cancel()
 
 
+class RoceControl:
+    """The control channel's view of a RoCE fabric: cables and routers; the IB-only faults
+    (SMP loss, frame corruption on the user datapath) are refused."""
+
+    def __init__(self, injector: RoceFaultInjector) -> None:
+        self.injector = injector
+        self.topo = injector.topo
+
+    def link(self, link: Link, up: bool, *, end: int = 0) -> int:
+        return self.injector.link(link, up, end=end)
+
+    def switch(self, name: str, up: bool) -> int:
+        return self.injector.switch(name, up)
+
+    def smp_loss(self, percent: float, switch: str | None = None) -> int:
+        raise control.ControlError("smp_loss: a RoCE fabric has no SMPs")
+
+    def corrupt(self, link: Link, percent: float) -> int:
+        raise control.ControlError("corrupt: frame corruption is a fault of the IB user datapath")
+
+
+async def _serve_roce(rt: RoceRuntime) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with rt.running() as run, trio.open_nursery() as nursery:
+            log.info("RoCE fabric %s up: %s", rt.state.run_id, rt.timings_s)
+            injector = RoceControl(RoceFaultInjector(run, rt.run_dir / "events.jsonl"))
+            await nursery.start(serve_control, control.socket_path(rt.run_dir), injector)
+            async for sig in signals:
+                log.info("signal %s: tearing down", signal.Signals(sig).name)
+                break
+            nursery.cancel_scope.cancel()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ibemu.fabric.daemon")
     ap.add_argument("run_dir", type=Path)
@@ -65,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     state = ownership.RunState.load(ownership.RunState(spec["run_id"]).path)
     state.claim_process(os.getpid(), "fabric-daemon")
     topo = loads_ibnetdiscover(spec["topology"])
-    rt = FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
-                       run_dir=args.run_dir, sm=spec.get("sm", "none"), sm_host=spec.get("sm_host"),
-                       sm_engine=spec.get("sm_engine", "minhop"))
     try:
-        trio.run(_serve, rt)
+        if spec.get("fabric", "ib") == "roce":
+            trio.run(_serve_roce, RoceRuntime(topo, state=state, run_dir=args.run_dir))
+        else:
+            trio.run(_serve, FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
+                                           run_dir=args.run_dir, sm=spec.get("sm", "none"),
+                                           sm_host=spec.get("sm_host"), sm_engine=spec.get("sm_engine", "minhop")))
     except Exception:
         log.exception("fabric daemon failed")
         return 1

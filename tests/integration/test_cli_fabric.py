@@ -102,3 +102,31 @@ def test_bad_input_exits_2_and_builds_nothing(tmp_path: Path, args: list[str], m
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr
     assert not list(state.glob("runs/*.json"))
+
+
+def test_up_a_roce_fabric_fault_it_through_the_control_socket_and_down(tmp_path: Path) -> None:
+    from ibemu.fabric import control
+
+    state = tmp_path / "state"
+    bad = ibemu(state, "up", "--topo", "fat-tree,k=4", "--fabric", "roce", "--sm", "ibemu")
+    assert bad.returncode == 2 and "no subnet manager" in bad.stderr
+    assert json.loads(ibemu(state, "status", "--json").stdout) == []  # nothing built
+    up = ibemu(state, "up", "--topo", "fat-tree,k=4", "--fabric", "roce")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "20 IP routers (ECMP)" in up.stdout
+        status = json.loads(ibemu(state, "status", "--json").stdout)
+        assert sorted(status[0]["processes"]) == ["fabric-daemon", "roce-manager"]
+        addr = ibemu(state, "exec", "h0", "--", "ip", "-4", "-br", "addr")
+        assert re.search(r"h0-1\S*\s+UP\s+198\.1[89]\.", addr.stdout), addr.stdout
+        run_dir = state / "runs" / up.stdout.split()[2]
+        got = control.request(control.socket_path(run_dir), {"fault": "link_down", "link": "edge0_0:3"})
+        assert got["ok"] and "edge0_0:3" in got["link"], got
+        links = ibemu(state, "exec", "edge0_0", "--", "ip", "-br", "link", "show", "edge0_0-3")
+        assert "DOWN" in links.stdout
+        refused = control.request(control.socket_path(run_dir), {"fault": "smp_loss", "percent": 5})
+        assert not refused["ok"] and "no SMPs" in refused["error"]
+    finally:
+        down = ibemu(state, "down")
+    assert down.returncode == 0, down.stderr
+    assert json.loads(ibemu(state, "status", "--json").stdout) == []
