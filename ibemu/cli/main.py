@@ -23,6 +23,7 @@ COMMANDS = (
     "ibemu.cli.topo_cmd",
     "ibemu.cli.validate_cmd",
     "ibemu.cli.run_cmd",
+    "ibemu.cli.compare_cmd",
     "ibemu.cli.perf_cmd",
     "ibemu.cli.console_cmd",
 )

@@ -29,6 +29,8 @@ from ibemu.scenario.schema import (
     FAULT_REQUIRED,
     LINK_KEYS,
     MAX_DURATION_S,
+    MAX_FABRIC_DELAY_US,
+    MAX_FABRIC_LOSS_PCT,
     NODE_KEYS,
     RECORD_KEYS,
     SM_ENGINES,
@@ -181,7 +183,20 @@ class _Loader(Reader):
             if "datapath" in m
             else "kernel"
         )
-        return FabricSpec(kind=kind or "ib", datapath=dp or "kernel")
+        loss = delay = 0.0
+        where = ""
+        if "loss_pct" in m:
+            loss = self.number(m["loss_pct"][1], "fabric.loss_pct", 0, MAX_FABRIC_LOSS_PCT) or 0.0
+        if "delay_us" in m:
+            delay = self.number(m["delay_us"][1], "fabric.delay_us", 0, MAX_FABRIC_DELAY_US) or 0.0
+            if delay:
+                where = f"{self.source}:{line_of(m['delay_us'][1])} fabric.delay_us"
+        for key in ("loss_pct", "delay_us"):
+            if key in m and (kind or "ib") != "roce":
+                self.error(m[key][1], f"fabric.{key}",
+                           "cable impairments apply to a RoCE fabric only (kind: roce); an IB fabric is "
+                           "lossless (per-link loss and delay: defaults.loss_pct/delay_us, datapath user)")
+        return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay, where=where)
 
     def topology(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
         path = "topology"

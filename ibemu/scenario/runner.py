@@ -85,7 +85,15 @@ def check_runnable(scen: Scenario) -> None:
             if f.action not in ROCE_FAULTS:
                 raise ConfigError(f"fault {f.action!r} does not apply to a RoCE fabric "
                                   f"(it has: {', '.join(ROCE_FAULTS)})", f.where)
+        if scen.fabric.delay_us:  # the kernel must be able to hold frames back
+            from ibemu.roce.impair import Impairment, check_supported
+
+            check_supported(Impairment(scen.fabric.loss_pct, scen.fabric.delay_us),
+                            scen.fabric.where or f"{scen.path or scen.name}: fabric.delay_us")
         return
+    if scen.fabric.impaired:
+        raise ConfigError("cable loss and delay apply to a RoCE fabric only (an IB fabric is lossless)",
+                          f"{scen.path or scen.name}: fabric.loss_pct/delay_us")
     if scen.traffic and scen.sm.impl not in ("ibemu", "opensm"):
         raise ConfigError("traffic needs a subnet manager (sm.impl: ibemu or opensm)", "sm.impl")
     needs_user = [f for f in scen.faults if f.action == "corrupt"]
@@ -118,7 +126,10 @@ class ScenarioRun:
         self.roce = scen.fabric.kind == "roce"
         self.rt: FabricRuntime | RoceRuntime
         if self.roce:  # the fabric manager (ibemu.roce.manager) takes the SM's place
-            self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir)
+            from ibemu.roce.impair import Impairment
+
+            self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir,
+                                  impair=Impairment(scen.fabric.loss_pct, scen.fabric.delay_us))
         else:
             self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
                                     state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,

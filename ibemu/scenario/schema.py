@@ -5,7 +5,7 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     name, description          free text (name defaults to the file name)
     topology                   {generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}
     defaults                   {rate, mtu, delay_us, loss_pct} for links without their own
-    fabric                     {kind: ib|roce, datapath: kernel|user}
+    fabric                     {kind: ib|roce, datapath: kernel|user, loss_pct, delay_us (roce only)}
     sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc}
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
@@ -41,7 +41,12 @@ TOPOLOGY_EXPLICIT_KEYS = ("nodes", "links", "name")
 NODE_KEYS = ("kind", "ports", "guid", "desc")
 LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "loss_pct")
 DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "loss_pct")
-FABRIC_KEYS = ("kind", "datapath")
+FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us")
+FABRIC_IMPAIRMENTS = ("loss_pct", "delay_us")
+"""RoCE cable impairments: frames each cable drops (percent, each direction) and the one-way
+delay each cable adds (microseconds). An IB fabric is lossless: they apply to kind roce only."""
+MAX_FABRIC_LOSS_PCT = 50.0
+MAX_FABRIC_DELAY_US = 100_000.0
 FABRIC_KINDS = ("ib", "roce")
 DATAPATHS = ("kernel", "user")
 SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
@@ -112,6 +117,15 @@ class TopologySpec:
 class FabricSpec:
     kind: str = "ib"
     datapath: str = "kernel"
+    loss_pct: float = 0.0
+    """RoCE only: share of the frames each cable drops, each direction (eBPF on every cable end)."""
+    delay_us: float = 0.0
+    """RoCE only: one-way delay each cable adds (EDT under sch_fq, where the kernel has it)."""
+    where: str = ""
+
+    @property
+    def impaired(self) -> bool:
+        return bool(self.loss_pct or self.delay_us)
 
 
 @dataclass(frozen=True, slots=True)

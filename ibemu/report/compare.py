@@ -1,0 +1,195 @@
+"""Two runs of one scenario side by side: InfiniBand (ibemu's SM) and RoCEv2 (the fabric manager).
+
+Pure: two ``ibemu.run/1`` result dicts in, a comparison (``ibemu.compare/1``) and a plain-text
+table out. Faults are paired by their order (the same scenario injects the same faults),
+flows by name. For every figure the comparison keeps both values and, where both are numbers
+and the IB one is not zero, ``roce / ib``. A collective's efficiency is its bus bandwidth
+(RoCE over IB); its loss is ``1 - efficiency``.
+
+Shape (``comparison`` as :func:`compare` returns it)::
+
+    {"schema": "ibemu.compare/1", "scenario": {"name", "file"},
+     "kinds": {"ib": "ibemu SM (ftree)", "roce": "fabric manager (ECMP)"},
+     "impairments": {"loss_pct": x, "delay_us": y},     # the RoCE run's cables
+     "bringup": {"fabric_s": PAIR, "sm_s": PAIR},
+     "faults": [{"action", "target", "at_s", "phases_ms": {"detect": PAIR, ...},
+                 "blackout_ms": {FLOW: PAIR}}],
+     "traffic": [{"name", "kind", "gbps": PAIR, "time_us": PAIR, "busbw_gbs": PAIR,
+                  "wrong": PAIR, "error": PAIR}],
+     "efficiency": {FLOW: roce/ib busbw (collectives) or Gb/s (other flows)}}
+
+where ``PAIR`` is ``{"ib": x, "roce": y, "ratio": y/x or null}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ibemu.report.schema import PHASES
+from ibemu.report.summary import DASH, table
+
+SCHEMA = "ibemu.compare/1"
+KINDS = ("ib", "roce")
+COLLECTIVES = ("allreduce", "alltoall")
+
+Result = Mapping[str, Any]
+
+
+def _ratio(ib: Any, roce: Any) -> float | None:
+    if isinstance(ib, bool) or isinstance(roce, bool):
+        return None
+    if isinstance(ib, int | float) and isinstance(roce, int | float) and ib:
+        return round(roce / ib, 4)
+    return None
+
+
+def pair(ib: Any, roce: Any) -> dict[str, Any]:
+    return {"ib": ib, "roce": roce, "ratio": _ratio(ib, roce)}
+
+
+def _manager(r: Result) -> str:
+    if r["fabric"]["kind"] == "roce":
+        return "fabric manager (ECMP)"
+    sm = r["sm"]
+    if sm["impl"] == "none":
+        return "no SM"
+    return f"{sm['impl']} SM" + (f" ({sm['engine']})" if sm.get("engine") else "")
+
+
+def _check_pair(ib: Result, roce: Result) -> None:
+    for kind, r in (("ib", ib), ("roce", roce)):
+        if r.get("schema") != "ibemu.run/1":
+            raise ValueError(f"the {kind} result is not an ibemu.run/1 result")
+        if r["fabric"]["kind"] != kind:
+            raise ValueError(f"the {kind} result is a {r['fabric']['kind']} run")
+
+
+def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The comparison of an IB run and a RoCE run of the same scenario (``impairments``: the
+    RoCE cables' ``loss_pct`` and ``delay_us``)."""
+    _check_pair(ib, roce)
+    faults = []
+    for i in range(max(len(ib["faults"]), len(roce["faults"]))):
+        fi = ib["faults"][i] if i < len(ib["faults"]) else None
+        fr = roce["faults"][i] if i < len(roce["faults"]) else None
+        ref = fi or fr
+        assert ref is not None
+        ph_i = fi["phases_ms"] if fi else {}
+        ph_r = fr["phases_ms"] if fr else {}
+        flows_i = {f["flow"]: f for f in (fi["flows"] if fi else [])}
+        flows_r = {f["flow"]: f for f in (fr["flows"] if fr else [])}
+        names = list(dict.fromkeys([*flows_i, *flows_r]))
+        faults.append({
+            "action": ref["action"], "target": ref["target"], "at_s": ref["at_s"],
+            "phases_ms": {p: pair(ph_i.get(p), ph_r.get(p)) for p in PHASES},
+            "blackout_ms": {n: pair(flows_i.get(n, {}).get("blackout_ms"), flows_r.get(n, {}).get("blackout_ms"))
+                            for n in names},
+        })
+    t_i = {t["name"]: t for t in ib["traffic"]}
+    t_r = {t["name"]: t for t in roce["traffic"]}
+    traffic = []
+    efficiency: dict[str, float | None] = {}
+    for name in dict.fromkeys([*t_i, *t_r]):
+        a, b = t_i.get(name), t_r.get(name)
+        ref = a or b
+        assert ref is not None
+        xa, xb = (a or {}).get("extra", {}), (b or {}).get("extra", {})
+        row = {"name": name, "kind": ref["kind"],
+               "gbps": pair(a and a["gbps"], b and b["gbps"]),
+               "error": pair(xa.get("error"), xb.get("error"))}
+        if ref["kind"] in COLLECTIVES:
+            for key in ("time_us", "busbw_gbs", "wrong", "iterations"):
+                row[key] = pair(xa.get(key), xb.get(key))
+            efficiency[name] = row["busbw_gbs"]["ratio"]
+        else:
+            efficiency[name] = row["gbps"]["ratio"]
+        traffic.append(row)
+    return {
+        "schema": SCHEMA,
+        "scenario": {"name": ib["scenario"]["name"], "file": ib["scenario"]["file"]},
+        "kinds": {"ib": _manager(ib), "roce": _manager(roce)},
+        "impairments": {"loss_pct": 0.0, "delay_us": 0.0, **(impairments or {})},
+        "bringup": {k: pair(ib["bringup"][k], roce["bringup"][k]) for k in ("fabric_s", "sm_s")},
+        "faults": faults,
+        "traffic": traffic,
+        "efficiency": efficiency,
+    }
+
+
+def document(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """What ``ibemu compare --json`` writes: both results and their comparison."""
+    return {"schema": SCHEMA, "runs": {"ib": dict(ib), "roce": dict(roce)},
+            "comparison": compare(ib, roce, impairments)}
+
+
+# ------------------------------------------------------------------ text
+
+
+def _fmt(v: Any, unit: str) -> str:
+    if v is None:
+        return DASH
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, str):
+        return v if len(v) <= 24 else v[:21] + "..."
+    if isinstance(v, int):
+        return f"{v:,}"
+    if unit == "ms":
+        return f"{v:.2f}" if v < 10 else (f"{v:.1f}" if v < 100 else f"{v:,.0f}")
+    if unit == "s":
+        return f"{v:.3f}"
+    if unit == "us":
+        return f"{v:,.0f}"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+
+
+def _ratio_text(p: Mapping[str, Any]) -> str:
+    r = p.get("ratio")
+    return DASH if r is None else f"{r:.2f}x"
+
+
+def _row(label: str, p: Mapping[str, Any], unit: str = "") -> list[str]:
+    return [label, _fmt(p["ib"], unit), _fmt(p["roce"], unit), _ratio_text(p)]
+
+
+def render(comparison: Mapping[str, Any]) -> str:
+    """The side-by-side table of a comparison."""
+    c = comparison
+    sc = c["scenario"]
+    title = f"ibemu compare: {sc['name']}" + (f" ({sc['file']})" if sc.get("file") else "")
+    rows: list[list[str]] = [["bring-up", "", "", ""]]
+    rows.append(_row("  fabric up (s)", c["bringup"]["fabric_s"], "s"))
+    rows.append(_row("  SM / manager up (s)", c["bringup"]["sm_s"], "s"))
+    for i, f in enumerate(c["faults"], 1):
+        rows.append([f"fault {i}: {f['action']} {f['target']} at {f['at_s']:g} s", "", "", ""])
+        for p in PHASES:
+            rows.append(_row(f"  {p} (ms)", f["phases_ms"][p], "ms"))
+        for flow, p in f["blackout_ms"].items():
+            rows.append(_row(f"  blackout {flow} (ms)", p, "ms"))
+    rows.append(["traffic", "", "", ""])
+    for t in c["traffic"]:
+        rows.append(_row(f"  {t['name']} ({t['kind']}) Gb/s", t["gbps"], "gbps"))
+        if t["kind"] in COLLECTIVES:
+            rows.append(_row(f"  {t['name']} time / iteration (us)", t["time_us"], "us"))
+            rows.append(_row(f"  {t['name']} busbw (GB/s)", t["busbw_gbs"], "gbps"))
+            rows.append(_row(f"  {t['name']} iterations", t["iterations"]))
+            rows.append(_row(f"  {t['name']} #wrong", t["wrong"]))
+        if t["error"]["ib"] or t["error"]["roce"]:
+            rows.append(_row(f"  {t['name']} error", t["error"]))
+    headers = ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"]
+    lines = [title, "=" * len(title)]
+    imp = c.get("impairments") or {}
+    if imp.get("loss_pct") or imp.get("delay_us"):
+        lines.append(f"RoCE cables: {imp.get('loss_pct', 0):g}% of frames lost and {imp.get('delay_us', 0):g} us "
+                     "added, per cable and direction; IB lossless")
+    lines.append(table(headers, rows, [False, True, True, True]))
+    eff = [(n, e) for n, e in c["efficiency"].items() if e is not None]
+    if eff:
+        lines.append("")
+        for name, e in eff:
+            kind = next(t["kind"] for t in c["traffic"] if t["name"] == name)
+            what = "busbw" if kind in COLLECTIVES else "throughput"
+            lines.append(f"  {name}: RoCE {what} is {e * 100:.1f}% of IB's "
+                         f"(efficiency loss {(1 - e) * 100:.1f}%)")
+    return "\n".join(lines) + "\n"

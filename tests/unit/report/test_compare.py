@@ -1,0 +1,80 @@
+"""The IB-vs-RoCE comparison: pairing of faults and flows, ratios, efficiency, the table, bad input."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from ibemu.report import validate
+from ibemu.report.compare import compare, document, render
+from tests.unit.report.sample import result
+
+
+def _pair() -> tuple[dict[str, Any], dict[str, Any]]:
+    ib = result()
+    ring = next(t for t in ib["traffic"] if t["name"] == "ring")
+    ring["extra"] = {"iterations": 10, "time_us": 200_000.0, "algbw_gbs": 0.005, "busbw_gbs": 0.01, "wrong": 0}
+    roce = copy.deepcopy(ib)
+    roce["fabric"]["kind"] = "roce"
+    roce["sm"] = {"impl": "none", "engine": None, "host": None}
+    roce["bringup"] = {"fabric_s": 0.4, "sm_s": 0.006}
+    roce["faults"][0]["phases_ms"] = {"detect": 0.5, "trap": None, "routed": 1.3, "programmed": 2.4}
+    roce["faults"][0]["flows"][0]["blackout_ms"] = 4.9
+    rring = next(t for t in roce["traffic"] if t["name"] == "ring")
+    rring["extra"] = {"iterations": 4, "time_us": 500_000.0, "algbw_gbs": 0.002, "busbw_gbs": 0.004, "wrong": 0,
+                      "error": "RETRY_EXC_ERR on rank 3"}
+    next(t for t in roce["traffic"] if t["name"] == "bulk")["gbps"] = 1.205
+    assert validate(ib) == [] and validate(roce) == []
+    return ib, roce
+
+
+def test_compare_pairs_faults_flows_and_figures() -> None:
+    ib, roce = _pair()
+    c = compare(ib, roce, {"loss_pct": 0.1, "delay_us": 0.0})
+    assert c["schema"] == "ibemu.compare/1"
+    assert c["kinds"] == {"ib": "ibemu SM (ftree)", "roce": "fabric manager (ECMP)"}
+    assert c["bringup"]["sm_s"] == {"ib": 0.42, "roce": 0.006, "ratio": round(0.006 / 0.42, 4)}
+    f1, f2 = c["faults"]
+    assert (f1["action"], f1["target"]) == ("link_down", "agg0_0:3-core0:1")
+    assert f1["phases_ms"]["trap"] == {"ib": 1.24, "roce": None, "ratio": None}
+    assert f1["phases_ms"]["programmed"]["ratio"] == round(2.4 / 8.71, 4)
+    assert f1["blackout_ms"]["bulk"] == {"ib": 9.8, "roce": 4.9, "ratio": 0.5}
+    assert f2["blackout_ms"]["bulk"] == {"ib": None, "roce": None, "ratio": None}
+    ring = next(t for t in c["traffic"] if t["name"] == "ring")
+    assert ring["time_us"] == {"ib": 200_000.0, "roce": 500_000.0, "ratio": 2.5}
+    assert ring["wrong"] == {"ib": 0, "roce": 0, "ratio": None}
+    assert ring["error"]["roce"].startswith("RETRY_EXC_ERR")
+    assert c["efficiency"] == {"bulk": 0.5, "probe": 1.0, "ring": 0.4}
+
+
+def test_render_puts_both_kinds_side_by_side() -> None:
+    ib, roce = _pair()
+    text = render(compare(ib, roce, {"loss_pct": 0.1, "delay_us": 20.0}))
+    lines = text.splitlines()
+    assert lines[0] == "ibemu compare: default (scenarios/default.yaml)"
+    assert "0.1% of frames lost and 20 us added" in text
+    trap = next(ln for ln in lines if ln.strip().startswith("trap (ms)"))
+    assert trap.split()[-3:] == ["1.24", "-", "-"]
+    busbw = next(ln for ln in lines if "ring busbw" in ln)
+    assert busbw.split()[-3:] == ["0.01", "0.004", "0.40x"]
+    assert any("ring time / iteration (us)" in ln and "500,000" in ln for ln in lines)
+    assert "ring: RoCE busbw is 40.0% of IB's (efficiency loss 60.0%)" in text
+    assert any("ring error" in ln and "RETRY_EXC_ERR" in ln for ln in lines)
+
+
+def test_document_keeps_both_runs() -> None:
+    ib, roce = _pair()
+    doc = document(ib, roce)
+    assert validate(doc["runs"]["ib"]) == [] and validate(doc["runs"]["roce"]) == []
+    assert doc["comparison"]["impairments"] == {"loss_pct": 0.0, "delay_us": 0.0}
+
+
+def test_runs_of_the_wrong_kind_are_refused() -> None:
+    ib, roce = _pair()
+    with pytest.raises(ValueError, match="roce result is a ib run"):
+        compare(ib, ib)
+    roce["schema"] = "ibemu.run/2"
+    with pytest.raises(ValueError, match=r"not an ibemu\.run/1"):
+        compare(ib, roce)
