@@ -131,6 +131,22 @@ def wait_kind(path: Path, kind: str, count: int, proc: subprocess.Popen[bytes], 
         time.sleep(0.005)
 
 
+def wait_trap_reroute(path: Path, t_fault: int, proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    """The first ``reroute`` that a trap after ``t_fault`` started (a light sweep's, with no
+    trap, or an earlier one, does not count)."""
+    tail = _tails.setdefault(path, Tail(path))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for r in tail.poll():
+            if r["kind"] == "reroute" and isinstance(r.get("t_trap"), int) and r["t_trap"] >= t_fault:
+                return r
+        if proc.poll() is not None:
+            raise RuntimeError(f"ibemu SM exited ({proc.returncode})")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no reroute after the fault in {timeout_s} s")
+        time.sleep(0.005)
+
+
 def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events),
             "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30"]
@@ -184,15 +200,13 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
             wait_kind(events, "subnet_up", 1, proc, 120)
             assert fab.rt.fabric is not None
             links = fab.rt.fabric.links
-            n = 0
             for i in range(cuts):
                 pod, edge, up = 1 + i % (k - 1), i % half, i % half
                 name = f"edge{pod}_{edge}"
                 ns, ifname = fab.ns(name), fab.topo.ifname(name, half + 1 + up)
                 t_fault = time.monotonic_ns()
                 links.set_up(ns, ifname, False)
-                n += 1
-                rr = wait_kind(events, "reroute", n, proc, 30)[-1]
+                rr = wait_trap_reroute(events, t_fault, proc, 30)
                 time.sleep(0.2)
                 # the fabric's side: when tc had the last of the new entries (the SM's ack
                 # means the switch's SMA accepted the block; tc follows from a worker thread)
@@ -207,9 +221,9 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                             "trap_to_programmed_ms": (rr["t_programmed"] - rr["t_trap"]) / 1e6,
                             "trap_to_tc_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
                             "blocks": rr["blocks"]})
+                t_restore = time.monotonic_ns()
                 links.set_up(ns, ifname, True)
-                n += 1
-                wait_kind(events, "reroute", n, proc, 30)
+                wait_trap_reroute(events, t_restore, proc, 30)
                 time.sleep(0.3)
         finally:
             stop(proc)
