@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,34 +118,31 @@ class Tail:
 _tails: dict[Path, Tail] = {}
 
 
-def wait_kind(path: Path, kind: str, count: int, proc: subprocess.Popen[bytes], timeout_s: float) -> list[dict[str, Any]]:
+def wait_for(path: Path, wanted: Callable[[dict[str, Any]], bool], what: str,
+             proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    """The first record of the SM's log that ``wanted`` accepts, as soon as it is there."""
     tail = _tails.setdefault(path, Tail(path))
     deadline = time.monotonic() + timeout_s
     while True:
-        got = [r for r in tail.poll() if r["kind"] == kind]
-        if len(got) >= count:
-            return got
+        for r in tail.poll():
+            if wanted(r):
+                return r
         if proc.poll() is not None:
             raise RuntimeError(f"ibemu SM exited ({proc.returncode})")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no {kind} in {timeout_s} s")
+            raise RuntimeError(f"no {what} in {timeout_s} s")
         time.sleep(0.005)
+
+
+def wait_kind(path: Path, kind: str, proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
+    return wait_for(path, lambda r: r["kind"] == kind, kind, proc, timeout_s)
 
 
 def wait_trap_reroute(path: Path, t_fault: int, proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
     """The first ``reroute`` that a trap after ``t_fault`` started (a light sweep's, with no
     trap, or an earlier one, does not count)."""
-    tail = _tails.setdefault(path, Tail(path))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for r in tail.poll():
-            if r["kind"] == "reroute" and isinstance(r.get("t_trap"), int) and r["t_trap"] >= t_fault:
-                return r
-        if proc.poll() is not None:
-            raise RuntimeError(f"ibemu SM exited ({proc.returncode})")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no reroute after the fault in {timeout_s} s")
-        time.sleep(0.005)
+    return wait_for(path, lambda r: r["kind"] == "reroute" and isinstance(r.get("t_trap"), int)
+                    and r["t_trap"] >= t_fault, "reroute after the fault", proc, timeout_s)
 
 
 def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
@@ -170,9 +168,9 @@ def ibemu_cold(k: int, window: int, engine: str, tmp: Path) -> dict[str, float]:
         t0 = time.monotonic_ns()
         proc = start_sm(fab, events, window, engine)
         try:
-            up = wait_kind(events, "subnet_up", 1, proc, 120)[0]
+            up = wait_kind(events, "subnet_up", proc, 120)
             wall = (up["t_ns"] - t0) / 1e9
-            end = wait_kind(events, "sweep_end", 1, proc, 10)[0]
+            end = wait_kind(events, "sweep_end", proc, 10)
             return {"wall_s": wall, "sweep_s": float(up["seconds"]), "smps": float(end["smps"].get("sent", 0)),
                     "retries": float(end["smps"].get("retries", 0))}
         finally:
@@ -197,7 +195,7 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
         events = tmp / f"sm-reroute-k{k}.jsonl"
         proc = start_sm(fab, events, window, engine)
         try:
-            wait_kind(events, "subnet_up", 1, proc, 120)
+            wait_kind(events, "subnet_up", proc, 120)
             assert fab.rt.fabric is not None
             links = fab.rt.fabric.links
             for i in range(cuts):
