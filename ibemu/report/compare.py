@@ -14,8 +14,8 @@ Shape (``comparison`` as :func:`compare` returns it)::
      "bringup": {"fabric_s": PAIR, "sm_s": PAIR},
      "faults": [{"action", "target", "at_s", "phases_ms": {"detect": PAIR, ...},
                  "blackout_ms": {FLOW: PAIR}}],
-     "traffic": [{"name", "kind", "gbps": PAIR, "time_us": PAIR, "busbw_gbs": PAIR,
-                  "wrong": PAIR, "error": PAIR}],
+     "traffic": [{"name", "kind", "gbps": PAIR, "error": PAIR,   # collectives also:
+                  "time_us", "busbw_gbs", "wrong", "iterations", "retransmitted": PAIR}],
      "efficiency": {FLOW: roce/ib busbw (collectives) or Gb/s (other flows)}}
 
 where ``PAIR`` is ``{"ib": x, "roce": y, "ratio": y/x or null}``.
@@ -99,7 +99,7 @@ def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = 
                "gbps": pair(a and a["gbps"], b and b["gbps"]),
                "error": pair(xa.get("error"), xb.get("error"))}
         if ref["kind"] in COLLECTIVES:
-            for key in ("time_us", "busbw_gbs", "wrong", "iterations"):
+            for key in ("time_us", "busbw_gbs", "wrong", "iterations", "retransmitted"):
                 row[key] = pair(xa.get(key), xb.get(key))
             efficiency[name] = row["busbw_gbs"]["ratio"]
         else:
@@ -175,6 +175,7 @@ def render(comparison: Mapping[str, Any]) -> str:
             rows.append(_row(f"  {t['name']} busbw (GB/s)", t["busbw_gbs"], "gbps"))
             rows.append(_row(f"  {t['name']} iterations", t["iterations"]))
             rows.append(_row(f"  {t['name']} #wrong", t["wrong"]))
+            rows.append(_row(f"  {t['name']} packets retransmitted", t["retransmitted"]))
         if t["error"]["ib"] or t["error"]["roce"]:
             rows.append(_row(f"  {t['name']} error", t["error"]))
     headers = ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"]

@@ -202,7 +202,8 @@ async def _dispatch(kind: str, spec: dict[str, Any], ports: dict[str, HcaPort], 
             out.retransmitted = summary.retransmitted
             out.extra = {"iterations": len(secs), "time_us": round(summary.time_us, 1),
                          "algbw_gbs": round(summary.algbw_gbs, 4),
-                         "busbw_gbs": round(summary.busbw_gbs, 4), "wrong": summary.wrong}
+                         "busbw_gbs": round(summary.busbw_gbs, 4), "wrong": summary.wrong,
+                         "retransmitted": summary.retransmitted}
     elif kind == "stream":
         opts = stream.StreamOptions(rate_pps=float(spec.get("rate_pps") or 1000), size=size,
                                     transport=str(spec.get("transport", "rc")))

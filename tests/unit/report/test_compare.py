@@ -24,6 +24,7 @@ def _pair() -> tuple[dict[str, Any], dict[str, Any]]:
     roce["faults"][0]["flows"][0]["blackout_ms"] = 4.9
     rring = next(t for t in roce["traffic"] if t["name"] == "ring")
     rring["extra"] = {"iterations": 4, "time_us": 500_000.0, "algbw_gbs": 0.002, "busbw_gbs": 0.004, "wrong": 0,
+                      "retransmitted": 3088,
                       "error": "RETRY_EXC_ERR on rank 3"}
     next(t for t in roce["traffic"] if t["name"] == "bulk")["gbps"] = 1.205
     assert validate(ib) == [] and validate(roce) == []
@@ -45,6 +46,7 @@ def test_compare_pairs_faults_flows_and_figures() -> None:
     ring = next(t for t in c["traffic"] if t["name"] == "ring")
     assert ring["time_us"] == {"ib": 200_000.0, "roce": 500_000.0, "ratio": 2.5}
     assert ring["wrong"] == {"ib": 0, "roce": 0, "ratio": None}
+    assert ring["retransmitted"] == {"ib": None, "roce": 3088, "ratio": None}
     assert ring["error"]["roce"].startswith("RETRY_EXC_ERR")
     assert c["efficiency"] == {"bulk": 0.5, "probe": 1.0, "ring": 0.4}
 
