@@ -185,6 +185,10 @@ def render(comparison: Mapping[str, Any]) -> str:
         lines.append(f"RoCE cables: {imp.get('loss_pct', 0):g}% of frames lost and {imp.get('delay_us', 0):g} us "
                      "added, per cable and direction; IB lossless")
     lines.append(table(headers, rows, [False, True, True, True]))
+    collectives = {t["name"] for t in c["traffic"] if t["kind"] in COLLECTIVES}
+    if any(collectives & set(f["blackout_ms"]) for f in c["faults"]):
+        lines.append("  (a collective is measured at each iteration's end: its blackout is at least the gap "
+                     "between two iterations, set-up included)")
     eff = [(n, e) for n, e in c["efficiency"].items() if e is not None]
     if eff:
         lines.append("")

@@ -63,6 +63,10 @@ def test_render_puts_both_kinds_side_by_side() -> None:
     assert busbw.split()[-3:] == ["0.01", "0.004", "0.40x"]
     assert any("ring time / iteration (us)" in ln and "500,000" in ln for ln in lines)
     assert "ring: RoCE busbw is 40.0% of IB's (efficiency loss 60.0%)" in text
+    assert "its blackout is at least the gap between two iterations" not in text  # ring was not hit
+    ib["faults"][0]["flows"].append({"flow": "ring", "blackout_ms": 900.0, "resume_ms": 950.0, "lost": 0,
+                                     "retransmitted": 0})
+    assert "its blackout is at least the gap between two iterations" in render(compare(ib, roce))
     assert any("ring error" in ln and "RETRY_EXC_ERR" in ln for ln in lines)
 
 
