@@ -47,7 +47,8 @@ def variants(scen: Scenario, duration: float | None = None) -> dict[str, Scenari
     f = scen.fabric
     out = {
         "ib": dataclasses.replace(scen, fabric=dataclasses.replace(
-            f, kind="ib", datapath=f.datapath if f.kind == "ib" else "kernel", loss_pct=0.0, delay_us=0.0)),
+            f, kind="ib", datapath=f.datapath if f.kind == "ib" else "kernel", loss_pct=0.0, delay_us=0.0,
+            ecn_mark_kb=0.0, ecn_line_gbps=0.0)),
         "roce": dataclasses.replace(scen, fabric=dataclasses.replace(f, kind="roce")),
     }
     for kind, variant in out.items():
@@ -91,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     if len(results) < 2:
         print("ibemu compare: interrupted before both runs were done", file=sys.stderr)
         return 130
-    impair = {"loss_pct": scen.fabric.loss_pct, "delay_us": scen.fabric.delay_us}
+    impair = {"loss_pct": scen.fabric.loss_pct, "delay_us": scen.fabric.delay_us,
+              "ecn_mark_kb": scen.fabric.ecn_mark_kb, "ecn_line_gbps": scen.fabric.ecn_line_gbps}
     doc = compare.document(results["ib"], results["roce"], impair)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1) + "\n")

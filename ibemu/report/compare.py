@@ -32,6 +32,8 @@ from ibemu.report.summary import DASH, table
 SCHEMA = "ibemu.compare/1"
 KINDS = ("ib", "roce")
 COLLECTIVES = ("allreduce", "alltoall")
+CC_KEYS = ("ce_received", "cnp_sent", "cnp_received", "tx_paced")
+"""RoCE congestion control counters a flow may carry (with ECN in the fabric)."""
 
 Result = Mapping[str, Any]
 
@@ -98,6 +100,9 @@ def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = 
         row = {"name": name, "kind": ref["kind"],
                "gbps": pair(a and a["gbps"], b and b["gbps"]),
                "error": pair(xa.get("error"), xb.get("error"))}
+        for key in CC_KEYS:
+            if key in xa or key in xb:
+                row[key] = pair(xa.get(key), xb.get(key))
         if ref["kind"] in COLLECTIVES:
             for key in ("time_us", "busbw_gbs", "wrong", "iterations", "retransmitted"):
                 row[key] = pair(xa.get(key), xb.get(key))
@@ -176,6 +181,9 @@ def render(comparison: Mapping[str, Any]) -> str:
             rows.append(_row(f"  {t['name']} iterations", t["iterations"]))
             rows.append(_row(f"  {t['name']} #wrong", t["wrong"]))
             rows.append(_row(f"  {t['name']} packets retransmitted", t["retransmitted"]))
+        for key in CC_KEYS:
+            if key in t:
+                rows.append(_row(f"  {t['name']} {key.replace('_', ' ')}", t[key]))
         if t["error"]["ib"] or t["error"]["roce"]:
             rows.append(_row(f"  {t['name']} error", t["error"]))
     headers = ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"]
@@ -184,6 +192,9 @@ def render(comparison: Mapping[str, Any]) -> str:
     if imp.get("loss_pct") or imp.get("delay_us"):
         lines.append(f"RoCE cables: {imp.get('loss_pct', 0):g}% of frames lost and {imp.get('delay_us', 0):g} us "
                      "added, per cable and direction; IB lossless")
+    if imp.get("ecn_mark_kb"):
+        lines.append(f"RoCE congestion control: routers mark CE beyond {imp['ecn_mark_kb']:g} KiB queued at "
+                     f"{imp.get('ecn_line_gbps', 0):g} Gb/s, hosts answer with CNPs, senders run DCQCN")
     lines.append(table(headers, rows, [False, True, True, True]))
     collectives = {t["name"] for t in c["traffic"] if t["kind"] in COLLECTIVES}
     if any(collectives & set(f["blackout_ms"]) for f in c["faults"]):

@@ -52,6 +52,11 @@ class RoceStats:
     rx_unknown_source: int = 0
     rx_not_ours: int = 0
     tx_unknown_dlid: int = 0
+    # congestion control (ECN, CNP, DCQCN): counted, not refused
+    ce_received: int = 0
+    cnp_sent: int = 0
+    cnp_received: int = 0
+    tx_paced: int = 0
 
 
 class RoceCodec:
@@ -70,6 +75,8 @@ class RoceCodec:
         self._ip_lid = {v: k for k, v in self._lid_ip.items()}
         self.eth = bytes(peer_mac) + bytes(mac) + b"\x08\x00"
         self.stats = RoceStats()
+        self.tos = 0
+        """IPv4 TOS byte of every frame (``set_ect``: ECN-capable, ECT(0))."""
         self._ip_sum: dict[int, tuple[bytes, int]] = {}
         self._hdrs: dict[tuple[int, int, int], tuple[bytes, int]] = {}
         self._rx_hdrs: dict[bytes, tuple[int, int, int]] = {}
@@ -84,7 +91,7 @@ class RoceCodec:
             if dst is None:
                 return None
             addrs = self._src + dst
-            fixed = 0x4500 + 0x4000 + (TTL << 8 | socket.IPPROTO_UDP)
+            fixed = (0x4500 | self.tos) + 0x4000 + (TTL << 8 | socket.IPPROTO_UDP)
             fixed += sum(struct.unpack("!4H", addrs))
             got = self._ip_sum[dlid] = (addrs, fixed)
         return got
@@ -104,7 +111,7 @@ class RoceCodec:
             s = (s & 0xFFFF) + (s >> 16)
             s = (s & 0xFFFF) + (s >> 16)
             ln, udp_ln = _U16.pack(total), _U16.pack(total - IP_LEN)
-            hdr = b"".join((self.eth, b"\x45\x00", ln, b"\x00\x00\x40\x00", bytes((TTL, socket.IPPROTO_UDP)),
+            hdr = b"".join((self.eth, bytes((0x45, self.tos)), ln, b"\x00\x00\x40\x00", bytes((TTL, socket.IPPROTO_UDP)),
                             _U16.pack(~s & 0xFFFF), addrs, sport, b"\x12\xb7", udp_ln, b"\x00\x00"))
             seed = _crc32(b"\x45\xff" + ln + b"\x00\x00\x40\x00\xff\x11\xff\xff" + addrs + sport + b"\x12\xb7"
                           + udp_ln + b"\xff\xff", _FF8_CRC)
@@ -112,6 +119,12 @@ class RoceCodec:
                 self._hdrs.clear()
             got = self._hdrs[key] = (hdr, seed)
         return got
+
+    def set_ect(self, on: bool = True) -> None:
+        """Mark every frame ECN-capable (ECT(0)), so routers can set CE instead of dropping."""
+        self.tos = 0x02 if on else 0x00
+        self._ip_sum.clear()
+        self._hdrs.clear()
 
     def encapsulate(self, pkt: bytes) -> bytes | None:
         """The RoCEv2 frame of native packet ``pkt`` (LRH .. VCRC); None if its DLID is unknown."""

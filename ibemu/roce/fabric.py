@@ -27,6 +27,7 @@ from ibemu.kernel import ownership
 from ibemu.kernel.commands import KernelError
 from ibemu.roce import netconf
 from ibemu.roce.addressing import AddressPlan, plan_addresses
+from ibemu.roce.ecn import EcnMarker, EcnMarking
 from ibemu.roce.impair import Impairment, impair_ports
 from ibemu.roce.routes import routers
 from ibemu.topo import Topology
@@ -101,10 +102,11 @@ def _host_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
 
 
 def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(EMULATED_NET),
-               impair: Impairment | None = None) -> RoceFabric:
+               impair: Impairment | None = None, ecn: EcnMarking | None = None) -> RoceFabric:
     """Build ``topo`` as a RoCE fabric owned by ``state`` (blocking). Nothing is left on failure.
 
-    ``impair``: every cable end drops and delays frames (``ibemu.roce.impair``)."""
+    ``impair``: every cable end drops and delays frames (``ibemu.roce.impair``); ``ecn``: every
+    router port marks CE at its virtual queue (``ibemu.roce.ecn``)."""
     plan = plan_fabric(topo, state.run_id)
     addrs = plan_addresses(topo, network)  # a bad plan fails before anything exists
     names = routers(topo)
@@ -130,9 +132,15 @@ def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(
             list(pool.map(host, hosts))
         t2 = time.perf_counter()
         netconf.guard_hosts((plan.nodes[h].ns, pp.ifname) for h in hosts for pp in plan.nodes[h].ports.values())
-        if impair:
+        if ecn:
+            marker = EcnMarker(ecn, [(plan.nodes[r].ns, pp.ifname) for r in names for pp in plan.nodes[r].ports.values()])
+            try:
+                marker.install()
+            finally:
+                marker.close()
+        if impair:  # hosts have their clsact (the guard's), routers have one if they mark
             host_set = set(hosts)
-            impair_ports(((plan.nodes[n].ns, pp.ifname, n in host_set) for n in [*names, *hosts]
+            impair_ports(((plan.nodes[n].ns, pp.ifname, n in host_set or ecn is not None) for n in [*names, *hosts]
                           for pp in plan.nodes[n].ports.values()), impair)
         state.run_dir.mkdir(parents=True, exist_ok=True)
         fab.plan_path.write_text(json.dumps(fab.manifest()))
@@ -211,12 +219,13 @@ class RoceRun:
 
     @classmethod
     def up(cls, topo: Topology, state: ownership.RunState, *, manager_args: list[str] | None = None,
-           events: Path | None = None, timeout_s: float = 30.0, impair: Impairment | None = None) -> RoceRun:
+           events: Path | None = None, timeout_s: float = 30.0, impair: Impairment | None = None,
+           ecn: EcnMarking | None = None) -> RoceRun:
         """Build, start the manager, return once every route is programmed (blocking).
 
         ``events``: the manager's event log (default: in the run directory, which teardown
         removes)."""
-        run = cls(build_roce(topo, state, impair=impair))
+        run = cls(build_roce(topo, state, impair=impair, ecn=ecn))
         try:
             run.events = events or state.run_dir / "fm.jsonl"
             run.restart_manager(manager_args, timeout_s=timeout_s)

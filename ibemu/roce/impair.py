@@ -167,7 +167,7 @@ def impair_ports(ports: Iterable[tuple[str, str, bool]], imp: Impairment) -> int
                 if not has_clsact:
                     bodies.append((RTM_NEWQDISC, _TCMSG.pack(0, idx[ifname], TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0)
                                    + _attr(TCA_KIND, b"clsact\0")))
-                filt = _TCMSG.pack(0, idx[ifname], 0, TC_H_EGRESS_PARENT, (1 << 16) | socket.htons(ETH_P_ALL))
+                filt = _TCMSG.pack(0, idx[ifname], 0, TC_H_EGRESS_PARENT, (2 << 16) | socket.htons(ETH_P_ALL))
                 filt += _attr(TCA_KIND, b"bpf\0") + _attr(
                     TCA_OPTIONS | NLA_F_NESTED,
                     _attr(TCA_BPF_FD, struct.pack("=I", prog)) + _attr(TCA_BPF_NAME, PROG_NAME.encode() + b"\0")

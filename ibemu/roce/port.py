@@ -15,25 +15,43 @@ The socket is an ``ETH_P_ALL`` packet socket (outgoing frames ignored) with a cl
 filter for UDP 4791 (and this process's QP range, when processes share the port): it sees
 frames before tc ingress, where the host's guard (``netconf.guard_hosts``) drops them so the
 host kernel never answers with ICMP.
+
+Congestion control (``enable_dcqcn``): frames leave ECN-capable (ECT(0)); a data frame that
+arrives with Congestion Experienced (set by a router's virtual queue, ``ibemu.roce.ecn``) is
+answered with a CNP (BTH opcode 0x81, to the sending QP, at most one per QP every 50 us:
+the notification point), and a CNP that arrives cuts that QP's rate (DCQCN, the reaction
+point, ``ibemu.roce.dcqcn``): its frames then leave paced, from a heap a pacer task drains
+(trio's timers have ~1 ms granularity: a paced flow leaves in bursts of up to 1 ms worth).
+Counted in ``roce_stats`` (ce_received, cnp_sent, cnp_received, tx_paced).
 """
 
 from __future__ import annotations
 
+import heapq
 import socket
+import time
 from collections.abc import Iterable, Mapping
+
+import trio
 
 from ibemu.hca.nic import PORT_BUFFER, HcaPort
 from ibemu.hca.transport import Hca
 from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.hca import FIRST_QPN
+from ibemu.hca.transport.rc import RcQp
 from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import mac_address, open_packet_socket
-from ibemu.roce.codec import RoceCodec, RoceStats
+from ibemu.roce.codec import HDR_LEN, RoceCodec, RoceStats
+from ibemu.roce.dcqcn import DcqcnParams, DcqcnState, Pacer
 from ibemu.wire.roce import ROCEV2_UDP_PORT
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
+CNP_OPCODE = 0x81
+CNP_INTERVAL_NS = 50_000
+"""The notification point sends a QP at most one CNP per this interval."""
+CNP_PAYLOAD = bytes(16)
 
 
 def socket_filter(qpns: tuple[int, int] | None = None) -> list[sockfilter.Insn]:
@@ -74,6 +92,18 @@ class RocePort(HcaPort):
         super().__init__(sock, hca, peer_mac, name=name, timestamps=timestamps)
         self.codec = RoceCodec(lid=hca.lid, ip=ip, lid_ips=lid_ips, mac=mac_address(sock), peer_mac=peer_mac)
         self.ip = ip
+        self.dcqcn: DcqcnParams | None = None
+        self._rp: dict[tuple[int, int], Pacer] = {}  # (DLID, DestQP) of a flow -> its pacer
+        self._cnp_at: dict[int, int] = {}            # local QPN -> when it last sent a CNP
+        self._held: list[tuple[int, int, tuple[int, int], bytes]] = []  # (due, seq, flow, frame)
+        self._held_per_flow: dict[tuple[int, int], int] = {}
+        self._seq = 0
+        self._pace_kick = trio.Event()
+
+    def enable_dcqcn(self, params: DcqcnParams | None = None) -> None:
+        """ECT(0) on every frame, CNPs for CE, DCQCN rate control on CNPs."""
+        self.dcqcn = params or DcqcnParams()
+        self.codec.set_ect(True)
 
     @property
     def roce_stats(self) -> RoceStats:
@@ -98,13 +128,24 @@ class RocePort(HcaPort):
             raise
 
     def transmit(self, sends: Iterable[Send]) -> None:
-        """Put the transport's packets on the cable as RoCEv2 frames (a full queue drops)."""
-        send, encap = self.sock.send, self.codec.encapsulate
+        """Put the transport's packets on the cable as RoCEv2 frames (a full queue drops);
+        a flow DCQCN slowed down is held back to its rate."""
+        send, encap, rp = self.sock.send, self.codec.encapsulate, self._rp
         n = 0
         for s in sends:
             frame = encap(s.packet)
             if frame is None:
                 continue
+            if rp:
+                pkt = s.packet
+                flow = ((pkt[2] << 8) | pkt[3], (pkt[13] << 16) | (pkt[14] << 8) | pkt[15])
+                pacer = rp.get(flow)
+                if pacer is not None and (pacer.state.limited or self._held_per_flow.get(flow)):
+                    now = time.monotonic_ns()
+                    due = pacer.due(now, len(frame))
+                    if due > now or self._held_per_flow.get(flow):
+                        self._hold(due, flow, frame)
+                        continue
             try:
                 send(frame)
                 n += 1
@@ -114,7 +155,90 @@ class RocePort(HcaPort):
         if n:
             self._rearm()
 
+    def _hold(self, due: int, flow: tuple[int, int], frame: bytes) -> None:
+        self._seq += 1
+        heapq.heappush(self._held, (due, self._seq, flow, frame))
+        self._held_per_flow[flow] = self._held_per_flow.get(flow, 0) + 1
+        self.codec.stats.tx_paced += 1
+        self._pace_kick.set()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(super().serve)
+            nursery.start_soon(self._pacer)
+            task_status.started()
+
+    async def _pacer(self) -> None:
+        """Send held frames when they are due."""
+        held = self._held
+        while True:
+            kick = self._pace_kick = trio.Event()
+            if not held:
+                await kick.wait()
+                continue
+            now = time.monotonic_ns()
+            if held[0][0] > now:
+                with trio.move_on_after((held[0][0] - now) / 1e9):
+                    await kick.wait()
+                continue
+            n = 0
+            while held and held[0][0] <= now:
+                _due, _seq, flow, frame = heapq.heappop(held)
+                self._held_per_flow[flow] -= 1
+                try:
+                    self.sock.send(frame)
+                    n += 1
+                except OSError:
+                    self.tx_dropped += 1
+            self.tx_packets += n
+            if n:
+                self._rearm()
+            await trio.lowlevel.checkpoint()
+
     def packet_of(self, frame: bytes) -> bytes | bytearray | memoryview | None:
         """The native packet a RoCEv2 frame carries (None, counted in ``roce_stats``, if it is
-        not a good one of ours)."""
-        return self.codec.decapsulate(frame)
+        not a good one of ours, or a CNP, which goes to DCQCN)."""
+        if len(frame) > HDR_LEN and frame[HDR_LEN] == CNP_OPCODE:
+            self._on_cnp(frame)
+            return None
+        pkt = self.codec.decapsulate(frame)
+        if pkt is not None and frame[15] & 3 == 3:
+            self._on_ce(pkt)
+        return pkt
+
+    def _on_ce(self, pkt: bytes | bytearray) -> None:
+        """Notification point: a CNP to the QP that sent this CE-marked packet."""
+        st = self.codec.stats
+        st.ce_received += 1
+        qpn = (pkt[13] << 16) | (pkt[14] << 8) | pkt[15]
+        qp = self.hca.qps.get(qpn)
+        if not isinstance(qp, RcQp) or not qp.remote_qpn:
+            return
+        now = time.monotonic_ns()
+        if now - self._cnp_at.get(qpn, -CNP_INTERVAL_NS) < CNP_INTERVAL_NS:
+            return
+        self._cnp_at[qpn] = now
+        frame = self.codec.encapsulate(qp.tmpl.packet(CNP_OPCODE, 0, CNP_PAYLOAD))
+        if frame is None:
+            return
+        try:
+            self.sock.send(frame)
+            st.cnp_sent += 1
+        except OSError:
+            self.tx_dropped += 1
+
+    def _on_cnp(self, frame: bytes) -> None:
+        """Reaction point: a checked CNP cuts the rate of the flow its QP sends."""
+        if self.codec.decapsulate(frame) is None:  # counted there
+            return
+        self.codec.stats.cnp_received += 1
+        if self.dcqcn is None:
+            return
+        qp = self.hca.qps.get((frame[HDR_LEN + 5] << 16) | (frame[HDR_LEN + 6] << 8) | frame[HDR_LEN + 7])
+        if not isinstance(qp, RcQp) or not qp.remote_qpn:
+            return
+        flow = (qp.path_dlid, qp.remote_qpn)
+        pacer = self._rp.get(flow)
+        if pacer is None:
+            pacer = self._rp[flow] = Pacer(DcqcnState(self.dcqcn))
+        pacer.state.on_cnp(time.monotonic_ns())

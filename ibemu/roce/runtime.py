@@ -27,6 +27,7 @@ import trio
 from ibemu.errors import ConfigError
 from ibemu.fabric.plan import plan_fabric
 from ibemu.kernel import ownership, rtnl
+from ibemu.roce.ecn import EcnMarking
 from ibemu.roce.fabric import RoceRun
 from ibemu.roce.impair import Impairment
 from ibemu.scenario.schema import FaultSpec
@@ -41,9 +42,10 @@ FAULTS = ("link_down", "link_up", "switch_down", "switch_up", "port_flap")
 
 class RoceRuntime:
     def __init__(self, topo: Topology, *, state: ownership.RunState, run_dir: Path,
-                 impair: Impairment | None = None) -> None:
+                 impair: Impairment | None = None, ecn: EcnMarking | None = None) -> None:
         self.topo = topo
         self.impair = impair
+        self.ecn = ecn
         self.state = state
         self.run_dir = run_dir
         self.plan = plan_fabric(topo, state.run_id)
@@ -60,7 +62,8 @@ class RoceRuntime:
         try:
             t0 = time.perf_counter()
             self.run = await trio.to_thread.run_sync(
-                functools.partial(RoceRun.up, self.topo, self.state, events=self.events_path, impair=self.impair))
+                functools.partial(RoceRun.up, self.topo, self.state, events=self.events_path, impair=self.impair,
+                                  ecn=self.ecn))
             self.timings_s = {**self.run.fab.phases_s, "up": time.perf_counter() - t0}
             self.sm_up_s = float(self.run.up_event.get("seconds", 0.0))
             self.state.status = "up"

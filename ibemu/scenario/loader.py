@@ -29,6 +29,8 @@ from ibemu.scenario.schema import (
     FAULT_REQUIRED,
     LINK_KEYS,
     MAX_DURATION_S,
+    MAX_ECN_LINE_GBPS,
+    MAX_ECN_MARK_KB,
     MAX_FABRIC_DELAY_US,
     MAX_FABRIC_LOSS_PCT,
     NODE_KEYS,
@@ -191,12 +193,22 @@ class _Loader(Reader):
             delay = self.number(m["delay_us"][1], "fabric.delay_us", 0, MAX_FABRIC_DELAY_US) or 0.0
             if delay:
                 where = f"{self.source}:{line_of(m['delay_us'][1])} fabric.delay_us"
-        for key in ("loss_pct", "delay_us"):
+        mark = line = 0.0
+        if "ecn_mark_kb" in m:
+            mark = self.number(m["ecn_mark_kb"][1], "fabric.ecn_mark_kb", 0, MAX_ECN_MARK_KB, lo_open=True) or 0.0
+        if "ecn_line_gbps" in m:
+            line = self.number(m["ecn_line_gbps"][1], "fabric.ecn_line_gbps", 0, MAX_ECN_LINE_GBPS,
+                               lo_open=True) or 0.0
+        for have, other in (("ecn_mark_kb", "ecn_line_gbps"), ("ecn_line_gbps", "ecn_mark_kb")):
+            if have in m and other not in m:
+                self.error(m[have][1], f"fabric.{have}", f"ECN marking needs fabric.{other} too")
+        for key in ("loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps"):
             if key in m and (kind or "ib") != "roce":
                 self.error(m[key][1], f"fabric.{key}",
-                           "cable impairments apply to a RoCE fabric only (kind: roce); an IB fabric is "
-                           "lossless (per-link loss and delay: defaults.loss_pct/delay_us, datapath user)")
-        return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay, where=where)
+                           "cable impairments and ECN apply to a RoCE fabric only (kind: roce); an IB fabric "
+                           "is lossless (per-link loss and delay: defaults.loss_pct/delay_us, datapath user)")
+        return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay,
+                          ecn_mark_kb=mark, ecn_line_gbps=line, where=where)
 
     def topology(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
         path = "topology"

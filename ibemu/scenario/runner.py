@@ -91,9 +91,9 @@ def check_runnable(scen: Scenario) -> None:
             check_supported(Impairment(scen.fabric.loss_pct, scen.fabric.delay_us),
                             scen.fabric.where or f"{scen.path or scen.name}: fabric.delay_us")
         return
-    if scen.fabric.impaired:
-        raise ConfigError("cable loss and delay apply to a RoCE fabric only (an IB fabric is lossless)",
-                          f"{scen.path or scen.name}: fabric.loss_pct/delay_us")
+    if scen.fabric.impaired or scen.fabric.ecn:
+        raise ConfigError("cable loss, delay and ECN apply to a RoCE fabric only (an IB fabric is lossless)",
+                          f"{scen.path or scen.name}: fabric")
     if scen.traffic and scen.sm.impl not in ("ibemu", "opensm"):
         raise ConfigError("traffic needs a subnet manager (sm.impl: ibemu or opensm)", "sm.impl")
     needs_user = [f for f in scen.faults if f.action == "corrupt"]
@@ -126,10 +126,13 @@ class ScenarioRun:
         self.roce = scen.fabric.kind == "roce"
         self.rt: FabricRuntime | RoceRuntime
         if self.roce:  # the fabric manager (ibemu.roce.manager) takes the SM's place
+            from ibemu.roce.ecn import EcnMarking
             from ibemu.roce.impair import Impairment
 
             self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir,
-                                  impair=Impairment(scen.fabric.loss_pct, scen.fabric.delay_us))
+                                  impair=Impairment(scen.fabric.loss_pct, scen.fabric.delay_us),
+                                  ecn=EcnMarking(scen.fabric.ecn_mark_kb, scen.fabric.ecn_line_gbps)
+                                  if scen.fabric.ecn else None)
         else:
             self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
                                     state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
@@ -272,6 +275,8 @@ class ScenarioRun:
             hosts = {name: dataclasses.replace(host_address(self.rt.plan, name, addrs.lid(name)),
                                                ip=addrs.host_ip(name)).to_json() for name in names}
             extra["roce"] = {"lid_ips": addrs.lid_ips()}
+            if scen.fabric.ecn:  # the hosts answer CE with CNPs and react with DCQCN
+                extra["roce"]["dcqcn"] = {"line_gbps": scen.fabric.ecn_line_gbps}
         else:
             hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
                      for name in names}
@@ -313,7 +318,14 @@ class ScenarioRun:
                 outputs.append(FlowOutput(t.name, t.kind, t.src or list(t.hosts), t.dst or list(t.hosts),
                                           error=why))
                 continue
-            outputs.extend(FlowOutput.from_dict(d) for d in json.loads(path.read_text())["flows"])
+            data = json.loads(path.read_text())
+            flows = [FlowOutput.from_dict(d) for d in data["flows"]]
+            if self.scen.fabric.ecn:  # congestion control, counted by the flow's ports
+                for key in ("ce_received", "cnp_sent", "cnp_received", "tx_paced"):
+                    total = sum(int(c.get(f"roce_{key}", 0)) for c in data.get("ports", {}).values())
+                    for o in flows:
+                        o.extra[key] = total
+            outputs.extend(flows)
         return outputs
 
     # ------------------------------------------------------------------ the result

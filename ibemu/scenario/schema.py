@@ -5,7 +5,8 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     name, description          free text (name defaults to the file name)
     topology                   {generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}
     defaults                   {rate, mtu, delay_us, loss_pct} for links without their own
-    fabric                     {kind: ib|roce, datapath: kernel|user, loss_pct, delay_us (roce only)}
+    fabric                     {kind: ib|roce, datapath: kernel|user,
+                                roce only: loss_pct, delay_us, ecn_mark_kb, ecn_line_gbps}
     sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc}
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
@@ -41,12 +42,18 @@ TOPOLOGY_EXPLICIT_KEYS = ("nodes", "links", "name")
 NODE_KEYS = ("kind", "ports", "guid", "desc")
 LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "loss_pct")
 DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "loss_pct")
-FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us")
+FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps")
 FABRIC_IMPAIRMENTS = ("loss_pct", "delay_us")
 """RoCE cable impairments: frames each cable drops (percent, each direction) and the one-way
 delay each cable adds (microseconds). An IB fabric is lossless: they apply to kind roce only."""
 MAX_FABRIC_LOSS_PCT = 50.0
 MAX_FABRIC_DELAY_US = 100_000.0
+FABRIC_ECN = ("ecn_mark_kb", "ecn_line_gbps")
+"""RoCE congestion control: each router port marks CE on ECN-capable frames that find more
+than ecn_mark_kb KiB in a virtual queue drained at ecn_line_gbps; the hosts answer with CNPs
+and slow down (DCQCN, with ecn_line_gbps as their line rate). Both or neither."""
+MAX_ECN_MARK_KB = 65536.0
+MAX_ECN_LINE_GBPS = 1000.0
 FABRIC_KINDS = ("ib", "roce")
 DATAPATHS = ("kernel", "user")
 SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
@@ -121,7 +128,15 @@ class FabricSpec:
     """RoCE only: share of the frames each cable drops, each direction (eBPF on every cable end)."""
     delay_us: float = 0.0
     """RoCE only: one-way delay each cable adds (EDT under sch_fq, where the kernel has it)."""
+    ecn_mark_kb: float = 0.0
+    """RoCE only: a router port marks CE beyond this many KiB in its virtual queue (0: no ECN)."""
+    ecn_line_gbps: float = 0.0
+    """RoCE only: the rate the virtual queues drain at, and the hosts' DCQCN line rate."""
     where: str = ""
+
+    @property
+    def ecn(self) -> bool:
+        return bool(self.ecn_mark_kb and self.ecn_line_gbps)
 
     @property
     def impaired(self) -> bool:

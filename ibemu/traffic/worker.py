@@ -126,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                        qpns=(int(qpns[0]), int(qpns[1])) if qpns else None,
                        timestamps=bool(spec.get("timestamps", False)),
                        lid_ips={int(k): str(v) for k, v in roce["lid_ips"].items()} if roce else None)
+    if roce and roce.get("dcqcn"):  # ECN in the fabric: CNPs and DCQCN on every port
+        from ibemu.roce.dcqcn import DcqcnParams
+
+        for p in ports.values():
+            p.enable_dcqcn(DcqcnParams(line_gbps=float(roce["dcqcn"]["line_gbps"])))  # type: ignore[attr-defined]
     t_start = time.monotonic_ns()
     try:
         outputs = trio.run(run, spec, ports)

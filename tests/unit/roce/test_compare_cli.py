@@ -46,6 +46,20 @@ def test_cli_exit_2_on_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "bad.yaml:2 fabric.loss_pct: expected a number from 0 to 50, got 80" in capsys.readouterr().err
     bad.write_text("topology: {generator: fat-tree, k: 4}\nfabric:\n  kind: ib\n  loss_pct: 1\n")
     assert main(["compare", str(bad)]) == 2
-    assert "bad.yaml:4 fabric.loss_pct: cable impairments apply to a RoCE fabric only" in capsys.readouterr().err
+    assert "bad.yaml:4 fabric.loss_pct: cable impairments and ECN apply to a RoCE fabric only" in capsys.readouterr().err
     assert main(["compare", str(SCENARIOS / "compare-allreduce.yaml"), "--duration", "0"]) == 2
     assert "--duration 0" in capsys.readouterr().err
+
+
+def test_roce_keys_are_checked_where_they_are_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "ecn.yaml"
+    bad.write_text("topology: {generator: fat-tree, k: 4}\nfabric:\n  kind: roce\n  ecn_mark_kb: 64\n")
+    assert main(["validate", str(bad)]) == 2
+    assert "ecn.yaml:4 fabric.ecn_mark_kb: ECN marking needs fabric.ecn_line_gbps too" in capsys.readouterr().err
+    bad.write_text("topology: {generator: fat-tree, k: 4}\nfabric: {kind: roce, ecn_mark_kb: 0, ecn_line_gbps: 1}\n")
+    assert main(["validate", str(bad)]) == 2
+    assert "fabric.ecn_mark_kb: expected a number" in capsys.readouterr().err
+    scen = load_scenario(SCENARIOS / "compare-incast-ecn.yaml")
+    assert scen.fabric.ecn and (scen.fabric.ecn_mark_kb, scen.fabric.ecn_line_gbps) == (64.0, 1.0)
+    v = compare_cmd.variants(scen)
+    assert not v["ib"].fabric.ecn and v["roce"].fabric.ecn
