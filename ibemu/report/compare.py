@@ -10,12 +10,14 @@ Shape (``comparison`` as :func:`compare` returns it)::
 
     {"schema": "ibemu.compare/1", "scenario": {"name", "file"},
      "kinds": {"ib": "ibemu SM (ftree)", "roce": "fabric manager (ECMP)"},
-     "impairments": {"loss_pct": x, "delay_us": y},     # the RoCE run's cables
+     "impairments": {"loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps"},  # the RoCE run's
      "bringup": {"fabric_s": PAIR, "sm_s": PAIR},
      "faults": [{"action", "target", "at_s", "phases_ms": {"detect": PAIR, ...},
                  "blackout_ms": {FLOW: PAIR}}],
      "traffic": [{"name", "kind", "gbps": PAIR, "error": PAIR,   # collectives also:
-                  "time_us", "busbw_gbs", "wrong", "iterations", "retransmitted": PAIR}],
+                  "time_us", "busbw_gbs", "wrong", "iterations", "retransmitted": PAIR,
+                  # with ECN in the RoCE run: "ce_received", "cnp_sent", "cnp_received", "tx_paced": PAIR
+                  }],
      "efficiency": {FLOW: roce/ib busbw (collectives) or Gb/s (other flows)}}
 
 where ``PAIR`` is ``{"ib": x, "roce": y, "ratio": y/x or null}``.

@@ -60,9 +60,9 @@ def test_virtual_queue_marks_a_burst_and_drains() -> None:
 
 
 def test_the_control_loop_runs_on_a_live_fabric(state_dir: Path, tmp_path: Path) -> None:
-    """compare-incast-ecn as RoCE, 4 s: routers mark, h0 answers with CNPs, the senders pace."""
+    """compare-incast-ecn as RoCE, 3 s: routers mark, h0 answers with CNPs, the senders pace."""
     scen = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "compare-incast-ecn.yaml")
-    scen = dataclasses.replace(scen, duration_s=4.0, faults=())
+    scen = dataclasses.replace(scen, duration_s=3.0, faults=())
     result = trio.run(ScenarioRun(scen, tmp_path / "out").run)
     assert validate(result) == []
     x = result["traffic"][0]["extra"]
