@@ -138,9 +138,9 @@ def has_sch_fq() -> bool:
 def check_supported(imp: Impairment, where: str = "fabric.delay_us") -> None:
     """What this kernel cannot do of ``imp``, said before anything is built."""
     if imp.delay_us and not has_sch_fq():
-        raise ConfigError(f"a cable delay needs the fq qdisc (earliest departure time) or netem, and this "
-                          f"kernel ({os.uname().release}) has neither (CONFIG_NET_SCH_FQ, CONFIG_NET_SCH_NETEM "
-                          "unset); loss_pct works without them", where)
+        raise ConfigError(f"a cable delay needs the fq qdisc (it holds frames to the departure time the eBPF "
+                          f"program sets), and this kernel ({os.uname().release}) has none (CONFIG_NET_SCH_FQ); "
+                          "loss_pct works without it", where)
 
 
 def _fq_lines(ifnames: Iterable[str]) -> list[str]:
