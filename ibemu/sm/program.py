@@ -11,13 +11,14 @@ Unresponsive switches are not waited for (a switch that died still sits in the g
 the SM has seen all of its cables go): a switch whose Set times out once becomes a *suspect*
 (``suspects``, ``on_suspect`` tells the SM, which checks it at once). When the pass is given
 an ``urgent`` event (set when a trap, or a suspicion, is waiting for the next reroute), then
-once it is set the pass stops waiting for blocks to suspects; and it never waits for blocks
-in flight longer than ``overdue_s`` (a responsive switch acks in a few ms); those are *abandoned*: counted in
-``failed`` and ``abandoned``, forgotten (the next pass plans them again), and their switches
-become suspects. A block to a switch already suspected when the pass reaches it, with
-``urgent`` set, is abandoned unsent. A Set unanswered after ``overdue_s`` (or 3x the slowest
-ack of the pass, if longer) is abandoned even with no trap waiting. Suspects get one attempt per pass. A switch that acks is no longer a suspect.
-So ``t_last_ack_ns`` is the last ack of the switches that answered.
+once it is set the pass stops waiting for blocks to suspects; and it never waits for a block
+longer than ``overdue_s`` after a block sent later was acked (the agents answer a window in
+about the order it went out, so a long queue is not taken for a dead switch); those are
+*abandoned*: counted in ``failed`` and ``abandoned``, forgotten (the next pass plans them
+again), and their switches become suspects. A block to a switch already suspected when the
+pass reaches it, with ``urgent`` set, is abandoned unsent. Overtaken Sets are abandoned even
+with no trap waiting. Suspects get one attempt per pass. A switch that acks is no longer a
+suspect. So ``t_last_ack_ns`` is the last ack of the switches that answered.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class LftProgrammer:
     suspects: set[int] = field(default_factory=set)
     """Switches whose Sets went unanswered (timed out, or abandoned) since they last acked."""
     overdue_s: float = 0.02
-    """With a trap waiting, a Set unanswered this long is abandoned (see the module docstring)."""
+    """A Set still unanswered this long after one sent later was acked is abandoned (see the
+    module docstring)."""
     _blocks: dict[int, tuple[Mapping[int, int], int, dict[int, bytes]]] = field(default_factory=dict)
     """Switch GUID -> (the LFT mapping, top, its blocks): an incremental reroute hands the
     unchanged switches' LFTs over as the same objects (it copies the ones it changes), so
@@ -159,9 +161,10 @@ class LftProgrammer:
         plan = self.plan(routes, top)
         res = Programmed(switches=len(plan))
         scopes: dict[tuple[int, int], trio.CancelScope] = {}
-        sent_at: dict[tuple[int, int], float] = {}  # trio time the current attempt went out
+        sent_seq: dict[tuple[int, int], int] = {}  # the order the current attempts went out in
+        overtaken: dict[tuple[int, int], float] = {}  # when a Set sent after it was acked
+        seq = 0
         news = trio.Event()  # a new suspect: the watcher looks again
-        slowest = 0.0  # the longest an acked Set took in this pass (s)
 
         def suspect(guid: int) -> None:
             nonlocal news
@@ -179,7 +182,6 @@ class LftProgrammer:
             self.written.get(guid, {}).pop(block, None)
 
         async def one(guid: int, block: int, data: bytes) -> None:
-            nonlocal slowest
             node = graph.nodes.get(guid)
             if node is None:
                 return
@@ -187,7 +189,10 @@ class LftProgrammer:
             res.sent += 1
 
             def attempt(n: int) -> None:
-                sent_at[key] = trio.current_time()
+                nonlocal seq
+                seq += 1
+                sent_seq[key] = seq
+                overtaken.pop(key, None)
                 if n > 1:  # the attempt before timed out
                     suspect(guid)
 
@@ -211,7 +216,13 @@ class LftProgrammer:
                         mb.dr_smp(mb.SET, ATTR_LFT, path=list(node.dr_path), modifier=block, data=data),
                         retries=retries, on_attempt=attempt)
             scopes.pop(key, None)
-            t_sent = sent_at.pop(key, None)
+            my_seq = sent_seq.pop(key, None)
+            overtaken.pop(key, None)
+            if r is not None and my_seq is not None:  # answered: every Set sent before it is overtaken
+                now = trio.current_time()
+                for other, q in sent_seq.items():
+                    if q < my_seq and other not in overtaken:
+                        overtaken[other] = now
             if scope.cancelled_caught:
                 abandon(guid, block)
                 return
@@ -223,8 +234,6 @@ class LftProgrammer:
                 log.warning("LFT block %d of %#x not acked", block, guid)
                 return
             self.suspects.discard(guid)
-            if t_sent is not None:
-                slowest = max(slowest, trio.current_time() - t_sent)
             self.written.setdefault(guid, {})[block] = data
             res.acked += 1
             rec = self.events.emit("lft_block_acked", switch=f"{guid:#018x}", block=block)
@@ -237,9 +246,12 @@ class LftProgrammer:
             while True:
                 now = trio.current_time()
                 due = math.inf
-                overdue = max(self.overdue_s, 3 * slowest)
+                overdue = self.overdue_s
                 for key, scope in list(scopes.items()):
-                    t = sent_at.get(key)
+                    # Overdue counts from when a Set sent after it was answered: the agents
+                    # answer a window in about the order it went out, so a long queue (a k=16
+                    # reroute writes ~190 blocks) is not taken for a dead switch.
+                    t = overtaken.get(key)
                     if (urgent.is_set() and key[0] in self.suspects) or (t is not None and now - t >= overdue):
                         if key[0] not in self.suspects:
                             suspect(key[0])
@@ -247,7 +259,7 @@ class LftProgrammer:
                         del scopes[key]
                     elif t is not None:
                         due = min(due, t + overdue)
-                    else:  # waiting for the window: look again soon
+                    else:  # not overtaken (yet): look again soon
                         due = min(due, now + self.overdue_s / 4)
                 news = trio.Event()
                 with trio.move_on_at(due):
