@@ -9,6 +9,7 @@ tears it down.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric.daemon import write_spec
 from ibemu.fabric.tools import scratch_dir, tool_argv
 from ibemu.kernel import netns, ownership
-from ibemu.scenario.schema import SMSpec
+from ibemu.scenario.schema import FabricSpec, SMSpec
 from ibemu.topo import Topology, dumps_ibnetdiscover, generate
 
 UP_TIMEOUT_S = 120.0
@@ -98,23 +99,35 @@ def _pick_run(run_id: str | None) -> ownership.RunState:
     return runs[0]
 
 
-def _fabric_kind(args: argparse.Namespace) -> str:
-    """``--fabric``, else the scenario's ``fabric.kind`` (ib for --topo and the built-in one)."""
-    kind = getattr(args, "fabric", None)
-    if kind:
-        return str(kind)
+def _fabric_spec(args: argparse.Namespace) -> FabricSpec:
+    """The scenario's ``fabric`` (a plain IB one for --topo and the built-in scenario), with
+    ``--fabric`` over its kind."""
+    spec = FabricSpec()
     if args.scenario and not args.topo:
         from ibemu.scenario import load_scenario
 
-        return load_scenario(args.scenario).fabric.kind
-    return "ib"
+        spec = load_scenario(args.scenario).fabric
+    kind = getattr(args, "fabric", None)
+    return dataclasses.replace(spec, kind=kind) if kind else spec
+
+
+def _roce_settings(spec: FabricSpec) -> dict[str, float]:
+    """A RoCE fabric's cable loss, delay and ECN settings, checked against this kernel."""
+    if spec.delay_us:
+        from ibemu.roce.impair import Impairment, check_supported
+
+        check_supported(Impairment(spec.loss_pct, spec.delay_us), spec.where or "fabric.delay_us")
+    return {"loss_pct": spec.loss_pct, "delay_us": spec.delay_us, "ecn_mark_kb": spec.ecn_mark_kb,
+            "ecn_line_gbps": spec.ecn_line_gbps}
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     _require_root("up")
     topo, datapath, name, sm_spec = _resolve(args)
     topo.check()
-    kind = _fabric_kind(args)
+    fabric = _fabric_spec(args)
+    kind = fabric.kind
+    roce: dict[str, float] = {}
     if kind == "roce":  # its fabric manager routes it; its routers forward in the kernel
         if args.sm not in (None, "none") or args.sm_host or args.sm_engine:
             raise ConfigError("--sm/--sm-host/--sm-engine: a RoCE fabric has no subnet manager "
@@ -122,13 +135,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if args.datapath == "user":
             raise ConfigError("--datapath user: a RoCE fabric's routers forward in the kernel")
         sm, sm_host, engine, datapath = "none", "", "", "kernel"
+        roce = _roce_settings(fabric)
     else:
         sm, sm_host, engine = _sm_choice(args, topo, sm_spec)  # every check before anything is recorded
     state = ownership.RunState(ownership.new_run_id(), scenario=name)
     run_dir = state.run_dir
     state.save()
     write_spec(run_dir, run_id=state.run_id, datapath=datapath, topology_text=dumps_ibnetdiscover(topo),
-               scenario=name, sm=sm, sm_host=sm_host, sm_engine=engine, fabric=kind)
+               scenario=name, sm=sm, sm_host=sm_host, sm_engine=engine, fabric=kind, roce=roce)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

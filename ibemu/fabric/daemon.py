@@ -27,8 +27,10 @@ from ibemu.fabric.control import serve_control
 from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
+from ibemu.roce.ecn import EcnMarking
+from ibemu.roce.impair import Impairment
 from ibemu.roce.runtime import RoceFaultInjector, RoceRuntime
-from ibemu.topo import loads_ibnetdiscover
+from ibemu.topo import Topology, loads_ibnetdiscover
 from ibemu.topo.model import Link
 
 log = logging.getLogger("ibemu.fabric.daemon")
@@ -38,12 +40,22 @@ SPEC_FILE = "fabric.json"
 
 def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str, scenario: str | None,
                sm: str = "none", sm_host: str | None = None, sm_engine: str = "minhop",
-               fabric: str = "ib") -> None:
+               fabric: str = "ib", roce: dict[str, float] | None = None) -> None:
+    """``roce``: a RoCE fabric's cable impairments and ECN (``FabricSpec``'s fields)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / SPEC_FILE).write_text(json.dumps({
         "run_id": run_id, "fabric": fabric, "datapath": datapath, "scenario": scenario,
         "topology": topology_text, "sm": sm, "sm_host": sm_host, "sm_engine": sm_engine,
+        "roce": roce or {},
     }))
+
+
+def roce_runtime(topo: Topology, state: ownership.RunState, run_dir: Path, settings: dict[str, float]) -> RoceRuntime:
+    """The RoCE fabric of a spec, with its cable loss/delay and ECN marking."""
+    loss, delay = float(settings.get("loss_pct", 0.0)), float(settings.get("delay_us", 0.0))
+    mark, line = float(settings.get("ecn_mark_kb", 0.0)), float(settings.get("ecn_line_gbps", 0.0))
+    return RoceRuntime(topo, state=state, run_dir=run_dir, impair=Impairment(loss, delay),
+                       ecn=EcnMarking(mark, line) if mark and line else None)
 
 
 async def _serve(rt: FabricRuntime) -> None:
@@ -104,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     topo = loads_ibnetdiscover(spec["topology"])
     try:
         if spec.get("fabric", "ib") == "roce":
-            trio.run(_serve_roce, RoceRuntime(topo, state=state, run_dir=args.run_dir))
+            trio.run(_serve_roce, roce_runtime(topo, state, args.run_dir, spec.get("roce", {})))
         else:
             trio.run(_serve, FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
                                            run_dir=args.run_dir, sm=spec.get("sm", "none"),

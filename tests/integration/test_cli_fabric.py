@@ -110,6 +110,13 @@ def test_up_a_roce_fabric_fault_it_through_the_control_socket_and_down(tmp_path:
     state = tmp_path / "state"
     bad = ibemu(state, "up", "--topo", "fat-tree,k=4", "--fabric", "roce", "--sm", "ibemu")
     assert bad.returncode == 2 and "no subnet manager" in bad.stderr
+    delayed = tmp_path / "delayed.yaml"
+    delayed.write_text("name: d\ntopology: {generator: fat-tree, k: 4}\nfabric: {kind: roce, delay_us: 20}\n")
+    from ibemu.roce.impair import has_sch_fq
+
+    if not has_sch_fq():  # this kernel cannot hold frames back: said before anything is built
+        bad = ibemu(state, "up", str(delayed))
+        assert bad.returncode == 2 and "delayed.yaml:3 fabric.delay_us" in bad.stderr, bad.stderr
     assert json.loads(ibemu(state, "status", "--json").stdout) == []  # nothing built
     up = ibemu(state, "up", "--topo", "fat-tree,k=4", "--fabric", "roce")
     try:
