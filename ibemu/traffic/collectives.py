@@ -80,15 +80,15 @@ def nccl_line(r: CollectiveResult) -> str:
 class _Rank:
     """One rank: its port, CQ, vector and staging memory, and QPs to the ranks it talks to."""
 
-    def __init__(self, index: int, port: HcaPort, size: int, staging_slots: int) -> None:
+    def __init__(self, index: int, port: HcaPort, size: int, staging_bytes: int) -> None:
         self.index = index
         self.port = port
         hca = port.hca
         self.cq: CompletionQueue = hca.create_cq()
         acc = Access.LOCAL_WRITE | Access.REMOTE_WRITE
         self.data: MemoryRegion = hca.reg_mr(bytearray(size), acc)
-        self.stage: MemoryRegion = hca.reg_mr(bytearray(size * staging_slots), acc)
-        self.out: MemoryRegion = hca.reg_mr(bytearray(size * staging_slots), Access.LOCAL_WRITE)
+        self.stage: MemoryRegion = hca.reg_mr(bytearray(staging_bytes), acc)
+        self.out: MemoryRegion = hca.reg_mr(bytearray(staging_bytes), Access.LOCAL_WRITE)
         self.tx: dict[int, RcQp] = {}
         self.rx: dict[int, RcQp] = {}
         self.arrived: dict[int, int] = {}  # immediate -> count
@@ -149,27 +149,32 @@ def _fill(ranks: list[_Rank], count: int) -> np.ndarray:
     return base * n + n * (n - 1) / 2
 
 
+def _chunk_slot(count: int, n: int) -> int:
+    """Elements of the largest of the ``n`` chunks a ring allreduce cuts ``count`` into."""
+    return -(-count // n)
+
+
 async def _ring_allreduce(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
     n = len(ranks)
     nxt = ranks[(r.index + 1) % n]
     bounds = [count * k // n for k in range(n + 1)]
     vec = r.vector()
     out = np.frombuffer(r.out.buf, dtype=np.float32)
+    slot = _chunk_slot(count, n)
     for step in range(2 * (n - 1)):
         gather = step >= n - 1
         s = step - (n - 1) if gather else step
         send_chunk = (r.index - s + (1 if gather else 0)) % n
         lo, hi = bounds[send_chunk], bounds[send_chunk + 1]
-        # Copy into this step's own send area: a retransmission must resend the same bytes.
-        base = step * count
-        out[base + lo : base + hi] = vec[lo:hi]
+        # Copy into this step's own send slot: a retransmission must resend the same bytes.
+        base = step * slot
+        out[base : base + hi - lo] = vec[lo:hi]
         imm = (it << 16) | step
-        r.write(nxt.index, (base + lo) * 4, (hi - lo) * 4, nxt.stage.addr + (base + lo) * 4,
-                nxt.stage.rkey, imm)
+        r.write(nxt.index, base * 4, (hi - lo) * 4, nxt.stage.addr + base * 4, nxt.stage.rkey, imm)
         await r.wait_imm(imm)
         recv_chunk = (r.index - s - (0 if gather else 1)) % n
         lo, hi = bounds[recv_chunk], bounds[recv_chunk + 1]
-        incoming = r.staged((base + lo) * 4, hi - lo)
+        incoming = r.staged(base * 4, hi - lo)
         if gather:
             vec[lo:hi] = incoming
         else:
@@ -202,8 +207,10 @@ async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iter
         raise ValueError("a collective needs at least 2 hosts")
     count = max(n, size // 4 // n * n)
     size = count * 4
-    slots = 2 * (n - 1) if kind == "allreduce" else 1
-    ranks = [_Rank(i, p, size, slots) for i, p in enumerate(ports)]
+    # allreduce: one chunk-sized slot per step (2(n-1) of them, about 2x the vector in all);
+    # alltoall: the vector, each peer's chunk at its own offset
+    staging = 2 * (n - 1) * _chunk_slot(count, n) * 4 if kind == "allreduce" else size
+    ranks = [_Rank(i, p, size, staging) for i, p in enumerate(ports)]
     if kind == "allreduce":
         for i in range(n):
             _connect(ranks[i], ranks[(i + 1) % n], mtu)
