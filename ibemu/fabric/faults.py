@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
@@ -120,9 +120,17 @@ class FaultInjector:
     async def run(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Apply ``faults`` at their ``at_s`` (seconds after ``t0``, trio's clock; default now)."""
-        start = trio.current_time() if t0 is None else t0
-        task_status.started()
-        async with trio.open_nursery() as nursery:
-            for fault in sorted(faults, key=lambda f: f.at_s):
-                await trio.sleep_until(start + fault.at_s)
-                nursery.start_soon(self.apply, fault)
+        await run_schedule(self.apply, faults, t0=t0, task_status=task_status)
+
+
+async def run_schedule(apply: Callable[[FaultSpec], Awaitable[None]], faults: Sequence[FaultSpec], *,
+                       t0: float | None = None,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """``apply`` each fault at its ``at_s`` (seconds after ``t0``, trio's clock; default now),
+    each in a task of its own (a flap or a timed corruption runs on while the next starts)."""
+    start = trio.current_time() if t0 is None else t0
+    task_status.started()
+    async with trio.open_nursery() as nursery:
+        for fault in sorted(faults, key=lambda f: f.at_s):
+            await trio.sleep_until(start + fault.at_s)
+            nursery.start_soon(apply, fault)

@@ -25,6 +25,7 @@ from typing import Any
 import trio
 
 from ibemu.errors import ConfigError
+from ibemu.fabric.faults import run_schedule
 from ibemu.fabric.plan import plan_fabric
 from ibemu.kernel import ownership, rtnl
 from ibemu.roce.ecn import EcnMarking
@@ -133,9 +134,4 @@ class RoceFaultInjector:
     async def run(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Apply ``faults`` at their ``at_s`` (seconds after ``t0``, trio's clock; default now)."""
-        start = trio.current_time() if t0 is None else t0
-        task_status.started()
-        async with trio.open_nursery() as nursery:
-            for fault in sorted(faults, key=lambda f: f.at_s):
-                await trio.sleep_until(start + fault.at_s)
-                nursery.start_soon(self.apply, fault)
+        await run_schedule(self.apply, faults, t0=t0, task_status=task_status)
