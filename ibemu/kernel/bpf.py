@@ -33,6 +33,7 @@ BPF_PROG_TYPE_SCHED_CLS = 3
 
 TC_ACT_UNSPEC = -1  # direct action: go on with the next filter
 TC_ACT_OK = 0
+TC_ACT_SHOT = 2
 TC_ACT_REDIRECT = 7
 
 FN_MAP_LOOKUP_ELEM = 1

@@ -15,41 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ibemu.kernel import bpf, rtnl
+from ibemu.kernel import bpf, clsact
 from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R6, R7, R8, R10, Asm
-from ibemu.roce.impair import TC_H_EGRESS_PARENT
-from ibemu.roce.netconf import (
-    _NLMSGHDR,
-    _TCMSG,
-    ETH_P_ALL,
-    NLA_F_NESTED,
-    NLM_F_ACK,
-    NLM_F_CREATE,
-    NLM_F_EXCL,
-    NLM_F_REQUEST,
-    RTM_NEWQDISC,
-    RTM_NEWTFILTER,
-    TC_H_CLSACT,
-    TC_H_CLSACT_HANDLE,
-    TCA_BPF_FD,
-    TCA_BPF_FLAG_ACT_DIRECT,
-    TCA_BPF_FLAGS,
-    TCA_BPF_NAME,
-    TCA_KIND,
-    TCA_OPTIONS,
-    _attr,
-    _request,
-    _route_socket,
-)
 
 log = logging.getLogger(__name__)
 
-TC_ACT_UNSPEC = -1
 FN_MAP_LOOKUP_ELEM = 1
 FN_KTIME_GET_NS = 5
 FN_SKB_ECN_SET_CE = 97
@@ -121,7 +94,7 @@ def marking_program(ecn: EcnMarking, map_fd: int, slot: int) -> bytes:
     a.mov(R1, R6)
     a.call(FN_SKB_ECN_SET_CE)
     a.label("pass")
-    a.movi(R0, TC_ACT_UNSPEC)                 # go on: a cable impairment filter may follow
+    a.movi(R0, bpf.TC_ACT_UNSPEC)                 # go on: a cable impairment filter may follow
     a.exit()
     return a.assemble()
 
@@ -139,29 +112,12 @@ class EcnMarker:
         by_ns: dict[str, list[tuple[int, str]]] = {}
         for slot, (ns, ifname) in enumerate(self.ports):
             by_ns.setdefault(ns, []).append((slot, ifname))
-        create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
         for ns, ends in by_ns.items():
-            idx = rtnl.ifindexes(ns, [i for _, i in ends])
             progs = [bpf.load_program(marking_program(self.ecn, self.map.fd, slot), name=PROG_NAME)
                      for slot, _ in ends]
-            try:
-                msgs: list[bytes] = []
-                for (_slot, ifname), prog in zip(ends, progs, strict=True):
-                    qdisc = _TCMSG.pack(0, idx[ifname], TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0) + _attr(TCA_KIND,
-                                                                                                  b"clsact\0")
-                    filt = _TCMSG.pack(0, idx[ifname], 0, TC_H_EGRESS_PARENT,
-                                       (1 << 16) | socket.htons(ETH_P_ALL))  # before any impairment
-                    filt += _attr(TCA_KIND, b"bpf\0") + _attr(
-                        TCA_OPTIONS | NLA_F_NESTED,
-                        _attr(TCA_BPF_FD, struct.pack("=I", prog)) + _attr(TCA_BPF_NAME, PROG_NAME.encode() + b"\0")
-                        + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
-                    for kind, body in ((RTM_NEWQDISC, qdisc), (RTM_NEWTFILTER, filt)):
-                        msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, create, len(msgs) + 1, 0) + body)
-                sock = _route_socket(ns)
-                try:
-                    _request(sock, msgs, f"{ns}: ECN marking")
-                finally:
-                    sock.close()
+            try:  # priority 1: before any impairment
+                clsact.attach_bpf(ns, [clsact.BpfHook(ifname, prog) for (_, ifname), prog in zip(ends, progs, strict=True)],
+                                  parent=clsact.EGRESS, prio=1, name=PROG_NAME, what=f"{ns}: ECN marking")
             finally:
                 for prog in progs:
                     os.close(prog)

@@ -17,40 +17,14 @@ import functools
 import logging
 import os
 import socket
-import struct
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ibemu.errors import ConfigError
-from ibemu.kernel import bpf, rtnl
+from ibemu.kernel import bpf, clsact
 from ibemu.kernel.bpf import R0, R1, R2, R6, Asm
 from ibemu.kernel.commands import batch
-from ibemu.roce.netconf import (
-    _NLMSGHDR,
-    _TCMSG,
-    ETH_P_ALL,
-    NLA_F_NESTED,
-    NLM_F_ACK,
-    NLM_F_CREATE,
-    NLM_F_EXCL,
-    NLM_F_REQUEST,
-    RTM_NEWQDISC,
-    RTM_NEWTFILTER,
-    TC_ACT_OK,
-    TC_ACT_SHOT,
-    TC_H_CLSACT,
-    TC_H_CLSACT_HANDLE,
-    TCA_BPF_FD,
-    TCA_BPF_FLAG_ACT_DIRECT,
-    TCA_BPF_FLAGS,
-    TCA_BPF_NAME,
-    TCA_KIND,
-    TCA_OPTIONS,
-    _attr,
-    _request,
-    _route_socket,
-)
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +33,6 @@ FN_GET_PRANDOM_U32 = 7
 CLONE_NEWNET = 0x40000000
 SKB_TSTAMP = 152
 """Offset of ``tstamp`` (u64) in ``struct __sk_buff``."""
-TC_H_EGRESS_PARENT = 0xFFFFFFF3
-TC_H_ROOT = 0xFFFFFFFF
 PROG_NAME = "roce_impair"
 FQ_LIMIT = 100_000
 FQ_FLOW_LIMIT = 10_000
@@ -93,11 +65,11 @@ def impair_program(imp: Impairment) -> bytes:
         a.call(FN_KTIME_GET_NS)
         a.alu64("add", R0, round(imp.delay_us * 1000))
         a.stx(8, R6, SKB_TSTAMP, R0)
-    a.movi(R0, TC_ACT_OK)
+    a.movi(R0, bpf.TC_ACT_OK)
     a.exit()
     if imp.loss_pct:
         a.label("drop")
-        a.movi(R0, TC_ACT_SHOT)
+        a.movi(R0, bpf.TC_ACT_SHOT)
         a.exit()
     return a.assemble()
 
@@ -117,11 +89,10 @@ def has_sch_fq() -> bool:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
         try:
             sock.bind((0, 0))
-            body = _TCMSG.pack(0, 1, 0, TC_H_ROOT, 0) + _attr(TCA_KIND, b"fq\0")
-            msg = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWQDISC,
-                                 NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, 1, 0) + body
+            body = clsact.TCMSG.pack(0, 1, 0, clsact.TC_H_ROOT, 0) + clsact.attr(clsact.TCA_KIND, b"fq\0")
+            create = clsact.NLM_F_REQUEST | clsact.NLM_F_ACK | clsact.NLM_F_CREATE | clsact.NLM_F_EXCL
             try:
-                _request(sock, [msg], "fq probe")
+                clsact.request(sock, [clsact.message(clsact.RTM_NEWQDISC, create, 1, body)], "fq probe")
                 found.append(True)
             except Exception as exc:
                 log.info("no sch_fq: %s", exc)
@@ -155,34 +126,15 @@ def impair_ports(ports: Iterable[tuple[str, str, bool]], imp: Impairment) -> int
     prog = bpf.load_program(impair_program(imp), name=PROG_NAME)
     n = 0
     try:
-        by_ns: dict[str, list[tuple[str, bool]]] = {}
+        by_ns: dict[str, list[clsact.BpfHook]] = {}
         for ns, ifname, has_clsact in ports:
-            by_ns.setdefault(ns, []).append((ifname, has_clsact))
-        for ns, ends in by_ns.items():
-            idx = rtnl.ifindexes(ns, [i for i, _ in ends])
-            create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-            msgs: list[bytes] = []
-            for ifname, has_clsact in ends:
-                bodies = []
-                if not has_clsact:
-                    bodies.append((RTM_NEWQDISC, _TCMSG.pack(0, idx[ifname], TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0)
-                                   + _attr(TCA_KIND, b"clsact\0")))
-                filt = _TCMSG.pack(0, idx[ifname], 0, TC_H_EGRESS_PARENT, (2 << 16) | socket.htons(ETH_P_ALL))
-                filt += _attr(TCA_KIND, b"bpf\0") + _attr(
-                    TCA_OPTIONS | NLA_F_NESTED,
-                    _attr(TCA_BPF_FD, struct.pack("=I", prog)) + _attr(TCA_BPF_NAME, PROG_NAME.encode() + b"\0")
-                    + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
-                bodies.append((RTM_NEWTFILTER, filt))
-                msgs += [_NLMSGHDR.pack(_NLMSGHDR.size + len(b), kind, create, len(msgs) + k + 1, 0) + b
-                         for k, (kind, b) in enumerate(bodies)]
-            sock = _route_socket(ns)
-            try:
-                _request(sock, msgs, f"{ns}: cable impairment")
-            finally:
-                sock.close()
+            by_ns.setdefault(ns, []).append(clsact.BpfHook(ifname, prog, add_clsact=not has_clsact))
+        for ns, hooks in by_ns.items():  # priority 2: after the ECN marking
+            clsact.attach_bpf(ns, hooks, parent=clsact.EGRESS, prio=2, name=PROG_NAME,
+                              what=f"{ns}: cable impairment")
             if imp.delay_us:
-                batch("tc", _fq_lines(i for i, _ in ends), netns=ns)
-            n += len(ends)
+                batch("tc", _fq_lines(h.ifname for h in hooks), netns=ns)
+            n += len(hooks)
     finally:
         os.close(prog)  # the filters keep it alive
     log.info("cable impairment %s on %d cable ends", imp, n)

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ibemu.kernel import bpf, netns, rtnl
+from ibemu.kernel import bpf, clsact, netns, rtnl
 from ibemu.kernel.bpf import R0, R1, R2, R3, R4, Asm
 from ibemu.kernel.commands import KernelError, batch
 from ibemu.roce.routes import NextHops
@@ -103,11 +103,6 @@ def host_route_line(ifname: str, gateway: str) -> str:
 
 # ------------------------------------------------------------------ host ingress guard
 
-TC_ACT_OK = 0
-TC_ACT_SHOT = 2
-ETH_P_ALL = 0x0003
-
-
 def guard_program() -> bytes:
     """SCHED_CLS, direct action: drop IPv4 (no options) / UDP to port 4791, pass the rest."""
     a = Asm()
@@ -124,79 +119,24 @@ def guard_program() -> bytes:
     a.jmp("jne", R4, socket.IPPROTO_UDP, "pass")
     a.ldx(2, R4, R2, 36)
     a.jmp("jne", R4, socket.htons(ROCEV2_UDP_PORT), "pass")
-    a.movi(R0, TC_ACT_SHOT)
+    a.movi(R0, bpf.TC_ACT_SHOT)
     a.exit()
     a.label("pass")
-    a.movi(R0, TC_ACT_OK)
+    a.movi(R0, bpf.TC_ACT_OK)
     a.exit()
     return a.assemble()
-
-
-_NLMSGHDR = struct.Struct("=IHHII")
-_TCMSG = struct.Struct("=BxxxiIII")
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_REPLACE = 0x1, 0x4, 0x200, 0x400, 0x100
-NLMSG_ERROR = 2
-RTM_NEWQDISC, RTM_NEWTFILTER = 36, 44
-TC_H_CLSACT, TC_H_CLSACT_HANDLE, TC_H_INGRESS_PARENT = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2
-TCA_KIND, TCA_OPTIONS = 1, 2
-TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
-NLA_F_NESTED = 0x8000
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    n = 4 + len(payload)
-    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n % 4)
-
-
-def _request(sock: socket.socket, msgs: list[bytes], what: str) -> None:
-    """Send ``msgs`` (sequence numbers 1..n) and check every ack."""
-    sock.send(b"".join(msgs))
-    pending, errors = len(msgs), []
-    while pending:
-        data = sock.recv(1 << 16)
-        off = 0
-        while off + _NLMSGHDR.size <= len(data):
-            length, kind, _f, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
-            if length < _NLMSGHDR.size:
-                break
-            if kind == NLMSG_ERROR:
-                err = struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
-                if err:
-                    errors.append(os.strerror(-err))
-                pending -= 1
-            off += (length + 3) & ~3
-    if errors:
-        raise KernelError(f"{what}: {len(errors)} of {len(msgs)} failed ({errors[0]})")
-
-
-def _route_socket(ns: str) -> socket.socket:
-    with netns.entered(ns):
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
-    sock.bind((0, 0))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-    return sock
 
 
 def guard_hosts(ports: Iterable[tuple[str, str]]) -> None:
     """The ingress guard on each ``(namespace, interface)`` of a host (one program for all)."""
     prog = bpf.load_program(guard_program(), name="roce_guard")
     try:
+        by_ns: dict[str, list[clsact.BpfHook]] = {}
         for ns, ifname in ports:
-            idx = rtnl.ifindexes(ns, [ifname])[ifname]
-            create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
-            qdisc = _TCMSG.pack(0, idx, TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0) + _attr(TCA_KIND, b"clsact\0")
-            filt = _TCMSG.pack(0, idx, 0, TC_H_INGRESS_PARENT, (1 << 16) | socket.htons(ETH_P_ALL))
-            filt += _attr(TCA_KIND, b"bpf\0") + _attr(
-                TCA_OPTIONS | NLA_F_NESTED,
-                _attr(TCA_BPF_FD, struct.pack("=I", prog)) + _attr(TCA_BPF_NAME, b"roce_guard\0")
-                + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
-            msgs = [_NLMSGHDR.pack(_NLMSGHDR.size + len(b), kind, create, seq, 0) + b
-                    for seq, (kind, b) in enumerate(((RTM_NEWQDISC, qdisc), (RTM_NEWTFILTER, filt)), 1)]
-            sock = _route_socket(ns)
-            try:
-                _request(sock, msgs, f"{ns}/{ifname}: ingress guard")
-            finally:
-                sock.close()
+            by_ns.setdefault(ns, []).append(clsact.BpfHook(ifname, prog))
+        for ns, hooks in by_ns.items():
+            clsact.attach_bpf(ns, hooks, parent=clsact.INGRESS, prio=1, name="roce_guard",
+                              what=f"{ns}: ingress guard")
     finally:
         os.close(prog)  # the filters keep the program alive
 
@@ -210,6 +150,8 @@ _RTMSG = struct.Struct("=BBBBBBBBI")
 RTM_NEWNEIGH, NDA_DST, NDA_LLADDR, NUD_PERMANENT = 28, 1, 2, 0x80
 _NDMSG = struct.Struct("=BxxxiHBB")
 _RTNH = struct.Struct("=HBBi")
+_PUT = clsact.NLM_F_REQUEST | clsact.NLM_F_ACK | clsact.NLM_F_CREATE | clsact.NLM_F_REPLACE
+_DEL = clsact.NLM_F_REQUEST | clsact.NLM_F_ACK
 
 
 class RouteWriter:
@@ -218,24 +160,24 @@ class RouteWriter:
     def __init__(self, ns: str, ifnames: Iterable[str]) -> None:
         self.ns = ns
         self.ifindex = rtnl.ifindexes(ns, ifnames)
-        self.sock = _route_socket(ns)
+        self.sock = clsact.route_socket(ns)
         self.messages = 0
 
     def _message(self, kind: int, flags: int, seq: int, prefix: str, hops: NextHops) -> bytes:
         net = ipaddress.IPv4Network(prefix)
         body = _RTMSG.pack(socket.AF_INET, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_IBEMU,
                            RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
-        body += _attr(RTA_DST, net.network_address.packed)
+        body += clsact.attr(RTA_DST, net.network_address.packed)
         if len(hops) == 1:
-            body += _attr(RTA_GATEWAY, socket.inet_aton(hops[0].gateway))
-            body += _attr(RTA_OIF, struct.pack("=i", self.ifindex[hops[0].ifname]))
+            body += clsact.attr(RTA_GATEWAY, socket.inet_aton(hops[0].gateway))
+            body += clsact.attr(RTA_OIF, struct.pack("=i", self.ifindex[hops[0].ifname]))
         elif hops:
             nested = b""
             for h in hops:
-                gw = _attr(RTA_GATEWAY, socket.inet_aton(h.gateway))
+                gw = clsact.attr(RTA_GATEWAY, socket.inet_aton(h.gateway))
                 nested += _RTNH.pack(_RTNH.size + len(gw), 0, 0, self.ifindex[h.ifname]) + gw
-            body += _attr(RTA_MULTIPATH, nested)
-        return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+            body += clsact.attr(RTA_MULTIPATH, nested)
+        return clsact.message(kind, flags, seq, body)
 
     def apply(self, put: Mapping[str, NextHops], delete: Iterable[str] = ()) -> int:
         """Replace (or create) ``put`` and delete ``delete``, in one send; every ack checked."""
@@ -243,13 +185,12 @@ class RouteWriter:
         for prefix, hops in put.items():
             if not hops:
                 raise ValueError(f"{self.ns}: route to {prefix} without next hops")
-            msgs.append(self._message(RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
-                                      len(msgs) + 1, prefix, hops))
+            msgs.append(self._message(RTM_NEWROUTE, _PUT, len(msgs) + 1, prefix, hops))
         for prefix in delete:
-            msgs.append(self._message(RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, len(msgs) + 1, prefix, ()))
+            msgs.append(self._message(RTM_DELROUTE, _DEL, len(msgs) + 1, prefix, ()))
         if msgs:
             for i in range(0, len(msgs), 256):  # stay well inside the socket buffers
-                _request(self.sock, msgs[i:i + 256], f"{self.ns}: routes")
+                clsact.request(self.sock, msgs[i:i + 256], f"{self.ns}: routes")
         self.messages += len(msgs)
         return len(msgs)
 
@@ -263,12 +204,10 @@ class RouteWriter:
         msgs: list[bytes] = []
         for ifname, ip, mac in entries:
             body = _NDMSG.pack(socket.AF_INET, self.ifindex[ifname], NUD_PERMANENT, 0, 0)
-            body += _attr(NDA_DST, socket.inet_aton(ip)) + _attr(NDA_LLADDR, mac)
-            msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWNEIGH,
-                                       NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, len(msgs) + 1, 0)
-                        + body)
+            body += clsact.attr(NDA_DST, socket.inet_aton(ip)) + clsact.attr(NDA_LLADDR, mac)
+            msgs.append(clsact.message(RTM_NEWNEIGH, _PUT, len(msgs) + 1, body))
         if msgs:
-            _request(self.sock, msgs, f"{self.ns}: neighbours")
+            clsact.request(self.sock, msgs, f"{self.ns}: neighbours")
         return len(msgs)
 
     def close(self) -> None:
