@@ -75,7 +75,6 @@ def crossing_pairs(topo: Topology, a: str, b: str, n: int) -> list[tuple[str, st
     for near, far in ((a, b), (b, a)):
         cands = [(s, d) for s in hosts for d in hosts if s != d
                  and dist[s][near] + 1 + dist[d][far] == dist[s][d]]
-        cands.sort(key=lambda p: (used.get(p[0], 0) + used.get(p[1], 0), p))
         picked: list[tuple[str, str]] = []
         while cands and len(picked) < n // 2:
             cands.sort(key=lambda p: (used.get(p[0], 0) + used.get(p[1], 0), -dist[p[0]][p[1]], p))

@@ -45,11 +45,13 @@ def _require_root(what: str) -> None:
         raise ConfigError(f"ibemu {what} needs root (network namespaces, veth, tc): use sudo")
 
 
-def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None]:
-    """(topology, datapath, description, the scenario's SM) from a scenario and/or overrides."""
+def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None, FabricSpec]:
+    """(topology, datapath, description, the scenario's SM, its fabric with ``--fabric`` over
+    the kind) from a scenario and/or overrides (a plain IB fabric for ``--topo``)."""
     datapath = args.datapath
+    kind = getattr(args, "fabric", None)
     if args.topo:
-        return parse_topo_spec(args.topo), datapath or "kernel", args.topo, None
+        return parse_topo_spec(args.topo), datapath or "kernel", args.topo, None, FabricSpec(kind=kind or "ib")
     if args.scenario:
         from ibemu.scenario import load_scenario
 
@@ -58,7 +60,8 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
         from ibemu.scenario.loader import load_builtin
 
         scen, name = load_builtin("default"), "built-in default"
-    return scen.topology, datapath or scen.fabric.datapath, name, scen.sm
+    fabric = dataclasses.replace(scen.fabric, kind=kind) if kind else scen.fabric
+    return scen.topology, datapath or scen.fabric.datapath, name, scen.sm, fabric
 
 
 def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
@@ -99,18 +102,6 @@ def _pick_run(run_id: str | None) -> ownership.RunState:
     return runs[0]
 
 
-def _fabric_spec(args: argparse.Namespace) -> FabricSpec:
-    """The scenario's ``fabric`` (a plain IB one for --topo and the built-in scenario), with
-    ``--fabric`` over its kind."""
-    spec = FabricSpec()
-    if args.scenario and not args.topo:
-        from ibemu.scenario import load_scenario
-
-        spec = load_scenario(args.scenario).fabric
-    kind = getattr(args, "fabric", None)
-    return dataclasses.replace(spec, kind=kind) if kind else spec
-
-
 def _roce_settings(spec: FabricSpec) -> dict[str, float]:
     """A RoCE fabric's cable loss, delay and ECN settings, checked against this kernel."""
     if spec.delay_us:
@@ -123,9 +114,8 @@ def _roce_settings(spec: FabricSpec) -> dict[str, float]:
 
 def cmd_up(args: argparse.Namespace) -> int:
     _require_root("up")
-    topo, datapath, name, sm_spec = _resolve(args)
+    topo, datapath, name, sm_spec, fabric = _resolve(args)
     topo.check()
-    fabric = _fabric_spec(args)
     kind = fabric.kind
     roce: dict[str, float] = {}
     if kind == "roce":  # its fabric manager routes it; its routers forward in the kernel
