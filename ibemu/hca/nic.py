@@ -101,11 +101,16 @@ class HcaPort:
     # -- transmit ------------------------------------------------------------------------
     def transmit(self, sends: Iterable[Send]) -> None:
         """Put the transport's packets on the cable (a full queue drops, as a wire would)."""
-        send, eth = self.sock.send, self.eth
+        eth = self.eth
+        self.send_frames([eth + s.packet for s in sends])
+
+    def send_frames(self, frames: Iterable[bytes]) -> None:
+        """Whole frames onto the cable, counted; a full queue drops them, as a wire would."""
+        send = self.sock.send
         n = 0
-        for s in sends:
+        for frame in frames:
             try:
-                send(eth + s.packet)
+                send(frame)
                 n += 1
             except OSError:
                 self.tx_dropped += 1

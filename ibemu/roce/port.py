@@ -130,8 +130,8 @@ class RocePort(HcaPort):
     def transmit(self, sends: Iterable[Send]) -> None:
         """Put the transport's packets on the cable as RoCEv2 frames (a full queue drops);
         a flow DCQCN slowed down is held back to its rate."""
-        send, encap, rp = self.sock.send, self.codec.encapsulate, self._rp
-        n = 0
+        encap, rp = self.codec.encapsulate, self._rp
+        ready: list[bytes] = []
         for s in sends:
             frame = encap(s.packet)
             if frame is None:
@@ -146,14 +146,8 @@ class RocePort(HcaPort):
                     if due > now or self._held_per_flow.get(flow):
                         self._hold(due, flow, frame)
                         continue
-            try:
-                send(frame)
-                n += 1
-            except OSError:
-                self.tx_dropped += 1
-        self.tx_packets += n
-        if n:
-            self._rearm()
+            ready.append(frame)
+        self.send_frames(ready)
 
     def _hold(self, due: int, flow: tuple[int, int], frame: bytes) -> None:
         self._seq += 1
@@ -181,18 +175,12 @@ class RocePort(HcaPort):
                 with trio.move_on_after((held[0][0] - now) / 1e9):
                     await kick.wait()
                 continue
-            n = 0
+            due: list[bytes] = []
             while held and held[0][0] <= now:
                 _due, _seq, flow, frame = heapq.heappop(held)
                 self._held_per_flow[flow] -= 1
-                try:
-                    self.sock.send(frame)
-                    n += 1
-                except OSError:
-                    self.tx_dropped += 1
-            self.tx_packets += n
-            if n:
-                self._rearm()
+                due.append(frame)
+            self.send_frames(due)
             await trio.lowlevel.checkpoint()
 
     def packet_of(self, frame: bytes) -> bytes | bytearray | memoryview | None:
