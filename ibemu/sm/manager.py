@@ -338,11 +338,7 @@ class SubnetManager:
             res = await self.prog.program(self.graph, routes, self.lids.top, urgent=self._wake,
                                           on_suspect=self._on_suspect)
         if early is not None:
-            res.acked += early.acked
-            res.failed += early.failed
-            res.switches += early.switches
-            res.t_planned_ns = early.t_planned_ns
-            res.t_last_ack_ns = max(res.t_last_ack_ns, early.t_last_ack_ns)
+            res = res.after(early)
         self._reprogram = res.failed > 0
         self._snapshot_due = True
         self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, abandoned=res.abandoned,

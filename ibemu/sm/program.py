@@ -66,6 +66,13 @@ class Programmed:
     """When the blocks to write were known (and whether each goes LID-routed)."""
     t_last_ack_ns: int = 0
 
+    def after(self, first: Programmed) -> Programmed:
+        """This pass and an earlier one (``first``) as one: counts summed, planned at the first."""
+        return Programmed(self.sent + first.sent, self.acked + first.acked, self.failed + first.failed,
+                          self.switches + first.switches, self.abandoned + first.abandoned,
+                          first.suspects + self.suspects, first.t_planned_ns,
+                          max(self.t_last_ack_ns, first.t_last_ack_ns))
+
 
 @dataclass
 class LftProgrammer:
@@ -243,10 +250,10 @@ class LftProgrammer:
             """Abandon blocks overdue (their switches become suspects) and, once ``urgent``
             is set, blocks to suspects."""
             nonlocal news
+            overdue = self.overdue_s
             while True:
                 now = trio.current_time()
                 due = math.inf
-                overdue = self.overdue_s
                 for key, scope in list(scopes.items()):
                     # Overdue counts from when a Set sent after it was answered: the agents
                     # answer a window in about the order it went out, so a long queue (a k=16
