@@ -29,6 +29,7 @@ from ibemu.roce import netconf
 from ibemu.roce.addressing import AddressPlan, plan_addresses
 from ibemu.roce.ecn import EcnMarker, EcnMarking
 from ibemu.roce.impair import Impairment, impair_ports
+from ibemu.roce.queues import QueueConfig
 from ibemu.roce.routes import routers
 from ibemu.topo import Topology
 from ibemu.wire.roce import EMULATED_NET
@@ -36,6 +37,8 @@ from ibemu.wire.roce import EMULATED_NET
 log = logging.getLogger(__name__)
 
 PLAN_FILE = "roce.json"
+USERPATH_FILE = "userpath.json"
+USERPATH_COUNTERS = "userpath-counters.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,8 @@ class RoceFabric:
     addrs: AddressPlan
     routers: list[str]
     phases_s: dict[str, float] = field(default_factory=dict)
+    queues: QueueConfig | None = None
+    """The user datapath's queues (None: routers forward in the kernel)."""
 
     @property
     def plan(self) -> FabricPlan:
@@ -82,6 +87,17 @@ class RoceFabric:
                 "peer_macs": {r: {pp.ifname: pp.peer_mac.hex() for pp in self.plan.nodes[r].ports.values()}
                               for r in self.routers}}
 
+    def userpath_config(self) -> dict[str, Any]:
+        """What the user datapath process reads (``userpath.json`` in the run directory)."""
+        assert self.queues is not None
+        hosts = {n.name for n in self.plan.cas()}
+        return {"schema": "ibemu.roce-userpath-config/1", "queues": self.queues.to_dict(),
+                "routers": {r: {"ns": self.plan.nodes[r].ns, "seed": netconf.multipath_seed(r),
+                                "ports": [{"ifname": pp.ifname, "mac": pp.mac.hex(), "peer_mac": pp.peer_mac.hex(),
+                                           "ip": self.addrs.port(r, pp.port).ip, "to_host": pp.peer_node in hosts}
+                                          for pp in self.plan.nodes[r].ports.values()]}
+                            for r in self.routers if self.plan.nodes[r].ports}}
+
 
 def _router_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
     lines: list[str] = []
@@ -102,24 +118,29 @@ def _host_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
 
 
 def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(EMULATED_NET),
-               impair: Impairment | None = None, ecn: EcnMarking | None = None) -> RoceFabric:
+               impair: Impairment | None = None, ecn: EcnMarking | None = None,
+               queues: QueueConfig | None = None) -> RoceFabric:
     """Build ``topo`` as a RoCE fabric owned by ``state`` (blocking). Nothing is left on failure.
 
     ``impair``: every cable end drops and delays frames (``ibemu.roce.impair``); ``ecn``: every
-    router port marks CE at its virtual queue (``ibemu.roce.ecn``)."""
+    router port marks CE at its virtual queue (``ibemu.roce.ecn``). ``queues``: the user
+    datapath (``ibemu.roce.userpath``, started by ``start_userpath``) forwards instead of the
+    routers' kernels, with these queues (loss, delay and ECN are then its business)."""
+    if queues is not None and (impair or ecn):
+        raise ValueError("the user datapath does its own loss, delay and ECN: pass them in its QueueConfig")
     plan = plan_fabric(topo, state.run_id)
     addrs = plan_addresses(topo, network)  # a bad plan fails before anything exists
     names = routers(topo)
     t0 = time.perf_counter()
     built = fabric_build.build(plan, state, datapath="user")
-    fab = RoceFabric(built, addrs, names)
+    fab = RoceFabric(built, addrs, names, queues=queues)
     t1 = time.perf_counter()
     try:
         hosts = [n.name for n in plan.cas() if n.ports]
 
         def router(name: str) -> None:
             ns = plan.nodes[name].ns
-            netconf.router_sysctls(ns, netconf.multipath_seed(name))
+            netconf.router_sysctls(ns, netconf.multipath_seed(name), forward=queues is None)
             netconf.ip_lines(ns, _router_lines(plan, addrs, name))
 
         def host(name: str) -> None:
@@ -131,7 +152,8 @@ def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(
             list(pool.map(router, [r for r in names if plan.nodes[r].ports]))
             list(pool.map(host, hosts))
         t2 = time.perf_counter()
-        netconf.guard_hosts((plan.nodes[h].ns, pp.ifname) for h in hosts for pp in plan.nodes[h].ports.values())
+        guarded = [*hosts, *(names if queues is not None else [])]  # a user-datapath router's kernel answers nothing
+        netconf.guard_hosts((plan.nodes[h].ns, pp.ifname) for h in guarded for pp in plan.nodes[h].ports.values())
         if ecn:
             marker = EcnMarker(ecn, [(plan.nodes[r].ns, pp.ifname) for r in names for pp in plan.nodes[r].ports.values()])
             try:
@@ -144,6 +166,8 @@ def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(
                           for pp in plan.nodes[n].ports.values()), impair)
         state.run_dir.mkdir(parents=True, exist_ok=True)
         fab.plan_path.write_text(json.dumps(fab.manifest()))
+        if queues is not None:
+            (state.run_dir / USERPATH_FILE).write_text(json.dumps(fab.userpath_config()))
         t3 = time.perf_counter()
     except BaseException:
         log.error("RoCE fabric build failed: tearing down what was built")
@@ -198,6 +222,38 @@ def wait_manager_up(proc: subprocess.Popen[bytes], events: Path, timeout_s: floa
     raise KernelError(f"the fabric manager did not bring the fabric up within {timeout_s} s")
 
 
+def start_userpath(fab: RoceFabric, *, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
+    """``python -m ibemu.roce.userpath`` for this fabric, owned by its run; returns once every
+    router's forwarder has its sockets and FIB (blocking)."""
+    run_dir = fab.state.run_dir
+    ready = run_dir / "userpath.ready"
+    ready.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "ibemu.roce.userpath", "--config", str(run_dir / USERPATH_FILE),
+            "--counters", str(run_dir / USERPATH_COUNTERS), "--ready", str(ready), "--log-level", "INFO"]
+    with open(run_dir / "userpath.log", "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    fab.state.claim_process(proc.pid, "roce-userpath")
+    deadline = time.monotonic() + timeout_s
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise KernelError(f"the RoCE user datapath exited with status {proc.returncode} before it forwarded "
+                              f"(see {run_dir / 'userpath.log'})")
+        if time.monotonic() > deadline:
+            stop_manager(proc)
+            raise KernelError(f"the RoCE user datapath was not ready within {timeout_s} s")
+        time.sleep(0.02)
+    return proc
+
+
+def read_userpath_counters(fab: RoceFabric) -> dict[str, Any]:
+    """The user datapath's last counters (``{}`` before it wrote any)."""
+    path = fab.state.run_dir / USERPATH_COUNTERS
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
 def stop_manager(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -214,19 +270,25 @@ class RoceRun:
 
     fab: RoceFabric
     manager: subprocess.Popen[bytes] | None = None
+    userpath: subprocess.Popen[bytes] | None = None
+    counters: dict[str, Any] = field(default_factory=dict)
+    """The user datapath's counters when it stopped (``down``)."""
     events: Path | None = None
     up_event: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def up(cls, topo: Topology, state: ownership.RunState, *, manager_args: list[str] | None = None,
            events: Path | None = None, timeout_s: float = 30.0, impair: Impairment | None = None,
-           ecn: EcnMarking | None = None) -> RoceRun:
+           ecn: EcnMarking | None = None, queues: QueueConfig | None = None) -> RoceRun:
         """Build, start the manager, return once every route is programmed (blocking).
 
         ``events``: the manager's event log (default: in the run directory, which teardown
-        removes)."""
-        run = cls(build_roce(topo, state, impair=impair, ecn=ecn))
+        removes); ``queues``: forward in the user datapath (started before the manager, so its
+        FIB mirrors every route the manager writes)."""
+        run = cls(build_roce(topo, state, impair=impair, ecn=ecn, queues=queues))
         try:
+            if queues is not None:
+                run.userpath = start_userpath(run.fab)
             run.events = events or state.run_dir / "fm.jsonl"
             run.restart_manager(manager_args, timeout_s=timeout_s)
         except BaseException:
@@ -257,8 +319,21 @@ class RoceRun:
                 continue
         return out
 
+    def live_counters(self) -> dict[str, Any]:
+        """The user datapath's counters now (it writes them every second; a signal-free read)."""
+        return read_userpath_counters(self.fab)
+
     def down(self) -> list[str]:
         if self.manager is not None:
             stop_manager(self.manager)
             self.manager = None
-        return teardown_roce(self.fab)
+        problems: list[str] = []
+        if self.userpath is not None:  # it writes its final counters on SIGTERM
+            if self.userpath.poll() is not None:
+                problems.append(f"the RoCE user datapath had exited (status {self.userpath.returncode}; "
+                                f"see {self.fab.state.run_dir / 'userpath.log'})")
+                log.error("%s", problems[-1])
+            stop_manager(self.userpath)
+            self.userpath = None
+            self.counters = read_userpath_counters(self.fab)
+        return problems + teardown_roce(self.fab)

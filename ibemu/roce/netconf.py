@@ -45,6 +45,8 @@ ROUTER_SYSCTLS = {
     "conf/all/send_redirects": "0",
     "conf/default/send_redirects": "0",
 }
+USER_ROUTER_SYSCTLS = {**ROUTER_SYSCTLS, "ip_forward": "0"}
+"""A user-datapath router: the kernel keeps the FIB (the manager writes it) and forwards nothing."""
 HOST_SYSCTLS = {
     "ip_forward": "0",
     "conf/all/ignore_routes_with_linkdown": "1",
@@ -76,8 +78,9 @@ def multipath_seed(router: str) -> int:
     return zlib.crc32(router.encode()) & 0x7FFFFFFF or MULTIPATH_HASH_SEED
 
 
-def router_sysctls(ns: str, seed: int = MULTIPATH_HASH_SEED) -> None:
-    set_sysctls(ns, {**ROUTER_SYSCTLS, "fib_multipath_hash_seed": str(seed)},
+def router_sysctls(ns: str, seed: int = MULTIPATH_HASH_SEED, *, forward: bool = True) -> None:
+    """``forward`` False: the user datapath forwards, the kernel only holds the routes."""
+    set_sysctls(ns, {**(ROUTER_SYSCTLS if forward else USER_ROUTER_SYSCTLS), "fib_multipath_hash_seed": str(seed)},
                 optional=["fib_multipath_hash_seed"])
 
 

@@ -23,6 +23,13 @@ the notification point), and a CNP that arrives cuts that QP's rate (DCQCN, the 
 point, ``ibemu.roce.dcqcn``): its frames then leave paced, from a heap a pacer task drains
 (trio's timers have ~1 ms granularity: a paced flow leaves in bursts of up to 1 ms worth).
 Counted in ``roce_stats`` (ce_received, cnp_sent, cnp_received, tx_paced).
+
+Priorities: data frames leave with DSCP 26 (priority 3 at a router, DSCP >> 3), CNPs with
+DSCP 48 (priority 6), untagged, as RoCE deployments configure NICs. PFC (``enable_pfc``, on a
+user-datapath fabric with ``pfc``): a pause frame from the first-hop router for the data
+priority holds every frame this port would send (transport and pacer alike) until its quanta
+expire or an XON comes, then sends them in order: a sender blocked by PFC, not a drop.
+Counted in ``roce_stats`` (pfc_pause_received, pfc_held, pfc_paused_us).
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from __future__ import annotations
 import heapq
 import socket
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import trio
 
@@ -41,6 +50,7 @@ from ibemu.hca.transport.hca import FIRST_QPN
 from ibemu.hca.transport.rc import RcQp
 from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import mac_address, open_packet_socket
+from ibemu.roce import pfc
 from ibemu.roce.codec import HDR_LEN, RoceCodec, RoceStats
 from ibemu.roce.dcqcn import DcqcnParams, DcqcnState, Pacer
 from ibemu.wire.roce import ROCEV2_UDP_PORT
@@ -52,10 +62,36 @@ CNP_OPCODE = 0x81
 CNP_INTERVAL_NS = 50_000
 """The notification point sends a QP at most one CNP per this interval."""
 CNP_PAYLOAD = bytes(16)
+DATA_DSCP = 26
+"""DSCP of RoCE data frames (priority 3: DSCP >> 3)."""
+CNP_DSCP = 48
+"""DSCP of CNPs (priority 6)."""
 
 
-def socket_filter(qpns: tuple[int, int] | None = None) -> list[sockfilter.Insn]:
-    """Classic BPF: IPv4 / UDP to 4791 [and BTH DestQP in ``qpns`` = (first, end)]."""
+@dataclass(slots=True)
+class RocePortStats(RoceStats):
+    """``RoceStats`` and what PFC did to this port's transmissions."""
+
+    pfc_pause_received: int = 0
+    pfc_held: int = 0
+    pfc_paused_us: int = 0
+
+
+def _set_dscp(frame: bytes, dscp: int) -> bytes:
+    """``frame`` with IPv4 DSCP ``dscp`` and Not-ECT, its header checksum recomputed."""
+    buf = bytearray(frame)
+    buf[15] = dscp << 2
+    buf[24] = buf[25] = 0
+    s = sum((buf[i] << 8) | buf[i + 1] for i in range(14, 34, 2))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    buf[24], buf[25] = (~s >> 8) & 0xFF, ~s & 0xFF
+    return bytes(buf)
+
+
+def socket_filter(qpns: tuple[int, int] | None = None, *, pause: bool = False) -> list[sockfilter.Insn]:
+    """Classic BPF: IPv4 / UDP to 4791 [and BTH DestQP in ``qpns`` = (first, end)] [or a MAC
+    control frame, ``pause``: PFC]."""
     if qpns is not None and not 2 <= qpns[0] < qpns[1] <= 1 << 24:
         raise ValueError("a QP range lies within 2 .. 2^24")
     drop = 8 if qpns is None else 12  # index of the final "ret 0"
@@ -81,6 +117,8 @@ def socket_filter(qpns: tuple[int, int] | None = None) -> list[sockfilter.Insn]:
         ]
     prog += [(0x06, 0, 0, sockfilter.ACCEPT), (0x06, 0, 0, 0)]
     assert len(prog) == drop + 1
+    if pause:  # jumps are relative: the rest runs unchanged after these three
+        prog = [(0x28, 0, 0, 12), (0x15, 0, 1, pfc.ETH_P_PAUSE), (0x06, 0, 0, sockfilter.ACCEPT), *prog]
     return prog
 
 
@@ -99,15 +137,38 @@ class RocePort(HcaPort):
         self._held_per_flow: dict[tuple[int, int], int] = {}
         self._seq = 0
         self._pace_kick = trio.Event()
+        self.codec.stats = RocePortStats()
+        self.codec.tos = DATA_DSCP << 2  # the codec builds its headers lazily, with this
+        self.qpns: tuple[int, int] | None = None
+        self.pfc_priority: int | None = None
+        self.pfc_line_gbps = 0.0
+        self._pfc_until = 0
+        self._pfc_since: int | None = None
+        self._pfc_held: deque[bytes] = deque()
+        self._pfc_kick = trio.Event()
 
     def enable_dcqcn(self, params: DcqcnParams | None = None) -> None:
         """ECT(0) on every frame, CNPs for CE, DCQCN rate control on CNPs."""
         self.dcqcn = params or DcqcnParams()
         self.codec.set_ect(True)
+        self.codec.tos |= DATA_DSCP << 2
+
+    def enable_pfc(self, line_gbps: float, priority: int = DATA_DSCP >> 3) -> None:
+        """Honour PFC pause frames for ``priority`` (this port's data), quanta at ``line_gbps``."""
+        if line_gbps <= 0:
+            raise ValueError("PFC quanta need a line rate")
+        self.pfc_priority, self.pfc_line_gbps = priority, line_gbps
+        sockfilter.attach(self.sock, socket_filter(self.qpns, pause=True))
 
     @property
-    def roce_stats(self) -> RoceStats:
-        return self.codec.stats
+    def roce_stats(self) -> RocePortStats:
+        st = self.codec.stats
+        assert isinstance(st, RocePortStats)
+        if self._pfc_since is not None:  # the pause going on, so far
+            now = time.monotonic_ns()
+            st.pfc_paused_us += (min(now, self._pfc_until) - self._pfc_since) // 1000
+            self._pfc_since = min(now, self._pfc_until)
+        return st
 
     @classmethod
     def open(cls, ns: str | None, ifname: str, peer_mac: bytes, lid: int, *,  # type: ignore[override]
@@ -122,7 +183,9 @@ class RocePort(HcaPort):
         try:
             sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
             hca = Hca(lid=lid, port=port, mtu=mtu, seed=seed, first_qpn=qpns[0] if qpns else FIRST_QPN)
-            return cls(sock, hca, peer_mac, ip=ip, lid_ips=lid_ips, name=name or ifname, timestamps=timestamps)
+            p = cls(sock, hca, peer_mac, ip=ip, lid_ips=lid_ips, name=name or ifname, timestamps=timestamps)
+            p.qpns = qpns
+            return p
         except BaseException:
             sock.close()
             raise
@@ -156,10 +219,67 @@ class RocePort(HcaPort):
         self.codec.stats.tx_paced += 1
         self._pace_kick.set()
 
+    def send_frames(self, frames: Iterable[bytes]) -> None:
+        """``HcaPort.send_frames``, unless the first-hop router paused this port's data priority."""
+        if self.pfc_priority is not None and (self._pfc_held or self._pfc_paused(time.monotonic_ns())):
+            frames = list(frames)
+            self._pfc_held.extend(frames)
+            self.roce_stats.pfc_held += len(frames)
+            self._pfc_kick.set()
+            return
+        super().send_frames(frames)
+
+    def _pfc_paused(self, now: int) -> bool:
+        if self._pfc_since is not None and self._pfc_until <= now:
+            self._pfc_resume(self._pfc_until)
+        return self._pfc_since is not None
+
+    def _pfc_resume(self, at: int) -> None:
+        if self._pfc_since is not None:
+            self.codec.stats.pfc_paused_us += max(0, at - self._pfc_since) // 1000  # type: ignore[attr-defined]
+        self._pfc_since = None
+
+    def _on_pause(self, frame: bytes) -> None:
+        """A PFC frame from the first-hop router: pause (or resume) this port's data."""
+        quanta = pfc.parse_pause(frame)
+        if quanta is None or self.pfc_priority is None or self.pfc_priority not in quanta:
+            return
+        st = self.roce_stats
+        st.pfc_pause_received += 1
+        now = time.monotonic_ns()
+        self._pfc_paused(now)
+        q = quanta[self.pfc_priority]
+        if q:
+            if self._pfc_since is None:
+                self._pfc_since = now
+            self._pfc_until = now + pfc.quanta_ns(q, self.pfc_line_gbps)
+        else:
+            self._pfc_resume(now)
+        self._pfc_kick.set()
+
+    async def _pfc_sender(self) -> None:
+        """Send what a pause held back once it is over."""
+        held = self._pfc_held
+        while True:
+            kick = self._pfc_kick = trio.Event()
+            now = time.monotonic_ns()
+            if held and not self._pfc_paused(now):
+                frames = list(held)
+                held.clear()
+                super().send_frames(frames)
+                await trio.lowlevel.checkpoint()
+                continue
+            if held:
+                with trio.move_on_after(max(0, self._pfc_until - now) / 1e9):
+                    await kick.wait()
+            else:
+                await kick.wait()
+
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(super().serve)
             nursery.start_soon(self._pacer)
+            nursery.start_soon(self._pfc_sender)
             task_status.started()
 
     async def _pacer(self) -> None:
@@ -186,6 +306,9 @@ class RocePort(HcaPort):
     def packet_of(self, frame: bytes) -> bytes | bytearray | memoryview | None:
         """The native packet a RoCEv2 frame carries (None, counted in ``roce_stats``, if it is
         not a good one of ours, or a CNP, which goes to DCQCN)."""
+        if frame[12] == 0x88 and frame[13] == 0x08:
+            self._on_pause(frame)
+            return None
         if len(frame) > HDR_LEN and frame[HDR_LEN] == CNP_OPCODE:
             self._on_cnp(frame)
             return None
@@ -210,7 +333,7 @@ class RocePort(HcaPort):
         if frame is None:
             return
         try:
-            self.sock.send(frame)
+            self.sock.send(_set_dscp(frame, CNP_DSCP))
             st.cnp_sent += 1
         except OSError:
             self.tx_dropped += 1

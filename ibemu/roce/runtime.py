@@ -31,6 +31,7 @@ from ibemu.kernel import ownership, rtnl
 from ibemu.roce.ecn import EcnMarking
 from ibemu.roce.fabric import RoceRun
 from ibemu.roce.impair import Impairment
+from ibemu.roce.queues import QueueConfig
 from ibemu.scenario.schema import FaultSpec
 from ibemu.topo import Topology
 from ibemu.topo.model import Link
@@ -43,8 +44,13 @@ FAULTS = ("link_down", "link_up", "switch_down", "switch_up", "port_flap")
 
 class RoceRuntime:
     def __init__(self, topo: Topology, *, state: ownership.RunState, run_dir: Path,
-                 impair: Impairment | None = None, ecn: EcnMarking | None = None) -> None:
+                 impair: Impairment | None = None, ecn: EcnMarking | None = None,
+                 queues: QueueConfig | None = None) -> None:
+        """``queues``: forward in the user datapath (``ibemu.roce.userpath``) with these queues."""
         self.topo = topo
+        self.queues = queues
+        self.counters: dict[str, Any] = {}
+        """The user datapath's counters when it stopped."""
         self.impair = impair
         self.ecn = ecn
         self.state = state
@@ -64,7 +70,7 @@ class RoceRuntime:
             t0 = time.perf_counter()
             self.run = await trio.to_thread.run_sync(
                 functools.partial(RoceRun.up, self.topo, self.state, events=self.events_path, impair=self.impair,
-                                  ecn=self.ecn))
+                                  ecn=self.ecn, queues=self.queues))
             self.timings_s = {**self.run.fab.phases_s, "up": time.perf_counter() - t0}
             self.sm_up_s = float(self.run.up_event.get("seconds", 0.0))
             self.state.status = "up"
@@ -74,6 +80,7 @@ class RoceRuntime:
             with trio.CancelScope(shield=True):
                 if self.run is not None:
                     problems = await trio.to_thread.run_sync(self.run.down)
+                    self.counters = self.run.counters
                     if problems:
                         log.error("teardown left: %s", "; ".join(problems))
                 else:

@@ -24,17 +24,21 @@ from ibemu.scenario.schema import (
     DEFAULTS_KEYS,
     FABRIC_KEYS,
     FABRIC_KINDS,
+    FABRIC_USER_KEYS,
     FAULT_ACTIONS,
     FAULT_COMMON,
     FAULT_REQUIRED,
     LINK_KEYS,
+    MAX_BUFFER_KB,
     MAX_DURATION_S,
     MAX_ECN_LINE_GBPS,
     MAX_ECN_MARK_KB,
     MAX_FABRIC_DELAY_US,
     MAX_FABRIC_LOSS_PCT,
+    MAX_LINE_GBPS,
     NODE_KEYS,
     RECORD_KEYS,
+    ROCE_DATA_PRIORITY,
     SM_ENGINES,
     SM_IMPLS,
     SM_KEYS,
@@ -199,16 +203,62 @@ class _Loader(Reader):
         if "ecn_line_gbps" in m:
             line = self.number(m["ecn_line_gbps"][1], "fabric.ecn_line_gbps", 0, MAX_ECN_LINE_GBPS,
                                lo_open=True) or 0.0
-        for have, other in (("ecn_mark_kb", "ecn_line_gbps"), ("ecn_line_gbps", "ecn_mark_kb")):
-            if have in m and other not in m:
-                self.error(m[have][1], f"fabric.{have}", f"ECN marking needs fabric.{other} too")
-        for key in ("loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps"):
+        user = (kind or "ib") == "roce" and dp == "user"
+        if user:  # real queues: ECN marks at ecn_mark_kb of a queue drained at line_gbps
+            if "ecn_line_gbps" in m:
+                self.error(m["ecn_line_gbps"][1], "fabric.ecn_line_gbps",
+                           "the user datapath has real queues: give their rate as fabric.line_gbps")
+            if "ecn_mark_kb" in m and "line_gbps" not in m:
+                self.error(m["ecn_mark_kb"][1], "fabric.ecn_mark_kb",
+                           "ECN marking needs fabric.line_gbps (queues only build below a line rate)")
+        else:
+            for have, other in (("ecn_mark_kb", "ecn_line_gbps"), ("ecn_line_gbps", "ecn_mark_kb")):
+                if have in m and other not in m:
+                    self.error(m[have][1], f"fabric.{have}", f"ECN marking needs fabric.{other} too")
+        for key in ("loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps", *FABRIC_USER_KEYS):
             if key in m and (kind or "ib") != "roce":
                 self.error(m[key][1], f"fabric.{key}",
-                           "cable impairments and ECN apply to a RoCE fabric only (kind: roce); an IB fabric "
-                           "is lossless (per-link loss and delay: defaults.loss_pct/delay_us, datapath user)")
+                           "cable impairments and ECN apply to a RoCE fabric only (kind: roce), line rates and PFC "
+                           "too; an IB fabric is lossless (per-link loss and delay: defaults.loss_pct/delay_us, datapath user)")
+            elif key in m and key in FABRIC_USER_KEYS and not user:
+                self.error(m[key][1], f"fabric.{key}",
+                           "needs fabric.datapath: user (the routers' kernels have no line rate, queues or PFC)")
+        line_gbps = buffer_kb = 0.0
+        pfc: tuple[int, ...] = ()
+        xoff, xon = 64.0, 32.0
+        if user:
+            if "line_gbps" in m:
+                line_gbps = self.number(m["line_gbps"][1], "fabric.line_gbps", 0, MAX_LINE_GBPS, lo_open=True) or 0.0
+                line = line_gbps
+            if "buffer_kb" in m:
+                buffer_kb = self.number(m["buffer_kb"][1], "fabric.buffer_kb", 0, MAX_BUFFER_KB, lo_open=True) or 0.0
+            if "pfc" in m:
+                pfc = self._pfc(m["pfc"][1])
+                if pfc and "line_gbps" not in m:
+                    self.error(m["pfc"][1], "fabric.pfc", "PFC needs fabric.line_gbps (pause quanta are bit times, "
+                               "and queues only build below a line rate)")
+            if "pfc_xoff_kb" in m:
+                xoff = self.number(m["pfc_xoff_kb"][1], "fabric.pfc_xoff_kb", 0, MAX_BUFFER_KB, lo_open=True) or xoff
+            if "pfc_xon_kb" in m:
+                xon = self.number(m["pfc_xon_kb"][1], "fabric.pfc_xon_kb", 0, MAX_BUFFER_KB, lo_open=True) or xon
+                if xon > xoff:
+                    self.error(m["pfc_xon_kb"][1], "fabric.pfc_xon_kb", f"must not exceed pfc_xoff_kb ({xoff:g})")
+            elif xon > xoff:
+                xon = xoff / 2
+            where = ""  # the user datapath delays frames itself
         return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay,
-                          ecn_mark_kb=mark, ecn_line_gbps=line, where=where)
+                          ecn_mark_kb=mark, ecn_line_gbps=line, line_gbps=line_gbps,
+                          buffer_kb=buffer_kb or 1024.0, pfc=pfc, pfc_xoff_kb=xoff, pfc_xon_kb=xon, where=where)
+
+    def _pfc(self, node: yaml.Node) -> tuple[int, ...]:
+        """``pfc: true`` (priority 3, RoCE data), ``false``, or a list of priorities 0..7."""
+        if isinstance(node, yaml.SequenceNode):
+            prios = [self.integer(n, "fabric.pfc[]", 0, 7) for n in node.value]
+            if not prios:
+                self.error(node, "fabric.pfc", "an empty list of priorities: say pfc: false")
+            return tuple(sorted({p for p in prios if p is not None}))
+        on = self.boolean(node, "fabric.pfc")
+        return (ROCE_DATA_PRIORITY,) if on else ()
 
     def topology(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
         path = "topology"

@@ -78,14 +78,13 @@ def check_runnable(scen: Scenario) -> None:
     if scen.fabric.kind == "roce":  # IP routers and a fabric manager: no SM, no user datapath
         from ibemu.roce.runtime import FAULTS as ROCE_FAULTS
 
-        if scen.fabric.datapath != "kernel":
-            raise ConfigError("a RoCE fabric forwards in the routers' kernels: fabric.datapath must be kernel",
-                              f"{scen.path or scen.name}: fabric.datapath")
+        # datapath kernel: the routers' kernels forward; user: ibemu.roce.userpath does
+
         for f in scen.faults:
             if f.action not in ROCE_FAULTS:
                 raise ConfigError(f"fault {f.action!r} does not apply to a RoCE fabric "
                                   f"(it has: {', '.join(ROCE_FAULTS)})", f.where)
-        if scen.fabric.delay_us:  # the kernel must be able to hold frames back
+        if scen.fabric.delay_us and not scen.fabric.roce_user:  # the kernel must be able to hold frames back
             from ibemu.roce.impair import Impairment, check_supported
 
             check_supported(Impairment(scen.fabric.loss_pct, scen.fabric.delay_us),
@@ -111,6 +110,10 @@ def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
             "transport": t.transport, "datapath": scen.fabric.datapath}
 
 
+ROUTER_COUNTERS = ("forwarded", "dropped", "lost", "ecn_marked", "pause_sent", "pause_received", "paused_us")
+"""What a RoCE user-datapath run adds to every flow's extra (``router_*``: all routers' ports together)."""
+
+
 class ScenarioRun:
     """Runs ``scen`` once; ``await run()`` returns the result dict."""
 
@@ -129,10 +132,17 @@ class ScenarioRun:
             from ibemu.roce.ecn import EcnMarking
             from ibemu.roce.impair import Impairment
 
-            self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir,
-                                  impair=Impairment(scen.fabric.loss_pct, scen.fabric.delay_us),
-                                  ecn=EcnMarking(scen.fabric.ecn_mark_kb, scen.fabric.ecn_line_gbps)
-                                  if scen.fabric.ecn else None)
+            f = scen.fabric
+            if f.roce_user:  # routers forward in ibemu.roce.userpath: queues, ECN, PFC, delay, loss there
+                from ibemu.roce.queues import QueueConfig
+
+                self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir, queues=QueueConfig(
+                    line_gbps=f.line_gbps, buffer_kb=f.buffer_kb, ecn_mark_kb=f.ecn_mark_kb, pfc=frozenset(f.pfc),
+                    xoff_kb=f.pfc_xoff_kb, xon_kb=f.pfc_xon_kb, delay_us=f.delay_us, loss_pct=f.loss_pct))
+            else:
+                self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir,
+                                      impair=Impairment(f.loss_pct, f.delay_us),
+                                      ecn=EcnMarking(f.ecn_mark_kb, f.ecn_line_gbps) if f.ecn else None)
         else:
             self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
                                     state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
@@ -277,6 +287,8 @@ class ScenarioRun:
             extra["roce"] = {"lid_ips": addrs.lid_ips()}
             if scen.fabric.ecn:  # the hosts answer CE with CNPs and react with DCQCN
                 extra["roce"]["dcqcn"] = {"line_gbps": scen.fabric.ecn_line_gbps}
+            if scen.fabric.roce_user and scen.fabric.pfc:  # the hosts honour their first hop's pauses
+                extra["roce"]["pfc"] = {"line_gbps": scen.fabric.line_gbps}
         else:
             hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
                      for name in names}
@@ -320,8 +332,11 @@ class ScenarioRun:
                 continue
             data = json.loads(path.read_text())
             flows = [FlowOutput.from_dict(d) for d in data["flows"]]
-            if self.scen.fabric.ecn:  # congestion control, counted by the flow's ports
-                for key in ("ce_received", "cnp_sent", "cnp_received", "tx_paced"):
+            keys = ["ce_received", "cnp_sent", "cnp_received", "tx_paced"] if self.scen.fabric.ecn else []
+            if self.scen.fabric.roce_user and self.scen.fabric.pfc:
+                keys += ["pfc_pause_received", "pfc_held", "pfc_paused_us"]
+            if keys:  # congestion control, counted by the flow's ports
+                for key in keys:
                     total = sum(int(c.get(f"roce_{key}", 0)) for c in data.get("ports", {}).values())
                     for o in flows:
                         o.extra[key] = total
@@ -341,6 +356,10 @@ class ScenarioRun:
         t_end = self.t_end_ns or time.monotonic_ns()
         order = {t.name: i for i, t in enumerate(scen.traffic)}
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
+        if isinstance(self.rt, RoceRuntime) and self.rt.counters:  # the user datapath's routers, in all
+            totals = self.rt.counters.get("totals", {})
+            for o in outputs:
+                o.extra.update({f"router_{k}": int(totals.get(k, 0)) for k in ROUTER_COUNTERS})
         fault_records = sorted(self.faults_injected, key=lambda f: f["t_ns"])
         faults = []
         last_event = max((r["t_ns"] for r in (*fabric_events, *sm_events) if isinstance(r.get("t_ns"), int)),

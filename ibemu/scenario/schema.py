@@ -6,7 +6,9 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     topology                   {generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}
     defaults                   {rate, mtu, delay_us, loss_pct} for links without their own
     fabric                     {kind: ib|roce, datapath: kernel|user,
-                                roce only: loss_pct, delay_us, ecn_mark_kb, ecn_line_gbps}
+                                roce only: loss_pct, delay_us, ecn_mark_kb, ecn_line_gbps;
+                                roce with datapath user: line_gbps, buffer_kb, pfc,
+                                pfc_xoff_kb, pfc_xon_kb}
     sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc}
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
@@ -42,7 +44,16 @@ TOPOLOGY_EXPLICIT_KEYS = ("nodes", "links", "name")
 NODE_KEYS = ("kind", "ports", "guid", "desc")
 LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "loss_pct")
 DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "loss_pct")
-FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps")
+FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps", "line_gbps", "buffer_kb",
+               "pfc", "pfc_xoff_kb", "pfc_xon_kb")
+FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb")
+"""RoCE user datapath only (``ibemu.roce.userpath``): each router port's line rate (Gb/s), its
+buffer (KiB, drop tail), PFC (true: priority 3, RoCE data; or a list of priorities) and the
+XOFF/XON thresholds (KiB from one ingress port waiting in the router's queues)."""
+MAX_LINE_GBPS = 1000.0
+ROCE_DATA_PRIORITY = 3
+"""The priority of RoCE data (DSCP 26 >> 3): what ``pfc: true`` makes lossless."""
+MAX_BUFFER_KB = 1 << 20
 FABRIC_IMPAIRMENTS = ("loss_pct", "delay_us")
 """RoCE cable impairments: frames each cable drops (percent, each direction) and the one-way
 delay each cable adds (microseconds). An IB fabric is lossless: they apply to kind roce only."""
@@ -132,6 +143,14 @@ class FabricSpec:
     """RoCE only: a router port marks CE beyond this many KiB in its virtual queue (0: no ECN)."""
     ecn_line_gbps: float = 0.0
     """RoCE only: the rate the virtual queues drain at, and the hosts' DCQCN line rate."""
+    line_gbps: float = 0.0
+    """RoCE user datapath: the routers' ports' line rate (0: none)."""
+    buffer_kb: float = 1024.0
+    """RoCE user datapath: bytes a router port may hold (KiB)."""
+    pfc: tuple[int, ...] = ()
+    """RoCE user datapath: lossless priorities (PFC)."""
+    pfc_xoff_kb: float = 64.0
+    pfc_xon_kb: float = 32.0
     where: str = ""
 
     @property
@@ -141,6 +160,11 @@ class FabricSpec:
     @property
     def impaired(self) -> bool:
         return bool(self.loss_pct or self.delay_us)
+
+    @property
+    def roce_user(self) -> bool:
+        """A RoCE fabric forwarding in the user datapath."""
+        return self.kind == "roce" and self.datapath == "user"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,341 @@
+"""The user datapath of a RoCE fabric: every router's forwarder in one trio process.
+
+    python -m ibemu.roce.userpath --config RUN_DIR/userpath.json [--counters FILE] [--ready FILE]
+
+Like a switch ASIC under SONiC: the control plane stays in each router namespace's kernel FIB
+(the fabric manager writes ECMP routes there over rtnetlink, unchanged), the data plane is
+here. Per router: a packet socket on every port (IPv4 and PFC frames; its own transmissions
+ignored), a route socket in its namespace (a dump at start, then RTM_NEWROUTE/RTM_DELROUTE:
+the ``Fib`` mirrors the kernel's), a link monitor (a port without carrier leaves ECMP, its
+queues are lost; the FIB is dumped again when a port comes back, since the kernel does not
+announce the routes it drops with a link). Frames go through ``RouterPlane`` (forwarding,
+queues, ECN, PFC, delay, loss); one pump task wakes on a timerfd (microsecond precision,
+trio's own timers round to milliseconds) when the next frame is due. The routers' kernels do
+not forward (``ip_forward=0``) and drop RoCE frames at ingress (the hosts' guard).
+Counters go to ``--counters`` every second and at exit; malformed frames are counted, never
+raised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu.kernel import linkevents, netns, sockfilter
+from ibemu.kernel.packet import open_packet_socket
+from ibemu.roce import pfc
+from ibemu.roce.queues import QueueConfig
+from ibemu.roce.userfib import RouteMsg, dump_request, parse_routes
+from ibemu.roce.userplane import PortInfo, RouterPlane, Send
+
+log = logging.getLogger("ibemu.roce.userpath")
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
+RTMGRP_IPV4_ROUTE = 0x40
+RECV_BATCH = 64
+SOCK_BUFFER = 8 << 20
+COUNTERS_EVERY_S = 1.0
+
+
+def port_filter() -> list[sockfilter.Insn]:
+    """Classic BPF: IPv4 and MAC control (PFC) frames."""
+    return [(0x28, 0, 0, 12), (0x15, 2, 0, 0x0800), (0x15, 1, 0, pfc.ETH_P_PAUSE),
+            (0x06, 0, 0, 0), (0x06, 0, 0, sockfilter.ACCEPT)]
+
+
+class TimerFd:
+    """A CLOCK_MONOTONIC timerfd (through libc: Python 3.11 has no os.timerfd_*)."""
+
+    CLOCK_MONOTONIC, TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        fd = self.libc.timerfd_create(self.CLOCK_MONOTONIC, self.TFD_NONBLOCK | self.TFD_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create")
+        self.fd = fd
+
+    def arm(self, at_ns: int) -> None:
+        """Fire at ``at_ns`` on the monotonic clock (``time.monotonic_ns``)."""
+        at_ns = max(at_ns, 1)
+        spec = struct.pack("=qqqq", 0, 0, at_ns // 1_000_000_000, at_ns % 1_000_000_000)
+        buf = ctypes.create_string_buffer(spec)
+        if self.libc.timerfd_settime(self.fd, self.TFD_TIMER_ABSTIME, buf, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.fd, 8)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass
+class Router:
+    plane: RouterPlane
+    ns: str
+    socks: dict[int, socket.socket]
+    routes: socket.socket
+    links: socket.socket
+
+
+def _route_socket(ns: str) -> socket.socket:
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
+    sock.bind((0, RTMGRP_IPV4_ROUTE))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    return sock
+
+
+def _dump(ns: str, plane: RouterPlane) -> int:
+    """Replace ``plane``'s FIB with a dump of its namespace's (blocking, its own socket)."""
+    with netns.entered(ns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
+    try:
+        sock.bind((0, 0))
+        sock.send(dump_request())
+        msgs: list[RouteMsg] = []
+        done = False
+        while not done:
+            data = sock.recv(1 << 16)
+            off = 0
+            while off + 16 <= len(data):
+                length, kind = struct.unpack_from("=IH", data, off)
+                if kind == 3 or length < 16:  # NLMSG_DONE
+                    done = True
+                    break
+                off += (length + 3) & ~3
+            msgs.extend(parse_routes(data))
+    finally:
+        sock.close()
+    plane.fib.clear()
+    for m in msgs:
+        plane.fib.apply(m)
+    return len(msgs)
+
+
+class UserDatapath:
+    """Every router of the config, forwarding in this process."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.cfg = QueueConfig.from_dict(config["queues"])
+        self.config = config
+        self.routers: dict[str, Router] = {}
+        self.timer = TimerFd()
+        self.armed_at: int | None = None
+        self.tx_errors = 0
+
+    def open(self) -> None:
+        """Sockets in every router namespace, FIBs dumped (blocking)."""
+        for name, r in self.config["routers"].items():
+            ns = r["ns"]
+            by_name = {p["ifname"]: p for p in r["ports"]}
+            routes = _route_socket(ns)  # subscribed before the dump: no change missed
+            links = linkevents.open_link_monitor(ns)
+            socks: dict[int, socket.socket] = {}
+            ports: dict[int, PortInfo] = {}
+            for ifname, p in by_name.items():
+                sock = open_packet_socket(ns, ifname, ETH_P_ALL, bpf=port_filter(), buffer_bytes=SOCK_BUFFER)
+                sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+                ifindex = _ifindex(ns, ifname)
+                socks[ifindex] = sock
+                ports[ifindex] = PortInfo(ifname, bytes.fromhex(p["mac"]), bytes.fromhex(p["peer_mac"]),
+                                          to_host=bool(p.get("to_host")))
+            local = frozenset(socket.inet_aton(p["ip"]) for p in r["ports"] if p.get("ip"))
+            plane = RouterPlane(name, ports, self.cfg, seed=int(r.get("seed", 0)), local_ips=local)
+            routes.setblocking(False)
+            _dump(ns, plane)
+            self.routers[name] = Router(plane, ns, socks, routes, links)
+        log.info("user datapath: %d routers, %d ports, %s", len(self.routers),
+                 sum(len(r.socks) for r in self.routers.values()), self.cfg)
+
+    def close(self) -> None:
+        for r in self.routers.values():
+            for s in (*r.socks.values(), r.routes, r.links):
+                s.close()
+        self.timer.close()
+
+    # -- sending and the timer -----------------------------------------------------------
+    def send(self, r: Router, sends: list[Send]) -> None:
+        socks = r.socks
+        for ifindex, frame in sends:
+            try:
+                socks[ifindex].send(frame)
+            except OSError:
+                self.tx_errors += 1
+                r.plane.stats["tx_errors"] += 1
+
+    def rearm(self, r: Router, now: int) -> None:
+        t = r.plane.next_event(now)
+        if t is not None and (self.armed_at is None or t < self.armed_at):
+            self.armed_at = t
+            self.timer.arm(t)
+
+    async def pump(self) -> None:
+        """Serve every router when its next frame is due."""
+        while True:
+            await trio.lowlevel.wait_readable(self.timer.fd)
+            self.timer.clear()
+            self.armed_at = None
+            now = time.monotonic_ns()
+            nxt: int | None = None
+            for r in self.routers.values():
+                self.send(r, r.plane.service(now))
+                t = r.plane.next_event(now)
+                if t is not None and (nxt is None or t < nxt):
+                    nxt = t
+            if nxt is not None and (self.armed_at is None or nxt < self.armed_at):
+                self.armed_at = nxt
+                self.timer.arm(nxt)
+
+    # -- tasks ---------------------------------------------------------------------------
+    async def reader(self, r: Router, ifindex: int) -> None:
+        sock = r.socks[ifindex]
+        plane = r.plane
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            now = time.monotonic_ns()
+            for _ in range(RECV_BATCH):
+                try:
+                    frame = sock.recv(9216)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    break
+                try:
+                    sends = plane.receive(ifindex, frame, now)
+                except Exception:  # a frame must never take the datapath down
+                    plane.stats["rx_errors"] += 1
+                    log.exception("%s: frame on %d", plane.name, ifindex)
+                    continue
+                if sends:
+                    self.send(r, sends)
+            self.rearm(r, now)
+
+    async def route_watch(self, r: Router) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(r.routes)
+            while True:
+                try:
+                    data = r.routes.recv(1 << 16)
+                except BlockingIOError:
+                    break
+                except OSError as exc:  # ENOBUFS: notifications lost; dump again
+                    log.warning("%s: route socket: %s: dumping the FIB again", r.plane.name, exc)
+                    await trio.to_thread.run_sync(_dump, r.ns, r.plane)
+                    break
+                for m in parse_routes(data):
+                    r.plane.fib.apply(m)
+
+    async def link_watch(self, r: Router) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(r.links)
+            came_back = False
+            now = time.monotonic_ns()
+            for ev in linkevents.read_events(r.links):
+                if ev.ifindex not in r.plane.ports:
+                    continue
+                up = ev.admin_up and ev.carrier and not ev.deleted
+                if up == (ev.ifindex not in r.plane.down):
+                    continue
+                r.plane.set_link(ev.ifindex, up, now)
+                came_back |= up
+                log.info("%s: port %s %s", r.plane.name, r.plane.ports[ev.ifindex].ifname, "up" if up else "down")
+            if came_back:
+                await trio.to_thread.run_sync(_dump, r.ns, r.plane)
+
+    def counters(self) -> dict[str, Any]:
+        now = time.monotonic_ns()
+        per = {name: r.plane.counters(now) for name, r in self.routers.items()}
+        totals: dict[str, int] = {}
+        for c in per.values():
+            for part in ("totals", "stats"):
+                counts: dict[str, int] = c[part]  # type: ignore[assignment]
+                for k, v in counts.items():
+                    totals[k] = totals.get(k, 0) + int(v)
+        return {"schema": "ibemu.roce-userpath/1", "t_ns": now, "config": self.cfg.to_dict(),
+                "totals": totals, "routers": per}
+
+    def write_counters(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.counters()))
+        tmp.replace(path)
+
+    async def counter_writer(self, path: Path) -> None:
+        while True:
+            await trio.sleep(COUNTERS_EVERY_S)
+            self.write_counters(path)
+
+    async def serve(self, counters: Path | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(self.pump)
+            for r in self.routers.values():
+                for ifindex in r.socks:
+                    n.start_soon(self.reader, r, ifindex)
+                n.start_soon(self.route_watch, r)
+                n.start_soon(self.link_watch, r)
+            if counters is not None:
+                n.start_soon(self.counter_writer, counters)
+            task_status.started()
+
+
+def _ifindex(ns: str, ifname: str) -> int:
+    with netns.entered(ns):
+        return socket.if_nametoindex(ifname)
+
+
+async def amain(args: argparse.Namespace) -> int:
+    config = json.loads(Path(args.config).read_text())
+    dp = UserDatapath(config)
+    counters = Path(args.counters) if args.counters else None
+    try:
+        dp.open()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as n:
+                await n.start(dp.serve, counters)
+                if args.ready:
+                    Path(args.ready).write_text(str(os.getpid()))
+                async for _sig in signals:
+                    n.cancel_scope.cancel()
+                    break
+    finally:
+        if counters is not None and dp.routers:
+            dp.write_counters(counters)
+        dp.close()
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ibemu.roce.userpath", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="userpath.json (in the run directory)")
+    p.add_argument("--counters", default=None, help="where to write the counters (JSON)")
+    p.add_argument("--ready", default=None, help="a file written once every router forwards")
+    p.add_argument("--log-level", default="WARNING")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return trio.run(amain, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
