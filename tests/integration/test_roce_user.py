@@ -1,0 +1,331 @@
+"""A live k=4 RoCE fat-tree on the user datapath (``ibemu.roce.userpath``).
+
+One fabric at 0.2 Gb/s with PFC for most tests, one with 1 ms cables for the delay: RDMA
+WRITE crosses five user-space routers (TTL 64 -> 59) while the routers' kernels forward
+nothing; 16 QPs spread over the four cores; a cut cable is rerouted; an incast makes the
+routers send PFC pause frames (seen on a cable, decoded by tshark as PFC) that pause queues,
+and a host paused by its router holds its frames; the 1 ms cables add their time to a round
+trip.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from ibemu.kernel import netns, ownership, rtnl
+from ibemu.kernel.packet import open_packet_socket
+from ibemu.roce import pfc
+from ibemu.roce.fabric import RoceRun
+from ibemu.roce.port import ETH_P_ALL, RocePort
+from ibemu.roce.queues import QueueConfig
+from ibemu.topo import generate
+from ibemu.traffic.perftest import (
+    BwResult,
+    LatResult,
+    PerfOptions,
+    Side,
+    bw_client,
+    bw_server,
+    run_local,
+)
+from ibemu.wire import PcapWriter
+
+pytestmark = pytest.mark.root
+
+CORES = ("core0", "core1", "core2", "core3")
+LINE_GBPS = 0.2
+DELAY_US = 1000.0
+
+
+def _up(tmp: Path, queues: QueueConfig) -> Iterator[RoceRun]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ownership, "STATE_DIR", tmp)
+        state = ownership.RunState(ownership.new_run_id(), scenario="pytest-roce-user")
+        state.save()
+        run = RoceRun.up(generate("fat-tree", k=4), state, queues=queues)
+        try:
+            yield run
+        finally:
+            problems = run.down()
+            assert not problems, problems
+            assert not any(netns.exists(n) for n in run.fab.plan.namespaces)
+            assert not state.path.exists()
+            assert run.counters.get("schema") == "ibemu.roce-userpath/1"  # written as it stopped
+
+
+@pytest.fixture(scope="module")
+def roce(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoceRun]:
+    yield from _up(tmp_path_factory.mktemp("roce-user"),
+                   QueueConfig(line_gbps=LINE_GBPS, buffer_kb=512, pfc=frozenset({3}), xoff_kb=64, xon_kb=32))
+
+
+def open_port(run: RoceRun, host: str) -> RocePort:
+    hp = run.fab.host_port(host)
+    port = RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=run.fab.addrs.lid_ips())
+    q = run.fab.queues
+    if q is not None and q.pfc:
+        port.enable_pfc(q.line_gbps)
+    return port
+
+
+def core_tx(run: RoceRun) -> dict[str, int]:
+    out = {}
+    for core in CORES:
+        stats = rtnl.link_stats(run.fab.plan.nodes[core].ns, [f"{core}-{p}" for p in range(1, 5)])
+        out[core] = sum(s.tx_packets for s in stats.values())
+    return out
+
+
+def counters(run: RoceRun) -> dict[str, Any]:
+    """The user datapath's counters, fresh (it writes them every second)."""
+    t = time.monotonic_ns()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        c = run.live_counters()
+        if c.get("t_ns", 0) > t:
+            return c
+        time.sleep(0.1)
+    raise AssertionError("the user datapath wrote no counters")
+
+
+def write_bw(run: RoceRun, pairs: list[tuple[str, str]], opts: PerfOptions,
+             *, during: Callable[[], None] | None = None) -> tuple[list[BwResult], dict[str, RocePort], list[int]]:
+    """RDMA WRITE over each (src, dst) at once; arrival times at the first pair's destination."""
+    ports = {h: open_port(run, h) for h in dict.fromkeys(h for p in pairs for h in p)}
+    arrivals: list[int] = []
+    ports[pairs[0][1]].on_frame.append(arrivals.append)
+
+    async def main() -> list[BwResult]:
+        results: list[BwResult] = []
+        async with trio.open_nursery() as n:
+            for p in ports.values():
+                await n.start(p.serve)
+            done = trio.Event()
+            sides = []
+            for src, dst in pairs:
+                a, b = Side.create(ports[src], opts), Side.create(ports[dst], opts)
+                a.connect(b.info())
+                b.connect(a.info())
+                sides.append(a)
+                n.start_soon(bw_server, b, done)
+            if during is not None:
+                n.start_soon(trio.to_thread.run_sync, during)
+
+            async def drive(side: Side) -> None:
+                results.append(await bw_client(side))
+            with trio.fail_after(60):
+                async with trio.open_nursery() as clients:
+                    for s in sides:
+                        clients.start_soon(drive, s)
+            done.set()
+            n.cancel_scope.cancel()
+        return results
+
+    try:
+        return trio.run(main), ports, arrivals
+    finally:
+        for p in ports.values():
+            p.close()
+
+
+def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce: RoceRun) -> None:
+    hp = roce.fab.host_port("h15")
+    tap = open_packet_socket(hp.ns, hp.ifname, ETH_P_ALL)
+    opts = PerfOptions(test="write_bw", size=65536, iterations=40, qps=1)
+    (result,), ports, _ = write_bw(roce, [("h0", "h15")], opts)
+    assert result.iterations == 40
+    assert ports["h15"].roce_stats.rx_bad_icrc == ports["h15"].roce_stats.rx_malformed == 0
+    frames = []
+    while True:
+        try:
+            frames.append(tap.recv(9216))
+        except BlockingIOError:
+            break
+    tap.close()
+    data = [f for f in frames if len(f) > 1000 and f[12:14] == b"\x08\x00" and f[30:34] == socket.inet_aton(hp.ip)]
+    assert len(data) >= 40 * 16
+    assert {f[22] for f in data} == {64 - 5}  # five routers decremented the TTL
+    assert {f[15] >> 2 for f in data} == {26}  # RoCE data at DSCP 26 (priority 3)
+    for name in ("edge0_0", "core0", "edge3_1"):
+        ns = roce.fab.plan.nodes[name].ns
+        with netns.entered(ns):
+            assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
+            snmp = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines() if ln.startswith("Ip:")]
+        ip = dict(zip(snmp[0], snmp[1], strict=True))
+        assert int(ip["ForwDatagrams"]) == 0, name  # the kernel forwarded nothing
+    c = counters(roce)
+    assert c["totals"]["forwarded"] >= 5 * 40 * 16
+
+
+def test_ecmp_spreads_qps_over_the_cores(roce: RoceRun) -> None:
+    before = core_tx(roce)
+    opts = PerfOptions(test="write_bw", size=4096, iterations=800, qps=16, tx_depth=64)
+    (result,), _, _ = write_bw(roce, [("h0", "h15")], opts)
+    delta = {c: core_tx(roce)[c] - before[c] for c in CORES}
+    assert result.iterations == 800 and sum(delta.values()) >= 800
+    busy = [c for c, n in delta.items() if n >= 25]
+    assert len(busy) >= 3, delta  # 16 QPs, 16 UDP source ports, hashed over 4 equal-cost paths
+
+
+def test_reroute_after_a_core_link_failure(roce: RoceRun) -> None:
+    before = core_tx(roce)
+    write_bw(roce, [("h0", "h15")], PerfOptions(test="write_bw", size=4096, iterations=100, qps=1, timeout=12))
+    delta = {c: core_tx(roce)[c] - before[c] for c in CORES}
+    core = max(delta, key=lambda c: delta[c])  # the core the flow's QP hashes to: cut its cable into pod 3
+    port = next(p for p, pp in roce.fab.plan.nodes[core].ports.items() if pp.peer_node.startswith("agg3_"))
+    ns, ifname = roce.fab.plan.nodes[core].ns, f"{core}-{port}"
+    t_fault: list[int] = []
+
+    def cut() -> None:
+        time.sleep(0.5)
+        t_fault.append(time.monotonic_ns())
+        rtnl.set_up(ns, [ifname], False)
+
+    try:
+        opts = PerfOptions(test="write_bw", size=4096, duration_s=1.5, qps=1, timeout=12, tx_depth=32)
+        (result,), _, arrivals = write_bw(roce, [("h0", "h15")], opts, during=cut)
+        assert t_fault and result.iterations > 0
+        assert len([t for t in arrivals if t > t_fault[0]]) > 50, "the flow did not resume"
+        reroutes = [e for e in roce.manager_events() if e["kind"] == "reroute" and e["t_detect"] >= t_fault[0]]
+        assert reroutes, "the manager logged no reroute"
+        r = reroutes[0]
+        assert r["reason"] == "link_down" and r["changes"] > 0 and r["local_blackholed"] > 0
+        assert t_fault[0] <= r["t_detect"] <= r["t_routed"] <= r["t_programmed"]
+        gaps = [t2 - t1 for t1, t2 in itertools.pairwise(arrivals) if t2 > t_fault[0]]
+        assert max(gaps) < 1_000_000_000
+    finally:
+        rtnl.set_up(ns, [ifname], True)
+    deadline = time.monotonic() + 5
+    ups: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not ups:
+        ups = [e for e in roce.manager_events() if e["kind"] == "reroute" and e["reason"] == "link_up"]
+        time.sleep(0.05)
+    assert ups, "the manager did not reroute when the cable came back"
+
+
+def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Path) -> None:
+    edge = roce.fab.plan.nodes["edge0_0"]
+    agg_port = next(pp for pp in edge.ports.values() if pp.peer_node.startswith("agg"))
+    agg = roce.fab.plan.nodes[agg_port.peer_node]
+    agg_if = agg.ports[agg_port.peer_port].ifname
+    tap = open_packet_socket(agg.ns, agg_if, pfc.ETH_P_PAUSE)  # what edge0_0 sends up that cable
+    before = counters(roce)["totals"]
+    opts = PerfOptions(test="write_bw", size=65536, iterations=30, qps=2)
+    results, _ports, _ = write_bw(roce, [("h4", "h0"), ("h8", "h0"), ("h12", "h0")], opts)
+    assert [r.iterations for r in results] == [30, 30, 30]  # lossless: every WRITE landed
+    pauses = []
+    while True:
+        try:
+            pauses.append(tap.recv(256))
+        except BlockingIOError:
+            break
+    tap.close()
+    assert pauses, "no PFC frame on the cable"
+    quanta = [pfc.parse_pause(f) for f in pauses]
+    assert all(q is not None and set(q) == {3} for q in quanta)
+    assert any(q and q[3] == pfc.MAX_QUANTA for q in quanta) and any(q and q[3] == 0 for q in quanta)  # XOFF, XON
+    assert {f[:6] for f in pauses} == {pfc.PFC_DST} and {f[6:12] for f in pauses} == {agg_port.mac}
+    after = counters(roce)
+    t = {k: after["totals"].get(k, 0) - before.get(k, 0) for k in ("pause_sent", "pause_received", "paused_us",
+                                                                  "dropped")}
+    assert t["pause_sent"] > 0 and t["pause_received"] > 0 and t["paused_us"] > 0, t
+    assert t["dropped"] == 0  # PFC: backpressure, not drops
+    edge_ports = after["routers"]["edge0_0"]["ports"]
+    assert edge_ports[agg_port.ifname]["3"]["pause_sent"] > 0
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark not installed")
+    pcap = tmp_path / "pfc.pcap"
+    with PcapWriter(pcap, "eth") as w:
+        w.write(pauses[0])
+    out = subprocess.run(["tshark", "-n", "-r", str(pcap), "-T", "fields", "-E", "separator=|", "-e", "eth.type",
+                          "-e", "macc.opcode", "-e", "_ws.col.Info"],
+                         check=True, capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("0x8808|0x0101|"), out
+    assert "Class Based Flow Control" in out or "PFC" in out or "Pause" in out, out
+
+
+def test_a_paused_host_holds_its_frames(roce: RoceRun) -> None:
+    edge = roce.fab.plan.nodes["edge0_1"]
+    to_h2 = next(pp for pp in edge.ports.values() if pp.peer_node == "h2")
+    wire = open_packet_socket(edge.ns, to_h2.ifname, ETH_P_ALL)  # as edge0_1 would, onto h2's cable
+    ports = {h: open_port(roce, h) for h in ("h2", "h3")}
+    arrivals: list[int] = []
+    ports["h3"].on_frame.append(arrivals.append)
+    quanta = 20_000  # 20,000 x 512 bits at 0.2 Gb/s: 51.2 ms
+    opts = PerfOptions(test="write_bw", size=4096, iterations=20, qps=1)
+
+    async def main() -> tuple[int, int]:
+        async with trio.open_nursery() as n:
+            for p in ports.values():
+                await n.start(p.serve)
+            a, b = Side.create(ports["h2"], opts), Side.create(ports["h3"], opts)
+            a.connect(b.info())
+            b.connect(a.info())
+            done = trio.Event()
+            n.start_soon(bw_server, b, done)
+            wire.send(pfc.pause_frame(to_h2.mac, {3: quanta}))
+            await trio.sleep(0.01)
+            t_pause = time.monotonic_ns()
+            with trio.fail_after(30):
+                await bw_client(a)
+            done.set()
+            n.cancel_scope.cancel()
+        return t_pause, arrivals[0]
+
+    try:
+        t_pause, first = trio.run(main)
+        st = ports["h2"].roce_stats
+        assert st.pfc_pause_received >= 1 and st.pfc_held > 0  # ours; then maybe its router's XOFF and XON
+        assert first - t_pause >= pfc.quanta_ns(quanta, LINE_GBPS) - 15_000_000  # held until the pause ran out
+        assert st.pfc_paused_us >= 30_000
+    finally:
+        wire.close()
+        for p in ports.values():
+            p.close()
+
+
+def _lat_us(run: RoceRun) -> float:
+    a, b = open_port(run, "h0"), open_port(run, "h1")
+
+    async def main() -> LatResult:
+        async with trio.open_nursery() as n:
+            await n.start(a.serve)
+            await n.start(b.serve)
+            with trio.fail_after(30):
+                r = await run_local(a, b, PerfOptions(test="write_lat", size=64, iterations=20))
+            n.cancel_scope.cancel()
+        assert isinstance(r, LatResult)
+        return r
+
+    try:
+        r = trio.run(main)
+    finally:
+        a.close()
+        b.close()
+    s = sorted(r.samples_ns)
+    return s[len(s) // 2] / 1000
+
+
+def test_cable_delay_adds_its_time(roce: RoceRun, tmp_path: Path) -> None:
+    base = _lat_us(roce)
+    delayed_run = _up(tmp_path / "state", QueueConfig(delay_us=DELAY_US))
+    delayed = next(delayed_run)
+    try:
+        lat = _lat_us(delayed)
+    finally:
+        with pytest.raises(StopIteration):
+            next(delayed_run)
+    # h0 -> edge0_0 -> h1 is two cables each way, each held DELAY_US: no half round trip can be
+    # shorter than 2 x DELAY_US, and the delay is what it adds (within the wake-ups' noise)
+    assert lat >= 2 * DELAY_US, (base, lat)
+    assert lat - base < 2 * DELAY_US + 5_000, (base, lat)
