@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ibemu.kernel import bpf, clsact, netns, rtnl
-from ibemu.kernel.bpf import R0, R1, R2, R3, R4, Asm
+from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R6, Asm
 from ibemu.kernel.commands import KernelError, batch
 from ibemu.roce.routes import NextHops
 from ibemu.wire.roce import EMULATED_NET, ROCEV2_UDP_PORT
@@ -106,14 +106,25 @@ def host_route_line(ifname: str, gateway: str) -> str:
 
 # ------------------------------------------------------------------ host ingress guard
 
+FN_SKB_PULL_DATA = 39
+GUARD_HEADERS = 38
+"""Ethernet, IPv4 without options, UDP ports: what the guard reads."""
+
+
 def guard_program() -> bytes:
-    """SCHED_CLS, direct action: drop IPv4 (no options) / UDP to port 4791, pass the rest."""
+    """SCHED_CLS, direct action: drop IPv4 (no options) / UDP to port 4791, pass the rest.
+
+    A frame sent from a packet socket arrives with only its Ethernet header in the linear
+    part of the skb (what direct packet access sees): the headers are pulled in first
+    (``bpf_skb_pull_data``), or the guard would pass every such frame."""
     a = Asm()
-    a.ldx(4, R2, R1, bpf.SKB_DATA)
-    a.ldx(4, R3, R1, bpf.SKB_DATA_END)
+    a.mov(R6, R1)
+    a.ldx(4, R2, R6, bpf.SKB_DATA)
+    a.ldx(4, R3, R6, bpf.SKB_DATA_END)
     a.mov(R4, R2)
-    a.alu64("add", R4, 38)
-    a.jmp("jgt", R4, R3, "pass", reg=True)
+    a.alu64("add", R4, GUARD_HEADERS)
+    a.jmp("jgt", R4, R3, "pull", reg=True)
+    a.label("check")
     a.ldx(2, R4, R2, 12)
     a.jmp("jne", R4, 0x0008, "pass")            # ethertype 0x0800 (little-endian load)
     a.ldx(1, R4, R2, 14)
@@ -124,6 +135,19 @@ def guard_program() -> bytes:
     a.jmp("jne", R4, socket.htons(ROCEV2_UDP_PORT), "pass")
     a.movi(R0, bpf.TC_ACT_SHOT)
     a.exit()
+    a.label("pull")                             # the headers into the linear part, if the frame has them
+    a.ldx(4, R4, R6, bpf.SKB_LEN)
+    a.jmp("jlt", R4, GUARD_HEADERS, "pass")
+    a.mov(R1, R6)
+    a.movi(R2, GUARD_HEADERS)
+    a.call(FN_SKB_PULL_DATA)
+    a.jmp("jne", R0, 0, "pass")
+    a.ldx(4, R2, R6, bpf.SKB_DATA)
+    a.ldx(4, R3, R6, bpf.SKB_DATA_END)
+    a.mov(R4, R2)
+    a.alu64("add", R4, GUARD_HEADERS)
+    a.jmp("jgt", R4, R3, "pass", reg=True)
+    a.goto("check")
     a.label("pass")
     a.movi(R0, bpf.TC_ACT_OK)
     a.exit()

@@ -138,8 +138,16 @@ def write_bw(run: RoceRun, pairs: list[tuple[str, str]], opts: PerfOptions,
             p.close()
 
 
+def _snmp(ns: str, proto: str) -> dict[str, int]:
+    """A namespace's /proc/net/snmp line for ``proto`` (Ip, Icmp)."""
+    with netns.entered(ns):
+        rows = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines() if ln.startswith(f"{proto}:")]
+    return {k: int(v) for k, v in zip(rows[0][1:], rows[1][1:], strict=True)}
+
+
 def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce: RoceRun) -> None:
     hp = roce.fab.host_port("h15")
+    icmp_before = _snmp(hp.ns, "Icmp")["OutMsgs"]
     tap = open_packet_socket(hp.ns, hp.ifname, ETH_P_ALL)
     opts = PerfOptions(test="write_bw", size=65536, iterations=40, qps=1)
     (result,), ports, _ = write_bw(roce, [("h0", "h15")], opts)
@@ -156,13 +164,15 @@ def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce:
     assert len(data) >= 40 * 16
     assert {f[22] for f in data} == {64 - 5}  # five routers decremented the TTL
     assert {f[15] >> 2 for f in data} == {26}  # RoCE data at DSCP 26 (priority 3)
+    # frames a router sends from a packet socket reach h15 with only their Ethernet header in
+    # the skb's linear part: the host's guard must pull the rest in, or h15's kernel answers
+    assert _snmp(hp.ns, "Icmp")["OutMsgs"] == icmp_before
     for name in ("edge0_0", "core0", "edge3_1"):
         ns = roce.fab.plan.nodes[name].ns
         with netns.entered(ns):
             assert Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "0"
-            snmp = [ln.split() for ln in Path("/proc/net/snmp").read_text().splitlines() if ln.startswith("Ip:")]
-        ip = dict(zip(snmp[0], snmp[1], strict=True))
-        assert int(ip["ForwDatagrams"]) == 0, name  # the kernel forwarded nothing
+        assert _snmp(ns, "Ip")["ForwDatagrams"] == 0, name  # the kernel forwarded nothing
+        assert _snmp(ns, "Icmp")["OutMsgs"] == 0, name  # and answered nothing
     c = counters(roce)
     assert c["totals"]["forwarded"] >= 5 * 40 * 16
 
