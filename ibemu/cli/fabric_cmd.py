@@ -124,6 +124,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                               "(its fabric manager computes and installs the routes)")
         if args.datapath == "user":
             raise ConfigError("--datapath user: a RoCE fabric's routers forward in the kernel")
+        if fabric.datapath == "user":  # not half-wired: the daemon has no user datapath for RoCE yet
+            raise ConfigError("ibemu up runs a RoCE fabric on the kernel datapath only; its user datapath "
+                              "(queues, PFC, delay) runs under ibemu run", fabric.where or "fabric.datapath")
         sm, sm_host, engine, datapath = "none", "", "", "kernel"
         roce = _roce_settings(fabric)
     else:
