@@ -140,6 +140,9 @@ class UserDatapath:
         self.routers: dict[str, Router] = {}
         self.timer = TimerFd()
         self.armed_at: int | None = None
+        self.active: dict[str, Router] = {}
+        """Routers with something due later (queued, on a cable, a pause to refresh): the pump
+        serves only these."""
         self.tx_errors = 0
 
     def open(self) -> None:
@@ -184,7 +187,10 @@ class UserDatapath:
 
     def rearm(self, r: Router, now: int) -> None:
         t = r.plane.next_event(now)
-        if t is not None and (self.armed_at is None or t < self.armed_at):
+        if t is None:
+            return
+        self.active[r.plane.name] = r
+        if self.armed_at is None or t < self.armed_at:
             self.armed_at = t
             self.timer.arm(t)
 
@@ -196,10 +202,12 @@ class UserDatapath:
             self.armed_at = None
             now = time.monotonic_ns()
             nxt: int | None = None
-            for r in self.routers.values():
+            for name, r in list(self.active.items()):
                 self.send(r, r.plane.service(now))
                 t = r.plane.next_event(now)
-                if t is not None and (nxt is None or t < nxt):
+                if t is None:
+                    del self.active[name]
+                elif nxt is None or t < nxt:
                     nxt = t
             if nxt is not None and (self.armed_at is None or nxt < self.armed_at):
                 self.armed_at = nxt
