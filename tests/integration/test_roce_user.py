@@ -25,6 +25,7 @@ import trio
 from ibemu.kernel import netns, ownership, rtnl
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.roce import pfc
+from ibemu.roce.dcqcn import DcqcnParams
 from ibemu.roce.fabric import RoceRun
 from ibemu.roce.port import ETH_P_ALL, RocePort
 from ibemu.roce.queues import QueueConfig
@@ -66,7 +67,8 @@ def _up(tmp: Path, queues: QueueConfig) -> Iterator[RoceRun]:
 @pytest.fixture(scope="module")
 def roce(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoceRun]:
     yield from _up(tmp_path_factory.mktemp("roce-user"),
-                   QueueConfig(line_gbps=LINE_GBPS, buffer_kb=512, pfc=frozenset({3}), xoff_kb=64, xon_kb=32))
+                   QueueConfig(line_gbps=LINE_GBPS, buffer_kb=512, pfc=frozenset({3}), xoff_kb=64, xon_kb=32,
+                               ecn_mark_kb=32))
 
 
 def open_port(run: RoceRun, host: str) -> RocePort:
@@ -75,6 +77,8 @@ def open_port(run: RoceRun, host: str) -> RocePort:
     q = run.fab.queues
     if q is not None and q.pfc:
         port.enable_pfc(q.line_gbps)
+    if q is not None and q.ecn_mark_kb:  # as a scenario run does: ECT frames, CNPs, DCQCN
+        port.enable_dcqcn(DcqcnParams(line_gbps=q.line_gbps))
     return port
 
 
@@ -163,7 +167,8 @@ def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce:
     data = [f for f in frames if len(f) > 1000 and f[12:14] == b"\x08\x00" and f[30:34] == socket.inet_aton(hp.ip)]
     assert len(data) >= 40 * 16
     assert {f[22] for f in data} == {64 - 5}  # five routers decremented the TTL
-    assert {f[15] >> 2 for f in data} == {26}  # RoCE data at DSCP 26 (priority 3)
+    assert {f[15] >> 2 for f in data} == {26}  # RoCE data at DSCP 26 (priority 3), ECN-capable
+    assert {f[15] & 3 for f in data} <= {2, 3}
     # frames a router sends from a packet socket reach h15 with only their Ethernet header in
     # the skb's linear part: the host's guard must pull the rest in, or h15's kernel answers
     assert _snmp(hp.ns, "Icmp")["OutMsgs"] == icmp_before
@@ -231,8 +236,11 @@ def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Pa
     tap = open_packet_socket(agg.ns, agg_if, pfc.ETH_P_PAUSE)  # what edge0_0 sends up that cable
     before = counters(roce)["totals"]
     opts = PerfOptions(test="write_bw", size=65536, iterations=30, qps=2)
-    results, _ports, _ = write_bw(roce, [("h4", "h0"), ("h8", "h0"), ("h12", "h0")], opts)
+    results, ports, _ = write_bw(roce, [("h4", "h0"), ("h8", "h0"), ("h12", "h0")], opts)
     assert [r.iterations for r in results] == [30, 30, 30]  # lossless: every WRITE landed
+    h0 = ports["h0"].roce_stats  # ECN: marked above 32 KiB queued, answered with CNPs
+    assert h0.ce_received > 0 and h0.cnp_sent > 0
+    assert sum(ports[h].roce_stats.cnp_received for h in ("h4", "h8", "h12")) > 0
     pauses = []
     while True:
         try:
@@ -247,11 +255,15 @@ def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Pa
     assert {f[:6] for f in pauses} == {pfc.PFC_DST} and {f[6:12] for f in pauses} == {agg_port.mac}
     after = counters(roce)
     t = {k: after["totals"].get(k, 0) - before.get(k, 0) for k in ("pause_sent", "pause_received", "paused_us",
-                                                                  "dropped")}
+                                                                  "dropped", "ecn_marked")}
     assert t["pause_sent"] > 0 and t["pause_received"] > 0 and t["paused_us"] > 0, t
     assert t["dropped"] == 0  # PFC: backpressure, not drops
+    assert t["ecn_marked"] > 0
     edge_ports = after["routers"]["edge0_0"]["ports"]
     assert edge_ports[agg_port.ifname]["3"]["pause_sent"] > 0
+    cnp_class = [q for r in after["routers"].values() for p in r["ports"].values() for prio, q in p.items()
+                 if prio == "6"]
+    assert cnp_class and sum(q.get("tx_frames", 0) for q in cnp_class) > 0  # CNPs at DSCP 48: priority 6
     if shutil.which("tshark") is None:
         pytest.skip("tshark not installed")
     pcap = tmp_path / "pfc.pcap"
@@ -262,6 +274,30 @@ def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Pa
                          check=True, capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("0x8808|0x0101|"), out
     assert "Class Based Flow Control" in out or "PFC" in out or "Pause" in out, out
+
+
+def test_malformed_frames_are_counted_and_forwarding_goes_on(roce: RoceRun) -> None:
+    edge = roce.fab.plan.nodes["edge0_0"]
+    to_edge = roce.fab.plan.nodes["h0"].ports[1]
+    wire = open_packet_socket(roce.fab.plan.nodes["h0"].ns, to_edge.ifname, ETH_P_ALL)  # as h0, to its router
+    before = counters(roce)["totals"]
+    eth = to_edge.peer_mac + to_edge.mac
+    bad_ip = bytearray(eth + b"\x08\x00" + bytes(50))
+    bad_ip[14] = 0x4F  # IHL 60 bytes, beyond the frame
+    frames = [eth + b"\x08\x00\x45",  # a runt
+              bytes(bad_ip),
+              eth + b"\x88\x08\x00\x01" + bytes(50),  # MAC control, not PFC
+              eth + b"\x86\xdd" + bytes(60)]  # IPv6: not ours
+    try:
+        for f in frames * 10:
+            wire.send(f)
+    finally:
+        wire.close()
+    after = counters(roce)["totals"]
+    assert after.get("malformed", 0) - before.get("malformed", 0) >= 20
+    assert roce.userpath is not None and roce.userpath.poll() is None  # still running
+    (result,), _, _ = write_bw(roce, [("h0", "h1")], PerfOptions(test="write_bw", size=4096, iterations=20))
+    assert result.iterations == 20 and edge.name == "edge0_0"
 
 
 def test_a_paused_host_holds_its_frames(roce: RoceRun) -> None:
