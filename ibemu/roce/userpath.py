@@ -94,6 +94,8 @@ class Router:
     socks: dict[int, socket.socket]
     routes: socket.socket
     links: socket.socket
+    route_batches: int = 0
+    """Route notifications read: a dump that raced one is taken again."""
 
 
 def _route_socket(ns: str) -> socket.socket:
@@ -104,8 +106,8 @@ def _route_socket(ns: str) -> socket.socket:
     return sock
 
 
-def _dump(ns: str, plane: RouterPlane) -> int:
-    """Replace ``plane``'s FIB with a dump of its namespace's (blocking, its own socket)."""
+def _dump(ns: str) -> list[RouteMsg]:
+    """The routes of ``ns``'s main table (blocking, its own socket: run it in a thread)."""
     with netns.entered(ns):
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
     try:
@@ -125,10 +127,14 @@ def _dump(ns: str, plane: RouterPlane) -> int:
             msgs.extend(parse_routes(data))
     finally:
         sock.close()
+    return msgs
+
+
+def _replace_fib(plane: RouterPlane, msgs: list[RouteMsg]) -> None:
+    """``plane``'s FIB becomes ``msgs`` at once (on the trio thread: no frame sees it half done)."""
     plane.fib.clear()
     for m in msgs:
         plane.fib.apply(m)
-    return len(msgs)
 
 
 class UserDatapath:
@@ -164,7 +170,7 @@ class UserDatapath:
             local = frozenset(socket.inet_aton(p["ip"]) for p in r["ports"] if p.get("ip"))
             plane = RouterPlane(name, ports, self.cfg, seed=int(r.get("seed", 0)), local_ips=local)
             routes.setblocking(False)
-            _dump(ns, plane)
+            _replace_fib(plane, _dump(ns))
             self.routers[name] = Router(plane, ns, socks, routes, links)
         log.info("user datapath: %d routers, %d ports, %s", len(self.routers),
                  sum(len(r.socks) for r in self.routers.values()), self.cfg)
@@ -247,8 +253,9 @@ class UserDatapath:
                     break
                 except OSError as exc:  # ENOBUFS: notifications lost; dump again
                     log.warning("%s: route socket: %s: dumping the FIB again", r.plane.name, exc)
-                    await trio.to_thread.run_sync(_dump, r.ns, r.plane)
+                    await self.redump(r)
                     break
+                r.route_batches += 1
                 for m in parse_routes(data):
                     r.plane.fib.apply(m)
 
@@ -267,7 +274,17 @@ class UserDatapath:
                 came_back |= up
                 log.info("%s: port %s %s", r.plane.name, r.plane.ports[ev.ifindex].ifname, "up" if up else "down")
             if came_back:
-                await trio.to_thread.run_sync(_dump, r.ns, r.plane)
+                await self.redump(r)
+
+    async def redump(self, r: Router, tries: int = 3) -> None:
+        """The FIB from a fresh dump; again if notifications arrived meanwhile (the dump may
+        predate them)."""
+        for _ in range(tries):
+            seen = r.route_batches
+            msgs = await trio.to_thread.run_sync(_dump, r.ns)
+            _replace_fib(r.plane, msgs)
+            if r.route_batches == seen:
+                return
 
     def counters(self) -> dict[str, Any]:
         now = time.monotonic_ns()
