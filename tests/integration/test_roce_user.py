@@ -375,3 +375,18 @@ def test_cable_delay_adds_its_time(roce: RoceRun, tmp_path: Path) -> None:
     # shorter than 2 x DELAY_US, and the delay is what it adds (within the wake-ups' noise)
     assert lat >= 2 * DELAY_US, (base, lat)
     assert lat - base < 2 * DELAY_US + 5_000, (base, lat)
+
+
+@pytest.mark.parametrize(("fabric", "expected"), [
+    ("{kind: roce, datapath: kernel, pfc: true}", "bad.yaml:4 fabric.pfc: needs fabric.datapath: user"),
+    ("{kind: ib, datapath: user, pfc: true}", "bad.yaml:4 fabric.pfc: cable impairments and ECN apply to a RoCE"),
+    ("{kind: roce, datapath: user, line_gbps: -0.5}", "bad.yaml:4 fabric.line_gbps: expected a number > 0"),
+])
+def test_bad_inputs_exit_2_located(fabric: str, expected: str, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from ibemu.cli.main import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"topology: {{generator: fat-tree, k: 4}}\n\n\nfabric: {fabric}\n")
+    assert main(["run", str(bad)]) == 2
+    assert expected in capsys.readouterr().err
