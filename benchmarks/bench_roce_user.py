@@ -9,7 +9,7 @@
   (the hosts have no rate: the first router's queue holds the sender to it, by drops and
   go-back-N, or by pausing it);
 - incast with PFC on and off: ``scenarios/roce-pfc-hol.yaml`` (three senders into h0 at
-  0.05 Gb/s, a victim h6 -> h1 sharing the cables into edge0_0) run twice through the scenario
+  0.1 Gb/s, a victim h6 -> h1 sharing the cables into edge0_0) run twice through the scenario
   runner: the victim's and the incast's throughput, the routers' pause frames, the time their
   queues were paused, drops, and the hosts' pauses;
 - delay accuracy: write_lat h0 -> h1 (one router, two cables each way) with delay_us 0, 250,
@@ -209,8 +209,9 @@ def main() -> int:
                 r = line_rate(gbps, 60 if args.quick else 150, on)
                 print(f"  {'on ' if on else 'off'}  {gbps:9.2f}   {r['gbps']:8.3f}   {r['retx']:13,d}   "
                       f"{r['dropped']:12,d}   {r['pauses']:12,d}")
-        print("incast h4,h8,h12 -> h0 + victim h6 -> h1, 4 QPs each, 0.05 Gb/s (scenarios/roce-pfc-hol.yaml); "
-              "paused: ms summed over router ports")
+        hol = load_scenario(ROOT / "scenarios" / "roce-pfc-hol.yaml")
+        print(f"incast h4,h8,h12 -> h0 + victim h6 -> h1, {hol.traffic[0].qps} QPs each, {hol.fabric.line_gbps:g} Gb/s "
+              "(scenarios/roce-pfc-hol.yaml); paused: ms summed over router ports")
         print("  PFC   victim Gb/s  incast Gb/s  pauses sent/recv (routers)  paused ms  host pauses  drops")
         for on in (False, True):
             r = incast(on, 4.0 if args.quick else 6.0, Path(tmp))
