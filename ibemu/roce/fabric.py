@@ -5,8 +5,10 @@ namespaces recorded write-ahead in the run state, cables, ports up, carrier); on
 every switch becomes an IP router and every host gets its address, its first hop as a static
 neighbour and one route (198.18.0.0/15 via that hop), plus the ingress guard that keeps its
 kernel from answering RoCE frames. Routes between routers are the fabric manager's job
-(``ibemu.roce.manager``, started by ``start_manager``). ``teardown_roce`` — and ``ibemu
-clean`` after a crash — remove everything, through the run state.
+(``ibemu.roce.manager``, started by ``start_manager``). On the user datapath (``queues``)
+the routers' kernels keep the FIB but do not forward, and ``ibemu.roce.userpath`` (started by
+``start_userpath``, before the manager) forwards for all of them. ``teardown_roce`` — and
+``ibemu clean`` after a crash — remove everything, through the run state.
 """
 
 from __future__ import annotations
