@@ -75,8 +75,8 @@ def check_runnable(scen: Scenario) -> None:
     for t in scen.traffic:
         if t.kind not in KINDS:
             raise ConfigError(f"traffic kind {t.kind!r} is not implemented", t.where)
-    if scen.fabric.kind == "roce":  # IP routers and a fabric manager, no SM; the routers forward in
-        from ibemu.roce.runtime import FAULTS as ROCE_FAULTS  # their kernels or in ibemu.roce.userpath
+    if scen.fabric.kind == "roce":  # IP routers (kernel or ibemu.roce.userpath) and a fabric manager, no SM
+        from ibemu.roce.runtime import FAULTS as ROCE_FAULTS
 
         for f in scen.faults:
             if f.action not in ROCE_FAULTS:
