@@ -2,7 +2,8 @@
 drop tail, PFC, cable delay and loss.
 
 Each port has eight priority queues (a frame's priority is its DSCP's class selector,
-``DSCP >> 3``: RoCE data at DSCP 26 is priority 3, CNPs at DSCP 48 priority 6), served in
+``DSCP >> 3``: RoCE data at DSCP 26 is priority 3, CNPs at DSCP 48 priority 6, unless
+``dscp_priority`` maps a DSCP elsewhere), served in
 strict priority order, highest first, skipping priorities the peer paused. The port drains at
 ``line_gbps`` on a byte clock: a frame starts when the previous one has been serialised
 (``busy_until``), whenever the caller gets round to asking, so late wake-ups send a burst
@@ -42,6 +43,8 @@ class QueueConfig:
     xon_kb: float = 32.0
     delay_us: float = 0.0
     loss_pct: float = 0.0
+    dscp_priority: tuple[tuple[int, int], ...] = ()
+    """(DSCP, priority) pairs overriding the default ``DSCP >> 3``."""
 
     def __post_init__(self) -> None:
         if self.line_gbps < 0 or self.buffer_kb <= 0 or self.ecn_mark_kb < 0 or self.delay_us < 0:
@@ -54,19 +57,30 @@ class QueueConfig:
             raise ValueError("PFC needs a line rate (pause quanta are bit times)")
         if self.pfc and not 0 < self.xon_kb <= self.xoff_kb:
             raise ValueError("PFC needs 0 < xon_kb <= xoff_kb")
+        if any(not (0 <= d < 64 and 0 <= p < PRIORITIES) for d, p in self.dscp_priority):
+            raise ValueError("DSCP lies within 0..63, priorities within 0..7")
+
+    def priorities(self) -> bytes:
+        """Priority by TOS byte (256 entries: DSCP >> 3 unless ``dscp_priority`` says otherwise)."""
+        by_dscp = [d >> 3 for d in range(64)]
+        for d, p in self.dscp_priority:
+            by_dscp[d] = p
+        return bytes(by_dscp[tos >> 2] for tos in range(256))
 
     def to_dict(self) -> dict[str, object]:
         return {"line_gbps": self.line_gbps, "buffer_kb": self.buffer_kb, "ecn_mark_kb": self.ecn_mark_kb,
                 "pfc": sorted(self.pfc), "xoff_kb": self.xoff_kb, "xon_kb": self.xon_kb,
-                "delay_us": self.delay_us, "loss_pct": self.loss_pct}
+                "delay_us": self.delay_us, "loss_pct": self.loss_pct,
+                "dscp_priority": [list(x) for x in self.dscp_priority]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> QueueConfig:
-        return cls(**{**d, "pfc": frozenset(int(p) for p in d.get("pfc", ()))})
+        return cls(**{**d, "pfc": frozenset(int(p) for p in d.get("pfc", ())),
+                      "dscp_priority": tuple((int(a), int(b)) for a, b in d.get("dscp_priority", ()))})
 
 
 def priority(frame: bytes | bytearray) -> int:
-    """The priority of an IPv4 frame: DSCP >> 3 (the TOS byte's top three bits)."""
+    """The default priority of an IPv4 frame: DSCP >> 3 (the TOS byte's top three bits)."""
     return frame[15] >> 5
 
 

@@ -4,7 +4,7 @@
 queues; an IPv4 frame is checked (length, version, header length, TTL), looked up in the
 ``Fib`` (longest prefix, ECMP among live ports), its TTL decremented (checksum fixed
 incrementally), its Ethernet addresses rewritten (the egress port's MAC, its peer's MAC:
-neighbours are static and planned) and queued on the egress port by priority (DSCP >> 3),
+neighbours are static and planned) and queued on the egress port by priority (DSCP >> 3 unless mapped),
 with ECN marking, drop tail or PFC backpressure (``ibemu.roce.queues``). ``service`` drains a
 port's queues at its line rate and its cable's delay line, and sends XON when an ingress
 port's waiting bytes fall low. Everything returns ``(ifindex, frame)`` to send; nothing
@@ -20,7 +20,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from ibemu.roce import pfc
-from ibemu.roce.queues import EgressPort, PfcIngress, QueueConfig, priority
+from ibemu.roce.queues import EgressPort, PfcIngress, QueueConfig
 from ibemu.roce.userfib import Fib, flow_key
 
 Send = tuple[int, bytes | bytearray]
@@ -55,6 +55,7 @@ class RouterPlane:
         self.rng = random.Random(seed)
         self._delay_ns = round(cfg.delay_us * 1000)
         self._loss = cfg.loss_pct / 100
+        self._prio = cfg.priorities()
 
     # -- in ------------------------------------------------------------------------------
     def receive(self, ifindex: int, frame: bytes, now: int) -> list[Send]:
@@ -114,7 +115,7 @@ class RouterPlane:
         s = ((buf[24] << 8) | buf[25]) + 0x0100
         s = (s & 0xFFFF) + (s >> 16)
         buf[24], buf[25] = s >> 8, s & 0xFF
-        prio = priority(buf)
+        prio = self._prio[buf[15]]
         eg = self.egress[out]
         sends = self._drain(out, now)
         if not eg.enqueue(buf, prio, ifindex, now):  # counted by the queue

@@ -38,7 +38,7 @@ from ibemu.scenario.schema import (
     MAX_LINE_GBPS,
     NODE_KEYS,
     RECORD_KEYS,
-    ROCE_DATA_PRIORITY,
+    ROCE_DATA_DSCP,
     SM_ENGINES,
     SM_IMPLS,
     SM_KEYS,
@@ -226,14 +226,17 @@ class _Loader(Reader):
         line_gbps = buffer_kb = 0.0
         pfc: tuple[int, ...] = ()
         xoff, xon = 64.0, 32.0
+        dscp_prio: tuple[tuple[int, int], ...] = ()
         if user:
+            if "dscp_priority" in m:
+                dscp_prio = self._dscp_priority(m["dscp_priority"][1])
             if "line_gbps" in m:
                 line_gbps = self.number(m["line_gbps"][1], "fabric.line_gbps", 0, MAX_LINE_GBPS, lo_open=True) or 0.0
                 line = line_gbps
             if "buffer_kb" in m:
                 buffer_kb = self.number(m["buffer_kb"][1], "fabric.buffer_kb", 0, MAX_BUFFER_KB, lo_open=True) or 0.0
             if "pfc" in m:
-                pfc = self._pfc(m["pfc"][1])
+                pfc = self._pfc(m["pfc"][1], dict(dscp_prio).get(ROCE_DATA_DSCP, ROCE_DATA_DSCP >> 3))
                 if pfc and "line_gbps" not in m:
                     self.error(m["pfc"][1], "fabric.pfc", "PFC needs fabric.line_gbps (pause quanta are bit times, "
                                "and queues only build below a line rate)")
@@ -248,17 +251,31 @@ class _Loader(Reader):
             where = ""  # the user datapath delays frames itself
         return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay,
                           ecn_mark_kb=mark, ecn_line_gbps=line, line_gbps=line_gbps,
-                          buffer_kb=buffer_kb or 1024.0, pfc=pfc, pfc_xoff_kb=xoff, pfc_xon_kb=xon, where=where)
+                          buffer_kb=buffer_kb or 1024.0, pfc=pfc, pfc_xoff_kb=xoff, pfc_xon_kb=xon,
+                          dscp_priority=dscp_prio, where=where)
 
-    def _pfc(self, node: yaml.Node) -> tuple[int, ...]:
-        """``pfc: true`` (priority 3, RoCE data), ``false``, or a list of priorities 0..7."""
+    def _dscp_priority(self, node: yaml.Node) -> tuple[tuple[int, int], ...]:
+        """``{DSCP: priority}`` (0..63 -> 0..7)."""
+        if not isinstance(node, yaml.MappingNode):
+            self.error(node, "fabric.dscp_priority", "expected a mapping DSCP: priority, like {26: 3, 48: 6}")
+            return ()
+        out: dict[int, int] = {}
+        for knode, vnode in node.value:
+            d = self.integer(knode, "fabric.dscp_priority", 0, 63)
+            p = self.integer(vnode, f"fabric.dscp_priority.{scalar(knode)}", 0, 7)
+            if d is not None and p is not None:
+                out[d] = p
+        return tuple(sorted(out.items()))
+
+    def _pfc(self, node: yaml.Node, data_priority: int) -> tuple[int, ...]:
+        """``pfc: true`` (the priority of RoCE data), ``false``, or a list of priorities 0..7."""
         if isinstance(node, yaml.SequenceNode):
             prios = [self.integer(n, "fabric.pfc[]", 0, 7) for n in node.value]
             if not prios:
                 self.error(node, "fabric.pfc", "an empty list of priorities: say pfc: false")
             return tuple(sorted({p for p in prios if p is not None}))
         on = self.boolean(node, "fabric.pfc")
-        return (ROCE_DATA_PRIORITY,) if on else ()
+        return (data_priority,) if on else ()
 
     def topology(self, node: yaml.Node) -> tuple[Topology | None, TopologySpec | None]:
         path = "topology"

@@ -108,6 +108,8 @@ def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
             "transport": t.transport, "datapath": scen.fabric.datapath}
 
 
+DATA_DSCP = 26
+"""RoCE data's DSCP (``ibemu.roce.port.DATA_DSCP``)."""
 ROUTER_COUNTERS = ("forwarded", "dropped", "lost", "ecn_marked", "pause_sent", "pause_received", "paused_us")
 """What a RoCE user-datapath run adds to every flow's extra (``router_*``: all routers' ports together)."""
 
@@ -136,7 +138,8 @@ class ScenarioRun:
 
                 self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir, queues=QueueConfig(
                     line_gbps=f.line_gbps, buffer_kb=f.buffer_kb, ecn_mark_kb=f.ecn_mark_kb, pfc=frozenset(f.pfc),
-                    xoff_kb=f.pfc_xoff_kb, xon_kb=f.pfc_xon_kb, delay_us=f.delay_us, loss_pct=f.loss_pct))
+                    xoff_kb=f.pfc_xoff_kb, xon_kb=f.pfc_xon_kb, delay_us=f.delay_us, loss_pct=f.loss_pct,
+                    dscp_priority=f.dscp_priority))
             else:
                 self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir,
                                       impair=Impairment(f.loss_pct, f.delay_us),
@@ -286,7 +289,8 @@ class ScenarioRun:
             if scen.fabric.ecn:  # the hosts answer CE with CNPs and react with DCQCN
                 extra["roce"]["dcqcn"] = {"line_gbps": scen.fabric.ecn_line_gbps}
             if scen.fabric.roce_user and scen.fabric.pfc:  # the hosts honour their first hop's pauses
-                extra["roce"]["pfc"] = {"line_gbps": scen.fabric.line_gbps}
+                data_prio = dict(scen.fabric.dscp_priority).get(DATA_DSCP, DATA_DSCP >> 3)
+                extra["roce"]["pfc"] = {"line_gbps": scen.fabric.line_gbps, "priority": data_prio}
         else:
             hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
                      for name in names}

@@ -45,14 +45,15 @@ NODE_KEYS = ("kind", "ports", "guid", "desc")
 LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "loss_pct")
 DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "loss_pct")
 FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps", "line_gbps", "buffer_kb",
-               "pfc", "pfc_xoff_kb", "pfc_xon_kb")
-FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb")
+               "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
+FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
 """RoCE user datapath only (``ibemu.roce.userpath``): each router port's line rate (Gb/s), its
-buffer (KiB, drop tail), PFC (true: priority 3, RoCE data; or a list of priorities) and the
-XOFF/XON thresholds (KiB from one ingress port waiting in the router's queues)."""
+buffer (KiB, drop tail), PFC (true: the priority of RoCE data; or a list of priorities), the
+XOFF/XON thresholds (KiB from one ingress port waiting in the router's queues) and DSCP ->
+priority overrides ({DSCP: priority}; default DSCP >> 3: RoCE data 26 -> 3, CNPs 48 -> 6)."""
 MAX_LINE_GBPS = 1000.0
-ROCE_DATA_PRIORITY = 3
-"""The priority of RoCE data (DSCP 26 >> 3): what ``pfc: true`` makes lossless."""
+ROCE_DATA_DSCP = 26
+"""The DSCP of RoCE data: ``pfc: true`` makes its priority lossless (26 >> 3 = 3 by default)."""
 MAX_BUFFER_KB = 1 << 20
 FABRIC_IMPAIRMENTS = ("loss_pct", "delay_us")
 """RoCE cable impairments: frames each cable drops (percent, each direction) and the one-way
@@ -151,6 +152,8 @@ class FabricSpec:
     """RoCE user datapath: lossless priorities (PFC)."""
     pfc_xoff_kb: float = 64.0
     pfc_xon_kb: float = 32.0
+    dscp_priority: tuple[tuple[int, int], ...] = ()
+    """RoCE user datapath: (DSCP, priority) overrides of DSCP >> 3."""
     where: str = ""
 
     @property

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             p.enable_dcqcn(DcqcnParams(line_gbps=float(roce["dcqcn"]["line_gbps"])))  # type: ignore[attr-defined]
     if roce and roce.get("pfc"):  # PFC on a user-datapath fabric: honour the first hop's pauses
         for p in ports.values():
-            p.enable_pfc(float(roce["pfc"]["line_gbps"]))  # type: ignore[attr-defined]
+            p.enable_pfc(float(roce["pfc"]["line_gbps"]), int(roce["pfc"].get("priority", 3)))  # type: ignore[attr-defined]
     t_start = time.monotonic_ns()
     try:
         outputs = trio.run(run, spec, ports)

@@ -307,10 +307,10 @@ def test_a_paused_host_holds_its_frames(roce: RoceRun) -> None:
     ports = {h: open_port(roce, h) for h in ("h2", "h3")}
     arrivals: list[int] = []
     ports["h3"].on_frame.append(arrivals.append)
-    quanta = 20_000  # 20,000 x 512 bits at 0.2 Gb/s: 51.2 ms
     opts = PerfOptions(test="write_bw", size=4096, iterations=20, qps=1)
+    seen: dict[str, int] = {}
 
-    async def main() -> tuple[int, int]:
+    async def main() -> None:
         async with trio.open_nursery() as n:
             for p in ports.values():
                 await n.start(p.serve)
@@ -319,21 +319,30 @@ def test_a_paused_host_holds_its_frames(roce: RoceRun) -> None:
             b.connect(a.info())
             done = trio.Event()
             n.start_soon(bw_server, b, done)
-            wire.send(pfc.pause_frame(to_h2.mac, {3: quanta}))
+            wire.send(pfc.pause_frame(to_h2.mac, {3: pfc.MAX_QUANTA}))  # 167 ms at 0.2 Gb/s
             await trio.sleep(0.01)
-            t_pause = time.monotonic_ns()
-            with trio.fail_after(30):
-                await bw_client(a)
+            client = trio.Event()
+
+            async def run_client() -> None:
+                with trio.fail_after(30):
+                    await bw_client(a)
+                client.set()
+            n.start_soon(run_client)
+            await trio.sleep(0.05)
+            seen["held"] = ports["h2"].roce_stats.pfc_held
+            seen["arrived"] = len(arrivals)
+            seen["t_xon"] = time.monotonic_ns()
+            wire.send(pfc.pause_frame(to_h2.mac, {3: 0}))  # XON: go
+            await client.wait()
             done.set()
             n.cancel_scope.cancel()
-        return t_pause, arrivals[0]
 
     try:
-        t_pause, first = trio.run(main)
+        trio.run(main)
         st = ports["h2"].roce_stats
-        assert st.pfc_pause_received >= 1 and st.pfc_held > 0  # ours; then maybe its router's XOFF and XON
-        assert first - t_pause >= pfc.quanta_ns(quanta, LINE_GBPS) - 15_000_000  # held until the pause ran out
-        assert st.pfc_paused_us >= 30_000
+        assert seen["held"] > 0 and seen["arrived"] == 0, seen  # held back, not sent, not dropped
+        assert arrivals and arrivals[0] >= seen["t_xon"]  # released by the XON
+        assert st.pfc_pause_received >= 2 and st.pfc_paused_us >= 40_000
     finally:
         wire.close()
         for p in ports.values():

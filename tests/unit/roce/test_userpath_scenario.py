@@ -30,6 +30,8 @@ def test_user_datapath_keys_load() -> None:
     assert loads_scenario(USER + "  line_gbps: 1\n  pfc: true\n", "x.yaml").fabric.pfc == (3,)
     assert loads_scenario(USER + "  pfc: false\n", "x.yaml").fabric.pfc == ()
     assert loads_scenario(USER + "  line_gbps: 1\n  pfc: true\n  pfc_xoff_kb: 16\n", "x.yaml").fabric.pfc_xon_kb == 8
+    mapped = loads_scenario(USER + "  line_gbps: 1\n  pfc: true\n  dscp_priority: {26: 5, 48: 7}\n", "x.yaml").fabric
+    assert mapped.dscp_priority == ((26, 5), (48, 7)) and mapped.pfc == (5,)  # pfc: true follows RoCE data
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -49,6 +51,10 @@ def test_user_datapath_keys_load() -> None:
                                   "build below a line rate)"),
     (USER + "  line_gbps: 1\n  pfc: true\n  pfc_xoff_kb: 16\n  pfc_xon_kb: 32\n",
      "x.yaml:10 fabric.pfc_xon_kb: must not exceed pfc_xoff_kb (16)"),
+    (USER + "  dscp_priority: {64: 3}\n", "x.yaml:7 fabric.dscp_priority: expected an integer from 0 to 63, got 64"),
+    (USER + "  dscp_priority: {26: 8}\n", "x.yaml:7 fabric.dscp_priority.26: expected an integer from 0 to 7, got 8"),
+    (USER + "  dscp_priority: [26]\n",
+     "x.yaml:7 fabric.dscp_priority: expected a mapping DSCP: priority, like {26: 3, 48: 6}"),
 ])
 def test_bad_user_datapath_keys(text: str, expected: str) -> None:
     assert problem(text) == expected

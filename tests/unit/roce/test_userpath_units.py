@@ -230,6 +230,18 @@ def test_forwarding_rewrites_ttl_checksum_and_macs() -> None:
     assert r.stats["egress_down"] == 1
 
 
+def test_dscp_maps_to_priorities() -> None:
+    default = QueueConfig().priorities()
+    assert default[26 << 2 | 2] == 3 and default[48 << 2] == 6 and default[0] == 0
+    mapped = QueueConfig(dscp_priority=((26, 5),)).priorities()
+    assert mapped[26 << 2 | 3] == 5 and mapped[48 << 2] == 6
+    r = plane(QueueConfig(dscp_priority=((26, 5),)))
+    r.receive(1, bytes(ip_frame()), 0)
+    assert sum(e.qbytes[5] for e in r.egress.values()) > 0  # queued at priority 5, not 3
+    with pytest.raises(ValueError):
+        QueueConfig(dscp_priority=((64, 1),))
+
+
 def test_a_congested_egress_pauses_its_ingress_and_honours_pauses() -> None:
     cfg = QueueConfig(line_gbps=1.0, pfc=frozenset({3}), xoff_kb=4, xon_kb=2)
     r = plane(cfg)
