@@ -229,9 +229,7 @@ class UserDatapath:
             for _ in range(RECV_BATCH):
                 try:
                     frame = sock.recv(9216)
-                except BlockingIOError:
-                    break
-                except OSError:
+                except OSError:  # drained (BlockingIOError), or the port went away
                     break
                 try:
                     sends = plane.receive(ifindex, frame, now)

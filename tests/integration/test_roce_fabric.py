@@ -28,10 +28,10 @@ from ibemu.topo import generate
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 from ibemu.wire import PcapWriter, fast
 from ibemu.wire.roce import verify_roce_icrc
+from tests.integration.roce_live import CORES, core_tx
 
 pytestmark = pytest.mark.root
 
-CORES = ("core0", "core1", "core2", "core3")
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +54,6 @@ def open_port(run: RoceRun, host: str) -> RocePort:
     hp = run.fab.host_port(host)
     return RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=run.fab.addrs.lid_ips())
 
-
-def core_tx(run: RoceRun) -> dict[str, int]:
-    out = {}
-    for core in CORES:
-        stats = rtnl.link_stats(run.fab.plan.nodes[core].ns, [f"{core}-{p}" for p in range(1, 5)])
-        out[core] = sum(s.tx_packets for s in stats.values())
-    return out
 
 
 def write_bw(run: RoceRun, src: str, dst: str, opts: PerfOptions, *, during=None):  # type: ignore[no-untyped-def]

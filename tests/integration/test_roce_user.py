@@ -40,10 +40,10 @@ from ibemu.traffic.perftest import (
     run_local,
 )
 from ibemu.wire import PcapWriter
+from tests.integration.roce_live import CORES, core_tx
 
 pytestmark = pytest.mark.root
 
-CORES = ("core0", "core1", "core2", "core3")
 LINE_GBPS = 0.2
 DELAY_US = 1000.0
 
@@ -81,13 +81,6 @@ def open_port(run: RoceRun, host: str) -> RocePort:
         port.enable_dcqcn(DcqcnParams(line_gbps=q.line_gbps))
     return port
 
-
-def core_tx(run: RoceRun) -> dict[str, int]:
-    out = {}
-    for core in CORES:
-        stats = rtnl.link_stats(run.fab.plan.nodes[core].ns, [f"{core}-{p}" for p in range(1, 5)])
-        out[core] = sum(s.tx_packets for s in stats.values())
-    return out
 
 
 def counters(run: RoceRun) -> dict[str, Any]:
