@@ -33,7 +33,7 @@ import trio
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.kernel import ownership
+from ibemu.kernel import cpus, ownership
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
@@ -119,14 +119,20 @@ _tails: dict[Path, Tail] = {}
 
 
 def wait_for(path: Path, wanted: Callable[[dict[str, Any]], bool], what: str,
-             proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
-    """The first record of the SM's log that ``wanted`` accepts, as soon as it is there."""
+             proc: subprocess.Popen[bytes], timeout_s: float, *, new_only: bool = False) -> dict[str, Any]:
+    """The first record of the SM's log that ``wanted`` accepts, as soon as it is there
+    (``new_only``: among those not yet read). Each record is looked at once: this process
+    is the fabric's too, and rescanning the whole log (10^4 records after a k=8 bring-up)
+    every 5 ms took the agents' CPU in the middle of the reroutes being measured."""
     tail = _tails.setdefault(path, Tail(path))
+    seen = len(tail.records) if new_only else 0
     deadline = time.monotonic() + timeout_s
     while True:
-        for r in tail.poll():
+        records = tail.poll()
+        for r in records[seen:]:
             if wanted(r):
                 return r
+        seen = len(records)
         if proc.poll() is not None:
             raise RuntimeError(f"ibemu SM exited ({proc.returncode})")
         if time.monotonic() > deadline:
@@ -142,14 +148,16 @@ def wait_trap_reroute(path: Path, t_fault: int, proc: subprocess.Popen[bytes], t
     """The first ``reroute`` that a trap after ``t_fault`` started (a light sweep's, with no
     trap, or an earlier one, does not count)."""
     return wait_for(path, lambda r: r["kind"] == "reroute" and isinstance(r.get("t_trap"), int)
-                    and r["t_trap"] >= t_fault, "reroute after the fault", proc, timeout_s)
+                    and r["t_trap"] >= t_fault, "reroute after the fault", proc, timeout_s, new_only=True)
 
 
 def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events),
             "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30"]
-    return subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cpus.pin_process(proc.pid, fab.rt.placement.sm)  # as FabricRuntime places its own SM
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -181,6 +189,7 @@ def opensm_cold(k: int, tmp: Path) -> float:
     with LiveFabric(k, tmp) as fab:
         work = tmp / f"opensm-k{k}"
         proc = opensm.start(fab.ns("h0"), work)
+        cpus.pin_process(proc.pid, fab.rt.placement.sm)
         try:
             return opensm.wait_subnet_up(proc, work, timeout_s=120)
         finally:

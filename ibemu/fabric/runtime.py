@@ -24,7 +24,7 @@ from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.host import Agent, AgentHost, EventLog
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
-from ibemu.kernel import ownership
+from ibemu.kernel import cpus, ownership
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,8 @@ class FabricRuntime:
         self.host: AgentHost | None = None
         self.timings_s: dict[str, float] = {}
         self._sm_proc: subprocess.Popen[bytes] | None = None
+        self.placement = cpus.placement()
+        """Which CPUs the agent host, the SM and traffic workers run on (``ibemu.kernel.cpus``)."""
         self.sm_started_ns: int | None = None
         """Monotonic stamp taken just before the SM process was started."""
 
@@ -96,6 +98,7 @@ class FabricRuntime:
         self.sm_started_ns = time.monotonic_ns()
         proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine))
         self._sm_proc = proc
+        cpus.pin_process(proc.pid, self.placement.sm)
         self.state.claim_process(proc.pid, f"sm-{self.sm}")
         if impl is opensm:
             self.sm_up_s = await trio.to_thread.run_sync(
@@ -139,6 +142,7 @@ class FabricRuntime:
         self.timings_s = {**self.fabric.phases_s, "build": t1 - t0, "agents": time.perf_counter() - t1}
 
     def teardown(self) -> list[str]:
+        cpus.spread_thread(self.placement)  # a worker thread the pinned agent host started
         problems: list[str] = []
         if self.host is not None:
             self.host.close()
@@ -152,11 +156,14 @@ class FabricRuntime:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentHost]:
-        """Build (if needed), run the agents in the background, tear down on the way out."""
+        """Build (if needed), run the agents in the background, tear down on the way out.
+        The agents run on this thread, pinned to their CPU meanwhile (``placement``)."""
+        unpinned = None
         try:
             if self.host is None:
                 await trio.to_thread.run_sync(self.build)
             assert self.host is not None
+            unpinned = cpus.pin_thread(self.placement.agents)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
                 for name in self._mad_hosts():
@@ -172,6 +179,7 @@ class FabricRuntime:
                 yield self.host
                 nursery.cancel_scope.cancel()
         finally:
+            cpus.unpin_thread(unpinned)
             with trio.CancelScope(shield=True):
                 if self._sm_proc is not None:
                     await trio.to_thread.run_sync(opensm.stop, self._sm_proc)

@@ -35,7 +35,7 @@ from ibemu.fabric.capture import capture
 from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.host import AgentHost
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.kernel import ownership
+from ibemu.kernel import cpus, ownership
 from ibemu.roce.fabric import RoceRun
 from ibemu.roce.runtime import RoceFaultInjector, RoceRuntime
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
@@ -264,6 +264,8 @@ class ScenarioRun:
             os.setpriority(os.PRIO_PROCESS, proc.pid, TRAFFIC_NICE)
         except OSError as exc:  # it already exited: its failure is read later
             log.debug("traffic worker %d: setpriority: %s", proc.pid, exc)
+        if isinstance(self.rt, FabricRuntime):  # off the agents' CPU (ibemu.kernel.cpus)
+            cpus.pin_process(proc.pid, self.rt.placement.others)
         self.workers.append(proc)
         self.state.claim_process(proc.pid, f"traffic-worker-{index}")
 

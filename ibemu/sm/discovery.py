@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
@@ -228,6 +228,27 @@ class Discovery:
             for num, peer_guid, peer_port in node.neighbors():
                 self._reach(g.nodes[peer_guid], (*node.dr_path, num), peer_port, seen, seen_ports, queue)
         return set(g.nodes) - seen
+
+    def paths_hold(self, cut: Iterable[tuple[End, End]], avoid: set[int]) -> bool:
+        """Whether the directed routes stay as they are after the ``cut`` cables (both ends)
+        went down between switches: none of them is an edge of the routes' tree (so every
+        route still crosses live cables only, and nobody is cut off), and no switch in
+        ``avoid`` leads to anyone (routing around it would change nothing). Then
+        ``recompute_paths`` would find the routes it found before, and need not run."""
+        nodes = self.graph.nodes
+        for (a, pa), (b, pb) in cut:
+            na, nb = nodes.get(a), nodes.get(b)
+            if na is None or nb is None or not na.is_switch or not nb.is_switch:
+                return False
+            if nb.dr_path == (*na.dr_path, pa) or na.dr_path == (*nb.dr_path, pb):
+                return False
+        for guid in avoid:
+            node = nodes.get(guid)
+            if node is None:
+                return False
+            if any(nodes[peer].dr_path == (*node.dr_path, num) for num, peer, _ in node.neighbors()):
+                return False
+        return True
 
     @staticmethod
     def _reach(node: SmNode, path: tuple[int, ...], port: int, seen: set[int], seen_ports: set[End],

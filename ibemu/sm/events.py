@@ -42,15 +42,21 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], int]
 
 
+LAZY_KINDS = frozenset({"lft_block_acked"})
+"""Kinds written without a flush of their own (one per SMP: a write system call each cost the
+SM ~10 us per block in a reroute); the ``lft_programmed`` that closes each pass flushes them."""
+
+
 class EventLog:
-    """Writes events as JSON lines to ``path`` (None: memory only); keeps the last ``keep``."""
+    """Writes events as JSON lines to ``path`` (None: memory only); keeps the last ``keep``.
+    Every record but the ``LAZY_KINDS`` is flushed at once, with those before it."""
 
     def __init__(self, path: Path | str | None = None, *, clock: Clock = time.monotonic_ns,
                  keep: int = 100_000) -> None:
         self.clock = clock
         self.counts: Counter[str] = Counter()
         self.records: deque[dict[str, Any]] = deque(maxlen=keep)
-        self._f: IO[str] | None = open(path, "a", buffering=1) if path else None  # noqa: SIM115
+        self._f: IO[str] | None = open(path, "a") if path else None  # noqa: SIM115
 
     def now(self) -> int:
         return self.clock()
@@ -61,6 +67,8 @@ class EventLog:
         self.records.append(rec)
         if self._f is not None:
             self._f.write(json.dumps(rec, default=_jsonable) + "\n")
+            if kind not in LAZY_KINDS:
+                self._f.flush()
         return rec
 
     def of(self, kind: str) -> list[dict[str, Any]]:

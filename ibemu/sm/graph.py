@@ -7,7 +7,7 @@ A switch has one LID (port 0); a CA port has its own LID.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -100,3 +100,8 @@ class Routes:
     state: Any = None
     """Engine-private data (hop layers, fabric index) that lets ``ibemu.sm.reroute`` recompute
     only what a link change touches; None when unknown (reroute then recomputes)."""
+    patches: dict[int, tuple[Mapping[int, int], Mapping[int, int]]] = field(default_factory=dict, repr=False,
+                                                                             compare=False)
+    """Switch GUID -> (its LFT in the routes these were derived from, {LID: new port}): what
+    a reroute changed, so that programming patches the old table's blocks instead of
+    rebuilding them. Only a hint: a table not found here is compared in full."""

@@ -82,6 +82,7 @@ def default_reroute_fn(graph: SubnetGraph, prev: Routes, ends: list[tuple[int, i
     """``ibemu.sm.reroute.reroute``: incremental after a failure, re-balancing otherwise."""
     res = importlib.import_module("ibemu.sm.reroute").reroute(graph, prev, ends)
     routes: Routes = res.routes
+    routes.patches = {g: (prev.lfts[g], d) for g, d in res.diff.items() if g in prev.lfts}
     return routes
 
 
@@ -462,9 +463,10 @@ class SubnetManager:
 
             await trio.to_thread.run_sync(write)
 
-    def recompute_paths(self) -> set[int]:
-        """Re-derive directed routes; drop and report nodes that became unreachable."""
-        lost = self.disc.recompute_paths()
+    def recompute_paths(self, avoid: set[int] | None = None) -> set[int]:
+        """Re-derive directed routes (through ``avoid`` only where there is no other way);
+        drop and report nodes that became unreachable."""
+        lost = self.disc.recompute_paths(avoid)
         if lost:
             gone = self.disc.remove(lost)
             for node in gone:
@@ -580,7 +582,16 @@ class SubnetManager:
                 await act.set_lids(self.disc, self.sm_lid, lost_lid)
         info: dict[str, Any] = {}
         if structural or reset:
-            self.recompute_paths()
+            far = {c.peer[0] for c in structural if c.kind == "down" and c.peer is not None
+                   and c.guid not in check and c.peer[0] not in check}
+            far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch}
+            # their neighbours are asked around them, not through them: one pass finds the
+            # new routes and steers them clear of the far ends; none when nothing changes
+            cut = [((c.guid, c.port), c.peer) for c in structural if c.kind == "down" and c.peer is not None]
+            if (reset or len(cut) < len(structural) or set(self.graph.nodes) - known
+                    or not self.disc.paths_hold(cut, far)):
+                self.recompute_paths(avoid=far)
+                far &= set(self.graph.nodes)
             self.lids.assign(self.graph)
             # only ports whose LID is not what we gave them are written: new ports, and nodes
             # that come back (rebooted: no LID), whose GUIDs keep their LIDs
@@ -588,11 +599,6 @@ class SubnetManager:
             await act.set_pkeys(self.disc)
             ends = [(c.guid, c.port) for c in structural]
             ends += [c.peer for c in structural if c.peer is not None]
-            far = {c.peer[0] for c in structural if c.kind == "down" and c.peer is not None
-                   and c.guid not in check and c.peer[0] not in check}
-            far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch}
-            if far:  # their neighbours are asked around them, not through them
-                self.disc.recompute_paths(avoid=far)
             top = self.lids.top
             # switches back from a reboot (or new) are programmed before routes lead into them
             fresh = {g for g in (reset | (set(self.graph.nodes) - known))

@@ -153,12 +153,31 @@ class LftProgrammer:
             if cached is not None and cached[0] is lft and cached[1] == top:
                 want = cached[2]
             else:
-                want = lft_blocks(lft, top)
+                want = self._patched(guid, routes, top, cached) or lft_blocks(lft, top)
                 self._blocks[guid] = (lft, top, want)
             diff = {b: data for b, data in want.items() if have is None or have.get(b) != data}
             if diff:
                 out[guid] = diff
         return out
+
+    @staticmethod
+    def _patched(guid: int, routes: Routes, top: int,
+                 cached: tuple[Mapping[int, int], int, dict[int, bytes]] | None) -> dict[int, bytes] | None:
+        """The blocks of ``guid``'s new table from those of the table it was derived from
+        (``Routes.patches``), or None when they are not at hand."""
+        patch = routes.patches.get(guid)
+        if patch is None or cached is None or cached[0] is not patch[0] or cached[1] != top:
+            return None
+        want = dict(cached[2])
+        edits: dict[int, bytearray] = {}
+        for lid, port in patch[1].items():
+            if 0 <= lid <= top:
+                block = edits.get(lid // BLOCK)
+                if block is None:
+                    block = edits[lid // BLOCK] = bytearray(want[lid // BLOCK])
+                block[lid % BLOCK] = port & 0xFF
+        want.update((b, bytes(data)) for b, data in edits.items())
+        return want
 
     async def program(self, graph: SubnetGraph, routes: Routes, top: int, *,
                       urgent: trio.Event | None = None,

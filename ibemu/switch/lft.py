@@ -59,8 +59,16 @@ class Lft:
             return {}
         self._ports[base : base + BLOCK] = new
         top = self.top
-        return {base + i: new[i] for i in range(BLOCK)
-                if old[i] != new[i] and 0 < base + i <= top}
+        # the entries that differ, from the set bits of old XOR new (a reroute's Set changes
+        # a few of the 64: no walk over all of them)
+        changed: dict[int, int] = {}
+        diff = int.from_bytes(old, "little") ^ int.from_bytes(new, "little")
+        while diff:
+            i = ((diff & -diff).bit_length() - 1) >> 3
+            diff &= ~(0xFF << (i << 3))
+            if 0 < base + i <= top:
+                changed[base + i] = new[i]
+        return changed
 
     def set_top(self, top: int) -> dict[int, int]:
         """Set LinearFDBTop; returns the effective entries that changed."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ibemu.device import madbuild as mb
 from ibemu.device.actions import LftUpdate
@@ -10,6 +12,22 @@ from ibemu.switch.lft import NO_ROUTE, Lft
 
 from .fabrics import chain
 from .minism import MiniSm
+
+
+@given(block=st.integers(0, 3), top=st.integers(0, 255), old=st.binary(min_size=64, max_size=64),
+       new=st.binary(min_size=64, max_size=64), same=st.lists(st.integers(0, 63), max_size=64))
+def test_set_block_returns_exactly_the_entries_that_changed_under_the_top(
+        block: int, top: int, old: bytes, new: bytes, same: list[int]) -> None:
+    new_b = bytearray(new)
+    for i in same:  # most Sets change a few entries of 64
+        new_b[i] = old[i]
+    lft = Lft(256)
+    lft.set_top(top)
+    lft.set_block(block, old)
+    base = block * 64
+    want = {base + i: new_b[i] for i in range(64) if old[i] != new_b[i] and 0 < base + i <= top}
+    assert lft.set_block(block, new_b) == want
+    assert lft.get_block(block) == bytes(new_b)
 
 
 def test_store_blocks_top_and_effective_changes() -> None:

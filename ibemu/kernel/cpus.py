@@ -1,0 +1,90 @@
+"""CPU placement: the agent host and the subnet manager each on a CPU of its own.
+
+In a real fabric the switches' management firmware and the SM node have processors of their
+own. On one machine the scheduler puts a process it wakes next to its waker: every MAD the
+agent host hands the SM woke the SM on the agent host's CPU, where it preempted the agents,
+and the two ran in turn instead of side by side (a k=8 reroute's trap -> last LFT ack took
+27 ms instead of 21 ms in ``benchmarks/bench_sm.py``). With two usable CPUs or more, the
+agent host's thread gets the first and the SM process the second; traffic workers get the
+others when there are any (else all of them, at their lower priority).
+
+``IBEMU_PIN=0`` turns placement off. Only the calling thread and processes ibemu started
+are pinned, and a pinned thread gets its previous CPUs back (``unpin_thread``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+ENV = "IBEMU_PIN"
+
+
+@dataclass(frozen=True)
+class Placement:
+    agents: frozenset[int] | None = None
+    """The agent host's thread; None: not pinned."""
+    sm: frozenset[int] | None = None
+    """The subnet manager's process (ibemu's or OpenSM)."""
+    others: frozenset[int] | None = None
+    """Everything else ibemu starts for the run (traffic workers)."""
+    all: frozenset[int] | None = None
+    """Every usable CPU (what a thread started by the pinned one gets back)."""
+
+
+def usable() -> list[int]:
+    """The CPUs this process may run on (a container's or cgroup's limit included)."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def placement(cpus: list[int] | None = None) -> Placement:
+    """Where the agent host, the SM and the rest go on ``cpus`` (default: ``usable()``)."""
+    if os.environ.get(ENV, "1") == "0":
+        return Placement()
+    cpus = usable() if cpus is None else sorted(cpus)
+    if len(cpus) < 2:
+        return Placement()
+    rest = frozenset(cpus[2:]) if len(cpus) > 2 else frozenset(cpus)
+    return Placement(agents=frozenset({cpus[0]}), sm=frozenset({cpus[1]}), others=rest, all=frozenset(cpus))
+
+
+def pin_thread(cpus: frozenset[int] | None) -> set[int] | None:
+    """Pin the calling thread to ``cpus``; returns the CPUs it had (for ``unpin_thread``),
+    or None when nothing was changed."""
+    if not cpus:
+        return None
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        log.debug("cannot pin this thread to CPUs %s: %s", sorted(cpus), exc)
+        return None
+    return before
+
+
+def unpin_thread(before: set[int] | None) -> None:
+    """Give the calling thread back the CPUs ``pin_thread`` returned."""
+    if before:
+        try:
+            os.sched_setaffinity(0, before)
+        except OSError as exc:
+            log.debug("cannot give this thread back CPUs %s: %s", sorted(before), exc)
+
+
+def pin_process(pid: int, cpus: frozenset[int] | None) -> None:
+    """Pin process ``pid`` (one ibemu started) to ``cpus``; a process gone is left alone."""
+    if not cpus:
+        return
+    try:
+        os.sched_setaffinity(pid, cpus)
+    except OSError as exc:
+        log.debug("cannot pin process %d to CPUs %s: %s", pid, sorted(cpus), exc)
+
+
+def spread_thread(placement: Placement) -> None:
+    """Let the calling thread run on every usable CPU again (a thread started by a pinned
+    one inherits its CPU)."""
+    unpin_thread(set(placement.all) if placement.all else None)
