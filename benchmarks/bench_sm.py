@@ -172,7 +172,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def ibemu_cold(k: int, window: int, engine: str, tmp: Path) -> dict[str, float]:
     with LiveFabric(k, tmp) as fab:
-        events = tmp / f"sm-k{k}-w{window}.jsonl"
+        events = tmp / f"sm-k{k}-w{window}-{time.monotonic_ns()}.jsonl"  # a window may be given twice
         t0 = time.monotonic_ns()
         proc = start_sm(fab, events, window, engine)
         try:

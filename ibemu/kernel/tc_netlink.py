@@ -56,6 +56,8 @@ NLA_F_NESTED = 0x8000
 _NLMSGHDR = struct.Struct("=IHHII")
 _TCMSG = struct.Struct("=BxxxiIII")
 _RTA = struct.Struct("=HH")
+_SEL_ONE_KEY = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
+"""A u32 selector's header: terminal, one key (the key follows)."""
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -93,6 +95,7 @@ class BlockFilters:
         self.sock.bind((0, 0))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         self._seq = 1
+        self._actions: dict[int, bytes] = {}
 
     def handle(self, value: int) -> int:
         return _u32_handle(self.ht, value & 0xFF, (value >> 8) + 1)
@@ -108,16 +111,20 @@ class BlockFilters:
 
     def _route_options(self, route: U32Route) -> bytes:
         value = route.value
-        mask = 0xFFFF << self.shift
-        key = struct.pack("!IIii", mask, (value & 0xFFFF) << self.shift, self.word_off, 0)
-        sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0) + key
-        mirred = struct.pack("=IIiiiiI", 0, 0, TC_ACT_STOLEN, 0, 0, TCA_EGRESS_REDIR, route.egress_ifindex)
-        act = _attr(TCA_ACT_KIND, b"mirred\0") + _attr(
-            TCA_ACT_OPTIONS | NLA_F_NESTED, _attr(TCA_MIRRED_PARMS, mirred))
-        actions = _attr(1 | NLA_F_NESTED, act)
+        key = struct.pack("!IIii", 0xFFFF << self.shift, (value & 0xFFFF) << self.shift, self.word_off, 0)
         ht_bucket = _u32_handle(self.ht, value & 0xFF, 0)
-        return (_attr(TCA_U32_HASH, struct.pack("=I", ht_bucket)) + _attr(TCA_U32_SEL, sel)
-                + _attr(TCA_U32_ACT | NLA_F_NESTED, actions))
+        return (_attr(TCA_U32_HASH, struct.pack("=I", ht_bucket)) + _attr(TCA_U32_SEL, _SEL_ONE_KEY + key)
+                + self._redirect(route.egress_ifindex))
+
+    def _redirect(self, ifindex: int) -> bytes:
+        """The filter's action, a mirred redirect to ``ifindex`` (one per port, built once)."""
+        cached = self._actions.get(ifindex)
+        if cached is None:
+            mirred = struct.pack("=IIiiiiI", 0, 0, TC_ACT_STOLEN, 0, 0, TCA_EGRESS_REDIR, ifindex)
+            act = _attr(TCA_ACT_KIND, b"mirred\0") + _attr(
+                TCA_ACT_OPTIONS | NLA_F_NESTED, _attr(TCA_MIRRED_PARMS, mirred))
+            cached = self._actions[ifindex] = _attr(TCA_U32_ACT | NLA_F_NESTED, _attr(1 | NLA_F_NESTED, act))
+        return cached
 
     def setup_switch(self, ifindexes: Iterable[int], *, vl15_classid: int = 0x00010015) -> None:
         """The switch's forwarding skeleton (what ``tc.setup_lines`` says, in one send).

@@ -65,6 +65,8 @@ class Discovery:
     """Switches directed routes go through only when there is no other way (suspected dead:
     an SMP relayed by one would be lost; the SM shares its programmer's ``suspects``)."""
     sm_port: int = 0
+    answered: set[int] = field(default_factory=set)
+    """Switches that answered PortInfo in the last ``refresh`` (alive, their cables read)."""
 
     # ------------------------------------------------------------------ helpers
 
@@ -376,6 +378,7 @@ class Discovery:
         """
         changes: list[Change] = []
         probes: list[tuple[SmNode, int]] = []
+        self.answered = set()
 
         async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
             async def pi(num: int) -> None:
@@ -404,6 +407,8 @@ class Discovery:
                 self.recompute_paths()  # the route was cut (now, or by another pass)
             else:
                 return
+            if got:
+                self.answered.add(guid)
             self._apply_ports(node, got, changes, probes)
 
         async with trio.open_nursery() as n:

@@ -582,21 +582,25 @@ class SubnetManager:
                 await act.set_lids(self.disc, self.sm_lid, lost_lid)
         info: dict[str, Any] = {}
         if structural or reset:
+            # Far ends of cables found down, unless they answered this pass themselves (they
+            # trapped too: alive, and their other cables were just read first-hand).
             far = {c.peer[0] for c in structural if c.kind == "down" and c.peer is not None
                    and c.guid not in check and c.peer[0] not in check}
-            far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch}
+            far = {f for f in far if f in self.graph.nodes and self.graph.nodes[f].is_switch
+                   and f not in self.disc.answered}
             # their neighbours are asked around them, not through them: one pass finds the
             # new routes and steers them clear of the far ends; none when nothing changes
             cut = [((c.guid, c.port), c.peer) for c in structural if c.kind == "down" and c.peer is not None]
-            if (reset or len(cut) < len(structural) or set(self.graph.nodes) - known
-                    or not self.disc.paths_hold(cut, far)):
+            only_cuts = not reset and len(cut) == len(structural) and not set(self.graph.nodes) - known
+            if not only_cuts or not self.disc.paths_hold(cut, far):
                 self.recompute_paths(avoid=far)
                 far &= set(self.graph.nodes)
-            self.lids.assign(self.graph)
-            # only ports whose LID is not what we gave them are written: new ports, and nodes
-            # that come back (rebooted: no LID), whose GUIDs keep their LIDs
-            await act.set_lids(self.disc, self.sm_lid)
-            await act.set_pkeys(self.disc)
+            if not only_cuts:  # cables gone bring no port that lacks its LID or P_Key
+                self.lids.assign(self.graph)
+                # only ports whose LID is not what we gave them are written: new ports, and
+                # nodes that come back (rebooted: no LID), whose GUIDs keep their LIDs
+                await act.set_lids(self.disc, self.sm_lid)
+                await act.set_pkeys(self.disc)
             ends = [(c.guid, c.port) for c in structural]
             ends += [c.peer for c in structural if c.peer is not None]
             top = self.lids.top

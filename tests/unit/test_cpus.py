@@ -1,0 +1,47 @@
+"""CPU placement of the agent host, the SM and traffic workers (``ibemu.kernel.cpus``)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from ibemu.kernel import cpus
+
+
+def test_one_cpu_pins_nothing() -> None:
+    assert cpus.placement([3]) == cpus.Placement()
+
+
+def test_two_cpus_give_the_agents_and_the_sm_one_each_and_leave_the_rest_everywhere() -> None:
+    p = cpus.placement([5, 2])
+    assert p.agents == {2} and p.sm == {5} and p.others == {2, 5} and p.all == {2, 5}
+
+
+def test_more_cpus_keep_traffic_off_the_agents_and_the_sm() -> None:
+    p = cpus.placement([0, 1, 2, 3])
+    assert p.agents == {0} and p.sm == {1} and p.others == {2, 3}
+
+
+def test_placement_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpus.ENV, "0")
+    assert cpus.placement([0, 1, 2]) == cpus.Placement()
+
+
+def test_a_pinned_thread_gets_its_cpus_back() -> None:
+    mine = os.sched_getaffinity(0)
+    seen: dict[str, set[int]] = {}
+
+    def body() -> None:
+        before = cpus.pin_thread(frozenset({min(mine)}))
+        seen["pinned"] = os.sched_getaffinity(0)
+        cpus.unpin_thread(before)
+        seen["after"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen == {"pinned": {min(mine)}, "after": mine}
+    assert os.sched_getaffinity(0) == mine  # only the calling thread was pinned
+    assert cpus.pin_thread(None) is None
