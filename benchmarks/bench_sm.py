@@ -151,6 +151,22 @@ def wait_trap_reroute(path: Path, t_fault: int, proc: subprocess.Popen[bytes], t
                     and r["t_trap"] >= t_fault, "reroute after the fault", proc, timeout_s, new_only=True)
 
 
+def wait_tc(fab: LiveFabric, timeout_s: float = 600) -> float:
+    """Seconds until tc has every LFT entry the SMAs accepted (a k=16 bring-up writes ~500,000
+    filters after its SUBNET UP): a cut before then would be rerouted through agents that
+    still forward in software, and its tc writes would queue behind the bring-up's."""
+    t0 = time.monotonic()
+    host = fab.rt.host
+    assert host is not None
+    quiet = 0
+    while quiet < 3:  # three looks in a row with nothing left
+        quiet = quiet + 1 if host.lft_backlog == 0 else 0
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"tc still {host.lft_backlog} LFT entries behind after {timeout_s} s")
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
 def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events),
             "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30"]
@@ -204,7 +220,9 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
         events = tmp / f"sm-reroute-k{k}.jsonl"
         proc = start_sm(fab, events, window, engine)
         try:
-            wait_kind(events, "subnet_up", proc, 120)
+            wait_kind(events, "subnet_up", proc, 600)
+            settle_s = wait_tc(fab)
+            print(f"  tc had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
             assert fab.rt.fabric is not None
             links = fab.rt.fabric.links
             for i in range(cuts):

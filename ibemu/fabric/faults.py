@@ -72,7 +72,7 @@ class FaultInjector:
             raise ValueError(f"percent must be within 0..100, not {percent}")
         names = [switch] if switch else list(self.host.nodes)
         for name in names:
-            self.host.nodes[name].vl15_loss = percent / 100.0
+            self.host.set_vl15_loss(name, percent / 100.0)
         return self._stamp("smp_loss", switch or "all", percent=percent)
 
     def corrupt(self, link: Link, percent: float) -> int:

@@ -24,7 +24,7 @@ suspect. So ``t_last_ack_ns`` is the last ack of the switches that answered.
 from __future__ import annotations
 
 import logging
-import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -189,6 +189,8 @@ class LftProgrammer:
         scopes: dict[tuple[int, int], trio.CancelScope] = {}
         sent_seq: dict[tuple[int, int], int] = {}  # the order the current attempts went out in
         overtaken: dict[tuple[int, int], float] = {}  # when a Set sent after it was acked
+        in_order: deque[tuple[int, tuple[int, int]]] = deque()  # (seq, key) as attempts went out
+        acked_seq = 0  # the latest-sent attempt answered so far
         seq = 0
         news = trio.Event()  # a new suspect: the watcher looks again
 
@@ -208,6 +210,7 @@ class LftProgrammer:
             self.written.get(guid, {}).pop(block, None)
 
         async def one(guid: int, block: int, data: bytes) -> None:
+            nonlocal acked_seq
             node = graph.nodes.get(guid)
             if node is None:
                 return
@@ -218,6 +221,7 @@ class LftProgrammer:
                 nonlocal seq
                 seq += 1
                 sent_seq[key] = seq
+                in_order.append((seq, key))
                 overtaken.pop(key, None)
                 if n > 1:  # the attempt before timed out
                     suspect(guid)
@@ -227,7 +231,6 @@ class LftProgrammer:
                 return
             r = None
             scope = scopes.setdefault(key, trio.CancelScope())
-            news.set()  # the watcher looks at it (it may have found nothing to watch yet)
             with scope:
                 if lid_routed.get(guid):
                     self.transport.stats["lid_routed_sets"] += 1
@@ -244,11 +247,14 @@ class LftProgrammer:
             scopes.pop(key, None)
             my_seq = sent_seq.pop(key, None)
             overtaken.pop(key, None)
-            if r is not None and my_seq is not None:  # answered: every Set sent before it is overtaken
+            if r is not None and my_seq is not None and my_seq > acked_seq:
+                # answered: every Set sent before it is overtaken (each attempt once: in order)
+                acked_seq = my_seq
                 now = trio.current_time()
-                for other, q in sent_seq.items():
-                    if q < my_seq and other not in overtaken:
-                        overtaken[other] = now
+                while in_order and in_order[0][0] < my_seq:
+                    q, other = in_order.popleft()
+                    if sent_seq.get(other) == q:  # still that attempt, unanswered
+                        overtaken.setdefault(other, now)
             if scope.cancelled_caught:
                 abandon(guid, block)
                 return
@@ -272,7 +278,7 @@ class LftProgrammer:
             overdue = self.overdue_s
             while True:
                 now = trio.current_time()
-                due = math.inf
+                due = now + overdue / 4  # Sets not yet overtaken (or not yet sent): look again
                 for key, scope in list(scopes.items()):
                     # Overdue counts from when a Set sent after it was answered: the agents
                     # answer a window in about the order it went out, so a long queue (a k=16
@@ -285,8 +291,6 @@ class LftProgrammer:
                         del scopes[key]
                     elif t is not None:
                         due = min(due, t + overdue)
-                    else:  # not overtaken (yet): look again soon
-                        due = min(due, now + self.overdue_s / 4)
                 news = trio.Event()
                 with trio.move_on_at(due):
                     async with trio.open_nursery() as n:
