@@ -77,45 +77,56 @@ SWITCH_INTERVAL_S = 0.0005
 LFT_IDLE_WAIT_S = 0.002
 """Queued LFT changes wait at most this long for the agents to fall idle (``_lft_writer``)."""
 LFT_INLINE_ENTRIES = 256
-"""Queued LFT changes up to this many entries are written from the event loop's thread."""
+"""A switch's queued LFT changes up to this many entries are written from the event loop's thread."""
 
 
 LAZY_KINDS = frozenset({"lft_set", "lft_top", "lft_programmed", "lid_assigned"})
-"""Kinds written without a flush of their own: one or more per SMP an SM sends (a write system
-call each cost the agents ~30 us per LFT Set); the host's ticker flushes them within
-``TICK_S``, and so does any other record."""
+"""Kinds encoded and written later: one or more per SMP an SM sends (encoding and writing
+each cost the agents ~30 us per LFT Set, in the middle of a reroute); the host's ticker
+writes them within ``TICK_S``, and so does any other record."""
+LAZY_LIMIT = 4096
+"""Lazy records kept at most (a bring-up's burst is written out in pieces)."""
 
 
 class EventLog:
     """JSON-lines event log; each record gets the node name and a monotonic stamp. Every
-    record but the ``LAZY_KINDS`` is flushed at once, with those before it."""
+    record but the ``LAZY_KINDS`` is written at once, with those before it; lazy ones are
+    kept as they are (not even encoded) until then or ``flush``."""
 
     def __init__(self, path: Path | None) -> None:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
         self._f: IO[str] | None = open(path, "a") if path else None  # noqa: SIM115
         self.counts: dict[str, int] = {}
-        self._unflushed = False
+        self._lazy: list[tuple[str, Mapping[str, Any]]] = []
 
     def write(self, node: str, record: Mapping[str, Any]) -> None:
+        """Log ``record`` (not to be changed afterwards: a lazy one is encoded later)."""
         kind = str(record.get("kind", "?"))
         self.counts[kind] = self.counts.get(kind, 0) + 1
-        if self._f is not None:
-            self._f.write(json.dumps({"node": node, **record}, default=str) + "\n")
-            if kind in LAZY_KINDS:
-                self._unflushed = True
-            else:
-                self._f.flush()
-                self._unflushed = False
+        if self._f is None:
+            return
+        if kind in LAZY_KINDS:
+            self._lazy.append((node, record))
+            if len(self._lazy) >= LAZY_LIMIT:
+                self.flush()
+            return
+        self._f.write(self._encoded() + json.dumps({"node": node, **record}, default=str) + "\n")
+        self._f.flush()
+
+    def _encoded(self) -> str:
+        lazy, self._lazy = self._lazy, []
+        return "".join(json.dumps({"node": node, **rec}, default=str) + "\n" for node, rec in lazy)
 
     def flush(self) -> None:
-        """Write out lazy records still buffered."""
-        if self._f is not None and self._unflushed:
+        """Write out the lazy records kept so far."""
+        if self._f is not None and self._lazy:
+            self._f.write(self._encoded())
             self._f.flush()
-            self._unflushed = False
 
     def close(self) -> None:
         if self._f is not None:
+            self.flush()
             self._f.close()
             self._f = None
 
@@ -580,10 +591,12 @@ class AgentHost:
 
         The agents go first: SMPs waiting to be answered are handled before tc is written
         (a Set's GetResp is already on the wire), and tc is written once this loop has
-        nothing else to do, or after ``LFT_IDLE_WAIT_S`` at the latest. A small batch is
-        written from this thread: a worker thread would take the GIL from the agents in
-        slices (with a 0.5 ms switch interval, a 48-block reroute took 40% longer). Big
-        batches (a whole table at bring-up) go to a worker thread."""
+        nothing else to do, or after ``LFT_IDLE_WAIT_S`` at the latest, one switch at a time
+        (each is a netlink round trip into its namespace: the 36 switches of a k=8 reroute
+        at once held this loop for ~3.5 ms). A switch's changes up to ``LFT_INLINE_ENTRIES``
+        are written from this thread: a worker thread would take the GIL from the agents in
+        slices (with a 0.5 ms switch interval, a 48-block reroute took 40% longer). Bigger
+        ones (a whole table at bring-up) go to a worker thread."""
         try:
             while True:
                 self._lft_wake = trio.Event()
@@ -591,7 +604,7 @@ class AgentHost:
                     await self._lft_wake.wait()
                 with trio.move_on_after(LFT_IDLE_WAIT_S):
                     await trio.testing.wait_all_tasks_blocked()
-                batch = self._take_pending(LFT_INLINE_ENTRIES)
+                batch = self._take_pending(1)  # one switch: the agents get a look in between
                 self._lft_writing = sum(len(changes) for _, changes, _ in batch)
                 try:
                     if self._lft_writing <= LFT_INLINE_ENTRIES:
