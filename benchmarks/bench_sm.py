@@ -5,11 +5,14 @@ For each k: a fresh live fat-tree per run (same topology, agents, MAD sockets), 
 ``python -m ibemu.sm`` (one run per --windows value) and OpenSM (``-R minhop``) on h0, each
 timed from process start to "SUBNET UP" (every port Active, every LFT acked). ibemu's own
 sweep time (first SMP to SUBNET UP) is reported too. Then, on k=max, ``--cuts``
-edge-aggregation cables are cut one at a time (and restored) under ibemu's SM: trap
-received -> rediscovered -> routed -> last LFT block acked (target <= 10 ms), and when tc
-had the last new entry (``trap_to_tc_ms``: an ack means the switch's SMA accepted the block;
-the agent host writes tc from a worker thread right after).
-Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 4 16 64 256] [--cuts 5]
+edge-aggregation cables are cut one at a time (and restored) under ibemu's SM, once tc has
+every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT block acked
+(target <= 10 ms on k=8, <= 50 ms on k=16), and when tc had the last new entry
+(``trap_to_tc_ms``: an ack means the switch's SMA accepted the block; the agent host writes
+tc when its agents fall idle). The SM runs on a CPU of its own, as ``ibemu run`` places it
+(``ibemu.kernel.cpus``).
+Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
+     [--engine ftree|minhop|updn] [--no-opensm]
 """
 
 from __future__ import annotations
@@ -265,9 +268,9 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--k", type=int, nargs="+", default=[4, 8])
-    ap.add_argument("--windows", type=int, nargs="+", default=[4, 16, 64, 256])
-    ap.add_argument("--engine", default="minhop")
-    ap.add_argument("--cuts", type=int, default=5)
+    ap.add_argument("--windows", type=int, nargs="+", default=[32, DEFAULT_MAX_IN_FLIGHT])
+    ap.add_argument("--engine", default="ftree")
+    ap.add_argument("--cuts", type=int, default=8)
     ap.add_argument("--reroute-window", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     ap.add_argument("--no-opensm", action="store_true")
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])

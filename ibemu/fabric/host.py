@@ -75,7 +75,8 @@ MadSink = Callable[[DeliverMad], None]
 SWITCH_INTERVAL_S = 0.0005
 """The GIL hand-over interval of a process that runs agents (see ``AgentHost.serve``)."""
 LFT_IDLE_WAIT_S = 0.002
-"""Queued LFT changes wait at most this long for the agents to fall idle (``_lft_writer``)."""
+"""A queued LFT change waits at most this long for the agents to fall idle (``_lft_writer``):
+tc then follows the SMAs' acks by about this much even in a long burst of Sets."""
 LFT_INLINE_ENTRIES = 256
 """A switch's queued LFT changes up to this many entries are written from the event loop's thread."""
 
@@ -591,7 +592,7 @@ class AgentHost:
 
         The agents go first: SMPs waiting to be answered are handled before tc is written
         (a Set's GetResp is already on the wire), and tc is written once this loop has
-        nothing else to do, or after ``LFT_IDLE_WAIT_S`` at the latest, one switch at a time
+        nothing else to do, or once a change has waited ``LFT_IDLE_WAIT_S``, one switch at a time
         (each is a netlink round trip into its namespace: the 36 switches of a k=8 reroute
         at once held this loop for ~3.5 ms). A switch's changes up to ``LFT_INLINE_ENTRIES``
         are written from this thread: a worker thread would take the GIL from the agents in
@@ -602,8 +603,11 @@ class AgentHost:
                 self._lft_wake = trio.Event()
                 if not self._lft_pending:
                     await self._lft_wake.wait()
-                with trio.move_on_after(LFT_IDLE_WAIT_S):
-                    await trio.testing.wait_all_tasks_blocked()
+                oldest = self._lft_accepted_ns.get(next(iter(self._lft_pending)), 0)
+                wait_s = LFT_IDLE_WAIT_S - (time.monotonic_ns() - oldest) / 1e9
+                if wait_s > 0:
+                    with trio.move_on_after(wait_s):
+                        await trio.testing.wait_all_tasks_blocked()
                 batch = self._take_pending(1)  # one switch: the agents get a look in between
                 self._lft_writing = sum(len(changes) for _, changes, _ in batch)
                 try:
@@ -615,6 +619,7 @@ class AgentHost:
                     self._lft_writing = 0
                 for rec in records:
                     self._lft_written(rec)
+                await trio.lowlevel.checkpoint()  # frames that came meanwhile go before the next switch
         finally:
             self._lft_wake = None
 
