@@ -7,6 +7,7 @@ ports that name each other as ``peer`` (discovery clears ``peer`` on a port that
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,12 +17,17 @@ NO_PATH = 0xFF
 """LFT value of an unrouted LID (OpenSM's OSM_NO_PATH)."""
 
 
-def bits(mask: int) -> Iterator[int]:
-    """Indices of the set bits of ``mask``, lowest first."""
+@functools.lru_cache(maxsize=1 << 16)
+def bits(mask: int) -> tuple[int, ...]:
+    """Indices of the set bits of ``mask``, lowest first. Remembered: the engines walk the
+    same rings and port masks over and over (a k=16 fat-tree asked ~320,000 times, mostly
+    for masks seen before); ``bits.cache_clear()`` forgets."""
+    out = []
     while mask:
         low = mask & -mask
-        yield low.bit_length() - 1
+        out.append(low.bit_length() - 1)
         mask ^= low
+    return tuple(out)
 
 
 @dataclass

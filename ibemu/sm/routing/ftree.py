@@ -111,29 +111,28 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
         if lay is None or not lids:
             continue
         assert lay.down is not None
-        ilids = [(lid, idx[lid]) for lid in lids]
+        shifts = [idx[lid] for lid in lids]
+        # this destination's entries for a port list and stride, worked out once and
+        # written with one dict.update per switch (most switches share a few of them)
+        picked: dict[tuple[int, ...], dict[int, int]] = {}
         rings, downs = lay.rings, lay.down
         for k in range(1, len(rings)):
             prev, dprev, dk = rings[k - 1], downs[k - 1], downs[k]
             for v in bits(rings[k]):
-                lft = lfts[v]
                 if dk >> v & 1:
                     mask = down[v] & dprev
                     ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else cached(v, mask)
-                    m = len(ports)
-                    if m == 1:
-                        p = ports[0]
-                        for lid in lids:
-                            lft[lid] = p
-                    else:
-                        for lid, i in ilids:
-                            lft[lid] = ports[i % m]
+                    s = 1
                 else:
                     mask = up[v] & prev
                     ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else cached(v, mask)
-                    m, s = len(ports), stride[v]
-                    for lid, i in ilids:
-                        lft[lid] = ports[(i // s) % m]
+                    s = stride[v]
+                key = (*ports, -s)
+                entries = picked.get(key)
+                if entries is None:
+                    m = len(ports)
+                    entries = picked[key] = dict(zip(lids, [ports[(i // s) % m] for i in shifts], strict=True))
+                lfts[v].update(entries)
     jobs: list[Job] = [
         (mh, w, [fab.sw_lid[w]], -1)
         for w, mh in enumerate(st.minhop)
