@@ -180,6 +180,7 @@ class FabricRuntime:
                 nursery.cancel_scope.cancel()
         finally:
             cpus.unpin_thread(unpinned)
+            cpus.release_threads(self.placement)  # worker threads started meanwhile
             with trio.CancelScope(shield=True):
                 if self._sm_proc is not None:
                     await trio.to_thread.run_sync(opensm.stop, self._sm_proc)

@@ -88,3 +88,22 @@ def spread_thread(placement: Placement) -> None:
     """Let the calling thread run on every usable CPU again (a thread started by a pinned
     one inherits its CPU)."""
     unpin_thread(set(placement.all) if placement.all else None)
+
+
+def release_threads(placement: Placement) -> int:
+    """Give every usable CPU back to the threads of this process still pinned to the agents'
+    CPU: threads the agent host's thread started while pinned inherited its CPU (trio keeps
+    idle worker threads for seconds, and a process they start inherits it too). Returns how
+    many threads were released."""
+    if not placement.agents or not placement.all:
+        return 0
+    released = 0
+    for name in os.listdir("/proc/self/task"):
+        try:
+            tid = int(name)
+            if os.sched_getaffinity(tid) == placement.agents:
+                os.sched_setaffinity(tid, placement.all)
+                released += 1
+        except (OSError, ValueError):  # the thread ended meanwhile
+            continue
+    return released

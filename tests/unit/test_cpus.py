@@ -45,3 +45,36 @@ def test_a_pinned_thread_gets_its_cpus_back() -> None:
     assert seen == {"pinned": {min(mine)}, "after": mine}
     assert os.sched_getaffinity(0) == mine  # only the calling thread was pinned
     assert cpus.pin_thread(None) is None
+
+
+def test_threads_started_by_a_pinned_thread_are_released() -> None:
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("one CPU: nothing is pinned")
+    placement = cpus.placement(sorted(mine))
+    assert placement.agents is not None
+    started = threading.Event()
+    stop = threading.Event()
+    seen: dict[str, set[int]] = {}
+
+    def child() -> None:
+        seen["inherited"] = os.sched_getaffinity(0)
+        started.set()
+        stop.wait(5)
+        seen["released"] = os.sched_getaffinity(0)
+
+    def pinned() -> None:
+        before = cpus.pin_thread(placement.agents)
+        t = threading.Thread(target=child)
+        t.start()
+        started.wait(5)
+        cpus.unpin_thread(before)
+        seen["released_count"] = {cpus.release_threads(placement)}
+        stop.set()
+        t.join()
+
+    p = threading.Thread(target=pinned)
+    p.start()
+    p.join()
+    assert seen["inherited"] == placement.agents  # what Linux does
+    assert seen["released"] == placement.all and seen["released_count"] == {1}
