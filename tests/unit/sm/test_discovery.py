@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
 import trio
 
+from ibemu.device.wiring import InMemoryFabric
 from ibemu.sm.discovery import Discovery
+from ibemu.sm.graph import SubnetGraph
 from ibemu.sm.transport import InMemoryPort, Transport
 from tests.unit.sm.helpers import fat_tree, run
+
+
+@asynccontextmanager
+async def discovered(fab: InMemoryFabric, **transport: Any) -> AsyncIterator[tuple[Transport, Discovery, SubnetGraph]]:
+    """A cold discovery from h0 (the transport runs until the block ends)."""
+    t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16, **transport)
+    d = Discovery(t)
+    async with trio.open_nursery() as n:
+        await n.start(t.run)
+        g = await d.discover()
+        yield t, d, g
+        n.cancel_scope.cancel()
 
 
 def test_cold_discovery_finds_every_node_and_every_cable_with_its_ports() -> None:
     topo, fab = fat_tree(4)
 
     async def main() -> None:
-        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16)
-        d = Discovery(t)
-        async with trio.open_nursery() as n:
-            await n.start(t.run)
-            g = await d.discover()
+        async with discovered(fab) as (t, d, g):
             assert len(g.switches()) == 20 and len(g.cas()) == 16
             assert g.sm_guid == topo.node("h0").guid and d.sm_port == 1
             want = {frozenset({(topo.node(lk.a.node).guid, lk.a.port), (topo.node(lk.b.node).guid, lk.b.port)})
@@ -33,7 +47,6 @@ def test_cold_discovery_finds_every_node_and_every_cable_with_its_ports() -> Non
             assert not unreachable
             assert len(g.nodes[topo.node("edge0_1").guid].dr_path) == 3  # h0 -> edge0_0 -> agg -> edge0_1
             assert len(edge.dr_path) == 5  # ... -> agg -> core -> agg -> edge3_1
-            n.cancel_scope.cancel()
 
     run(main)
 
@@ -42,11 +55,7 @@ def test_refresh_finds_a_cable_gone_and_back_and_routes_avoid_it() -> None:
     topo, fab = fat_tree(4)
 
     async def main() -> None:
-        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16)
-        d = Discovery(t)
-        async with trio.open_nursery() as n:
-            await n.start(t.run)
-            g = await d.discover()
+        async with discovered(fab) as (_t, d, g):
             d.recompute_paths()
             e00, a00 = topo.node("edge0_0").guid, topo.node("agg0_0").guid
             fab.link_down("edge0_0", 3)  # edge0_0:3 - agg0_0:1
@@ -59,7 +68,6 @@ def test_refresh_finds_a_cable_gone_and_back_and_routes_avoid_it() -> None:
             changes = await d.refresh({e00})
             assert [(c.kind, c.port) for c in changes] == [("up", 3)]
             assert g.nodes[e00].ports[3].peer == (a00, 1)
-            n.cancel_scope.cancel()
 
     run(main)
 
@@ -68,11 +76,7 @@ def test_refresh_with_verify_reads_a_switch_behind_a_dead_cable_without_a_timeou
     topo, fab = fat_tree(4)
 
     async def main() -> None:
-        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16, timeout_s=5.0)
-        d = Discovery(t)
-        async with trio.open_nursery() as n:
-            await n.start(t.run)
-            g = await d.discover()
+        async with discovered(fab, timeout_s=5.0) as (t, d, g):
             d.recompute_paths()
             e00, a00 = topo.node("edge0_0").guid, topo.node("agg0_0").guid
             assert g.nodes[a00].dr_path == (1, 3)  # through edge0_0:3
@@ -83,7 +87,6 @@ def test_refresh_with_verify_reads_a_switch_behind_a_dead_cable_without_a_timeou
             assert ("down", e00, 3) in {(c.kind, c.guid, c.port) for c in changes}
             assert g.nodes[a00].dr_path[1] != 3 and g.nodes[a00].ports[1].peer is None
             assert t.stats["timeouts"] == 0 and t.stats["cancelled"] >= 1 and not t._pending
-            n.cancel_scope.cancel()
 
     run(main)
 
@@ -94,12 +97,8 @@ def test_paths_hold_exactly_when_a_recompute_would_find_the_same_routes() -> Non
     _topo, fab = fat_tree(4)
 
     async def main() -> None:
-        t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16)
-        d = Discovery(t)
-        async with trio.open_nursery() as n:
-            await n.start(t.run)
-            g = await d.discover()
-            n.cancel_scope.cancel()
+        async with discovered(fab) as (_t, d, g):
+            pass  # the graph as discovered; what follows needs no SMPs
         d.recompute_paths()
         cables = sorted({tuple(sorted([(s.guid, p), (peer, pp)])) for s in g.switches()
                          for p, peer, pp in s.neighbors() if g.nodes[peer].is_switch})
