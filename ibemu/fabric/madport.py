@@ -15,7 +15,7 @@ import trio
 from ibemu.device.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.fabric.host import AgentHost
 from ibemu.hca.sma import CaAgent
-from ibemu.hca.umad import CLASS_SA, SimRequest
+from ibemu.hca.umad import CLASS_SA, SimRequest, rmpp_length, rmpp_seal
 from ibemu.hca.umad_server import UmadServer
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,8 @@ class CaMadPort:
             self.pending[req.tid] = (time.monotonic_ns() + self.timeout_ns, req)
             if self._armed is not None:
                 self._armed.set()
-        actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, req.mad)
+        mad = rmpp_seal(req.mad, req.length)  # what the kernel's RMPP layer would send
+        actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, mad)
         self.host.dispatch(self.name, self.host.nodes[self.name], actions)
 
     async def watch_deadlines(self) -> None:
@@ -122,7 +123,7 @@ class CaMadPort:
         if len(mad.mad) >= 16:
             self.pending.pop(int.from_bytes(mad.mad[8:16], "big"), None)
         self.server.deliver(SimRequest(dlid=mad.dlid, slid=mad.slid, dqp=mad.dqp, sqp=mad.sqp,
-                                       mad=mad.mad, status=mad.status))
+                                       mad=mad.mad, status=mad.status, length=rmpp_length(mad.mad)))
 
 
 async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *,

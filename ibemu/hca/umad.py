@@ -245,6 +245,44 @@ class SimRequest:
         return SimRequest(self.dlid, slid, self.dqp, self.sqp, self.mad, self.status, self.length, self.pad)
 
 
+RMPP_ACTIVE, RMPP_FIRST, RMPP_LAST = 0x01, 0x02, 0x04
+RMPP_TYPE_DATA = 1
+_MAD_HEADER_AND_RMPP = 36
+RMPP_CLASSES = frozenset({0x03, *range(0x30, 0x50)})
+"""Classes whose MADs carry an RMPP header: SubnAdm and the vendor classes with RMPP (the
+bytes after other classes' MAD header are theirs: an SMP's M_Key, a PMA's reserved field)."""
+
+
+def rmpp_length(mad: bytes) -> int:
+    """How many bytes of ``mad`` a client gets, as the kernel's RMPP code would hand them
+    over: a single-segment RMPP DATA MAD (an SA response) ends at its PayloadLength (which
+    counts from the class header on); any other MAD is whole. saquery counts the records it
+    prints from this length: every MAD at 256 bytes made it print garbage records."""
+    if len(mad) < _MAD_HEADER_AND_RMPP or mad[1] not in RMPP_CLASSES or mad[25] != RMPP_TYPE_DATA:
+        return MAD_LEN
+    flags = mad[26] & 0x07
+    if flags != RMPP_ACTIVE | RMPP_FIRST | RMPP_LAST:
+        return MAD_LEN
+    payload = int.from_bytes(mad[32:36], "big")
+    return min(MAD_LEN, _MAD_HEADER_AND_RMPP + payload) if payload else MAD_LEN
+
+
+def rmpp_seal(mad: bytes, length: int) -> bytes:
+    """``mad`` as the kernel's RMPP layer sends a single-segment transfer a client asked for
+    (RMPP Active set, the rest left to the kernel, as OpenSM leaves it): RMPPVersion 1, DATA,
+    First and Last, segment 1, PayloadLength from the ``length`` the client gave. Anything
+    else is returned as it is. (A transfer of more than one MAD does not fit a sim_request.)"""
+    if len(mad) < MAD_LEN or mad[1] not in RMPP_CLASSES or not mad[26] & RMPP_ACTIVE or mad[24] or mad[25]:
+        return mad
+    out = bytearray(mad)
+    out[24], out[25] = 1, RMPP_TYPE_DATA
+    out[26] = (mad[26] & 0xF8) | RMPP_ACTIVE | RMPP_FIRST | RMPP_LAST
+    out[27] = 0
+    out[28:32] = (1).to_bytes(4, "big")
+    out[32:36] = max(0, min(length, MAD_LEN) - _MAD_HEADER_AND_RMPP).to_bytes(4, "big")
+    return bytes(out)
+
+
 def mad_tid(mad: bytes) -> int:
     """TransactionID (MAD bytes 8-15, big-endian)."""
     return int(_TID.unpack_from(mad, 8)[0]) if len(mad) >= 16 else 0
