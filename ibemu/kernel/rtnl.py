@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ibemu.kernel import netns
+from ibemu.kernel import netlink, netns
 from ibemu.kernel.commands import KernelError
 
 RTM_NEWLINK = 16
@@ -68,20 +68,10 @@ def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> None:
             msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
                                        seq, 0) + body)
         sock.send(b"".join(msgs))
-        pending = len(msgs)
-        while pending:
-            data = sock.recv(1 << 16)
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, kind, _f, seq, _p = _NLMSGHDR.unpack_from(data, off)
-                if length < _NLMSGHDR.size:
-                    break
-                if kind == NLMSG_ERROR:
-                    err = struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
-                    if err:
-                        raise KernelError(f"{ns}/{names[seq - 1]}: link set: {os.strerror(-err)}")
-                    pending -= 1
-                off += (length + 3) & ~3
+        failed = netlink.acks(sock, 1, len(msgs))
+        if failed:
+            seq, err = failed[0]
+            raise KernelError(f"{ns}/{names[seq - 1]}: link set: {os.strerror(err)}")
     finally:
         sock.close()
 

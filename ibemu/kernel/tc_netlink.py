@@ -15,13 +15,12 @@ import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ibemu.kernel import netns
+from ibemu.kernel import netlink, netns
 from ibemu.kernel.commands import KernelError
 
 NETLINK_ROUTE = 0
 RTM_NEWTFILTER = 44
 RTM_DELTFILTER = 45
-NLMSG_ERROR = 2
 NLM_F_REQUEST = 0x1
 NLM_F_ACK = 0x4
 NLM_F_REPLACE = 0x100
@@ -235,23 +234,11 @@ class BlockFilters:
             self.sock.send(b"".join(chunk))
 
     def _collect_acks(self, first_seq: int, count: int) -> None:
-        pending = count
-        errors: list[str] = []
-        while pending:
-            data = self.sock.recv(1 << 16)
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, kind, _flags, seq, _pid = _NLMSGHDR.unpack_from(data, off)
-                if length < _NLMSGHDR.size:
-                    break
-                if kind == NLMSG_ERROR and first_seq <= seq < first_seq + count:
-                    err = struct.unpack_from("=i", data, off + _NLMSGHDR.size)[0]
-                    if err:
-                        errors.append(f"message {seq - first_seq + 1}: {os.strerror(-err)}")
-                    pending -= 1
-                off += (length + 3) & ~3
-        if errors:
-            raise KernelError(f"tc filter update in {self.ns}: {len(errors)} failed ({errors[0]})")
+        failed = netlink.acks(self.sock, first_seq, count)
+        if failed:
+            seq, err = failed[0]
+            raise KernelError(f"tc filter update in {self.ns}: {len(failed)} failed "
+                              f"(message {seq - first_seq + 1}: {os.strerror(err)})")
 
     def close(self) -> None:
         self.sock.close()

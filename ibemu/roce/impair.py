@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ibemu.errors import ConfigError
-from ibemu.kernel import bpf, clsact
+from ibemu.kernel import bpf, clsact, netlink
 from ibemu.kernel.bpf import R0, R1, R2, R6, Asm
 from ibemu.kernel.commands import batch
 
@@ -89,10 +89,10 @@ def has_sch_fq() -> bool:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
         try:
             sock.bind((0, 0))
-            body = clsact.TCMSG.pack(0, 1, 0, clsact.TC_H_ROOT, 0) + clsact.attr(clsact.TCA_KIND, b"fq\0")
-            create = clsact.NLM_F_REQUEST | clsact.NLM_F_ACK | clsact.NLM_F_CREATE | clsact.NLM_F_EXCL
+            body = clsact.TCMSG.pack(0, 1, 0, clsact.TC_H_ROOT, 0) + netlink.attr(clsact.TCA_KIND, b"fq\0")
+            create = netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | netlink.NLM_F_CREATE | netlink.NLM_F_EXCL
             try:
-                clsact.request(sock, [clsact.message(clsact.RTM_NEWQDISC, create, 1, body)], "fq probe")
+                netlink.request(sock, [netlink.message(clsact.RTM_NEWQDISC, create, 1, body)], "fq probe")
                 found.append(True)
             except Exception as exc:
                 log.info("no sch_fq: %s", exc)

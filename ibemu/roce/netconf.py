@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ibemu.kernel import bpf, clsact, netns, rtnl
+from ibemu.kernel import bpf, clsact, netlink, netns, rtnl
 from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R6, Asm
 from ibemu.kernel.commands import KernelError, batch
 from ibemu.roce.routes import NextHops
@@ -177,8 +177,8 @@ _RTMSG = struct.Struct("=BBBBBBBBI")
 RTM_NEWNEIGH, NDA_DST, NDA_LLADDR, NUD_PERMANENT = 28, 1, 2, 0x80
 _NDMSG = struct.Struct("=BxxxiHBB")
 _RTNH = struct.Struct("=HBBi")
-_PUT = clsact.NLM_F_REQUEST | clsact.NLM_F_ACK | clsact.NLM_F_CREATE | clsact.NLM_F_REPLACE
-_DEL = clsact.NLM_F_REQUEST | clsact.NLM_F_ACK
+_PUT = netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | netlink.NLM_F_CREATE | netlink.NLM_F_REPLACE
+_DEL = netlink.NLM_F_REQUEST | netlink.NLM_F_ACK
 
 
 class RouteWriter:
@@ -187,24 +187,24 @@ class RouteWriter:
     def __init__(self, ns: str, ifnames: Iterable[str]) -> None:
         self.ns = ns
         self.ifindex = rtnl.ifindexes(ns, ifnames)
-        self.sock = clsact.route_socket(ns)
+        self.sock = netlink.route_socket(ns)
         self.messages = 0
 
     def _message(self, kind: int, flags: int, seq: int, prefix: str, hops: NextHops) -> bytes:
         net = ipaddress.IPv4Network(prefix)
         body = _RTMSG.pack(socket.AF_INET, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_IBEMU,
                            RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
-        body += clsact.attr(RTA_DST, net.network_address.packed)
+        body += netlink.attr(RTA_DST, net.network_address.packed)
         if len(hops) == 1:
-            body += clsact.attr(RTA_GATEWAY, socket.inet_aton(hops[0].gateway))
-            body += clsact.attr(RTA_OIF, struct.pack("=i", self.ifindex[hops[0].ifname]))
+            body += netlink.attr(RTA_GATEWAY, socket.inet_aton(hops[0].gateway))
+            body += netlink.attr(RTA_OIF, struct.pack("=i", self.ifindex[hops[0].ifname]))
         elif hops:
             nested = b""
             for h in hops:
-                gw = clsact.attr(RTA_GATEWAY, socket.inet_aton(h.gateway))
+                gw = netlink.attr(RTA_GATEWAY, socket.inet_aton(h.gateway))
                 nested += _RTNH.pack(_RTNH.size + len(gw), 0, 0, self.ifindex[h.ifname]) + gw
-            body += clsact.attr(RTA_MULTIPATH, nested)
-        return clsact.message(kind, flags, seq, body)
+            body += netlink.attr(RTA_MULTIPATH, nested)
+        return netlink.message(kind, flags, seq, body)
 
     def apply(self, put: Mapping[str, NextHops], delete: Iterable[str] = ()) -> int:
         """Replace (or create) ``put`` and delete ``delete``, in one send; every ack checked."""
@@ -217,7 +217,7 @@ class RouteWriter:
             msgs.append(self._message(RTM_DELROUTE, _DEL, len(msgs) + 1, prefix, ()))
         if msgs:
             for i in range(0, len(msgs), 256):  # stay well inside the socket buffers
-                clsact.request(self.sock, msgs[i:i + 256], f"{self.ns}: routes")
+                netlink.request(self.sock, msgs[i:i + 256], f"{self.ns}: routes")
         self.messages += len(msgs)
         return len(msgs)
 
@@ -231,10 +231,10 @@ class RouteWriter:
         msgs: list[bytes] = []
         for ifname, ip, mac in entries:
             body = _NDMSG.pack(socket.AF_INET, self.ifindex[ifname], NUD_PERMANENT, 0, 0)
-            body += clsact.attr(NDA_DST, socket.inet_aton(ip)) + clsact.attr(NDA_LLADDR, mac)
-            msgs.append(clsact.message(RTM_NEWNEIGH, _PUT, len(msgs) + 1, body))
+            body += netlink.attr(NDA_DST, socket.inet_aton(ip)) + netlink.attr(NDA_LLADDR, mac)
+            msgs.append(netlink.message(RTM_NEWNEIGH, _PUT, len(msgs) + 1, body))
         if msgs:
-            clsact.request(self.sock, msgs, f"{self.ns}: neighbours")
+            netlink.request(self.sock, msgs, f"{self.ns}: neighbours")
         return len(msgs)
 
     def close(self) -> None:

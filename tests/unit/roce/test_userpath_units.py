@@ -12,7 +12,7 @@ from scapy.contrib.mac_control import MACControlClassBasedFlowControl
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
-from ibemu.kernel import clsact
+from ibemu.kernel import netlink
 from ibemu.roce import pfc
 from ibemu.roce.netconf import RTM_DELROUTE, RTM_NEWROUTE, RouteWriter
 from ibemu.roce.queues import EgressPort, PfcIngress, QueueConfig, ip_checksum, priority
@@ -174,7 +174,7 @@ def test_route_messages_parse_as_the_manager_writes_them() -> None:
     assert msgs[1] == RouteMsg(False, net, 15, (13,))
     assert msgs[2].deleted and msgs[2].length == 32
     assert list(parse_routes(b"\x10\x00")) == [] and list(parse_routes(bytes(64))) == []
-    local = clsact.message(RTM_NEWROUTE, 0, 1, struct.pack("=BBBBBBBBI", socket.AF_INET, 32, 0, 0, 255, 2, 254, 2, 0))
+    local = netlink.message(RTM_NEWROUTE, 0, 1, struct.pack("=BBBBBBBBI", socket.AF_INET, 32, 0, 0, 255, 2, 254, 2, 0))
     assert list(parse_routes(local)) == []  # the local table is not forwarding state
 
 
