@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
 from ibemu.kernel import netns
 from ibemu.kernel.commands import KernelError
@@ -30,6 +31,18 @@ def message(kind: int, flags: int, seq: int, body: bytes) -> bytes:
     return NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
 
 
+def parse(data: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """(type, sequence number, payload start, message end) of each message in ``data``, one
+    read from a netlink socket (a truncated or malformed tail ends it)."""
+    off = 0
+    while off + NLMSGHDR.size <= len(data):
+        length, kind, _flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
+        if length < NLMSGHDR.size:
+            return
+        yield kind, seq, off + NLMSGHDR.size, off + length
+        off += (length + 3) & ~3
+
+
 def acks(sock: socket.socket, first_seq: int, count: int) -> list[tuple[int, int]]:
     """Read the acks of messages ``first_seq .. first_seq + count - 1`` (every one asked for
     NLM_F_ACK); returns (sequence number, errno) of those that failed."""
@@ -37,17 +50,12 @@ def acks(sock: socket.socket, first_seq: int, count: int) -> list[tuple[int, int
     failed: list[tuple[int, int]] = []
     while pending:
         data = sock.recv(1 << 16)
-        off = 0
-        while off + NLMSGHDR.size <= len(data):
-            length, kind, _flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-            if length < NLMSGHDR.size:
-                break
+        for kind, seq, payload, _end in parse(data):
             if kind == NLMSG_ERROR and first_seq <= seq < first_seq + count:
-                err = struct.unpack_from("=i", data, off + NLMSGHDR.size)[0]
+                err = struct.unpack_from("=i", data, payload)[0]
                 if err:
                     failed.append((seq, -err))
                 pending -= 1
-            off += (length + 3) & ~3
     return failed
 
 

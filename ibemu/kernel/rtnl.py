@@ -126,20 +126,15 @@ def _dump_links(ns: str) -> list[tuple[str, int, dict[int, bytes]]]:
         sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
         while True:
             data = sock.recv(1 << 16)
-            off = 0
-            while off + _NLMSGHDR.size <= len(data):
-                length, kind, _f, _seq, _p = _NLMSGHDR.unpack_from(data, off)
-                if length < _NLMSGHDR.size:
-                    break
+            for kind, _seq, payload, end in netlink.parse(data):
                 if kind == NLMSG_DONE:
                     return links
                 if kind == NLMSG_ERROR:
                     raise KernelError(f"{ns}: link dump failed")
                 if kind == RTM_NEWLINK:
-                    flags = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)[3]
-                    attrs = _attrs(data[off + _NLMSGHDR.size + _IFINFOMSG.size: off + length])
+                    flags = _IFINFOMSG.unpack_from(data, payload)[3]
+                    attrs = _attrs(data[payload + _IFINFOMSG.size: end])
                     links.append((attrs.get(IFLA_IFNAME, b"").split(b"\0", 1)[0].decode(), flags, attrs))
-                off += (length + 3) & ~3
     finally:
         sock.close()
 
