@@ -1,6 +1,12 @@
-"""Helpers shared by the RoCE integration tests (kernel and user datapaths): k=4 core counters."""
+"""Helpers shared by the RoCE integration tests (kernel and user datapaths): k=4 core counters,
+cutting the cable a flow crosses, and the manager's reroute records."""
 
 from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
 
 from ibemu.kernel import rtnl
 from ibemu.roce.fabric import RoceRun
@@ -15,3 +21,49 @@ def core_tx(run: RoceRun) -> dict[str, int]:
         stats = rtnl.link_stats(run.fab.plan.nodes[core].ns, [f"{core}-{p}" for p in range(1, 5)])
         out[core] = sum(s.tx_packets for s in stats.values())
     return out
+
+
+def core_cable_of(run: RoceRun, carry: Callable[[], object]) -> tuple[str, str]:
+    """(namespace, interface) of the cable into pod 3 of the core that a one-QP flow hashes
+    to: the core that sent the most while ``carry`` ran the flow."""
+    before = core_tx(run)
+    carry()
+    after = core_tx(run)
+    core = max(CORES, key=lambda c: after[c] - before[c])
+    port = next(p for p, pp in run.fab.plan.nodes[core].ports.items() if pp.peer_node.startswith("agg3_"))
+    return run.fab.plan.nodes[core].ns, f"{core}-{port}"
+
+
+def cut_later(ns: str, ifname: str, t_fault: list[int], delay_s: float = 0.5) -> Callable[[], None]:
+    """A blocking step (for a flow's ``during``) that takes the cable down after ``delay_s``
+    and appends when to ``t_fault``."""
+
+    def cut() -> None:
+        time.sleep(delay_s)
+        t_fault.append(time.monotonic_ns())
+        rtnl.set_up(ns, [ifname], False)
+
+    return cut
+
+
+def check_reroute(run: RoceRun, t_fault: int, arrivals: list[int]) -> None:
+    """The fabric manager rerouted the cut (its phases in order, the core's only way down
+    lost) and the flow never stopped for a second."""
+    reroutes = [e for e in run.manager_events() if e["kind"] == "reroute" and e["t_detect"] >= t_fault]
+    assert reroutes, "the manager logged no reroute"
+    r = reroutes[0]
+    assert r["reason"] == "link_down" and r["changes"] > 0
+    assert t_fault <= r["t_detect"] <= r["t_routed"] <= r["t_programmed"]
+    assert r["local_blackholed"] > 0  # the core had no other way down: the manager had to act
+    gaps = [t2 - t1 for t1, t2 in itertools.pairwise(arrivals) if t2 > t_fault]
+    assert max(gaps) < 1_000_000_000
+
+
+def wait_link_up_reroute(run: RoceRun, timeout_s: float = 5.0) -> None:
+    """The manager rerouted when the cable came back."""
+    deadline = time.monotonic() + timeout_s
+    ups: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not ups:
+        ups = [e for e in run.manager_events() if e["kind"] == "reroute" and e["reason"] == "link_up"]
+        time.sleep(0.05)
+    assert ups, "the manager did not reroute when the cable came back"

@@ -9,11 +9,9 @@ with the host kernel answering none of them.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +26,14 @@ from ibemu.topo import generate
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 from ibemu.wire import PcapWriter, fast
 from ibemu.wire.roce import verify_roce_icrc
-from tests.integration.roce_live import CORES, core_tx
+from tests.integration.roce_live import (
+    CORES,
+    check_reroute,
+    core_cable_of,
+    core_tx,
+    cut_later,
+    wait_link_up_reroute,
+)
 
 pytestmark = pytest.mark.root
 
@@ -131,44 +136,20 @@ def test_ecmp_spreads_qps_over_the_core(roce: RoceRun) -> None:
 
 def test_reroute_after_a_core_link_failure(roce: RoceRun) -> None:
     # Find the core the flow's one QP hashes to, then cut that core's cable into pod 3.
-    before = core_tx(roce)
-    opts = PerfOptions(test="write_bw", size=4096, iterations=200, qps=1, timeout=12)
-    write_bw(roce, "h0", "h15", opts)
-    delta = {c: core_tx(roce)[c] - before[c] for c in CORES}
-    core = max(delta, key=lambda c: delta[c])
-    port = next(p for p, pp in roce.fab.plan.nodes[core].ports.items() if pp.peer_node.startswith("agg3_"))
-    ns, ifname = roce.fab.plan.nodes[core].ns, f"{core}-{port}"
+    ns, ifname = core_cable_of(roce, lambda: write_bw(
+        roce, "h0", "h15", PerfOptions(test="write_bw", size=4096, iterations=200, qps=1, timeout=12)))
     t_fault: list[int] = []
-
-    def cut() -> None:
-        time.sleep(0.5)
-        t_fault.append(time.monotonic_ns())
-        rtnl.set_up(ns, [ifname], False)
-
     try:
         opts = PerfOptions(test="write_bw", size=4096, duration_s=1.5, qps=1, timeout=12, tx_depth=32)
-        result, _sa, _sb, _a, b, arrivals = write_bw(roce, "h0", "h15", opts, during=cut)
+        result, _sa, _sb, _a, b, arrivals = write_bw(roce, "h0", "h15", opts, during=cut_later(ns, ifname, t_fault))
         assert t_fault and result.iterations > 0
         after = [t for t in arrivals if t > t_fault[0]]
         assert len(after) > 100, "the flow did not resume"
-        reroutes = [e for e in roce.manager_events() if e["kind"] == "reroute" and e["t_detect"] >= t_fault[0]]
-        assert reroutes, "the manager logged no reroute"
-        r = reroutes[0]
-        assert r["reason"] == "link_down" and r["changes"] > 0
-        assert t_fault[0] <= r["t_detect"] <= r["t_routed"] <= r["t_programmed"]
-        assert r["local_blackholed"] > 0  # the core had no other way down: the manager had to act
-        gaps = [(t2 - t1) for t1, t2 in itertools.pairwise(arrivals) if t2 > t_fault[0]]
-        assert max(gaps) < 1_000_000_000
+        check_reroute(roce, t_fault[0], arrivals)
         assert b.roce_stats.rx_bad_icrc == 0
     finally:
         rtnl.set_up(ns, [ifname], True)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        ups = [e for e in roce.manager_events() if e["kind"] == "reroute" and e["reason"] == "link_up"]
-        if ups:
-            break
-        time.sleep(0.05)
-    assert ups, "the manager did not reroute when the cable came back"
+    wait_link_up_reroute(roce)
 
 
 def _icmp_out(ns: str) -> int:

@@ -10,7 +10,6 @@ trip.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import socket
 import subprocess
@@ -40,7 +39,14 @@ from ibemu.traffic.perftest import (
     run_local,
 )
 from ibemu.wire import PcapWriter
-from tests.integration.roce_live import CORES, core_tx
+from tests.integration.roce_live import (
+    CORES,
+    check_reroute,
+    core_cable_of,
+    core_tx,
+    cut_later,
+    wait_link_up_reroute,
+)
 
 pytestmark = pytest.mark.root
 
@@ -201,39 +207,18 @@ def quiet(run: RoceRun) -> None:
 
 def test_reroute_after_a_core_link_failure(roce: RoceRun) -> None:
     quiet(roce)
-    before = core_tx(roce)
-    write_bw(roce, [("h0", "h15")], PerfOptions(test="write_bw", size=4096, iterations=100, qps=1, timeout=12))
-    delta = {c: core_tx(roce)[c] - before[c] for c in CORES}
-    core = max(delta, key=lambda c: delta[c])  # the core the flow's QP hashes to: cut its cable into pod 3
-    port = next(p for p, pp in roce.fab.plan.nodes[core].ports.items() if pp.peer_node.startswith("agg3_"))
-    ns, ifname = roce.fab.plan.nodes[core].ns, f"{core}-{port}"
+    ns, ifname = core_cable_of(roce, lambda: write_bw(
+        roce, [("h0", "h15")], PerfOptions(test="write_bw", size=4096, iterations=100, qps=1, timeout=12)))
     t_fault: list[int] = []
-
-    def cut() -> None:
-        time.sleep(0.5)
-        t_fault.append(time.monotonic_ns())
-        rtnl.set_up(ns, [ifname], False)
-
     try:
         opts = PerfOptions(test="write_bw", size=4096, duration_s=1.5, qps=1, timeout=12, tx_depth=32)
-        (result,), _, arrivals = write_bw(roce, [("h0", "h15")], opts, during=cut)
+        (result,), _, arrivals = write_bw(roce, [("h0", "h15")], opts, during=cut_later(ns, ifname, t_fault))
         assert t_fault and result.iterations > 0
         assert len([t for t in arrivals if t > t_fault[0]]) > 50, "the flow did not resume"
-        reroutes = [e for e in roce.manager_events() if e["kind"] == "reroute" and e["t_detect"] >= t_fault[0]]
-        assert reroutes, "the manager logged no reroute"
-        r = reroutes[0]
-        assert r["reason"] == "link_down" and r["changes"] > 0 and r["local_blackholed"] > 0
-        assert t_fault[0] <= r["t_detect"] <= r["t_routed"] <= r["t_programmed"]
-        gaps = [t2 - t1 for t1, t2 in itertools.pairwise(arrivals) if t2 > t_fault[0]]
-        assert max(gaps) < 1_000_000_000
+        check_reroute(roce, t_fault[0], arrivals)
     finally:
         rtnl.set_up(ns, [ifname], True)
-    deadline = time.monotonic() + 5
-    ups: list[dict[str, Any]] = []
-    while time.monotonic() < deadline and not ups:
-        ups = [e for e in roce.manager_events() if e["kind"] == "reroute" and e["reason"] == "link_up"]
-        time.sleep(0.05)
-    assert ups, "the manager did not reroute when the cable came back"
+    wait_link_up_reroute(roce)
 
 
 def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Path) -> None:
