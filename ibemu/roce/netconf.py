@@ -118,12 +118,17 @@ def guard_program() -> bytes:
     part of the skb (what direct packet access sees): the headers are pulled in first
     (``bpf_skb_pull_data``), or the guard would pass every such frame."""
     a = Asm()
+
+    def headers_in_reach(otherwise: str) -> None:
+        """R2 = data; jump to ``otherwise`` unless GUARD_HEADERS bytes are in the linear part."""
+        a.ldx(4, R2, R6, bpf.SKB_DATA)
+        a.ldx(4, R3, R6, bpf.SKB_DATA_END)
+        a.mov(R4, R2)
+        a.alu64("add", R4, GUARD_HEADERS)
+        a.jmp("jgt", R4, R3, otherwise, reg=True)
+
     a.mov(R6, R1)
-    a.ldx(4, R2, R6, bpf.SKB_DATA)
-    a.ldx(4, R3, R6, bpf.SKB_DATA_END)
-    a.mov(R4, R2)
-    a.alu64("add", R4, GUARD_HEADERS)
-    a.jmp("jgt", R4, R3, "pull", reg=True)
+    headers_in_reach("pull")
     a.label("check")
     a.ldx(2, R4, R2, 12)
     a.jmp("jne", R4, 0x0008, "pass")            # ethertype 0x0800 (little-endian load)
@@ -142,11 +147,7 @@ def guard_program() -> bytes:
     a.movi(R2, GUARD_HEADERS)
     a.call(FN_SKB_PULL_DATA)
     a.jmp("jne", R0, 0, "pass")
-    a.ldx(4, R2, R6, bpf.SKB_DATA)
-    a.ldx(4, R3, R6, bpf.SKB_DATA_END)
-    a.mov(R4, R2)
-    a.alu64("add", R4, GUARD_HEADERS)
-    a.jmp("jgt", R4, R3, "pass", reg=True)
+    headers_in_reach("pass")  # the pull moved the data: load it again
     a.goto("check")
     a.label("pass")
     a.movi(R0, bpf.TC_ACT_OK)
