@@ -12,6 +12,7 @@ trio starts; afterwards they stay bound to their namespace.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -546,19 +547,11 @@ class AgentHost:
         another thread: the pending tables are listed in one step)."""
         return self._lft_writing + sum(len(changes) for changes in list(self._lft_pending.values()))
 
-    def _take_pending(self, max_entries: int | None = None) -> list[tuple[str, dict[int, int], int]]:
-        """The queued changes, oldest switch first: all, or switches up to ``max_entries``
-        entries in all (at least one switch); the rest stay queued."""
-        batch: list[tuple[str, dict[int, int], int]] = []
-        entries = 0
-        for name in list(self._lft_pending):
-            changes = self._lft_pending[name]
-            if batch and max_entries is not None and entries + len(changes) > max_entries:
-                break
-            del self._lft_pending[name]
-            batch.append((name, changes, self._lft_accepted_ns.pop(name, 0)))
-            entries += len(changes)
-        return batch
+    def _take_pending(self, switches: int | None = None) -> list[tuple[str, dict[int, int], int]]:
+        """The queued changes of the first ``switches`` switches (None: all), oldest first;
+        the rest stay queued."""
+        names = list(itertools.islice(self._lft_pending, switches))
+        return [(name, self._lft_pending.pop(name), self._lft_accepted_ns.pop(name, 0)) for name in names]
 
     def _write_lfts(self, batch: list[tuple[str, dict[int, int], int]]) -> list[dict[str, Any]]:
         """Apply queued LFT changes (blocking: netlink); returns event records."""

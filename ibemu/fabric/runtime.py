@@ -142,7 +142,6 @@ class FabricRuntime:
         self.timings_s = {**self.fabric.phases_s, "build": t1 - t0, "agents": time.perf_counter() - t1}
 
     def teardown(self) -> list[str]:
-        cpus.spread_thread(self.placement)  # a worker thread the pinned agent host started
         problems: list[str] = []
         if self.host is not None:
             self.host.close()

@@ -84,12 +84,6 @@ def pin_process(pid: int, cpus: frozenset[int] | None) -> None:
         log.debug("cannot pin process %d to CPUs %s: %s", pid, sorted(cpus), exc)
 
 
-def spread_thread(placement: Placement) -> None:
-    """Let the calling thread run on every usable CPU again (a thread started by a pinned
-    one inherits its CPU)."""
-    unpin_thread(set(placement.all) if placement.all else None)
-
-
 def release_threads(placement: Placement) -> int:
     """Give every usable CPU back to the threads of this process still pinned to the agents'
     CPU: threads the agent host's thread started while pinned inherited its CPU (trio keeps

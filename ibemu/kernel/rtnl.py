@@ -15,14 +15,17 @@ from typing import NamedTuple
 
 from ibemu.kernel import netlink, netns
 from ibemu.kernel.commands import KernelError
+from ibemu.kernel.netlink import (
+    NLM_F_ACK,
+    NLM_F_DUMP,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NLMSGHDR,
+)
 
 RTM_NEWLINK = 16
 RTM_GETLINK = 18
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_DUMP = 0x300
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 IFLA_IFNAME = 3
@@ -30,7 +33,6 @@ IFLA_OPERSTATE = 16
 IFLA_STATS64 = 23
 IF_OPER_UP = 6
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _IFINFOMSG = struct.Struct("=BxHiII")
 
 
@@ -65,7 +67,7 @@ def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> None:
         msgs = []
         for seq, idx in enumerate(indexes, 1):
             body = _IFINFOMSG.pack(0, 0, idx, IFF_UP if up else 0, IFF_UP)
-            msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
+            msgs.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
                                        seq, 0) + body)
         sock.send(b"".join(msgs))
         failed = netlink.acks(sock, 1, len(msgs))
@@ -123,7 +125,7 @@ def _dump_links(ns: str) -> list[tuple[str, int, dict[int, bytes]]]:
     links: list[tuple[str, int, dict[int, bytes]]] = []
     try:
         body = _IFINFOMSG.pack(0, 0, 0, 0, 0)
-        sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
+        sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + body)
         while True:
             data = sock.recv(1 << 16)
             for kind, _seq, payload, end in netlink.parse(data):

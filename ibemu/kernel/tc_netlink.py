@@ -17,15 +17,20 @@ from dataclasses import dataclass
 
 from ibemu.kernel import netlink, netns
 from ibemu.kernel.commands import KernelError
+from ibemu.kernel.netlink import (
+    NLA_F_NESTED,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    NLM_F_REPLACE,
+    NLM_F_REQUEST,
+    NLMSGHDR,
+    attr,
+)
 
 NETLINK_ROUTE = 0
 RTM_NEWTFILTER = 44
 RTM_DELTFILTER = 45
-NLM_F_REQUEST = 0x1
-NLM_F_ACK = 0x4
-NLM_F_REPLACE = 0x100
-NLM_F_EXCL = 0x200
-NLM_F_CREATE = 0x400
 TCM_IFINDEX_MAGIC_BLOCK = 0xFFFFFFFF
 
 RTM_NEWQDISC = 36
@@ -50,18 +55,10 @@ TCA_BPF_FLAG_ACT_DIRECT = 1
 TC_U32_TERMINAL = 1
 TC_ACT_STOLEN = 4
 TCA_EGRESS_REDIR = 1
-NLA_F_NESTED = 0x8000
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _TCMSG = struct.Struct("=BxxxiIII")
-_RTA = struct.Struct("=HH")
 _SEL_ONE_KEY = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0)
 """A u32 selector's header: terminal, one key (the key follows)."""
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    n = _RTA.size + len(payload)
-    return _RTA.pack(n, kind) + payload + b"\0" * (-n % 4)
 
 
 def _u32_handle(ht: int, bucket: int, node: int) -> int:
@@ -102,17 +99,17 @@ class BlockFilters:
     def _message(self, kind: int, flags: int, handle: int, options: bytes | None) -> bytes:
         # tcm_ifindex is a signed int: TCM_IFINDEX_MAGIC_BLOCK (0xFFFFFFFF) packs as -1.
         body = _TCMSG.pack(0, -1, handle, self.block, self.info)
-        body += _attr(TCA_KIND, b"u32\0")
+        body += attr(TCA_KIND, b"u32\0")
         if options is not None:
-            body += _attr(TCA_OPTIONS | NLA_F_NESTED, options)
+            body += attr(TCA_OPTIONS | NLA_F_NESTED, options)
         self._seq += 1
-        return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, self._seq, 0) + body
+        return NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, flags, self._seq, 0) + body
 
     def _route_options(self, route: U32Route) -> bytes:
         value = route.value
         key = struct.pack("!IIii", 0xFFFF << self.shift, (value & 0xFFFF) << self.shift, self.word_off, 0)
         ht_bucket = _u32_handle(self.ht, value & 0xFF, 0)
-        return (_attr(TCA_U32_HASH, struct.pack("=I", ht_bucket)) + _attr(TCA_U32_SEL, _SEL_ONE_KEY + key)
+        return (attr(TCA_U32_HASH, struct.pack("=I", ht_bucket)) + attr(TCA_U32_SEL, _SEL_ONE_KEY + key)
                 + self._redirect(route.egress_ifindex))
 
     def _redirect(self, ifindex: int) -> bytes:
@@ -120,9 +117,9 @@ class BlockFilters:
         cached = self._actions.get(ifindex)
         if cached is None:
             mirred = struct.pack("=IIiiiiI", 0, 0, TC_ACT_STOLEN, 0, 0, TCA_EGRESS_REDIR, ifindex)
-            act = _attr(TCA_ACT_KIND, b"mirred\0") + _attr(
-                TCA_ACT_OPTIONS | NLA_F_NESTED, _attr(TCA_MIRRED_PARMS, mirred))
-            cached = self._actions[ifindex] = _attr(TCA_U32_ACT | NLA_F_NESTED, _attr(1 | NLA_F_NESTED, act))
+            act = attr(TCA_ACT_KIND, b"mirred\0") + attr(
+                TCA_ACT_OPTIONS | NLA_F_NESTED, attr(TCA_MIRRED_PARMS, mirred))
+            cached = self._actions[ifindex] = attr(TCA_U32_ACT | NLA_F_NESTED, attr(1 | NLA_F_NESTED, act))
         return cached
 
     def setup_switch(self, ifindexes: Iterable[int], *, vl15_classid: int = 0x00010015) -> None:
@@ -137,9 +134,9 @@ class BlockFilters:
         msgs = []
         for idx in ifindexes:
             body = _TCMSG.pack(0, idx, TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0)
-            body += _attr(TCA_KIND, b"clsact\0") + _attr(TCA_INGRESS_BLOCK, struct.pack("=I", self.block))
+            body += attr(TCA_KIND, b"clsact\0") + attr(TCA_INGRESS_BLOCK, struct.pack("=I", self.block))
             self._seq += 1
-            msgs.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWQDISC,
+            msgs.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWQDISC,
                                        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body)
         create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
         root_info, lft_info = self.info - (1 << 16), self.info
@@ -148,18 +145,18 @@ class BlockFilters:
         vl15_sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0) + vl15_key
         self.info = root_info
         msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(0x800, 0, 1),
-                                  _attr(TCA_U32_CLASSID, struct.pack("=I", vl15_classid))
-                                  + _attr(TCA_U32_SEL, vl15_sel)))
+                                  attr(TCA_U32_CLASSID, struct.pack("=I", vl15_classid))
+                                  + attr(TCA_U32_SEL, vl15_sel)))
         self.info = lft_info
         msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(self.ht, 0, 0),
-                                  _attr(TCA_U32_DIVISOR, struct.pack("=I", 256))))
+                                  attr(TCA_U32_DIVISOR, struct.pack("=I", 256))))
         link_key = struct.pack("!IIii", 0, 0, 0, 0)
         link_sel = struct.pack("!BBBxHHhhI", 0, 0, 1, 0, 0, 0, 0, 0x000000FF) + link_key
         self.info = root_info
         msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(0x800, 0, 2),
-                                  _attr(TCA_U32_HASH, struct.pack("=I", _u32_handle(0x800, 0, 0)))
-                                  + _attr(TCA_U32_LINK, struct.pack("=I", _u32_handle(self.ht, 0, 0)))
-                                  + _attr(TCA_U32_SEL, link_sel)))
+                                  attr(TCA_U32_HASH, struct.pack("=I", _u32_handle(0x800, 0, 0)))
+                                  + attr(TCA_U32_LINK, struct.pack("=I", _u32_handle(self.ht, 0, 0)))
+                                  + attr(TCA_U32_SEL, link_sel)))
         self.info = lft_info
         first_seq = self._seq - len(msgs) + 1
         self._send_all(msgs)
@@ -190,17 +187,17 @@ class BlockFilters:
         ``800::1`` that would stop them first. Frames the program does not take go on to the
         stack, i.e. the SMA, as before. ``tc filter show block 1`` shows both changes."""
         info = (prio << 16) | (self.info & 0xFFFF)
-        body = _TCMSG.pack(0, -1, 1, self.block, info) + _attr(TCA_KIND, b"bpf\0")
-        body += _attr(TCA_OPTIONS | NLA_F_NESTED,
-                      _attr(TCA_BPF_FD, struct.pack("=I", prog_fd)) + _attr(TCA_BPF_NAME, name.encode() + b"\0")
-                      + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+        body = _TCMSG.pack(0, -1, 1, self.block, info) + attr(TCA_KIND, b"bpf\0")
+        body += attr(TCA_OPTIONS | NLA_F_NESTED,
+                      attr(TCA_BPF_FD, struct.pack("=I", prog_fd)) + attr(TCA_BPF_NAME, name.encode() + b"\0")
+                      + attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
         self._seq += 1
-        add = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWTFILTER,
+        add = NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWTFILTER,
                              NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body
         root_info = self.info - (1 << 16)
-        body = _TCMSG.pack(0, -1, _u32_handle(0x800, 0, 1), self.block, root_info) + _attr(TCA_KIND, b"u32\0")
+        body = _TCMSG.pack(0, -1, _u32_handle(0x800, 0, 1), self.block, root_info) + attr(TCA_KIND, b"u32\0")
         self._seq += 1
-        delete = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK,
+        delete = NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_DELTFILTER, NLM_F_REQUEST | NLM_F_ACK,
                                 self._seq, 0) + body
         self._send_all([add])
         self._collect_acks(self._seq - 1, 1)
@@ -217,7 +214,7 @@ class BlockFilters:
         """
         body = _TCMSG.pack(0, -1, 0, self.block, 0)
         self._seq += 1
-        self._send_all([_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_DELTFILTER,
+        self._send_all([NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_DELTFILTER,
                                        NLM_F_REQUEST | NLM_F_ACK, self._seq, 0) + body])
         self._collect_acks(self._seq, 1)
 

@@ -114,7 +114,7 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
         shifts = [idx[lid] for lid in lids]
         # this destination's entries for a port list and stride, worked out once and
         # written with one dict.update per switch (most switches share a few of them)
-        picked: dict[tuple[int, ...], dict[int, int]] = {}
+        picked: dict[tuple[tuple[int, ...], int], dict[int, int]] = {}
         rings, downs = lay.rings, lay.down
         for k in range(1, len(rings)):
             prev, dprev, dk = rings[k - 1], downs[k - 1], downs[k]
@@ -127,7 +127,7 @@ def route(fab: Fabric, **_opts: object) -> tuple[list[dict[int, int]], State]:
                     mask = up[v] & prev
                     ports = nbr[v][mask.bit_length() - 1] if mask & (mask - 1) == 0 else cached(v, mask)
                     s = stride[v]
-                key = (*ports, -s)
+                key = (tuple(ports), s)
                 entries = picked.get(key)
                 if entries is None:
                     m = len(ports)
