@@ -38,17 +38,11 @@ from ibemu.fabric.static_routes import assign_lids, minhop_lfts
 from ibemu.hca.nic import HcaPort
 from ibemu.kernel import ownership, rtnl
 from ibemu.roce.fabric import RoceRun
-from ibemu.roce.port import RocePort
 from ibemu.topo import generate
 from ibemu.traffic.blackout import analyse
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 
 CORES = ("core0", "core1", "core2", "core3")
-
-
-def open_port(run: RoceRun, host: str) -> RocePort:
-    hp = run.fab.host_port(host)
-    return RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=run.fab.addrs.lid_ips())
 
 
 # ------------------------------------------------------------------ throughput, two processes
@@ -142,7 +136,7 @@ def core_tx(run: RoceRun) -> dict[str, int]:
 
 def flow(run: RoceRun, seconds: float, cut: tuple[str, str] | None, at_s: float) -> tuple[list[int], int, Any]:
     """A one-QP WRITE flow h0 -> h15 for ``seconds``; ``cut`` = (ns, ifname) set down at ``at_s``."""
-    a, b = open_port(run, "h0"), open_port(run, "h15")
+    a, b = run.open_port("h0"), run.open_port("h15")
     arrivals: list[int] = []
     b.on_frame.append(arrivals.append)
     t_fault = [0]
@@ -242,7 +236,7 @@ def main() -> None:
         print("  kind path               packets/s    Gb/s  retx  client         server")
         pairs = [("h0", "h2", "h0->h2 (3 hops)"), ("h0", "h15", "h0->h15 (5 hops)")]
         for src, dst, label in pairs:
-            print_throughput("RoCE", label, throughput(lambda h: open_port(run, h), src, dst, args.iters))
+            print_throughput("RoCE", label, throughput(lambda h: run.open_port(h), src, dst, args.iters))
         print()
         print("Reroute under a one-QP WRITE flow h0 -> h15 (ms after the cut)")
         print("  cable              manager     detect   routed  programmed  local ok/blackholed  changes  "

@@ -33,7 +33,6 @@ import trio
 
 from ibemu.kernel import ownership
 from ibemu.roce.fabric import RoceRun
-from ibemu.roce.port import RocePort
 from ibemu.roce.queues import QueueConfig
 from ibemu.scenario import load_scenario
 from ibemu.scenario.runner import ScenarioRun
@@ -50,14 +49,6 @@ def up(queues: QueueConfig) -> RoceRun:
     state.save()
     return RoceRun.up(generate("fat-tree", k=4), state, queues=queues)
 
-
-def open_port(run: RoceRun, host: str) -> RocePort:
-    hp = run.fab.host_port(host)
-    port = RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=run.fab.addrs.lid_ips())
-    q = run.fab.queues
-    if q is not None and q.pfc:  # the host honours its first hop's pauses
-        port.enable_pfc(q.line_gbps)
-    return port
 
 
 def fresh_counters(run: RoceRun, after_ns: int) -> dict[str, Any]:
@@ -78,7 +69,7 @@ def forwarding_rate(seconds: float) -> dict[str, float]:
         pairs = [("h0", "h15"), ("h4", "h11"), ("h8", "h3"), ("h12", "h7")]
         senders = []
         for src, dst in pairs:
-            port = open_port(run, src)
+            port = run.open_port(src)
             lid = run.fab.host_port(dst).lid
             frames = [port.codec.encapsulate(fast.NativeTemplate(slid=port.hca.lid, dlid=lid, destqp=0x100 + q)
                                              .packet(0x04, 1, bytes(1024))) for q in range(64)]
@@ -112,7 +103,7 @@ def forwarding_rate(seconds: float) -> dict[str, float]:
 # ------------------------------------------------------------------ one flow at a line rate
 
 def _write_bw(run: RoceRun, src: str, dst: str, opts: PerfOptions) -> Any:
-    a, b = open_port(run, src), open_port(run, dst)
+    a, b = run.open_port(src), run.open_port(dst)
 
     async def main() -> Any:
         async with trio.open_nursery() as n:
@@ -160,7 +151,7 @@ def incast(pfc: bool, seconds: float, out: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ delay accuracy
 
 def half_rtt_us(run: RoceRun, iters: int) -> float:
-    a, b = open_port(run, "h0"), open_port(run, "h1")
+    a, b = run.open_port("h0"), run.open_port("h1")
 
     async def main() -> LatResult:
         async with trio.open_nursery() as n:

@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibemu.fabric import build as fabric_build
 from ibemu.fabric.plan import FabricPlan, mac_text, plan_fabric
@@ -35,6 +35,9 @@ from ibemu.roce.queues import QueueConfig
 from ibemu.roce.routes import routers
 from ibemu.topo import Topology
 from ibemu.wire.roce import EMULATED_NET
+
+if TYPE_CHECKING:
+    from ibemu.roce.port import RocePort
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +327,22 @@ class RoceRun:
     def live_counters(self) -> dict[str, Any]:
         """The user datapath's counters now (it writes them every second; a signal-free read)."""
         return read_userpath_counters(self.fab)
+
+    def open_port(self, host: str, *, dcqcn: bool = False) -> RocePort:
+        """A RoCE port on ``host``'s cable, in this process. With PFC on the fabric it honours
+        its first hop's pauses; ``dcqcn``: with ECN marking on the fabric it also sends ECT
+        frames, answers CE with CNPs and slows down on CNPs, as a scenario run's does."""
+        from ibemu.roce.dcqcn import DcqcnParams  # the traffic side, only for whoever opens a port
+        from ibemu.roce.port import RocePort
+
+        hp = self.fab.host_port(host)
+        port = RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=self.fab.addrs.lid_ips())
+        q = self.fab.queues
+        if q is not None and q.pfc:
+            port.enable_pfc(q.line_gbps)
+        if dcqcn and q is not None and q.ecn_mark_kb:
+            port.enable_dcqcn(DcqcnParams(line_gbps=q.line_gbps))
+        return port
 
     def down(self) -> list[str]:
         if self.manager is not None:

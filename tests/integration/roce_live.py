@@ -1,15 +1,20 @@
 """Helpers shared by the RoCE integration tests (kernel and user datapaths): k=4 core counters,
-cutting the cable a flow crosses, and the manager's reroute records."""
+cutting the cable a flow crosses, the manager's reroute records, and a fabric's whole life."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import Any
 
-from ibemu.kernel import rtnl
+import pytest
+
+from ibemu.kernel import netns, ownership, rtnl
 from ibemu.roce.fabric import RoceRun
+from ibemu.roce.queues import QueueConfig
+from ibemu.topo import generate
 
 CORES = ("core0", "core1", "core2", "core3")
 
@@ -67,3 +72,21 @@ def wait_link_up_reroute(run: RoceRun, timeout_s: float = 5.0) -> None:
         ups = [e for e in run.manager_events() if e["kind"] == "reroute" and e["reason"] == "link_up"]
         time.sleep(0.05)
     assert ups, "the manager did not reroute when the cable came back"
+
+
+def roce_up(state_dir: Path, scenario: str, queues: QueueConfig | None = None) -> Generator[RoceRun, None, RoceRun]:
+    """A k=4 RoCE fabric owned by a run recorded in ``state_dir`` (a fixture's body): up,
+    yielded, then down with nothing left behind. Returns the run once it is down."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ownership, "STATE_DIR", state_dir)
+        state = ownership.RunState(ownership.new_run_id(), scenario=scenario)
+        state.save()
+        run = RoceRun.up(generate("fat-tree", k=4), state, queues=queues)
+        try:
+            yield run
+        finally:
+            problems = run.down()
+            assert not problems, problems
+            assert not any(netns.exists(n) for n in run.fab.plan.namespaces)
+            assert not state.path.exists()
+    return run

@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibemu.kernel import netns, ownership, rtnl
+from ibemu.kernel import netns, rtnl
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.roce.fabric import RoceRun
-from ibemu.roce.port import ETH_P_ALL, RocePort
-from ibemu.topo import generate
+from ibemu.roce.port import ETH_P_ALL
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 from ibemu.wire import PcapWriter, fast
 from ibemu.wire.roce import verify_roce_icrc
@@ -32,6 +31,7 @@ from tests.integration.roce_live import (
     core_cable_of,
     core_tx,
     cut_later,
+    roce_up,
     wait_link_up_reroute,
 )
 
@@ -41,29 +41,13 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture(scope="module")
 def roce(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoceRun]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ownership, "STATE_DIR", tmp_path_factory.mktemp("roce-state"))
-        state = ownership.RunState(ownership.new_run_id(), scenario="pytest-roce")
-        state.save()
-        run = RoceRun.up(generate("fat-tree", k=4), state)
-        try:
-            yield run
-        finally:
-            problems = run.down()
-            assert not problems, problems
-            assert not any(netns.exists(n) for n in run.fab.plan.namespaces)
-            assert not state.path.exists()
-
-
-def open_port(run: RoceRun, host: str) -> RocePort:
-    hp = run.fab.host_port(host)
-    return RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=run.fab.addrs.lid_ips())
+    yield from roce_up(tmp_path_factory.mktemp("roce-state"), "pytest-roce")
 
 
 
 def write_bw(run: RoceRun, src: str, dst: str, opts: PerfOptions, *, during=None):  # type: ignore[no-untyped-def]
     """RDMA WRITE from ``src`` to ``dst``; ``during(t_start)`` runs in a thread alongside."""
-    a, b = open_port(run, src), open_port(run, dst)
+    a, b = run.open_port(src), run.open_port(dst)
     arrivals: list[int] = []
     b.on_frame.append(arrivals.append)
 
@@ -162,14 +146,14 @@ def _icmp_out(ns: str) -> int:
 def test_malformed_frames_are_counted_and_never_answered(roce: RoceRun) -> None:
     h15 = roce.fab.host_port("h15")
     leaf = roce.fab.addrs.gateway("h15")
-    sender = open_port(roce, "h0")  # a frame as h0 sends it to h15
+    sender = roce.open_port("h0")  # a frame as h0 sends it to h15
     pkt = fast.NativeTemplate(slid=sender.hca.lid, dlid=h15.lid, destqp=0x999).packet(0x04, 1, b"x" * 64)
     frame = sender.codec.encapsulate(pkt)
     sender.close()
     assert frame is not None
     icmp_before = _icmp_out(h15.ns)
     # Sent from the leaf router's interface straight onto h15's cable, to h15's MAC.
-    rx = open_port(roce, "h15")
+    rx = roce.open_port("h15")
     dst_mac = roce.fab.plan.nodes["h15"].ports[1].mac
     wire = open_packet_socket(roce.fab.plan.nodes[leaf.node].ns, leaf.ifname, ETH_P_ALL)
     bad_icrc = bytearray(frame)

@@ -21,14 +21,12 @@ from typing import Any
 import pytest
 import trio
 
-from ibemu.kernel import netns, ownership, rtnl
+from ibemu.kernel import netns, rtnl
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.roce import pfc
-from ibemu.roce.dcqcn import DcqcnParams
 from ibemu.roce.fabric import RoceRun
 from ibemu.roce.port import ETH_P_ALL, RocePort
 from ibemu.roce.queues import QueueConfig
-from ibemu.topo import generate
 from ibemu.traffic.perftest import (
     BwResult,
     LatResult,
@@ -45,6 +43,7 @@ from tests.integration.roce_live import (
     core_cable_of,
     core_tx,
     cut_later,
+    roce_up,
     wait_link_up_reroute,
 )
 
@@ -55,19 +54,8 @@ DELAY_US = 1000.0
 
 
 def _up(tmp: Path, queues: QueueConfig) -> Iterator[RoceRun]:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ownership, "STATE_DIR", tmp)
-        state = ownership.RunState(ownership.new_run_id(), scenario="pytest-roce-user")
-        state.save()
-        run = RoceRun.up(generate("fat-tree", k=4), state, queues=queues)
-        try:
-            yield run
-        finally:
-            problems = run.down()
-            assert not problems, problems
-            assert not any(netns.exists(n) for n in run.fab.plan.namespaces)
-            assert not state.path.exists()
-            assert run.counters.get("schema") == "ibemu.roce-userpath/1"  # written as it stopped
+    run = yield from roce_up(tmp, "pytest-roce-user", queues)
+    assert run.counters.get("schema") == "ibemu.roce-userpath/1"  # written as it stopped
 
 
 @pytest.fixture(scope="module")
@@ -75,18 +63,6 @@ def roce(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoceRun]:
     yield from _up(tmp_path_factory.mktemp("roce-user"),
                    QueueConfig(line_gbps=LINE_GBPS, buffer_kb=512, pfc=frozenset({3}), xoff_kb=64, xon_kb=32,
                                ecn_mark_kb=32))
-
-
-def open_port(run: RoceRun, host: str) -> RocePort:
-    hp = run.fab.host_port(host)
-    port = RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=run.fab.addrs.lid_ips())
-    q = run.fab.queues
-    if q is not None and q.pfc:
-        port.enable_pfc(q.line_gbps)
-    if q is not None and q.ecn_mark_kb:  # as a scenario run does: ECT frames, CNPs, DCQCN
-        port.enable_dcqcn(DcqcnParams(line_gbps=q.line_gbps))
-    return port
-
 
 
 def counters(run: RoceRun) -> dict[str, Any]:
@@ -104,7 +80,7 @@ def counters(run: RoceRun) -> dict[str, Any]:
 def write_bw(run: RoceRun, pairs: list[tuple[str, str]], opts: PerfOptions,
              *, during: Callable[[], None] | None = None) -> tuple[list[BwResult], dict[str, RocePort], list[int]]:
     """RDMA WRITE over each (src, dst) at once; arrival times at the first pair's destination."""
-    ports = {h: open_port(run, h) for h in dict.fromkeys(h for p in pairs for h in p)}
+    ports = {h: run.open_port(h, dcqcn=True) for h in dict.fromkeys(h for p in pairs for h in p)}
     arrivals: list[int] = []
     ports[pairs[0][1]].on_frame.append(arrivals.append)
 
@@ -297,7 +273,7 @@ def test_a_paused_host_holds_its_frames(roce: RoceRun) -> None:
     edge = roce.fab.plan.nodes["edge0_1"]
     to_h2 = next(pp for pp in edge.ports.values() if pp.peer_node == "h2")
     wire = open_packet_socket(edge.ns, to_h2.ifname, ETH_P_ALL)  # as edge0_1 would, onto h2's cable
-    ports = {h: open_port(roce, h) for h in ("h2", "h3")}
+    ports = {h: roce.open_port(h, dcqcn=True) for h in ("h2", "h3")}
     arrivals: list[int] = []
     ports["h3"].on_frame.append(arrivals.append)
     opts = PerfOptions(test="write_bw", size=4096, iterations=20, qps=1)
@@ -343,7 +319,7 @@ def test_a_paused_host_holds_its_frames(roce: RoceRun) -> None:
 
 
 def _lat_us(run: RoceRun) -> float:
-    a, b = open_port(run, "h0"), open_port(run, "h1")
+    a, b = run.open_port("h0", dcqcn=True), run.open_port("h1", dcqcn=True)
 
     async def main() -> LatResult:
         async with trio.open_nursery() as n:
