@@ -11,11 +11,11 @@ import argparse
 
 from harness import rate  # benchmarks/harness.py
 
-from ibemu.device import madbuild as mb
-from ibemu.device.packet import frame_mad
-from ibemu.device.wiring import InMemoryFabric
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.switch import SwitchAgent
+from ibemu.testing.wiring import InMemoryFabric
+from ibemu.wire import madcodec as mb
+from ibemu.wire.madpacket import frame_mad
 
 
 def dr_request(attr: int, modifier: int = 0, method: int = mb.GET, data: bytes = b"") -> bytes:

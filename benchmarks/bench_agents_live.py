@@ -19,10 +19,10 @@ from scapy.packet import raw
 
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.hca.umad import SimRequest, set_mad_tid
 from ibemu.hca.umad_client import UmadClient
 from ibemu.topo import Topology, generate
 from ibemu.wire.mad import DirectedRouteSMP, Method, NodeInfo
+from ibemu.wire.umad import SimRequest, set_mad_tid
 
 
 def rss_mb() -> float:

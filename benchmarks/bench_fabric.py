@@ -3,7 +3,7 @@
 
 Targets (issue 4): k=8 fat-tree up <= 3 s, teardown <= 2 s; LFT update of 64 entries <= 5 ms;
 >= 1,000,000 frame-hops/s aggregate across the fabric with several senders, 100% delivery.
-The forwarding test programs min-hop LFTs directly (ibemu.fabric.static_routes), no SM.
+The forwarding test programs min-hop LFTs directly (ibemu.testing.static_routes), no SM.
 Run: sudo .venv/bin/python benchmarks/bench_fabric.py [--k 8] [--seconds 3] [--senders 2]
 """
 
@@ -16,9 +16,9 @@ import time
 
 from ibemu.fabric.build import build, teardown
 from ibemu.fabric.plan import plan_fabric
-from ibemu.fabric.static_routes import assign_lids, minhop_lfts, path_switches
 from ibemu.kernel import ownership
 from ibemu.kernel.packet import open_packet_socket
+from ibemu.testing.static_routes import assign_lids, minhop_lfts, path_switches
 from ibemu.topo import generate
 from ibemu.wire import fast
 

@@ -34,10 +34,10 @@ import trio
 
 from ibemu.fabric.build import build, teardown
 from ibemu.fabric.plan import plan_fabric
-from ibemu.fabric.static_routes import assign_lids, minhop_lfts
+from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.hca.nic import HcaPort
 from ibemu.kernel import ownership, rtnl
-from ibemu.roce.fabric import RoceRun
+from ibemu.testing.static_routes import assign_lids, minhop_lfts
 from ibemu.topo import generate
 from ibemu.traffic.blackout import analyse
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client

@@ -31,8 +31,8 @@ from typing import Any
 
 import trio
 
+from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.kernel import ownership
-from ibemu.roce.fabric import RoceRun
 from ibemu.roce.queues import QueueConfig
 from ibemu.scenario import load_scenario
 from ibemu.scenario.runner import ScenarioRun

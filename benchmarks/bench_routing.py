@@ -15,7 +15,7 @@ from ibemu.sm.graph import SubnetGraph
 from ibemu.sm.reroute import reroute
 from ibemu.sm.routing import PROMISES, compute
 from ibemu.sm.routing.fabric import bits
-from ibemu.sm.routing.fromtopo import graph_of, remove_link, restore_link
+from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
 from ibemu.topo import generate
 
 

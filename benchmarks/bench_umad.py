@@ -25,14 +25,14 @@ from dataclasses import replace
 
 import trio
 
-from ibemu.hca.umad import (
+from ibemu.hca.umad_server import UmadServer
+from ibemu.wire.umad import (
     ClientInfo,
     CtlMessage,
     CtlType,
     Delivery,
     SimRequest,
 )
-from ibemu.hca.umad_server import UmadServer
 
 
 class EchoBackend:

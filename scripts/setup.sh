@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3-venv python3-dev iproute2 tshark ibsim-utils opensm infiniband-diags)
-# Mininet for the `mn --custom` adapter (ibemu/mininet_custom.py); without its recommended
+# Mininet for the `mn --custom` adapter (ibemu/mininet/custom.py); without its recommended
 # Open vSwitch: IB fabrics need no OpenFlow switch or controller.
 APT_PACKAGES+=(mininet)
 VENV=${IBEMU_VENV:-.venv}

@@ -65,8 +65,7 @@ def link_request(topo: Topology, args: list[str]) -> dict[str, Any]:
 
     The end named first is the one taken down (both ends lose carrier either way).
     """
-    from ibemu.scenario import refs
-
+    from ibemu.topo import refs
     usage = "link NODE1 NODE2 up|down  or  link NODE:PORT up|down"
     if len(args) not in (2, 3):
         raise ConfigError(f"usage: {usage}")
@@ -82,8 +81,7 @@ def link_request(topo: Topology, args: list[str]) -> dict[str, Any]:
 
 
 def switch_request(topo: Topology, args: list[str]) -> dict[str, Any]:
-    from ibemu.scenario import refs
-
+    from ibemu.topo import refs
     usage = "switch SWITCH up|down"
     if len(args) != 2:
         raise ConfigError(f"usage: {usage}")

@@ -20,7 +20,7 @@ from typing import Any
 
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric.daemon import write_spec
-from ibemu.fabric.tools import scratch_dir, tool_argv
+from ibemu.fabric.umad2sim import scratch_dir, tool_argv
 from ibemu.kernel import netns, ownership
 from ibemu.scenario.schema import FabricSpec, SMSpec
 from ibemu.topo import Topology, dumps_ibnetdiscover, generate
@@ -77,7 +77,7 @@ def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) ->
         raise ConfigError(f"--sm-host {host}: not a host of this fabric")
     if sm == "opensm":
         from ibemu.fabric.opensm import opensm_available
-        from ibemu.fabric.tools import umad2sim_path
+        from ibemu.fabric.umad2sim import umad2sim_path
 
         if not opensm_available() or umad2sim_path() is None:
             raise ConfigError("--sm opensm needs Debian's opensm and ibsim-utils (scripts/setup.sh installs them)")
@@ -105,7 +105,7 @@ def _pick_run(run_id: str | None) -> ownership.RunState:
 def _roce_settings(spec: FabricSpec) -> dict[str, float]:
     """A RoCE fabric's cable loss, delay and ECN settings, checked against this kernel."""
     if spec.delay_us:
-        from ibemu.roce.impair import Impairment, check_supported
+        from ibemu.kernel.impair import Impairment, check_supported
 
         check_supported(Impairment(spec.loss_pct, spec.delay_us), spec.where or "fabric.delay_us")
     return {"loss_pct": spec.loss_pct, "delay_us": spec.delay_us, "ecn_mark_kb": spec.ecn_mark_kb,

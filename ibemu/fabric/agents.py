@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ibemu.fabric.host import Agent
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.switch import SwitchAgent
+from ibemu.fabric.agenthost import Agent
 from ibemu.fabric.plan import FabricPlan
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
 from ibemu.topo.model import Node
 
 

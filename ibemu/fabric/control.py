@@ -11,7 +11,7 @@ one JSON line back, then the connection closes::
     {"fault": "corrupt", "link": "edge0_0:3", "percent": 1}
     {"ping": true}                                        -> {"ok": true}
 
-Links are named as in scenarios (``ibemu.scenario.refs``). Every fault is stamped by the
+Links are named as in scenarios (``ibemu.topo.refs``). Every fault is stamped by the
 injector (a ``fault`` event in ``events.jsonl``), exactly as a scheduled one. Errors come back
 as ``{"ok": false, "error": "..."}``; the channel never takes the daemon down.
 """
@@ -58,8 +58,7 @@ def socket_path(run_dir: Path) -> Path:
 
 
 def _link(topo: Topology, text: object) -> Link:
-    from ibemu.scenario import refs
-
+    from ibemu.topo import refs
     try:
         return refs.link(topo, text)
     except refs.RefError as exc:
@@ -85,8 +84,7 @@ def _percent(req: dict[str, Any]) -> float:
 
 def handle(injector: Injector, req: object) -> dict[str, Any]:
     """Carry out one request (blocking: the link and switch faults talk to the kernel)."""
-    from ibemu.scenario import refs
-
+    from ibemu.topo import refs
     if not isinstance(req, dict):
         raise ControlError(f"expected a JSON object, got {type(req).__name__}")
     if req.get("ping"):

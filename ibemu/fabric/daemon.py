@@ -25,11 +25,11 @@ from ibemu.fabric import control
 from ibemu.fabric.agents import make_agent, make_agents
 from ibemu.fabric.control import serve_control
 from ibemu.fabric.faults import FaultInjector
+from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
-from ibemu.roce.ecn import EcnMarking
-from ibemu.roce.impair import Impairment
-from ibemu.roce.runtime import RoceFaultInjector, RoceRuntime
+from ibemu.kernel.ecn import EcnMarking
+from ibemu.kernel.impair import Impairment
 from ibemu.topo import Topology, loads_ibnetdiscover
 from ibemu.topo.model import Link
 

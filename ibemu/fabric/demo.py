@@ -17,11 +17,11 @@ from pathlib import Path
 
 import trio
 
+from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agents
-from ibemu.fabric.host import AgentHost
 from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.fabric.tools import tool_argv
+from ibemu.fabric.umad2sim import tool_argv
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def live_demo_available() -> str | None:
     import os
     import shutil
 
-    from ibemu.fabric.tools import umad2sim_path
+    from ibemu.fabric.umad2sim import umad2sim_path
 
     if os.geteuid() != 0:
         return "not root"

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from ibemu.fabric.host import Agent, AgentHost
+from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.kernel import rtnl
 from ibemu.scenario.schema import FaultSpec
 from ibemu.topo.model import Endpoint, Link

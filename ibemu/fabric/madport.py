@@ -12,11 +12,11 @@ import time
 
 import trio
 
-from ibemu.device.actions import STATUS_UNDELIVERABLE, DeliverMad
-from ibemu.fabric.host import AgentHost
-from ibemu.hca.sma import CaAgent
-from ibemu.hca.umad import CLASS_SA, SimRequest, rmpp_length, rmpp_seal
+from ibemu.agents.actions import STATUS_UNDELIVERABLE, DeliverMad
+from ibemu.agents.ca import CaAgent
+from ibemu.fabric.agenthost import AgentHost
 from ibemu.hca.umad_server import UmadServer
+from ibemu.wire.umad import CLASS_SA, SimRequest, rmpp_length, rmpp_seal
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ibemu.errors import IbemuError
 from ibemu.fabric import opensm_log
-from ibemu.fabric.tools import tool_argv
+from ibemu.fabric.umad2sim import tool_argv
 
 
 def opensm_available() -> bool:

@@ -20,8 +20,8 @@ from pathlib import Path
 import trio
 
 from ibemu.fabric import ibemusm, opensm, opensm_log
+from ibemu.fabric.agenthost import Agent, AgentHost, EventLog
 from ibemu.fabric.build import BuiltFabric, build, teardown
-from ibemu.fabric.host import Agent, AgentHost, EventLog
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, ownership

@@ -14,7 +14,9 @@ import socket
 
 import trio
 
-from ibemu.hca.umad import (
+from ibemu.kernel.commands import KernelError
+from ibemu.kernel.unix import abstract_address, open_abstract_dgram
+from ibemu.wire.umad import (
     CTL_LEN,
     DEFAULT_SOCKNAME,
     SIM_REQUEST_LEN,
@@ -23,8 +25,6 @@ from ibemu.hca.umad import (
     CtlType,
     SimRequest,
 )
-from ibemu.kernel.commands import KernelError
-from ibemu.kernel.unix import abstract_address, open_abstract_dgram
 
 _ids = itertools.count(1)
 

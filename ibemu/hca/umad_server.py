@@ -3,7 +3,7 @@
 Binds ``<base>:ctl`` and ``<base>:out0`` .. ``out9`` (abstract AF_UNIX datagram sockets) in
 the host's network namespace, answers control messages from the port backend, hands client
 MADs to ``backend.send_mad`` and writes MADs given to ``UmadServer.deliver`` to the right
-client. Protocol logic lives in ``ibemu.hca.umad`` (sans-IO).
+client. Protocol logic lives in ``ibemu.wire.umad`` (sans-IO).
 
     server = await nursery.start(serve, backend, ns)
     backend.deliver = server.deliver      # the fabric's responses and traps come back here
@@ -23,7 +23,8 @@ from collections import Counter
 
 import trio
 
-from ibemu.hca.umad import (
+from ibemu.kernel.unix import open_abstract_dgram
+from ibemu.wire.umad import (
     CTL_LEN,
     DEFAULT_SOCKNAME,
     MAX_CLIENTS,
@@ -33,7 +34,6 @@ from ibemu.hca.umad import (
     UmadPortBackend,
     UmadSession,
 )
-from ibemu.kernel.unix import open_abstract_dgram
 
 log = logging.getLogger(__name__)
 

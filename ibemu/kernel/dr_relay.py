@@ -4,7 +4,7 @@ A directed-route SMP crosses every switch on its path twice, and at all but the 
 switch only relays it: on the way out (D=0, 1 <= HopPointer < HopCount) ReturnPath[hp] =
 ingress port, hp += 1, send on InitialPath[hp]; on the way back (D=1, 2 <= hp <= HopCount)
 hp -= 1, send on ReturnPath[hp] (../shared/ref/ib-wire.md, C14-9 / C14-13; the same rules
-as ``ibemu.device.dr``). In Python every relay costs a wake-up, a recv, the strict check,
+as ``ibemu.agents.dr``). In Python every relay costs a wake-up, a recv, the strict check,
 the rewrite and a send (~30 us of the agent host's one core). This program does exactly
 those relays in the kernel (~3.5 us, ``bpf.test_run``), as a direct-action ``bpf`` filter on
 the switch's shared tc block, which sees every frame of every port the LFT does not forward:

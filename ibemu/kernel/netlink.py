@@ -1,7 +1,7 @@
 """Raw rtnetlink: messages, attributes, and the acks of a batch sent in one go.
 
 The kernel writers (links up/down in ``rtnl``, tc filters in ``tc_netlink``, clsact and bpf
-filters in ``clsact``, routes and neighbours in ``ibemu.roce.netconf``) build their own
+filters in ``clsact``, routes and neighbours in ``ibemu.kernel.netconf``) build their own
 messages and send a batch at once; this module checks the batch's acks for all of them.
 """
 

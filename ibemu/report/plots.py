@@ -273,8 +273,7 @@ def failed_targets(result: RunResult | Mapping[str, Any]) -> list[str]:
 
 def resolve_targets(topology: Topology, targets: Iterable[str]) -> tuple[list[Link], list[str]]:
     """Split fault targets into links and node names of ``topology``; unknown ones are logged."""
-    from ibemu.scenario import refs
-
+    from ibemu.topo import refs
     links: list[Link] = []
     nodes: list[str] = []
     for target in targets:

@@ -6,7 +6,7 @@
 - ``netconf``: what a router or host namespace needs from the kernel (sysctls, addresses,
   static neighbours, routes, the host's ingress guard);
 - ``fabric``: build and tear down a live RoCE fabric on ibemu's kernel substrate;
-- ``manager``: the fabric manager process (``python -m ibemu.roce.manager``);
+- ``manager``: the fabric manager process (``python -m ibemu.roce.fabric_manager``);
 - ``codec``: native IB packet <-> RoCEv2 frame (sans-IO, ICRC per IBA annex A16);
 - ``port``: ``RocePort``, the RoCEv2 counterpart of ``ibemu.hca.nic.HcaPort``;
 - ``runtime``: a RoCE fabric for ``ibemu run`` (``fabric: {kind: roce}``) and its fault injector.

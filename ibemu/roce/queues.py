@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ibemu.roce import pfc
+from ibemu.wire import pfc
 
 PRIORITIES = pfc.PRIORITIES
 

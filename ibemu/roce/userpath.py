@@ -36,11 +36,11 @@ from typing import Any
 import trio
 
 from ibemu.kernel import linkevents, netns, sockfilter
+from ibemu.kernel.fib import RouteMsg, dump_request, parse_routes
 from ibemu.kernel.packet import open_packet_socket
-from ibemu.roce import pfc
 from ibemu.roce.queues import QueueConfig
-from ibemu.roce.userfib import RouteMsg, dump_request, parse_routes
 from ibemu.roce.userplane import PortInfo, RouterPlane, Send
+from ibemu.wire import pfc
 
 log = logging.getLogger("ibemu.roce.userpath")
 

@@ -19,9 +19,9 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from ibemu.roce import pfc
+from ibemu.kernel.fib import Fib, flow_key
 from ibemu.roce.queues import EgressPort, PfcIngress, QueueConfig
-from ibemu.roce.userfib import Fib, flow_key
+from ibemu.wire import pfc
 
 Send = tuple[int, bytes | bytearray]
 

@@ -16,7 +16,6 @@ from typing import Any
 import yaml
 
 from ibemu.errors import ConfigError
-from ibemu.scenario import refs
 from ibemu.scenario.schema import (
     DATAPATHS,
     DEFAULT_DURATION_S,
@@ -67,7 +66,7 @@ from ibemu.scenario.yamlnodes import (
     read_text,
     scalar,
 )
-from ibemu.topo import analysis, ibnetdiscover
+from ibemu.topo import analysis, ibnetdiscover, refs
 from ibemu.topo.generators import ParamError, generate, lookup
 from ibemu.topo.model import Endpoint, Link, LinkDefaults, NodeKind, Topology
 from ibemu.topo.names import name_problem

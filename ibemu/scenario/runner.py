@@ -30,14 +30,14 @@ from typing import Any
 import trio
 
 from ibemu.errors import ConfigError
+from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent, make_agents
 from ibemu.fabric.capture import capture
 from ibemu.fabric.faults import FaultInjector
-from ibemu.fabric.host import AgentHost
+from ibemu.fabric.roce_fabric import RoceRun
+from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import cpus, ownership
-from ibemu.roce.fabric import RoceRun
-from ibemu.roce.runtime import RoceFaultInjector, RoceRuntime
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
 from ibemu.traffic.endpoints import host_address
@@ -76,14 +76,14 @@ def check_runnable(scen: Scenario) -> None:
         if t.kind not in KINDS:
             raise ConfigError(f"traffic kind {t.kind!r} is not implemented", t.where)
     if scen.fabric.kind == "roce":  # IP routers (kernel or ibemu.roce.userpath) and a fabric manager, no SM
-        from ibemu.roce.runtime import FAULTS as ROCE_FAULTS
+        from ibemu.fabric.roce_runtime import FAULTS as ROCE_FAULTS
 
         for f in scen.faults:
             if f.action not in ROCE_FAULTS:
                 raise ConfigError(f"fault {f.action!r} does not apply to a RoCE fabric "
                                   f"(it has: {', '.join(ROCE_FAULTS)})", f.where)
         if scen.fabric.delay_us and not scen.fabric.roce_user:  # the kernel must be able to hold frames back
-            from ibemu.roce.impair import Impairment, check_supported
+            from ibemu.kernel.impair import Impairment, check_supported
 
             check_supported(Impairment(scen.fabric.loss_pct, scen.fabric.delay_us),
                             scen.fabric.where or f"{scen.path or scen.name}: fabric.delay_us")
@@ -109,7 +109,7 @@ def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
 
 
 DATA_DSCP = 26
-"""RoCE data's DSCP (``ibemu.roce.port.DATA_DSCP``)."""
+"""RoCE data's DSCP (``ibemu.hca.roce_port.DATA_DSCP``)."""
 ROUTER_COUNTERS = ("forwarded", "dropped", "lost", "ecn_marked", "pause_sent", "pause_received", "paused_us")
 """What a RoCE user-datapath run adds to every flow's extra (``router_*``: all routers' ports together)."""
 
@@ -128,9 +128,9 @@ class ScenarioRun:
         self.run_dir = self.out_dir / "run"
         self.roce = scen.fabric.kind == "roce"
         self.rt: FabricRuntime | RoceRuntime
-        if self.roce:  # the fabric manager (ibemu.roce.manager) takes the SM's place
-            from ibemu.roce.ecn import EcnMarking
-            from ibemu.roce.impair import Impairment
+        if self.roce:  # the fabric manager (ibemu.roce.fabric_manager) takes the SM's place
+            from ibemu.kernel.ecn import EcnMarking
+            from ibemu.kernel.impair import Impairment
 
             f = scen.fabric
             if f.roce_user:  # routers forward in ibemu.roce.userpath: queues, ECN, PFC, delay, loss there

@@ -20,11 +20,11 @@ from typing import cast
 
 import trio
 
-from ibemu.hca.umad import DEFAULT_SOCKNAME
 from ibemu.hca.umad_client import UmadClient
 from ibemu.sm.events import EventLog
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
+from ibemu.wire.umad import DEFAULT_SOCKNAME
 
 log = logging.getLogger("ibemu.sm")
 

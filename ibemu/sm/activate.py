@@ -14,7 +14,6 @@ from collections.abc import Iterable
 
 import trio
 
-from ibemu.device import madbuild as mb
 from ibemu.sm.discovery import (
     ATTR_PKEY_TABLE,
     ATTR_PORT_INFO,
@@ -27,6 +26,7 @@ from ibemu.sm.discovery import (
     End,
 )
 from ibemu.sm.transport import Request
+from ibemu.wire import madcodec as mb
 
 log = logging.getLogger(__name__)
 

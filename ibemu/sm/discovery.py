@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ibemu.device import madbuild as mb
 from ibemu.sm.graph import NodeType, SmNode, SmPort, SubnetGraph
 from ibemu.sm.transport import Reply, Transport
+from ibemu.wire import madcodec as mb
 
 log = logging.getLogger(__name__)
 

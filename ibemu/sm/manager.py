@@ -42,8 +42,6 @@ from typing import Any
 
 import trio
 
-from ibemu.device import madbuild as mb
-from ibemu.hca.umad import SimRequest
 from ibemu.sm import activate as act
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.events import EventLog
@@ -57,6 +55,8 @@ from ibemu.sm.transport import (
     MadPort,
     Transport,
 )
+from ibemu.wire import madcodec as mb
+from ibemu.wire.umad import SimRequest
 
 log = logging.getLogger(__name__)
 

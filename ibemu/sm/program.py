@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ibemu.device import madbuild as mb
 from ibemu.sm.events import EventLog
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.transport import Request, Transport
+from ibemu.wire import madcodec as mb
 
 log = logging.getLogger(__name__)
 

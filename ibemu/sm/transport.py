@@ -23,10 +23,10 @@ from typing import Protocol
 
 import trio
 
-from ibemu.device import madbuild as mb
-from ibemu.device.wiring import InMemoryFabric
-from ibemu.hca.umad import STATUS_OK, SimRequest, set_mad_tid
 from ibemu.hca.umad_client import UmadClient
+from ibemu.testing.wiring import InMemoryFabric
+from ibemu.wire import madcodec as mb
+from ibemu.wire.umad import STATUS_OK, SimRequest, set_mad_tid
 
 log = logging.getLogger(__name__)
 

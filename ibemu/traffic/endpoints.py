@@ -62,8 +62,8 @@ def host_address(plan: FabricPlan, name: str, lid: int, *, port: int = 1) -> Hos
 
 def query_lid(ns: str | None, *, timeout_s: float = 2.0) -> int:
     """The LID of the host port whose MAD socket lives in ``ns`` (None: this namespace)."""
-    from ibemu.hca.umad import CTL_LEN, CtlMessage, CtlType, unpack_port
     from ibemu.hca.umad_client import UmadClient
+    from ibemu.wire.umad import CTL_LEN, CtlMessage, CtlType, unpack_port
 
     client = UmadClient.connect_blocking(ns, timeout_s=timeout_s)
     try:
@@ -85,7 +85,7 @@ def open_ports(addresses: Iterable[HostAddress], *, mtu: int = 4096,
 
     ``qpns``/``timestamps``: see ``HcaPort.open`` (a process sharing hosts with others).
     ``lid_ips``: a RoCE fabric's LID -> address table; hosts with an ``ip`` then get a
-    ``RocePort`` (``ibemu.roce.port``), the same transport behind RoCEv2 frames.
+    ``RocePort`` (``ibemu.hca.roce_port``), the same transport behind RoCEv2 frames.
     """
     ports: dict[str, HcaPort] = {}
     try:
@@ -93,7 +93,7 @@ def open_ports(addresses: Iterable[HostAddress], *, mtu: int = 4096,
             if a.name in ports:
                 continue
             if a.ip is not None:
-                from ibemu.roce.port import RocePort
+                from ibemu.hca.roce_port import RocePort
 
                 if lid_ips is None:
                     raise ConfigError(f"host {a.name} is on a RoCE fabric, but no LID -> address table was given")

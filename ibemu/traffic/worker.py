@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                        timestamps=bool(spec.get("timestamps", False)),
                        lid_ips={int(k): str(v) for k, v in roce["lid_ips"].items()} if roce else None)
     if roce and roce.get("dcqcn"):  # ECN in the fabric: CNPs and DCQCN on every port
-        from ibemu.roce.dcqcn import DcqcnParams
+        from ibemu.hca.dcqcn import DcqcnParams
 
         for p in ports.values():
             p.enable_dcqcn(DcqcnParams(line_gbps=float(roce["dcqcn"]["line_gbps"])))  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ibemu.fabric.host import AgentHost
+from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import netns
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.kernel import netns, ownership, rtnl
-from ibemu.roce.fabric import RoceRun
 from ibemu.roce.queues import QueueConfig
 from ibemu.topo import generate
 

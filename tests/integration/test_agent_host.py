@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ibemu.device.actions import Action, Event, Send
+from ibemu.agents.actions import Action, Event, Send
 from ibemu.fabric.plan import FabricPlan
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
@@ -124,8 +124,8 @@ def test_an_agent_crash_is_reported_and_the_fabric_torn_down(state_dir: Path, tm
 
 
 def _dr_frame(hp: int, path: list[int], *, back: bool = False, rp: dict[int, int] | None = None) -> bytes:
-    from ibemu.device import madbuild as mb
-    from ibemu.device.packet import frame_mad
+    from ibemu.wire import madcodec as mb
+    from ibemu.wire.madpacket import frame_mad
 
     mad = bytearray(mb.dr_smp(mb.GET, 0x11, path=path, tid=7))
     mad[6] = hp
@@ -140,8 +140,8 @@ def test_kernel_dr_relay_rewrites_as_the_agent_does() -> None:
     """The eBPF relay's output is the switch agent's relay, byte for byte; what it must not
     relay (the last hop, a bad port, a bad CRC, a disabled switch, an egress without
     carrier) it leaves to the agent."""
+    from ibemu.agents.switch import SwitchAgent
     from ibemu.kernel import bpf, dr_relay
-    from ibemu.switch.sma import SwitchAgent
 
     dr_relay._self_check()
     relay = dr_relay.DrRelay()
@@ -177,10 +177,10 @@ def test_kernel_dr_relay_rewrites_as_the_agent_does() -> None:
 def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_path: Path) -> None:
     """A DR NodeInfo through 3 switches is answered by the third; the first two relay it in
     the kernel (their agents never see it) unless an SMP-loss fault is set on them."""
-    from ibemu.device import madbuild as mb
     from ibemu.fabric.agents import make_agents
-    from ibemu.hca.umad import SimRequest
     from ibemu.hca.umad_client import UmadClient
+    from ibemu.wire import madcodec as mb
+    from ibemu.wire.umad import SimRequest
 
     topo = generate("fat-tree", k=4)
     state = ownership.RunState(ownership.new_run_id(), scenario="pytest-dr-relay")

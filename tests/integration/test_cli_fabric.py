@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ibemu.fabric.tools import umad2sim_path
+from ibemu.fabric.umad2sim import umad2sim_path
 
 pytestmark = pytest.mark.root
 
@@ -112,7 +112,7 @@ def test_up_a_roce_fabric_fault_it_through_the_control_socket_and_down(tmp_path:
     assert bad.returncode == 2 and "no subnet manager" in bad.stderr
     delayed = tmp_path / "delayed.yaml"
     delayed.write_text("name: d\ntopology: {generator: fat-tree, k: 4}\nfabric: {kind: roce, delay_us: 20}\n")
-    from ibemu.roce.impair import has_sch_fq
+    from ibemu.kernel.impair import has_sch_fq
 
     if not has_sch_fq():  # this kernel cannot hold frames back: said before anything is built
         bad = ibemu(state, "up", str(delayed))

@@ -18,11 +18,11 @@ import pytest
 import trio
 
 from ibemu.fabric import opensm
+from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agents
-from ibemu.fabric.host import AgentHost
 from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.fabric.tools import tool_argv, umad2sim_path
+from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
 from ibemu.hca.transport import Hca
 from ibemu.kernel import ownership, sockfilter
 from ibemu.kernel.packet import open_packet_socket

@@ -9,10 +9,10 @@ import pytest
 
 from ibemu.fabric.build import build, teardown
 from ibemu.fabric.plan import plan_fabric
-from ibemu.fabric.static_routes import assign_lids, minhop_lfts
 from ibemu.kernel import netns, ownership
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.packet import open_packet_socket
+from ibemu.testing.static_routes import assign_lids, minhop_lfts
 from ibemu.topo import generate
 from ibemu.wire import decode_native, fast
 

@@ -15,7 +15,7 @@ import trio
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agent
 from ibemu.fabric.faults import FaultInjector
-from ibemu.fabric.tools import tool_argv, umad2sim_path
+from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
 from tests.integration.test_datapaths import Managed, managed_fabric
 
 pytestmark = [

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ibemu.fabric.tools import umad2sim_path
+from ibemu.fabric.umad2sim import umad2sim_path
 
 TOOLS = ("opensm", "ibnetdiscover", "iblinkinfo", "ibqueryerrors", "perfquery", "saquery", "ibroute", "ibtracert")
 pytestmark = [

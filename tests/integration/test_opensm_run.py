@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from ibemu.fabric import opensm
-from ibemu.fabric.tools import umad2sim_path
+from ibemu.fabric.umad2sim import umad2sim_path
 from ibemu.kernel import netns
 from ibemu.report import validate
 from ibemu.scenario import load_scenario

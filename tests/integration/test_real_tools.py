@@ -19,7 +19,7 @@ import trio
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.capture import capture
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.fabric.tools import tool_argv, umad2sim_path
+from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
 from ibemu.kernel import ownership
 from ibemu.topo import generate
 from ibemu.wire import read_pcap

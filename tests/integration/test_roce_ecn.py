@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from ibemu.kernel import bpf
+from ibemu.kernel.ecn import EcnMarker, EcnMarking, marking_program
 from ibemu.report import validate
-from ibemu.roce.ecn import EcnMarker, EcnMarking, marking_program
 from ibemu.scenario import load_scenario
 from ibemu.scenario.runner import ScenarioRun
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import trio
 
+from ibemu.fabric.roce_fabric import RoceRun
+from ibemu.hca.roce_port import ETH_P_ALL
 from ibemu.kernel import netns, rtnl
 from ibemu.kernel.packet import open_packet_socket
-from ibemu.roce.fabric import RoceRun
-from ibemu.roce.port import ETH_P_ALL
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 from ibemu.wire import PcapWriter, fast
 from ibemu.wire.roce import verify_roce_icrc

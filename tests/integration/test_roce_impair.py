@@ -14,7 +14,7 @@ import pytest
 
 from ibemu.errors import ConfigError
 from ibemu.kernel import bpf
-from ibemu.roce.impair import SKB_TSTAMP, Impairment, has_sch_fq, impair_program
+from ibemu.kernel.impair import SKB_TSTAMP, Impairment, has_sch_fq, impair_program
 from ibemu.scenario import load_scenario
 from ibemu.scenario.runner import check_runnable
 

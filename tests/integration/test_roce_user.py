@@ -21,11 +21,10 @@ from typing import Any
 import pytest
 import trio
 
+from ibemu.fabric.roce_fabric import RoceRun
+from ibemu.hca.roce_port import ETH_P_ALL, RocePort
 from ibemu.kernel import netns, rtnl
 from ibemu.kernel.packet import open_packet_socket
-from ibemu.roce import pfc
-from ibemu.roce.fabric import RoceRun
-from ibemu.roce.port import ETH_P_ALL, RocePort
 from ibemu.roce.queues import QueueConfig
 from ibemu.traffic.perftest import (
     BwResult,
@@ -36,7 +35,7 @@ from ibemu.traffic.perftest import (
     bw_server,
     run_local,
 )
-from ibemu.wire import PcapWriter
+from ibemu.wire import PcapWriter, pfc
 from tests.integration.roce_live import (
     CORES,
     check_reroute,

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import trio
 
-from ibemu.device.port import PhysState, PortState
+from ibemu.agents.port import PhysState, PortState
+from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agents
-from ibemu.fabric.host import AgentHost
 from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.fabric.tools import tool_argv, umad2sim_path
+from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
 from ibemu.kernel import ownership
 from ibemu.topo import generate
 from tests.integration.live import fabric_in_thread

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from ibemu.hca.umad import Delivery, SimRequest
 from ibemu.hca.umad_server import UmadServer
 from ibemu.kernel import netns, ownership
+from ibemu.wire.umad import Delivery, SimRequest
 from tests.unit.umad.fakes import NODE_DESC, NODE_GUID, LocalSma, PyClient
 
 pytestmark = pytest.mark.root

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ibemu.fabric.host import LAZY_KINDS, EventLog
+from ibemu.fabric.agenthost import LAZY_KINDS, EventLog
 from ibemu.sm.events import EventLog as SmEventLog
 
 

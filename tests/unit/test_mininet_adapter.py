@@ -68,7 +68,7 @@ def test_custom_path_and_layout_for_mn() -> None:
 
     path = subprocess.run([sys.executable, "-m", "ibemu.mininet", "--custom-path"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    assert Path(path).is_file() and path.endswith("mininet_custom.py")
+    assert Path(path).is_file() and path.endswith("mininet/custom.py")
     out = subprocess.run([sys.executable, "-m", "ibemu.mininet", "layout", "leaf-spine,leaves=2,spines=1,hosts_per_leaf=1"],
                          capture_output=True, text=True, check=True).stdout
     lay = json.loads(out)

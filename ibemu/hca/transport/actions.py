@@ -1,6 +1,6 @@
 """What the transport asks its IO layer to do.
 
-``Send`` has the shape of ``ibemu.device.actions.Send`` (``port``, ``packet``: LRH .. VCRC,
+``Send`` has the shape of ``ibemu.agents.actions.Send`` (``port``, ``packet``: LRH .. VCRC,
 the IO layer adds the 0x88B5 Ethernet header) but is a plain slotted dataclass: a frozen
 one costs ~0.3 us more to build, on every data packet.
 """

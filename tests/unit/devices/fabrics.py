@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ibemu.device.traps import TrapPolicy
-from ibemu.device.wiring import InMemoryFabric
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.switch import SwitchAgent
+from ibemu.agents.traps import TrapPolicy
+from ibemu.testing.wiring import InMemoryFabric
 
 
 def switch(fab: InMemoryFabric, name: str, guid: int, ports: int = 8, **kw: object) -> SwitchAgent:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import DeliverMad
-from ibemu.device.wiring import InMemoryFabric
+from ibemu.agents.actions import DeliverMad
+from ibemu.testing.wiring import InMemoryFabric
+from ibemu.wire import madcodec as mb
 
 NODE_INFO, NODE_DESC, SWITCH_INFO, PORT_INFO, LFT = 0x11, 0x10, 0x12, 0x15, 0x19
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import Send
-from ibemu.device.packet import frame_mad
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
+from ibemu.agents.actions import Send
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.switch import SwitchAgent
+from ibemu.wire import madcodec as mb
 from ibemu.wire.decode import decode_native
 from ibemu.wire.mad import DirectedRouteSMP, NodeInfo, PKeyTable, PortInfo, SwitchInfo
+from ibemu.wire.madpacket import frame_mad
 
 from .fabrics import chain
 from .minism import MiniSm

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import DeliverMad, Send
-from ibemu.device.packet import frame_mad
-from ibemu.hca.sma import CaAgent
+from ibemu.agents.actions import DeliverMad, Send
+from ibemu.agents.ca import CaAgent
+from ibemu.wire import madcodec as mb
 from ibemu.wire.decode import decode_native
 from ibemu.wire.ib import BTH, DETH, LRH
+from ibemu.wire.madpacket import frame_mad
 
 from .fabrics import chain
 from .minism import MiniSm

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from ibemu.device import dr
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import DeliverMad, Send
-from ibemu.device.packet import MAD_OFFSET, frame_mad
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
+from ibemu.agents import dr
+from ibemu.agents.actions import DeliverMad, Send
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.switch import SwitchAgent
+from ibemu.wire import madcodec as mb
 from ibemu.wire import read_pcap
+from ibemu.wire.madpacket import MAD_OFFSET, frame_mad
 
 from .fabrics import chain, tree
 from .minism import MiniSm

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ibemu.device.port import PortState
+from ibemu.agents.forwarder import Reason
+from ibemu.agents.port import PortState
+from ibemu.agents.switch import SwitchAgent
 from ibemu.errors import CrcError
-from ibemu.switch.forwarder import Reason
-from ibemu.switch.sma import SwitchAgent
 from ibemu.wire import fast
 from ibemu.wire.checks import verify_native_crcs
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import LftUpdate
-from ibemu.switch.lft import NO_ROUTE, Lft
+from ibemu.agents.actions import LftUpdate
+from ibemu.agents.lft import NO_ROUTE, Lft
+from ibemu.wire import madcodec as mb
 
 from .fabrics import chain
 from .minism import MiniSm

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import Event, Send
-from ibemu.device.agent import DeviceAgent
-from ibemu.device.packet import frame_mad
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
+from ibemu.agents.actions import Event, Send
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.device import DeviceAgent
+from ibemu.agents.switch import SwitchAgent
+from ibemu.wire import madcodec as mb
 from ibemu.wire.decode import decode_native
+from ibemu.wire.madpacket import frame_mad
 
 
 def agents() -> list[DeviceAgent]:

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from ibemu.device.actions import DeliverMad
-from ibemu.device.port import PortState
-from ibemu.device.wiring import InMemoryFabric
-from ibemu.hca.sma import CaAgent
-from ibemu.switch.sma import SwitchAgent
+from ibemu.agents.actions import DeliverMad
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.port import PortState
+from ibemu.agents.switch import SwitchAgent
+from ibemu.testing.wiring import InMemoryFabric
 
 trio = pytest.importorskip("trio")
-umad = pytest.importorskip("ibemu.hca.umad")
+umad = pytest.importorskip("ibemu.wire.umad")
 umad_server = pytest.importorskip("ibemu.hca.umad_server")
 
 UMAD2SIM = Path("/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import struct
 
-from ibemu.device import madbuild as mb
-from ibemu.device.counters import PortCounters
-from ibemu.device.packet import PACKET_LEN
+from ibemu.agents.counters import PortCounters
+from ibemu.wire import madcodec as mb
 from ibemu.wire.mad import ClassPortInfo
 from ibemu.wire.mad import PortCounters as ScapyPortCounters
+from ibemu.wire.madpacket import PACKET_LEN
 
 from .fabrics import chain
 from .minism import MiniSm

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import LinkRequest, LinkRequestKind, PortStateChange
-from ibemu.device.port import PhysState, Port, PortState
+from ibemu.agents.actions import LinkRequest, LinkRequestKind, PortStateChange
+from ibemu.agents.port import PhysState, Port, PortState
+from ibemu.wire import madcodec as mb
 
 from .fabrics import chain
 from .minism import MiniSm

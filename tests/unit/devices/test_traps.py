@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ibemu.device import madbuild as mb
-from ibemu.device.actions import DeliverMad
-from ibemu.device.traps import TrapPolicy
-from ibemu.device.wiring import InMemoryFabric
+from ibemu.agents.actions import DeliverMad
+from ibemu.agents.traps import TrapPolicy
+from ibemu.testing.wiring import InMemoryFabric
+from ibemu.wire import madcodec as mb
 from ibemu.wire.mad import Notice, Trap128Details
 
 from .fabrics import chain

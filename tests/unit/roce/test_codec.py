@@ -7,11 +7,11 @@ from scapy.contrib.roce import BTH as ScapyRoceBTH
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
+from ibemu.hca.roce_port import socket_filter
 from ibemu.kernel import sockfilter
-from ibemu.roce.codec import RoceCodec, udp_sport
-from ibemu.roce.port import socket_filter
 from ibemu.wire import fast
 from ibemu.wire.roce import verify_roce_icrc
+from ibemu.wire.rocecodec import RoceCodec, udp_sport
 
 MAC_A, MAC_R = bytes.fromhex("021b00000100"), bytes.fromhex("021b00140100")
 LIDS = {1: "198.18.0.65", 2: "198.18.0.95"}

@@ -6,11 +6,11 @@ from scapy.contrib.roce import BTH as ScapyRoceBTH
 from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
-from ibemu.roce.codec import HDR_LEN, RoceCodec
-from ibemu.roce.dcqcn import DcqcnParams, DcqcnState, Pacer
-from ibemu.roce.port import CNP_OPCODE, CNP_PAYLOAD
+from ibemu.hca.dcqcn import DcqcnParams, DcqcnState, Pacer
+from ibemu.hca.roce_port import CNP_OPCODE, CNP_PAYLOAD
 from ibemu.wire import fast
 from ibemu.wire.roce import verify_roce_icrc
+from ibemu.wire.rocecodec import HDR_LEN, RoceCodec
 
 MAC_A, MAC_R = bytes.fromhex("021b00000100"), bytes.fromhex("021b00140100")
 LIDS = {1: "198.18.0.65", 2: "198.18.0.95"}

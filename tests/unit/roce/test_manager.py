@@ -6,7 +6,7 @@ import struct
 from typing import Any
 
 from ibemu.roce.addressing import plan_addresses
-from ibemu.roce.manager import (
+from ibemu.roce.fabric_manager import (
     IFF_RUNNING,
     IFF_UP,
     RTM_NEWLINK,

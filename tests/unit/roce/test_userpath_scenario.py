@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ibemu.errors import ConfigError
-from ibemu.roce.impair import has_sch_fq
+from ibemu.kernel.impair import has_sch_fq
 from ibemu.scenario import ScenarioError, loads_scenario
 from ibemu.scenario.runner import check_runnable
 

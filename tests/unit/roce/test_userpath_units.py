@@ -13,12 +13,12 @@ from scapy.layers.inet import IP
 from scapy.layers.l2 import Ether
 
 from ibemu.kernel import netlink
-from ibemu.roce import pfc
-from ibemu.roce.netconf import RTM_DELROUTE, RTM_NEWROUTE, RouteWriter
+from ibemu.kernel.fib import Fib, RouteMsg, flow_key, parse_routes
+from ibemu.kernel.netconf import RTM_DELROUTE, RTM_NEWROUTE, RouteWriter
 from ibemu.roce.queues import EgressPort, PfcIngress, QueueConfig, ip_checksum, priority
 from ibemu.roce.routes import NextHop
-from ibemu.roce.userfib import Fib, RouteMsg, flow_key, parse_routes
 from ibemu.roce.userplane import PortInfo, RouterPlane
+from ibemu.wire import pfc
 
 MAC = bytes.fromhex("021b00000101")
 US = 1000

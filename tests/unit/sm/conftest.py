@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ibemu.sm.graph import SubnetGraph
-from ibemu.sm.routing.fromtopo import graph_of
+from ibemu.testing.fromtopo import graph_of
 from ibemu.topo import generate
 
 TOPOLOGIES: dict[str, tuple[str, dict[str, Any]]] = {

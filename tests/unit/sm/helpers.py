@@ -10,12 +10,12 @@ from typing import Any
 import trio
 import trio.testing
 
-from ibemu.device.port import PortState
-from ibemu.device.traps import TrapPolicy
-from ibemu.device.wiring import InMemoryFabric
-from ibemu.hca.sma import CaAgent
+from ibemu.agents.ca import CaAgent
+from ibemu.agents.port import PortState
+from ibemu.agents.switch import SwitchAgent
+from ibemu.agents.traps import TrapPolicy
 from ibemu.sm.graph import Routes, SubnetGraph
-from ibemu.switch.sma import SwitchAgent
+from ibemu.testing.wiring import InMemoryFabric
 from ibemu.topo import Topology, generate
 
 

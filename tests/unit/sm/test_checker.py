@@ -8,7 +8,7 @@ from ibemu.sm.checker import check
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.routing import compute
 from ibemu.sm.routing.fabric import NO_PATH
-from ibemu.sm.routing.fromtopo import graph_of, remove_link
+from ibemu.testing.fromtopo import graph_of, remove_link
 from ibemu.topo import generate
 
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import trio
 
-from ibemu.device.wiring import InMemoryFabric
 from ibemu.sm.discovery import Discovery
 from ibemu.sm.graph import SubnetGraph
 from ibemu.sm.transport import InMemoryPort, Transport
+from ibemu.testing.wiring import InMemoryFabric
 from tests.unit.sm.helpers import fat_tree, run
 
 

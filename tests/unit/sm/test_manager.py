@@ -8,13 +8,13 @@ from collections.abc import Callable
 import pytest
 import trio
 
-from ibemu.device.port import PhysState, PortState
-from ibemu.device.wiring import InMemoryFabric, WireRecord
-from ibemu.hca.umad import SimRequest
+from ibemu.agents.port import PhysState, PortState
+from ibemu.agents.switch import SwitchAgent
 from ibemu.sm.manager import SmConfig, SubnetManager
 from ibemu.sm.transport import InMemoryPort
-from ibemu.switch.sma import SwitchAgent
+from ibemu.testing.wiring import InMemoryFabric, WireRecord
 from ibemu.topo import Node, Topology
+from ibemu.wire.umad import SimRequest
 from tests.unit.sm.helpers import fat_tree, minhop, run, unreachable_pairs
 
 
@@ -311,8 +311,7 @@ def test_sm_info_from_another_node_is_answered_as_master() -> None:
     async def main() -> None:
         async with sm.running():
             await sm.full_sweep("cold")
-            from ibemu.device import madbuild as mb
-
+            from ibemu.wire import madcodec as mb
             got = fab.send_mad("h5", 1, sm.sm_lid, 0, 0, mb.lr_smp(mb.GET, 0x0020, tid=0x77))
             assert got == []  # nothing yet: the request went to the SM
             await settle(port)

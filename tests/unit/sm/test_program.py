@@ -9,8 +9,8 @@ from ibemu.sm.graph import Routes
 from ibemu.sm.manager import default_reroute_fn
 from ibemu.sm.program import LftProgrammer, lft_blocks
 from ibemu.sm.routing import compute
-from ibemu.sm.routing.fromtopo import graph_of, remove_link, restore_link
 from ibemu.sm.transport import Transport
+from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
 from ibemu.topo import generate
 from tests.unit.sm.test_reroute import switch_links
 

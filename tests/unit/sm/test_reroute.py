@@ -11,7 +11,7 @@ from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.reroute import LFT_BLOCK, reroute
 from ibemu.sm.routing import compute
 from ibemu.sm.routing.fabric import NO_PATH
-from ibemu.sm.routing.fromtopo import graph_of, remove_link, restore_link
+from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
 from ibemu.topo import generate
 from tests.unit.sm.test_routing import up_port_spread
 

@@ -9,7 +9,7 @@ from ibemu.sm.checker import check
 from ibemu.sm.graph import SubnetGraph
 from ibemu.sm.routing import ENGINES, PROMISES, RoutingError, compute, compute_with_fallback
 from ibemu.sm.routing.fabric import Fabric
-from ibemu.sm.routing.fromtopo import graph_of
+from ibemu.testing.fromtopo import graph_of
 from ibemu.topo import generate
 from tests.unit.sm.conftest import TOPOLOGIES
 

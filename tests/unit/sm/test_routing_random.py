@@ -10,7 +10,7 @@ from ibemu.sm.checker import check
 from ibemu.sm.graph import NodeType, SmNode, SmPort, SubnetGraph
 from ibemu.sm.reroute import reroute
 from ibemu.sm.routing import compute
-from ibemu.sm.routing.fromtopo import remove_link
+from ibemu.testing.fromtopo import remove_link
 
 
 @st.composite

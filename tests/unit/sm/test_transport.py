@@ -6,9 +6,9 @@ import random
 
 import trio
 
-from ibemu.device import madbuild as mb
-from ibemu.hca.umad import SimRequest
 from ibemu.sm.transport import InMemoryPort, Request, Transport
+from ibemu.wire import madcodec as mb
+from ibemu.wire.umad import SimRequest
 from tests.unit.devices.fabrics import chain
 from tests.unit.sm.helpers import run
 

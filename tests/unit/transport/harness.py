@@ -18,7 +18,7 @@ from ibemu.hca.transport import (
     WorkCompletion,
     WrOpcode,
 )
-from ibemu.hca.transport.loopback import Loopback, SimClock
+from ibemu.testing.loopback import Loopback, SimClock
 from ibemu.wire import fast
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ

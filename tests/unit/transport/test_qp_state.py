@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ibemu.hca.transport import Hca, QpState, QpStateError, RecvWr, SendWr, Sge, WcStatus, WrOpcode
-from ibemu.hca.transport.loopback import Loopback, SimClock
 from ibemu.hca.verbs import connect_pair, open_device, sge
+from ibemu.testing.loopback import Loopback, SimClock
 
 from .harness import make_pair
 

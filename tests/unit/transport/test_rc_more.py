@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ibemu.hca.transport import QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode
 from ibemu.hca.transport.actions import Send
-from ibemu.hca.transport.loopback import Loopback, SimClock
 from ibemu.hca.verbs import Access, connect_pair, open_device, sge
+from ibemu.testing.loopback import Loopback, SimClock
 
 from .harness import make_pair, sent_by
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 
 from ibemu.hca.transport import Access, Hca, QpState, RecvWr, SendWr, Sge, WcStatus, WrOpcode
-from ibemu.hca.transport.loopback import Loopback, SimClock
 from ibemu.hca.transport.timers import ack_timeout_ns, rnr_delay_ns
+from ibemu.testing.loopback import Loopback, SimClock
 
 from .harness import make_pair, sent_by
 

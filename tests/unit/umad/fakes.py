@@ -14,7 +14,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ibemu.hca.umad import (
+from ibemu.wire.mad import NodeDescription, NodeInfo, PKeyTable, PortInfo
+from ibemu.wire.umad import (
     CTL_LEN,
     SIM_REQUEST_LEN,
     STATUS_TIMEOUT,
@@ -24,7 +25,6 @@ from ibemu.hca.umad import (
     Delivery,
     SimRequest,
 )
-from ibemu.wire.mad import NodeDescription, NodeInfo, PKeyTable, PortInfo
 
 NODE_GUID = 0x0008F10403960558
 LID = 0x17

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ibemu.errors import DecodeError
-from ibemu.hca.umad import (
+from ibemu.wire.umad import (
     CTL_LEN,
     SIM_REQUEST_LEN,
     ClientInfo,

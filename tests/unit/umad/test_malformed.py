@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ibemu.hca.umad import (
+from ibemu.wire.umad import (
     CTL_LEN,
     MAX_CLIENTS,
     SIM_MAGIC,

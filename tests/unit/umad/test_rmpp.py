@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ibemu.hca.umad import MAD_LEN, rmpp_length, rmpp_seal
+from ibemu.wire.umad import MAD_LEN, rmpp_length, rmpp_seal
 
 
 def sa_response(records: int, *, active: bool = True) -> bytes:

@@ -13,7 +13,9 @@ from typing import TypeVar
 import pytest
 import trio
 
-from ibemu.hca.umad import (
+from ibemu.hca.umad_server import UmadServer, serve
+from ibemu.kernel.commands import KernelError
+from ibemu.wire.umad import (
     CTL_LEN,
     MAX_CLIENTS,
     ClientInfo,
@@ -23,8 +25,6 @@ from ibemu.hca.umad import (
     SimRequest,
     unpack_port,
 )
-from ibemu.hca.umad_server import UmadServer, serve
-from ibemu.kernel.commands import KernelError
 from tests.unit.umad.fakes import LID, LocalSma, PyClient, abstract
 
 pytestmark = pytest.mark.trio

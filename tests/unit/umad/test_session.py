@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ibemu.hca.umad import (
+from ibemu.wire.umad import (
     CTL_LEN,
     MAX_CLIENTS,
     STATUS_TIMEOUT,

@@ -1,11 +1,11 @@
 """Sans-IO pieces shared by the device agents: actions, ports, counters, DR rules, MAD framing.
 
-``ibemu.switch.sma.SwitchAgent`` and ``ibemu.hca.sma.CaAgent`` build on ``DeviceAgent``
-(``ibemu.device.agent``); ``ibemu.device.wiring.InMemoryFabric`` wires agents together in
+``ibemu.agents.switch.SwitchAgent`` and ``ibemu.agents.ca.CaAgent`` build on ``DeviceAgent``
+(``ibemu.agents.device``); ``ibemu.testing.wiring.InMemoryFabric`` wires agents together in
 memory for tests and benchmarks.
 """
 
-from ibemu.device.actions import (
+from ibemu.agents.actions import (
     STATUS_UNDELIVERABLE,
     Action,
     DeliverMad,
@@ -16,8 +16,8 @@ from ibemu.device.actions import (
     PortStateChange,
     Send,
 )
-from ibemu.device.port import PhysState, PortState
-from ibemu.device.traps import TrapPolicy
+from ibemu.agents.port import PhysState, PortState
+from ibemu.agents.traps import TrapPolicy
 
 __all__ = [
     "STATUS_UNDELIVERABLE", "Action", "DeliverMad", "Event", "LftUpdate", "LinkRequest",

@@ -38,7 +38,7 @@ from mininet.net import Mininet as _MininetBase
 from mininet.node import Controller, Host, Node, Switch
 from mininet.topo import Topo
 
-_log = logging.getLogger("ibemu.mininet_custom")
+_log = logging.getLogger("ibemu.mininet.custom")
 
 # infiniband-diags tools a host's shell runs on its own HCA port (through ``ibemu diag``)
 _IB_TOOLS = ("ibnetdiscover", "smpquery", "ibroute", "ibtracert", "perfquery", "ibstat", "ibaddr",

@@ -3,7 +3,7 @@
 For each node it owns one AF_PACKET socket per cabled port (ethertype 0x88B5, so on a switch
 with the kernel datapath it only sees what tc did not forward: VL15, its own LID, unroutable
 frames) and one netlink link monitor per namespace. It feeds frames and carrier changes to
-the sans-IO agents (``ibemu.device``) and carries out their actions: transmit, program the
+the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, program the
 switch's LFT in tc, act on a link, hand MADs to a CA's MAD socket, log events.
 
 One process scales: sockets are created by entering each namespace from this thread before
@@ -30,7 +30,7 @@ from typing import IO, Any, Protocol
 import trio
 import trio.testing
 
-from ibemu.device.actions import (
+from ibemu.agents.actions import (
     Action,
     DeliverMad,
     Event,
@@ -40,7 +40,8 @@ from ibemu.device.actions import (
     PortStateChange,
     Send,
 )
-from ibemu.device.agent import DeviceAgent
+from ibemu.agents.device import DeviceAgent
+from ibemu.agents.forwarder import Forwarder, Reason
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
@@ -49,7 +50,6 @@ from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.kernel.tc_netlink import BlockFilters
-from ibemu.switch.forwarder import Forwarder, Reason
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ TICK_S = 0.05
 
 
 class Agent(Protocol):
-    """What the host needs of a device agent (``ibemu.device.agent.DeviceAgent``)."""
+    """What the host needs of a device agent (``ibemu.agents.device.DeviceAgent``)."""
 
     node_guid: int
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-from ibemu.device.port import Port, PortState
-from ibemu.switch.lft import NO_ROUTE, Lft
+from ibemu.agents.lft import NO_ROUTE, Lft
+from ibemu.agents.port import Port, PortState
 from ibemu.wire import crc as _crc
 
 _vcrc = _crc.vcrc_calc

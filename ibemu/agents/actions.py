@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ibemu.device.port import PhysState, PortState
+from ibemu.agents.port import PhysState, PortState
 
 
 @dataclass(frozen=True, slots=True)

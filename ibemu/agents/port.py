@@ -32,7 +32,7 @@ import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from ibemu.device.counters import PortCounters
+from ibemu.agents.counters import PortCounters
 
 
 class PortState(IntEnum):

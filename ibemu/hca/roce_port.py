@@ -17,10 +17,10 @@ frames before tc ingress, where the host's guard (``netconf.guard_hosts``) drops
 host kernel never answers with ICMP.
 
 Congestion control (``enable_dcqcn``): frames leave ECN-capable (ECT(0)); a data frame that
-arrives with Congestion Experienced (set by a router's virtual queue, ``ibemu.roce.ecn``) is
+arrives with Congestion Experienced (set by a router's virtual queue, ``ibemu.kernel.ecn``) is
 answered with a CNP (BTH opcode 0x81, to the sending QP, at most one per QP every 50 us:
 the notification point), and a CNP that arrives cuts that QP's rate (DCQCN, the reaction
-point, ``ibemu.roce.dcqcn``): its frames then leave paced, from a heap a pacer task drains
+point, ``ibemu.hca.dcqcn``): its frames then leave paced, from a heap a pacer task drains
 (trio's timers have ~1 ms granularity: a paced flow leaves in bursts of up to 1 ms worth).
 Counted in ``roce_stats`` (ce_received, cnp_sent, cnp_received, tx_paced).
 
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import trio
 
+from ibemu.hca.dcqcn import DcqcnParams, DcqcnState, Pacer
 from ibemu.hca.nic import PORT_BUFFER, HcaPort
 from ibemu.hca.transport import Hca
 from ibemu.hca.transport.actions import Send
@@ -50,10 +51,9 @@ from ibemu.hca.transport.hca import FIRST_QPN
 from ibemu.hca.transport.rc import RcQp
 from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import mac_address, open_packet_socket
-from ibemu.roce import pfc
-from ibemu.roce.codec import HDR_LEN, RoceCodec, RoceStats
-from ibemu.roce.dcqcn import DcqcnParams, DcqcnState, Pacer
+from ibemu.wire import pfc
 from ibemu.wire.roce import ROCEV2_UDP_PORT
+from ibemu.wire.rocecodec import HDR_LEN, RoceCodec, RoceStats
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263

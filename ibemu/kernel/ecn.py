@@ -6,7 +6,7 @@ router port instead keeps a virtual queue (a phantom queue): every frame adds it
 and the queue drains at ``line_gbps``; an ECN-capable (ECT) IPv4 frame that finds more than
 ``mark_kb`` in it gets Congestion Experienced (``bpf_skb_ecn_set_ce``, which also fixes the
 IP checksum). The RoCE ports' receivers answer CE with CNPs and their senders slow down
-(DCQCN, ``ibemu.roce.dcqcn``). One direct-action ``bpf`` program per port, its queue in one
+(DCQCN, ``ibemu.hca.dcqcn``). One direct-action ``bpf`` program per port, its queue in one
 array map slot (two u64: last update, bytes queued); updates from two CPUs may race, which
 only blurs the estimate.
 """

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ibemu.device.actions import (
+from ibemu.agents.actions import (
     Action,
     DeliverMad,
     Event,
@@ -30,7 +30,7 @@ from ibemu.device.actions import (
     PortStateChange,
     Send,
 )
-from ibemu.device.agent import DeviceAgent
+from ibemu.agents.device import DeviceAgent
 
 
 class ManualClock:

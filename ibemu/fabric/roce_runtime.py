@@ -27,10 +27,10 @@ import trio
 from ibemu.errors import ConfigError
 from ibemu.fabric.faults import run_schedule
 from ibemu.fabric.plan import plan_fabric
+from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.kernel import ownership, rtnl
-from ibemu.roce.ecn import EcnMarking
-from ibemu.roce.fabric import RoceRun
-from ibemu.roce.impair import Impairment
+from ibemu.kernel.ecn import EcnMarking
+from ibemu.kernel.impair import Impairment
 from ibemu.roce.queues import QueueConfig
 from ibemu.scenario.schema import FaultSpec
 from ibemu.topo import Topology

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ibemu.device import dr
-from ibemu.device.actions import (
+from ibemu.agents import dr
+from ibemu.agents.actions import (
     STATUS_UNDELIVERABLE,
     Action,
     DeliverMad,
@@ -30,7 +30,7 @@ from ibemu.device.actions import (
     PortStateChange,
     Send,
 )
-from ibemu.device.agent import (
+from ibemu.agents.device import (
     CLASS_PMA,
     CLASS_SMP_DR,
     CLASS_SMP_LR,
@@ -41,8 +41,9 @@ from ibemu.device.agent import (
     DeviceAgent,
     make_ports,
 )
-from ibemu.device.attrs import NODE_TYPE_CA
-from ibemu.device.packet import (
+from ibemu.agents.port import CA_PORT_CAPS, Cap, Port, PortState, SetOutcome
+from ibemu.wire.madattrs import NODE_TYPE_CA
+from ibemu.wire.madpacket import (
     GSI_QKEY,
     M_ATTR_ID,
     M_CLASS,
@@ -53,7 +54,6 @@ from ibemu.device.packet import (
     PERMISSIVE_LID,
     VL15,
 )
-from ibemu.device.port import CA_PORT_CAPS, Cap, Port, PortState, SetOutcome
 
 ATTR_SM_INFO = 0x0020
 

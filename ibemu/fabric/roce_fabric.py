@@ -5,7 +5,7 @@ namespaces recorded write-ahead in the run state, cables, ports up, carrier); on
 every switch becomes an IP router and every host gets its address, its first hop as a static
 neighbour and one route (198.18.0.0/15 via that hop), plus the ingress guard that keeps its
 kernel from answering RoCE frames. Routes between routers are the fabric manager's job
-(``ibemu.roce.manager``, started by ``start_manager``). On the user datapath (``queues``)
+(``ibemu.roce.fabric_manager``, started by ``start_manager``). On the user datapath (``queues``)
 the routers' kernels keep the FIB but do not forward, and ``ibemu.roce.userpath`` (started by
 ``start_userpath``, before the manager) forwards for all of them. ``teardown_roce`` — and
 ``ibemu clean`` after a crash — remove everything, through the run state.
@@ -25,19 +25,18 @@ from typing import TYPE_CHECKING, Any
 
 from ibemu.fabric import build as fabric_build
 from ibemu.fabric.plan import FabricPlan, mac_text, plan_fabric
-from ibemu.kernel import ownership
+from ibemu.kernel import netconf, ownership
 from ibemu.kernel.commands import KernelError
-from ibemu.roce import netconf
+from ibemu.kernel.ecn import EcnMarker, EcnMarking
+from ibemu.kernel.impair import Impairment, impair_ports
 from ibemu.roce.addressing import AddressPlan, plan_addresses
-from ibemu.roce.ecn import EcnMarker, EcnMarking
-from ibemu.roce.impair import Impairment, impair_ports
 from ibemu.roce.queues import QueueConfig
 from ibemu.roce.routes import routers
 from ibemu.topo import Topology
 from ibemu.wire.roce import EMULATED_NET
 
 if TYPE_CHECKING:
-    from ibemu.roce.port import RocePort
+    from ibemu.hca.roce_port import RocePort
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +126,8 @@ def build_roce(topo: Topology, state: ownership.RunState, *, network: str = str(
                queues: QueueConfig | None = None) -> RoceFabric:
     """Build ``topo`` as a RoCE fabric owned by ``state`` (blocking). Nothing is left on failure.
 
-    ``impair``: every cable end drops and delays frames (``ibemu.roce.impair``); ``ecn``: every
-    router port marks CE at its virtual queue (``ibemu.roce.ecn``). ``queues``: the user
+    ``impair``: every cable end drops and delays frames (``ibemu.kernel.impair``); ``ecn``: every
+    router port marks CE at its virtual queue (``ibemu.kernel.ecn``). ``queues``: the user
     datapath (``ibemu.roce.userpath``, started by ``start_userpath``) forwards instead of the
     routers' kernels, with these queues (loss, delay and ECN are then its business)."""
     if queues is not None and (impair or ecn):
@@ -194,8 +193,8 @@ def teardown_roce(fab: RoceFabric) -> list[str]:
 
 def start_manager(fab: RoceFabric, events: Path, *, extra: list[str] | None = None,
                   log_file: Path | None = None) -> subprocess.Popen[bytes]:
-    """``python -m ibemu.roce.manager`` for this fabric, owned by its run."""
-    argv = [sys.executable, "-m", "ibemu.roce.manager", "--plan", str(fab.plan_path), "--events", str(events),
+    """``python -m ibemu.roce.fabric_manager`` for this fabric, owned by its run."""
+    argv = [sys.executable, "-m", "ibemu.roce.fabric_manager", "--plan", str(fab.plan_path), "--events", str(events),
             *(extra or [])]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
     try:
@@ -332,8 +331,8 @@ class RoceRun:
         """A RoCE port on ``host``'s cable, in this process. With PFC on the fabric it honours
         its first hop's pauses; ``dcqcn``: with ECN marking on the fabric it also sends ECT
         frames, answers CE with CNPs and slows down on CNPs, as a scenario run's does."""
-        from ibemu.roce.dcqcn import DcqcnParams  # the traffic side, only for whoever opens a port
-        from ibemu.roce.port import RocePort
+        from ibemu.hca.dcqcn import DcqcnParams  # the traffic side, only for whoever opens a port
+        from ibemu.hca.roce_port import RocePort
 
         hp = self.fab.host_port(host)
         port = RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=self.fab.addrs.lid_ips())

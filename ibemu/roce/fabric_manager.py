@@ -1,8 +1,8 @@
 """The RoCE fabric manager: the IB subnet manager's counterpart for a routed Ethernet fabric.
 
-    python -m ibemu.roce.manager --plan RUN_DIR/roce.json --events fm.jsonl [--no-reroute]
+    python -m ibemu.roce.fabric_manager --plan RUN_DIR/roce.json --events fm.jsonl [--no-reroute]
 
-Reads the fabric's plan (``ibemu.roce.fabric`` writes it), computes shortest-path ECMP routes
+Reads the fabric's plan (``ibemu.fabric.roce_fabric`` writes it), computes shortest-path ECMP routes
 (``ibemu.roce.routes``) over the cables that have carrier and writes them into every router's
 namespace over rtnetlink, then logs ``fabric_up``. It watches every router port's link state
 (RTM_NEWLINK); when a cable goes down (or comes back) it recomputes and rewrites only the
@@ -39,12 +39,12 @@ import trio
 
 from ibemu.kernel import linkevents, rtnl
 from ibemu.kernel.commands import KernelError
+from ibemu.kernel.netconf import RouteWriter
 from ibemu.roce.addressing import AddressPlan, PortAddress
-from ibemu.roce.netconf import RouteWriter
 from ibemu.roce.routes import NextHop, RouteChanges, Routes, compute, diff, local_repair
 from ibemu.sm.events import EventLog
 
-log = logging.getLogger("ibemu.roce.manager")
+log = logging.getLogger("ibemu.roce.fabric_manager")
 
 
 IFF_UP, IFF_RUNNING = 0x1, 0x40
@@ -232,7 +232,7 @@ class FabricManager:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ibemu.roce.manager", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ibemu.roce.fabric_manager", description=__doc__.split("\n\n")[0])
     p.add_argument("--plan", required=True, help="the fabric's roce.json (in its run directory)")
     p.add_argument("--events", default=None, help="JSON-lines event log file")
     p.add_argument("--no-reroute", action="store_true",

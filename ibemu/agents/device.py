@@ -2,7 +2,7 @@
 
 ``DeviceAgent`` is sans-IO: ``receive(port, packet)``, ``link_up(port)``,
 ``link_down(port)``, ``link_retrained(port)`` and ``tick()`` return lists of actions
-(``ibemu.device.actions``) and never raise for anything a packet contains. Every packet
+(``ibemu.agents.actions``) and never raise for anything a packet contains. Every packet
 received gets the strict check (PktLen, headers, ICRC, VCRC); failures count in the
 ingress port's PortRcvErrors and produce an ``rx_error`` Event. Responses are built from
 the request's bytes (patched and resealed), not with scapy.
@@ -20,11 +20,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
-from ibemu.device import dr
-from ibemu.device.actions import Action, Event, PortStateChange, Send
-from ibemu.device.attrs import class_port_info, node_info
-from ibemu.device.counters import ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, PortCounters
-from ibemu.device.packet import (
+from ibemu.agents import dr
+from ibemu.agents.actions import Action, Event, PortStateChange, Send
+from ibemu.agents.counters import ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, PortCounters
+from ibemu.agents.port import Port, PortState
+from ibemu.errors import DecodeError
+from ibemu.wire.madattrs import class_port_info, node_info
+from ibemu.wire.madpacket import (
     GSI_QKEY,
     M_ATTR_ID,
     M_ATTR_MOD,
@@ -48,8 +50,6 @@ from ibemu.device.packet import (
     set_lrh,
     set_qps,
 )
-from ibemu.device.port import Port, PortState
-from ibemu.errors import DecodeError
 
 logger = logging.getLogger(__name__)
 

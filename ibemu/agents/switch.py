@@ -34,7 +34,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-from ibemu.device.actions import (
+from ibemu.agents.actions import (
     Action,
     LftUpdate,
     LinkRequest,
@@ -42,7 +42,7 @@ from ibemu.device.actions import (
     PortStateChange,
     Send,
 )
-from ibemu.device.agent import (
+from ibemu.agents.device import (
     GET,
     SET,
     ST_BAD_METHOD_ATTR,
@@ -52,18 +52,18 @@ from ibemu.device.agent import (
     DeviceAgent,
     make_ports,
 )
-from ibemu.device.attrs import (
+from ibemu.agents.forwarder import Forwarder
+from ibemu.agents.lft import Lft, Mft
+from ibemu.agents.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, SetOutcome
+from ibemu.agents.traps import PendingTrap, TrapPolicy, TrapQueue
+from ibemu.wire.madattrs import (
     NODE_TYPE_SWITCH,
     SwitchInfoState,
     decode_switch_info,
     notice_fields,
     notice_trap128,
 )
-from ibemu.device.packet import M_ATTR_ID, M_TID, MAD_OFFSET, SMP_DATA, VL15
-from ibemu.device.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, SetOutcome
-from ibemu.device.traps import PendingTrap, TrapPolicy, TrapQueue
-from ibemu.switch.forwarder import Forwarder
-from ibemu.switch.lft import Lft, Mft
+from ibemu.wire.madpacket import M_ATTR_ID, M_TID, MAD_OFFSET, SMP_DATA, VL15
 
 ATTR_NOTICE = 0x0002
 ATTR_SWITCH_INFO = 0x0012

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ibemu.device.packet import (
+from ibemu.wire.madpacket import (
     INITIAL_PATH,
     M_HOP_COUNT,
     M_HOP_POINTER,

@@ -1,5 +1,5 @@
 """Mininet adapter: IB topologies for Mininet, an ibemu fabric with a Mininet-like API, and the
-venv side of ``mn --custom`` (:mod:`ibemu.mininet_custom`).
+venv side of ``mn --custom`` (:mod:`ibemu.mininet.custom`).
 
 Three ways in:
 
@@ -274,11 +274,11 @@ class IbemuNet:
 
 
 
-# --- the venv side of ``mn --custom`` (ibemu/mininet_custom.py runs these as subprocesses) ---
+# --- the venv side of ``mn --custom`` (ibemu/mininet/custom.py runs these as subprocesses) ---
 
 def custom_path() -> Path:
     """The file to give ``mn --custom``."""
-    return Path(__file__).with_name("mininet_custom.py")
+    return Path(__file__).with_name("custom.py")
 
 
 def layout(spec: str) -> dict[str, Any]:
@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "run-info":
         result = run_info(args.run)
     elif args.what == "pingall":
-        from ibemu.mininet_ping import pingall
+        from ibemu.mininet.ping import pingall
 
         plan = _plan(args.run)
         hosts = args.hosts.split(",") if args.hosts else [n.name for n in plan.cas()]
@@ -350,6 +350,3 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,7 +22,7 @@ carries HopPointer k, and so does the response crossing that link back. On recei
 
 from __future__ import annotations
 
-from ibemu.device.packet import (
+from ibemu.wire.madpacket import (
     INITIAL_PATH,
     M_DR_DLID,
     M_DR_SLID,

@@ -1,1 +1,0 @@
-"""ibemu.switch"""

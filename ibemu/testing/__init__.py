@@ -1,0 +1,1 @@
+"""Test doubles shipped with ibemu (like ``trio.testing``)."""
