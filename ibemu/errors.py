@@ -1,4 +1,10 @@
-"""Exception hierarchy shared by every layer: one base, so the CLI reports them uniformly."""
+"""Exception hierarchy shared by every layer: one base, so the CLI reports them uniformly.
+
+Also ``did_you_mean``, the suggestion every layer appends to an error about a misspelt name.
+"""
+
+import difflib
+from collections.abc import Iterable
 
 
 class IbemuError(Exception):
@@ -29,3 +35,12 @@ def leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for e in exc.exceptions for leaf in leaves(e)]
     return [exc]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or ``""``."""
+    options = list(choices)
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close and len(word) >= 3:
+        close = [c for c in options if c.startswith(word)][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""

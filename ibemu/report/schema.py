@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ibemu.errors import IbemuError
-from ibemu.scenario.yamlnodes import did_you_mean
+from ibemu.errors import IbemuError, did_you_mean
 
 SCHEMA_VERSION = "ibemu.run/1"
 

@@ -7,7 +7,6 @@ of ``ibemu validate`` reports everything wrong with a scenario.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ibemu.errors import ConfigError
+from ibemu.errors import ConfigError, did_you_mean
 
 T = TypeVar("T")
 
@@ -62,15 +61,6 @@ def describe(node: yaml.Node) -> str:
     if value is None:
         return "nothing (null)"
     return repr(value)
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or ``""``."""
-    options = list(choices)
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    if not close and len(word) >= 3:
-        close = [c for c in options if c.startswith(word)][:1]
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?\s*\Z", re.IGNORECASE)

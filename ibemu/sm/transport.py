@@ -3,8 +3,10 @@
 ``Transport`` runs over any ``MadPort`` (send / receive ``SimRequest`` datagrams):
 
 - ``UmadPort``: a live host's MAD socket through ``UmadClient`` (the SM process);
-- ``InMemoryPort``: a CA of an ``InMemoryFabric`` (unit tests; run under trio's
-  ``MockClock(autojump_threshold=0)`` so timeouts cost no wall time).
+- ``ibemu.testing.madport.InMemoryPort``: a CA of an ``InMemoryFabric`` (unit tests; run under
+  trio's ``MockClock(autojump_threshold=0)`` so timeouts cost no wall time).
+
+Both pass ``ibemu.testing.madport.check_mad_port``, the conformance checks of a ``MadPort``.
 
 At most ``max_in_flight`` requests are outstanding; each gets a fresh TID (low 32 bits; the
 MAD socket owns bits 48-63) per attempt, ``timeout_s`` per attempt and ``retries`` more
@@ -16,7 +18,7 @@ out), a duplicate (already answered) or one with an unknown TID is dropped and c
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,7 +26,6 @@ from typing import Protocol
 import trio
 
 from ibemu.hca.umad_client import UmadClient
-from ibemu.testing.wiring import InMemoryFabric
 from ibemu.wire import madcodec as mb
 from ibemu.wire.umad import STATUS_OK, SimRequest, set_mad_tid
 
@@ -70,47 +71,6 @@ class UmadPort:
 
     async def recv(self) -> SimRequest:
         return await self.client.recv()
-
-
-class InMemoryPort:
-    """A ``MadPort`` on CA ``name`` port ``port`` of an ``InMemoryFabric``.
-
-    ``send`` hands the MAD to the CA agent and runs the fabric to quiet; what the CA
-    delivered is queued for ``recv``. Call ``pump()`` after acting on the fabric yourself
-    (a link down, ``advance``) so traps it produced reach the SM. ``fab.delivered[name]``
-    is consumed (cleared) as it is read.
-    """
-
-    def __init__(self, fab: InMemoryFabric, name: str, port: int = 1) -> None:
-        self.fab, self.name, self.port = fab, name, port
-        self.agent = fab.agents[name]
-        self._queue: deque[SimRequest] = deque()
-        self._wake = trio.Event()
-
-    async def send(self, req: SimRequest) -> None:
-        send_mad = getattr(self.agent, "send_mad")  # noqa: B009 - a CA agent
-        self.fab.handle(self.name, send_mad(self.port, req.dlid, req.dqp, req.sqp, req.mad))
-        self.fab.run()
-        self.pump()
-        await trio.lowlevel.checkpoint()
-
-    def pump(self) -> int:
-        got = self.fab.delivered[self.name]
-        n = 0
-        for d in got:
-            if d.port == self.port:
-                self._queue.append(SimRequest(d.dlid, d.slid, d.dqp, d.sqp, d.mad, d.status))
-                n += 1
-        got.clear()
-        if n:
-            self._wake.set()
-        return n
-
-    async def recv(self) -> SimRequest:
-        while not self._queue:
-            self._wake = trio.Event()
-            await self._wake.wait()
-        return self._queue.popleft()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ibemu.scenario.yamlnodes import did_you_mean
+from ibemu.errors import did_you_mean
 from ibemu.topo.model import Endpoint, Link, Node, NodeKind, Topology
 
 

@@ -215,3 +215,31 @@ def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_
 
     trio.run(main)
     assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)
+
+
+def test_a_live_mad_socket_passes_the_mad_port_conformance_checks(state_dir: Path, tmp_path: Path) -> None:
+    """``UmadPort`` over a host's MAD socket keeps the rules ``InMemoryPort`` is held to."""
+    from ibemu.fabric.agents import make_agents
+    from ibemu.hca.umad_client import UmadClient
+    from ibemu.sm.transport import UmadPort
+    from ibemu.testing.madport import check_mad_port
+
+    topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-madport")
+    rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path)
+    host_port = 1
+    leaf = topo.peer("h0", host_port)
+    assert leaf is not None
+    spine_port = next(p for p, e in topo.neighbors(leaf.node) if topo.node(e.node).is_switch)
+
+    async def main() -> None:
+        async with rt.running() as host:
+            client = await UmadClient.connect(host.nodes["h0"].plan.ns)
+            try:
+                await check_mad_port(UmadPort(client), far=(host_port,))
+                await check_mad_port(UmadPort(client), far=(host_port, spine_port), tid_base=0x7000)
+            finally:
+                client.close()
+
+    trio.run(main)
+    assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)

@@ -10,7 +10,8 @@ import trio
 
 from ibemu.sm.discovery import Discovery
 from ibemu.sm.graph import SubnetGraph
-from ibemu.sm.transport import InMemoryPort, Transport
+from ibemu.sm.transport import Transport
+from ibemu.testing.madport import InMemoryPort
 from ibemu.testing.wiring import InMemoryFabric
 from tests.unit.sm.helpers import fat_tree, run
 

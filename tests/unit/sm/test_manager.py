@@ -11,7 +11,7 @@ import trio
 from ibemu.agents.port import PhysState, PortState
 from ibemu.agents.switch import SwitchAgent
 from ibemu.sm.manager import SmConfig, SubnetManager
-from ibemu.sm.transport import InMemoryPort
+from ibemu.testing.madport import InMemoryPort
 from ibemu.testing.wiring import InMemoryFabric, WireRecord
 from ibemu.topo import Node, Topology
 from ibemu.wire.umad import SimRequest

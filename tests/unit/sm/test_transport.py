@@ -6,7 +6,8 @@ import random
 
 import trio
 
-from ibemu.sm.transport import InMemoryPort, Request, Transport
+from ibemu.sm.transport import Request, Transport
+from ibemu.testing.madport import InMemoryPort
 from ibemu.wire import madcodec as mb
 from ibemu.wire.umad import SimRequest
 from tests.unit.devices.fabrics import chain
