@@ -22,17 +22,16 @@ from __future__ import annotations
 import argparse
 import cmd
 import json
-import os
 import selectors
 import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ibemu.cli.fabric_cmd import add_fabric_arguments
 from ibemu.errors import ConfigError, IbemuError
+from ibemu.fabric.session import Session, link_request, switch_request
 from ibemu.topo import Topology
 
 PROMPT = "ibemu> "
@@ -52,45 +51,6 @@ class Backend(Protocol):
 
 
 # ---------------------------------------------------------------------- parsing (pure)
-
-
-def _up_down(word: str, usage: str) -> bool:
-    if word not in ("up", "down"):
-        raise ConfigError(f"usage: {usage} (the last word is up or down, not {word!r})")
-    return word == "up"
-
-
-def link_request(topo: Topology, args: list[str]) -> dict[str, Any]:
-    """``edge0_0 agg0_0 down`` / ``agg0_0:4 down`` / ``edge0_0:3-agg0_0:1 up`` -> a control request.
-
-    The end named first is the one taken down (both ends lose carrier either way).
-    """
-    from ibemu.topo import refs
-    usage = "link NODE1 NODE2 up|down  or  link NODE:PORT up|down"
-    if len(args) not in (2, 3):
-        raise ConfigError(f"usage: {usage}")
-    up = _up_down(args[-1], usage)
-    text = "-".join(args[:-1])
-    try:
-        link = refs.link(topo, text)
-    except refs.RefError as exc:
-        raise ConfigError(str(exc)) from None
-    head = args[0].split("-")[0].strip()  # the end named first: a node or node:port
-    end = link.a if (str(link.a) == head if ":" in head else link.a.node == head) else link.b
-    return {"fault": "link_up" if up else "link_down", "link": str(link), "end": str(end)}
-
-
-def switch_request(topo: Topology, args: list[str]) -> dict[str, Any]:
-    from ibemu.topo import refs
-    usage = "switch SWITCH up|down"
-    if len(args) != 2:
-        raise ConfigError(f"usage: {usage}")
-    up = _up_down(args[1], usage)
-    try:
-        refs.switch(topo, args[0])
-    except refs.RefError as exc:
-        raise ConfigError(str(exc)) from None
-    return {"fault": "switch_up" if up else "switch_down", "switch": args[0]}
 
 
 def perf_call(topo: Topology, client: str, args: list[str]) -> tuple[str, str, list[str]]:
@@ -222,32 +182,20 @@ class Console(cmd.Cmd):
 
 
 class LiveFabric:
-    """A fabric ``ibemu up`` built: faults through its daemon's control socket."""
+    """The console's ``Backend`` on a ``Session`` (a fabric its daemon keeps running)."""
 
-    def __init__(self, run_id: str, run_dir: Path, topo: Topology) -> None:
-        self.run_id, self.run_dir, self.topo = run_id, Path(run_dir), topo
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.run_id, self.run_dir, self.topo = session.run_id, session.run_dir, session.topology
 
     def namespace(self, node: str) -> str:
-        from ibemu.kernel.ownership import ns_name
-
-        return ns_name(self.run_id, node)
+        return self.session.namespace(node)
 
     def _in_ns(self, node: str, argv: list[str]) -> tuple[list[str], dict[str, str]]:
-        env = {**os.environ, "IBEMU_RUN": self.run_id, "IBEMU_NODE": node}
-        return ["ip", "netns", "exec", self.namespace(node), *argv], env
+        return self.session.command(node, argv)
 
     def fault(self, request: dict[str, Any]) -> dict[str, Any]:
-        from ibemu.fabric import control
-
-        path = control.socket_path(self.run_dir)
-        deadline = time.monotonic() + 5.0
-        while True:  # the daemon opens its socket just after the run is marked up
-            try:
-                return control.request(path, request)
-            except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > deadline:
-                    raise ConfigError(f"the fabric daemon's control socket {path} does not answer") from None
-                time.sleep(0.05)
+        return self.session.fault(request)
 
     def sm(self, argv: list[str]) -> int:
         from ibemu.cli import sm_cmd
@@ -334,36 +282,17 @@ class LiveFabric:
         return {_name(n): int(n["lid"]) for n in snap.get("nodes", {}).values() if n.get("lid")}
 
 
-def _up(args: argparse.Namespace) -> str:
-    """``ibemu up``'s own code, keeping the run id it makes."""
-    from ibemu.cli import fabric_cmd
-    from ibemu.kernel import ownership
-
-    made: list[str] = []
-    new_run_id = ownership.new_run_id
-
-    def recording() -> str:
-        made.append(new_run_id())
-        return made[-1]
-
-    ownership.new_run_id = recording
-    try:
-        fabric_cmd.cmd_up(args)
-    finally:
-        ownership.new_run_id = new_run_id
-    return made[-1]
-
-
 def run(args: argparse.Namespace) -> int:
-    from ibemu.cli.fabric_cmd import _resolve
-    from ibemu.kernel import ownership
+    from ibemu.cli.fabric_cmd import request_from_args, say_up
+    from ibemu.fabric.session import require_root
 
-    topo = _resolve(args)[0]
-    run_id = _up(args)  # raises (leaving nothing) when the fabric does not come up
-    state = ownership.RunState.load(ownership.RunState(run_id).path)
+    require_root("up")
+    req = request_from_args(args)
+    session = Session.up(req)  # raises (leaving nothing) when the fabric does not come up
+    say_up(session, req)
+    run_id = session.run_id
     try:
-        console = Console(topo, LiveFabric(run_id, state.run_dir, topo), run_id=run_id,
-                          stdin=sys.stdin, stdout=sys.stdout)
+        console = Console(session.topology, LiveFabric(session), run_id=run_id, stdin=sys.stdin, stdout=sys.stdout)
         while True:
             try:
                 console.cmdloop()
@@ -372,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
                 print("\nInterrupt")
                 console.intro = ""
     finally:
-        problems = ownership.teardown(ownership.RunState.load(state.path) if state.path.exists() else state)
+        problems = session.down()
         if problems:
             print(f"fabric {run_id}: {'; '.join(problems)} (try `ibemu clean {run_id}`)", file=sys.stderr)
         else:

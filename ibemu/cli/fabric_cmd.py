@@ -3,7 +3,8 @@
 ``ibemu up [SCENARIO] [--topo fat-tree,k=4] [--datapath kernel|user]`` builds the fabric in a
 background daemon (it owns the namespaces and the agents) and returns once every agent
 answers; ``ibemu exec NODE -- CMD`` runs a command in a node's namespace; ``ibemu down``
-tears it down.
+tears it down. Each is a call on ``ibemu.fabric.session.Session``; this module turns the
+command line (a scenario, ``--topo``, ``--sm``...) into a ``FabricRequest`` and prints.
 """
 
 from __future__ import annotations
@@ -12,37 +13,13 @@ import argparse
 import dataclasses
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from ibemu.errors import ConfigError, IbemuError
-from ibemu.fabric.daemon import write_spec
-from ibemu.fabric.umad2sim import scratch_dir, tool_argv
-from ibemu.kernel import netns, ownership
+from ibemu.errors import ConfigError
+from ibemu.fabric.session import FabricRequest, Session, require_root
 from ibemu.scenario.schema import FabricSpec, SMSpec
-from ibemu.topo import Topology, dumps_ibnetdiscover, generate
-
-UP_TIMEOUT_S = 120.0
-
-
-def parse_topo_spec(text: str) -> Topology:
-    """``fat-tree,k=4`` / ``leaf-spine,leaves=4,spines=2`` -> a generated topology."""
-    name, *pairs = [p.strip() for p in text.split(",") if p.strip()]
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--topo {text}: expected NAME,key=value,..., got {pair!r}")
-        params[key.strip().replace("-", "_")] = value.strip()
-    return generate(name, params)
-
-
-def _require_root(what: str) -> None:
-    if os.geteuid() != 0:
-        raise ConfigError(f"ibemu {what} needs root (network namespaces, veth, tc): use sudo")
+from ibemu.topo import Topology, parse_topo_spec
 
 
 def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None, FabricSpec]:
@@ -84,24 +61,6 @@ def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) ->
     return sm, host, engine
 
 
-def _live_runs() -> list[ownership.RunState]:
-    return [r for r in ownership.list_runs() if r.status in ("building", "built", "up")]
-
-
-def _pick_run(run_id: str | None) -> ownership.RunState:
-    runs = _live_runs()
-    if run_id:
-        for r in runs:
-            if r.run_id == run_id:
-                return r
-        raise ConfigError(f"no running fabric {run_id} (running: {', '.join(r.run_id for r in runs) or 'none'})")
-    if not runs:
-        raise ConfigError("no fabric is running: start one with `sudo ibemu up`")
-    if len(runs) > 1:
-        raise ConfigError(f"{len(runs)} fabrics are running ({', '.join(r.run_id for r in runs)}): pass --run")
-    return runs[0]
-
-
 def _roce_settings(spec: FabricSpec) -> dict[str, float]:
     """A RoCE fabric's cable loss, delay and ECN settings, checked against this kernel."""
     if spec.delay_us:
@@ -112,12 +71,11 @@ def _roce_settings(spec: FabricSpec) -> dict[str, float]:
             "ecn_line_gbps": spec.ecn_line_gbps}
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    _require_root("up")
+def request_from_args(args: argparse.Namespace) -> FabricRequest:
+    """What ``ibemu up`` (and ``ibemu cli``) asks for: every check made before anything is built."""
     topo, datapath, name, sm_spec, fabric = _resolve(args)
     topo.check()
     kind = fabric.kind
-    roce: dict[str, float] = {}
     if kind == "roce":  # its fabric manager routes it; its routers forward in the kernel
         if args.sm not in (None, "none") or args.sm_host or args.sm_engine:
             raise ConfigError("--sm/--sm-host/--sm-engine: a RoCE fabric has no subnet manager "
@@ -127,71 +85,50 @@ def cmd_up(args: argparse.Namespace) -> int:
         if fabric.datapath == "user":  # not half-wired: the daemon has no user datapath for RoCE yet
             raise ConfigError("ibemu up runs a RoCE fabric on the kernel datapath only; its user datapath "
                               "(queues, PFC, delay) runs under ibemu run", fabric.where or "fabric.datapath")
-        sm, sm_host, engine, datapath = "none", "", "", "kernel"
-        roce = _roce_settings(fabric)
-    else:
-        sm, sm_host, engine = _sm_choice(args, topo, sm_spec)  # every check before anything is recorded
-    state = ownership.RunState(ownership.new_run_id(), scenario=name)
-    run_dir = state.run_dir
-    state.save()
-    write_spec(run_dir, run_id=state.run_id, datapath=datapath, topology_text=dumps_ibnetdiscover(topo),
-               scenario=name, sm=sm, sm_host=sm_host, sm_engine=engine, fabric=kind, roce=roce)
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(run_dir / "daemon.err", "w"), start_new_session=True)  # noqa: SIM115
-    while True:
-        time.sleep(0.05)
-        current = ownership.RunState.load(state.path) if state.path.exists() else state
-        if current.status == "up":
-            break
-        if proc.poll() is not None or time.monotonic() - t0 > UP_TIMEOUT_S:
-            reason = "exited" if proc.poll() is not None else f"not up after {UP_TIMEOUT_S:.0f} s"
-            log_tail = _tail(run_dir / "daemon.log") + _tail(run_dir / "daemon.err")
-            ownership.teardown(current)
-            raise IbemuError(f"fabric daemon {reason}; nothing is left running.\n{log_tail}")
+        return FabricRequest(topo, name, kind="roce", datapath="kernel", sm="none", sm_host="", sm_engine="",
+                             roce=_roce_settings(fabric))
+    sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
+    return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    require_root("up")
+    req = request_from_args(args)
+    say_up(Session.up(req), req)
+    return 0
+
+
+def say_up(session: Session, req: FabricRequest) -> None:
+    """What ``ibemu up`` (and ``ibemu cli``) print once the fabric is up."""
+    topo, name, took = req.topology, req.name, session.up_s or 0.0
     counts = topo.counts()
-    if kind == "roce":
-        print(f"RoCE fabric {state.run_id} up in {time.monotonic() - t0:.2f} s: {counts.switches} IP routers "
+    if req.kind == "roce":
+        print(f"RoCE fabric {session.run_id} up in {took:.2f} s: {counts.switches} IP routers "
               f"(ECMP), {counts.cas} hosts, {counts.links} links, routes installed by the fabric manager, "
               f"from {name}")
         print(f"  ibemu exec NODE -- CMD    e.g. ibemu exec {topo.cas()[0].name} -- ip -br addr")
         print("  ibemu status | ibemu down")
-        return 0
-    sm_note = f", {sm} on {sm_host}: SUBNET UP" if sm != "none" else ", no SM (ports stay in Init)"
-    print(f"fabric {state.run_id} up in {time.monotonic() - t0:.2f} s: {counts.switches} switches, "
-          f"{counts.cas} hosts, {counts.links} links ({datapath} datapath){sm_note} from {name}")
+        return
+    sm_note = f", {req.sm} on {req.sm_host}: SUBNET UP" if req.sm != "none" else ", no SM (ports stay in Init)"
+    print(f"fabric {session.run_id} up in {took:.2f} s: {counts.switches} switches, "
+          f"{counts.cas} hosts, {counts.links} links ({req.datapath} datapath){sm_note} from {name}")
     print(f"  ibemu exec NODE -- CMD    e.g. ibemu exec {topo.cas()[0].name} -- ip -br link")
     print("  ibemu status | ibemu down")
-    return 0
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text().splitlines()[-lines:]) + "\n"
-    except FileNotFoundError:
-        return ""
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    _require_root("down")
-    state = _pick_run(args.run)
-    problems = ownership.teardown(state)
+    require_root("down")
+    session = Session.attach(args.run)
+    problems = session.down()
     if problems:
-        print(f"fabric {state.run_id}: {'; '.join(problems)} (try `ibemu clean`)", file=sys.stderr)
+        print(f"fabric {session.run_id}: {'; '.join(problems)} (try `ibemu clean`)", file=sys.stderr)
         return 1
-    print(f"fabric {state.run_id} down")
+    print(f"fabric {session.run_id} down")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = []
-    for r in ownership.list_runs():
-        present = sum(netns.exists(n) for n in r.namespaces)
-        alive = [p.role for p in r.processes if p.alive()]
-        rows.append({"run": r.run_id, "status": r.status, "scenario": r.scenario,
-                     "namespaces": present, "recorded_namespaces": len(r.namespaces),
-                     "processes": alive, "age_s": round(time.time() - r.created, 1)})
+    rows = Session.status()
     if args.json:
         print(json.dumps(rows, indent=1))
     elif not rows:
@@ -203,32 +140,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _node_command(args: argparse.Namespace, what: str, usage: str) -> tuple[ownership.RunState, str, list[str]]:
-    """(run, namespace of ``args.node``, the command after ``--``) for exec and diag."""
-    _require_root(what)
-    state = _pick_run(args.run)
-    ns = ownership.ns_name(state.run_id, args.node)
-    if ns not in state.namespaces:
-        raise ConfigError(f"no node {args.node!r} in fabric {state.run_id}")
+def _node_command(args: argparse.Namespace, what: str, usage: str) -> tuple[Session, list[str]]:
+    """(the fabric, the command after ``--``) for exec and diag; the node is checked."""
+    require_root(what)
+    session = Session.attach(args.run)
+    session.namespace(args.node)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ConfigError(f"{usage}: no command given")
-    return state, ns, command
+    return session, command
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
-    state, ns, command = _node_command(args, "exec", "ibemu exec NODE -- CMD")
-    # Tell ibemu commands inside which run and node they are (``ibemu perf`` uses it).
-    os.environ["IBEMU_RUN"], os.environ["IBEMU_NODE"] = state.run_id, args.node
-    os.execvp("ip", ["ip", "netns", "exec", ns, *command])
+    session, command = _node_command(args, "exec", "ibemu exec NODE -- CMD")
+    argv, env = session.command(args.node, command)
+    os.execvpe(argv[0], argv, env)
     return 127  # not reached
 
 
 def cmd_diag(args: argparse.Namespace) -> int:
     """Run an infiniband-diags tool (or OpenSM) on a host, through its MAD socket."""
-    state, ns, command = _node_command(args, "diag", "ibemu diag HOST TOOL [ARGS...] (e.g. ibnetdiscover)")
-    argv = tool_argv(ns, command)
-    os.chdir(scratch_dir(state.run_dir, args.node))
+    session, command = _node_command(args, "diag", "ibemu diag HOST TOOL [ARGS...] (e.g. ibnetdiscover)")
+    argv, cwd = session.diag_command(args.node, command)
+    os.chdir(cwd)
     os.execvp(argv[0], argv)
     return 127  # not reached
 

@@ -59,21 +59,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _whoami(args: argparse.Namespace) -> tuple[Any, str | None]:
     """(run state, this host or None in the root namespace)."""
-    from ibemu.cli.fabric_cmd import _pick_run
+    from ibemu.fabric.session import Session
 
-    state = _pick_run(args.run or os.environ.get("IBEMU_RUN"))
+    state = Session.attach(args.run or os.environ.get("IBEMU_RUN")).state
     return state, args.host or os.environ.get("IBEMU_NODE")
 
 
 def _plan(state: Any) -> Any:
-    import json
-
-    from ibemu.fabric.daemon import SPEC_FILE
     from ibemu.fabric.plan import plan_fabric
-    from ibemu.topo import loads_ibnetdiscover
+    from ibemu.fabric.session import Session
 
-    spec = json.loads((Path(state.run_dir) / SPEC_FILE).read_text())
-    return plan_fabric(loads_ibnetdiscover(spec["topology"]), state.run_id)
+    return plan_fabric(Session(state).topology, state.run_id)
 
 
 def run(args: argparse.Namespace) -> int:

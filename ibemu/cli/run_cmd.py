@@ -52,7 +52,7 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     scen = load_scenario(args.scenario) if args.scenario else load_builtin("default")
     changes: dict[str, object] = {}
     if args.topo:
-        from ibemu.cli.fabric_cmd import parse_topo_spec
+        from ibemu.topo import parse_topo_spec
 
         topo = parse_topo_spec(args.topo)
         names = set(topo.nodes)

@@ -16,9 +16,9 @@ from ibemu.errors import ConfigError
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
-    from ibemu.cli.fabric_cmd import _pick_run
+    from ibemu.fabric.session import Session
 
-    state = _pick_run(args.run)
+    state = Session.attach(args.run).state
     sm_dir = state.run_dir / "ibemu"
     if not sm_dir.is_dir():
         raise ConfigError(f"fabric {state.run_id} does not run ibemu's SM (start it with `ibemu up --sm ibemu`)")

@@ -12,7 +12,6 @@ file lists it all).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -27,6 +26,7 @@ from ibemu.fabric.control import serve_control
 from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
+from ibemu.fabric.session import read_spec
 from ibemu.kernel import ownership
 from ibemu.kernel.ecn import EcnMarking
 from ibemu.kernel.impair import Impairment
@@ -34,21 +34,6 @@ from ibemu.topo import Topology, loads_ibnetdiscover
 from ibemu.topo.model import Link
 
 log = logging.getLogger("ibemu.fabric.daemon")
-
-SPEC_FILE = "fabric.json"
-
-
-def write_spec(run_dir: Path, *, run_id: str, datapath: str, topology_text: str, scenario: str | None,
-               sm: str = "none", sm_host: str | None = None, sm_engine: str = "minhop",
-               fabric: str = "ib", roce: dict[str, float] | None = None) -> None:
-    """``roce``: a RoCE fabric's cable impairments and ECN (``FabricSpec``'s fields)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / SPEC_FILE).write_text(json.dumps({
-        "run_id": run_id, "fabric": fabric, "datapath": datapath, "scenario": scenario,
-        "topology": topology_text, "sm": sm, "sm_host": sm_host, "sm_engine": sm_engine,
-        "roce": roce or {},
-    }))
-
 
 def roce_runtime(topo: Topology, state: ownership.RunState, run_dir: Path, settings: dict[str, float]) -> RoceRuntime:
     """The RoCE fabric of a spec, with its cable loss/delay and ECN marking."""
@@ -110,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(filename=args.run_dir / "daemon.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    spec = json.loads((args.run_dir / SPEC_FILE).read_text())
+    spec = read_spec(args.run_dir)
     state = ownership.RunState.load(ownership.RunState(spec["run_id"]).path)
     state.claim_process(os.getpid(), "fabric-daemon")
     topo = loads_ibnetdiscover(spec["topology"])

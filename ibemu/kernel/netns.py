@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ibemu.kernel.commands import KernelError, batch
@@ -50,6 +50,11 @@ def delete(names: Iterable[str]) -> list[str]:
     """Delete the namespaces that exist (their veth ends go with them); returns failures."""
     present = [n for n in names if exists(n)]
     return batch("ip", [f"netns del {n}" for n in present], force=True)
+
+
+def exec_argv(name: str, argv: Sequence[str]) -> list[str]:
+    """argv that runs ``argv`` inside namespace ``name`` (``ip netns exec``)."""
+    return ["ip", "netns", "exec", name, *argv]
 
 
 def _setns(fd: int) -> None:

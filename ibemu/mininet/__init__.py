@@ -25,13 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from ibemu.topo import Topology, dumps_ibnetdiscover, generate
+from ibemu.fabric.session import Session, switch_request
+from ibemu.topo import Topology, generate
 
 try:  # a Mininet custom file is loaded by Mininet; imported on its own it must not need Mininet
     from mininet.topo import Topo as _Base
@@ -189,40 +188,32 @@ class _Node:
 class IbemuNet:
     """An ibemu fabric built from a Mininet topology, driven like ``mininet.net.Mininet``.
 
-    ``start()`` runs ``ibemu up`` (the fabric daemon owns everything; ``IBEMU_STATE_DIR`` is
-    honoured), ``stop()`` tears it down. Needs root, as ``ibemu up`` does.
+    ``start()`` brings the fabric up as ``ibemu up`` does (a ``Session``: the fabric daemon owns
+    everything; ``IBEMU_STATE_DIR`` is honoured), ``stop()`` tears it down. Needs root.
     """
 
     def __init__(self, topo: Any, *, sm: str = "ibemu", datapath: str = "kernel") -> None:
         self.topo = to_ibemu(topo)
         self.sm, self.datapath = sm, datapath
-        self.run_id: str | None = None
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.session: Session | None = None
 
-    def _ibemu(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ibemu.cli.main", *args], capture_output=True,
-                              text=True, check=False, timeout=300)
+    @property
+    def run_id(self) -> str | None:
+        return self.session.run_id if self.session is not None else None
 
     def start(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="ibemu-mininet-")
-        topo_file = Path(self._tmp.name) / "fabric.ibnd"
-        topo_file.write_text(dumps_ibnetdiscover(self.topo))
-        scen = Path(self._tmp.name) / "mininet.yaml"
-        scen.write_text(f"name: mininet\ntopology: {{file: {topo_file}}}\n")
-        up = self._ibemu("up", str(scen), "--sm", self.sm, "--datapath", self.datapath)
-        if up.returncode != 0:
-            raise RuntimeError(f"ibemu up failed: {up.stderr.strip() or up.stdout.strip()}")
-        self.run_id = up.stdout.split()[1]
+        from ibemu.fabric.session import FabricRequest
+
+        self.topo.check()
+        sm_host = next((n.name for n in self.topo.cas()), "")
+        self.session = Session.up(FabricRequest(self.topo, "mininet", datapath=self.datapath, sm=self.sm,
+                                                sm_host=sm_host, sm_engine="minhop"))
 
     def stop(self) -> None:
-        if self.run_id is not None:
-            down = self._ibemu("down", "--run", self.run_id)
-            self.run_id = None
-            if down.returncode != 0:
-                raise RuntimeError(f"ibemu down: {down.stderr.strip()}")
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        if self.session is not None:
+            problems, self.session = self.session.down(), None
+            if problems:
+                raise RuntimeError(f"ibemu down: {'; '.join(problems)}")
 
     def get(self, name: str) -> _Node:
         if name not in self.topo.nodes:
@@ -237,32 +228,21 @@ class IbemuNet:
     def switches(self) -> list[_Node]:
         return [_Node(self, n.name) for n in self.topo.switches()]
 
-    def _running(self) -> str:
-        if self.run_id is None:
+    def _running(self) -> Session:
+        if self.session is None:
             raise RuntimeError("the fabric is not running: call start() first")
-        return self.run_id
+        return self.session
 
     def _exec(self, node: str, command: str) -> str:
-        run = self._running()
-        r = self._ibemu("exec", "--run", run, node, "--", "sh", "-c", command)
-        return r.stdout + r.stderr
+        r = self._running().exec(node, ["sh", "-c", command], capture_output=True, text=True, timeout=300)
+        return str(r.stdout) + str(r.stderr)
 
     def configLinkStatus(self, src: str, dst: str, status: str) -> dict[str, Any]:
         """Mininet's ``link src dst up|down``: the cable goes through the fabric daemon."""
-        from ibemu.cli.console_cmd import link_request
-        from ibemu.fabric import control
-        from ibemu.kernel import ownership
-
-        req = link_request(self.topo, [src, dst, status])
-        return control.request(control.socket_path(ownership.RunState(self._running()).run_dir), req)
+        return self._running().link([src, dst, status])
 
     def configSwitchStatus(self, name: str, status: str) -> dict[str, Any]:
-        from ibemu.cli.console_cmd import switch_request
-        from ibemu.fabric import control
-        from ibemu.kernel import ownership
-
-        req = switch_request(self.topo, [name, status])
-        return control.request(control.socket_path(ownership.RunState(self._running()).run_dir), req)
+        return self._running().fault(switch_request(self.topo, [name, status]))
 
     def __enter__(self) -> IbemuNet:
         self.start()
@@ -283,7 +263,7 @@ def custom_path() -> Path:
 
 def layout(spec: str) -> dict[str, Any]:
     """A generated topology (``fat-tree,k=4``) as the custom file builds its Mininet ``Topo``."""
-    from ibemu.cli.fabric_cmd import parse_topo_spec
+    from ibemu.topo import parse_topo_spec
 
     topo = parse_topo_spec(spec).check()
     return {
@@ -296,13 +276,10 @@ def layout(spec: str) -> dict[str, Any]:
 
 
 def _plan(run_id: str) -> Any:
-    from ibemu.fabric.daemon import SPEC_FILE
     from ibemu.fabric.plan import plan_fabric
     from ibemu.kernel import ownership
-    from ibemu.topo import loads_ibnetdiscover
 
-    spec = json.loads((ownership.RunState(run_id).run_dir / SPEC_FILE).read_text())
-    return plan_fabric(loads_ibnetdiscover(spec["topology"]), run_id)
+    return plan_fabric(Session(ownership.RunState(run_id)).topology, run_id)
 
 
 def run_info(run_id: str) -> dict[str, Any]:

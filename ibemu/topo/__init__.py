@@ -4,7 +4,7 @@
 ibnetdiscover import/export, graph analysis and drawing.
 """
 
-from ibemu.topo.generators import GENERATORS, generate
+from ibemu.topo.generators import GENERATORS, generate, parse_topo_spec
 from ibemu.topo.ibnetdiscover import dump as dump_ibnetdiscover
 from ibemu.topo.ibnetdiscover import dumps as dumps_ibnetdiscover
 from ibemu.topo.ibnetdiscover import load as load_ibnetdiscover
@@ -31,4 +31,5 @@ __all__ = [
     "load_ibnetdiscover",
     "loads_ibnetdiscover",
     "parse_rate",
+    "parse_topo_spec",
 ]

@@ -507,3 +507,15 @@ __all__ = [
     "generate",
     "lookup",
 ]
+
+
+def parse_topo_spec(text: str) -> Topology:
+    """``fat-tree,k=4`` / ``leaf-spine,leaves=4,spines=2`` (``--topo``) -> a generated topology."""
+    name, *pairs = [p.strip() for p in text.split(",") if p.strip()] or [""]
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--topo {text}: expected NAME,key=value,..., got {pair!r}")
+        params[key.strip().replace("-", "_")] = value.strip()
+    return generate(name, params)

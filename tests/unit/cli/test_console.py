@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from ibemu.cli import console_cmd
-from ibemu.cli.console_cmd import Console, link_request, perf_call, switch_request
+from ibemu.cli.console_cmd import Console, perf_call
+from ibemu.fabric.session import link_request, switch_request
 from ibemu.errors import ConfigError
 from ibemu.topo import generate
 

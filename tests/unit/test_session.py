@@ -1,0 +1,67 @@
+"""``Session``: finding a running fabric, its nodes, and commands in their namespaces (no root:
+the runs are state files only; building one is tested in tests/integration/test_cli_fabric.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ibemu.errors import ConfigError
+from ibemu.fabric.session import FabricRequest, Session, read_spec, write_spec
+from ibemu.kernel import ownership
+from ibemu.topo import generate
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "state"
+    monkeypatch.setattr(ownership, "STATE_DIR", d)
+    return d
+
+
+def _run(status: str, nodes: tuple[str, ...] = ("h0", "edge0_0")) -> ownership.RunState:
+    st = ownership.RunState(ownership.new_run_id(), scenario="unit")
+    st.status = status
+    st.namespaces = [ownership.ns_name(st.run_id, n) for n in nodes]
+    st.save()
+    return st
+
+
+def test_attach_finds_the_one_running_fabric_and_says_why_not(state_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="no fabric is running"):
+        Session.attach()
+    _run("torn_down")
+    with pytest.raises(ConfigError, match="no fabric is running"):
+        Session.attach()
+    a = _run("up")
+    assert Session.attach().run_id == a.run_id
+    b = _run("up")
+    with pytest.raises(ConfigError, match="2 fabrics are running"):
+        Session.attach()
+    assert Session.attach(b.run_id).run_id == b.run_id
+    with pytest.raises(ConfigError, match="no running fabric nosuch"):
+        Session.attach("nosuch")
+    assert {r["run"] for r in Session.status()} >= {a.run_id, b.run_id}
+
+
+def test_namespace_and_commands_of_a_node(state_dir: Path) -> None:
+    s = Session.attach(_run("up").run_id)
+    assert s.namespace("h0") == ownership.ns_name(s.run_id, "h0")
+    with pytest.raises(ConfigError, match="no node 'h9'"):
+        s.namespace("h9")
+    argv, env = s.command("h0", ["ip", "-br", "link"])
+    assert argv == ["ip", "netns", "exec", s.namespace("h0"), "ip", "-br", "link"]
+    assert env["IBEMU_RUN"] == s.run_id and env["IBEMU_NODE"] == "h0"
+
+
+def test_the_request_round_trips_through_the_daemon_spec(tmp_path: Path, state_dir: Path) -> None:
+    topo = generate("fat-tree", k=4)
+    req = FabricRequest(topo, "unit", datapath="user", sm="ibemu", sm_host="h3", sm_engine="ftree")
+    st = _run("up")
+    write_spec(st.run_dir, st.run_id, req)
+    spec = read_spec(st.run_dir)
+    assert (spec["run_id"], spec["fabric"], spec["datapath"], spec["sm"], spec["sm_host"], spec["sm_engine"]) == (
+        st.run_id, "ib", "user", "ibemu", "h3", "ftree")
+    topo2 = Session(st).topology
+    assert sorted(topo2.nodes) == sorted(topo.nodes) and len(topo2.links) == len(topo.links)
