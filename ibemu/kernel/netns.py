@@ -1,4 +1,5 @@
-"""Network namespaces: bulk create/delete, and entering one from a thread to open sockets.
+"""Network namespaces: bulk create/delete, entering one from a thread to open sockets, and
+the argv that runs a program inside one.
 
 A socket (netlink, AF_PACKET, unix) belongs to the namespace its creating thread was in, and
 keeps it after the thread leaves: ``entered(name)`` lets one process own sockets in many
@@ -11,7 +12,7 @@ import contextlib
 import ctypes
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ibemu.kernel.commands import KernelError, batch
@@ -50,6 +51,12 @@ def delete(names: Iterable[str]) -> list[str]:
     """Delete the namespaces that exist (their veth ends go with them); returns failures."""
     present = [n for n in names if exists(n)]
     return batch("ip", [f"netns del {n}" for n in present], force=True)
+
+
+def exec_argv(ns: str, argv: Sequence[str]) -> list[str]:
+    """The argv that runs ``argv`` inside namespace ``ns`` (``ip netns exec``); its first
+    element is the program to exec (``os.execvp(a[0], a)``)."""
+    return ["ip", "netns", "exec", ns, *argv]
 
 
 def _setns(fd: int) -> None:
