@@ -2,9 +2,10 @@
 
 What a RoCE fabric (``ibemu.roce``, ``ibemu.fabric.roce_fabric``) needs from its namespaces'
 kernels; it knows routes only as prefixes and next hops (``Hop``: an interface and a
-gateway), not how ``ibemu.roce.routes`` computes them. Routers forward IPv4 (``ip_forward``), hash ECMP on the
-5-tuple (``fib_multipath_hash_policy=1``, a seed per router, fixed so runs repeat) and
-ignore next hops without carrier (``ignore_routes_with_linkdown``). Neighbours are static
+gateway), not how ``ibemu.roce.routes`` computes them. Routers forward IPv4
+(``ip_forward``), hash ECMP on the 5-tuple (``fib_multipath_hash_policy=1``, a seed per
+router, fixed so runs repeat) and ignore next hops without carrier
+(``ignore_routes_with_linkdown``). Neighbours are static
 (every MAC is planned), so no ARP crosses a cable. Hosts route only 198.18.0.0/15, via
 their first-hop router. A host's kernel never sees RoCE frames: a direct-action BPF filter
 on its port's ingress drops UDP 4791 after the packet sockets (``ETH_P_ALL``) have had
