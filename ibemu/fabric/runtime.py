@@ -24,7 +24,7 @@ from ibemu.fabric.agenthost import Agent, AgentHost, EventLog
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
-from ibemu.kernel import cpus, ownership
+from ibemu.kernel import cpus, limits, ownership
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -40,11 +40,9 @@ def raise_fd_limit(want: int = 1 << 18) -> None:
     Root may raise the hard limit too (up to fs.nr_open).
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        with open("/proc/sys/fs/nr_open") as f:
-            want = min(want, int(f.read()))
-    except (OSError, ValueError):
-        pass
+    cap = limits.nr_open()
+    if cap is not None:
+        want = min(want, cap)
     for limit in ((max(want, hard), max(want, hard)), (hard, hard)):
         try:
             if limit[0] > soft:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ibemu.errors import ConfigError
+from ibemu.kernel import netns
 
 UMAD2SIM_GLOBS = (
     "/usr/lib/*/umad2sim/libumad2sim.so",
@@ -38,7 +39,7 @@ def tool_argv(ns: str, argv: Sequence[str], *, env: dict[str, str] | None = None
     if shutil.which(argv[0]) is None and not os.path.exists(argv[0]):
         raise ConfigError(f"{argv[0]}: not installed (infiniband-diags / opensm provide the tools)")
     extra = [f"{k}={v}" for k, v in (env or {}).items()]
-    return ["ip", "netns", "exec", ns, "env", f"LD_PRELOAD={lib}", *extra, *argv]
+    return netns.exec_argv(ns, ["env", f"LD_PRELOAD={lib}", *extra, *argv])
 
 
 def scratch_dir(base: Path, node: str) -> Path:

@@ -17,10 +17,11 @@ import zlib
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 
-RTM_NEWROUTE, RTM_DELROUTE = 24, 25
+from ibemu.kernel.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSGHDR, message
+
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RT_TABLE_MAIN, RTN_UNICAST = 254, 1
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE, RTA_MULTIPATH = 1, 4, 5, 15, 9
-_NLMSGHDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
 _RTNH = struct.Struct("=HBBi")
 _NLA = struct.Struct("=HH")
@@ -48,12 +49,12 @@ def _attrs(data: bytes, off: int, end: int) -> Iterator[tuple[int, bytes]]:
 def parse_routes(data: bytes) -> Iterator[RouteMsg]:
     """IPv4 unicast routes of the main table in a netlink datagram (others skipped)."""
     off = 0
-    while off + _NLMSGHDR.size <= len(data):
-        length, kind, _f, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
-        if length < _NLMSGHDR.size or off + length > len(data):
+    while off + NLMSGHDR.size <= len(data):
+        length, kind, _f, _seq, _pid = NLMSGHDR.unpack_from(data, off)
+        if length < NLMSGHDR.size or off + length > len(data):
             return
-        body = off + _NLMSGHDR.size
-        if kind in (RTM_NEWROUTE, RTM_DELROUTE) and length >= _NLMSGHDR.size + _RTMSG.size:
+        body = off + NLMSGHDR.size
+        if kind in (RTM_NEWROUTE, RTM_DELROUTE) and length >= NLMSGHDR.size + _RTMSG.size:
             family, dst_len, _s, _t, table, _p, _sc, rtype, _fl = _RTMSG.unpack_from(data, body)
             oifs: list[int] = []
             dst = 0
@@ -136,4 +137,4 @@ def flow_key(frame: bytes | bytearray) -> bytes:
 def dump_request(seq: int = 1) -> bytes:
     """RTM_GETROUTE dump of the IPv4 routes."""
     body = _RTMSG.pack(socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0)
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), 26, 0x301, seq, 0) + body  # REQUEST | DUMP
+    return message(RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, seq, body)

@@ -13,15 +13,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ibemu.kernel import netns
+from ibemu.kernel.netlink import NLMSGHDR
 
 NETLINK_ROUTE = 0
 RTMGRP_LINK = 0x1
 RTM_NEWLINK = 16
 RTM_DELLINK = 17
 IFF_UP = 0x1
+IFF_RUNNING = 0x40
 IFF_LOWER_UP = 0x10000
 
-_NLMSGHDR = struct.Struct("=IHHII")
 _IFINFOMSG = struct.Struct("=BxHiII")
 
 
@@ -30,7 +31,10 @@ class LinkEvent:
     ifindex: int
     admin_up: bool
     carrier: bool
+    """IFF_LOWER_UP: the cable's far end is up."""
     deleted: bool = False
+    running: bool = False
+    """IFF_RUNNING: operationally up (linkwatch has activated the carrier)."""
 
 
 def open_link_monitor(ns: str) -> socket.socket:
@@ -46,13 +50,14 @@ def open_link_monitor(ns: str) -> socket.socket:
 def parse(data: bytes) -> Iterator[LinkEvent]:
     """Link events in one netlink datagram (other message types are skipped)."""
     off = 0
-    while off + _NLMSGHDR.size <= len(data):
-        length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
-        if length < _NLMSGHDR.size or off + length > len(data):
+    while off + NLMSGHDR.size <= len(data):
+        length, kind, _flags, _seq, _pid = NLMSGHDR.unpack_from(data, off)
+        if length < NLMSGHDR.size or off + length > len(data):
             return
-        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= _NLMSGHDR.size + _IFINFOMSG.size:
-            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)
-            yield LinkEvent(index, bool(flags & IFF_UP), bool(flags & IFF_LOWER_UP), kind == RTM_DELLINK)
+        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= NLMSGHDR.size + _IFINFOMSG.size:
+            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, off + NLMSGHDR.size)
+            yield LinkEvent(index, bool(flags & IFF_UP), bool(flags & IFF_LOWER_UP), kind == RTM_DELLINK,
+                            bool(flags & IFF_RUNNING))
         off += (length + 3) & ~3
 
 

@@ -1,9 +1,11 @@
 """The kernel side of a RoCE fabric: sysctls, addresses, static neighbours, routes, host guard.
 
-Kernel-touching code of ``ibemu.roce`` (it belongs with ``ibemu.kernel``; it lives here
-while RoCE fabrics are new). Routers forward IPv4 (``ip_forward``), hash ECMP on the
-5-tuple (``fib_multipath_hash_policy=1``, a seed per router, fixed so runs repeat) and
-ignore next hops without carrier (``ignore_routes_with_linkdown``). Neighbours are static
+What a RoCE fabric (``ibemu.roce``, ``ibemu.fabric.roce_fabric``) needs from its namespaces'
+kernels; it knows routes only as prefixes and next hops (``Hop``: an interface and a
+gateway), not how ``ibemu.roce.routes`` computes them. Routers forward IPv4
+(``ip_forward``), hash ECMP on the 5-tuple (``fib_multipath_hash_policy=1``, a seed per
+router, fixed so runs repeat) and ignore next hops without carrier
+(``ignore_routes_with_linkdown``). Neighbours are static
 (every MAC is planned), so no ARP crosses a cable. Hosts route only 198.18.0.0/15, via
 their first-hop router. A host's kernel never sees RoCE frames: a direct-action BPF filter
 on its port's ingress drops UDP 4791 after the packet sockets (``ETH_P_ALL``) have had
@@ -23,11 +25,11 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from ibemu.kernel import bpf, clsact, netlink, netns, rtnl
 from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R6, Asm
 from ibemu.kernel.commands import KernelError, batch
-from ibemu.roce.routes import NextHops
 from ibemu.wire.roce import EMULATED_NET, ROCEV2_UDP_PORT
 
 RTPROT_IBEMU = 66
@@ -182,6 +184,20 @@ _PUT = netlink.NLM_F_REQUEST | netlink.NLM_F_ACK | netlink.NLM_F_CREATE | netlin
 _DEL = netlink.NLM_F_REQUEST | netlink.NLM_F_ACK
 
 
+class Hop(Protocol):
+    """A route's next hop as the kernel takes it (``ibemu.roce.routes.NextHop`` is one)."""
+
+    @property
+    def ifname(self) -> str: ...
+
+    @property
+    def gateway(self) -> str: ...
+
+
+Hops = Sequence[Hop]
+"""A route's next hops (none: a route being deleted)."""
+
+
 class RouteWriter:
     """Writes one router's routes (``prefix -> next hops``) over its own netlink socket."""
 
@@ -191,7 +207,7 @@ class RouteWriter:
         self.sock = netlink.route_socket(ns)
         self.messages = 0
 
-    def _message(self, kind: int, flags: int, seq: int, prefix: str, hops: NextHops) -> bytes:
+    def _message(self, kind: int, flags: int, seq: int, prefix: str, hops: Hops) -> bytes:
         net = ipaddress.IPv4Network(prefix)
         body = _RTMSG.pack(socket.AF_INET, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_IBEMU,
                            RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
@@ -207,7 +223,7 @@ class RouteWriter:
             body += netlink.attr(RTA_MULTIPATH, nested)
         return netlink.message(kind, flags, seq, body)
 
-    def apply(self, put: Mapping[str, NextHops], delete: Iterable[str] = ()) -> int:
+    def apply(self, put: Mapping[str, Hops], delete: Iterable[str] = ()) -> int:
         """Replace (or create) ``put`` and delete ``delete``, in one send; every ack checked."""
         msgs: list[bytes] = []
         for prefix, hops in put.items():

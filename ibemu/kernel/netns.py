@@ -1,4 +1,5 @@
-"""Network namespaces: bulk create/delete, and entering one from a thread to open sockets.
+"""Network namespaces: bulk create/delete, entering one from a thread to open sockets, and
+the argv that runs a program inside one.
 
 A socket (netlink, AF_PACKET, unix) belongs to the namespace its creating thread was in, and
 keeps it after the thread leaves: ``entered(name)`` lets one process own sockets in many
@@ -52,9 +53,10 @@ def delete(names: Iterable[str]) -> list[str]:
     return batch("ip", [f"netns del {n}" for n in present], force=True)
 
 
-def exec_argv(name: str, argv: Sequence[str]) -> list[str]:
-    """argv that runs ``argv`` inside namespace ``name`` (``ip netns exec``)."""
-    return ["ip", "netns", "exec", name, *argv]
+def exec_argv(ns: str, argv: Sequence[str]) -> list[str]:
+    """The argv that runs ``argv`` inside namespace ``ns`` (``ip netns exec``); its first
+    element is the program to exec (``os.execvp(a[0], a)``)."""
+    return ["ip", "netns", "exec", ns, *argv]
 
 
 def _setns(fd: int) -> None:

@@ -16,6 +16,8 @@ ETH_P_IP = 0x0800
 SOCK_BUFFER = 4 * 1024 * 1024
 SO_SNDBUFFORCE = 32
 SO_RCVBUFFORCE = 33
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
 
 
 def open_packet_socket(ns: str | None, ifname: str, ethertype: int = ETH_P_IB, *,
@@ -53,6 +55,11 @@ def set_buffers(sock: socket.socket, nbytes: int) -> None:
         except OSError:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, plain, nbytes)
+
+
+def ignore_outgoing(sock: socket.socket) -> None:
+    """An ETH_P_ALL socket stops seeing the frames sent on its interface (its own included)."""
+    sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
 
 
 def mac_address(sock: socket.socket) -> bytes:

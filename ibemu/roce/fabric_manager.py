@@ -27,7 +27,6 @@ import json
 import logging
 import signal
 import socket
-import struct
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -47,12 +46,6 @@ from ibemu.sm.events import EventLog
 log = logging.getLogger("ibemu.roce.fabric_manager")
 
 
-IFF_UP, IFF_RUNNING = 0x1, 0x40
-RTM_NEWLINK, RTM_DELLINK = 16, 17
-_NLMSGHDR = struct.Struct("=IHHII")
-_IFINFOMSG = struct.Struct("=BxHiII")
-
-
 def link_states(data: bytes) -> Iterator[tuple[int, bool, bool]]:
     """``(ifindex, admin up, running)`` of each link message in a netlink datagram.
 
@@ -60,16 +53,9 @@ def link_states(data: bytes) -> Iterator[tuple[int, bool, bool]]:
     carrier at once but drops every frame until linkwatch activates it, up to a second later;
     the kernel revives its own next hops only then, and so does the manager.
     """
-    off = 0
-    while off + _NLMSGHDR.size <= len(data):
-        length, kind, _f, _seq, _pid = _NLMSGHDR.unpack_from(data, off)
-        if length < _NLMSGHDR.size or off + length > len(data):
-            return
-        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= _NLMSGHDR.size + _IFINFOMSG.size:
-            _fam, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, off + _NLMSGHDR.size)
-            alive = kind == RTM_NEWLINK
-            yield index, alive and bool(flags & IFF_UP), alive and bool(flags & IFF_RUNNING)
-        off += (length + 3) & ~3
+    for ev in linkevents.parse(data):
+        alive = not ev.deleted
+        yield ev.ifindex, alive and ev.admin_up, alive and ev.running
 
 
 @dataclass(slots=True)

@@ -19,14 +19,11 @@ raised.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
 import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -35,19 +32,17 @@ from typing import Any
 
 import trio
 
-from ibemu.kernel import linkevents, netns, sockfilter
-from ibemu.kernel.fib import RouteMsg, dump_request, parse_routes
-from ibemu.kernel.packet import open_packet_socket
+from ibemu.kernel import linkevents, rtnl, sockfilter
+from ibemu.kernel.fib import RouteMsg, parse_routes
+from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
+from ibemu.kernel.routeevents import dump_routes, open_route_monitor
+from ibemu.kernel.timerfd import TimerFd
 from ibemu.roce.queues import QueueConfig
 from ibemu.roce.userplane import PortInfo, RouterPlane, Send
 from ibemu.wire import pfc
 
 log = logging.getLogger("ibemu.roce.userpath")
 
-ETH_P_ALL = 0x0003
-SOL_PACKET = 263
-PACKET_IGNORE_OUTGOING = 23
-RTMGRP_IPV4_ROUTE = 0x40
 RECV_BATCH = 64
 SOCK_BUFFER = 8 << 20
 COUNTERS_EVERY_S = 1.0
@@ -59,34 +54,6 @@ def port_filter() -> list[sockfilter.Insn]:
             (0x06, 0, 0, 0), (0x06, 0, 0, sockfilter.ACCEPT)]
 
 
-class TimerFd:
-    """A CLOCK_MONOTONIC timerfd (through libc: Python 3.11 has no os.timerfd_*)."""
-
-    CLOCK_MONOTONIC, TFD_NONBLOCK, TFD_CLOEXEC, TFD_TIMER_ABSTIME = 1, 0o4000, 0o2000000, 1
-
-    def __init__(self) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        fd = self.libc.timerfd_create(self.CLOCK_MONOTONIC, self.TFD_NONBLOCK | self.TFD_CLOEXEC)
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "timerfd_create")
-        self.fd = fd
-
-    def arm(self, at_ns: int) -> None:
-        """Fire at ``at_ns`` on the monotonic clock (``time.monotonic_ns``)."""
-        at_ns = max(at_ns, 1)
-        spec = struct.pack("=qqqq", 0, 0, at_ns // 1_000_000_000, at_ns % 1_000_000_000)
-        buf = ctypes.create_string_buffer(spec)
-        if self.libc.timerfd_settime(self.fd, self.TFD_TIMER_ABSTIME, buf, None) != 0:
-            raise OSError(ctypes.get_errno(), "timerfd_settime")
-
-    def clear(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.read(self.fd, 8)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
 @dataclass
 class Router:
     plane: RouterPlane
@@ -96,38 +63,6 @@ class Router:
     links: socket.socket
     route_batches: int = 0
     """Route notifications read: a dump that raced one is taken again."""
-
-
-def _route_socket(ns: str) -> socket.socket:
-    with netns.entered(ns):
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
-    sock.bind((0, RTMGRP_IPV4_ROUTE))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    return sock
-
-
-def _dump(ns: str) -> list[RouteMsg]:
-    """The routes of ``ns``'s main table (blocking, its own socket: run it in a thread)."""
-    with netns.entered(ns):
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
-    try:
-        sock.bind((0, 0))
-        sock.send(dump_request())
-        msgs: list[RouteMsg] = []
-        done = False
-        while not done:
-            data = sock.recv(1 << 16)
-            off = 0
-            while off + 16 <= len(data):
-                length, kind = struct.unpack_from("=IH", data, off)
-                if kind == 3 or length < 16:  # NLMSG_DONE
-                    done = True
-                    break
-                off += (length + 3) & ~3
-            msgs.extend(parse_routes(data))
-    finally:
-        sock.close()
-    return msgs
 
 
 def _replace_fib(plane: RouterPlane, msgs: list[RouteMsg]) -> None:
@@ -156,21 +91,21 @@ class UserDatapath:
         for name, r in self.config["routers"].items():
             ns = r["ns"]
             by_name = {p["ifname"]: p for p in r["ports"]}
-            routes = _route_socket(ns)  # subscribed before the dump: no change missed
+            routes = open_route_monitor(ns)  # subscribed before the dump: no change missed
             links = linkevents.open_link_monitor(ns)
             socks: dict[int, socket.socket] = {}
             ports: dict[int, PortInfo] = {}
             for ifname, p in by_name.items():
                 sock = open_packet_socket(ns, ifname, ETH_P_ALL, bpf=port_filter(), buffer_bytes=SOCK_BUFFER)
-                sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
-                ifindex = _ifindex(ns, ifname)
+                ignore_outgoing(sock)
+                ifindex = rtnl.ifindexes(ns, [ifname])[ifname]
                 socks[ifindex] = sock
                 ports[ifindex] = PortInfo(ifname, bytes.fromhex(p["mac"]), bytes.fromhex(p["peer_mac"]),
                                           to_host=bool(p.get("to_host")))
             local = frozenset(socket.inet_aton(p["ip"]) for p in r["ports"] if p.get("ip"))
             plane = RouterPlane(name, ports, self.cfg, seed=int(r.get("seed", 0)), local_ips=local)
             routes.setblocking(False)
-            _replace_fib(plane, _dump(ns))
+            _replace_fib(plane, dump_routes(ns))
             self.routers[name] = Router(plane, ns, socks, routes, links)
         log.info("user datapath: %d routers, %d ports, %s", len(self.routers),
                  sum(len(r.socks) for r in self.routers.values()), self.cfg)
@@ -279,7 +214,7 @@ class UserDatapath:
         predate them)."""
         for _ in range(tries):
             seen = r.route_batches
-            msgs = await trio.to_thread.run_sync(_dump, r.ns)
+            msgs = await trio.to_thread.run_sync(dump_routes, r.ns)
             _replace_fib(r.plane, msgs)
             if r.route_batches == seen:
                 return
@@ -317,11 +252,6 @@ class UserDatapath:
             if counters is not None:
                 n.start_soon(self.counter_writer, counters)
             task_status.started()
-
-
-def _ifindex(ns: str, ifname: str) -> int:
-    with netns.entered(ns):
-        return socket.if_nametoindex(ifname)
 
 
 async def amain(args: argparse.Namespace) -> int:

@@ -9,8 +9,8 @@ import pytest
 
 from ibemu.cli import console_cmd
 from ibemu.cli.console_cmd import Console, perf_call
-from ibemu.fabric.session import link_request, switch_request
 from ibemu.errors import ConfigError
+from ibemu.fabric.session import link_request, switch_request
 from ibemu.topo import generate
 
 
