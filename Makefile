@@ -16,9 +16,10 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(PY) -m pip install -q ruff mypy types-PyYAML 2>/dev/null
+	$(PY) -m pip install -q -e '.[lint]' 2>/dev/null
 	$(PY) -m ruff check ibemu tests benchmarks
 	$(PY) -m mypy ibemu
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
