@@ -158,7 +158,7 @@ async def run_server(seconds: float, cpus: tuple[int, int] | None) -> dict[str, 
     sockname = f"ibemu-bench-{os.getpid()}-{secrets.token_hex(3)}"
     async with trio.open_nursery() as nursery:
         server = UmadServer(backend, None, sockname, reap_interval=None)
-        await nursery.start(server.run)
+        await nursery.start(server.serve)
         backend.deliver = server.deliver
         argv = [sys.executable, __file__, "--client", sockname, "--seconds", str(seconds)]
         if cpus is not None:

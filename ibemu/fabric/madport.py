@@ -134,6 +134,6 @@ async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *,
     backend.server = server
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
+        await nursery.start(server.serve)
         task_status.started(backend)
         await backend.watch_deadlines()

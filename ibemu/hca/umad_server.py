@@ -86,7 +86,7 @@ class UmadServer:
                 self._nursery.start_soon(self._data_loop, slot, sock)
         return sock
 
-    async def run(self, *, task_status: trio.TaskStatus[UmadServer] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[UmadServer] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind the sockets and serve until cancelled; ``task_status.started(self)``."""
         # Entering a namespace must happen off the trio thread.
         await trio.to_thread.run_sync(self._open_sockets)
@@ -311,4 +311,4 @@ async def serve(port_backend: UmadPortBackend, ns: str | None, sockname: str = D
     """
     server = UmadServer(port_backend, ns, sockname, restore_tid=restore_tid,
                         reap_interval=reap_interval)
-    await server.run(task_status=task_status)
+    await server.serve(task_status=task_status)

@@ -208,7 +208,7 @@ class FabricManager:
             if evs:
                 self.on_link_events(router, evs, t_ns)
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Bring the fabric up, then keep its routes current until cancelled."""
         self.bring_up()
         async with trio.open_nursery() as nursery:
@@ -236,7 +236,7 @@ async def amain(args: argparse.Namespace) -> int:
         fm.open()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
-                await n.start(fm.run)
+                await n.start(fm.serve)
                 async for _sig in signals:
                     n.cancel_scope.cancel()
                     break

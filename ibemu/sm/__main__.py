@@ -69,7 +69,7 @@ async def amain(args: argparse.Namespace) -> int:
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
-                n.start_soon(sm.run)
+                n.start_soon(sm.serve)
 
                 async def stop() -> None:
                     async for _sig in signals:

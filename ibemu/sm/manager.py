@@ -147,13 +147,13 @@ class SubnetManager:
     async def running(self) -> AsyncIterator[SubnetManager]:
         """The transport and the outbox run; sweeps are the caller's (tests drive them)."""
         async with trio.open_nursery() as n:
-            await n.start(self.transport.run)
+            await n.start(self.transport.serve)
             n.start_soon(self._outbox)
             n.start_soon(self._snapshots)
             yield self
             n.cancel_scope.cancel()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Cold sweep, then traps and light sweeps until cancelled."""
         self.events.emit("sm_start", engine=self.config.engine, max_in_flight=self.config.max_in_flight)
         self.warm_up()
@@ -163,7 +163,7 @@ class SubnetManager:
                 await self.full_sweep("cold")
                 if not self.up.is_set():
                     await trio.sleep(min(1.0, self.config.sweep_interval_s))
-            await self.serve()
+            await self._after_up()
 
     def warm_up(self) -> None:
         """Import the routing modules now: a first import costs ~8 ms of a reroute."""
@@ -175,7 +175,7 @@ class SubnetManager:
                 except ImportError as exc:
                     log.warning("cannot import %s: %s", name, exc)
 
-    async def serve(self) -> None:
+    async def _after_up(self) -> None:
         """The event loop after SUBNET UP: trap sweeps and periodic light sweeps."""
         while True:
             with trio.move_on_after(self.config.sweep_interval_s):

@@ -135,7 +135,7 @@ class Transport:
 
     # ------------------------------------------------------------------ receive side
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Receive loop: match responses, hand requests to ``on_unsolicited``."""
         task_status.started()
         while True:

@@ -68,7 +68,7 @@ class ServerThread:
         self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as self._scope:
             async with trio.open_nursery() as nursery:
-                await nursery.start(self.server.run)
+                await nursery.start(self.server.serve)
                 self.backend.deliver = self.server.deliver
                 self._ready.set()
 

@@ -22,7 +22,7 @@ async def discovered(fab: InMemoryFabric, **transport: Any) -> AsyncIterator[tup
     t = Transport(InMemoryPort(fab, "h0"), max_in_flight=16, **transport)
     d = Discovery(t)
     async with trio.open_nursery() as n:
-        await n.start(t.run)
+        await n.start(t.serve)
         g = await d.discover()
         yield t, d, g
         n.cancel_scope.cancel()

@@ -83,7 +83,7 @@ def test_answers_come_back_in_order_and_the_window_bounds_what_is_in_flight() ->
         port.send = spy  # type: ignore[method-assign]
         async with trio.open_nursery() as n:
             port.start(n)
-            await n.start(t.run)
+            await n.start(t.serve)
             reqs = [Request(mb.dr_smp(mb.GET, NODE_INFO, path=path[:i % 4])) for i in range(40)]
             got = await t.request_all(reqs)
             assert all(r is not None and r.ok for r in got)
@@ -104,7 +104,7 @@ def test_lost_requests_are_retried_and_counted() -> None:
         t = Transport(port, max_in_flight=8, timeout_s=0.05, retries=5)
         async with trio.open_nursery() as n:
             port.start(n)
-            await n.start(t.run)
+            await n.start(t.serve)
             got = await t.request_all([mb.dr_smp(mb.GET, NODE_INFO, path=path) for _ in range(50)])
             assert all(r is not None for r in got)
             assert t.stats["retries"] > 5 and t.stats["timeouts"] == t.stats["retries"]
@@ -122,7 +122,7 @@ def test_every_request_lost_gives_none_after_the_retries() -> None:
         t = Transport(port, timeout_s=0.05, retries=2)
         async with trio.open_nursery() as n:
             port.start(n)
-            await n.start(t.run)
+            await n.start(t.serve)
             assert await t.request(mb.dr_smp(mb.GET, NODE_INFO, path=path)) is None
             assert t.stats["sent"] == 3 and t.stats["failed"] == 1
             n.cancel_scope.cancel()
@@ -139,7 +139,7 @@ def test_duplicate_late_and_bad_tid_responses_are_dropped_and_counted() -> None:
         t = Transport(port, timeout_s=0.05, retries=3)
         async with trio.open_nursery() as n:
             port.start(n)
-            await n.start(t.run)
+            await n.start(t.serve)
             got = await t.request_all([mb.dr_smp(mb.GET, NODE_INFO, path=path) for _ in range(10)])
             assert all(r is not None and r.attempts == 1 for r in got)
             await trio.sleep(0.01)
@@ -164,7 +164,7 @@ def test_undeliverable_returns_none_at_once_and_unsolicited_goes_to_the_callback
     async def main() -> None:
         t = Transport(port, timeout_s=1.0, on_unsolicited=seen.append)
         async with trio.open_nursery() as n:
-            await n.start(t.run)
+            await n.start(t.serve)
             fab.link_down("sm", 1)
             t0 = trio.current_time()
             assert await t.request(mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3])) is None

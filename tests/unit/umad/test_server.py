@@ -39,7 +39,7 @@ def sockname() -> str:
 async def running(backend: LocalSma, **kwargs: object) -> AsyncIterator[UmadServer]:
     async with trio.open_nursery() as nursery:
         server = UmadServer(backend, None, sockname(), **kwargs)  # type: ignore[arg-type]
-        await nursery.start(server.run)
+        await nursery.start(server.serve)
         backend.deliver = server.deliver
         try:
             yield server
@@ -80,7 +80,7 @@ async def test_name_clash_is_a_clear_error() -> None:
     backend = LocalSma()
     async with running(backend) as server:
         with pytest.raises(KernelError, match="ctl"):
-            await UmadServer(backend, None, server.sockname).run()
+            await UmadServer(backend, None, server.sockname).serve()
 
 
 async def test_session_like_umad2sim() -> None:
