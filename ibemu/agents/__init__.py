@@ -1,4 +1,8 @@
-"""Sans-IO pieces shared by the device agents: actions, ports, counters, DR rules, MAD framing.
+"""The management agents of switches and CAs, sans-IO: SMA, PMA, port state, LFT, forwarding decision.
+
+Agents take packets and port events and return actions (``actions``); they never touch a
+socket, a clock or the kernel: ``ibemu.fabric.agenthost`` carries the actions out on real
+sockets. The MAD bytes they read and write are ``ibemu.wire``'s.
 
 ``ibemu.agents.switch.SwitchAgent`` and ``ibemu.agents.ca.CaAgent`` build on ``DeviceAgent``
 (``ibemu.agents.device``); ``ibemu.testing.wiring.InMemoryFabric`` wires agents together in

@@ -50,14 +50,11 @@ from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.hca import FIRST_QPN
 from ibemu.hca.transport.rc import RcQp
 from ibemu.kernel import sockfilter
-from ibemu.kernel.packet import mac_address, open_packet_socket
+from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, mac_address, open_packet_socket
 from ibemu.wire import pfc
 from ibemu.wire.roce import ROCEV2_UDP_PORT
 from ibemu.wire.rocecodec import HDR_LEN, RoceCodec, RoceStats
 
-ETH_P_ALL = 0x0003
-SOL_PACKET = 263
-PACKET_IGNORE_OUTGOING = 23
 CNP_OPCODE = 0x81
 CNP_INTERVAL_NS = 50_000
 """The notification point sends a QP at most one CNP per this interval."""
@@ -181,7 +178,7 @@ class RocePort(HcaPort):
         """
         sock = open_packet_socket(ns, ifname, ETH_P_ALL, bpf=socket_filter(qpns), buffer_bytes=PORT_BUFFER)
         try:
-            sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+            ignore_outgoing(sock)
             hca = Hca(lid=lid, port=port, mtu=mtu, seed=seed, first_qpn=qpns[0] if qpns else FIRST_QPN)
             p = cls(sock, hca, peer_mac, ip=ip, lid_ips=lid_ips, name=name or ifname, timestamps=timestamps)
             p.qpns = qpns
