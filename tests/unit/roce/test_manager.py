@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from ibemu.events import EventLog
 from ibemu.roce.addressing import plan_addresses
 from ibemu.roce.fabric_manager import (
     IFF_RUNNING,
@@ -15,7 +16,6 @@ from ibemu.roce.fabric_manager import (
     link_states,
 )
 from ibemu.roce.routes import NextHops, routers
-from ibemu.sm.events import EventLog
 from ibemu.topo import generate
 
 
