@@ -27,6 +27,13 @@ or ``close``; every other record is written and flushed at once, with those befo
 ``FabricLog`` is the agent host's. ``append`` and ``write_all`` write records to a log
 without keeping it open (a fault injector of its own; OpenSM's translated log). Reading:
 ``read_events`` (a torn last line is skipped).
+
+Where this differs from the two logs it replaces (the agent host's and ``ibemu.sm.events``):
+the SM's lazy records (``lft_block_acked``) used to be encoded into the file's buffer at once;
+they are now kept unencoded like the fabric's, and reach the file at the same point (the
+``lft_programmed`` that closes a pass; at most ``LAZY_LIMIT`` of them wait). The bytes on disk,
+the stamps and the flush points are the same. ``ibemu.fabric.agenthost.EventLog`` stays as a
+name of ``FabricLog`` because ``ibemu.fabric.runtime`` imports it so.
 """
 
 from __future__ import annotations
