@@ -35,9 +35,9 @@ from typing import Any
 
 import trio
 
+from ibemu.events import read_events
 from ibemu.fabric import opensm
 from ibemu.scenario.loader import loads_scenario
-from ibemu.scenario.measure import read_events
 from ibemu.scenario.runner import ScenarioRun
 from ibemu.topo import Topology
 

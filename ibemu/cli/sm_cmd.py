@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ibemu.errors import ConfigError
+from ibemu.events import read_events
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
@@ -104,8 +105,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     path = _run_dir(args) / "events.jsonl"
     if not path.exists():
         raise ConfigError("ibemu's SM has written no events yet")
-    lines = path.read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
+    records = read_events(path)
     if args.kind:
         records = [r for r in records if r.get("kind") in args.kind]
     t0 = records[0]["t_ns"] if records else 0

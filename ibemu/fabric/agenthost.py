@@ -13,7 +13,6 @@ trio starts; afterwards they stay bound to their namespace.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import random
@@ -24,8 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 import trio.testing
@@ -42,6 +40,7 @@ from ibemu.agents.actions import (
 )
 from ibemu.agents.device import DeviceAgent
 from ibemu.agents.forwarder import Forwarder, Reason
+from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
@@ -82,57 +81,6 @@ LFT_INLINE_ENTRIES = 256
 """A switch's queued LFT changes up to this many entries are written from the event loop's thread."""
 
 
-LAZY_KINDS = frozenset({"lft_set", "lft_top", "lft_programmed", "lid_assigned"})
-"""Kinds encoded and written later: one or more per SMP an SM sends (encoding and writing
-each cost the agents ~30 us per LFT Set, in the middle of a reroute); the host's ticker
-writes them within ``TICK_S``, and so does any other record."""
-LAZY_LIMIT = 4096
-"""Lazy records kept at most (a bring-up's burst is written out in pieces)."""
-
-
-class EventLog:
-    """JSON-lines event log; each record gets the node name and a monotonic stamp. Every
-    record but the ``LAZY_KINDS`` is written at once, with those before it; lazy ones are
-    kept as they are (not even encoded) until then or ``flush``."""
-
-    def __init__(self, path: Path | None) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self._f: IO[str] | None = open(path, "a") if path else None  # noqa: SIM115
-        self.counts: dict[str, int] = {}
-        self._lazy: list[tuple[str, Mapping[str, Any]]] = []
-
-    def write(self, node: str, record: Mapping[str, Any]) -> None:
-        """Log ``record`` (not to be changed afterwards: a lazy one is encoded later)."""
-        kind = str(record.get("kind", "?"))
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        if self._f is None:
-            return
-        if kind in LAZY_KINDS:
-            self._lazy.append((node, record))
-            if len(self._lazy) >= LAZY_LIMIT:
-                self.flush()
-            return
-        self._f.write(self._encoded() + json.dumps({"node": node, **record}, default=str) + "\n")
-        self._f.flush()
-
-    def _encoded(self) -> str:
-        lazy, self._lazy = self._lazy, []
-        return "".join(json.dumps({"node": node, **rec}, default=str) + "\n" for node, rec in lazy)
-
-    def flush(self) -> None:
-        """Write out the lazy records kept so far."""
-        if self._f is not None and self._lazy:
-            self._f.write(self._encoded())
-            self._f.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self.flush()
-            self._f.close()
-            self._f = None
-
-
 @dataclass
 class NodeRuntime:
     plan: NodePlan
@@ -156,11 +104,11 @@ class AgentHost:
     """Runs ``agents`` (node name -> agent) on the sockets of ``fabric``."""
 
     def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
-                 events: EventLog | None = None, datapath: str = "kernel") -> None:
+                 events: FabricLog | None = None, datapath: str = "kernel") -> None:
         """``datapath`` "user": switches forward in this process (their agent's forwarder)."""
         self.fabric = fabric
         self.datapath = datapath
-        self.events = events or EventLog(None)
+        self.events = events or FabricLog(None)
         self.nodes: dict[str, NodeRuntime] = {
             name: NodeRuntime(fabric.plan.nodes[name], agent) for name, agent in agents.items()
         }
@@ -428,7 +376,7 @@ class AgentHost:
                 rt.carrier[port] = ev.carrier
                 if self.dr_relay is not None and name in self._relay_ids:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
-                self.events.write(name, {"kind": "carrier", "t_ns": time.monotonic_ns(),
+                self.events.write(name, {"kind": Kind.CARRIER, "t_ns": time.monotonic_ns(),
                                          "port": port, "up": ev.carrier})
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
@@ -515,7 +463,7 @@ class AgentHost:
             elif isinstance(action, LinkRequest):
                 self._link_request(name, rt, action)
             elif isinstance(action, PortStateChange):
-                self.events.write(name, {"kind": "port_state", "t_ns": time.monotonic_ns(),
+                self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": time.monotonic_ns(),
                                          "port": action.port, "state": action.state.name.lower(),
                                          "phys": action.phys_state.name.lower()})
 
@@ -566,11 +514,11 @@ class AgentHost:
                     ops = lft.apply(changes)
                 except KernelError as exc:
                     log.error("%s: LFT write failed: %s", name, exc)
-                    out.append({"node": name, "kind": "lft_error", "t_ns": time.monotonic_ns(),
+                    out.append({"node": name, "kind": Kind.LFT_ERROR, "t_ns": time.monotonic_ns(),
                                 "entries": len(changes), "error": str(exc)})
                     continue
                 t1 = time.monotonic_ns()
-                out.append({"node": name, "kind": "lft_programmed", "t_ns": t1, "entries": len(changes),
+                out.append({"node": name, "kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(changes),
                             "ops": ops, "apply_us": (t1 - t0) // 1000,
                             "queued_us": (t0 - t_accepted) // 1000 if t_accepted else 0})
         return out
@@ -629,3 +577,4 @@ class AgentHost:
             peer = self.nodes.get(pp.peer_node)
             if peer is not None:
                 self.dispatch(pp.peer_node, peer, peer.agent.link_retrained(pp.peer_port))
+

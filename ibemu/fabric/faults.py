@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from ibemu.events import Kind
 from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.kernel import rtnl
 from ibemu.scenario.schema import FaultSpec
@@ -41,7 +42,7 @@ class FaultInjector:
 
     def _stamp(self, action: str, target: str, **fields: object) -> int:
         t = time.monotonic_ns()
-        record = {"kind": "fault", "t_ns": t, "action": action, "target": target, **fields}
+        record = {"kind": Kind.FAULT, "t_ns": t, "action": action, "target": target, **fields}
         self.injected.append(record)
         self.host.events.write("fault-injector", record)
         log.info("fault %s %s", action, target)

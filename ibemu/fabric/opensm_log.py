@@ -21,12 +21,13 @@ so ``t_programmed`` is left to the switch agents' ``lft_programmed`` stamps.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from ibemu.events import Kind, write_all
 
 _LINE = re.compile(r"^(\w{3}) (\d\d) (\d\d):(\d\d):(\d\d) (\d{6}) \[[0-9A-Fa-f]+\] 0x[0-9a-f]{2} -> (.*)$")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
@@ -68,20 +69,20 @@ def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | No
     pending: dict[str, Any] | None = None  # the reroute being followed
     for t_ns, text in _stamped(lines, offset, now_s):
         if m := _TRAP.search(text):
-            events.append({"kind": "trap", "t_ns": t_ns, "trap_number": int(m.group(1)),
+            events.append({"kind": Kind.TRAP, "t_ns": t_ns, "trap_number": int(m.group(1)),
                            "issuer_lid": int(m.group(2)), "tid": m.group(3)})
             if pending is None:
-                pending = {"kind": "reroute", "t_ns": t_ns, "t_trap": t_ns, "t_routed": None,
+                pending = {"kind": Kind.REROUTE, "t_ns": t_ns, "t_trap": t_ns, "t_routed": None,
                            "t_programmed": None, "t_subnet_up": None, "engine": None, "reason": "trap"}
         elif m := _ROUTED.search(text):
-            events.append({"kind": "routes_computed", "t_ns": t_ns, "engine": m.group(1)})
+            events.append({"kind": Kind.ROUTES_COMPUTED, "t_ns": t_ns, "engine": m.group(1)})
             if pending is not None and pending["t_routed"] is None:
                 pending["t_routed"] = t_ns
                 pending["engine"] = m.group(1)
         elif m := _FALLBACK.search(text):
-            events.append({"kind": "routing_fallback", "t_ns": t_ns, "engine": m.group(1), "what": text})
+            events.append({"kind": Kind.ROUTING_FALLBACK, "t_ns": t_ns, "engine": m.group(1), "what": text})
         elif text.strip() == "SUBNET UP":
-            events.append({"kind": "subnet_up", "t_ns": t_ns})
+            events.append({"kind": Kind.SUBNET_UP, "t_ns": t_ns})
             if pending is not None:
                 pending["t_subnet_up"] = t_ns
                 events.append(pending)
@@ -110,7 +111,5 @@ def write_events(workdir: Path) -> Path | None:
     with open(log_path, errors="replace") as f:
         events = parse(f)
     out = workdir / "events.jsonl"
-    with open(out, "w") as f:
-        for e in events:
-            f.write(json.dumps(e) + "\n")
+    write_all(out, events)
     return out

@@ -14,7 +14,6 @@ its netlink call, in the same ``fault`` record shape.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -24,6 +23,7 @@ from typing import Any
 
 import trio
 
+from ibemu import events
 from ibemu.errors import ConfigError
 from ibemu.fabric.faults import run_schedule
 from ibemu.fabric.plan import plan_fabric
@@ -96,10 +96,9 @@ class RoceFaultInjector:
 
     def _stamp(self, action: str, target: str, **fields: object) -> int:
         t = time.monotonic_ns()
-        record = {"kind": "fault", "t_ns": t, "action": action, "target": target, **fields}
+        record = {"kind": events.Kind.FAULT, "t_ns": t, "action": action, "target": target, **fields}
         self.injected.append(record)
-        with open(self.events_path, "a") as f:
-            f.write(json.dumps({**record, "source": "fault-injector"}) + "\n")
+        events.append(self.events_path, {**record, "source": "fault-injector"})
         log.info("fault %s %s", action, target)
         return t
 

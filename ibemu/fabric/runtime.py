@@ -19,8 +19,9 @@ from pathlib import Path
 
 import trio
 
+from ibemu.events import FabricLog
 from ibemu.fabric import ibemusm, opensm, opensm_log
-from ibemu.fabric.agenthost import Agent, AgentHost, EventLog
+from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.madport import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
@@ -127,7 +128,7 @@ class FabricRuntime:
         self.fabric = build(self.plan, self.state, datapath=self.datapath)
         t1 = time.perf_counter()
         try:
-            events = EventLog(self.run_dir / "events.jsonl" if self.run_dir else None)
+            events = FabricLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
                                   datapath=self.datapath)
             self.host.open()

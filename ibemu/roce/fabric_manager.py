@@ -36,12 +36,12 @@ from typing import Any
 
 import trio
 
+from ibemu.events import EventLog, Kind, Log
 from ibemu.kernel import linkevents, rtnl
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.netconf import RouteWriter
 from ibemu.roce.addressing import AddressPlan, PortAddress
 from ibemu.roce.routes import NextHop, RouteChanges, Routes, compute, diff, local_repair
-from ibemu.sm.events import EventLog
 
 log = logging.getLogger("ibemu.roce.fabric_manager")
 
@@ -126,15 +126,15 @@ class FabricManager:
         new = self._compute()
         t1 = self.events.now()
         total = sum(map(len, new.values()))
-        self.events.emit("routes_computed", t_ns=t1, seconds=(t1 - t0) / 1e9, routes=total, routers=len(new),
+        self.events.emit(Kind.ROUTES_COMPUTED, t_ns=t1, seconds=(t1 - t0) / 1e9, routes=total, routers=len(new),
                          cables_down=sorted(self.down))
         changes = diff({}, new)
         sent = self.program(changes)
         t2 = self.events.now()
         self.routes = new
-        self.events.emit("routes_programmed", t_ns=t2, seconds=(t2 - t1) / 1e9, messages=sent,
+        self.events.emit(Kind.ROUTES_PROGRAMMED, t_ns=t2, seconds=(t2 - t1) / 1e9, messages=sent,
                          routers=len(changes.routers))
-        self.events.emit("fabric_up", t_ns=t2, seconds=(t2 - t0) / 1e9, routes=total)
+        self.events.emit(Kind.FABRIC_UP, t_ns=t2, seconds=(t2 - t0) / 1e9, routes=total)
         log.info("fabric up: %d routes on %d routers in %.1f ms", total, len(new), (t2 - t0) / 1e6)
 
     def on_link_events(self, router: str, evs: Iterable[tuple[int, bool, bool]], t_ns: int) -> None:
@@ -150,7 +150,7 @@ class FabricManager:
             before = st.ok
             st.admin_up, st.running = admin_up, running
             if st.ok != before:
-                self.events.emit("carrier", t_ns=t_ns, node=router, port=st.addr.port, ifname=st.addr.ifname,
+                self.events.emit(Kind.CARRIER, t_ns=t_ns, node=router, port=st.addr.port, ifname=st.addr.ifname,
                                  up=st.ok)
                 if st.ok and len(st.peer_mac) == 6:
                     back.append((st.addr.ifname, st.addr.peer_ip, st.peer_mac))
@@ -181,7 +181,7 @@ class FabricManager:
         t_programmed = self.events.now()
         self.reroutes += 1
         cables = [str(self._cable_name(c)) for c in sorted(went_down | came_up)]
-        self.events.emit("reroute", t_trap=None, t_detect=t_detect, t_routed=t_routed,
+        self.events.emit(Kind.REROUTE, t_trap=None, t_detect=t_detect, t_routed=t_routed,
                          t_programmed=t_programmed if self.reroute_enabled else None,
                          reason="link_down" if went_down else "link_up", cables=cables,
                          changes=changes.count, routers=len(changes.routers), messages=sent,
@@ -229,9 +229,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def amain(args: argparse.Namespace) -> int:
     manifest = json.loads(Path(args.plan).read_text())
-    events = EventLog(args.events)
+    events = EventLog(args.events, log=Log.FM)
     fm = FabricManager(manifest, events, reroute=not args.no_reroute)
-    events.emit("fm_start", routers=len(fm.router_ns), reroute=fm.reroute_enabled)
+    events.emit(Kind.FM_START, routers=len(fm.router_ns), reroute=fm.reroute_enabled)
     try:
         fm.open()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -241,7 +241,7 @@ async def amain(args: argparse.Namespace) -> int:
                     n.cancel_scope.cancel()
                     break
     finally:
-        events.emit("fm_stop", reroutes=fm.reroutes)
+        events.emit(Kind.FM_STOP, reroutes=fm.reroutes)
         events.close()
         fm.close()
     return 0

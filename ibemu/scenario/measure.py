@@ -17,30 +17,16 @@ fault (or the end of the run).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
+from ibemu.events import Kind
+from ibemu.events import read_events as read_events  # ibemu.scenario.runner reads the logs with it
 from ibemu.traffic.blackout import DEFAULT_WINDOW_NS, analyse, lost_between, timeline
 from ibemu.traffic.flows import FlowOutput
 
 SETTLE_NS = 5_000_000_000
 """How long after a fault its consequences are looked for, at most."""
-
-
-def read_events(path: Path | None) -> list[dict[str, Any]]:
-    """The records of a JSON-lines event log (a torn last line is skipped)."""
-    if path is None or not path.exists():
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 def _first(records: Iterable[dict[str, Any]], kind: str, lo: int, hi: int, key: str = "t_ns") -> int | None:
@@ -62,17 +48,17 @@ def fault_phases(t_fault: int, window_end: int, fabric: Sequence[dict[str, Any]]
                  sm: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """The phases of one fault, in ms since ``t_fault``."""
     hi = min(window_end, t_fault + SETTLE_NS)
-    detect = _first(fabric, "carrier", t_fault, hi)
-    trap = _first(sm, "trap", t_fault, hi)
+    detect = _first(fabric, Kind.CARRIER, t_fault, hi)
+    trap = _first(sm, Kind.TRAP, t_fault, hi)
     routed = programmed = None
-    reroutes = [r for r in sm if r.get("kind") == "reroute"
+    reroutes = [r for r in sm if r.get("kind") == Kind.REROUTE
                 and isinstance(r.get("t_routed"), int) and t_fault <= r["t_routed"] < hi]
     if reroutes:
         first = min(reroutes, key=lambda r: r["t_routed"])
         routed = first["t_routed"]
         programmed = first.get("t_programmed") if isinstance(first.get("t_programmed"), int) else None
     if programmed is None:
-        acks = [r["t_ns"] for r in fabric if r.get("kind") == "lft_programmed"
+        acks = [r["t_ns"] for r in fabric if r.get("kind") == Kind.LFT_PROGRAMMED
                 and isinstance(r.get("t_ns"), int) and t_fault <= r["t_ns"] < hi]
         programmed = max(acks) if acks else None
     return {"detect": _ms(detect, t_fault), "trap": _ms(trap, t_fault),

@@ -20,8 +20,8 @@ from typing import cast
 
 import trio
 
+from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
-from ibemu.sm.events import EventLog
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
 from ibemu.wire.umad import DEFAULT_SOCKNAME
@@ -79,7 +79,7 @@ async def amain(args: argparse.Namespace) -> int:
                 n.start_soon(stop)
                 n.start_soon(_freeze_after_up, sm)
     finally:
-        events.emit("sm_stop", sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats))
+        events.emit(Kind.SM_STOP, sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats))
         events.close()
         client.close()
     return 0

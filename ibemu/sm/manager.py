@@ -42,9 +42,9 @@ from typing import Any
 
 import trio
 
+from ibemu.events import LINK_CHANGE, EventLog, Kind
 from ibemu.sm import activate as act
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
-from ibemu.sm.events import EventLog
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
 from ibemu.sm.program import LftProgrammer
@@ -155,7 +155,7 @@ class SubnetManager:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Cold sweep, then traps and light sweeps until cancelled."""
-        self.events.emit("sm_start", engine=self.config.engine, max_in_flight=self.config.max_in_flight)
+        self.events.emit(Kind.SM_START, engine=self.config.engine, max_in_flight=self.config.max_in_flight)
         self.warm_up()
         async with self.running():
             task_status.started()
@@ -207,7 +207,7 @@ class SubnetManager:
         data = mb.smp_data(req.mad)
         trap_number, issuer = struct.unpack_from("!HH", data, 4)
         self.stats["traps"] += 1
-        self.events.emit("trap", t_ns=now, issuer_lid=issuer, trap_number=trap_number,
+        self.events.emit(Kind.TRAP, t_ns=now, issuer_lid=issuer, trap_number=trap_number,
                          tid=req.tid, slid=req.slid)
         repress = bytearray(req.mad)
         repress[3] = mb.TRAP_REPRESS
@@ -224,14 +224,14 @@ class SubnetManager:
         """Another SM polls us: answer a LID-routed SMInfo Get as the master."""
         self.stats["sm_info"] += 1
         if req.mgmt_class != CLASS_SUBN_LID or not req.slid or req.slid == 0xFFFF:
-            self.events.emit("sm_info", from_lid=req.slid, answered=False)
+            self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=False)
             return
         resp = bytearray(req.mad)
         resp[3] = mb.GET_RESP
         struct.pack_into("!QQIB", resp, 64, self.graph.sm_guid, 0, self.sweeps,
                          (self.config.priority << 4) | SM_STATE_MASTER)
         self._queue_out(bytes(resp), req.slid)
-        self.events.emit("sm_info", from_lid=req.slid, answered=True)
+        self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=True)
 
     def _queue_out(self, mad: bytes, dlid: int) -> None:
         try:
@@ -250,13 +250,13 @@ class SubnetManager:
     def _begin(self, reason: str) -> tuple[int, Counter[str]]:
         self.sweeps += 1
         self._sweeping = True
-        self.events.emit("sweep_start", sweep=self.sweeps, reason=reason)
+        self.events.emit(Kind.SWEEP_START, sweep=self.sweeps, reason=reason)
         return self.events.now(), Counter(self.transport.stats)
 
     def _end(self, reason: str, t0: int, before: Counter[str], **fields: Any) -> None:
         self._sweeping = False
         smps = dict(Counter(self.transport.stats) - before)
-        self.events.emit("sweep_end", sweep=self.sweeps, reason=reason,
+        self.events.emit(Kind.SWEEP_END, sweep=self.sweeps, reason=reason,
                          seconds=(self.events.now() - t0) / 1e9, nodes=len(self.graph.nodes),
                          smps=smps, **fields)
 
@@ -270,27 +270,27 @@ class SubnetManager:
         g = self.graph
         for guid in set(g.nodes) - known:
             self.prog.forget(guid)
-        self.events.emit("discovered", switches=len(g.switches()), cas=len(g.cas()),
+        self.events.emit(Kind.DISCOVERED, switches=len(g.switches()), cas=len(g.cas()),
                          links=sum(1 for n in g.nodes.values() for _ in n.neighbors()) // 2,
                          seconds=(self.events.now() - t0) / 1e9)
         if g.sm_guid not in g.nodes:
-            self.events.emit("error", what="the SM's own port did not answer")
+            self.events.emit(Kind.ERROR, what="the SM's own port did not answer")
             self._end(reason, t0, before, ok=False)
             return False
         self.recompute_paths()
         new = self.lids.assign(g)
         self.sm_lid = g.nodes[g.sm_guid].ports[self.disc.sm_port].lid
         self.prog.sm_guid, self.prog.sm_port, self.prog.sm_lid = g.sm_guid, self.disc.sm_port, self.sm_lid
-        self.events.emit("lids_assigned", new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
+        self.events.emit(Kind.LIDS_ASSIGNED, new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
         await act.set_lids(self.disc, self.sm_lid)
         await act.set_pkeys(self.disc)
         ok = await self._route_and_program(None)
         top = self.lids.top
         await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
         n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
-        self.events.emit("ports_active", sets=n, ports=len(act.link_ends(self.disc)))
+        self.events.emit(Kind.PORTS_ACTIVE, sets=n, ports=len(act.link_ends(self.disc)))
         if ok and reason == "cold" and not self.up.is_set():
-            self.events.emit("subnet_up", seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
+            self.events.emit(Kind.SUBNET_UP, seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
                              ports=len(act.link_ends(self.disc)))
             self.up.set()
         self._end(reason, t0, before, ok=ok)
@@ -321,10 +321,10 @@ class SubnetManager:
             routes = self._compute(ends) if recompute or self.routes is None else self.routes
         except Exception as exc:
             log.exception("routing engine %s failed", self.config.engine)
-            self.events.emit("error", what=f"routing failed: {exc!r}")
+            self.events.emit(Kind.ERROR, what=f"routing failed: {exc!r}")
             return False
         t_routed = self.events.now()
-        self.events.emit("routes_computed", t_ns=t_routed, engine=routes.engine,
+        self.events.emit(Kind.ROUTES_COMPUTED, t_ns=t_routed, engine=routes.engine,
                          seconds=(t_routed - t) / 1e9, switches=len(routes.lfts))
         self.routes = routes
         early = None
@@ -342,7 +342,7 @@ class SubnetManager:
             res = res.after(early)
         self._reprogram = res.failed > 0
         self._snapshot_due = True
-        self.events.emit("lft_programmed", blocks=res.acked, failed=res.failed, abandoned=res.abandoned,
+        self.events.emit(Kind.LFT_PROGRAMMED, blocks=res.acked, failed=res.failed, abandoned=res.abandoned,
                          switches=res.switches, seconds=(self.events.now() - t_routed) / 1e9)
         if info is not None:
             info.update(t_route_start=t, t_routed=t_routed, t_planned=res.t_planned_ns,
@@ -357,7 +357,7 @@ class SubnetManager:
         self.prog.suspects.add(guid)
         if why == "unanswered":
             self._unanswered.add(guid)
-        self.events.emit("suspect", guid=f"{guid:#018x}", desc=node.desc if node else "", why=why)
+        self.events.emit(Kind.SUSPECT, guid=f"{guid:#018x}", desc=node.desc if node else "", why=why)
         self._check.add(guid)
         self._wake.set()
 
@@ -404,7 +404,7 @@ class SubnetManager:
                     self.disc.unresponsive.add((peer, pp))
                 self.disc.unlink(guid, num)
                 changes.append(Change("down", guid, num, (peer, pp)))
-            self.events.emit("switch_dropped", guid=f"{guid:#018x}", desc=node.desc)
+            self.events.emit(Kind.SWITCH_DROPPED, guid=f"{guid:#018x}", desc=node.desc)
         return changes
 
     async def _check_far_ends(self, guids: set[int]) -> None:
@@ -476,7 +476,7 @@ class SubnetManager:
             cas = [n for n in gone if not n.is_switch]
             lost_names = sorted(n.desc or f"{n.guid:#018x}" for n in cas)
             reachable = sorted(n.desc or f"{n.guid:#018x}" for n in self.graph.cas())
-            self.events.emit("partition", lost=lost_names,
+            self.events.emit(Kind.PARTITION, lost=lost_names,
                              lost_switches=sum(1 for n in gone if n.is_switch),
                              peers_lost={ca: lost_names for ca in reachable} if lost_names else {})
             log.warning("fabric partitioned: %d nodes unreachable (%d CAs)", len(gone), len(cas))
@@ -484,7 +484,7 @@ class SubnetManager:
         for guid in back:
             del self.lost[guid]
         if back:
-            self.events.emit("partition_healed", nodes=len(back), still_lost=len(self.lost))
+            self.events.emit(Kind.PARTITION_HEALED, nodes=len(back), still_lost=len(self.lost))
         return lost
 
     async def trap_sweep(self) -> None:
@@ -536,7 +536,7 @@ class SubnetManager:
             return False
         if not up and port.peer is not None:
             self.disc.unlink(self.graph.sm_guid, num)
-            self.events.emit("link_down", guid=f"{self.graph.sm_guid:#018x}", port=num, peer=None)
+            self.events.emit(Kind.LINK_DOWN, guid=f"{self.graph.sm_guid:#018x}", port=num, peer=None)
             self.recompute_paths()
         return up
 
@@ -559,7 +559,7 @@ class SubnetManager:
             self.prog.forget(guid)
         for c in changes:
             peer = f"{c.peer[0]:#018x}:{c.peer[1]}" if c.peer else None
-            self.events.emit(f"link_{c.kind}", guid=f"{c.guid:#018x}", port=c.port, peer=peer)
+            self.events.emit(LINK_CHANGE[c.kind], guid=f"{c.guid:#018x}", port=c.port, peer=peer)
         structural = [c for c in changes if c.kind in ("down", "up")]
         # a switch at the far end of a port that retrained may have rebooted in between
         peers = {c.peer[0] for c in changes if c.kind in ("up", "reinit") and c.peer}
@@ -632,5 +632,5 @@ class SubnetManager:
         if structural or reset or info:
             rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
                    "issuers": len(guids), "changes": len(changes), "reset": len(reset), "reason": reason}
-            self.events.emit("reroute", **rec)
+            self.events.emit(Kind.REROUTE, **rec)
         self._end(reason, t0, before, changed=len(changes))

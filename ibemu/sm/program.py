@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ibemu.sm.events import EventLog
+from ibemu.events import EventLog, Kind
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.transport import Request, Transport
 from ibemu.wire import madcodec as mb
@@ -268,7 +268,7 @@ class LftProgrammer:
             self.suspects.discard(guid)
             self.written.setdefault(guid, {})[block] = data
             res.acked += 1
-            rec = self.events.emit("lft_block_acked", switch=f"{guid:#018x}", block=block)
+            rec = self.events.emit(Kind.LFT_BLOCK_ACKED, switch=f"{guid:#018x}", block=block)
             res.t_last_ack_ns = max(res.t_last_ack_ns, rec["t_ns"])
 
         async def watch(urgent: trio.Event) -> None:

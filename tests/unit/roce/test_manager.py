@@ -5,11 +5,11 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from ibemu.events import EventLog
 from ibemu.kernel.linkevents import IFF_RUNNING, IFF_UP, RTM_NEWLINK
 from ibemu.roce.addressing import plan_addresses
 from ibemu.roce.fabric_manager import FabricManager, PortState, link_states
 from ibemu.roce.routes import NextHops, routers
-from ibemu.sm.events import EventLog
 from ibemu.topo import generate
 
 

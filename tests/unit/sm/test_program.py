@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from ibemu.sm.events import EventLog
+from ibemu.events import EventLog
 from ibemu.sm.graph import Routes
 from ibemu.sm.manager import default_reroute_fn
 from ibemu.sm.program import LftProgrammer, lft_blocks

@@ -1,0 +1,392 @@
+"""ibemu's event logs: the one JSON-lines writer, its readers, and the one event vocabulary.
+
+Every ibemu process logs what it did as JSON lines, one record per event, each with its
+``kind`` and a ``t_ns`` stamp from ``time.monotonic_ns()`` (the one clock every ibemu process
+reads on one host), so the logs of a run merge on ``t_ns``. The logs (``Log``) of a run
+directory ``RUN_DIR``:
+
+- ``Log.FABRIC``, ``RUN_DIR/events.jsonl``: the agent host (``ibemu.fabric.agenthost``), what
+  the device agents and the kernel saw; every record starts with the ``node`` that logged it
+  (the IB fault injector is node ``fault-injector``; the RoCE one under ``ibemu up``'s daemon
+  appends its ``fault`` records here with ``source``);
+- ``Log.SM``, ``RUN_DIR/ibemu/events.jsonl``: ibemu's subnet manager (``ibemu.sm``);
+- ``Log.OPENSM``, ``RUN_DIR/opensm/events.jsonl``: OpenSM's log in the SM's vocabulary
+  (``ibemu.fabric.opensm_log``);
+- ``Log.FM``, ``RUN_DIR/fm.jsonl``: the RoCE fabric manager (``ibemu.roce.fabric_manager``);
+- ``Log.FAULTS``, ``RUN_DIR/faults.jsonl``: the RoCE fault injector of ``ibemu run``.
+
+``Kind`` names every event kind once and ``VOCABULARY`` says, per kind, what it means and
+which fields it carries in each log that has it (beyond ``kind``, ``t_ns`` and the fabric
+log's ``node``); writers and readers use ``Kind`` rather than string literals (the device
+agents of ``ibemu.agents`` still name their kinds as strings; a test holds them to ``Kind``).
+
+Writing: ``EventLog`` (``emit`` a kind with fields, or ``write`` a ready record); records of
+a log's ``LAZY`` kinds (one per SMP, in the middle of a reroute) are kept as they are, not
+even encoded, until the next other record, ``flush`` (the agent host's ticker, every 50 ms)
+or ``close``; every other record is written and flushed at once, with those before it.
+``FabricLog`` is the agent host's. ``append`` and ``write_all`` write records to a log
+without keeping it open (a fault injector of its own; OpenSM's translated log). Reading:
+``read_events`` (a torn last line is skipped).
+
+Where this differs from the two logs it replaces (the agent host's and ``ibemu.sm.events``):
+the SM's lazy records (``lft_block_acked``) used to be encoded into the file's buffer at once;
+they are now kept unencoded like the fabric's, and reach the file at the same point (the
+``lft_programmed`` that closes a pass; at most ``LAZY_LIMIT`` of them wait). The bytes on disk,
+the stamps and the flush points are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import IO, Any
+
+Clock = Callable[[], int]
+
+
+class Log(StrEnum):
+    """The event logs of a run (see the module docstring for their files)."""
+
+    FABRIC = "fabric"
+    SM = "sm"
+    OPENSM = "opensm"
+    FM = "fm"
+    FAULTS = "faults"
+
+
+class Kind(StrEnum):
+    """Every event kind ibemu writes (the value is the ``kind`` on disk)."""
+
+    # the fabric: carrier and port state, what the device agents did, the LFTs in tc
+    CARRIER = "carrier"
+    PORT_STATE = "port_state"
+    LID_ASSIGNED = "lid_assigned"
+    LFT_SET = "lft_set"
+    LFT_TOP = "lft_top"
+    LFT_PROGRAMMED = "lft_programmed"
+    LFT_ERROR = "lft_error"
+    TRAP_SENT = "trap_sent"
+    TRAP_REPRESSED = "trap_repressed"
+    TRAP_UNROUTABLE = "trap_unroutable"
+    SMP_DISCARD = "smp_discard"
+    MAD_UNDELIVERABLE = "mad_undeliverable"
+    RX_BAD_PORT = "rx_bad_port"
+    RX_ERROR = "rx_error"
+    RX_DROP = "rx_drop"
+    INTERNAL_ERROR = "internal_error"
+    FAULT = "fault"
+    # a subnet manager (ibemu's, OpenSM's translated)
+    SM_START = "sm_start"
+    SM_STOP = "sm_stop"
+    SWEEP_START = "sweep_start"
+    SWEEP_END = "sweep_end"
+    DISCOVERED = "discovered"
+    LIDS_ASSIGNED = "lids_assigned"
+    ROUTES_COMPUTED = "routes_computed"
+    ROUTING_FALLBACK = "routing_fallback"
+    LFT_BLOCK_ACKED = "lft_block_acked"
+    PORTS_ACTIVE = "ports_active"
+    SUBNET_UP = "subnet_up"
+    TRAP = "trap"
+    LINK_DOWN = "link_down"
+    LINK_UP = "link_up"
+    LINK_REINIT = "link_reinit"
+    PARTITION = "partition"
+    PARTITION_HEALED = "partition_healed"
+    REROUTE = "reroute"
+    SUSPECT = "suspect"
+    SWITCH_DROPPED = "switch_dropped"
+    SM_INFO = "sm_info"
+    ERROR = "error"
+    # the RoCE fabric manager
+    FM_START = "fm_start"
+    FM_STOP = "fm_stop"
+    ROUTES_PROGRAMMED = "routes_programmed"
+    FABRIC_UP = "fabric_up"
+
+
+@dataclass(frozen=True)
+class KindInfo:
+    """What a kind means and, per log that has it, the fields it may carry (beyond ``kind``,
+    ``t_ns`` and the fabric log's ``node``)."""
+
+    meaning: str
+    fields: Mapping[Log, tuple[str, ...]]
+
+
+_AGENT = "node_guid"  # every record a device agent logs names its node's GUID
+
+VOCABULARY: dict[Kind, KindInfo] = {
+    Kind.CARRIER: KindInfo(
+        "a port's carrier changed (RoCE: administratively up and running): t_detect",
+        {Log.FABRIC: ("port", "up"), Log.FM: ("node", "port", "ifname", "up")}),
+    Kind.PORT_STATE: KindInfo(
+        "a port's logical/physical state changed (an agent's, or the host's PortStateChange)",
+        {Log.FABRIC: (_AGENT, "port", "why", "state", "phys_state", "phys")}),
+    Kind.LID_ASSIGNED: KindInfo(
+        "the SM set a port's LID (a CA's port, a switch's port 0)",
+        {Log.FABRIC: (_AGENT, "port", "lid", "sm_lid")}),
+    Kind.LFT_SET: KindInfo(
+        "a switch's SMA accepted an LFT block Set",
+        {Log.FABRIC: (_AGENT, "block", "changed")}),
+    Kind.LFT_TOP: KindInfo(
+        "a switch's SMA accepted a new LinearFDBTop",
+        {Log.FABRIC: (_AGENT, "top", "changed")}),
+    Kind.LFT_PROGRAMMED: KindInfo(
+        "fabric: a switch's accepted LFT changes are in tc; SM: a programming pass ended",
+        {Log.FABRIC: ("entries", "ops", "apply_us", "queued_us"),
+         Log.SM: ("blocks", "failed", "abandoned", "switches", "seconds")}),
+    Kind.LFT_ERROR: KindInfo(
+        "writing a switch's LFT changes to tc failed",
+        {Log.FABRIC: ("entries", "error")}),
+    Kind.TRAP_SENT: KindInfo(
+        "a switch sent (or repeated) a trap to the SM",
+        {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),
+    Kind.TRAP_REPRESSED: KindInfo(
+        "the SM's TrapRepress reached the switch: the trap is no longer repeated",
+        {Log.FABRIC: (_AGENT, "tid", "trap_number", "sends")}),
+    Kind.TRAP_UNROUTABLE: KindInfo(
+        "a switch had a trap to send but no route to the SM",
+        {Log.FABRIC: (_AGENT, "tid", "trap_number", "sm_lid")}),
+    Kind.SMP_DISCARD: KindInfo(
+        "an SMA discarded an SMP (directed-route checks, egress down, no route)",
+        {Log.FABRIC: (_AGENT, "port", "reason", "dlid")}),
+    Kind.MAD_UNDELIVERABLE: KindInfo(
+        "a CA had a MAD for its host but nobody to hand it to",
+        {Log.FABRIC: (_AGENT, "port", "reason", "dlid", "mgmt_class", "attr")}),
+    Kind.RX_BAD_PORT: KindInfo(
+        "a frame arrived on a port the agent does not have",
+        {Log.FABRIC: (_AGENT, "port")}),
+    Kind.RX_ERROR: KindInfo(
+        "a frame failed the agent's checks (CRCs, lengths)",
+        {Log.FABRIC: (_AGENT, "port", "error", "length")}),
+    Kind.RX_DROP: KindInfo(
+        "a frame was dropped by rule (VL15 but not an SMP, a bad Q_Key)",
+        {Log.FABRIC: (_AGENT, "port", "reason")}),
+    Kind.INTERNAL_ERROR: KindInfo(
+        "an agent raised on a frame (a bug, counted; the agent keeps running)",
+        {Log.FABRIC: (_AGENT, "port", "error")}),
+    Kind.FAULT: KindInfo(
+        "a fault was injected (action link_down|link_up|switch_down|switch_up|smp_loss|corrupt): t_fault",
+        {Log.FABRIC: ("action", "target", "end", "percent", "source"),
+         Log.FAULTS: ("action", "target", "end", "source")}),
+    Kind.SM_START: KindInfo(
+        "the SM started",
+        {Log.SM: ("engine", "max_in_flight")}),
+    Kind.SM_STOP: KindInfo(
+        "the SM stopped",
+        {Log.SM: ("sweeps", "smps", "stats")}),
+    Kind.SWEEP_START: KindInfo(
+        "a sweep began (reason cold|heavy|recover|light|trap)",
+        {Log.SM: ("sweep", "reason")}),
+    Kind.SWEEP_END: KindInfo(
+        "a sweep ended, with the SMPs it took (sent, answered, timeouts, retries, ...)",
+        {Log.SM: ("sweep", "reason", "seconds", "nodes", "smps", "ok", "changed", "deferred")}),
+    Kind.DISCOVERED: KindInfo(
+        "a full discovery ended",
+        {Log.SM: ("switches", "cas", "links", "seconds")}),
+    Kind.LIDS_ASSIGNED: KindInfo(
+        "the SM assigned LIDs",
+        {Log.SM: ("new", "total", "sm_lid")}),
+    Kind.ROUTES_COMPUTED: KindInfo(
+        "routes computed (OpenSM: its tables configured on all switches)",
+        {Log.SM: ("engine", "seconds", "switches"), Log.OPENSM: ("engine",),
+         Log.FM: ("seconds", "routes", "routers", "cables_down")}),
+    Kind.ROUTING_FALLBACK: KindInfo(
+        "OpenSM's routing engine could not route and fell back (to minhop)",
+        {Log.OPENSM: ("engine", "what")}),
+    Kind.LFT_BLOCK_ACKED: KindInfo(
+        "a switch acknowledged one LFT block Set",
+        {Log.SM: ("switch", "block")}),
+    Kind.PORTS_ACTIVE: KindInfo(
+        "the SM moved ports to Active",
+        {Log.SM: ("sets", "ports")}),
+    Kind.SUBNET_UP: KindInfo(
+        "the subnet is up: the SM's \"SUBNET UP\" (seconds of the cold sweep)",
+        {Log.SM: ("seconds", "nodes", "ports"), Log.OPENSM: ()}),
+    Kind.TRAP: KindInfo(
+        "the SM received a trap (its TrapRepress goes out at once): t_trap",
+        {Log.SM: ("issuer_lid", "trap_number", "tid", "slid"), Log.OPENSM: ("trap_number", "issuer_lid", "tid")}),
+    Kind.LINK_DOWN: KindInfo(
+        "the SM found a cable gone (peer \"guid:port\")",
+        {Log.SM: ("guid", "port", "peer")}),
+    Kind.LINK_UP: KindInfo(
+        "the SM found a new cable",
+        {Log.SM: ("guid", "port", "peer")}),
+    Kind.LINK_REINIT: KindInfo(
+        "the SM found a port that retrained (its far end may have rebooted)",
+        {Log.SM: ("guid", "port", "peer")}),
+    Kind.PARTITION: KindInfo(
+        "the SM can no longer reach some nodes (peers_lost: reachable CA -> lost CAs)",
+        {Log.SM: ("lost", "lost_switches", "peers_lost")}),
+    Kind.PARTITION_HEALED: KindInfo(
+        "nodes lost to a partition are back",
+        {Log.SM: ("nodes", "still_lost")}),
+    Kind.REROUTE: KindInfo(
+        "a reroute after a trap or sweep (FM: a cable change): t_trap/t_detect -> t_routed -> t_programmed",
+        {Log.SM: ("t_trap", "t_rediscovered", "t_route_start", "t_routed", "t_planned", "t_programmed",
+                  "blocks", "blocks_failed", "blocks_abandoned", "suspects", "issuers", "changes", "reset",
+                  "reason"),
+         Log.OPENSM: ("t_trap", "t_routed", "t_programmed", "t_subnet_up", "engine", "reason"),
+         Log.FM: ("t_trap", "t_detect", "t_routed", "t_programmed", "reason", "cables", "changes", "routers",
+                  "messages", "local_covered", "local_blackholed", "reprogrammed")}),
+    Kind.SUSPECT: KindInfo(
+        "a switch left a Set unanswered or lost its cables: the next pass checks it",
+        {Log.SM: ("guid", "desc", "why")}),
+    Kind.SWITCH_DROPPED: KindInfo(
+        "a suspect did not answer: taken out of the subnet as if all its cables were down",
+        {Log.SM: ("guid", "desc")}),
+    Kind.SM_INFO: KindInfo(
+        "another SM polled this one with SMInfo",
+        {Log.SM: ("from_lid", "answered")}),
+    Kind.ERROR: KindInfo(
+        "the SM could not go on with a step",
+        {Log.SM: ("what",)}),
+    Kind.FM_START: KindInfo(
+        "the fabric manager started",
+        {Log.FM: ("routers", "reroute")}),
+    Kind.FM_STOP: KindInfo(
+        "the fabric manager stopped",
+        {Log.FM: ("reroutes",)}),
+    Kind.ROUTES_PROGRAMMED: KindInfo(
+        "the fabric manager wrote its routes into the routers",
+        {Log.FM: ("seconds", "messages", "routers")}),
+    Kind.FABRIC_UP: KindInfo(
+        "every route of the RoCE fabric is programmed",
+        {Log.FM: ("seconds", "routes")}),
+}
+
+LAZY: dict[Log, frozenset[str]] = {
+    Log.FABRIC: frozenset({Kind.LFT_SET, Kind.LFT_TOP, Kind.LFT_PROGRAMMED, Kind.LID_ASSIGNED}),
+    Log.SM: frozenset({Kind.LFT_BLOCK_ACKED}),
+}
+"""Per log, the kinds written late: one or more per SMP an SM sends (encoding and writing
+each cost the agents ~30 us per LFT Set, the SM ~10 us per block, in the middle of a
+reroute). The fabric's go out with the agent host's ticker (every 50 ms) or any other record;
+the SM's with the ``lft_programmed`` that closes each pass."""
+LAZY_LIMIT = 4096
+"""Lazy records kept at most (a bring-up's burst is written out in pieces)."""
+
+LINK_CHANGE: dict[str, Kind] = {"down": Kind.LINK_DOWN, "up": Kind.LINK_UP, "reinit": Kind.LINK_REINIT}
+"""The SM's event for each kind of port change its discovery finds."""
+
+
+def encode(record: Mapping[str, Any]) -> str:
+    """One record as a JSON line (sets sorted into lists, anything else not JSON as ``str``)."""
+    return json.dumps(record, default=_jsonable) + "\n"
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, set | frozenset | tuple):
+        return sorted(value) if isinstance(value, set | frozenset) else list(value)
+    return str(value)
+
+
+class EventLog:
+    """Writes events as JSON lines to ``path`` (None: memory only) for ``log`` (which kinds
+    are lazy: ``LAZY``); keeps the last ``keep`` records in ``records`` and counts each kind.
+    Every record but the lazy ones is written and flushed at once, with those before it;
+    lazy ones are kept as they are (not even encoded) until then, ``flush`` or ``close``."""
+
+    def __init__(self, path: Path | str | None = None, *, log: Log = Log.SM, clock: Clock = time.monotonic_ns,
+                 keep: int = 100_000) -> None:
+        self.log = log
+        self.clock = clock
+        self.lazy = LAZY.get(log, frozenset())
+        self.counts: Counter[str] = Counter()
+        self.records: deque[Mapping[str, Any]] = deque(maxlen=keep)
+        self._keep = keep > 0
+        self._lazy: list[tuple[str | None, Mapping[str, Any]]] = []
+        self._f: IO[str] | None = None
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(path, "a")  # noqa: SIM115
+
+    def now(self) -> int:
+        return self.clock()
+
+    def emit(self, kind: str, *, t_ns: int | None = None, **fields: Any) -> dict[str, Any]:
+        """Log a ``kind`` record stamped ``t_ns`` (default: now); returns it."""
+        rec = {"kind": kind, "t_ns": self.clock() if t_ns is None else t_ns, **fields}
+        self.write(None, rec)
+        return rec
+
+    def write(self, node: str | None, record: Mapping[str, Any]) -> None:
+        """Log ``record`` (with ``kind`` and ``t_ns``), led by ``"node": node`` unless None.
+        Not to be changed afterwards: a lazy one is encoded later."""
+        kind = str(record.get("kind", "?"))
+        self.counts[kind] += 1
+        if self._keep:
+            self.records.append(record if node is None else {"node": node, **record})
+        if self._f is None:
+            return
+        if kind in self.lazy:
+            self._lazy.append((node, record))
+            if len(self._lazy) >= LAZY_LIMIT:
+                self.flush()
+            return
+        self._f.write(self._encoded() + _line(node, record))
+        self._f.flush()
+
+    def _encoded(self) -> str:
+        lazy, self._lazy = self._lazy, []
+        return "".join(_line(node, rec) for node, rec in lazy)
+
+    def of(self, kind: str) -> list[Mapping[str, Any]]:
+        """The kept records of ``kind``."""
+        return [r for r in self.records if r["kind"] == kind]
+
+    def flush(self) -> None:
+        """Write out the lazy records kept so far."""
+        if self._f is not None and self._lazy:
+            self._f.write(self._encoded())
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self.flush()
+            self._f.close()
+            self._f = None
+
+
+class FabricLog(EventLog):
+    """The agent host's log (``Log.FABRIC``): records come stamped and are written with the
+    node that logged them; nothing is kept in memory but the counts."""
+
+    def __init__(self, path: Path | None) -> None:
+        super().__init__(path, log=Log.FABRIC, keep=0)
+
+
+def _line(node: str | None, record: Mapping[str, Any]) -> str:
+    return encode(record if node is None else {"node": node, **record})
+
+
+def append(path: Path, record: Mapping[str, Any]) -> None:
+    """Append one record to the log at ``path``, opened for it alone."""
+    with open(path, "a") as f:
+        f.write(encode(record))
+
+
+def write_all(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Write the log at ``path`` anew with ``records``."""
+    with open(path, "w") as f:
+        f.writelines(encode(r) for r in records)
+
+
+def read_events(path: Path | None) -> list[dict[str, Any]]:
+    """The records of a JSON-lines event log (a torn last line is skipped)."""
+    if path is None or not path.exists():
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
