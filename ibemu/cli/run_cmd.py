@@ -21,6 +21,7 @@ import trio
 
 from ibemu.errors import ConfigError
 from ibemu.scenario.schema import Scenario
+from ibemu.sm.routing import ENGINES
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override fabric.kind (roce: IP routers, ECMP, RoCEv2 frames, the fabric manager)")
     p.add_argument("--datapath", choices=("kernel", "user"), help="override fabric.datapath")
     p.add_argument("--sm", choices=("ibemu", "opensm"), help="override sm.impl")
-    p.add_argument("--sm-engine", choices=("minhop", "updn", "ftree", "dor"), help="override sm.engine")
+    p.add_argument("--sm-engine", choices=tuple(ENGINES), help="override sm.engine")
     p.add_argument("--duration", type=float, metavar="S", help="override duration_s")
     p.add_argument("--out", type=Path, help="directory for results (default: results/<scenario>)")
     p.add_argument("--json", type=Path, metavar="FILE", help="write the result here (ibemu.run/1)")

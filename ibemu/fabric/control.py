@@ -11,9 +11,11 @@ one JSON line back, then the connection closes::
     {"fault": "corrupt", "link": "edge0_0:3", "percent": 1}
     {"ping": true}                                        -> {"ok": true}
 
-Links are named as in scenarios (``ibemu.topo.refs``). Every fault is stamped by the
-injector (a ``fault`` event in ``events.jsonl``), exactly as a scheduled one. Errors come back
-as ``{"ok": false, "error": "..."}``; the channel never takes the daemon down.
+Links are named as in scenarios (``ibemu.topo.refs``). The faults it takes, and how each is
+carried out, are those of ``ibemu.fabric.faults.FAULT_ACTIONS`` with ``on_demand``; one that
+does not apply to the fabric's kind is refused with the registry's reason. Every fault is
+stamped by the injector (a ``fault`` event in ``events.jsonl``), exactly as a scheduled one.
+Errors come back as ``{"ok": false, "error": "..."}``; the channel never takes the daemon down.
 """
 
 from __future__ import annotations
@@ -24,33 +26,22 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
+from ibemu.fabric.faults import FAULT_ACTIONS, Injector, on_demand
 from ibemu.topo.model import Link, Topology
 
 log = logging.getLogger(__name__)
 
 SOCKET_NAME = "control.sock"
 MAX_REQUEST = 64 * 1024
-LINK_FAULTS = ("link_down", "link_up", "corrupt")
-FAULTS = ("link_down", "link_up", "switch_down", "switch_up", "smp_loss", "corrupt")
+FAULTS = on_demand()
 
 
 class ControlError(ValueError):
     """A request the daemon refuses (unknown fault, unknown link or switch, bad value)."""
-
-
-class Injector(Protocol):
-    """What the channel needs of :class:`ibemu.fabric.faults.FaultInjector`."""
-
-    topo: Topology
-
-    def link(self, link: Link, up: bool, *, end: int = 0) -> int: ...
-    def switch(self, name: str, up: bool) -> int: ...
-    def smp_loss(self, percent: float, switch: str | None = None) -> int: ...
-    def corrupt(self, link: Link, percent: float) -> int: ...
 
 
 def socket_path(run_dir: Path) -> Path:
@@ -82,38 +73,52 @@ def _percent(req: dict[str, Any]) -> float:
     return float(value)
 
 
+class _Request:
+    """One request's arguments, parsed as an action asks for them (``faults.Request``)."""
+
+    def __init__(self, topo: Topology, req: dict[str, Any]) -> None:
+        self.topo = topo
+        self.req = req
+
+    def link(self) -> Link:
+        return _link(self.topo, self.req.get("link"))
+
+    def end(self, link: Link) -> int:
+        return _end(link, self.req.get("end", 0))
+
+    def percent(self) -> float:
+        return _percent(self.req)
+
+    def switch(self) -> str:
+        return _switch(self.topo, str(self.req.get("switch")))
+
+    def optional_switch(self) -> str | None:
+        name = self.req.get("switch")
+        return None if name is None else _switch(self.topo, str(name))
+
+
+def _switch(topo: Topology, name: str) -> str:
+    from ibemu.topo import refs
+    try:
+        refs.switch(topo, name)
+    except refs.RefError as exc:
+        raise ControlError(str(exc)) from None
+    return name
+
+
 def handle(injector: Injector, req: object) -> dict[str, Any]:
     """Carry out one request (blocking: the link and switch faults talk to the kernel)."""
-    from ibemu.topo import refs
     if not isinstance(req, dict):
         raise ControlError(f"expected a JSON object, got {type(req).__name__}")
     if req.get("ping"):
         return {"ok": True}
     fault = req.get("fault")
-    if fault not in FAULTS:
+    action = FAULT_ACTIONS.get(fault) if isinstance(fault, str) else None
+    if action is None or action.on_demand is None:
         raise ControlError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
-    topo = injector.topo
-    if fault in ("link_down", "link_up"):
-        link = _link(topo, req.get("link"))
-        end = _end(link, req.get("end", 0))
-        return {"ok": True, "link": str(link), "t_fault_ns": injector.link(link, fault == "link_up", end=end)}
-    if fault == "corrupt":
-        link = _link(topo, req.get("link"))
-        return {"ok": True, "link": str(link), "t_fault_ns": injector.corrupt(link, _percent(req))}
-    if fault == "smp_loss":
-        name = req.get("switch")
-        if name is not None:
-            try:
-                refs.switch(topo, str(name))
-            except refs.RefError as exc:
-                raise ControlError(str(exc)) from None
-        return {"ok": True, "t_fault_ns": injector.smp_loss(_percent(req), name)}
-    name = str(req.get("switch"))
-    try:
-        refs.switch(topo, name)
-    except refs.RefError as exc:
-        raise ControlError(str(exc)) from None
-    return {"ok": True, "switch": name, "t_fault_ns": injector.switch(name, fault == "switch_up")}
+    if injector.fabric_kind not in action.fabrics:
+        raise ControlError(f"{fault}: {action.refusal}")
+    return {"ok": True, **action.on_demand(injector, _Request(injector.topo, req))}
 
 
 def _reply(injector: Injector, line: bytes) -> dict[str, Any]:

@@ -31,7 +31,6 @@ from ibemu.kernel import ownership
 from ibemu.kernel.ecn import EcnMarking
 from ibemu.kernel.impair import Impairment
 from ibemu.topo import Topology, loads_ibnetdiscover
-from ibemu.topo.model import Link
 
 log = logging.getLogger("ibemu.fabric.daemon")
 
@@ -56,32 +55,12 @@ async def _serve(rt: FabricRuntime) -> None:
             nursery.cancel_scope.cancel()
 
 
-class RoceControl:
-    """The control channel's view of a RoCE fabric: cables and routers; the IB-only faults
-    (SMP loss, frame corruption on the user datapath) are refused."""
-
-    def __init__(self, injector: RoceFaultInjector) -> None:
-        self.injector = injector
-        self.topo = injector.topo
-
-    def link(self, link: Link, up: bool, *, end: int = 0) -> int:
-        return self.injector.link(link, up, end=end)
-
-    def switch(self, name: str, up: bool) -> int:
-        return self.injector.switch(name, up)
-
-    def smp_loss(self, percent: float, switch: str | None = None) -> int:
-        raise control.ControlError("smp_loss: a RoCE fabric has no SMPs")
-
-    def corrupt(self, link: Link, percent: float) -> int:
-        raise control.ControlError("corrupt: frame corruption is a fault of the IB user datapath")
-
-
 async def _serve_roce(rt: RoceRuntime) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with rt.running() as run, trio.open_nursery() as nursery:
             log.info("RoCE fabric %s up: %s", rt.state.run_id, rt.timings_s)
-            injector = RoceControl(RoceFaultInjector(run, rt.run_dir / "events.jsonl"))
+            # The faults that apply to RoCE (faults.FAULT_ACTIONS); the channel refuses the others.
+            injector = RoceFaultInjector(run, rt.run_dir / "events.jsonl")
             await nursery.start(serve_control, control.socket_path(rt.run_dir), injector)
             async for sig in signals:
                 log.info("signal %s: tearing down", signal.Signals(sig).name)

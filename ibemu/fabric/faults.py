@@ -1,4 +1,13 @@
-"""Fault injection on a live fabric: cables, switches, flapping ports, SMP loss, corruption.
+"""Fault injection on a live fabric, and the registry of fault actions.
+
+``FaultSpec`` is one fault (a scenario's ``faults:`` entry, resolved by
+:mod:`ibemu.scenario.loader`). ``FAULT_ACTIONS`` is the one table of fault actions: per name,
+the keys a scenario entry takes, the fabric kinds and IB datapaths it applies to, how it is
+carried out on schedule (by either fabric's injector: :class:`FaultInjector` here, the RoCE
+one in :mod:`ibemu.fabric.roce_runtime`) and on demand (the daemon's control channel,
+:mod:`ibemu.fabric.control`). The scenario loader, the runner's ``check_runnable``, both
+injectors and the control channel read it; a new action is one entry (and, if it needs one, a
+new primitive on the injectors).
 
 Every fault is stamped ``t_fault`` (``time.monotonic_ns()``, the clock every ibemu process
 shares) in the fabric's event log as a ``fault`` event, so the reroute phases after it can be
@@ -16,24 +25,196 @@ and LFT acknowledgements.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from ibemu.events import Kind
-from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.kernel import rtnl
-from ibemu.scenario.schema import FaultSpec
-from ibemu.topo.model import Endpoint, Link
+from ibemu.topo.model import Endpoint, Link, Topology
+
+if TYPE_CHECKING:
+    from ibemu.fabric.agenthost import Agent, AgentHost
 
 log = logging.getLogger(__name__)
 
-AgentMaker = Callable[[str], Agent]
+AgentMaker = Callable[[str], "Agent"]
 
 
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    """One fault injected at ``at_s`` (a scenario's ``faults:`` entry, targets resolved)."""
+
+    at_s: float
+    action: str
+    link: Link | None = None
+    switch: str | None = None
+    period_s: float | None = None
+    count: int = 1
+    percent: float | None = None
+    duration_s: float | None = None
+    where: str = ""
+
+
+class Injector(Protocol):
+    """What a fault action needs of a fabric's injector: its primitives, each stamped and
+    returning t_fault (``FaultInjector``, ``RoceFaultInjector``)."""
+
+    topo: Topology
+    fabric_kind: str
+    """The fabric kind (``ib``, ``roce``): which actions apply (``FaultAction.fabrics``)."""
+
+    def link(self, link: Link, up: bool, *, end: int = 0) -> int: ...
+    def switch(self, name: str, up: bool) -> int: ...
+    def smp_loss(self, percent: float, switch: str | None = None) -> int: ...
+    def corrupt(self, link: Link, percent: float) -> int: ...
+
+
+class Request(Protocol):
+    """A control-channel request as an action reads its arguments; :mod:`ibemu.fabric.control`
+    parses them (names resolved as in scenarios) and refuses bad ones."""
+
+    def link(self) -> Link: ...
+    def end(self, link: Link) -> int: ...
+    def percent(self) -> float: ...
+    def switch(self) -> str: ...
+    def optional_switch(self) -> str | None: ...
+
+
+Run = Callable[[Injector, FaultSpec], Awaitable[None]]
+OnDemand = Callable[[Injector, Request], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class FaultAction:
+    """One fault action: what it takes, where it applies, how it is carried out."""
+
+    keys: tuple[str, ...]
+    """Keys a scenario entry takes besides ``at_s`` and ``action``, in the order errors list them."""
+    required: tuple[str, ...]
+    """Of ``keys``, the ones it must have."""
+    run: Run
+    """Carry out a scheduled fault (on either fabric's injector)."""
+    on_demand: OnDemand | None = None
+    """Carry out a control-channel request: its reply (``ok`` added); None: not on the channel."""
+    fabrics: tuple[str, ...] = ("ib", "roce")
+    """The fabric kinds it applies to."""
+    datapaths: tuple[str, ...] = ("kernel", "user")
+    """The datapaths it needs (checked on an IB fabric; a RoCE one checks ``fabrics``)."""
+    refusal: str = ""
+    """Why it does not apply to the other fabric kinds (said by the control channel)."""
+    sets: tuple[str, bool] | None = None
+    """(target key, up?) when it takes a link or switch down or up: down and up must alternate."""
+
+
+# ---------------------------------------------------------------------- the actions
+
+
+def _set_link(up: bool) -> Run:
+    async def run(inj: Injector, f: FaultSpec) -> None:
+        assert f.link is not None
+        await trio.to_thread.run_sync(functools.partial(inj.link, f.link, up))
+    return run
+
+
+def _set_switch(up: bool) -> Run:
+    async def run(inj: Injector, f: FaultSpec) -> None:
+        assert f.switch is not None
+        await trio.to_thread.run_sync(inj.switch, f.switch, up)
+    return run
+
+
+async def flap(inj: Injector, link: Link, period_s: float, count: int) -> None:
+    """``count`` down/up cycles of ``period_s`` on one end of ``link``."""
+    for _ in range(count):
+        await trio.to_thread.run_sync(inj.link, link, False)
+        await trio.sleep(period_s / 2)
+        await trio.to_thread.run_sync(inj.link, link, True)
+        await trio.sleep(period_s / 2)
+
+
+async def _port_flap(inj: Injector, f: FaultSpec) -> None:
+    assert f.link is not None and f.period_s is not None
+    await flap(inj, f.link, f.period_s, f.count)
+
+
+async def _smp_loss(inj: Injector, f: FaultSpec) -> None:
+    inj.smp_loss(f.percent or 0.0, f.switch)
+    if f.duration_s:
+        await trio.sleep(f.duration_s)
+        inj.smp_loss(0.0, f.switch)
+
+
+async def _corrupt(inj: Injector, f: FaultSpec) -> None:
+    assert f.link is not None
+    inj.corrupt(f.link, f.percent or 0.0)
+    if f.duration_s:
+        await trio.sleep(f.duration_s)
+        inj.corrupt(f.link, 0.0)
+
+
+def _link_now(up: bool) -> OnDemand:
+    def now(inj: Injector, req: Request) -> dict[str, Any]:
+        link = req.link()
+        end = req.end(link)
+        return {"link": str(link), "t_fault_ns": inj.link(link, up, end=end)}
+    return now
+
+
+def _switch_now(up: bool) -> OnDemand:
+    def now(inj: Injector, req: Request) -> dict[str, Any]:
+        name = req.switch()
+        return {"switch": name, "t_fault_ns": inj.switch(name, up)}
+    return now
+
+
+def _smp_loss_now(inj: Injector, req: Request) -> dict[str, Any]:
+    name = req.optional_switch()
+    return {"t_fault_ns": inj.smp_loss(req.percent(), name)}
+
+
+def _corrupt_now(inj: Injector, req: Request) -> dict[str, Any]:
+    link = req.link()
+    return {"link": str(link), "t_fault_ns": inj.corrupt(link, req.percent())}
+
+
+FAULT_ACTIONS: dict[str, FaultAction] = {
+    "link_down": FaultAction(("link",), ("link",), _set_link(False), _link_now(False), sets=("link", False)),
+    "link_up": FaultAction(("link",), ("link",), _set_link(True), _link_now(True), sets=("link", True)),
+    "switch_down": FaultAction(("switch",), ("switch",), _set_switch(False), _switch_now(False),
+                               sets=("switch", False)),
+    "switch_up": FaultAction(("switch",), ("switch",), _set_switch(True), _switch_now(True), sets=("switch", True)),
+    "port_flap": FaultAction(("link", "period_s", "count"), ("link", "period_s"), _port_flap),
+    "smp_loss": FaultAction(("percent", "switch", "duration_s"), ("percent",), _smp_loss, _smp_loss_now,
+                            fabrics=("ib",), refusal="a RoCE fabric has no SMPs"),
+    "corrupt": FaultAction(("percent", "link", "duration_s"), ("percent",), _corrupt, _corrupt_now,
+                           fabrics=("ib",), datapaths=("user",),
+                           refusal="frame corruption is a fault of the IB user datapath"),
+}
+"""Every fault action, by name (the order scenario errors list them in)."""
+
+
+def actions_on(fabric: str) -> tuple[str, ...]:
+    """The actions that apply to a fabric kind, in registry order."""
+    return tuple(name for name, a in FAULT_ACTIONS.items() if fabric in a.fabrics)
+
+
+def on_demand() -> tuple[str, ...]:
+    """The actions the control channel takes."""
+    return tuple(name for name, a in FAULT_ACTIONS.items() if a.on_demand is not None)
+
+
+# ---------------------------------------------------------------------- the IB injector
 class FaultInjector:
+    """Faults on an IB fabric, through its agent host (``make_agent``: a switch back up fresh)."""
+
+    fabric_kind = "ib"
+
     def __init__(self, host: AgentHost, make_agent: AgentMaker) -> None:
         self.host = host
         self.make_agent = make_agent
@@ -87,36 +268,13 @@ class FaultInjector:
     # ------------------------------------------------------------------ async, scheduled
 
     async def port_flap(self, link: Link, period_s: float, count: int) -> None:
-        for _ in range(count):
-            await trio.to_thread.run_sync(self.link, link, False)
-            await trio.sleep(period_s / 2)
-            await trio.to_thread.run_sync(self.link, link, True)
-            await trio.sleep(period_s / 2)
+        await flap(self, link, period_s, count)
 
     async def apply(self, fault: FaultSpec) -> None:
-        action = fault.action
-        if action in ("link_down", "link_up"):
-            assert fault.link is not None
-            await trio.to_thread.run_sync(lambda: self.link(fault.link, action == "link_up"))  # type: ignore[arg-type]
-        elif action in ("switch_down", "switch_up"):
-            assert fault.switch is not None
-            await trio.to_thread.run_sync(self.switch, fault.switch, action == "switch_up")
-        elif action == "port_flap":
-            assert fault.link is not None and fault.period_s is not None
-            await self.port_flap(fault.link, fault.period_s, fault.count)
-        elif action == "smp_loss":
-            self.smp_loss(fault.percent or 0.0, fault.switch)
-            if fault.duration_s:
-                await trio.sleep(fault.duration_s)
-                self.smp_loss(0.0, fault.switch)
-        elif action == "corrupt":
-            assert fault.link is not None
-            self.corrupt(fault.link, fault.percent or 0.0)
-            if fault.duration_s:
-                await trio.sleep(fault.duration_s)
-                self.corrupt(fault.link, 0.0)
-        else:
-            raise ValueError(f"unknown fault action {action!r}")
+        action = FAULT_ACTIONS.get(fault.action)
+        if action is None:
+            raise ValueError(f"unknown fault action {fault.action!r}")
+        await action.run(self, fault)
 
     async def run(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -8,7 +8,8 @@ the manager did (``reroute``), so it serves the phase measurement as both logs.
 
 ``RoceFaultInjector`` breaks cables and routers as ``ibemu.fabric.faults.FaultInjector``
 breaks an IB fabric (which needs an agent host): each fault stamped ``t_fault`` just before
-its netlink call, in the same ``fault`` record shape.
+its netlink call, in the same ``fault`` record shape. What it can suffer is what
+``ibemu.fabric.faults.FAULT_ACTIONS`` says applies to ``roce``.
 """
 
 from __future__ import annotations
@@ -25,20 +26,19 @@ import trio
 
 from ibemu import events
 from ibemu.errors import ConfigError
-from ibemu.fabric.faults import run_schedule
+from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec, actions_on, run_schedule
 from ibemu.fabric.plan import plan_fabric
 from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.kernel import ownership, rtnl
 from ibemu.kernel.ecn import EcnMarking
 from ibemu.kernel.impair import Impairment
 from ibemu.roce.queues import QueueConfig
-from ibemu.scenario.schema import FaultSpec
 from ibemu.topo import Topology
 from ibemu.topo.model import Link
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("link_down", "link_up", "switch_down", "switch_up", "port_flap")
+FAULTS = actions_on("roce")
 """What a RoCE fabric can suffer (SMP loss and corruption are IB agents' business)."""
 
 
@@ -88,6 +88,8 @@ class RoceRuntime:
 
 
 class RoceFaultInjector:
+    fabric_kind = "roce"
+
     def __init__(self, fabric: RoceRun, events_path: Path) -> None:
         self.fabric = fabric
         self.topo = fabric.fab.plan.topology
@@ -118,24 +120,18 @@ class RoceFaultInjector:
         rtnl.set_up(node.ns, [p.ifname for p in node.ports.values()], up)
         return t
 
+    def smp_loss(self, percent: float, switch: str | None = None) -> int:
+        raise ConfigError(f"smp_loss: {FAULT_ACTIONS['smp_loss'].refusal}")
+
+    def corrupt(self, link: Link, percent: float) -> int:
+        raise ConfigError(f"corrupt: {FAULT_ACTIONS['corrupt'].refusal}")
+
     async def apply(self, fault: FaultSpec) -> None:
-        action = fault.action
-        if action in ("link_down", "link_up"):
-            assert fault.link is not None
-            await trio.to_thread.run_sync(functools.partial(self.link, fault.link, action == "link_up"))
-        elif action in ("switch_down", "switch_up"):
-            assert fault.switch is not None
-            await trio.to_thread.run_sync(self.switch, fault.switch, action == "switch_up")
-        elif action == "port_flap":
-            assert fault.link is not None and fault.period_s is not None
-            for _ in range(fault.count):
-                await trio.to_thread.run_sync(self.link, fault.link, False)
-                await trio.sleep(fault.period_s / 2)
-                await trio.to_thread.run_sync(self.link, fault.link, True)
-                await trio.sleep(fault.period_s / 2)
-        else:
-            raise ConfigError(f"fault {action!r} does not apply to a RoCE fabric (it has: {', '.join(FAULTS)})",
+        action = FAULT_ACTIONS.get(fault.action)
+        if action is None or self.fabric_kind not in action.fabrics:
+            raise ConfigError(f"fault {fault.action!r} does not apply to a RoCE fabric (it has: {', '.join(FAULTS)})",
                               fault.where)
+        await action.run(self, fault)
 
     async def run(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from ibemu.errors import ConfigError
+from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
 from ibemu.scenario.schema import (
     DATAPATHS,
     DEFAULT_DURATION_S,
@@ -24,9 +25,7 @@ from ibemu.scenario.schema import (
     FABRIC_KEYS,
     FABRIC_KINDS,
     FABRIC_USER_KEYS,
-    FAULT_ACTIONS,
     FAULT_COMMON,
-    FAULT_REQUIRED,
     LINK_KEYS,
     MAX_BUFFER_KB,
     MAX_DURATION_S,
@@ -38,7 +37,6 @@ from ibemu.scenario.schema import (
     NODE_KEYS,
     RECORD_KEYS,
     ROCE_DATA_DSCP,
-    SM_ENGINES,
     SM_IMPLS,
     SM_KEYS,
     STREAM_TRANSPORTS,
@@ -47,10 +45,7 @@ from ibemu.scenario.schema import (
     TOPOLOGY_FILE_KEYS,
     TOPOLOGY_SOURCES,
     TRAFFIC_COMMON,
-    TRAFFIC_DEFAULT_SIZE,
-    TRAFFIC_KINDS,
     FabricSpec,
-    FaultSpec,
     RecordSpec,
     Scenario,
     SMSpec,
@@ -66,19 +61,19 @@ from ibemu.scenario.yamlnodes import (
     read_text,
     scalar,
 )
+from ibemu.sm.routing import ENGINES
 from ibemu.topo import analysis, ibnetdiscover, refs
 from ibemu.topo.generators import ParamError, generate, lookup
 from ibemu.topo.model import Endpoint, Link, LinkDefaults, NodeKind, Topology
 from ibemu.topo.names import name_problem
 from ibemu.topo.rates import check_mtu, parse_rate
+from ibemu.traffic.flows import TRAFFIC_KINDS
 
 log = logging.getLogger(__name__)
 
 Pairs = dict[str, tuple[yaml.Node, yaml.Node]]
 _RATE_EXPECTED = "a rate like '4x EDR', 'HDR' or '100G'"
 _NEEDS_USER = "needs fabric.datapath: user (the kernel datapath forwards in tc, without delay, loss or corruption)"
-P2P_KINDS = ("write_bw", "read_bw", "send_bw", "write_lat", "send_lat", "stream")
-GROUP_KINDS = ("allreduce", "alltoall", "permutation")
 
 
 def _peek(node: yaml.Node, key: str) -> yaml.Node | None:
@@ -530,7 +525,7 @@ class _Loader(Reader):
             m = self.mapping(node, "sm", SM_KEYS) or {}
         impl = (self.choice(m["impl"][1], "sm.impl", SM_IMPLS) if "impl" in m else None) or "ibemu"
         engine = (
-            self.choice(m["engine"][1], "sm.engine", SM_ENGINES) if "engine" in m else None
+            self.choice(m["engine"][1], "sm.engine", tuple(ENGINES)) if "engine" in m else None
         ) or "minhop"
         sweep = 10.0
         if "sweep_interval_s" in m:
@@ -604,10 +599,11 @@ class _Loader(Reader):
                 item, path, f"missing required key 'kind' (one of {', '.join(TRAFFIC_KINDS)})"
             )
             return None
-        kind = self.choice(knode, f"{path}.kind", TRAFFIC_KINDS)
+        kind = self.choice(knode, f"{path}.kind", tuple(TRAFFIC_KINDS))
         if kind is None:
             return None
-        allowed = TRAFFIC_COMMON + TRAFFIC_KINDS[kind]
+        entry = TRAFFIC_KINDS[kind]
+        allowed = TRAFFIC_COMMON + entry.keys
         m = self._kind_mapping(item, path, allowed, f"kind {kind}")
         if m is None:
             return None
@@ -644,11 +640,11 @@ class _Loader(Reader):
         sl = integer("sl", 0, 0, 15)
         qps = integer("qps", 1, 1, 1024)
         seed = integer("seed", 0, 0, 2**32 - 1)
-        rate_pps = integer("rate_pps", 10_000, 1, 10_000_000) if kind == "stream" else None
+        rate_pps = integer("rate_pps", 10_000, 1, 10_000_000) if "rate_pps" in entry.keys else None
         transport = "rc"
         if "transport" in m:
             transport = self.choice(m["transport"][1], f"{path}.transport", STREAM_TRANSPORTS) or "rc"
-        size = TRAFFIC_DEFAULT_SIZE.get(kind, DEFAULT_SIZE)
+        size = entry.size or DEFAULT_SIZE
         if "size" in m:
             v = self.size(m["size"][1], f"{path}.size")
             ok = ok and v is not None
@@ -661,7 +657,7 @@ class _Loader(Reader):
         src = dst = None
         hosts: tuple[str, ...] = ()
         if topo is not None:
-            if kind in P2P_KINDS:
+            if entry.hosts == "pair":
                 for key in ("from", "to"):
                     if key not in m:
                         self.error(
@@ -679,10 +675,10 @@ class _Loader(Reader):
                     ok = False
                 hosts = tuple(h for h in (src, dst) if h)
                 ok = ok and bool(src) and bool(dst)
-            elif kind == "incast":
+            elif entry.hosts == "fan_in":
                 if "to" not in m:
                     self.error(
-                        item, path, "missing required key 'to' (the receiving host) for kind incast"
+                        item, path, f"missing required key 'to' (the receiving host) for kind {kind}"
                     )
                     return None
                 dst = self.host_ref(m, "to", path, topo)
@@ -808,14 +804,15 @@ class _Loader(Reader):
                 item, path, f"missing required key 'action' (one of {', '.join(FAULT_ACTIONS)})"
             )
             return None
-        action = self.choice(anode, f"{path}.action", FAULT_ACTIONS)
+        action = self.choice(anode, f"{path}.action", tuple(FAULT_ACTIONS))
         if action is None:
             return None
-        m = self._kind_mapping(item, path, FAULT_COMMON + FAULT_ACTIONS[action], f"action {action}")
+        entry = FAULT_ACTIONS[action]
+        m = self._kind_mapping(item, path, FAULT_COMMON + entry.keys, f"action {action}")
         if m is None:
             return None
         ok = True
-        for key in ("at_s", *FAULT_REQUIRED[action]):
+        for key in ("at_s", *entry.required):
             if key not in m:
                 self.error(item, path, f"missing required key {key!r} for action {action}")
                 ok = False
@@ -845,8 +842,8 @@ class _Loader(Reader):
                 m["duration_s"][1], f"{path}.duration_s", 0, MAX_DURATION_S, lo_open=True
             )
         ok = ok and all(v is not None for v in kw.values())
-        if action == "corrupt" and self.datapath != "user":
-            self.error(anode, f"{path}.action", f"corrupt {_NEEDS_USER}")
+        if self.datapath not in entry.datapaths:  # the kernel datapath has no delay, loss or corruption
+            self.error(anode, f"{path}.action", f"{action} {_NEEDS_USER}")
             ok = False
         if topo is not None:
             if "link" in m:
@@ -876,14 +873,12 @@ class _Loader(Reader):
         """Down/up must alternate per link and switch (in time order)."""
         state: dict[object, tuple[bool, int, float]] = {}  # target -> (down?, index, at)
         for i, item, f in sorted(faults, key=lambda x: (x[2].at_s, x[0])):
-            if f.action in ("link_down", "link_up") and f.link is not None:
-                target: object = f.link
-                what = f"link {f.link}"
-            elif f.action in ("switch_down", "switch_up") and f.switch is not None:
-                target, what = f.switch, f"switch {f.switch}"
-            else:
+            sets = FAULT_ACTIONS[f.action].sets
+            target: object = getattr(f, sets[0]) if sets else None
+            if sets is None or target is None:
                 continue
-            down = f.action.endswith("_down")
+            what = f"{sets[0]} {target}"
+            down = not sets[1]
             prev = state.get(target)
             if down and prev and prev[0]:
                 self.error(

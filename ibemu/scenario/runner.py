@@ -33,7 +33,7 @@ from ibemu.errors import ConfigError
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent, make_agents
 from ibemu.fabric.capture import capture
-from ibemu.fabric.faults import FaultInjector
+from ibemu.fabric.faults import FAULT_ACTIONS, FaultInjector, actions_on
 from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
@@ -41,7 +41,7 @@ from ibemu.kernel import cpus, ownership
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
 from ibemu.traffic.endpoints import host_address
-from ibemu.traffic.flows import KINDS, FlowOutput
+from ibemu.traffic.flows import TRAFFIC_KINDS, FlowOutput
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +67,22 @@ def _quiet(phase: str, text: str) -> None:
     log.info("[%s] %s", phase, text)
 
 
+_FABRIC_NAMES = {"ib": "an IB", "roce": "a RoCE"}
+
+
 def check_runnable(scen: Scenario) -> None:
     """What this runner cannot run, said before anything is built."""
     if scen.fabric.kind not in ("ib", "roce"):
         raise ConfigError(f"fabric kind {scen.fabric.kind!r}: ib or roce",
                           f"{scen.path or scen.name}: fabric.kind")
     for t in scen.traffic:
-        if t.kind not in KINDS:
+        if t.kind not in TRAFFIC_KINDS:
             raise ConfigError(f"traffic kind {t.kind!r} is not implemented", t.where)
+    for f in scen.faults:  # the fabric kinds each action applies to: faults.FAULT_ACTIONS
+        if f.action not in actions_on(scen.fabric.kind):
+            raise ConfigError(f"fault {f.action!r} does not apply to {_FABRIC_NAMES[scen.fabric.kind]} fabric "
+                              f"(it has: {', '.join(actions_on(scen.fabric.kind))})", f.where)
     if scen.fabric.kind == "roce":  # IP routers (kernel or ibemu.roce.userpath) and a fabric manager, no SM
-        from ibemu.fabric.roce_runtime import FAULTS as ROCE_FAULTS
-
-        for f in scen.faults:
-            if f.action not in ROCE_FAULTS:
-                raise ConfigError(f"fault {f.action!r} does not apply to a RoCE fabric "
-                                  f"(it has: {', '.join(ROCE_FAULTS)})", f.where)
         if scen.fabric.delay_us and not scen.fabric.roce_user:  # the kernel must be able to hold frames back
             from ibemu.kernel.impair import Impairment, check_supported
 
@@ -93,9 +94,9 @@ def check_runnable(scen: Scenario) -> None:
                           f"{scen.path or scen.name}: fabric")
     if scen.traffic and scen.sm.impl not in ("ibemu", "opensm"):
         raise ConfigError("traffic needs a subnet manager (sm.impl: ibemu or opensm)", "sm.impl")
-    needs_user = [f for f in scen.faults if f.action == "corrupt"]
-    if needs_user and scen.fabric.datapath != "user":
-        raise ConfigError("corrupt faults need the user datapath (fabric: {datapath: user})",
+    needs_user = [f for f in scen.faults if scen.fabric.datapath not in FAULT_ACTIONS[f.action].datapaths]
+    if needs_user:
+        raise ConfigError(f"{needs_user[0].action} faults need the user datapath (fabric: {{datapath: user}})",
                           needs_user[0].where)
 
 
@@ -217,7 +218,7 @@ class ScenarioRun:
                 self._start_worker(i, {**spec, "flows": [flow],
                                        "hosts": {h: spec["hosts"][h] for h in flow["hosts"]},
                                        "qpns": [QPN_BASE + i * QPNS_PER_FLOW, QPN_BASE + (i + 1) * QPNS_PER_FLOW],
-                                       "timestamps": flow["kind"] == "stream",
+                                       "timestamps": TRAFFIC_KINDS[flow["kind"]].timestamps,
                                        "ready": str(self.run_dir / f"ready-{i}"), "go": str(self._go_path)})
             await self._wait_ready()
             # Time zero once every worker has its ports open: on a busy machine starting the

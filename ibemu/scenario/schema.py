@@ -15,7 +15,10 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     duration_s                 run length in seconds
     record                     {capture: [links] | all, json: PATH, plots: bool}
 
-The key sets below are the schema; :mod:`ibemu.scenario.loader` enforces them.
+The key sets below are the schema; :mod:`ibemu.scenario.loader` enforces them. The names of
+the extension points, and the keys each takes, come from their one registry each: routing
+engines from ``ibemu.sm.routing.ENGINES``, traffic kinds from ``ibemu.traffic.flows.TRAFFIC_KINDS``,
+fault actions from ``ibemu.fabric.faults.FAULT_ACTIONS`` (where ``FaultSpec`` lives too).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ibemu.fabric.faults import FaultSpec
 from ibemu.topo.model import Link, LinkDefaults, Topology
 
 TOP_KEYS = (
@@ -70,52 +74,15 @@ FABRIC_KINDS = ("ib", "roce")
 DATAPATHS = ("kernel", "user")
 SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
 SM_IMPLS = ("ibemu", "opensm")
-SM_ENGINES = ("minhop", "updn", "ftree", "dor")
 RECORD_KEYS = ("capture", "json", "plots")
 
-#: Traffic kinds and the keys each takes (besides the common ones).
+#: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
 TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
-TRAFFIC_KINDS: dict[str, tuple[str, ...]] = {
-    "write_bw": ("from", "to", "size", "qps", "bidirectional"),
-    "read_bw": ("from", "to", "size", "qps", "bidirectional"),
-    "send_bw": ("from", "to", "size", "qps", "bidirectional"),
-    "write_lat": ("from", "to", "size"),
-    "send_lat": ("from", "to", "size"),
-    "allreduce": ("hosts", "size"),
-    "alltoall": ("hosts", "size"),
-    "incast": ("from", "to", "size", "qps"),
-    "permutation": ("hosts", "size", "qps", "seed"),
-    "stream": ("from", "to", "size", "rate_pps", "transport"),
-}
-TRAFFIC_DEFAULT_SIZE = {
-    "write_lat": 64,
-    "send_lat": 64,
-    "stream": 256,
-    "allreduce": 1 << 20,
-    "alltoall": 1 << 20,
-}
 DEFAULT_SIZE = 65536
+"""Message size of a traffic entry without one, unless its kind has its own default."""
 
-#: Fault actions and the keys each takes (besides ``at_s`` and ``action``).
+#: Keys every fault entry takes (the actions add theirs: ``ibemu.fabric.faults.FAULT_ACTIONS``).
 FAULT_COMMON = ("at_s", "action")
-FAULT_ACTIONS: dict[str, tuple[str, ...]] = {
-    "link_down": ("link",),
-    "link_up": ("link",),
-    "switch_down": ("switch",),
-    "switch_up": ("switch",),
-    "port_flap": ("link", "period_s", "count"),
-    "smp_loss": ("percent", "switch", "duration_s"),
-    "corrupt": ("percent", "link", "duration_s"),
-}
-FAULT_REQUIRED: dict[str, tuple[str, ...]] = {
-    "link_down": ("link",),
-    "link_up": ("link",),
-    "switch_down": ("switch",),
-    "switch_up": ("switch",),
-    "port_flap": ("link", "period_s"),
-    "smp_loss": ("percent",),
-    "corrupt": ("percent",),
-}
 
 STREAM_TRANSPORTS = ("rc", "ud")
 DEFAULT_DURATION_S = 30.0
@@ -200,21 +167,6 @@ class TrafficSpec:
     rate_pps: int | None = None
     transport: str = "rc"
     """Streams: rc (losses retransmitted) or ud (losses stay lost)."""
-    where: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FaultSpec:
-    """One fault injected at ``at_s`` (implemented elsewhere; targets resolved here)."""
-
-    at_s: float
-    action: str
-    link: Link | None = None
-    switch: str | None = None
-    period_s: float | None = None
-    count: int = 1
-    percent: float | None = None
-    duration_s: float | None = None
     where: str = ""
 
 

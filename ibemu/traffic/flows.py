@@ -1,7 +1,12 @@
-"""A scenario's traffic as running flows: one task per ``traffic:`` entry, over host ports.
+"""A scenario's traffic as running flows, and the registry of traffic kinds.
+
+``TRAFFIC_KINDS`` is the one table of traffic kinds: per name, the keys a scenario entry of
+that kind takes, which hosts it names (a pair, many to one, a group), its default size and
+the function that runs it. The scenario loader validates through it, the runner and
+``run_flow`` dispatch through it; a new kind is one entry (and its generator).
 
 ``run_flow`` turns one flow description (the scenario's ``TrafficSpec`` as a dict, the form
-the traffic worker receives) into the generator it names and returns a ``FlowOutput``:
+the traffic worker receives) into the generator its kind names and returns a ``FlowOutput``:
 deliveries over time (for throughput plots and blackouts) and the kind's own figures.
 Bandwidth kinds and collectives run from ``start_s`` to ``stop_s``; latency kinds run their
 iterations once; streams send at ``rate_pps`` until ``stop_s``.
@@ -12,8 +17,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import trio
 
@@ -24,8 +30,6 @@ from ibemu.traffic.perftest import BwResult, Deliveries, LatResult, PerfOptions
 
 log = logging.getLogger(__name__)
 
-BW_KINDS = ("write_bw", "read_bw", "send_bw", "incast", "permutation")
-KINDS = (*perftest.TESTS, *collectives.COLLECTIVES, "incast", "permutation", "stream")
 LAT_ITERATIONS = 1000
 WINDOW = 256
 USER_DATAPATH_WINDOW = 64
@@ -128,8 +132,11 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
     hosts: list[str] = list(spec["hosts"])
     src = spec.get("src") or hosts[0]
     dst = spec.get("dst") or hosts[-1]
-    many = kind in (*collectives.COLLECTIVES, "permutation")
-    out = FlowOutput(spec["name"], kind, hosts if many else (hosts[:-1] if kind == "incast" else src),
+    entry = TRAFFIC_KINDS.get(kind)
+    if entry is None:
+        raise ValueError(f"unknown traffic kind {kind!r}")
+    many = entry.hosts == "group"
+    out = FlowOutput(spec["name"], kind, hosts if many else (hosts[:-1] if entry.hosts == "fan_in" else src),
                      hosts if many else dst)
     abort = trio.Event() if abort is None else abort
     start_ns = t0_ns + int(float(spec.get("start_s", 0.0)) * 1e9)
@@ -149,7 +156,7 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stopper)
-            await _dispatch(kind, spec, ports, hosts, src, dst, stop, out)
+            await entry.run(Flow(kind, spec, ports, hosts, src, dst, stop, out))
             nursery.cancel_scope.cancel()
     except* perftest.TransportError as group:  # a QP gave up (retries exhausted): said, kept
         out.error = str(leaves(group)[0])
@@ -159,66 +166,128 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
     return out
 
 
-async def _dispatch(kind: str, spec: dict[str, Any], ports: dict[str, HcaPort], hosts: list[str],
-                    src: str, dst: str, stop: trio.Event, out: FlowOutput) -> None:
-    size = int(spec.get("size", 65536))
-    if kind in ("write_bw", "read_bw", "send_bw"):
-        r = await _bw_pair(ports[src], ports[dst], _perf_opts(spec, kind, 1e9), stop, out)
-        out.extra = {"peak_mbps": round(r.peak_mbps, 2), "avg_mbps": round(r.avg_mbps, 2),
-                     "msg_rate_mpps": round(r.msg_rate_mpps, 6), "iterations": r.iterations}
-    elif kind in ("incast", "permutation"):
-        pairs = ([(h, dst) for h in hosts[:-1]] if kind == "incast"
-                 else permutation_pairs(hosts, int(spec.get("seed", 0))))
-        async with trio.open_nursery() as nursery:
-            for a, b in pairs:
-                nursery.start_soon(_bw_pair, ports[a], ports[b],
-                                   _perf_opts(spec, "write_bw", 1e9, sharing=len(pairs)), stop, out)
-        out.extra = {"pairs": [f"{a}->{b}" for a, b in pairs]}
-        order = sorted(range(len(out.t_ns)), key=out.t_ns.__getitem__)
-        out.t_ns = [out.t_ns[i] for i in order]
-        out.nbytes = [out.nbytes[i] for i in order]
-    elif kind in perftest.LAT_TESTS:
-        lat = await perftest.run_local(ports[src], ports[dst], _perf_opts(spec, kind, None))
-        assert isinstance(lat, LatResult)
-        out.extra = {k: round(v, 3) for k, v in lat.stats_us().items()}
-        out.packets = 2 * lat.iterations
-    elif kind in collectives.COLLECTIVES:
-        runs: list[collectives.CollectiveResult] = []
-        group = [ports[h] for h in hosts]
-        it = 0
-        while not stop.is_set():
-            cr = await collectives.run_collective(kind, group, size, iterations=1,
-                                                  warmup=1 if not it else 0)
-            runs.append(cr)
-            out.t_ns.append(time.monotonic_ns())
-            out.nbytes.append(cr.size)
-            it += 1
-        if runs:
-            secs = [s for c in runs for s in c.seconds]
-            best = runs[0]
-            summary = collectives.CollectiveResult(kind, best.ranks, best.size, len(secs), secs,
-                                                   sum(c.wrong for c in runs),
-                                                   sum(c.retransmitted for c in runs))
-            out.retransmitted = summary.retransmitted
-            out.extra = {"iterations": len(secs), "time_us": round(summary.time_us, 1),
-                         "algbw_gbs": round(summary.algbw_gbs, 4),
-                         "busbw_gbs": round(summary.busbw_gbs, 4), "wrong": summary.wrong,
-                         "retransmitted": summary.retransmitted}
-    elif kind == "stream":
-        opts = stream.StreamOptions(rate_pps=float(spec.get("rate_pps") or 1000), size=size,
-                                    transport=str(spec.get("transport", "rc")))
-        s = stream.Stream(ports[src], ports[dst], opts)
-        rec = await s.run(stop=stop)
-        order = sorted(range(len(rec.recv_t_ns)), key=rec.recv_t_ns.__getitem__)
-        out.t_ns = [rec.recv_t_ns[i] for i in order]
-        out.nbytes = [size] * len(order)
-        out.recv_seq = [rec.recv_seq[i] for i in order]
-        out.sent_t_ns = list(rec.sent_t_ns)
-        out.packets = rec.delivered
-        out.retransmitted = rec.retransmitted
-        out.extra = {"sent": rec.sent, "delivered": rec.delivered, "lost": rec.lost,
-                     "rate_pps": opts.rate_pps, "transport": opts.transport}
-        if rec.errors:
-            out.error = "; ".join(rec.errors[:3])
-    else:
-        raise ValueError(f"unknown traffic kind {kind!r}")
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One flow as its kind's generator runs it: ``out`` is filled as it goes."""
+
+    kind: str
+    spec: dict[str, Any]
+    ports: dict[str, HcaPort]
+    hosts: list[str]
+    src: str
+    dst: str
+    stop: trio.Event
+    out: FlowOutput
+
+    @property
+    def size(self) -> int:
+        return int(self.spec.get("size", 65536))
+
+
+async def _bw(f: Flow) -> None:
+    r = await _bw_pair(f.ports[f.src], f.ports[f.dst], _perf_opts(f.spec, f.kind, 1e9), f.stop, f.out)
+    f.out.extra = {"peak_mbps": round(r.peak_mbps, 2), "avg_mbps": round(r.avg_mbps, 2),
+                   "msg_rate_mpps": round(r.msg_rate_mpps, 6), "iterations": r.iterations}
+
+
+async def _pairs(f: Flow) -> None:
+    """Many write_bw pairs at once: every sender to one host (incast), or a permutation."""
+    out = f.out
+    pairs = ([(h, f.dst) for h in f.hosts[:-1]] if f.kind == "incast"
+             else permutation_pairs(f.hosts, int(f.spec.get("seed", 0))))
+    async with trio.open_nursery() as nursery:
+        for a, b in pairs:
+            nursery.start_soon(_bw_pair, f.ports[a], f.ports[b],
+                               _perf_opts(f.spec, "write_bw", 1e9, sharing=len(pairs)), f.stop, out)
+    out.extra = {"pairs": [f"{a}->{b}" for a, b in pairs]}
+    order = sorted(range(len(out.t_ns)), key=out.t_ns.__getitem__)
+    out.t_ns = [out.t_ns[i] for i in order]
+    out.nbytes = [out.nbytes[i] for i in order]
+
+
+async def _lat(f: Flow) -> None:
+    lat = await perftest.run_local(f.ports[f.src], f.ports[f.dst], _perf_opts(f.spec, f.kind, None))
+    assert isinstance(lat, LatResult)
+    f.out.extra = {k: round(v, 3) for k, v in lat.stats_us().items()}
+    f.out.packets = 2 * lat.iterations
+
+
+async def _collective(f: Flow) -> None:
+    out = f.out
+    runs: list[collectives.CollectiveResult] = []
+    group = [f.ports[h] for h in f.hosts]
+    it = 0
+    while not f.stop.is_set():
+        cr = await collectives.run_collective(f.kind, group, f.size, iterations=1,
+                                              warmup=1 if not it else 0)
+        runs.append(cr)
+        out.t_ns.append(time.monotonic_ns())
+        out.nbytes.append(cr.size)
+        it += 1
+    if runs:
+        secs = [s for c in runs for s in c.seconds]
+        best = runs[0]
+        summary = collectives.CollectiveResult(f.kind, best.ranks, best.size, len(secs), secs,
+                                               sum(c.wrong for c in runs),
+                                               sum(c.retransmitted for c in runs))
+        out.retransmitted = summary.retransmitted
+        out.extra = {"iterations": len(secs), "time_us": round(summary.time_us, 1),
+                     "algbw_gbs": round(summary.algbw_gbs, 4),
+                     "busbw_gbs": round(summary.busbw_gbs, 4), "wrong": summary.wrong,
+                     "retransmitted": summary.retransmitted}
+
+
+async def _stream(f: Flow) -> None:
+    out, size = f.out, f.size
+    opts = stream.StreamOptions(rate_pps=float(f.spec.get("rate_pps") or 1000), size=size,
+                                transport=str(f.spec.get("transport", "rc")))
+    s = stream.Stream(f.ports[f.src], f.ports[f.dst], opts)
+    rec = await s.run(stop=f.stop)
+    order = sorted(range(len(rec.recv_t_ns)), key=rec.recv_t_ns.__getitem__)
+    out.t_ns = [rec.recv_t_ns[i] for i in order]
+    out.nbytes = [size] * len(order)
+    out.recv_seq = [rec.recv_seq[i] for i in order]
+    out.sent_t_ns = list(rec.sent_t_ns)
+    out.packets = rec.delivered
+    out.retransmitted = rec.retransmitted
+    out.extra = {"sent": rec.sent, "delivered": rec.delivered, "lost": rec.lost,
+                 "rate_pps": opts.rate_pps, "transport": opts.transport}
+    if rec.errors:
+        out.error = "; ".join(rec.errors[:3])
+
+
+# ---------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficKind:
+    """One traffic kind: what a scenario entry of it says, and what runs it."""
+
+    keys: tuple[str, ...]
+    """Keys an entry takes besides the common ones (``name``, ``kind``, ``start_s``, ``stop_s``,
+    ``sl``), in the order errors list them."""
+    hosts: Literal["pair", "fan_in", "group"]
+    """Which hosts it names: ``from``/``to`` (a pair), a list ``from`` to one ``to`` (many to
+    one), or a list ``hosts`` (a group; ``all`` by default)."""
+    run: Callable[[Flow], Awaitable[None]]
+    """Run the flow until ``stop`` (or its iterations are done), filling ``out``."""
+    size: int | None = None
+    """Its default message size (None: the scenario's ``DEFAULT_SIZE``)."""
+    timestamps: bool = False
+    """Its hosts' ports stamp each frame (the worker opens them so)."""
+
+
+TRAFFIC_KINDS: dict[str, TrafficKind] = {
+    "write_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional"), "pair", _bw),
+    "read_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional"), "pair", _bw),
+    "send_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional"), "pair", _bw),
+    "write_lat": TrafficKind(("from", "to", "size"), "pair", _lat, size=64),
+    "send_lat": TrafficKind(("from", "to", "size"), "pair", _lat, size=64),
+    "allreduce": TrafficKind(("hosts", "size"), "group", _collective, size=1 << 20),
+    "alltoall": TrafficKind(("hosts", "size"), "group", _collective, size=1 << 20),
+    "incast": TrafficKind(("from", "to", "size", "qps"), "fan_in", _pairs),
+    "permutation": TrafficKind(("hosts", "size", "qps", "seed"), "group", _pairs),
+    "stream": TrafficKind(("from", "to", "size", "rate_pps", "transport"), "pair", _stream, size=256,
+                          timestamps=True),
+}
+"""Every traffic kind, by name (the order scenario errors list them in)."""

@@ -15,6 +15,8 @@ from ibemu.topo.model import Link
 
 
 class RecordingInjector:
+    fabric_kind = "ib"
+
     def __init__(self) -> None:
         self.topo = generate("fat-tree", {"k": 4})
         self.calls: list[tuple[Any, ...]] = []

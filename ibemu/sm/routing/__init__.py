@@ -1,4 +1,9 @@
-"""Routing engines of the SM: pure functions from a SubnetGraph to LFTs.
+"""Routing engines of the SM: pure functions from a SubnetGraph to LFTs, and their registry.
+
+``ENGINES`` is the one table of routing engines (as OpenSM's routing-module table): per name,
+the function that routes and what it promises (minimal hops, deadlock freedom). The SM, the
+scenario loader's ``sm.engine`` check and the command line's ``--sm-engine`` read it; a new
+engine is one entry (and its module).
 
 ``compute(graph, "minhop" | "updn" | "ftree" | "dor")`` returns :class:`Routes` (per switch
 GUID: LID -> egress port, own LID -> 0; ``state`` keeps the hop layers for
@@ -17,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ibemu.sm.graph import Routes, SubnetGraph
@@ -26,34 +32,45 @@ from ibemu.sm.routing.fabric import Fabric
 
 log = logging.getLogger(__name__)
 
-Engine = Callable[..., tuple[list[dict[int, int]], State]]
+Route = Callable[..., tuple[list[dict[int, int]], State]]
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One routing engine: its function and what it promises (for ``ibemu.sm.checker``)."""
+
+    route: Route
+    """``route(fabric, **opts)`` -> (per switch index: LID -> port, the engine's state)."""
+    minimal: bool
+    """Every path has the fewest hops."""
+    deadlock_free: bool
+    """Its channel dependency graph is acyclic."""
+    coords: bool = False
+    """It takes ``coords`` (per switch, in GUID order): from ``SmNode.coords`` unless given."""
+
 
 ENGINES: dict[str, Engine] = {
-    "minhop": minhop.route,
-    "updn": updn.route,
-    "ftree": ftree.route,
-    "dor": dor.route,
+    "minhop": Engine(minhop.route, minimal=True, deadlock_free=False),
+    "updn": Engine(updn.route, minimal=False, deadlock_free=True),
+    "ftree": Engine(ftree.route, minimal=True, deadlock_free=True),
+    "dor": Engine(dor.route, minimal=True, deadlock_free=False, coords=True),  # deadlock-free on a mesh only
 }
+"""Every routing engine, by name (the order errors and ``--sm-engine`` list them in)."""
 
 #: What each engine promises, for the checker: (minimal hops, deadlock-free).
-PROMISES: dict[str, tuple[bool, bool]] = {
-    "minhop": (True, False),
-    "updn": (False, True),
-    "ftree": (True, True),
-    "dor": (True, False),  # deadlock-free on a mesh only
-}
+PROMISES: dict[str, tuple[bool, bool]] = {name: (e.minimal, e.deadlock_free) for name, e in ENGINES.items()}
 
 
 def compute(graph: SubnetGraph, engine: str = "minhop", **opts: Any) -> Routes:
     """Route ``graph`` with ``engine``; RoutingError when the engine cannot apply."""
-    fn = ENGINES.get(engine)
-    if fn is None:
+    entry = ENGINES.get(engine)
+    if entry is None:
         raise RoutingError(f"unknown routing engine {engine!r}; choose from {', '.join(ENGINES)}")
     t0 = time.perf_counter()
     fab = Fabric.of(graph)
-    if engine == "dor" and "coords" not in opts:
+    if entry.coords and "coords" not in opts:
         opts["coords"] = [graph.nodes[g].coords for g in fab.guids]
-    lfts, st = fn(fab, **opts)
+    lfts, st = entry.route(fab, **opts)
     routes = Routes(engine, {fab.guids[v]: lft for v, lft in enumerate(lfts)}, state=st)
     routes.compute_s = time.perf_counter() - t0
     log.debug("%s routed %d switches in %.1f ms", engine, fab.n, routes.compute_s * 1e3)
@@ -71,4 +88,4 @@ def compute_with_fallback(graph: SubnetGraph, engine: str = "minhop", **opts: An
         return compute(graph, "minhop")
 
 
-__all__ = ["ENGINES", "PROMISES", "Fabric", "RoutingError", "compute", "compute_with_fallback"]
+__all__ = ["ENGINES", "PROMISES", "Engine", "Fabric", "RoutingError", "compute", "compute_with_fallback"]

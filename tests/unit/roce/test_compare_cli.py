@@ -10,8 +10,8 @@ import pytest
 from ibemu.cli import compare_cmd
 from ibemu.cli.main import main
 from ibemu.errors import ConfigError
+from ibemu.fabric.faults import FaultSpec
 from ibemu.scenario import load_scenario
-from ibemu.scenario.schema import FaultSpec
 
 SCENARIOS = Path(__file__).resolve().parents[3] / "scenarios"
 

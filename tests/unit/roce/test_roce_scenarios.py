@@ -10,10 +10,10 @@ import pytest
 
 from ibemu.cli import run_cmd
 from ibemu.errors import ConfigError
+from ibemu.fabric.faults import FaultSpec
 from ibemu.scenario import load_scenario
 from ibemu.scenario.loader import load_builtin
 from ibemu.scenario.runner import check_runnable
-from ibemu.scenario.schema import FaultSpec
 
 ROCE = Path(__file__).resolve().parents[3] / "scenarios" / "roce-fat-tree.yaml"
 

@@ -194,3 +194,23 @@ def test_minhop_balances_ca_lids_on_partial_fat_trees(engine: str, hosts: int) -
     """CA LIDs are spread first, switch LIDs after: no up-port is left without data LIDs."""
     g = graph_of(generate("fat-tree", k=8, hosts_per_edge=hosts))
     assert up_port_spread(g, compute(g, engine).lfts) <= 1
+
+
+def test_the_engine_registry_is_what_the_scenario_and_the_cli_take() -> None:
+    import argparse
+
+    from ibemu.cli import run_cmd
+    from ibemu.scenario import ScenarioError, loads_scenario
+
+    for name, entry in ENGINES.items():
+        assert callable(entry.route) and PROMISES[name] == (entry.minimal, entry.deadlock_free)
+        scen = loads_scenario(f"topology: {{generator: fat-tree, k: 4}}\nsm: {{engine: {name}}}\n", "x.yaml")
+        assert scen.sm.engine == name
+    with pytest.raises(ScenarioError) as exc:
+        loads_scenario("topology: {generator: fat-tree, k: 4}\nsm: {engine: lash}\n", "x.yaml")
+    assert str(exc.value).splitlines()[0] == f"x.yaml:2 sm.engine: expected one of {', '.join(ENGINES)}, got 'lash'"
+    parser = argparse.ArgumentParser()
+    run_cmd.register(parser.add_subparsers())
+    (action,) = [a for sub in parser._subparsers._group_actions for p in sub.choices.values()  # type: ignore[union-attr]
+                 for a in p._actions if "--sm-engine" in a.option_strings]
+    assert tuple(action.choices or ()) == tuple(ENGINES)
