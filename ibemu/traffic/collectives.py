@@ -7,6 +7,9 @@ sums are exact, and every rank's result is checked element by element (``wrong``
 
 Figures as nccl-tests prints them: ``time`` per iteration, ``algbw`` = size / time,
 ``busbw`` = algbw x 2(n-1)/n for allreduce and x (n-1)/n for all-to-all.
+
+numpy is imported by the functions that use it: the scenario loader reads the traffic-kind
+registry (``ibemu.traffic.flows``), and ``ibemu validate`` need not load numpy for that.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
 import trio
+
+if TYPE_CHECKING:
+    import numpy as np
 
 from ibemu.hca.nic import HcaPort
 from ibemu.hca.transport import (
@@ -95,9 +101,11 @@ class _Rank:
         self.sends_done = 0
 
     def vector(self) -> np.ndarray:
+        import numpy as np
         return np.frombuffer(self.data.buf, dtype=np.float32)
 
     def staged(self, offset: int, count: int) -> np.ndarray:
+        import numpy as np
         return np.frombuffer(self.stage.buf, dtype=np.float32, count=count, offset=offset)
 
     def reap(self) -> None:
@@ -142,6 +150,7 @@ def _connect(a: _Rank, b: _Rank, mtu: int) -> None:
 
 def _fill(ranks: list[_Rank], count: int) -> np.ndarray:
     """Each rank's input (small integers: float32 sums stay exact); returns the expected sum."""
+    import numpy as np
     base = (np.arange(count, dtype=np.int64) % 7).astype(np.float32)
     for r in ranks:
         r.vector()[:] = base + r.index
@@ -155,6 +164,7 @@ def _chunk_slot(count: int, n: int) -> int:
 
 
 async def _ring_allreduce(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
+    import numpy as np
     n = len(ranks)
     nxt = ranks[(r.index + 1) % n]
     bounds = [count * k // n for k in range(n + 1)]
@@ -182,6 +192,7 @@ async def _ring_allreduce(r: _Rank, ranks: list[_Rank], count: int, it: int) -> 
 
 
 async def _alltoall(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
+    import numpy as np
     n = len(ranks)
     chunk = count // n
     vec = r.vector()
@@ -240,6 +251,7 @@ async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iter
 
 def _check(kind: str, ranks: list[_Rank], count: int, expected: np.ndarray) -> int:
     """Elements that differ from the right answer, over every rank."""
+    import numpy as np
     wrong = 0
     n = len(ranks)
     if kind == "allreduce":
