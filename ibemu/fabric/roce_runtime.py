@@ -133,7 +133,7 @@ class RoceFaultInjector:
                               fault.where)
         await action.run(self, fault)
 
-    async def run(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
-                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve(self, faults: Sequence[FaultSpec], *, t0: float | None = None,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Apply ``faults`` at their ``at_s`` (seconds after ``t0``, trio's clock; default now)."""
         await run_schedule(self.apply, faults, t0=t0, task_status=task_status)

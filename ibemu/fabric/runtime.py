@@ -23,7 +23,7 @@ from ibemu.events import FabricLog
 from ibemu.fabric import ibemusm, opensm, opensm_log
 from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.fabric.build import BuiltFabric, build, teardown
-from ibemu.fabric.madport import CaMadPort, serve_mad_port
+from ibemu.fabric.mad_socket import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, limits, ownership
 from ibemu.topo import Topology

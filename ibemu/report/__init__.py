@@ -4,7 +4,7 @@
 ``summary`` (the terminal summary) and ``plots`` (throughput, reroute phases, topology).
 """
 
-from ibemu.report.schema import (
+from ibemu.report.result import (
     SCHEMA_VERSION,
     Bringup,
     FabricInfo,

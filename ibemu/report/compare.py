@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ibemu.report.schema import PHASES
+from ibemu.report.result import PHASES
 from ibemu.report.summary import DASH, table
 
 SCHEMA = "ibemu.compare/1"

@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from ibemu.report.schema import PHASES, FaultResult, RunResult, TrafficResult, as_result
+from ibemu.report.result import PHASES, FaultResult, RunResult, TrafficResult, as_result
 from ibemu.topo.model import Link, Topology
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ibemu.report.schema import ResultError, RunResult, validate
+from ibemu.report.result import ResultError, RunResult, validate
 
 log = logging.getLogger(__name__)
 

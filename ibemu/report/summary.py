@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ibemu.report.schema import PHASES, FaultResult, RunResult, TrafficResult, as_result
+from ibemu.report.result import PHASES, FaultResult, RunResult, TrafficResult, as_result
 
 DASH = "-"
 """What a cell shows for a value that is absent (``null``)."""

@@ -4,7 +4,7 @@ Phases: ``build`` (namespaces, cables, agents), ``sm`` (to SUBNET UP), ``warm-up
 traffic worker opens the hosts' ports), ``traffic`` (flows run; faults are injected on
 schedule, each stamped at the source), ``drain`` (flows finish, the worker writes what it
 measured), ``teardown``. Ctrl-C at any point tears everything down and still returns what was
-measured (``interrupted: true``). The result follows ``ibemu.report.schema`` (ibemu.run/1).
+measured (``interrupted: true``). The result follows ``ibemu.report.result`` (ibemu.run/1).
 
 Processes: this one runs the fabric's agents (and the SM's MAD socket); the SM and the
 traffic worker are processes of their own, owned by the run.
@@ -32,7 +32,7 @@ import trio
 from ibemu.errors import ConfigError
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent, make_agents
-from ibemu.fabric.capture import capture
+from ibemu.fabric.cable_capture import capture
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultInjector, actions_on
 from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
@@ -232,7 +232,7 @@ class ScenarioRun:
                     await nursery.start(self._capture, link_name)
                 # The flows' time zero on trio's clock, for the fault schedule.
                 t0_trio = trio.current_time() + (self.t0_ns - time.monotonic_ns()) / 1e9
-                await nursery.start(functools.partial(injector.run, list(scen.faults), t0=t0_trio))
+                await nursery.start(functools.partial(injector.serve, list(scen.faults), t0=t0_trio))
                 await trio.sleep_until(t0_trio)
                 self.progress("traffic", "flows started" + (", faults scheduled" if scen.faults else ""))
                 await trio.sleep_until(t0_trio + scen.duration_s)

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from ibemu.fabric.agents import make_agents
-from ibemu.fabric.capture import capture
+from ibemu.fabric.cable_capture import capture
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
 from ibemu.kernel import ownership
