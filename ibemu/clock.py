@@ -80,6 +80,12 @@ def configure(dilation: float = 1.0, epoch_ns: int | None = None) -> None:
     _dilation, _epoch_ns, now_ns = n, epoch, dilated_ns
 
 
+def monotonic() -> float:
+    """Emulated monotonic seconds (``time.monotonic()`` at dilation 1): for deadlines of waits
+    on the fabric; their polling sleeps stay real."""
+    return now_ns() / 1e9
+
+
 def dilation() -> float:
     """The dilation factor N (1.0: emulated time is real time)."""
     return _dilation

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from ibemu import clock
 from ibemu.errors import ConfigError
 from ibemu.scenario.schema import Scenario
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"[{time.monotonic() - t0:6.2f}s] {kind:<4} {phase:<9} {text}", file=sys.stderr, flush=True)
 
-        result = trio.run(ScenarioRun(variant, out_dir / kind, progress=progress).run)
+        result = trio.run(ScenarioRun(variant, out_dir / kind, progress=progress).run, clock=clock.trio_clock())
         result["files"]["json"] = str(out_dir / f"{kind}.json")
         store.dump(result, out_dir / f"{kind}.json")
         results[kind] = result

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from ibemu import clock
 from ibemu.errors import ConfigError
 from ibemu.scenario.schema import Scenario
 from ibemu.sm.routing import ENGINES
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - t0:6.2f}s] {phase:<9} {text}", file=sys.stderr, flush=True)
 
     runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
-    result = trio.run(runner.run)
+    result = trio.run(runner.run, clock=clock.trio_clock())
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):
         try:
