@@ -63,6 +63,8 @@ class FabricRequest:
     sm_engine: str = "minhop"
     roce: Mapping[str, float] = field(default_factory=dict)
     """A RoCE fabric's cable loss/delay and ECN settings (``FabricSpec``'s fields)."""
+    dilation: float = 1.0
+    """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -186,6 +188,7 @@ class Session:
     def up(cls, request: FabricRequest, *, timeout_s: float = UP_TIMEOUT_S) -> Session:
         """Build ``request`` in a fabric daemon; return once it is up (nothing left if not)."""
         require_root("up")
+        clock.configure(request.dilation)  # the daemon and every child take it from here
         state = ownership.RunState(ownership.new_run_id(), scenario=request.name)
         run_dir = state.run_dir
         state.save()

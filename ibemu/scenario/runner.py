@@ -391,7 +391,8 @@ class ScenarioRun:
             "fabric": {"kind": scen.fabric.kind, "datapath": scen.fabric.datapath,
                        "nodes": len(topo.nodes), "switches": len(topo.switches()),
                        "hosts": len(topo.cas()), "links": len(topo.links),
-                       "topology": _describe_topology(scen)},
+                       "topology": _describe_topology(scen),
+                       **({"dilation": clock.dilation()} if clock.dilation() != 1 else {})},
             "sm": ({"impl": "none", "engine": None, "host": None} if self.roce  # the fabric manager instead
                    else {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None}),
             "bringup": bringup,
