@@ -1,8 +1,8 @@
 """ibemu's event logs: the one JSON-lines writer, its readers, and the one event vocabulary.
 
 Every ibemu process logs what it did as JSON lines, one record per event, each with its
-``kind`` and a ``t_ns`` stamp from ``time.monotonic_ns()`` (the one clock every ibemu process
-reads on one host), so the logs of a run merge on ``t_ns``. The logs (``Log``) of a run
+``kind`` and a ``t_ns`` stamp from ``ibemu.clock.now_ns()`` (the one emulated clock every ibemu process
+reads), so the logs of a run merge on ``t_ns``. The logs (``Log``) of a run
 directory ``RUN_DIR``:
 
 - ``Log.FABRIC``, ``RUN_DIR/events.jsonl``: the agent host (``ibemu.fabric.agenthost``), what
@@ -38,13 +38,14 @@ the stamps and the flush points are the same.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
+
+from ibemu import clock as _clock
 
 Clock = Callable[[], int]
 
@@ -293,10 +294,10 @@ class EventLog:
     Every record but the lazy ones is written and flushed at once, with those before it;
     lazy ones are kept as they are (not even encoded) until then, ``flush`` or ``close``."""
 
-    def __init__(self, path: Path | str | None = None, *, log: Log = Log.SM, clock: Clock = time.monotonic_ns,
+    def __init__(self, path: Path | str | None = None, *, log: Log = Log.SM, clock: Clock | None = None,
                  keep: int = 100_000) -> None:
         self.log = log
-        self.clock = clock
+        self.clock: Clock = clock or _clock.now_ns
         self.lazy = LAZY.get(log, frozenset())
         self.counts: Counter[str] = Counter()
         self.records: deque[Mapping[str, Any]] = deque(maxlen=keep)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import struct
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+from ibemu import clock as _clock
 from ibemu.agents import dr
 from ibemu.agents.actions import Action, Event, PortStateChange, Send
 from ibemu.agents.counters import ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, PortCounters
@@ -124,7 +124,7 @@ class DeviceAgent:
         self.revision = revision
         self.system_image_guid = system_image_guid if system_image_guid is not None else node_guid
         self.partition_cap = partition_cap
-        self.clock: Clock = clock or time.monotonic_ns
+        self.clock: Clock = clock or _clock.now_ns
         self.count_own_traffic = count_own_traffic
         self.stats: Counter[str] = Counter()
         self._node_description = raw.ljust(64, b"\0")

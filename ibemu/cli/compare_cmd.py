@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from ibemu import clock
+from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
 from ibemu.scenario.schema import Scenario
 
@@ -33,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="write both runs and the comparison here (default: OUT/compare.json)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_dilation_argument(p)
     p.set_defaults(func=run)
 
 
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no scenario file {args.scenario!r}")
     scen = load_scenario(path)
     runs = variants(scen, args.duration)  # every error before anything is built
+    dilation = resolve_dilation(args.dilation, scen.time)
     if os.geteuid() != 0:
         raise ConfigError("ibemu compare needs root (network namespaces, veth, tc): use sudo")
     out_dir = args.out or Path("results") / f"compare-{scen.name}"
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"[{time.monotonic() - t0:6.2f}s] {kind:<4} {phase:<9} {text}", file=sys.stderr, flush=True)
 
-        result = trio.run(ScenarioRun(variant, out_dir / kind, progress=progress).run)
+        clock.configure(dilation)  # each run from its own epoch
+        result = trio.run(ScenarioRun(variant, out_dir / kind, progress=progress).run, clock=clock.trio_clock())
         result["files"]["json"] = str(out_dir / f"{kind}.json")
         store.dump(result, out_dir / f"{kind}.json")
         results[kind] = result

@@ -26,9 +26,9 @@ import selectors
 import shlex
 import subprocess
 import sys
-import time
 from typing import IO, Any, Protocol
 
+from ibemu import clock
 from ibemu.cli.fabric_cmd import add_fabric_arguments
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric.session import Session, link_request, switch_request
@@ -245,10 +245,10 @@ class LiveFabric:
         assert proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + PERF_WAIT_S
+        deadline = clock.monotonic() + PERF_WAIT_S
         try:
-            while time.monotonic() < deadline:
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+            while clock.monotonic() < deadline:
+                if not sel.select(timeout=clock.real_s(max(0.0, deadline - clock.monotonic()))):
                     return False
                 line = proc.stdout.readline()
                 if not line:  # exited: show why

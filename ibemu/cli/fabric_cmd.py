@@ -16,19 +16,21 @@ import os
 import sys
 from pathlib import Path
 
+from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
 from ibemu.fabric.session import FabricRequest, Session, require_root
 from ibemu.scenario.schema import FabricSpec, SMSpec
 from ibemu.topo import Topology, parse_topo_spec
 
 
-def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None, FabricSpec]:
+def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None, FabricSpec, float]:
     """(topology, datapath, description, the scenario's SM, its fabric with ``--fabric`` over
-    the kind) from a scenario and/or overrides (a plain IB fabric for ``--topo``)."""
+    the kind, the dilation) from a scenario and/or overrides (a plain IB fabric for ``--topo``)."""
     datapath = args.datapath
     kind = getattr(args, "fabric", None)
     if args.topo:
-        return parse_topo_spec(args.topo), datapath or "kernel", args.topo, None, FabricSpec(kind=kind or "ib")
+        return (parse_topo_spec(args.topo), datapath or "kernel", args.topo, None, FabricSpec(kind=kind or "ib"),
+                resolve_dilation(getattr(args, "dilation", None)))
     if args.scenario:
         from ibemu.scenario import load_scenario
 
@@ -38,7 +40,8 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
 
         scen, name = load_builtin("default"), "built-in default"
     fabric = dataclasses.replace(scen.fabric, kind=kind) if kind else scen.fabric
-    return scen.topology, datapath or scen.fabric.datapath, name, scen.sm, fabric
+    return (scen.topology, datapath or scen.fabric.datapath, name, scen.sm, fabric,
+            resolve_dilation(getattr(args, "dilation", None), scen.time))
 
 
 def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
@@ -73,7 +76,7 @@ def _roce_settings(spec: FabricSpec) -> dict[str, float]:
 
 def request_from_args(args: argparse.Namespace) -> FabricRequest:
     """What ``ibemu up`` (and ``ibemu cli``) asks for: every check made before anything is built."""
-    topo, datapath, name, sm_spec, fabric = _resolve(args)
+    topo, datapath, name, sm_spec, fabric, dilation = _resolve(args)
     topo.check()
     kind = fabric.kind
     if kind == "roce":  # its fabric manager routes it; its routers forward in the kernel
@@ -86,9 +89,10 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
             raise ConfigError("ibemu up runs a RoCE fabric on the kernel datapath only; its user datapath "
                               "(queues, PFC, delay) runs under ibemu run", fabric.where or "fabric.datapath")
         return FabricRequest(topo, name, kind="roce", datapath="kernel", sm="none", sm_host="", sm_engine="",
-                             roce=_roce_settings(fabric))
+                             roce=_roce_settings(fabric), dilation=dilation)
     sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
-    return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine)
+    return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine,
+                         dilation=dilation)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -176,6 +180,7 @@ def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
                    help="subnet manager to start on the SM host (default: the scenario's; none for --topo)")
     p.add_argument("--sm-host", help="host that runs the SM (default: the scenario's, else the first host)")
     p.add_argument("--sm-engine", help="routing engine, e.g. minhop, updn, ftree (default: the scenario's, else minhop)")
+    add_dilation_argument(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.errors import ConfigError
 from ibemu.scenario.yamlnodes import parse_size
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the server is this host ({me}): name another one")
     if args.server is not None and (args.server not in plan.nodes or plan.nodes[args.server].is_switch):
         raise ConfigError(f"no host {args.server!r} in fabric {state.run_id}")
-    return trio.run(_point_to_point, args, state, plan, me)
+    return trio.run(_point_to_point, args, state, plan, me, clock=clock.trio_clock())
 
 
 def _open(plan: Any, host: str, *, here: bool) -> Any:
@@ -194,7 +195,7 @@ def _collective(args: argparse.Namespace, state: Any, plan: Any) -> int:
         return r
 
     try:
-        r = trio.run(main)
+        r = trio.run(main, clock=clock.trio_clock())
     finally:
         close_ports(ports)
     print(f"# ibemu perf {args.test}: {len(hosts)} ranks ({', '.join(hosts[:4])}{' ...' if len(hosts) > 4 else ''})")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import trio
 
+from ibemu import clock
+from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
 from ibemu.scenario.schema import Scenario
 from ibemu.sm.routing import ENGINES
@@ -43,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capture", action="append", default=[], metavar="NODE:PORT",
                    help="record a cable end to a pcap tshark decodes (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_dilation_argument(p)
     p.set_defaults(func=run)
 
 
@@ -76,6 +79,9 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         if not 0 < args.duration <= 86400:
             raise ConfigError(f"--duration {args.duration}: must be in (0, 86400] seconds")
         changes["duration_s"] = args.duration
+    dilation = resolve_dilation(args.dilation, scen.time)
+    if dilation != scen.time.dilation:
+        changes["time"] = dataclasses.replace(scen.time, dilation=dilation, where="--dilation")
     return dataclasses.replace(scen, **changes) if changes else scen  # type: ignore[arg-type]
 
 
@@ -95,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.monotonic() - t0:6.2f}s] {phase:<9} {text}", file=sys.stderr, flush=True)
 
+    clock.configure(scen.time.dilation)  # before the runner: every process of the run on it
     runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
-    result = trio.run(runner.run)
+    result = trio.run(runner.run, clock=clock.trio_clock())
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):
         try:

@@ -19,7 +19,6 @@ import random
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 import trio
 import trio.testing
 
+from ibemu import clock
 from ibemu.agents.actions import (
     Action,
     DeliverMad,
@@ -376,7 +376,7 @@ class AgentHost:
                 rt.carrier[port] = ev.carrier
                 if self.dr_relay is not None and name in self._relay_ids:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
-                self.events.write(name, {"kind": Kind.CARRIER, "t_ns": time.monotonic_ns(),
+                self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
@@ -388,7 +388,7 @@ class AgentHost:
         while True:
             await trio.sleep(TICK_S)
             self.events.flush()
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             for name, rt in self.nodes.items():
                 if not rt.plan.is_switch and type(rt.agent).tick is DeviceAgent.tick:
                     continue  # no timers
@@ -463,7 +463,7 @@ class AgentHost:
             elif isinstance(action, LinkRequest):
                 self._link_request(name, rt, action)
             elif isinstance(action, PortStateChange):
-                self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": time.monotonic_ns(),
+                self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": clock.now_ns(),
                                          "port": action.port, "state": action.state.name.lower(),
                                          "phys": action.phys_state.name.lower()})
 
@@ -480,7 +480,7 @@ class AgentHost:
         pending = self._lft_pending.get(name)
         if pending is None:
             self._lft_pending[name] = dict(action.changes)
-            self._lft_accepted_ns[name] = time.monotonic_ns()
+            self._lft_accepted_ns[name] = clock.now_ns()
         else:
             pending.update(action.changes)
         if self._lft_wake is not None:
@@ -509,15 +509,15 @@ class AgentHost:
                 lft = self.fabric.lfts.get(name)
                 if lft is None:
                     continue
-                t0 = time.monotonic_ns()
+                t0 = clock.now_ns()
                 try:
                     ops = lft.apply(changes)
                 except KernelError as exc:
                     log.error("%s: LFT write failed: %s", name, exc)
-                    out.append({"node": name, "kind": Kind.LFT_ERROR, "t_ns": time.monotonic_ns(),
+                    out.append({"node": name, "kind": Kind.LFT_ERROR, "t_ns": clock.now_ns(),
                                 "entries": len(changes), "error": str(exc)})
                     continue
-                t1 = time.monotonic_ns()
+                t1 = clock.now_ns()
                 out.append({"node": name, "kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(changes),
                             "ops": ops, "apply_us": (t1 - t0) // 1000,
                             "queued_us": (t0 - t_accepted) // 1000 if t_accepted else 0})
@@ -545,7 +545,7 @@ class AgentHost:
                 if not self._lft_pending:
                     await self._lft_wake.wait()
                 oldest = self._lft_accepted_ns.get(next(iter(self._lft_pending)), 0)
-                wait_s = LFT_IDLE_WAIT_S - (time.monotonic_ns() - oldest) / 1e9
+                wait_s = LFT_IDLE_WAIT_S - (clock.now_ns() - oldest) / 1e9
                 if wait_s > 0:
                     with trio.move_on_after(wait_s):
                         await trio.testing.wait_all_tasks_blocked()

@@ -30,6 +30,7 @@ from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.fabric.faults import FAULT_ACTIONS, Injector, on_demand
 from ibemu.topo.model import Link, Topology
 
@@ -174,7 +175,7 @@ async def serve_control(path: Path, injector: Injector, *,
 def request(path: Path, payload: dict[str, Any], *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Send one request to a daemon's control socket and return its reply (blocking client)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(timeout_s)
+        s.settimeout(clock.real_s(timeout_s))  # emulated seconds
         s.connect(str(path))
         s.sendall(json.dumps(payload).encode() + b"\n")
         buf = b""

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import trio
 
+from ibemu import clock
 from ibemu.fabric import control
 from ibemu.fabric.agents import make_agent, make_agents
 from ibemu.fabric.control import serve_control
@@ -75,16 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(filename=args.run_dir / "daemon.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = read_spec(args.run_dir)
+    if spec.get("clock"):  # the clock `up` recorded (its environment carries it too)
+        clock.configure(spec["clock"].get("dilation", 1), spec["clock"].get("epoch_ns") or None)
     state = ownership.RunState.load(ownership.RunState(spec["run_id"]).path)
     state.claim_process(os.getpid(), "fabric-daemon")
     topo = loads_ibnetdiscover(spec["topology"])
     try:
         if spec.get("fabric", "ib") == "roce":
-            trio.run(_serve_roce, roce_runtime(topo, state, args.run_dir, spec.get("roce", {})))
+            trio.run(_serve_roce, roce_runtime(topo, state, args.run_dir, spec.get("roce", {})), clock=clock.trio_clock())
         else:
             trio.run(_serve, FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
                                            run_dir=args.run_dir, sm=spec.get("sm", "none"),
-                                           sm_host=spec.get("sm_host"), sm_engine=spec.get("sm_engine", "minhop")))
+                                           sm_host=spec.get("sm_host"), sm_engine=spec.get("sm_engine", "minhop")), clock=clock.trio_clock())
     except Exception:
         log.exception("fabric daemon failed")
         return 1

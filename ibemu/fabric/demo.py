@@ -17,6 +17,7 @@ from pathlib import Path
 
 import trio
 
+from ibemu import clock
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.probe import send_and_count
@@ -51,7 +52,7 @@ def run_live_demo(topo: Topology, workdir: Path, say: Say) -> None:
                 f"{counts.links} veth cables; OpenSM on h0 reached SUBNET UP in {rt.sm_up_s:.2f} s")
             await trio.to_thread.run_sync(_after_up, rt, host, workdir, say)
 
-    trio.run(main)
+    trio.run(main, clock=clock.trio_clock())
     say("  torn down: every namespace, cable and process of the run removed")
 
 
@@ -66,17 +67,17 @@ def _after_up(rt: FabricRuntime, host: AgentHost, workdir: Path, say: Say) -> No
     say(f"  1000 RDMA WRITE frames h1 -> h15 through the kernel datapath: {got} delivered")
     agg, core = hops[1], hops[2]
     port = next(p for p, far in rt.topo.neighbors(agg) if far.node == core)
-    t_cut = time.monotonic_ns()
+    t_cut = clock.now_ns()
     assert rt.fabric is not None
     rt.fabric.links.set_up(rt.plan.nodes[agg].ns, rt.topo.ifname(agg, port), False)
     log_path = workdir / "opensm" / "opensm.log"
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    deadline = clock.monotonic() + 10
+    while clock.monotonic() < deadline:
         text = log_path.read_text(errors="replace") if log_path.exists() else ""
         if text.count("SUBNET UP") >= 2:
             break
         time.sleep(0.02)
-    rerouted_ms = (time.monotonic_ns() - t_cut) / 1e6
+    rerouted_ms = (clock.now_ns() - t_cut) / 1e6
     trace2 = _tool(rt, "h1", ["ibtracert", str(l1), str(l15)], workdir)
     hops2 = re.findall(r'"ibemu (\w+)"', trace2)
     say(f"  cut {agg}:{port} - {core}: trap 128 -> OpenSM re-sweep -> SUBNET UP again within {rerouted_ms:.0f} ms")

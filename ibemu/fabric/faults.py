@@ -9,7 +9,7 @@ one in :mod:`ibemu.fabric.roce_runtime`) and on demand (the daemon's control cha
 injectors and the control channel read it; a new action is one entry (and, if it needs one, a
 new primitive on the injectors).
 
-Every fault is stamped ``t_fault`` (``time.monotonic_ns()``, the clock every ibemu process
+Every fault is stamped ``t_fault`` (``clock.now_ns()``, the clock every ibemu process
 shares) in the fabric's event log as a ``fault`` event, so the reroute phases after it can be
 measured: the agents log ``carrier`` (t_detect) and ``trap_sent``, the SM its trap, routing
 and LFT acknowledgements.
@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from ibemu import clock
 from ibemu.events import Kind
 from ibemu.kernel import rtnl
 from ibemu.topo.model import Endpoint, Link, Topology
@@ -222,7 +222,7 @@ class FaultInjector:
         self.injected: list[dict[str, object]] = []
 
     def _stamp(self, action: str, target: str, **fields: object) -> int:
-        t = time.monotonic_ns()
+        t = clock.now_ns()
         record = {"kind": Kind.FAULT, "t_ns": t, "action": action, "target": target, **fields}
         self.injected.append(record)
         self.host.events.write("fault-injector", record)

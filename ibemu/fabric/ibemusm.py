@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from ibemu import clock
 from ibemu.errors import IbemuError
 
 
@@ -24,13 +25,13 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", ns, "--engine", engine,
             "--events", str(workdir / "events.jsonl"), "--state", str(workdir / "state.json"), *(extra or [])]
     return subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(workdir / "sm.err", "wb"))
+                            stderr=open(workdir / "sm.err", "wb"), env=clock.child_env())
 
 
 def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0) -> float:
     """Seconds the SM reported for its bring-up (its ``subnet_up`` event)."""
     events = workdir / "events.jsonl"
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     offset, partial = 0, b""
     while True:
         if events.exists():
@@ -51,6 +52,6 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
         if proc.poll() is not None:
             err = (workdir / "sm.err").read_text(errors="replace")[-2000:] if (workdir / "sm.err").exists() else ""
             raise IbemuError(f"ibemu's SM exited ({proc.returncode}) before SUBNET UP:\n{err}")
-        if time.monotonic() > deadline:
+        if clock.monotonic() > deadline:
             raise IbemuError(f"no SUBNET UP from ibemu's SM in {timeout_s:.0f} s")
         time.sleep(0.02)

@@ -8,10 +8,10 @@ the right client through ``UmadServer.deliver``.
 from __future__ import annotations
 
 import logging
-import time
 
 import trio
 
+from ibemu import clock
 from ibemu.agents.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.agents.ca import CaAgent
 from ibemu.fabric.agenthost import AgentHost
@@ -86,7 +86,7 @@ class CaMadPort:
     def send_mad(self, req: SimRequest) -> None:
         method = req.mad[3] if len(req.mad) > 3 else 0
         if not method & 0x80 and method not in NO_REPLY_METHODS:
-            self.pending[req.tid] = (time.monotonic_ns() + self.timeout_ns, req)
+            self.pending[req.tid] = (clock.now_ns() + self.timeout_ns, req)
             if self._armed is not None:
                 self._armed.set()
         mad = rmpp_seal(req.mad, req.length)  # what the kernel's RMPP layer would send
@@ -102,8 +102,8 @@ class CaMadPort:
                 self._armed = None
                 continue
             earliest = min(deadline for deadline, _ in self.pending.values())
-            await trio.sleep(max(0.0, (earliest - time.monotonic_ns()) / 1e9) + 0.001)
-            self.expire(time.monotonic_ns())
+            await trio.sleep(max(0.0, (earliest - clock.now_ns()) / 1e9) + 0.001)
+            self.expire(clock.now_ns())
 
     def expire(self, now_ns: int) -> int:
         """Return the requests past their deadline to their clients with status 110."""

@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ibemu import clock
 from ibemu.errors import IbemuError
 from ibemu.fabric import opensm_log
 from ibemu.fabric.umad2sim import tool_argv
@@ -36,7 +37,7 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
     stamp of SUBNET UP, not to when this poll saw it.
     """
     log = workdir / "opensm.log"
-    t0 = time.monotonic()
+    t0 = clock.monotonic()
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         if "SUBNET UP" in text:
@@ -44,10 +45,10 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
                 up = next((e["t_ns"] for e in opensm_log.parse(text.splitlines()) if e["kind"] == "subnet_up"), None)
                 if up is not None:
                     return max(0.0, (up - started_ns) / 1e9)
-            return time.monotonic() - t0
+            return clock.monotonic() - t0
         if proc.poll() is not None:
             raise IbemuError(f"opensm exited ({proc.returncode}) before SUBNET UP:\n{text[-2000:]}")
-        if time.monotonic() - t0 > timeout_s:
+        if clock.monotonic() - t0 > timeout_s:
             raise IbemuError(f"no SUBNET UP from opensm in {timeout_s:.0f} s:\n{text[-2000:]}")
         time.sleep(0.05)
 

@@ -2,7 +2,8 @@
 
 OpenSM stamps each line with the local wall clock to the microsecond
 (``Dec 03 07:55:34 826097 [D288E6C0] 0x01 -> ...``). ibemu's processes stamp with the
-monotonic clock; the two are one offset apart (taken when the log is read), so OpenSM's
+emulated clock (``ibemu.clock``): a wall stamp is moved onto the monotonic clock (the two
+are one offset apart, taken when the log is read), then onto the emulated one, so OpenSM's
 steps land on the same time line as the fabric's agents and the runner's faults, to within
 the microsecond resolution of the log.
 
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ibemu import clock
 from ibemu.events import Kind, write_all
 
 _LINE = re.compile(r"^(\w{3}) (\d\d) (\d\d):(\d\d):(\d\d) (\d{6}) \[[0-9A-Fa-f]+\] 0x[0-9a-f]{2} -> (.*)$")
@@ -62,7 +64,7 @@ def _wall_ns(stamp: tuple[str, ...], now: float) -> int | None:
 
 
 def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | None = None) -> list[dict[str, Any]]:
-    """The events of OpenSM log ``lines`` on the monotonic clock (``offset_ns``: wall - mono)."""
+    """The events of OpenSM log ``lines`` on the emulated clock (``offset_ns``: wall - mono)."""
     offset = wall_to_monotonic_offset_ns() if offset_ns is None else offset_ns
     now_s = time.time() if now is None else now
     events: list[dict[str, Any]] = []
@@ -100,7 +102,7 @@ def _stamped(lines: Iterable[str], offset_ns: int, now_s: float) -> Iterator[tup
             continue  # continuation lines of a multi-line message
         wall = _wall_ns(m.groups()[:6], now_s)
         if wall is not None:
-            yield wall - offset_ns, m.group(7)
+            yield clock.to_emulated_ns(wall - offset_ns), m.group(7)
 
 
 def write_events(workdir: Path) -> Path | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from ibemu import clock
 from ibemu.fabric.plan import FabricPlan
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.wire import fast
@@ -31,8 +32,8 @@ def send_and_count(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: 
                 out.send(tmpl.packet(0x04, psn, payload))
             if psn % 64 == 63:
                 time.sleep(0.001)
-        got, deadline = 0, time.monotonic() + wait_s
-        while got < n and time.monotonic() < deadline:
+        got, deadline = 0, clock.monotonic() + wait_s
+        while got < n and clock.monotonic() < deadline:
             try:
                 while True:
                     inp.recv(9000)

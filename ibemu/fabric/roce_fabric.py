@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ibemu import clock
 from ibemu.fabric import build as fabric_build
 from ibemu.fabric.plan import FabricPlan, mac_text, plan_fabric
 from ibemu.kernel import netconf, ownership
@@ -198,7 +199,7 @@ def start_manager(fab: RoceFabric, events: Path, *, extra: list[str] | None = No
             *(extra or [])]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115
     try:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if log_file else None)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if log_file else None, env=clock.child_env())
     finally:
         if log_file:
             out.close()  # type: ignore[union-attr]
@@ -210,8 +211,8 @@ def wait_manager_up(proc: subprocess.Popen[bytes], events: Path, timeout_s: floa
                     since_ns: int = 0) -> dict[str, Any]:
     """Until the manager logs ``fabric_up`` (every route programmed) at or after ``since_ns``
     (monotonic; a log that a previous manager appended to holds its ``fabric_up`` too)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = clock.monotonic() + timeout_s
+    while clock.monotonic() < deadline:
         if events.exists():
             for line in events.read_text().splitlines():
                 try:
@@ -235,14 +236,14 @@ def start_userpath(fab: RoceFabric, *, timeout_s: float = 30.0) -> subprocess.Po
     argv = [sys.executable, "-m", "ibemu.roce.userpath", "--config", str(run_dir / USERPATH_FILE),
             "--counters", str(run_dir / USERPATH_COUNTERS), "--ready", str(ready), "--log-level", "INFO"]
     with open(run_dir / "userpath.log", "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=clock.child_env())
     fab.state.claim_process(proc.pid, "roce-userpath")
-    deadline = time.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     while not ready.exists():
         if proc.poll() is not None:
             raise KernelError(f"the RoCE user datapath exited with status {proc.returncode} before it forwarded "
                               f"(see {run_dir / 'userpath.log'})")
-        if time.monotonic() > deadline:
+        if clock.monotonic() > deadline:
             stop_manager(proc)
             raise KernelError(f"the RoCE user datapath was not ready within {timeout_s} s")
         time.sleep(0.02)
@@ -305,7 +306,7 @@ class RoceRun:
         assert self.events is not None
         if self.manager is not None:
             stop_manager(self.manager)
-        t0 = time.monotonic_ns()
+        t0 = clock.now_ns()
         self.manager = start_manager(self.fab, self.events, extra=args, log_file=self.state_dir_log())
         self.up_event = wait_manager_up(self.manager, self.events, timeout_s, since_ns=t0)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from ibemu import events
+from ibemu import clock, events
 from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec, actions_on, run_schedule
 from ibemu.fabric.plan import plan_fabric
@@ -97,7 +97,7 @@ class RoceFaultInjector:
         self.injected: list[dict[str, Any]] = []
 
     def _stamp(self, action: str, target: str, **fields: object) -> int:
-        t = time.monotonic_ns()
+        t = clock.now_ns()
         record = {"kind": events.Kind.FAULT, "t_ns": t, "action": action, "target": target, **fields}
         self.injected.append(record)
         events.append(self.events_path, {**record, "source": "fault-injector"})

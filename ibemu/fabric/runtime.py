@@ -19,6 +19,7 @@ from pathlib import Path
 
 import trio
 
+from ibemu import clock
 from ibemu.events import FabricLog
 from ibemu.fabric import ibemusm, opensm, opensm_log
 from ibemu.fabric.agenthost import Agent, AgentHost
@@ -94,7 +95,7 @@ class FabricRuntime:
         impl = opensm if self.sm == "opensm" else ibemusm
         workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
-        self.sm_started_ns = time.monotonic_ns()
+        self.sm_started_ns = clock.now_ns()
         proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine))
         self._sm_proc = proc
         cpus.pin_process(proc.pid, self.placement.sm)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ibemu import clock
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric import control
 from ibemu.kernel import netns, ownership
@@ -62,6 +63,8 @@ class FabricRequest:
     sm_engine: str = "minhop"
     roce: Mapping[str, float] = field(default_factory=dict)
     """A RoCE fabric's cable loss/delay and ECN settings (``FabricSpec``'s fields)."""
+    dilation: float = 1.0
+    """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -71,7 +74,19 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "run_id": run_id, "fabric": request.kind, "datapath": request.datapath, "scenario": request.name,
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce),
+        "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
     }))
+
+
+def adopt_clock(run_dir: Path) -> None:
+    """Run this process on the clock of the fabric in ``run_dir`` (its spec's ``clock``; a
+    fabric without one runs at dilation 1)."""
+    try:
+        spec = read_spec(run_dir)
+    except (OSError, ValueError):
+        return
+    c = spec.get("clock") or {}
+    clock.configure(c.get("dilation", 1), c.get("epoch_ns") or None)
 
 
 def read_spec(run_dir: Path) -> dict[str, Any]:
@@ -129,6 +144,8 @@ class Session:
     def __init__(self, state: ownership.RunState, topology: Topology | None = None) -> None:
         self.state = state
         self._topology = topology
+        if clock.dilation() == 1:  # a client of a dilated fabric stamps on its clock
+            adopt_clock(state.run_dir)
         self.up_s: float | None = None
         """How long ``up`` took, when this session started the fabric."""
 
@@ -171,27 +188,28 @@ class Session:
     def up(cls, request: FabricRequest, *, timeout_s: float = UP_TIMEOUT_S) -> Session:
         """Build ``request`` in a fabric daemon; return once it is up (nothing left if not)."""
         require_root("up")
+        clock.configure(request.dilation)  # the daemon and every child take it from here
         state = ownership.RunState(ownership.new_run_id(), scenario=request.name)
         run_dir = state.run_dir
         state.save()
         write_spec(run_dir, state.run_id, request)
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         with open(run_dir / "daemon.err", "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    start_new_session=True)
+                                    start_new_session=True, env=clock.child_env())
         while True:
             time.sleep(0.05)
             current = ownership.RunState.load(state.path) if state.path.exists() else state
             if current.status == "up":
                 break
-            if proc.poll() is not None or time.monotonic() - t0 > timeout_s:
+            if proc.poll() is not None or clock.monotonic() - t0 > timeout_s:
                 reason = "exited" if proc.poll() is not None else f"not up after {timeout_s:.0f} s"
                 log_tail = _tail(run_dir / "daemon.log") + _tail(run_dir / "daemon.err")
                 ownership.teardown(current)
                 raise IbemuError(f"fabric daemon {reason}; nothing is left running.\n{log_tail}")
         session = cls(current, request.topology)
-        session.up_s = time.monotonic() - t0
+        session.up_s = clock.monotonic() - t0
         return session
 
     def down(self) -> list[str]:
@@ -232,7 +250,7 @@ class Session:
     def command(self, node: str, argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         """(argv, env) that run ``argv`` in ``node``'s namespace; the env tells ibemu commands
         inside which run and node they are (``ibemu perf`` reads it)."""
-        env = {**os.environ, "IBEMU_RUN": self.run_id, "IBEMU_NODE": node}
+        env = {**clock.child_env(), "IBEMU_RUN": self.run_id, "IBEMU_NODE": node}
         return netns.exec_argv(self.namespace(node), argv), env
 
     def exec(self, node: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
@@ -251,12 +269,12 @@ class Session:
         """One control request (``ibemu.fabric.control``); waits briefly for the daemon's
         socket, which opens just after the run is marked up."""
         path = control.socket_path(self.run_dir)
-        deadline = time.monotonic() + CONTROL_WAIT_S
+        deadline = clock.monotonic() + CONTROL_WAIT_S
         while True:
             try:
                 return control.request(path, request)
             except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > deadline:
+                if clock.monotonic() > deadline:
                     raise ConfigError(f"the fabric daemon's control socket {path} does not answer") from None
                 time.sleep(0.05)
 

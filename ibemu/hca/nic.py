@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import trio
 
+from ibemu import clock
 from ibemu.hca.transport import Hca, RcQp, SendWr, UdQp
 from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.hca import FIRST_QPN
@@ -96,7 +97,7 @@ class HcaPort:
 
     def _sync_clocks(self) -> None:
         """Kernel receive stamps are CLOCK_REALTIME: keep its offset from the monotonic clock."""
-        self._real_minus_mono = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+        self._real_minus_mono = time.clock_gettime_ns(time.CLOCK_REALTIME) - clock.now_ns()
 
     # -- transmit ------------------------------------------------------------------------
     def transmit(self, sends: Iterable[Send]) -> None:
@@ -162,6 +163,7 @@ class HcaPort:
         packet_of = self.packet_of
         frame_hooks = self.on_frame
         stamped = self.timestamps
+        to_emulated = clock.to_emulated_ns  # kernel stamps are real time
         batches = 0
         while True:
             await trio.lowlevel.wait_readable(sock)
@@ -174,7 +176,7 @@ class HcaPort:
                 try:
                     if stamped:
                         frame, anc, _flags, _addr = recvmsg(MAX_FRAME, CMSG_SPACE)
-                        t_ns = _stamp(anc) - self._real_minus_mono
+                        t_ns = to_emulated(_stamp(anc) - self._real_minus_mono)
                     else:
                         frame = recv(MAX_FRAME)
                 except BlockingIOError:
@@ -191,7 +193,7 @@ class HcaPort:
                     transmit(out)
                 if frame_hooks:
                     if not stamped:
-                        t_ns = time.monotonic_ns()
+                        t_ns = clock.now_ns()
                     for fhook in frame_hooks:
                         fhook(t_ns)
             self.rx_frames += got
@@ -206,13 +208,13 @@ class HcaPort:
             if deadline is None:
                 await kick.wait()
                 continue
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             if deadline > now:
                 with trio.move_on_after((deadline - now) / 1e9):
                     await kick.wait()
                 continue
             self._timer_at = 0  # running: transmit() must not re-kick
-            out = hca.tick(time.monotonic_ns())
+            out = hca.tick(clock.now_ns())
             if out:
                 self.transmit(out)
             self._signal_progress()

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import heapq
 import socket
-import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import trio
 
+from ibemu import clock
 from ibemu.hca.dcqcn import DcqcnParams, DcqcnState, Pacer
 from ibemu.hca.nic import PORT_BUFFER, HcaPort
 from ibemu.hca.transport import Hca
@@ -162,7 +162,7 @@ class RocePort(HcaPort):
         st = self.codec.stats
         assert isinstance(st, RocePortStats)
         if self._pfc_since is not None:  # the pause going on, so far
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             st.pfc_paused_us += (min(now, self._pfc_until) - self._pfc_since) // 1000
             self._pfc_since = min(now, self._pfc_until)
         return st
@@ -201,7 +201,7 @@ class RocePort(HcaPort):
                 flow = ((pkt[2] << 8) | pkt[3], (pkt[13] << 16) | (pkt[14] << 8) | pkt[15])
                 pacer = rp.get(flow)
                 if pacer is not None and (pacer.state.limited or self._held_per_flow.get(flow)):
-                    now = time.monotonic_ns()
+                    now = clock.now_ns()
                     due = pacer.due(now, len(frame))
                     if due > now or self._held_per_flow.get(flow):
                         self._hold(due, flow, frame)
@@ -218,7 +218,7 @@ class RocePort(HcaPort):
 
     def send_frames(self, frames: Iterable[bytes]) -> None:
         """``HcaPort.send_frames``, unless the first-hop router paused this port's data priority."""
-        if self.pfc_priority is not None and (self._pfc_held or self._pfc_paused(time.monotonic_ns())):
+        if self.pfc_priority is not None and (self._pfc_held or self._pfc_paused(clock.now_ns())):
             frames = list(frames)
             self._pfc_held.extend(frames)
             self.roce_stats.pfc_held += len(frames)
@@ -243,7 +243,7 @@ class RocePort(HcaPort):
             return
         st = self.roce_stats
         st.pfc_pause_received += 1
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         self._pfc_paused(now)
         q = quanta[self.pfc_priority]
         if q:
@@ -259,7 +259,7 @@ class RocePort(HcaPort):
         held = self._pfc_held
         while True:
             kick = self._pfc_kick = trio.Event()
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             if held and not self._pfc_paused(now):
                 frames = list(held)
                 held.clear()
@@ -287,7 +287,7 @@ class RocePort(HcaPort):
             if not held:
                 await kick.wait()
                 continue
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             if held[0][0] > now:
                 with trio.move_on_after((held[0][0] - now) / 1e9):
                     await kick.wait()
@@ -322,7 +322,7 @@ class RocePort(HcaPort):
         qp = self.hca.qps.get(qpn)
         if not isinstance(qp, RcQp) or not qp.remote_qpn:
             return
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         if now - self._cnp_at.get(qpn, -CNP_INTERVAL_NS) < CNP_INTERVAL_NS:
             return
         self._cnp_at[qpn] = now
@@ -349,4 +349,4 @@ class RocePort(HcaPort):
         pacer = self._rp.get(flow)
         if pacer is None:
             pacer = self._rp[flow] = Pacer(DcqcnState(self.dcqcn))
-        pacer.state.on_cnp(time.monotonic_ns())
+        pacer.state.on_cnp(clock.now_ns())

@@ -14,6 +14,7 @@ import socket
 
 import trio
 
+from ibemu import clock
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.unix import abstract_address, open_abstract_dgram
 from ibemu.wire.umad import (
@@ -47,7 +48,7 @@ class UmadClient:
         data = open_abstract_dgram(ns, f"{sockname}:in{cid}")
         try:
             ctl.setblocking(True)
-            ctl.settimeout(timeout_s)
+            ctl.settimeout(clock.real_s(timeout_s))  # emulated seconds
             ctl.connect(abstract_address(f"{sockname}:ctl"))
             info = ClientInfo(id=cid, qp=0, issm=int(issm)).pack()
             ctl.send(CtlMessage(CtlType.CONNECT, data=info, length=len(info)).pack())
@@ -92,7 +93,7 @@ class UmadClient:
     def close(self) -> None:
         """DISCONNECT (waiting briefly for the server's reply, so it has a socket to answer)."""
         try:
-            self.ctl.settimeout(0.2)
+            self.ctl.settimeout(clock.real_s(0.2))
             self.ctl.send(CtlMessage(CtlType.DISCONNECT, clientid=self.slot).pack())
             self.ctl.recv(CTL_LEN)
         except OSError:

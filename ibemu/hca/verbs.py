@@ -18,7 +18,6 @@ Every call that can put packets on the wire returns them as ``Send`` actions.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 
 from ibemu.hca.transport import (
@@ -48,7 +47,7 @@ Device = Hca
 
 
 def open_device(lid: int, *, port: int = 1, pkeys: Sequence[int] = (0xFFFF,), mtu: int = 4096,
-                clock: Callable[[], int] = time.monotonic_ns, seed: int | None = None) -> Hca:
+                clock: Callable[[], int] | None = None, seed: int | None = None) -> Hca:
     """The transport of HCA port ``port`` whose LID (from the SM) is ``lid``."""
     return Hca(lid=lid, port=port, pkeys=pkeys, mtu=mtu, clock=clock, seed=seed)
 

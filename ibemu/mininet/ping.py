@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ibemu import clock
 from ibemu.errors import IbemuError
 from ibemu.fabric.plan import FabricPlan
 from ibemu.kernel.packet import open_packet_socket
@@ -79,8 +80,8 @@ def pingall(plan: FabricPlan, hosts: Sequence[str], *, count: int = 1,
 def _collect(socks: dict[str, socket.socket], hosts: Sequence[str], nonce: int,
              reached: dict[str, dict[str, bool]], timeout_s: float) -> None:
     expected = sum(len(v) for v in reached.values())
-    got, deadline = 0, time.monotonic() + timeout_s
-    while got < expected and time.monotonic() < deadline:
+    got, deadline = 0, clock.monotonic() + timeout_s
+    while got < expected and clock.monotonic() < deadline:
         idle = True
         for dst, sock in socks.items():
             with contextlib.suppress(BlockingIOError):

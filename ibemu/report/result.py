@@ -5,7 +5,10 @@ parts are the typed view of it, with ``to_dict()`` / ``from_dict()``. Every obje
 an unknown key is a problem, so a typo never passes silently and a new field means a new
 schema version. The one open place is ``traffic[].extra``, where each traffic kind keeps its
 own figures (latency percentiles, bus bandwidth...) as any JSON values. Every key is required;
-the fields documented as nullable take ``null``.
+the fields documented as nullable take ``null``. One key is optional: ``fabric.dilation``, the
+run's time dilation factor (``ibemu.clock``; a number >= 1), present when it is not 1, so a run
+at dilation 1 writes what it wrote before it existed (its fidelity report, ibemu.run/2, is to
+come).
 
 :func:`validate` reports every problem at once, located by key path
 (``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
@@ -66,9 +69,11 @@ class FabricInfo:
     links: int
     topology: str
     """How the topology was made: ``fat-tree k=4``, ``file small-cluster.ibnd``..."""
+    dilation: float = 1.0
+    """The run's time dilation factor (``ibemu.clock``); on disk only when not 1."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "kind": self.kind,
             "datapath": self.datapath,
             "nodes": self.nodes,
@@ -77,6 +82,9 @@ class FabricInfo:
             "links": self.links,
             "topology": self.topology,
         }
+        if self.dilation != 1:
+            d["dilation"] = self.dilation
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FabricInfo:
@@ -88,6 +96,7 @@ class FabricInfo:
             d["hosts"],
             d["links"],
             d["topology"],
+            d.get("dilation", 1.0),
         )
 
 
@@ -463,7 +472,9 @@ def _free_object(v: Any, path: str, out: list[str]) -> None:
 def _object(
     fields: dict[str, Check],
     extra: Callable[[Mapping[str, Any], str, list[str]], None] | None = None,
+    optional: dict[str, Check] | None = None,
 ) -> Check:
+    optional = optional or {}
     def check(v: Any, path: str, out: list[str]) -> None:
         if not isinstance(v, Mapping):
             out.append(f"{path or 'result'}: expected object, {_got(v)}")
@@ -475,7 +486,9 @@ def _object(
             else:
                 sub(v[key], prefix + key, out)
         for key in v:
-            if key not in fields:
+            if key in optional:
+                optional[key](v[key], prefix + key, out)
+            elif key not in fields:
                 out.append(f"{prefix}{key}: unknown key{did_you_mean(str(key), fields)}")
         if extra is not None:
             extra(v, path, out)
@@ -592,6 +605,7 @@ _RESULT = _object(
                 "topology": _string(),
             },
             _fabric_consistent,
+            optional={"dilation": _number(minimum=1.0)},
         ),
         "sm": _object(
             {

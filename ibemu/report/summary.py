@@ -101,6 +101,8 @@ def _fabric(r: RunResult) -> list[str]:
         f"({_int(f.switches)} switches, {_int(f.hosts)} hosts), {_int(f.links)} links",
         f"  fabric up in {b.fabric_s:.2f} s",
     ]
+    if f.dilation != 1:
+        lines.insert(3, f"  time dilation {f.dilation:g}: emulated time runs {f.dilation:g}x slower than real time")
     if f.kind == "roce":
         up = f"routes installed in {b.sm_s:.2f} s" if b.sm_s is not None else "never installed its routes"
         lines.append(f"  fabric manager (ECMP routes over netlink): {up}")

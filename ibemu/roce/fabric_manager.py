@@ -13,7 +13,7 @@ routes that local repair covered on the routers beside the cable (``local_covere
 many had no next hop left and waited for the manager (``local_blackholed``). With
 ``--no-reroute`` the manager only observes, so the local repair can be measured alone.
 
-Events (JSON lines, ``time.monotonic_ns()`` stamps, the clock every ibemu process shares):
+Events (JSON lines, ``clock.now_ns()`` stamps, the clock every ibemu process shares):
 ``fm_start`` · ``routes_computed`` (seconds, routes, routers) · ``routes_programmed``
 (seconds, messages, routers) · ``fabric_up`` (seconds, routes) · ``carrier`` (node, port,
 ifname, up: administratively up and running) · ``reroute`` (t_trap None, t_detect, t_routed, t_programmed, reason, cables,
@@ -28,7 +28,6 @@ import logging
 import signal
 import socket
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.events import EventLog, Kind, Log
 from ibemu.kernel import linkevents, rtnl
 from ibemu.kernel.commands import KernelError
@@ -198,7 +198,7 @@ class FabricManager:
     async def _watch(self, router: str, sock: socket.socket) -> None:
         while True:
             await trio.lowlevel.wait_readable(sock)
-            t_ns = time.monotonic_ns()
+            t_ns = clock.now_ns()
             evs: list[tuple[int, bool, bool]] = []
             while True:
                 try:
@@ -250,7 +250,7 @@ async def amain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return trio.run(amain, args)
+    return trio.run(amain, args, clock=clock.trio_clock())
 
 
 if __name__ == "__main__":

@@ -25,13 +25,13 @@ import os
 import signal
 import socket
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.kernel import linkevents, rtnl, sockfilter
 from ibemu.kernel.fib import RouteMsg, parse_routes
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
@@ -133,7 +133,7 @@ class UserDatapath:
         self.active[r.plane.name] = r
         if self.armed_at is None or t < self.armed_at:
             self.armed_at = t
-            self.timer.arm(t)
+            self.timer.arm(clock.to_real_ns(t))  # the kernel's timer runs on real time
 
     async def pump(self) -> None:
         """Serve every router when its next frame is due."""
@@ -141,7 +141,7 @@ class UserDatapath:
             await trio.lowlevel.wait_readable(self.timer.fd)
             self.timer.clear()
             self.armed_at = None
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             nxt: int | None = None
             for name, r in list(self.active.items()):
                 self.send(r, r.plane.service(now))
@@ -152,7 +152,7 @@ class UserDatapath:
                     nxt = t
             if nxt is not None and (self.armed_at is None or nxt < self.armed_at):
                 self.armed_at = nxt
-                self.timer.arm(nxt)
+                self.timer.arm(clock.to_real_ns(nxt))
 
     # -- tasks ---------------------------------------------------------------------------
     async def reader(self, r: Router, ifindex: int) -> None:
@@ -160,7 +160,7 @@ class UserDatapath:
         plane = r.plane
         while True:
             await trio.lowlevel.wait_readable(sock)
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             for _ in range(RECV_BATCH):
                 try:
                     frame = sock.recv(9216)
@@ -196,7 +196,7 @@ class UserDatapath:
         while True:
             await trio.lowlevel.wait_readable(r.links)
             came_back = False
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             for ev in linkevents.read_events(r.links):
                 if ev.ifindex not in r.plane.ports:
                     continue
@@ -220,7 +220,7 @@ class UserDatapath:
                 return
 
     def counters(self) -> dict[str, Any]:
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         per = {name: r.plane.counters(now) for name, r in self.routers.items()}
         totals: dict[str, int] = {}
         for c in per.values():
@@ -287,7 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return trio.run(amain, args)
+    return trio.run(amain, args, clock=clock.trio_clock())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from ibemu.scenario.schema import (
     RecordSpec,
     Scenario,
     SMSpec,
+    TimeSpec,
     TopologySpec,
     TrafficSpec,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "SMSpec",
     "Scenario",
     "ScenarioError",
+    "TimeSpec",
     "TopologySpec",
     "TrafficSpec",
     "builtin_names",

@@ -22,6 +22,7 @@ from ibemu.scenario.schema import (
     DEFAULT_DURATION_S,
     DEFAULT_SIZE,
     DEFAULTS_KEYS,
+    DILATION_AUTO_UNAVAILABLE,
     FABRIC_KEYS,
     FABRIC_KINDS,
     FABRIC_USER_KEYS,
@@ -40,6 +41,7 @@ from ibemu.scenario.schema import (
     SM_IMPLS,
     SM_KEYS,
     STREAM_TRANSPORTS,
+    TIME_KEYS,
     TOP_KEYS,
     TOPOLOGY_EXPLICIT_KEYS,
     TOPOLOGY_FILE_KEYS,
@@ -49,6 +51,7 @@ from ibemu.scenario.schema import (
     RecordSpec,
     Scenario,
     SMSpec,
+    TimeSpec,
     TopologySpec,
     TrafficSpec,
 )
@@ -128,6 +131,7 @@ class _Loader(Reader):
         traffic = self.traffic(opt("traffic"), topo, duration)
         faults = self.faults(opt("faults"), topo, duration)
         record = self.record(opt("record"), topo)
+        time_spec = self.time(opt("time"))
         if self.problems or self.extra or topo is None or spec is None:
             raise self.fail()
         return Scenario(
@@ -143,6 +147,7 @@ class _Loader(Reader):
             faults=faults,
             duration_s=duration,
             record=record,
+            time=time_spec,
         )
 
     # --- sections -------------------------------------------------------------------------
@@ -891,6 +896,22 @@ class _Loader(Reader):
                     item, f"faults[{i}]", f"{what} is not down at {f.at_s:g} s; bring it down first"
                 )
             state[target] = (down, i, f.at_s)
+
+    # --- time -----------------------------------------------------------------------------
+
+    def time(self, node: yaml.Node | None) -> TimeSpec:
+        if node is None:
+            return TimeSpec()
+        m = self.mapping(node, "time", TIME_KEYS)
+        if m is None or "dilation" not in m:
+            return TimeSpec()
+        vnode = m["dilation"][1]
+        where = f"{self.source}:{line_of(vnode)} time.dilation"
+        if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
+            self.error(vnode, "time.dilation", DILATION_AUTO_UNAVAILABLE)
+            return TimeSpec()
+        n = self.number(vnode, "time.dilation", 1)
+        return TimeSpec(dilation=float(n), where=where) if n is not None else TimeSpec()
 
     # --- record ---------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """From a run's event logs and flow records to the reroute phases and blackouts of each fault.
 
-Every ibemu process stamps with ``time.monotonic_ns()`` at the source, so the phases are
+Every ibemu process stamps with ``ibemu.clock.now_ns()`` (emulated time) at the source, so the phases are
 differences of stamps taken where things happened (no runner latency in them):
 
 - ``detect``: the first ``carrier`` change a port of the fabric logged after the fault;

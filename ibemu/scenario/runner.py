@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.errors import ConfigError
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent, make_agents
@@ -223,7 +224,7 @@ class ScenarioRun:
             await self._wait_ready()
             # Time zero once every worker has its ports open: on a busy machine starting the
             # workers takes seconds, and a flow that starts after a fault has no blackout.
-            self.t0_ns = time.monotonic_ns() + int(WARMUP_S * 1e9)
+            self.t0_ns = clock.now_ns() + int(WARMUP_S * 1e9)
             tmp = self._go_path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"t0_ns": self.t0_ns}))
             tmp.replace(self._go_path)
@@ -231,18 +232,18 @@ class ScenarioRun:
                 for link_name in self.captures:
                     await nursery.start(self._capture, link_name)
                 # The flows' time zero on trio's clock, for the fault schedule.
-                t0_trio = trio.current_time() + (self.t0_ns - time.monotonic_ns()) / 1e9
+                t0_trio = trio.current_time() + (self.t0_ns - clock.now_ns()) / 1e9
                 await nursery.start(functools.partial(injector.serve, list(scen.faults), t0=t0_trio))
                 await trio.sleep_until(t0_trio)
                 self.progress("traffic", "flows started" + (", faults scheduled" if scen.faults else ""))
                 await trio.sleep_until(t0_trio + scen.duration_s)
-                self.t_end_ns = time.monotonic_ns()
+                self.t_end_ns = clock.now_ns()
                 self.progress("drain", "waiting for the flows to finish")
                 await self._wait_workers()
                 nursery.cancel_scope.cancel()
             finished = True
         finally:
-            self.t_end_ns = self.t_end_ns or time.monotonic_ns()
+            self.t_end_ns = self.t_end_ns or clock.now_ns()
             self.faults_injected = list(injector.injected)
             with trio.CancelScope(shield=True):
                 if not finished:  # interrupted or failed: the workers write what they have
@@ -260,7 +261,7 @@ class ScenarioRun:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "ibemu.traffic.worker", str(spec_path),
                  str(self.run_dir / f"flows-{index}.json")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=clock.child_env())
         try:
             os.setpriority(os.PRIO_PROCESS, proc.pid, TRAFFIC_NICE)
         except OSError as exc:  # it already exited: its failure is read later
@@ -358,7 +359,7 @@ class ScenarioRun:
         else:
             fabric_events = read_events(self.run_dir / "events.jsonl")
             sm_events = read_events(self.run_dir / scen.sm.impl / "events.jsonl")
-        t_end = self.t_end_ns or time.monotonic_ns()
+        t_end = self.t_end_ns or clock.now_ns()
         order = {t.name: i for i, t in enumerate(scen.traffic)}
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
         if isinstance(self.rt, RoceRuntime) and self.rt.counters:  # the user datapath's routers, in all
@@ -390,7 +391,8 @@ class ScenarioRun:
             "fabric": {"kind": scen.fabric.kind, "datapath": scen.fabric.datapath,
                        "nodes": len(topo.nodes), "switches": len(topo.switches()),
                        "hosts": len(topo.cas()), "links": len(topo.links),
-                       "topology": _describe_topology(scen)},
+                       "topology": _describe_topology(scen),
+                       **({"dilation": clock.dilation()} if clock.dilation() != 1 else {})},
             "sm": ({"impl": "none", "engine": None, "host": None} if self.roce  # the fabric manager instead
                    else {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None}),
             "bringup": bringup,

@@ -13,6 +13,8 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
+    time                       {dilation: N}: run on a clock N times slower than real time (N >= 1,
+                                default 1; ``auto`` is not available yet)
     record                     {capture: [links] | all, json: PATH, plots: bool}
 
 The key sets below are the schema; :mod:`ibemu.scenario.loader` enforces them. The names of
@@ -41,6 +43,7 @@ TOP_KEYS = (
     "faults",
     "duration_s",
     "record",
+    "time",
 )
 TOPOLOGY_SOURCES = ("generator", "file", "nodes")
 TOPOLOGY_FILE_KEYS = ("file", "format", "name")
@@ -75,6 +78,9 @@ DATAPATHS = ("kernel", "user")
 SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
 SM_IMPLS = ("ibemu", "opensm")
 RECORD_KEYS = ("capture", "json", "plots")
+TIME_KEYS = ("dilation",)
+DILATION_AUTO_UNAVAILABLE = ("auto (a factor chosen from the offered load and a calibration of this machine) is "
+                             "not available yet: give a number >= 1")
 
 #: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
 TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
@@ -171,6 +177,15 @@ class TrafficSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class TimeSpec:
+    """The run's clock (``ibemu.clock``): ``dilation`` N >= 1, emulated time advancing N times
+    slower than real time; ``where`` locates it in its file."""
+
+    dilation: float = 1.0
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RecordSpec:
     capture: tuple[Link, ...] = ()
     json: Path | None = None
@@ -191,3 +206,4 @@ class Scenario:
     faults: tuple[FaultSpec, ...] = ()
     duration_s: float = DEFAULT_DURATION_S
     record: RecordSpec = field(default_factory=RecordSpec)
+    time: TimeSpec = field(default_factory=TimeSpec)

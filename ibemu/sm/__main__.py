@@ -20,6 +20,7 @@ from typing import cast
 
 import trio
 
+from ibemu import clock
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return trio.run(amain, args)
+    return trio.run(amain, args, clock=clock.trio_clock())
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import struct
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -42,6 +41,7 @@ from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.events import LINK_CHANGE, EventLog, Kind
 from ibemu.sm import activate as act
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
@@ -135,7 +135,7 @@ class SubnetManager:
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, int]](self.config.outbox)
         self._sweeping = False
         self._lft_views: dict[int, tuple[dict[int, int], int, dict[str, int]]] = {}
-        self._t_start = time.monotonic_ns()
+        self._t_start = clock.now_ns()
 
     @property
     def graph(self) -> SubnetGraph:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import trio
 
+from ibemu import clock
 from ibemu.errors import leaves
 from ibemu.hca.nic import HcaPort
 from ibemu.traffic import collectives, perftest, stream
@@ -141,7 +141,7 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
     abort = trio.Event() if abort is None else abort
     start_ns = t0_ns + int(float(spec.get("start_s", 0.0)) * 1e9)
     stop_ns = t0_ns + int(float(spec["stop_s"]) * 1e9)
-    with trio.move_on_after(max(0.0, (start_ns - time.monotonic_ns()) / 1e9)):
+    with trio.move_on_after(max(0.0, (start_ns - clock.now_ns()) / 1e9)):
         await abort.wait()
     if abort.is_set():
         out.error = "interrupted before it started"
@@ -149,7 +149,7 @@ async def run_flow(spec: dict[str, Any], ports: dict[str, HcaPort], t0_ns: int,
     stop = trio.Event()
 
     async def _stopper() -> None:
-        with trio.move_on_after(max(0.0, (stop_ns - time.monotonic_ns()) / 1e9)):
+        with trio.move_on_after(max(0.0, (stop_ns - clock.now_ns()) / 1e9)):
             await abort.wait()
         stop.set()
 
@@ -221,7 +221,7 @@ async def _collective(f: Flow) -> None:
         cr = await collectives.run_collective(f.kind, group, f.size, iterations=1,
                                               warmup=1 if not it else 0)
         runs.append(cr)
-        out.t_ns.append(time.monotonic_ns())
+        out.t_ns.append(clock.now_ns())
         out.nbytes.append(cr.size)
         it += 1
     if runs:

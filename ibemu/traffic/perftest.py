@@ -15,7 +15,6 @@ messages; bandwidth in MB/s of 2^20 bytes.
 from __future__ import annotations
 
 import os
-import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.hca.nic import HcaPort
 from ibemu.hca.transport import (
     Access,
@@ -245,7 +245,7 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None,
     """
     opts, port, cq = side.opts, side.port, side.cq
     op, size = opts.op, opts.size
-    deadline = None if opts.duration_s is None else time.monotonic_ns() + int(opts.duration_s * 1e9)
+    deadline = None if opts.duration_s is None else clock.now_ns() + int(opts.duration_s * 1e9)
     total = None if deadline is not None else opts.iterations
     pkts_per_msg = max(1, -(-size // min(opts.mtu, port.hca.mtu)))
     inflight = [0] * len(side.qps)
@@ -254,11 +254,11 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None,
     next_id = 0
     deliveries = Deliveries() if deliveries is None else deliveries
     by_qpn = {qp.qpn: i for i, qp in enumerate(side.qps)}
-    t0 = time.monotonic_ns()
+    t0 = clock.now_ns()
     cpu0 = os.times()
     while True:
         stopping = (stop is not None and stop.is_set()) or (
-            deadline is not None and time.monotonic_ns() >= deadline)
+            deadline is not None and clock.now_ns() >= deadline)
         for i, (qp, rem) in enumerate(zip(side.qps, side.remote, strict=True)):
             while not stopping and inflight[i] < opts.tx_depth and (total is None or posted < total):
                 n = min(opts.cq_mod, opts.tx_depth - inflight[i],
@@ -274,7 +274,7 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None,
         if done >= posted and (stopping or (total is not None and posted >= total)):
             break
         await port.wait_progress()
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         for wc in cq.poll(1 << 16):
             qi = by_qpn.get(wc.qpn)
             if qi is None:
@@ -286,7 +286,7 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None,
             inflight[i] -= n
             done += n
             deliveries.add(now, n * size)
-    seconds = (time.monotonic_ns() - t0) / 1e9
+    seconds = (clock.now_ns() - t0) / 1e9
     cpu1 = os.times()
     nbytes = done * size
     return BwResult(opts.test, size, done, seconds, nbytes, _peak_mbps(deliveries),
@@ -321,7 +321,7 @@ async def _wait_mark(port: HcaPort, mr: MemoryRegion, at: int, value: int) -> in
     buf = mr.buf
     while buf[at] != value:
         await port.wait_progress()
-    return time.monotonic_ns()
+    return clock.now_ns()
 
 
 async def _wait_recv(side: Side) -> int:
@@ -331,7 +331,7 @@ async def _wait_recv(side: Side) -> int:
             _check(wc.status, qp)
             if wc.opcode >= WcOpcode.RECV:
                 qp.post_recv(RecvWr(wc.wr_id, [side.landing()]))
-                return time.monotonic_ns()
+                return clock.now_ns()
         await side.port.wait_progress()
 
 
@@ -349,7 +349,7 @@ async def lat_ping(side: Side, initiator: bool) -> LatResult:
     for it in range(opts.iterations + 1):  # iteration 0 warms the path up and is not counted
         value = (it % 255) + 1
         if initiator:
-            t0 = time.monotonic_ns()
+            t0 = clock.now_ns()
             _ping(side, qp, rem, write, it, value)
             t1 = await (_wait_mark(port, mr, size - 1, value) if write else _wait_recv(side))
             if it:

@@ -10,13 +10,13 @@ the blackout of the flow across a fault is exact (``blackout.analyse``).
 from __future__ import annotations
 
 import struct
-import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
 import trio
 
+from ibemu import clock
 from ibemu.hca.nic import HcaPort
 from ibemu.hca.transport import (
     Access,
@@ -150,7 +150,7 @@ class Stream:
     async def _sender(self, stop: trio.Event | None) -> None:
         opts, rec, buf = self.opts, self.record, self.tx_mr.buf
         size = opts.size
-        t0 = time.monotonic_ns()
+        t0 = clock.now_ns()
         end = None if opts.duration_s is None else t0 + int(opts.duration_s * 1e9)
         limit = opts.count
         period_ns = 1e9 / opts.rate_pps
@@ -158,7 +158,7 @@ class Stream:
         ah = AddressHandle(self.dst.hca.lid)
         seq = 0
         while True:
-            now = time.monotonic_ns()
+            now = clock.now_ns()
             if (stop is not None and stop.is_set()) or (end is not None and now >= end) or (
                     limit is not None and seq >= limit):
                 return
@@ -200,7 +200,7 @@ class Stream:
             wcs = cq.poll(1 << 16)
             self._stamped -= len(wcs)
             for wc in wcs:
-                t_ns = stamps.popleft() if stamps else time.monotonic_ns()
+                t_ns = stamps.popleft() if stamps else clock.now_ns()
                 if wc.opcode < WcOpcode.RECV:
                     continue
                 if wc.status is WcStatus.SUCCESS:

@@ -21,12 +21,12 @@ import json
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from ibemu import clock
 from ibemu.hca.nic import HcaPort
 from ibemu.traffic.endpoints import HostAddress, close_ports, open_ports
 from ibemu.traffic.flows import FlowOutput, run_flow
@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     if roce and roce.get("pfc"):  # PFC on a user-datapath fabric: honour the first hop's pauses
         for p in ports.values():
             p.enable_pfc(float(roce["pfc"]["line_gbps"]), int(roce["pfc"].get("priority", 3)))  # type: ignore[attr-defined]
-    t_start = time.monotonic_ns()
+    t_start = clock.now_ns()
     try:
-        outputs = trio.run(run, spec, ports)
+        outputs = trio.run(run, spec, ports, clock=clock.trio_clock())
         code = 0
     except Exception:
         log.exception("traffic worker failed")

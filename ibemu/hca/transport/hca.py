@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import random
 import struct
-import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ibemu import clock as _clock
 from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.cq import CompletionQueue
 from ibemu.hca.transport.mr import Access, MemoryRegion, MrTable
@@ -50,7 +50,7 @@ class Hca:
     """One HCA port's transport: memory regions, CQs, QPs, and the receive/timer paths."""
 
     def __init__(self, *, lid: int = 0, port: int = 1, pkeys: Sequence[int] = (0xFFFF,),
-                 mtu: int = 4096, clock: Callable[[], int] = time.monotonic_ns,
+                 mtu: int = 4096, clock: Callable[[], int] | None = None,
                  seed: int | None = None, first_qpn: int = FIRST_QPN) -> None:
         """``first_qpn``: where QP numbers start (processes sharing a port take disjoint ranges)."""
         if not 2 <= first_qpn < 1 << 24:
@@ -59,7 +59,7 @@ class Hca:
         self.port = port
         self.pkeys = list(pkeys)
         self.mtu = check_mtu(mtu)
-        self.clock = clock
+        self.clock = clock or _clock.now_ns
         self.mrs = MrTable()
         self.stats = HcaStats()
         self.qps: dict[int, RcQp | UdQp] = {}
