@@ -58,6 +58,15 @@ def _bpf(cmd: int, attr: bytes | bytearray) -> int:
     return int(ret)
 
 
+def _bpf_buf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
+    """``_bpf`` on an attr buffer the caller keeps (a hot path's update: no copies)."""
+    ret = _libc.syscall(SYS_BPF, cmd, attr, len(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return int(ret)
+
+
 def _addr(buf: ctypes.Array[ctypes.c_char]) -> int:
     return ctypes.addressof(buf)
 
@@ -138,12 +147,22 @@ def verifier_log(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> s
     return log.value.decode(errors="replace")
 
 
-def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
-    """BPF_PROG_TEST_RUN: (return value, packet after the run, average ns per run)."""
+SKB_CTX_SIZE = 192
+"""sizeof(struct __sk_buff) as test runs pass it (``test_run(..., ctx=True)``)."""
+
+
+def test_run(prog_fd: int, data: bytes, repeat: int = 1, *, ctx: bool = False) -> tuple[int, bytes, int]:
+    """BPF_PROG_TEST_RUN: (return value, packet after the run, average ns per run).
+
+    ``ctx``: the packet after the run is followed by the ``struct __sk_buff`` the program
+    left (``SKB_CTX_SIZE`` bytes: ``cb[0]`` at offset 48, ...)."""
     din = ctypes.create_string_buffer(data, len(data))
     dout = ctypes.create_string_buffer(len(data) + 256)
-    attr = bytearray(struct.pack("=IIIIQQII", prog_fd, 0, len(data), len(dout), _addr(din), _addr(dout),
-                                 repeat, 0).ljust(128, b"\0"))
+    cout = ctypes.create_string_buffer(SKB_CTX_SIZE)
+    fields = struct.pack("=IIIIQQII", prog_fd, 0, len(data), len(dout), _addr(din), _addr(dout), repeat, 0)
+    if ctx:
+        fields += struct.pack("=IIQQ", 0, SKB_CTX_SIZE, 0, _addr(cout))
+    attr = bytearray(fields.ljust(128, b"\0"))
     buf = ctypes.create_string_buffer(bytes(attr), len(attr))
     ret = _libc.syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, len(attr))
     if ret < 0:
@@ -153,7 +172,7 @@ def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, in
     retval = struct.unpack_from("=I", raw, 4)[0]
     size_out = struct.unpack_from("=I", raw, 12)[0]
     duration = struct.unpack_from("=I", raw, 36)[0]
-    return ctypes.c_int32(retval).value, dout.raw[:size_out], duration
+    return ctypes.c_int32(retval).value, dout.raw[:size_out] + (cout.raw if ctx else b""), duration
 
 
 # ---------------------------------------------------------------------- assembler
