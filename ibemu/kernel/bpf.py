@@ -26,6 +26,9 @@ BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_PROG_LOAD = 5
 BPF_PROG_TEST_RUN = 10
+BPF_MAP_GET_NEXT_ID = 12
+BPF_MAP_GET_FD_BY_ID = 14
+BPF_OBJ_GET_INFO_BY_FD = 15
 
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
@@ -110,6 +113,27 @@ class Map:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def map_names() -> list[str]:
+    """The names of every BPF map on the machine (any process's): to check what is left."""
+    names: list[str] = []
+    next_id = 0
+    while True:
+        attr = ctypes.create_string_buffer(struct.pack("=III", next_id, 0, 0).ljust(128, b"\0"), 128)
+        if _libc.syscall(SYS_BPF, BPF_MAP_GET_NEXT_ID, attr, 128) < 0:
+            return names  # ENOENT: no more
+        next_id = struct.unpack_from("=I", attr.raw, 4)[0]
+        try:
+            fd = _bpf(BPF_MAP_GET_FD_BY_ID, struct.pack("=III", next_id, 0, 0).ljust(128, b"\0"))
+        except OSError:
+            continue  # freed meanwhile
+        try:
+            info = ctypes.create_string_buffer(80)
+            _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("=IIQ", fd, len(info), _addr(info)).ljust(128, b"\0"))
+            names.append(info.raw[24:40].split(b"\0", 1)[0].decode(errors="replace"))
+        finally:
+            os.close(fd)
 
 
 def load_program(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS, name: str = "",

@@ -1,17 +1,24 @@
 """The LFT classifier (``ibemu.kernel.lft_map``) against the Python reference, with
-BPF_PROG_TEST_RUN: no namespace, no fabric."""
+BPF_PROG_TEST_RUN (no namespace, no fabric); its maps and programs owned by a fabric."""
 
 from __future__ import annotations
 
 import random
 import struct
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from ibemu.agents.forwarder import Reason
 from ibemu.agents.port import PortState
 from ibemu.agents.switch import SwitchAgent
-from ibemu.kernel import bpf, lft_map
+from ibemu.cli.main import main
+from ibemu.fabric.build import build
+from ibemu.fabric.plan import plan_fabric
+from ibemu.kernel import bpf, lft_map, netns, ownership
+from ibemu.topo import generate
 from ibemu.wire import fast
 
 pytestmark = pytest.mark.root
@@ -126,3 +133,37 @@ def test_map_holds_what_apply_wrote() -> None:
         prog.close()
     with pytest.raises(Exception, match="after close"):
         prog.apply({5: 1})
+
+
+def _lft_maps_left(timeout_s: float = 5.0) -> int:
+    """``ibemu_lft`` maps on the machine, once freeing (after an RCU grace period) is done."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = sum(name.startswith("ibemu_lft") for name in bpf.map_names())
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def test_maps_and_programs_go_with_the_fabric(state_dir: Path) -> None:
+    """A built fabric's switches forward through the classifier; what it loaded is gone when
+    the owner is gone and ``ibemu clean`` has removed the namespaces (as after a crash)."""
+    assert _lft_maps_left() == 0  # what earlier tests closed is freed after a grace period
+    topo = generate("fat-tree", k=4)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-lftmap")
+    plan = plan_fabric(topo, state.run_id)
+    fabric = build(plan, state)
+    try:
+        switches = [n.name for n in topo.switches()]
+        assert all(isinstance(fabric.lfts[sw], lft_map.MapLft) for sw in switches)
+        assert sum(name == "ibemu_lft" for name in bpf.map_names()) == len(switches)
+        shown = subprocess.run(["tc", "-n", plan.nodes[switches[0]].ns, "filter", "show", "block", "1"],
+                               capture_output=True, text=True, check=True).stdout
+        assert "ibemu_lft" in shown and "direct-action" in shown and "mirred" not in shown
+        fabric.close()  # the owner's descriptors go, as when it dies; the filters hold the maps
+        assert sum(name == "ibemu_lft" for name in bpf.map_names()) == len(switches)
+    finally:
+        fabric.close()
+        assert main(["clean"]) == 0
+    assert not any(netns.exists(n) for n in plan.namespaces)
+    assert _lft_maps_left() == 0
