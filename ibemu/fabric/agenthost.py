@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -112,6 +113,7 @@ class AgentHost:
         self._rng = random.Random(0)
         self._nursery: trio.Nursery | None = None
         self.dr_relay: DrRelay | None = None
+        self._lft_lock = threading.Lock()  # power() clears an LFT from a worker thread
         self._relay_ids: dict[str, int] = {}
         self._relay_on: dict[str, bool] = {}
 
@@ -410,8 +412,9 @@ class AgentHost:
         rt = self.nodes[name]
         ifnames = [pp.ifname for pp in rt.plan.ports.values()]
         lft = self.fabric.lfts.get(name)
-        if lft is not None and lft.installed:
-            lft.apply(dict.fromkeys(lft.installed, 0xFF))
+        with self._lft_lock:
+            if lft is not None and lft.installed:
+                lft.apply(dict.fromkeys(lft.installed, 0xFF))
         if on:
             if fresh_agent is not None:
                 rt.agent = fresh_agent
@@ -465,7 +468,8 @@ class AgentHost:
             return  # user datapath: the forwarder reads the agent's LFT itself
         t0 = time.monotonic_ns()
         try:
-            ops = lft.apply(action.changes)
+            with self._lft_lock:
+                ops = lft.apply(action.changes)
         except (OSError, KernelError) as exc:
             log.error("%s: LFT write failed: %s", name, exc)
             self.events.write(name, {"kind": Kind.LFT_ERROR, "t_ns": time.monotonic_ns(),
