@@ -11,9 +11,11 @@ none since the LFT is a BPF map written when the SMA accepts a block). Then, on 
 the kernel has every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT
 block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
 last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
-while the LFT was tc filters written when the agents fell idle). The SM runs on a CPU of its
-own, as ``ibemu run`` places it (``ibemu.kernel.cpus``). The ibemu package imported (and the
-SM process's) is the one on PYTHONPATH, so the same script measures another checkout.
+while the LFT was tc filters written when the agents fell idle), and how long after the SM's
+last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). The
+SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``). The ibemu
+package imported (and the SM process's) is the one on PYTHONPATH, so the same script
+measures another checkout.
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
      [--runs 3] [--engine ftree|minhop|updn] [--no-opensm]
 """
@@ -262,6 +264,7 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                             "routed_to_programmed_ms": (rr["t_programmed"] - rr["t_routed"]) / 1e6,
                             "trap_to_programmed_ms": (rr["t_programmed"] - rr["t_trap"]) / 1e6,
                             "trap_to_kernel_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
+                            "kernel_after_ack_ms": (max(applied, default=rr["t_programmed"]) - rr["t_programmed"]) / 1e6,
                             "blocks": rr["blocks"]})
                 t_restore = time.monotonic_ns()
                 links.set_up(ns, ifname, True)
@@ -318,9 +321,10 @@ def main() -> None:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
             for key in ("fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
-                        "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms"):
+                        "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms",
+                        "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows]
-                print(f"median {key}: {statistics.median(vals):.2f} (max {max(vals):.2f})")
+                print(f"median {key}: {statistics.median(vals):.2f} (range {min(vals):.2f} to {max(vals):.2f})")
 
 
 if __name__ == "__main__":
