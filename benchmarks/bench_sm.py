@@ -4,15 +4,20 @@
 For each k: a fresh live fat-tree per run (same topology, agents, MAD sockets), then
 ``python -m ibemu.sm`` (one run per --windows value) and OpenSM (``-R minhop``) on h0, each
 timed from process start to "SUBNET UP" (every port Active, every LFT acked). ibemu's own
-sweep time (first SMP to SUBNET UP) is reported too. Then, on k=max, ``--cuts``
-edge-aggregation cables are cut one at a time (and restored) under ibemu's SM, once tc has
-every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT block acked
-(target <= 10 ms on k=8, <= 50 ms on k=16), and when tc had the last new entry
-(``trap_to_tc_ms``: an ack means the switch's SMA accepted the block; the agent host writes
-tc when its agents fall idle). The SM runs on a CPU of its own, as ``ibemu run`` places it
-(``ibemu.kernel.cpus``).
+sweep time (first SMP to SUBNET UP) is reported too, with the LFT entries the kernel did not
+have yet at SUBNET UP and how long it took to get them (the agent host's ``lft_backlog``;
+none since the LFT is a BPF map written when the SMA accepts a block). Then, on k=max,
+``--cuts`` edge-aggregation cables are cut one at a time (and restored) under ibemu's SM, once
+the kernel has every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT
+block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
+last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
+while the LFT was tc filters written when the agents fell idle), and how long after the SM's
+last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). The
+SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``). The ibemu
+package imported (and the SM process's) is the one on PYTHONPATH, so the same script
+measures another checkout.
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
-     [--engine ftree|minhop|updn] [--no-opensm]
+     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 
 import trio
 
+import ibemu
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
@@ -40,7 +46,8 @@ from ibemu.kernel import cpus, ownership
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(ibemu.__file__).resolve().parents[1]
+"""The checkout whose ibemu runs the fabric: the SM process gets the same one."""
 
 
 class LiveFabric:
@@ -155,19 +162,24 @@ def wait_trap_reroute(path: Path, t_fault: int, proc: subprocess.Popen[bytes], t
 
 
 def wait_tc(fab: LiveFabric, timeout_s: float = 600) -> float:
-    """Seconds until tc has every LFT entry the SMAs accepted (a k=16 bring-up writes ~500,000
-    filters after its SUBNET UP): a cut before then would be rerouted through agents that
-    still forward in software, and its tc writes would queue behind the bring-up's."""
+    """Seconds until the kernel has every LFT entry the SMAs accepted (with tc filters, a k=16
+    bring-up wrote ~500,000 after its SUBNET UP): a cut before then would be rerouted through
+    agents that still forward in software, and its writes would queue behind the bring-up's."""
     t0 = time.monotonic()
     host = fab.rt.host
     assert host is not None
-    quiet = 0
-    while quiet < 3:  # three looks in a row with nothing left
-        quiet = quiet + 1 if host.lft_backlog == 0 else 0
-        if time.monotonic() - t0 > timeout_s:
-            raise RuntimeError(f"tc still {host.lft_backlog} LFT entries behind after {timeout_s} s")
+    quiet, t_quiet = 0, t0
+    while quiet < 3:  # three looks in a row with nothing left; the time is the first of them
+        now = time.monotonic()
+        if host.lft_backlog == 0:
+            t_quiet = now if quiet == 0 else t_quiet
+            quiet += 1
+        else:
+            quiet = 0
+        if now - t0 > timeout_s:
+            raise RuntimeError(f"the kernel still {host.lft_backlog} LFT entries behind after {timeout_s} s")
         time.sleep(0.05)
-    return time.monotonic() - t0
+    return t_quiet - t0
 
 
 def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
@@ -195,11 +207,15 @@ def ibemu_cold(k: int, window: int, engine: str, tmp: Path) -> dict[str, float]:
         t0 = time.monotonic_ns()
         proc = start_sm(fab, events, window, engine)
         try:
-            up = wait_kind(events, "subnet_up", proc, 120)
+            up = wait_kind(events, "subnet_up", proc, 900)
+            assert fab.rt.host is not None
+            backlog = fab.rt.host.lft_backlog  # seen within ~5 ms of SUBNET UP
             wall = (up["t_ns"] - t0) / 1e9
+            settle_s = wait_tc(fab)
             end = wait_kind(events, "sweep_end", proc, 10)
             return {"wall_s": wall, "sweep_s": float(up["seconds"]), "smps": float(end["smps"].get("sent", 0)),
-                    "retries": float(end["smps"].get("retries", 0))}
+                    "retries": float(end["smps"].get("retries", 0)), "backlog": float(backlog),
+                    "settle_s": settle_s, "lft_ops": float(fab.rt.host.lft_ops)}
         finally:
             stop(proc)
 
@@ -225,7 +241,7 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
         try:
             wait_kind(events, "subnet_up", proc, 600)
             settle_s = wait_tc(fab)
-            print(f"  tc had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
+            print(f"  the kernel had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
             assert fab.rt.fabric is not None
             links = fab.rt.fabric.links
             for i in range(cuts):
@@ -236,8 +252,8 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                 links.set_up(ns, ifname, False)
                 rr = wait_trap_reroute(events, t_fault, proc, 30)
                 time.sleep(0.2)
-                # the fabric's side: when tc had the last of the new entries (the SM's ack
-                # means the switch's SMA accepted the block; tc follows from a worker thread)
+                # the fabric's side: when the kernel had the last of the new entries (the SM's
+                # ack means the switch's SMA accepted the block)
                 fabric_log = _tails.setdefault(tmp / "events.jsonl", Tail(tmp / "events.jsonl"))
                 applied = [r["t_ns"] for r in fabric_log.poll()
                            if r["kind"] == "lft_programmed" and r["t_ns"] >= t_fault]
@@ -247,7 +263,8 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
                             "routed_to_programmed_ms": (rr["t_programmed"] - rr["t_routed"]) / 1e6,
                             "trap_to_programmed_ms": (rr["t_programmed"] - rr["t_trap"]) / 1e6,
-                            "trap_to_tc_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
+                            "trap_to_kernel_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
+                            "kernel_after_ack_ms": (max(applied, default=rr["t_programmed"]) - rr["t_programmed"]) / 1e6,
                             "blocks": rr["blocks"]})
                 t_restore = time.monotonic_ns()
                 links.set_up(ns, ifname, True)
@@ -271,6 +288,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, nargs="+", default=[32, DEFAULT_MAX_IN_FLIGHT])
     ap.add_argument("--engine", default="ftree")
     ap.add_argument("--cuts", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=1, help="cold bring-ups per k and window")
     ap.add_argument("--reroute-window", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     ap.add_argument("--no-opensm", action="store_true")
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
@@ -281,9 +299,18 @@ def main() -> None:
         for k in args.k:
             print(f"== fat-tree k={k}, {args.datapath} datapath: cold bring-up (process start -> SUBNET UP)")
             for w in args.windows:
-                r = ibemu_cold(k, w, args.engine, tmp)
-                print(f"ibemu SM  max_in_flight={w:4d}: {r['wall_s']:.3f} s "
-                      f"(sweep {r['sweep_s']:.3f} s, {r['smps']:.0f} SMPs, {r['retries']:.0f} retries)")
+                runs = []
+                for _ in range(args.runs):
+                    r = ibemu_cold(k, w, args.engine, tmp)
+                    runs.append(r)
+                    print(f"ibemu SM  max_in_flight={w:4d}: {r['wall_s']:.3f} s "
+                          f"(sweep {r['sweep_s']:.3f} s, {r['smps']:.0f} SMPs, {r['retries']:.0f} retries); "
+                          f"at SUBNET UP {r['backlog']:.0f} LFT entries not yet in the kernel, "
+                          f"all in {r['settle_s']:.2f} s ({r['lft_ops']:.0f} kernel writes)")
+                if len(runs) > 1:
+                    for key in ("wall_s", "sweep_s", "settle_s"):
+                        vals = [x[key] for x in runs]
+                        print(f"  median {key}: {statistics.median(vals):.3f} (range {min(vals):.3f}-{max(vals):.3f})")
             if not args.no_opensm and opensm.opensm_available():
                 print(f"OpenSM 3.3 (-R minhop)       : {opensm_cold(k, tmp):.3f} s")
         if args.cuts:
@@ -294,9 +321,10 @@ def main() -> None:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
             for key in ("fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
-                        "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_tc_ms"):
+                        "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms",
+                        "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows]
-                print(f"median {key}: {statistics.median(vals):.2f} (max {max(vals):.2f})")
+                print(f"median {key}: {statistics.median(vals):.2f} (range {min(vals):.2f} to {max(vals):.2f})")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ For each node it owns one AF_PACKET socket per cabled port (ethertype 0x88B5, so
 with the kernel datapath it only sees what tc did not forward: VL15, its own LID, unroutable
 frames) and one netlink link monitor per namespace. It feeds frames and carrier changes to
 the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, program the
-switch's LFT in tc, act on a link, hand MADs to a CA's MAD socket, log events.
+switch's LFT in the kernel (a BPF map update, ``ibemu.kernel.lft_map``), act on a link, hand
+MADs to a CA's MAD socket, log events.
 
 One process scales: sockets are created by entering each namespace from this thread before
 trio starts; afterwards they stay bound to their namespace.
@@ -12,7 +13,6 @@ trio starts; afterwards they stay bound to their namespace.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import random
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
-import trio.testing
 
 from ibemu import clock
 from ibemu.agents.actions import (
@@ -48,6 +47,7 @@ from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 
 log = logging.getLogger(__name__)
@@ -74,11 +74,6 @@ MadSink = Callable[[DeliverMad], None]
 
 SWITCH_INTERVAL_S = 0.0005
 """The GIL hand-over interval of a process that runs agents (see ``AgentHost.serve``)."""
-LFT_IDLE_WAIT_S = 0.002
-"""A queued LFT change waits at most this long for the agents to fall idle (``_lft_writer``):
-tc then follows the SMAs' acks by about this much even in a long burst of Sets."""
-LFT_INLINE_ENTRIES = 256
-"""A switch's queued LFT changes up to this many entries are written from the event loop's thread."""
 
 
 @dataclass
@@ -118,11 +113,7 @@ class AgentHost:
         self._rng = random.Random(0)
         self._nursery: trio.Nursery | None = None
         self.dr_relay: DrRelay | None = None
-        self._lft_pending: dict[str, dict[int, int]] = {}
-        self._lft_accepted_ns: dict[str, int] = {}
-        self._lft_wake: trio.Event | None = None
-        self._lft_writing = 0  # entries being written right now
-        self._lft_lock = threading.Lock()
+        self._lft_lock = threading.Lock()  # power() clears an LFT from a worker thread
         self._relay_ids: dict[str, int] = {}
         self._relay_on: dict[str, bool] = {}
 
@@ -213,9 +204,11 @@ class AgentHost:
             relay.set_enabled(sid, on)
 
     def _flush_lfts(self) -> None:
-        """Before the namespaces go: empty the switches' tc blocks (see
-        ``tc_netlink.BlockFilters.flush``), from a few threads. Blocking."""
-        names = [name for name, lft in self.fabric.lfts.items() if lft.installed and name in self.nodes]
+        """Before the namespaces go: empty the switches' tc blocks where the LFT is u32 filters
+        (the fallback, ``tc.KernelLft``; see ``tc_netlink.BlockFilters.flush``), from a few
+        threads. Blocking. An LFT in a BPF map leaves no mirred actions to flush."""
+        names = [name for name, lft in self.fabric.lfts.items()
+                 if isinstance(lft, KernelLft) and lft.installed and name in self.nodes]
 
         def flush(name: str) -> None:
             try:
@@ -254,8 +247,8 @@ class AgentHost:
     # ------------------------------------------------------------------ running
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # The tc writer thread must not hold the GIL for Python's default 5 ms while the agents
-        # have SMPs to answer (an SM's burst of LFT Sets waited that long, several times over).
+        # A worker thread (blocking netlink: power, links) must not hold the GIL for Python's
+        # default 5 ms while the agents have SMPs to answer.
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         if not self._opened:
             await trio.to_thread.run_sync(self.open)
@@ -277,7 +270,6 @@ class AgentHost:
                     if carrier:
                         self.dispatch(name, rt, rt.agent.link_up(port))
             nursery.start_soon(self._ticker)
-            nursery.start_soon(self._lft_writer)
             task_status.started()
 
     async def _reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
@@ -421,7 +413,6 @@ class AgentHost:
         ifnames = [pp.ifname for pp in rt.plan.ports.values()]
         lft = self.fabric.lfts.get(name)
         with self._lft_lock:
-            self._lft_pending.pop(name, None)  # the old agent's, not yet in tc
             if lft is not None and lft.installed:
                 lft.apply(dict.fromkeys(lft.installed, 0xFF))
         if on:
@@ -468,101 +459,32 @@ class AgentHost:
                                          "phys": action.phys_state.name.lower()})
 
     def _program(self, name: str, action: LftUpdate) -> None:
-        """Queue an LFT change for tc; the SMA has accepted it (its GetResp may already be on
-        the wire). While serving, a writer task applies the queued changes from a worker
-        thread, every switch's changes since the last write merged into one netlink batch:
-        acknowledging a Set costs the agent host no netlink round trip, and the kernel work
-        runs beside it. Each write is an ``lft_programmed`` event stamped when tc has it,
-        with ``queued_us`` since the first change it carries was accepted."""
+        """Carry out an LFT change the switch's SMA accepted, at once: a map update per
+        64-entry block that changed (``kernel.lft_map``; u32 filters on the fallback), so the
+        kernel forwards on it before the next frame is read. Each write is an
+        ``lft_programmed`` event stamped when the kernel has it."""
         lft = self.fabric.lfts.get(name)
         if lft is None:
             return  # user datapath: the forwarder reads the agent's LFT itself
-        pending = self._lft_pending.get(name)
-        if pending is None:
-            self._lft_pending[name] = dict(action.changes)
-            self._lft_accepted_ns[name] = clock.now_ns()
-        else:
-            pending.update(action.changes)
-        if self._lft_wake is not None:
-            self._lft_wake.set()
-        else:  # not serving (a caller driving dispatch itself): write now
-            for rec in self._write_lfts(self._take_pending()):
-                self._lft_written(rec)
+        t0 = clock.now_ns()
+        try:
+            with self._lft_lock:
+                ops = lft.apply(action.changes)
+        except (OSError, KernelError) as exc:
+            log.error("%s: LFT write failed: %s", name, exc)
+            self.events.write(name, {"kind": Kind.LFT_ERROR, "t_ns": clock.now_ns(),
+                                     "entries": len(action.changes), "error": str(exc)})
+            return
+        t1 = clock.now_ns()
+        self.lft_ops += ops
+        self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(action.changes),
+                                 "ops": ops, "apply_us": (t1 - t0) // 1000, "queued_us": 0})
 
     @property
     def lft_backlog(self) -> int:
-        """LFT entries the switches' SMAs accepted that tc does not have yet (readable from
-        another thread: the pending tables are listed in one step)."""
-        return self._lft_writing + sum(len(changes) for changes in list(self._lft_pending.values()))
-
-    def _take_pending(self, switches: int | None = None) -> list[tuple[str, dict[int, int], int]]:
-        """The queued changes of the first ``switches`` switches (None: all), oldest first;
-        the rest stay queued."""
-        names = list(itertools.islice(self._lft_pending, switches))
-        return [(name, self._lft_pending.pop(name), self._lft_accepted_ns.pop(name, 0)) for name in names]
-
-    def _write_lfts(self, batch: list[tuple[str, dict[int, int], int]]) -> list[dict[str, Any]]:
-        """Apply queued LFT changes (blocking: netlink); returns event records."""
-        out = []
-        with self._lft_lock:
-            for name, changes, t_accepted in batch:
-                lft = self.fabric.lfts.get(name)
-                if lft is None:
-                    continue
-                t0 = clock.now_ns()
-                try:
-                    ops = lft.apply(changes)
-                except KernelError as exc:
-                    log.error("%s: LFT write failed: %s", name, exc)
-                    out.append({"node": name, "kind": Kind.LFT_ERROR, "t_ns": clock.now_ns(),
-                                "entries": len(changes), "error": str(exc)})
-                    continue
-                t1 = clock.now_ns()
-                out.append({"node": name, "kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(changes),
-                            "ops": ops, "apply_us": (t1 - t0) // 1000,
-                            "queued_us": (t0 - t_accepted) // 1000 if t_accepted else 0})
-        return out
-
-    def _lft_written(self, rec: dict[str, Any]) -> None:
-        self.lft_ops += int(rec.get("ops", 0))
-        name = rec.pop("node")
-        self.events.write(name, rec)
-
-    async def _lft_writer(self) -> None:
-        """Writes queued LFT changes to tc (see ``_program``).
-
-        The agents go first: SMPs waiting to be answered are handled before tc is written
-        (a Set's GetResp is already on the wire), and tc is written once this loop has
-        nothing else to do, or once a change has waited ``LFT_IDLE_WAIT_S``, one switch at a time
-        (each is a netlink round trip into its namespace: the 36 switches of a k=8 reroute
-        at once held this loop for ~3.5 ms). A switch's changes up to ``LFT_INLINE_ENTRIES``
-        are written from this thread: a worker thread would take the GIL from the agents in
-        slices (with a 0.5 ms switch interval, a 48-block reroute took 40% longer). Bigger
-        ones (a whole table at bring-up) go to a worker thread."""
-        try:
-            while True:
-                self._lft_wake = trio.Event()
-                if not self._lft_pending:
-                    await self._lft_wake.wait()
-                oldest = self._lft_accepted_ns.get(next(iter(self._lft_pending)), 0)
-                wait_s = LFT_IDLE_WAIT_S - (clock.now_ns() - oldest) / 1e9
-                if wait_s > 0:
-                    with trio.move_on_after(wait_s):
-                        await trio.testing.wait_all_tasks_blocked()
-                batch = self._take_pending(1)  # one switch: the agents get a look in between
-                self._lft_writing = sum(len(changes) for _, changes, _ in batch)
-                try:
-                    if self._lft_writing <= LFT_INLINE_ENTRIES:
-                        records = self._write_lfts(batch)
-                    else:
-                        records = await trio.to_thread.run_sync(self._write_lfts, batch)
-                finally:
-                    self._lft_writing = 0
-                for rec in records:
-                    self._lft_written(rec)
-                await trio.lowlevel.checkpoint()  # frames that came meanwhile go before the next switch
-        finally:
-            self._lft_wake = None
+        """LFT entries the switches' SMAs accepted that the kernel does not have yet: none,
+        every change is written when it is accepted (``_program``)."""
+        return 0
 
     def _link_request(self, name: str, rt: NodeRuntime, action: LinkRequest) -> None:
         pp = rt.plan.ports.get(action.port)

@@ -1,19 +1,23 @@
 """Build a planned fabric in the kernel (and take it down), owned by a run.
 
 Order: record the namespaces in the run state (write-ahead), create them, create all cables,
-bring every port up, give each switch its tc forwarding plane (kernel datapath). Any failure
+bring every port up, give each switch its forwarding plane (kernel datapath: the LFT in a BPF
+map behind one tc classifier, ``kernel.lft_map``; u32 filters, ``kernel.tc``, on a kernel
+that refuses the program, or with IBEMU_LFT=tc). Any failure
 tears down what was built before the error propagates: nothing half-built is left.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ibemu.fabric.plan import FabricPlan
-from ibemu.kernel import netns, ownership
+from ibemu.kernel import lft_map, netns, ownership
+from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.links import LinkControl, create_cables
 from ibemu.kernel.tc import KernelLft
 
@@ -27,7 +31,7 @@ class BuiltFabric:
     plan: FabricPlan
     state: ownership.RunState
     links: LinkControl
-    lfts: dict[str, KernelLft] = field(default_factory=dict)
+    lfts: dict[str, MapLft | KernelLft] = field(default_factory=dict)
     phases_s: dict[str, float] = field(default_factory=dict)
 
     def close(self) -> None:
@@ -56,8 +60,14 @@ def build(plan: FabricPlan, state: ownership.RunState, *, datapath: str = "kerne
         t3 = time.perf_counter()
         if datapath == "kernel":
             switches = [n for n in plan.switches() if n.ports]
+            refused = lft_map.unsupported() if switches else None
+            if os.environ.get("IBEMU_LFT") == "tc":
+                refused = "IBEMU_LFT=tc"
+            if refused is not None:
+                log.warning("LFTs as tc u32 filters: this kernel refuses the BPF LFT classifier (%s)", refused)
+            lft_class = KernelLft if refused is not None else MapLft
             for sw in switches:
-                fabric.lfts[sw.name] = KernelLft(sw.ns, {p: pp.ifname for p, pp in sw.ports.items()})
+                fabric.lfts[sw.name] = lft_class(sw.ns, {p: pp.ifname for p, pp in sw.ports.items()})
             with ThreadPoolExecutor(max_workers=4) as pool:
                 list(pool.map(lambda lft: lft.setup(), fabric.lfts.values()))
         t4 = time.perf_counter()

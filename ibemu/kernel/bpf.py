@@ -26,6 +26,9 @@ BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_DELETE_ELEM = 3
 BPF_PROG_LOAD = 5
 BPF_PROG_TEST_RUN = 10
+BPF_MAP_GET_NEXT_ID = 12
+BPF_MAP_GET_FD_BY_ID = 14
+BPF_OBJ_GET_INFO_BY_FD = 15
 
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
@@ -52,6 +55,15 @@ _libc.syscall.restype = ctypes.c_long
 def _bpf(cmd: int, attr: bytes | bytearray) -> int:
     buf = ctypes.create_string_buffer(bytes(attr), len(attr))
     ret = _libc.syscall(SYS_BPF, cmd, buf, len(attr))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
+    return int(ret)
+
+
+def _bpf_buf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
+    """``_bpf`` on an attr buffer the caller keeps (a hot path's update: no copies)."""
+    ret = _libc.syscall(SYS_BPF, cmd, attr, len(attr))
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
@@ -103,6 +115,27 @@ class Map:
             self.fd = -1
 
 
+def map_names() -> list[str]:
+    """The names of every BPF map on the machine (any process's): to check what is left."""
+    names: list[str] = []
+    next_id = 0
+    while True:
+        attr = ctypes.create_string_buffer(struct.pack("=III", next_id, 0, 0).ljust(128, b"\0"), 128)
+        if _libc.syscall(SYS_BPF, BPF_MAP_GET_NEXT_ID, attr, 128) < 0:
+            return names  # ENOENT: no more
+        next_id = struct.unpack_from("=I", attr.raw, 4)[0]
+        try:
+            fd = _bpf(BPF_MAP_GET_FD_BY_ID, struct.pack("=III", next_id, 0, 0).ljust(128, b"\0"))
+        except OSError:
+            continue  # freed meanwhile
+        try:
+            info = ctypes.create_string_buffer(80)
+            _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("=IIQ", fd, len(info), _addr(info)).ljust(128, b"\0"))
+            names.append(info.raw[24:40].split(b"\0", 1)[0].decode(errors="replace"))
+        finally:
+            os.close(fd)
+
+
 def load_program(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS, name: str = "",
                  expected_attach_type: int = 0) -> int:
     """Load (and verify) a program; returns its fd. A rejection raises with the verifier's log."""
@@ -138,12 +171,22 @@ def verifier_log(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> s
     return log.value.decode(errors="replace")
 
 
-def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, int]:
-    """BPF_PROG_TEST_RUN: (return value, packet after the run, average ns per run)."""
+SKB_CTX_SIZE = 192
+"""sizeof(struct __sk_buff) as test runs pass it (``test_run(..., ctx=True)``)."""
+
+
+def test_run(prog_fd: int, data: bytes, repeat: int = 1, *, ctx: bool = False) -> tuple[int, bytes, int]:
+    """BPF_PROG_TEST_RUN: (return value, packet after the run, average ns per run).
+
+    ``ctx``: the packet after the run is followed by the ``struct __sk_buff`` the program
+    left (``SKB_CTX_SIZE`` bytes: ``cb[0]`` at offset 48, ...)."""
     din = ctypes.create_string_buffer(data, len(data))
     dout = ctypes.create_string_buffer(len(data) + 256)
-    attr = bytearray(struct.pack("=IIIIQQII", prog_fd, 0, len(data), len(dout), _addr(din), _addr(dout),
-                                 repeat, 0).ljust(128, b"\0"))
+    cout = ctypes.create_string_buffer(SKB_CTX_SIZE)
+    fields = struct.pack("=IIIIQQII", prog_fd, 0, len(data), len(dout), _addr(din), _addr(dout), repeat, 0)
+    if ctx:
+        fields += struct.pack("=IIQQ", 0, SKB_CTX_SIZE, 0, _addr(cout))
+    attr = bytearray(fields.ljust(128, b"\0"))
     buf = ctypes.create_string_buffer(bytes(attr), len(attr))
     ret = _libc.syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, len(attr))
     if ret < 0:
@@ -153,7 +196,7 @@ def test_run(prog_fd: int, data: bytes, repeat: int = 1) -> tuple[int, bytes, in
     retval = struct.unpack_from("=I", raw, 4)[0]
     size_out = struct.unpack_from("=I", raw, 12)[0]
     duration = struct.unpack_from("=I", raw, 36)[0]
-    return ctypes.c_int32(retval).value, dout.raw[:size_out], duration
+    return ctypes.c_int32(retval).value, dout.raw[:size_out] + (cout.raw if ctx else b""), duration
 
 
 # ---------------------------------------------------------------------- assembler

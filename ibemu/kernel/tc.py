@@ -1,5 +1,8 @@
 """The kernel forwarding plane of a switch: its LFT as tc u32 filters on a shared block.
 
+The fallback for a kernel that refuses the BPF LFT classifier (``ibemu.kernel.lft_map``,
+which fabrics use where it loads).
+
 Every port of a switch has a clsact qdisc whose ingress is the switch's shared filter block.
 In the block:
 

@@ -162,6 +162,42 @@ class BlockFilters:
         self._send_all(msgs)
         self._collect_acks(first_seq, len(msgs))
 
+    def setup_switch_bpf(self, ifindexes: Iterable[int], prog_fd: int, *, name: str,
+                         vl15_classid: int = 0x00010015) -> None:
+        """The switch's forwarding skeleton with the LFT in a BPF program
+        (``ibemu.kernel.lft_map``), in one send: clsact on every port with this block as
+        ingress, the directed-route rule in the root table (one prio earlier, as in
+        ``setup_switch``), and the direct-action ``bpf`` filter ``prog_fd`` at this prio."""
+        create = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+        msgs = []
+        for idx in ifindexes:
+            body = _TCMSG.pack(0, idx, TC_H_CLSACT_HANDLE, TC_H_CLSACT, 0)
+            body += attr(TCA_KIND, b"clsact\0") + attr(TCA_INGRESS_BLOCK, struct.pack("=I", self.block))
+            self._seq += 1
+            msgs.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWQDISC, create, self._seq, 0) + body)
+        vl15_key = struct.pack("!IIii", 0xF000FFFF, 0xF000FFFF, 0, 0)
+        vl15_sel = struct.pack("=BBBxHHhhI", TC_U32_TERMINAL, 0, 1, 0, 0, 0, 0, 0) + vl15_key
+        lft_info = self.info
+        self.info = lft_info - (1 << 16)
+        msgs.append(self._message(RTM_NEWTFILTER, create, _u32_handle(0x800, 0, 1),
+                                  attr(TCA_U32_CLASSID, struct.pack("=I", vl15_classid))
+                                  + attr(TCA_U32_SEL, vl15_sel)))
+        self.info = lft_info
+        msgs.append(self._bpf_message(prog_fd, name, lft_info))
+        first_seq = self._seq - len(msgs) + 1
+        self._send_all(msgs)
+        self._collect_acks(first_seq, len(msgs))
+
+    def _bpf_message(self, prog_fd: int, name: str, info: int) -> bytes:
+        """RTM_NEWTFILTER: a direct-action ``bpf`` filter (handle 1) at ``info``'s prio."""
+        body = _TCMSG.pack(0, -1, 1, self.block, info) + attr(TCA_KIND, b"bpf\0")
+        body += attr(TCA_OPTIONS | NLA_F_NESTED,
+                      attr(TCA_BPF_FD, struct.pack("=I", prog_fd)) + attr(TCA_BPF_NAME, name.encode() + b"\0")
+                      + attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
+        self._seq += 1
+        return NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWTFILTER,
+                             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body
+
     def apply(self, put: Sequence[tuple[U32Route, bool]], delete: Iterable[int] = ()) -> int:
         """Write routes (``(route, exists)``: replace if it exists, else create) and deletions.
 
@@ -186,14 +222,7 @@ class BlockFilters:
         (after the LFT's, which a permissive DLID never matches), then delete the root rule
         ``800::1`` that would stop them first. Frames the program does not take go on to the
         stack, i.e. the SMA, as before. ``tc filter show block 1`` shows both changes."""
-        info = (prio << 16) | (self.info & 0xFFFF)
-        body = _TCMSG.pack(0, -1, 1, self.block, info) + attr(TCA_KIND, b"bpf\0")
-        body += attr(TCA_OPTIONS | NLA_F_NESTED,
-                      attr(TCA_BPF_FD, struct.pack("=I", prog_fd)) + attr(TCA_BPF_NAME, name.encode() + b"\0")
-                      + attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))
-        self._seq += 1
-        add = NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWTFILTER,
-                             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, self._seq, 0) + body
+        add = self._bpf_message(prog_fd, name, (prio << 16) | (self.info & 0xFFFF))
         root_info = self.info - (1 << 16)
         body = _TCMSG.pack(0, -1, _u32_handle(0x800, 0, 1), self.block, root_info) + attr(TCA_KIND, b"u32\0")
         self._seq += 1

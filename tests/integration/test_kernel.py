@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ibemu.cli.main import main
-from ibemu.kernel import features, netns, ownership, tc
+from ibemu.kernel import features, lft_map, netns, ownership, tc
 from ibemu.kernel.links import Cable, LinkControl, create_cables
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.wire import fast
@@ -67,20 +67,24 @@ def test_cables_carrier_follows_either_end(run_state: ownership.RunState) -> Non
         links.close()
 
 
-def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership.RunState) -> None:
+@pytest.mark.parametrize("kind", ["map", "tc"])
+def test_lft_in_the_kernel_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership.RunState,
+                                                                    kind: str) -> None:
+    """The LFT in a BPF map (``lft_map.MapLft``) and the u32 fallback (``tc.KernelLft``)."""
     h1, sw, h2, links = _three_nodes(run_state)
-    lft = tc.KernelLft(sw, {1: "p1", 2: "p2"})
+    lft: lft_map.MapLft | tc.KernelLft = (lft_map.MapLft if kind == "map" else tc.KernelLft)(sw, {1: "p1", 2: "p2"})
     lft.setup()
     s_h1, s_h2 = open_packet_socket(h1, "p1"), open_packet_socket(h2, "p1")
     s_sw1 = open_packet_socket(sw, "p1")
     try:
-        assert lft.apply({1: 1, 2: 2}) == 2
+        assert lft.apply({1: 1, 2: 2}) == (1 if kind == "map" else 2)  # one 64-entry block, or a filter each
         assert lft.apply({1: 1, 2: 2}) == 0  # nothing changed, nothing written
         data = fast.NativeTemplate(slid=1, dlid=2, destqp=5, eth=ETH)
         for psn in range(500):
             s_h1.send(data.packet(0x04, psn, b"x" * 100))
         got = _wait_drain(s_h2, 500)
         assert len(got) == 500 and fast.peek(got[-1][14:]).psn == 499
+        assert got[0] == data.packet(0x04, 0, b"x" * 100)  # as sent, Ethernet header included
         assert _drain(s_sw1) == []  # forwarded frames never reach the switch's SMA socket
         directed = fast.NativeTemplate(slid=0xFFFF, dlid=0xFFFF, destqp=0, vl=15, eth=ETH)
         lid_routed_smp = fast.NativeTemplate(slid=1, dlid=2, destqp=0, vl=15, eth=ETH)
@@ -98,7 +102,12 @@ def test_lft_in_tc_forwards_data_and_leaves_vl15_to_the_sma(run_state: ownership
         s_h1.send(data.packet(0x04, 1, b"z"))
         assert len(_wait_drain(s_h1, 1)) == 1
         assert lft.apply({2: 0xFF}) == 1 and 2 not in lft.installed
-        assert tc.lft_lines({2: 2}, installed=lft.installed, ifnames=lft.ifnames)[0].startswith("filter add block 1")
+        if isinstance(lft, lft_map.MapLft):
+            assert lft.read(2) == 0 and lft.read(1) == 1  # what the kernel map holds
+            s_h1.send(data.packet(0x04, 2, b"z"))
+            assert [fast.dlid_vl(f[14:]) for f in _wait_drain(s_sw1, 1)] == [(2, 0)]  # no route: the SMA
+        else:
+            assert tc.lft_lines({2: 2}, installed=lft.installed, ifnames=lft.ifnames)[0].startswith("filter add block 1")
     finally:
         for s in (s_h1, s_h2, s_sw1):
             s.close()

@@ -1,0 +1,267 @@
+"""The kernel forwarding plane of a switch: its LFT in a BPF map, read by one classifier.
+
+Every port of a switch has a clsact qdisc whose ingress is the switch's shared filter block
+(block 1, as ``tc.KernelLft`` builds it). In the block:
+
+- prio 1: the u32 rule for directed-route SMPs (VL15 and the permissive DLID) that stops
+  classification, until the DR relay (``dr_relay``) replaces it by its own filter at prio 3;
+- prio 2: this module's program, a direct-action ``bpf`` filter (``ibemu_lft``) that reads
+  the switch's LFT from a BPF array map and redirects a frame to its egress port.
+
+An LFT change is a map update (``bpf(BPF_MAP_UPDATE_ELEM)``), seen by the next frame: no tc
+filter is written after bring-up, nothing queues, and there are no mirred actions for the
+kernel to walk when the namespaces go.
+
+The program, per frame (``skb->data`` at the Ethernet header; ``bpf_skb_load_bytes`` copies
+the Ethernet type and the LRH, so a frame whose LRH is not in the linear part still works):
+
+1. fewer than 14 + 10 bytes, an Ethernet type other than 0x88B5, a DLID of 0xC000 or above
+   (multicast; the permissive DLID, so every directed-route SMP), or a PktLen that does not
+   say the frame's length (PktLen * 4 + 2 bytes after the Ethernet header) -> TC_ACT_UNSPEC;
+2. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
+   or 0xFF -> TC_ACT_UNSPEC;
+3. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
+4. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
+
+TC_ACT_UNSPEC goes on to the next filter (the DR relay) and then up the stack to the switch
+agent's packet socket, which answers its own LID and counts the rest as the spec's
+PortRcvSwitchRelayErrors or PortRcvErrors, exactly as with the u32 LFT. A redirected frame
+leaves unchanged, Ethernet header included, as ``mirred egress redirect`` left it (at tc
+ingress both push the Ethernet header back and transmit the frame as received). LID-routed
+SMPs (VL15, unicast DLID) are switched like data, as real switches do.
+
+Maps, per switch (so a switch's program reads nothing of another's):
+
+- ``ibemu_lft``: an array of 768 values of 64 bytes, index ``DLID >> 6``: the LFT's blocks
+  as SubnSet(LinearForwardingTable) carries them, one egress port number per byte (0 = not
+  forwarded). This deviates from one ``DLID -> ifindex`` entry per LID: an array map rounds
+  each value up to 8 bytes, so 49,152 ifindexes would pin 384 KB per switch (123 MB for a
+  k=16 fat-tree's 320 switches) where the blocks take 48 KB, and a 64-entry Set is one update.
+- ``ibemu_lft_port``: an array of 256 u32, index port number -> egress ifindex in the
+  switch's namespace (0 = no cable).
+
+Deviations from the userspace forwarder (``ibemu.agents.forwarder``), all shared with the u32
+LFT this replaces: the VCRC is not checked (the next receiver checks it), port states are
+not (a frame for a port without carrier is dropped by the veth, not counted), and an entry
+whose egress is the ingress port sends the frame back (a hairpin, as mirred did).
+``skb->cb[0]`` (scratch space of tc programs, read by nothing else) holds the target so that
+BPF_PROG_TEST_RUN shows where a frame would go.
+
+The maps and the program are file descriptors of the process that built the fabric; the
+filter keeps the program (and so the maps) alive until the switch's namespace goes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import struct
+from collections.abc import Mapping
+
+from ibemu.kernel import bpf, rtnl
+from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R5, R6, R7, R10, Asm
+from ibemu.kernel.commands import KernelError
+from ibemu.kernel.packet import ETH_P_IB
+from ibemu.kernel.tc import BLOCK as TC_BLOCK
+from ibemu.kernel.tc import NO_ROUTE
+from ibemu.kernel.tc_netlink import BlockFilters
+
+ETH = 14
+UNICAST_END = 0xC000
+LFT_BLOCK = 64
+N_BLOCKS = UNICAST_END // LFT_BLOCK
+MAX_PORTS = 256
+PRIO = 2
+"""The classifier's priority on the block (the DR rule is at 1, the DR relay at 3)."""
+FN_SKB_LOAD_BYTES = 26
+SKB_CB0 = 48
+
+# stack slots (offsets from r10)
+_S_HDR = -16  # Ethernet type (2 bytes) + LRH (8 bytes)
+_S_KEY = -24
+
+
+def program(blocks_fd: int, ports_fd: int) -> bytes:
+    """The classifier, bound to one switch's two maps (see the module docstring)."""
+    a = Asm()
+    a.mov(R6, R1)
+    a.ldx(4, R2, R6, bpf.SKB_LEN)
+    a.jmp("jlt", R2, ETH + 10, "pass")
+    # Ethernet type and LRH onto the stack (works whatever part of the skb is linear)
+    a.mov(R1, R6)
+    a.movi(R2, 12)
+    a.mov(R3, R10)
+    a.alu64("add", R3, _S_HDR)
+    a.movi(R4, 10)
+    a.call(FN_SKB_LOAD_BYTES)
+    a.jmp("jne", R0, 0, "pass")
+    a.ldx(2, R2, R10, _S_HDR)
+    a.jmp("jne", R2, 0xB588, "pass")  # 88 B5, read little-endian
+    a.ldx(1, R3, R10, _S_HDR + 2 + 2)  # DLID
+    a.alu64("lsh", R3, 8)
+    a.ldx(1, R4, R10, _S_HDR + 2 + 3)
+    a.alu64("or", R3, R4, reg=True)
+    a.jmp("jge", R3, UNICAST_END, "pass")  # multicast and permissive: directed-route SMPs
+    a.ldx(1, R4, R10, _S_HDR + 2 + 4)  # PktLen (11 bits, in 4-byte words, without the VCRC)
+    a.alu64("and", R4, 7)
+    a.alu64("lsh", R4, 8)
+    a.ldx(1, R5, R10, _S_HDR + 2 + 5)
+    a.alu64("or", R4, R5, reg=True)
+    a.alu64("lsh", R4, 2)
+    a.alu64("add", R4, ETH + 2)
+    a.ldx(4, R2, R6, bpf.SKB_LEN)
+    a.jmp("jne", R2, R4, "pass", reg=True)
+    # port = blocks[dlid >> 6][dlid & 63]
+    a.mov(R7, R3)
+    a.alu64("and", R7, LFT_BLOCK - 1)
+    a.alu64("rsh", R3, 6)
+    a.stx(4, R10, _S_KEY, R3)
+    a.ld_map_fd(R1, blocks_fd)
+    a.mov(R2, R10)
+    a.alu64("add", R2, _S_KEY)
+    a.call(bpf.FN_MAP_LOOKUP_ELEM)
+    a.jmp("jeq", R0, 0, "pass")
+    a.alu64("add", R0, R7, reg=True)
+    a.ldx(1, R2, R0, 0)
+    a.jmp("jeq", R2, 0, "pass")
+    a.jmp("jeq", R2, NO_ROUTE, "pass")
+    # ifindex = ports[port]
+    a.stx(4, R10, _S_KEY, R2)
+    a.ld_map_fd(R1, ports_fd)
+    a.mov(R2, R10)
+    a.alu64("add", R2, _S_KEY)
+    a.call(bpf.FN_MAP_LOOKUP_ELEM)
+    a.jmp("jeq", R0, 0, "pass")
+    a.ldx(4, R1, R0, 0)
+    a.jmp("jeq", R1, 0, "pass")
+    a.stx(4, R6, SKB_CB0, R1)
+    a.movi(R2, 0)
+    a.call(bpf.FN_REDIRECT)
+    a.exit()
+    a.label("pass")
+    a.movi(R0, bpf.TC_ACT_UNSPEC)
+    a.exit()
+    return a.assemble()
+
+
+class LftProgram:
+    """One switch's LFT maps and its loaded classifier (not attached: see ``MapLft``)."""
+
+    def __init__(self, ports: Mapping[int, int]) -> None:
+        """``ports``: port number -> egress ifindex."""
+        self.blocks = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, LFT_BLOCK, N_BLOCKS, "ibemu_lft")
+        self.ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, MAX_PORTS, "ibemu_lft_port")
+        self.prog_fd = -1
+        self.table = bytearray(UNICAST_END)
+        """What the map holds: the egress port per LID (0 = not forwarded)."""
+        self.installed: dict[int, int] = {}
+        # one attr for every update: key and value buffers at fixed addresses
+        self._key = ctypes.create_string_buffer(4)
+        self._value = ctypes.create_string_buffer(LFT_BLOCK)
+        self._attr = ctypes.create_string_buffer(
+            struct.pack("=IIQQQ", self.blocks.fd, 0, ctypes.addressof(self._key),
+                        ctypes.addressof(self._value), 0).ljust(128, b"\0"), 128)
+        try:
+            for port, ifindex in ports.items():
+                self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex))
+            self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd), name="ibemu_lft")
+        except BaseException:
+            self.close()
+            raise
+
+    def apply(self, changes: Mapping[int, int]) -> int:
+        """Install ``changes`` (LID -> port; 0/0xFF = no route); returns the map updates
+        (one per 64-entry block that changed)."""
+        if self.prog_fd < 0:
+            raise KernelError("LFT map used after close()")
+        table, installed = self.table, self.installed
+        touched: set[int] = set()
+        for lid, port in changes.items():
+            if not 0 < lid < UNICAST_END:
+                raise ValueError(f"LID {lid:#x} is not a unicast LID")
+            if port in (0, NO_ROUTE):
+                if installed.pop(lid, None) is None:
+                    continue
+                port = 0
+            elif installed.get(lid) == port:
+                continue
+            else:
+                installed[lid] = port
+            table[lid] = port
+            touched.add(lid >> 6)
+        for block in sorted(touched):
+            self._write_block(block)
+        return len(touched)
+
+    def _write_block(self, block: int) -> None:
+        struct.pack_into("=I", self._key, 0, block)
+        ctypes.memmove(self._value, bytes(self.table[block * LFT_BLOCK:(block + 1) * LFT_BLOCK]), LFT_BLOCK)
+        bpf._bpf_buf(bpf.BPF_MAP_UPDATE_ELEM, self._attr)
+
+    def read(self, lid: int) -> int:
+        """The egress port the kernel map holds for ``lid`` (0: not forwarded)."""
+        value = self.blocks.lookup(struct.pack("=I", lid >> 6))
+        return value[lid & (LFT_BLOCK - 1)] if value is not None else 0
+
+    def close(self) -> None:
+        if self.prog_fd >= 0:
+            os.close(self.prog_fd)
+            self.prog_fd = -1
+        self.blocks.close()
+        self.ports.close()
+
+
+class MapLft:
+    """The LFT of one switch as a BPF map behind one classifier on its tc block; the same
+    interface as ``tc.KernelLft`` (``setup``, ``apply``, ``installed``, ``close``)."""
+
+    def __init__(self, ns: str, ifnames: Mapping[int, str]) -> None:
+        """``ifnames`` maps each cabled port number to its interface in ``ns``."""
+        self.ns = ns
+        self.ifnames = dict(ifnames)
+        self.ports = sorted(ifnames)
+        self._prog: LftProgram | None = None
+
+    @property
+    def installed(self) -> dict[int, int]:
+        return self._prog.installed if self._prog is not None else {}
+
+    def setup(self) -> None:
+        """Maps, program, then clsact on every port, the DR rule and the classifier on the
+        switch's block, over netlink in one send. Blocking (enters ``ns``)."""
+        index = rtnl.ifindexes(self.ns, self.ifnames.values())
+        ifindex = {p: index[name] for p, name in self.ifnames.items()}
+        self._prog = LftProgram(ifindex)
+        filters = BlockFilters(self.ns, block=TC_BLOCK, prio=PRIO, protocol=ETH_P_IB)
+        try:
+            filters.setup_switch_bpf(ifindex.values(), self._prog.prog_fd, name="ibemu_lft")
+        finally:
+            filters.close()
+
+    def apply(self, changes: Mapping[int, int]) -> int:
+        """Install ``changes`` (LID -> port; 0/0xFF = no route); returns map updates."""
+        if self._prog is None:
+            raise RuntimeError("MapLft.apply before setup()")
+        return self._prog.apply(changes)
+
+    def read(self, lid: int) -> int:
+        """The egress port the kernel forwards ``lid`` to (0: it does not)."""
+        return self._prog.read(lid) if self._prog is not None else 0
+
+    def close(self) -> None:
+        """Close the maps and the program (the filter keeps them until the namespace goes)."""
+        if self._prog is not None:
+            self._prog.close()
+            self._prog = None
+
+
+@functools.cache
+def unsupported() -> str | None:
+    """Why this kernel cannot run the LFT classifier (``None`` when it can): creates the maps
+    and loads the program once, then remembers the answer."""
+    try:
+        LftProgram({}).close()
+    except (OSError, KernelError) as exc:
+        return str(exc).splitlines()[0]
+    return None
