@@ -22,26 +22,15 @@ import trio
 
 from ibemu import clock
 from ibemu.fabric import control
-from ibemu.fabric.agents import make_agent, make_agents
+from ibemu.fabric.agents import make_agent
 from ibemu.fabric.control import serve_control
 from ibemu.fabric.faults import FaultInjector
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.fabric.session import read_spec
+from ibemu.fabric.session import adopt_clock, open_runtime, read_spec, request_from_spec
 from ibemu.kernel import ownership
-from ibemu.kernel.ecn import EcnMarking
-from ibemu.kernel.impair import Impairment
-from ibemu.topo import Topology, loads_ibnetdiscover
 
 log = logging.getLogger("ibemu.fabric.daemon")
-
-def roce_runtime(topo: Topology, state: ownership.RunState, run_dir: Path, settings: dict[str, float]) -> RoceRuntime:
-    """The RoCE fabric of a spec, with its cable loss/delay and ECN marking."""
-    loss, delay = float(settings.get("loss_pct", 0.0)), float(settings.get("delay_us", 0.0))
-    mark, line = float(settings.get("ecn_mark_kb", 0.0)), float(settings.get("ecn_line_gbps", 0.0))
-    return RoceRuntime(topo, state=state, run_dir=run_dir, impair=Impairment(loss, delay),
-                       ecn=EcnMarking(mark, line) if mark and line else None)
-
 
 async def _serve(rt: FabricRuntime) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -76,18 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(filename=args.run_dir / "daemon.log", level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = read_spec(args.run_dir)
-    if spec.get("clock"):  # the clock `up` recorded (its environment carries it too)
-        clock.configure(spec["clock"].get("dilation", 1), spec["clock"].get("epoch_ns") or None)
+    adopt_clock(args.run_dir)  # the clock `up` recorded (its environment carries it too)
     state = ownership.RunState.load(ownership.RunState(spec["run_id"]).path)
     state.claim_process(os.getpid(), "fabric-daemon")
-    topo = loads_ibnetdiscover(spec["topology"])
     try:
-        if spec.get("fabric", "ib") == "roce":
-            trio.run(_serve_roce, roce_runtime(topo, state, args.run_dir, spec.get("roce", {})), clock=clock.trio_clock())
+        rt = open_runtime(request_from_spec(spec), state, args.run_dir)
+        if isinstance(rt, RoceRuntime):
+            trio.run(_serve_roce, rt, clock=clock.trio_clock())
         else:
-            trio.run(_serve, FabricRuntime(topo, make_agents=make_agents, datapath=spec["datapath"], state=state,
-                                           run_dir=args.run_dir, sm=spec.get("sm", "none"),
-                                           sm_host=spec.get("sm_host"), sm_engine=spec.get("sm_engine", "minhop")), clock=clock.trio_clock())
+            trio.run(_serve, rt, clock=clock.trio_clock())
     except Exception:
         log.exception("fabric daemon failed")
         return 1

@@ -16,9 +16,10 @@ drives ibemu's own command line to get work done.
   attached to a host's MAD socket, ``fault`` (and ``link``/``switch``) ask the daemon's control
   channel (``ibemu.fabric.control``), stamped in the run's event log like a scheduled fault.
 
-``ibemu run`` keeps its fabric in its own process (its traffic and fault schedule share one trio
-clock with the agents), so it builds with ``FabricRuntime``/``RoceRuntime`` directly, as the
-daemon does; the scenario runner and the daemon share ``ibemu.fabric.faults``' injectors.
+``open_runtime(request, ...)`` is the in-process fabric of a request: the daemon serves it, and
+``ibemu run`` (``ibemu.scenario.runner``) drives it in its own process, where its traffic and
+fault schedule share one trio clock with the agents; both inject faults through
+``ibemu.fabric.faults``' injectors.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ibemu import clock
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric import control
 from ibemu.kernel import netns, ownership
 from ibemu.topo import Topology, dumps_ibnetdiscover, loads_ibnetdiscover, refs
+
+if TYPE_CHECKING:
+    from ibemu.fabric.roce_runtime import RoceRuntime
+    from ibemu.fabric.runtime import FabricRuntime
+    from ibemu.roce.queues import QueueConfig
 
 UP_TIMEOUT_S = 120.0
 CONTROL_WAIT_S = 5.0
@@ -91,6 +97,40 @@ def adopt_clock(run_dir: Path) -> None:
 
 def read_spec(run_dir: Path) -> dict[str, Any]:
     return dict(json.loads((Path(run_dir) / SPEC_FILE).read_text()))
+
+
+def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
+    """The request a daemon's ``fabric.json`` holds (``write_spec``'s inverse)."""
+    return FabricRequest(loads_ibnetdiscover(spec["topology"]), spec.get("scenario") or "", kind=spec.get("fabric", "ib"),
+                         datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
+                         sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
+                         roce=dict(spec.get("roce") or {}))
+
+
+def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
+                 queues: QueueConfig | None = None) -> FabricRuntime | RoceRuntime:
+    """The in-process fabric of ``request``: what the daemon serves and ``ibemu run`` drives.
+
+    A RoCE fabric gets its cable loss/delay and ECN marking from ``request.roce`` on the
+    kernel datapath, or the user datapath's ``queues`` (which carry their own)."""
+    from ibemu.fabric.agents import make_agents
+    from ibemu.fabric.roce_runtime import RoceRuntime
+    from ibemu.fabric.runtime import FabricRuntime
+
+    topo = request.topology
+    if request.kind == "roce":
+        if queues is not None:
+            return RoceRuntime(topo, state=state, run_dir=run_dir, queues=queues)
+        from ibemu.kernel.ecn import EcnMarking
+        from ibemu.kernel.impair import Impairment
+
+        r = request.roce
+        loss, delay = float(r.get("loss_pct", 0.0)), float(r.get("delay_us", 0.0))
+        mark, line = float(r.get("ecn_mark_kb", 0.0)), float(r.get("ecn_line_gbps", 0.0))
+        return RoceRuntime(topo, state=state, run_dir=run_dir, impair=Impairment(loss, delay),
+                           ecn=EcnMarking(mark, line) if mark and line else None)
+    return FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
+                         sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine)
 
 
 def _tail(path: Path, lines: int = 15) -> str:

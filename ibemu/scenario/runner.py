@@ -25,24 +25,28 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ibemu import clock
 from ibemu.errors import ConfigError
 from ibemu.fabric.agenthost import AgentHost
-from ibemu.fabric.agents import make_agent, make_agents
+from ibemu.fabric.agents import make_agent
 from ibemu.fabric.cable_capture import capture
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultInjector, actions_on
 from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
+from ibemu.fabric.session import FabricRequest, open_runtime
 from ibemu.kernel import cpus, ownership
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
 from ibemu.traffic.endpoints import host_address
 from ibemu.traffic.flows import TRAFFIC_KINDS, FlowOutput
+
+if TYPE_CHECKING:
+    from ibemu.roce.queues import QueueConfig
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +120,27 @@ ROUTER_COUNTERS = ("forwarded", "dropped", "lost", "ecn_marked", "pause_sent", "
 """What a RoCE user-datapath run adds to every flow's extra (``router_*``: all routers' ports together)."""
 
 
+def fabric_request(scen: Scenario) -> FabricRequest:
+    """The fabric ``scen`` asks for, as ``ibemu up`` would build it (``ibemu.fabric.session``)."""
+    f = scen.fabric
+    roce = {"loss_pct": f.loss_pct, "delay_us": f.delay_us, "ecn_mark_kb": f.ecn_mark_kb if f.ecn else 0.0,
+            "ecn_line_gbps": f.ecn_line_gbps if f.ecn else 0.0}
+    return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
+                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce)
+
+
+def _queues(scen: Scenario) -> QueueConfig | None:
+    """A RoCE user datapath's router queues (they carry its delay, loss, ECN and PFC)."""
+    f = scen.fabric
+    if f.kind != "roce" or not f.roce_user:
+        return None
+    from ibemu.roce.queues import QueueConfig
+
+    return QueueConfig(line_gbps=f.line_gbps, buffer_kb=f.buffer_kb, ecn_mark_kb=f.ecn_mark_kb, pfc=frozenset(f.pfc),
+                       xoff_kb=f.pfc_xoff_kb, xon_kb=f.pfc_xon_kb, delay_us=f.delay_us, loss_pct=f.loss_pct,
+                       dscp_priority=f.dscp_priority)
+
+
 class ScenarioRun:
     """Runs ``scen`` once; ``await run()`` returns the result dict."""
 
@@ -129,27 +154,8 @@ class ScenarioRun:
         self.state = ownership.RunState(ownership.new_run_id(), scenario=scen.name)
         self.run_dir = self.out_dir / "run"
         self.roce = scen.fabric.kind == "roce"
-        self.rt: FabricRuntime | RoceRuntime
-        if self.roce:  # the fabric manager (ibemu.roce.fabric_manager) takes the SM's place
-            from ibemu.kernel.ecn import EcnMarking
-            from ibemu.kernel.impair import Impairment
-
-            f = scen.fabric
-            if f.roce_user:  # routers forward in ibemu.roce.userpath: queues, ECN, PFC, delay, loss there
-                from ibemu.roce.queues import QueueConfig
-
-                self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir, queues=QueueConfig(
-                    line_gbps=f.line_gbps, buffer_kb=f.buffer_kb, ecn_mark_kb=f.ecn_mark_kb, pfc=frozenset(f.pfc),
-                    xoff_kb=f.pfc_xoff_kb, xon_kb=f.pfc_xon_kb, delay_us=f.delay_us, loss_pct=f.loss_pct,
-                    dscp_priority=f.dscp_priority))
-            else:
-                self.rt = RoceRuntime(scen.topology, state=self.state, run_dir=self.run_dir,
-                                      impair=Impairment(f.loss_pct, f.delay_us),
-                                      ecn=EcnMarking(f.ecn_mark_kb, f.ecn_line_gbps) if f.ecn else None)
-        else:
-            self.rt = FabricRuntime(scen.topology, make_agents=make_agents, datapath=scen.fabric.datapath,
-                                    state=self.state, run_dir=self.run_dir, sm=scen.sm.impl,
-                                    sm_host=scen.sm.host or None, sm_engine=scen.sm.engine)
+        self.rt: FabricRuntime | RoceRuntime = open_runtime(fabric_request(scen), self.state, self.run_dir,
+                                                              queues=_queues(scen))
         self.workers: list[subprocess.Popen[bytes]] = []
         self.outputs: list[FlowOutput] = []
         self.t0_ns = 0
