@@ -163,7 +163,7 @@ class ScenarioRun:
         self.t_end_ns = 0
         self.t_done_ns = 0
         """When the flows were drained: the end of the window fidelity is judged on."""
-        self.lag_threshold_us = getattr(scen.time, "lag_threshold_us", None) or DEFAULT_THRESHOLD_US
+        self.lag_threshold_us = scen.time.lag_threshold_us or DEFAULT_THRESHOLD_US
         self.faults_injected: list[dict[str, Any]] = []
         self.interrupted = False
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
