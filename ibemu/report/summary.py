@@ -20,8 +20,11 @@ EXTRA_WIDTH = 48
 INVALID_MARK = "INVALID RUN: figures below are not to scale (the emulator fell behind its clock)"
 """The head line of every section with figures of a run whose fidelity is not valid."""
 DILATION_NOTE = (
-    "  to scale: link and transport timers, reroute phases, blackouts, throughput (emulated time);\n"
-    "  not to scale: bring-up times and the SM's compute (ibemu's own CPU, real seconds)"
+    "  to scale (emulated clock): link rates and delays of the user datapath, transport timers (RC ACK\n"
+    "    timeout, retries, pacing), the fault schedule and durations;\n"
+    "  not to scale (ibemu's own CPU, N times shorter in emulated time): the agents' and the SM's\n"
+    "    processing: SUBNET UP, routes computed, the reroute phases; fabric up is real seconds;\n"
+    "  mixed: throughput and blackouts (timers, and ibemu's datapath CPU)"
 )
 """Under dilation: which figures are the fabric's and which are ibemu's own cost."""
 

@@ -67,8 +67,8 @@ def test_dilation_adds_what_is_to_scale() -> None:
     d["fabric"]["dilation"] = 10.0
     d["fidelity"]["dilation"] = 10.0
     text = summary(d)
-    assert "not to scale: bring-up times and the SM's compute" in text
-    assert "to scale: link and transport timers" in text
+    assert "not to scale (ibemu's own CPU, N times shorter in emulated time)" in text
+    assert "to scale (emulated clock): link rates and delays" in text and "fabric up is real seconds" in text
 
 
 def test_a_run1_result_still_reads_with_fidelity_unknown() -> None:
