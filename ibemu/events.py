@@ -13,7 +13,9 @@ directory ``RUN_DIR``:
 - ``Log.OPENSM``, ``RUN_DIR/opensm/events.jsonl``: OpenSM's log in the SM's vocabulary
   (``ibemu.fabric.opensm_log``);
 - ``Log.FM``, ``RUN_DIR/fm.jsonl``: the RoCE fabric manager (``ibemu.roce.fabric_manager``);
-- ``Log.FAULTS``, ``RUN_DIR/faults.jsonl``: the RoCE fault injector of ``ibemu run``.
+- ``Log.FAULTS``, ``RUN_DIR/faults.jsonl``: the RoCE fault injector of ``ibemu run``;
+- ``Log.LAG``, ``RUN_DIR/lag.jsonl``: every monitored process of an ``ibemu run`` appends its
+  lag behind the emulated clock here (``ibemu.lagmon``).
 
 ``Kind`` names every event kind once and ``VOCABULARY`` says, per kind, what it means and
 which fields it carries in each log that has it (beyond ``kind``, ``t_ns`` and the fabric
@@ -58,6 +60,7 @@ class Log(StrEnum):
     OPENSM = "opensm"
     FM = "fm"
     FAULTS = "faults"
+    LAG = "lag"
 
 
 class Kind(StrEnum):
@@ -109,6 +112,8 @@ class Kind(StrEnum):
     FM_STOP = "fm_stop"
     ROUTES_PROGRAMMED = "routes_programmed"
     FABRIC_UP = "fabric_up"
+    # every monitored process of a run
+    LAG = "lag"
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,10 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.FABRIC_UP: KindInfo(
         "every route of the RoCE fabric is programmed",
         {Log.FM: ("seconds", "routes")}),
+    Kind.LAG: KindInfo(
+        "how late a process's monitor woke, in emulated time, over an interval (ibemu.lagmon)",
+        {Log.LAG: ("process", "pid", "since_ns", "period_us", "samples", "p50_us", "p99_us", "max_us",
+                   "buckets", "final")}),
 }
 
 LAZY: dict[Log, frozenset[str]] = {

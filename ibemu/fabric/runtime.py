@@ -19,7 +19,7 @@ from pathlib import Path
 
 import trio
 
-from ibemu import clock
+from ibemu import clock, lagmon
 from ibemu.events import FabricLog
 from ibemu.fabric import ibemusm, opensm, opensm_log
 from ibemu.fabric.agenthost import Agent, AgentHost
@@ -165,6 +165,7 @@ class FabricRuntime:
             unpinned = cpus.pin_thread(self.placement.agents)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
+                nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag
                 for name in self._mad_hosts():
                     self.mad_ports[name] = await nursery.start(serve_mad_port, self.host, name, 1)
                 if self.sm != "none":

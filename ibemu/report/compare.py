@@ -1,6 +1,6 @@
 """Two runs of one scenario side by side: InfiniBand (ibemu's SM) and RoCEv2 (the fabric manager).
 
-Pure: two ``ibemu.run/1`` result dicts in, a comparison (``ibemu.compare/1``) and a plain-text
+Pure: two ``ibemu.run/2`` (or ``/1``) result dicts in, a comparison (``ibemu.compare/1``) and a plain-text
 table out. Faults are paired by their order (the same scenario injects the same faults),
 flows by name. For every figure the comparison keeps both values and, where both are numbers
 and the IB one is not zero, ``roce / ib``. A collective's efficiency is its bus bandwidth
@@ -18,7 +18,11 @@ Shape (``comparison`` as :func:`compare` returns it)::
                   "time_us", "busbw_gbs", "wrong", "iterations", "retransmitted": PAIR,
                   # with ECN in the RoCE run: "ce_received", "cnp_sent", "cnp_received", "tx_paced": PAIR
                   }],
-     "efficiency": {FLOW: roce/ib busbw (collectives) or Gb/s (other flows)}}
+     "efficiency": {FLOW: roce/ib busbw (collectives) or Gb/s (other flows)},
+     "fidelity": {"ib": {"valid", "worst_process", "worst_lag_us", "note"} or null, "roce": ...}}
+
+(``fidelity``: each run's verdict, null for an ibemu.run/1 result; the table's head says
+whether each side is valid, and an invalid side's figures are not to scale.)
 
 where ``PAIR`` is ``{"ib": x, "roce": y, "ratio": y/x or null}``.
 """
@@ -28,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ibemu.report.result import PHASES
+from ibemu.report.result import PHASES, READABLE_VERSIONS
 from ibemu.report.summary import DASH, table
 
 SCHEMA = "ibemu.compare/1"
@@ -63,8 +67,8 @@ def _manager(r: Result) -> str:
 
 def _check_pair(ib: Result, roce: Result) -> None:
     for kind, r in (("ib", ib), ("roce", roce)):
-        if r.get("schema") != "ibemu.run/1":
-            raise ValueError(f"the {kind} result is not an ibemu.run/1 result")
+        if r.get("schema") not in READABLE_VERSIONS:
+            raise ValueError(f"the {kind} result is not an ibemu.run/1 or /2 result")
         if r["fabric"]["kind"] != kind:
             raise ValueError(f"the {kind} result is a {r['fabric']['kind']} run")
 
@@ -121,7 +125,24 @@ def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = 
         "faults": faults,
         "traffic": traffic,
         "efficiency": efficiency,
+        "fidelity": {"ib": _fidelity(ib), "roce": _fidelity(roce)},
     }
+
+
+def _fidelity(r: Result) -> dict[str, Any] | None:
+    f = r.get("fidelity")
+    if not isinstance(f, Mapping):
+        return None
+    return {k: f.get(k) for k in ("valid", "worst_process", "worst_lag_us", "note")}
+
+
+def _validity(f: Mapping[str, Any] | None) -> str:
+    if f is None:
+        return "fidelity unknown"
+    if f.get("valid"):
+        return "valid"
+    lag = f.get("worst_lag_us")
+    return "INVALID" + (f" ({f.get('worst_process')} p99 lag {lag / 1e3:.2f} ms)" if lag is not None else "")
 
 
 def document(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None) -> dict[str, Any]:
@@ -190,6 +211,10 @@ def render(comparison: Mapping[str, Any]) -> str:
             rows.append(_row(f"  {t['name']} error", t["error"]))
     headers = ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"]
     lines = [title, "=" * len(title)]
+    fid = c.get("fidelity") or {}
+    lines.append(f"fidelity: ib {_validity(fid.get('ib'))}, roce {_validity(fid.get('roce'))}")
+    if any(f is not None and not f.get("valid") for f in fid.values()):
+        lines.append("INVALID RUN: the figures of an invalid side are not to scale (it fell behind its clock)")
     imp = c.get("impairments") or {}
     if imp.get("loss_pct") or imp.get("delay_us"):
         lines.append(f"RoCE cables: {imp.get('loss_pct', 0):g}% of frames lost and {imp.get('delay_us', 0):g} us "

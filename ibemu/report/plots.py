@@ -106,6 +106,14 @@ def _no_data(ax: Axes, text: str) -> None:
     ax.set_yticks([])
 
 
+INVALID_TITLE = "INVALID RUN (fell behind its clock, not to scale): "
+"""What every plot's title starts with when the run's fidelity is not valid."""
+
+
+def _marked(r: RunResult, title: str) -> str:
+    return INVALID_TITLE + title if r.invalid else title
+
+
 def _subtitle(r: RunResult) -> str:
     f = r.fabric
     sm = (
@@ -123,7 +131,7 @@ def throughput_plot(result: RunResult | Mapping[str, Any], path: str | Path) -> 
     panels = len(flows) if 1 < len(flows) <= PANEL_LIMIT else 1
     fig = Figure(figsize=(10, 2.0 + 1.7 * panels if panels > 1 else 4.8))
     axes = fig.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
-    fig.suptitle(f"{r.scenario.name}: throughput per flow\n{_subtitle(r)}", fontsize=11)
+    fig.suptitle(_marked(r, f"{r.scenario.name}: throughput per flow\n{_subtitle(r)}"), fontsize=11)
     if not flows:
         _no_data(axes[0], "no traffic timeline in this run")
         return _save(fig, path)
@@ -185,7 +193,7 @@ def phases_plot(result: RunResult | Mapping[str, Any], path: str | Path) -> Path
     n = len(r.faults)
     fig = Figure(figsize=(10, 1.9 + 0.75 * max(n, 1)))
     ax = fig.subplots()
-    ax.set_title(f"{r.scenario.name}: reroute phases per fault\n{_subtitle(r)}", fontsize=11)
+    ax.set_title(_marked(r, f"{r.scenario.name}: reroute phases per fault\n{_subtitle(r)}"), fontsize=11)
     if not n:
         _no_data(ax, "no faults injected in this run")
         return _save(fig, path)
@@ -312,7 +320,7 @@ def topology_plot(
             f" and {len(targets) - 4} more" if len(targets) > 4 else ""
         )
         title += f"\nfailed during the run (red): {shown}"
-    return draw(topology, path, title=title, failed_links=links, failed_nodes=nodes)
+    return draw(topology, path, title=_marked(r, title), failed_links=links, failed_nodes=nodes)
 
 
 def write_plots(

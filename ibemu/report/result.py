@@ -1,4 +1,4 @@
-"""The result of ``ibemu run`` (schema ``ibemu.run/1``): typed structures and a validator.
+"""The result of ``ibemu run`` (schema ``ibemu.run/2``): typed structures and a validator.
 
 The canonical form is a JSON object (what ``--json FILE`` writes); :class:`RunResult` and its
 parts are the typed view of it, with ``to_dict()`` / ``from_dict()``. Every object is closed:
@@ -7,8 +7,13 @@ schema version. The one open place is ``traffic[].extra``, where each traffic ki
 own figures (latency percentiles, bus bandwidth...) as any JSON values. Every key is required;
 the fields documented as nullable take ``null``. One key is optional: ``fabric.dilation``, the
 run's time dilation factor (``ibemu.clock``; a number >= 1), present when it is not 1, so a run
-at dilation 1 writes what it wrote before it existed (its fidelity report, ibemu.run/2, is to
-come).
+at dilation 1 writes what it wrote before it existed.
+
+``ibemu.run/2`` adds ``fidelity`` (required; null: not judged): whether every ibemu process kept up with the
+emulated clock (``ibemu.scenario.fidelity``): ``{valid, dilation, threshold_us, worst_lag_us,
+worst_process, processes: {name: {p50_us, p99_us, max_us, samples}}, worst_link, note}``.
+An ``ibemu.run/1`` file (no ``fidelity``) still reads: its ``fidelity`` is ``None``
+(unknown), and it is written back as it was.
 
 :func:`validate` reports every problem at once, located by key path
 (``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
@@ -24,7 +29,9 @@ from typing import Any
 
 from ibemu.errors import IbemuError, did_you_mean
 
-SCHEMA_VERSION = "ibemu.run/1"
+SCHEMA_VERSION = "ibemu.run/2"
+READABLE_VERSIONS = ("ibemu.run/1", SCHEMA_VERSION)
+"""What ``validate`` accepts: this version, and the one before it (no ``fidelity``)."""
 
 FABRIC_KINDS = ("ib", "roce")
 DATAPATHS = ("kernel", "user")
@@ -264,6 +271,70 @@ class TrafficResult:
 
 
 @dataclass
+class ProcessLag:
+    """How late one process's lag monitor woke, in emulated microseconds."""
+
+    p50_us: float
+    p99_us: float
+    max_us: float
+    samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"p50_us": self.p50_us, "p99_us": self.p99_us, "max_us": self.max_us, "samples": self.samples}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProcessLag:
+        return cls(d["p50_us"], d["p99_us"], d["max_us"], d["samples"])
+
+
+@dataclass
+class Fidelity:
+    """Did the run keep up with its emulated clock (``ibemu.scenario.fidelity``)? ``valid``:
+    every process's p99 lag under ``threshold_us``; when not, no figure is to scale."""
+
+    valid: bool
+    dilation: float = 1.0
+    threshold_us: float = 0.0
+    worst_lag_us: float | None = None
+    """The highest p99 lag of any process (``worst_process``'s)."""
+    worst_process: str | None = None
+    processes: dict[str, ProcessLag] = field(default_factory=dict)
+    worst_link: str | None = None
+    """Always null for now: per-link rates need the link model (``note`` says so)."""
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "valid": self.valid,
+            "dilation": self.dilation,
+            "threshold_us": self.threshold_us,
+            "worst_lag_us": self.worst_lag_us,
+            "worst_process": self.worst_process,
+            "processes": {k: v.to_dict() for k, v in self.processes.items()},
+            "worst_link": self.worst_link,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Fidelity:
+        return cls(
+            d["valid"],
+            d["dilation"],
+            d["threshold_us"],
+            d["worst_lag_us"],
+            d["worst_process"],
+            {k: ProcessLag.from_dict(v) for k, v in d["processes"].items()},
+            d["worst_link"],
+            d["note"],
+        )
+
+    def behind(self) -> list[tuple[str, ProcessLag]]:
+        """The processes whose p99 lag reached the threshold, worst first."""
+        out = [(n, p) for n, p in self.processes.items() if p.p99_us >= self.threshold_us]
+        return sorted(out, key=lambda np: -np[1].p99_us)
+
+
+@dataclass
 class Files:
     events: str | None = None
     json: str | None = None
@@ -299,9 +370,16 @@ class RunResult:
     traffic: list[TrafficResult] = field(default_factory=list)
     files: Files = field(default_factory=Files)
     schema: str = SCHEMA_VERSION
+    fidelity: Fidelity | None = None
+    """``None``: not judged (an ``ibemu.run/1`` result, or one not made by a run): unknown."""
+
+    @property
+    def invalid(self) -> bool:
+        """The run fell behind its clock: its figures are not to scale."""
+        return self.fidelity is not None and not self.fidelity.valid
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "schema": self.schema,
             "scenario": self.scenario.to_dict(),
             "started_at": self.started_at,
@@ -312,8 +390,11 @@ class RunResult:
             "bringup": self.bringup.to_dict(),
             "faults": [f.to_dict() for f in self.faults],
             "traffic": [t.to_dict() for t in self.traffic],
-            "files": self.files.to_dict(),
         }
+        if self.fidelity is not None or self.schema != READABLE_VERSIONS[0]:
+            d["fidelity"] = None if self.fidelity is None else self.fidelity.to_dict()
+        d["files"] = self.files.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], source: str | None = None) -> RunResult:
@@ -333,6 +414,7 @@ class RunResult:
             [TrafficResult.from_dict(t) for t in d["traffic"]],
             Files.from_dict(d["files"]),
             d["schema"],
+            Fidelity.from_dict(d["fidelity"]) if d.get("fidelity") is not None else None,
         )
 
 
@@ -564,8 +646,57 @@ _TRAFFIC = _object(
 
 
 def _schema_version(v: Any, path: str, out: list[str]) -> None:
-    if v != SCHEMA_VERSION:
-        out.append(f"{path}: expected {SCHEMA_VERSION!r}, {_got(v)}")
+    if v not in READABLE_VERSIONS:
+        out.append(f"{path}: expected {SCHEMA_VERSION!r} (or {READABLE_VERSIONS[0]!r}), {_got(v)}")
+
+
+def _fidelity_for_version(v: Mapping[str, Any], path: str, out: list[str]) -> None:
+    """``fidelity`` is required from ibemu.run/2 on, and unknown to ibemu.run/1."""
+    if v.get("schema") == SCHEMA_VERSION and "fidelity" not in v:
+        out.append("fidelity: missing")
+    elif v.get("schema") == READABLE_VERSIONS[0] and "fidelity" in v:
+        out.append(f"fidelity: unknown key in an {READABLE_VERSIONS[0]} result")
+    _unique_traffic_names(v, path, out)
+
+
+def _fidelity_consistent(v: Mapping[str, Any], path: str, out: list[str]) -> None:
+    worst, procs = v.get("worst_process"), v.get("processes")
+    if isinstance(worst, str) and isinstance(procs, Mapping) and worst not in procs:
+        out.append(f"{path}.worst_process: {worst!r} is not in processes")
+    if v.get("valid") is True and not procs:
+        out.append(f"{path}.valid: true with no process measured")
+
+
+def _process_map(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, Mapping):
+        out.append(f"{path}: expected object, {_got(v)}")
+        return
+    for k, x in v.items():
+        _PROCESS_LAG(x, f"{path}.{k}", out)
+
+
+def _nullable(check: Check) -> Check:
+    def nullable(v: Any, path: str, out: list[str]) -> None:
+        if v is not None:
+            check(v, path, out)
+
+    return nullable
+
+
+_PROCESS_LAG = _object({"p50_us": _NUM, "p99_us": _NUM, "max_us": _NUM, "samples": _count})
+_FIDELITY = _object(
+    {
+        "valid": _boolean,
+        "dilation": _number(minimum=1.0),
+        "threshold_us": _NUM,
+        "worst_lag_us": _NUM_OR_NULL,
+        "worst_process": _string(nullable=True),
+        "processes": _process_map,
+        "worst_link": _string(nullable=True),
+        "note": _string(nullable=True),
+    },
+    _fidelity_consistent,
+)
 
 
 def _unique_traffic_names(v: Mapping[str, Any], path: str, out: list[str]) -> None:
@@ -626,12 +757,14 @@ _RESULT = _object(
             }
         ),
     },
-    _unique_traffic_names,
+    _fidelity_for_version,
+    optional={"fidelity": _nullable(_FIDELITY)},
 )
 
 
 def validate(result: Any) -> list[str]:
-    """Every problem of ``result`` (a JSON-like dict) against ``ibemu.run/1``; ``[]`` if valid."""
+    """Every problem of ``result`` (a JSON-like dict) against ``ibemu.run/2`` (or an
+    ``ibemu.run/1`` one); ``[]`` if valid."""
     out: list[str] = []
     _RESULT(result, "", out)
     return out

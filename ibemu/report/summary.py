@@ -1,17 +1,32 @@
-"""The terminal summary of a run: plain-text aligned tables, no colours, no terminal needed."""
+"""The terminal summary of a run: plain-text aligned tables, no colours, no terminal needed.
+
+A run that fell behind its emulated clock (``fidelity.valid`` false) says so under its title,
+in its Fidelity section (what fell behind, by how much), and at the head of every section
+with figures (``INVALID_MARK``). Under dilation a fixed note says which figures are to scale.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ibemu.report.result import PHASES, FaultResult, RunResult, TrafficResult, as_result
+from ibemu.report.result import PHASES, FaultResult, Fidelity, RunResult, TrafficResult, as_result
 
 DASH = "-"
 """What a cell shows for a value that is absent (``null``)."""
 DEST_LIMIT = 3
 """Destinations listed by name before a list is shortened to ``h1,h2,... (16)``."""
 EXTRA_WIDTH = 48
+INVALID_MARK = "INVALID RUN: figures below are not to scale (the emulator fell behind its clock)"
+"""The head line of every section with figures of a run whose fidelity is not valid."""
+DILATION_NOTE = (
+    "  to scale (emulated clock): link rates and delays of the user datapath, transport timers (RC ACK\n"
+    "    timeout, retries, pacing), the fault schedule and durations;\n"
+    "  not to scale (ibemu's own CPU, N times shorter in emulated time): the agents' and the SM's\n"
+    "    processing: SUBNET UP, routes computed, the reroute phases; fabric up is real seconds;\n"
+    "  mixed: throughput and blackouts (timers, and ibemu's datapath CPU)"
+)
+"""Under dilation: which figures are the fabric's and which are ibemu's own cost."""
 
 
 def table(
@@ -89,6 +104,42 @@ def _header(r: RunResult) -> list[str]:
         lines.append(sc.description)
     state = "INTERRUPTED" if r.interrupted else "completed"
     lines.append(f"started {r.started_at}, {r.duration_s:.1f} s, {state}")
+    if r.invalid:
+        lines.append(INVALID_MARK)
+    return lines
+
+
+def _mark(r: RunResult) -> list[str]:
+    return [f"  {INVALID_MARK}"] if r.invalid else []
+
+
+def _ms_of(us: float | None) -> str:
+    return DASH if us is None else f"{us / 1e3:.2f} ms"
+
+
+def _fidelity(r: RunResult) -> list[str]:
+    f: Fidelity | None = r.fidelity
+    lines = ["", "Fidelity"]
+    if f is None:
+        return [*lines, "  unknown: not judged (an ibemu.run/1 result, from before fidelity was)"]
+    if f.valid:
+        lines.append(f"  valid: every process kept up with the emulated clock (worst p99 lag "
+                     f"{_ms_of(f.worst_lag_us)}, {f.worst_process}; threshold {_ms_of(f.threshold_us)})")
+    else:
+        behind = f.behind()
+        if behind:
+            what = ", ".join(f"{n} p99 lag {_ms_of(p.p99_us)} (max {_ms_of(p.max_us)})" for n, p in behind)
+            lines.append(f"  INVALID: fell behind the emulated clock: {what}; threshold {_ms_of(f.threshold_us)}")
+        else:
+            lines.append(f"  INVALID: {f.note}")
+    if f.processes:
+        rows = [[n, _ms_of(p.p50_us), _ms_of(p.p99_us), _ms_of(p.max_us), _int(p.samples)]
+                for n, p in f.processes.items()]
+        lines.append(table(["process", "p50 lag", "p99 lag", "max lag", "samples"], rows,
+                           [False, True, True, True, True]))
+    lines.append("  links: not measured yet (worst_link: null; needs the link model)")
+    if f.dilation != 1:
+        lines.append(DILATION_NOTE)
     return lines
 
 
@@ -97,12 +148,13 @@ def _fabric(r: RunResult) -> list[str]:
     lines = [
         "",
         "Fabric",
+        *_mark(r),
         f"  {f.kind} ({f.datapath} datapath), {f.topology}: {_int(f.nodes)} nodes "
         f"({_int(f.switches)} switches, {_int(f.hosts)} hosts), {_int(f.links)} links",
         f"  fabric up in {b.fabric_s:.2f} s",
     ]
     if f.dilation != 1:
-        lines.insert(3, f"  time dilation {f.dilation:g}: emulated time runs {f.dilation:g}x slower than real time")
+        lines.insert(3 + len(_mark(r)), f"  time dilation {f.dilation:g}: emulated time runs {f.dilation:g}x slower than real time")
     if f.kind == "roce":
         up = f"routes installed in {b.sm_s:.2f} s" if b.sm_s is not None else "never installed its routes"
         lines.append(f"  fabric manager (ECMP routes over netlink): {up}")
@@ -116,8 +168,8 @@ def _fabric(r: RunResult) -> list[str]:
     return lines
 
 
-def _faults(faults: list[FaultResult]) -> list[str]:
-    lines = ["", f"Faults ({len(faults)})"]
+def _faults(faults: list[FaultResult], mark: list[str] | None = None) -> list[str]:
+    lines = ["", f"Faults ({len(faults)})", *(mark or [])]
     if not faults:
         lines.append("  none injected")
         return lines
@@ -150,8 +202,8 @@ def _faults(faults: list[FaultResult]) -> list[str]:
     return lines
 
 
-def _traffic(traffic: list[TrafficResult]) -> list[str]:
-    lines = ["", f"Traffic ({len(traffic)})"]
+def _traffic(traffic: list[TrafficResult], mark: list[str] | None = None) -> list[str]:
+    lines = ["", f"Traffic ({len(traffic)})", *(mark or [])]
     if not traffic:
         lines.append("  none")
         return lines
@@ -186,7 +238,9 @@ def _files(r: RunResult) -> list[str]:
 
 
 def summary(result: RunResult | Mapping[str, Any]) -> str:
-    """The whole summary: header, fabric and bring-up, faults and their flows, traffic, files."""
+    """The whole summary: header, fabric and bring-up, fidelity, faults and their flows, traffic,
+    files."""
     r = as_result(result)
-    lines = _header(r) + _fabric(r) + _faults(r.faults) + _traffic(r.traffic) + _files(r)
+    mark = _mark(r)
+    lines = _header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark) + _files(r)
     return "\n".join(lines) + "\n"

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from ibemu import clock
+from ibemu import clock, lagmon
 from ibemu.events import EventLog, Kind, Log
 from ibemu.kernel import linkevents, rtnl
 from ibemu.kernel.commands import KernelError
@@ -237,6 +237,7 @@ async def amain(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
                 await n.start(fm.serve)
+                n.start_soon(lagmon.watch_from_env, "fabric-manager")  # in a run: its lag
                 async for _sig in signals:
                     n.cancel_scope.cancel()
                     break

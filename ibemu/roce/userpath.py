@@ -31,7 +31,7 @@ from typing import Any
 
 import trio
 
-from ibemu import clock
+from ibemu import clock, lagmon
 from ibemu.kernel import linkevents, rtnl, sockfilter
 from ibemu.kernel.fib import RouteMsg, parse_routes
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
@@ -263,6 +263,7 @@ async def amain(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
                 await n.start(dp.serve, counters)
+                n.start_soon(lagmon.watch_from_env, "user-datapath")  # in a run: its lag
                 if args.ready:
                     Path(args.ready).write_text(str(os.getpid()))
                 async for _sig in signals:

@@ -34,6 +34,7 @@ from ibemu.scenario.schema import (
     MAX_ECN_MARK_KB,
     MAX_FABRIC_DELAY_US,
     MAX_FABRIC_LOSS_PCT,
+    MAX_LAG_THRESHOLD_US,
     MAX_LINE_GBPS,
     NODE_KEYS,
     RECORD_KEYS,
@@ -903,15 +904,22 @@ class _Loader(Reader):
         if node is None:
             return TimeSpec()
         m = self.mapping(node, "time", TIME_KEYS)
-        if m is None or "dilation" not in m:
+        if m is None:
             return TimeSpec()
+        threshold = None
+        if "lag_threshold_us" in m:
+            threshold = self.number(m["lag_threshold_us"][1], "time.lag_threshold_us", 0, MAX_LAG_THRESHOLD_US,
+                                    lo_open=True)
+        if "dilation" not in m:
+            return TimeSpec(lag_threshold_us=threshold)
         vnode = m["dilation"][1]
         where = f"{self.source}:{line_of(vnode)} time.dilation"
         if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
             self.error(vnode, "time.dilation", DILATION_AUTO_UNAVAILABLE)
-            return TimeSpec()
+            return TimeSpec(lag_threshold_us=threshold)
         n = self.number(vnode, "time.dilation", 1)
-        return TimeSpec(dilation=float(n), where=where) if n is not None else TimeSpec()
+        return (TimeSpec(dilation=float(n), where=where, lag_threshold_us=threshold) if n is not None
+                else TimeSpec(lag_threshold_us=threshold))
 
     # --- record ---------------------------------------------------------------------------
 

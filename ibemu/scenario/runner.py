@@ -4,7 +4,13 @@ Phases: ``build`` (namespaces, cables, agents), ``sm`` (to SUBNET UP), ``warm-up
 traffic worker opens the hosts' ports), ``traffic`` (flows run; faults are injected on
 schedule, each stamped at the source), ``drain`` (flows finish, the worker writes what it
 measured), ``teardown``. Ctrl-C at any point tears everything down and still returns what was
-measured (``interrupted: true``). The result follows ``ibemu.report.result`` (ibemu.run/1).
+measured (``interrupted: true``). The result follows ``ibemu.report.result`` (ibemu.run/2).
+
+Fidelity: the run names its lag log (``RUN_DIR/lag.jsonl``) in the environment
+(``ibemu.lagmon.ENV_LOG``) for its own lifetime, so every process it starts (the SM, the
+traffic workers, the RoCE user datapath and fabric manager) and the agent host in this one
+report how far they fell behind the emulated clock; ``ibemu.scenario.fidelity`` judges the run
+from it (the result's ``fidelity`` block).
 
 Processes: this one runs the fabric's agents (and the SM's MAD socket); the SM and the
 traffic worker are processes of their own, owned by the run.
@@ -29,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ibemu import clock
+from ibemu import clock, lagmon
 from ibemu.errors import ConfigError
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent
@@ -40,6 +46,7 @@ from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.session import FabricRequest, open_runtime
 from ibemu.kernel import cpus, ownership
+from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
 from ibemu.traffic.endpoints import host_address
@@ -160,6 +167,9 @@ class ScenarioRun:
         self.outputs: list[FlowOutput] = []
         self.t0_ns = 0
         self.t_end_ns = 0
+        self.t_done_ns = 0
+        """When the flows were drained: the end of the window fidelity is judged on."""
+        self.lag_threshold_us = scen.time.lag_threshold_us or DEFAULT_THRESHOLD_US
         self.faults_injected: list[dict[str, Any]] = []
         self.interrupted = False
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -169,10 +179,22 @@ class ScenarioRun:
 
     async def run(self) -> dict[str, Any]:
         """The whole run; SIGINT/SIGTERM end it early, torn down, with what was measured."""
-        scen = self.scen
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.run_dir.exists():  # a previous run's logs there must not mix with this one's
             shutil.rmtree(self.run_dir)
+        self.run_dir.mkdir(parents=True)
+        lag_env = os.environ.get(lagmon.ENV_LOG)
+        os.environ[lagmon.ENV_LOG] = str(self.run_dir / lagmon.LOG_NAME)  # for this run's processes
+        try:
+            return await self._run()
+        finally:
+            if lag_env is None:
+                os.environ.pop(lagmon.ENV_LOG, None)
+            else:
+                os.environ[lagmon.ENV_LOG] = lag_env
+
+    async def _run(self) -> dict[str, Any]:
+        scen = self.scen
         t_start = time.perf_counter()
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
                                f"{len(scen.topology.links)} links ("
@@ -182,7 +204,8 @@ class ScenarioRun:
             async with trio.open_nursery() as nursery:
                 with trio.CancelScope() as work:
                     nursery.start_soon(self._interrupt_on, signals, work)
-                    if isinstance(self.rt, RoceRuntime):
+                    if isinstance(self.rt, RoceRuntime):  # no agent host: this process's own lag
+                        nursery.start_soon(lagmon.watch_from_env, "runner")
                         async with self.rt.running() as fabric:
                             bringup = {"fabric_s": round(self.rt.timings_s.get("total", 0.0), 3),
                                        "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
@@ -254,6 +277,7 @@ class ScenarioRun:
             with trio.CancelScope(shield=True):
                 if not finished:  # interrupted or failed: the workers write what they have
                     await self._wait_workers(signal_first=True)
+            self.t_done_ns = clock.now_ns()
             self.outputs = self._read_workers()
 
     @property
@@ -387,8 +411,11 @@ class ScenarioRun:
                 "flows": [flow_impact(o, t_f, window_end, t_end) for o in outputs if o.t_ns],
             })
         traffic = [traffic_entry(o, self.t0_ns, t_end, TIMELINE_BIN_S) for o in outputs]
+        # Judged where the figures are measured: from the flows' time zero to the drain's end.
+        fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
+                       threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None, hi_ns=self.t_done_ns or None)
         return {
-            "schema": "ibemu.run/1",
+            "schema": "ibemu.run/2",
             "scenario": {"name": scen.name, "file": str(scen.path) if scen.path else None,
                          "description": scen.description or None},
             "started_at": self.started_at,
@@ -404,6 +431,7 @@ class ScenarioRun:
             "bringup": bringup,
             "faults": faults,
             "traffic": traffic,
+            "fidelity": fid,
             "files": {"events": str(self.run_dir / ("fm.jsonl" if self.roce else "events.jsonl")), "json": None,
                       "plots": [],
                       "captures": self.capture_files},

@@ -13,8 +13,10 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
-    time                       {dilation: N}: run on a clock N times slower than real time (N >= 1,
-                                default 1; ``auto`` is not available yet)
+    time                       {dilation: N, lag_threshold_us: T}: run on a clock N times slower than
+                                real time (N >= 1, default 1; ``auto`` is not available yet); the run
+                                is valid while every process's p99 lag stays under T emulated us
+                                (default ``ibemu.scenario.fidelity.DEFAULT_THRESHOLD_US``)
     record                     {capture: [links] | all, json: PATH, plots: bool}
 
 The key sets below are the schema; :mod:`ibemu.scenario.loader` enforces them. The names of
@@ -78,7 +80,8 @@ DATAPATHS = ("kernel", "user")
 SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
 SM_IMPLS = ("ibemu", "opensm")
 RECORD_KEYS = ("capture", "json", "plots")
-TIME_KEYS = ("dilation",)
+TIME_KEYS = ("dilation", "lag_threshold_us")
+MAX_LAG_THRESHOLD_US = 60_000_000.0
 DILATION_AUTO_UNAVAILABLE = ("auto (a factor chosen from the offered load and a calibration of this machine) is "
                              "not available yet: give a number >= 1")
 
@@ -183,6 +186,8 @@ class TimeSpec:
 
     dilation: float = 1.0
     where: str = ""
+    lag_threshold_us: float | None = None
+    """The p99 lag (emulated us) under which a process keeps up (None: the default)."""
 
 
 @dataclass(frozen=True, slots=True)

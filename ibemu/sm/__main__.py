@@ -20,7 +20,7 @@ from typing import cast
 
 import trio
 
-from ibemu import clock
+from ibemu import clock, lagmon
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
@@ -71,6 +71,7 @@ async def amain(args: argparse.Namespace) -> int:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
                 n.start_soon(sm.serve)
+                n.start_soon(lagmon.watch_from_env, "sm")  # in a run: its lag behind the clock
 
                 async def stop() -> None:
                     async for _sig in signals:

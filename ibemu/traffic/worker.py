@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from ibemu import clock
+from ibemu import clock, lagmon
 from ibemu.hca.nic import HcaPort
 from ibemu.traffic.endpoints import HostAddress, close_ports, open_ports
 from ibemu.traffic.flows import FlowOutput, run_flow
@@ -73,6 +73,8 @@ async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutpu
                     return
 
             nursery.start_soon(_on_signal)
+            flow_names = ",".join(str(f["name"]) for f in spec["flows"])
+            nursery.start_soon(lagmon.watch_from_env, f"traffic {flow_names}")  # its lag behind the clock
             t0 = None
             with waiting:
                 t0 = await time_zero(spec)

@@ -132,3 +132,17 @@ def test_a_fabric_spec_records_its_clock(tmp_path: Path) -> None:
     clock.configure(1)
     adopt_clock(tmp_path)  # a client of that fabric (ibemu exec, perf) stamps on its clock
     assert clock.dilation() == 3.0 and clock.epoch_ns() == 42
+
+
+def test_a_lag_threshold_is_taken_and_bad_ones_are_located() -> None:
+    spec = loads_scenario(TOPO + "time:\n  lag_threshold_us: 500\n", "x.yaml").time
+    assert spec.lag_threshold_us == 500.0 and spec.dilation == 1.0
+    spec = loads_scenario(TOPO + "time:\n  dilation: 4\n  lag_threshold_us: 250\n", "x.yaml").time
+    assert spec.lag_threshold_us == 250.0 and spec.dilation == 4.0
+    assert loads_scenario(TOPO, "x.yaml").time.lag_threshold_us is None
+    for bad, expected in (("0", "got 0"), ("-5", "got -5"), ("slow", "got 'slow'")):
+        with pytest.raises(ScenarioError) as e:
+            loads_scenario(TOPO + f"time:\n  lag_threshold_us: {bad}\n", "x.yaml")
+        assert e.value.problems[0].startswith("x.yaml:5 time.lag_threshold_us: expected a number > 0"), \
+            e.value.problems
+        assert expected in e.value.problems[0]

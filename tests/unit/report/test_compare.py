@@ -81,6 +81,6 @@ def test_runs_of_the_wrong_kind_are_refused() -> None:
     ib, roce = _pair()
     with pytest.raises(ValueError, match="roce result is a ib run"):
         compare(ib, ib)
-    roce["schema"] = "ibemu.run/2"
-    with pytest.raises(ValueError, match=r"not an ibemu\.run/1"):
+    roce["schema"] = "ibemu.run/3"
+    with pytest.raises(ValueError, match=r"not an ibemu\.run/1 or /2"):
         compare(ib, roce)

@@ -1,4 +1,4 @@
-"""ibemu.run/1: a good result passes; every kind of bad value is reported at its key path."""
+"""ibemu.run/2: a good result passes; every kind of bad value is reported at its key path."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def _set(d: dict[str, Any], path: str, value: Any) -> None:
         ),
         ("faults.0.at_s", None, "faults[0].at_s: expected number, got null"),
         ("faults.0.flows", {}, "faults[0].flows: expected list, got object"),
-        ("schema", "ibemu.run/2", "schema: expected 'ibemu.run/1', got str 'ibemu.run/2'"),
+        ("schema", "ibemu.run/3", "schema: expected 'ibemu.run/2' (or 'ibemu.run/1'), got str 'ibemu.run/3'"),
         ("started_at", "yesterday", "started_at: expected ISO-8601 timestamp, got 'yesterday'"),
         ("duration_s", "20", "duration_s: expected number, got str '20'"),
         ("interrupted", 0, "interrupted: expected true or false, got int 0"),
@@ -186,7 +186,7 @@ def test_from_dict_raises_with_every_problem() -> None:
         "fabric.kind",
         "faults[0].phases_ms.trap",
     ]
-    assert str(e.value).startswith("r.json: not a valid ibemu.run/1 result:")
+    assert str(e.value).startswith("r.json: not a valid ibemu.run/2 result:")
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
@@ -212,6 +212,7 @@ def test_json_order_follows_the_schema() -> None:
         "bringup",
         "faults",
         "traffic",
+        "fidelity",
         "files",
     ]
 
@@ -276,7 +277,7 @@ def test_readme_example_is_valid() -> None:
     import re
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme[readme.index("### Run results (ibemu.run/1)") :]
+    section = readme[readme.index("### Run results (ibemu.run/2)") :]
     block = re.search(r"```json\n(.*?)```", section, re.S)
     assert block is not None
     assert validate(json.loads(block.group(1))) == []

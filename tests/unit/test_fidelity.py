@@ -1,0 +1,87 @@
+"""A run's fidelity from its lag log: the window, the merge per process, the validity rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ibemu.events import Kind
+from ibemu.lagmon import LagStats
+from ibemu.report.result import validate
+from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity, judge, merge
+from tests.unit.report.sample import result
+
+
+def _rec(process: str, t_ns: int, lags_us: list[float], since_ns: int | None = None) -> dict[str, Any]:
+    s = LagStats()
+    for v in lags_us:
+        s.add(v)
+    return {"kind": Kind.LAG.value, "t_ns": t_ns, "process": process, "pid": 1,
+            "since_ns": t_ns - 1_000_000_000 if since_ns is None else since_ns, "period_us": 10_000,
+            **s.summary(), "buckets": s.buckets(), "final": False}
+
+
+def _stats(lags: list[float]) -> LagStats:
+    s = LagStats()
+    for v in lags:
+        s.add(v)
+    return s
+
+
+def test_a_quiet_run_is_valid_and_names_its_worst_process() -> None:
+    f = judge({"agent-host": _stats([100.0] * 100), "sm": _stats([300.0] * 100)}, dilation=1.0)
+    assert f["valid"] is True and f["worst_process"] == "sm" and 300.0 <= f["worst_lag_us"] <= 340.0
+    assert f["threshold_us"] == DEFAULT_THRESHOLD_US and f["worst_link"] is None
+    assert "link model" in f["note"] and set(f["processes"]) == {"agent-host", "sm"}
+    assert f["processes"]["sm"]["samples"] == 100
+
+
+def test_a_process_over_the_threshold_at_p99_makes_the_run_invalid() -> None:
+    # 2% of the samples 30 ms late: p99 is 30 ms
+    f = judge({"agent-host": _stats([100.0] * 98 + [30_000.0] * 2), "sm": _stats([50.0] * 100)},
+              dilation=4.0)
+    assert f["valid"] is False and f["worst_process"] == "agent-host" and f["dilation"] == 4.0
+    assert f["worst_lag_us"] >= 30_000.0
+    assert f["note"].startswith("agent-host fell behind the emulated clock: p99 lag 30.0 ms (max 30.0 ms) >= 2 ms")
+
+
+def test_one_late_wakeup_in_a_thousand_is_not_behind_but_its_max_shows() -> None:
+    f = judge({"sm": _stats([100.0] * 999 + [80_000.0])}, dilation=1.0)
+    assert f["valid"] is True and f["processes"]["sm"]["max_us"] == 80_000.0
+
+
+def test_the_threshold_is_configurable_and_nothing_measured_is_not_valid() -> None:
+    stats = {"sm": _stats([500.0] * 100)}
+    assert judge(stats, dilation=1.0, threshold_us=400.0)["valid"] is False
+    f = judge({}, dilation=1.0)
+    assert f["valid"] is False and f["worst_process"] is None and f["worst_lag_us"] is None
+    assert "no process reported" in f["note"]
+
+
+def test_records_merge_per_process_within_the_window() -> None:
+    s = 1_000_000_000
+    recs = [
+        _rec("sm", 1 * s, [90_000.0] * 50),          # bring-up, before the window: left out
+        _rec("sm", 11 * s, [100.0] * 100),
+        _rec("sm", 12 * s, [200.0] * 100),
+        _rec("agent-host", 12 * s, [300.0] * 100),
+        _rec("sm", 30 * s, [90_000.0] * 50),         # after the window: left out
+        {"kind": "carrier", "t_ns": 11 * s},          # not a lag record
+        _rec("traffic a", 25 * s, [10.0], since_ns=19 * s),  # its final interval overlaps the end
+    ]
+    m = merge(recs, 10 * s, 20 * s)
+    assert set(m) == {"sm", "agent-host", "traffic a"}
+    assert m["sm"].samples == 200 and m["sm"].max_us == 200.0
+    everything = merge(recs)
+    assert everything["sm"].samples == 300 and everything["sm"].max_us == 90_000.0
+    block = fidelity(recs, dilation=1.0, lo_ns=10 * s, hi_ns=20 * s)
+    assert block["valid"] is True and block["worst_process"] == "agent-host"
+
+
+def test_the_block_fits_the_run_schema() -> None:
+    d = result()
+    d["fidelity"] = judge({"agent-host": _stats([100.0] * 98 + [30_000.0] * 2)}, dilation=2.0)
+    assert validate(d) == []
+    d["fidelity"] = judge({}, dilation=1.0)
+    assert validate(d) == []
+    d["fidelity"]["valid"] = True
+    assert validate(d) == ["fidelity.valid: true with no process measured"]
