@@ -271,6 +271,13 @@ class Asm:
     def goto(self, target: str) -> None:
         self.code.append((0x05, 0, 0, 0, target))
 
+    def map_lookup(self, map_fd: int, key_off: int) -> None:
+        """r0 = bpf_map_lookup_elem(map, r10 + key_off): NULL when the key is absent."""
+        self.ld_map_fd(R1, map_fd)
+        self.mov(R2, R10)
+        self.alu64("add", R2, key_off)
+        self.call(FN_MAP_LOOKUP_ELEM)
+
     def call(self, fn: int) -> None:
         self._emit(_insn(0x85, 0, 0, 0, fn))
 

@@ -17,14 +17,13 @@ import zlib
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 
-from ibemu.kernel.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSGHDR, message
+from ibemu.kernel.netlink import NLM_F_DUMP, NLM_F_REQUEST, attrs, message, parse
 
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RT_TABLE_MAIN, RTN_UNICAST = 254, 1
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE, RTA_MULTIPATH = 1, 4, 5, 15, 9
 _RTMSG = struct.Struct("=BBBBBBBBI")
 _RTNH = struct.Struct("=HBBi")
-_NLA = struct.Struct("=HH")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,28 +36,14 @@ class RouteMsg:
     oifs: tuple[int, ...]
 
 
-def _attrs(data: bytes, off: int, end: int) -> Iterator[tuple[int, bytes]]:
-    while off + _NLA.size <= end:
-        ln, kind = _NLA.unpack_from(data, off)
-        if ln < _NLA.size or off + ln > end:
-            return
-        yield kind & 0x3FFF, data[off + _NLA.size:off + ln]
-        off += (ln + 3) & ~3
-
-
 def parse_routes(data: bytes) -> Iterator[RouteMsg]:
     """IPv4 unicast routes of the main table in a netlink datagram (others skipped)."""
-    off = 0
-    while off + NLMSGHDR.size <= len(data):
-        length, kind, _f, _seq, _pid = NLMSGHDR.unpack_from(data, off)
-        if length < NLMSGHDR.size or off + length > len(data):
-            return
-        body = off + NLMSGHDR.size
-        if kind in (RTM_NEWROUTE, RTM_DELROUTE) and length >= NLMSGHDR.size + _RTMSG.size:
+    for kind, _seq, body, end in parse(data):
+        if kind in (RTM_NEWROUTE, RTM_DELROUTE) and end - body >= _RTMSG.size:
             family, dst_len, _s, _t, table, _p, _sc, rtype, _fl = _RTMSG.unpack_from(data, body)
             oifs: list[int] = []
             dst = 0
-            for a, v in _attrs(data, body + _RTMSG.size, off + length):
+            for a, v in attrs(data, body + _RTMSG.size, end):
                 if a == RTA_TABLE and len(v) >= 4:
                     table = struct.unpack_from("=I", v)[0]
                 elif a == RTA_DST and len(v) == 4:
@@ -76,7 +61,6 @@ def parse_routes(data: bytes) -> Iterator[RouteMsg]:
             if family == socket.AF_INET and table == RT_TABLE_MAIN and rtype == RTN_UNICAST and dst_len <= 32:
                 mask = (0xFFFFFFFF << (32 - dst_len)) & 0xFFFFFFFF if dst_len else 0
                 yield RouteMsg(kind == RTM_DELROUTE, dst & mask, dst_len, tuple(sorted(set(oifs))))
-        off += (length + 3) & ~3
 
 
 class Fib:

@@ -12,8 +12,7 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ibemu.kernel import netns
-from ibemu.kernel.netlink import NLMSGHDR
+from ibemu.kernel import netlink, netns
 
 NETLINK_ROUTE = 0
 RTMGRP_LINK = 0x1
@@ -49,16 +48,11 @@ def open_link_monitor(ns: str) -> socket.socket:
 
 def parse(data: bytes) -> Iterator[LinkEvent]:
     """Link events in one netlink datagram (other message types are skipped)."""
-    off = 0
-    while off + NLMSGHDR.size <= len(data):
-        length, kind, _flags, _seq, _pid = NLMSGHDR.unpack_from(data, off)
-        if length < NLMSGHDR.size or off + length > len(data):
-            return
-        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= NLMSGHDR.size + _IFINFOMSG.size:
-            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, off + NLMSGHDR.size)
+    for kind, _seq, body, end in netlink.parse(data):
+        if kind in (RTM_NEWLINK, RTM_DELLINK) and end - body >= _IFINFOMSG.size:
+            _family, _type, index, flags, _change = _IFINFOMSG.unpack_from(data, body)
             yield LinkEvent(index, bool(flags & IFF_UP), bool(flags & IFF_LOWER_UP), kind == RTM_DELLINK,
                             bool(flags & IFF_RUNNING))
-        off += (length + 3) & ~3
 
 
 def read_events(sock: socket.socket) -> list[LinkEvent]:

@@ -16,6 +16,7 @@ from ibemu.kernel import netns
 from ibemu.kernel.commands import KernelError
 
 NLMSGHDR = struct.Struct("=IHHII")
+NLA = struct.Struct("=HH")
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x100, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLA_F_NESTED = 0x8000
@@ -37,10 +38,22 @@ def parse(data: bytes) -> Iterator[tuple[int, int, int, int]]:
     off = 0
     while off + NLMSGHDR.size <= len(data):
         length, kind, _flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-        if length < NLMSGHDR.size:
+        if length < NLMSGHDR.size or off + length > len(data):
             return
         yield kind, seq, off + NLMSGHDR.size, off + length
         off += (length + 3) & ~3
+
+
+def attrs(data: bytes, off: int = 0, end: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(type without its flag bits, payload) of each attribute in ``data[off:end]`` (a
+    truncated or malformed one ends it)."""
+    end = len(data) if end is None else end
+    while off + NLA.size <= end:
+        ln, kind = NLA.unpack_from(data, off)
+        if ln < NLA.size or off + ln > end:
+            return
+        yield kind & 0x3FFF, data[off + NLA.size:off + ln]
+        off += (ln + 3) & ~3
 
 
 def acks(sock: socket.socket, first_seq: int, count: int) -> list[tuple[int, int]]:

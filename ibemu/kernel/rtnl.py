@@ -135,19 +135,7 @@ def _dump_links(ns: str) -> list[tuple[str, int, dict[int, bytes]]]:
                     raise KernelError(f"{ns}: link dump failed")
                 if kind == RTM_NEWLINK:
                     flags = _IFINFOMSG.unpack_from(data, payload)[3]
-                    attrs = _attrs(data[payload + _IFINFOMSG.size: end])
+                    attrs = dict(netlink.attrs(data, payload + _IFINFOMSG.size, end))
                     links.append((attrs.get(IFLA_IFNAME, b"").split(b"\0", 1)[0].decode(), flags, attrs))
     finally:
         sock.close()
-
-
-def _attrs(raw: bytes) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    off = 0
-    while off + 4 <= len(raw):
-        alen, atype = struct.unpack_from("=HH", raw, off)
-        if alen < 4:
-            break
-        out[atype & 0x3FFF] = raw[off + 4: off + alen]
-        off += (alen + 3) & ~3
-    return out
