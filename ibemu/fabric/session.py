@@ -322,5 +322,6 @@ class Session:
         """A cable down or up: ``["edge0_0", "agg0_0", "down"]`` (see ``link_request``)."""
         return self.fault(link_request(self.topology, words))
 
-    def switch(self, name: str, up: bool) -> dict[str, Any]:
-        return self.fault(switch_request(self.topology, [name, "up" if up else "down"]))
+    def switch(self, words: Sequence[str]) -> dict[str, Any]:
+        """A switch down or up: ``["agg1_0", "down"]`` (see ``switch_request``)."""
+        return self.fault(switch_request(self.topology, words))

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ibemu.fabric.session import Session, switch_request
+from ibemu.fabric.session import Session
 from ibemu.topo import Topology, generate
 
 try:  # a Mininet custom file is loaded by Mininet; imported on its own it must not need Mininet
@@ -242,7 +242,7 @@ class IbemuNet:
         return self._running().link([src, dst, status])
 
     def configSwitchStatus(self, name: str, status: str) -> dict[str, Any]:
-        return self._running().fault(switch_request(self.topo, [name, status]))
+        return self._running().switch([name, status])
 
     def __enter__(self) -> IbemuNet:
         self.start()
