@@ -8,6 +8,9 @@ APT_PACKAGES=(python3-venv python3-dev iproute2 tshark ibsim-utils opensm infini
 # Mininet for the `mn --custom` adapter (ibemu/mininet/custom.py); without its recommended
 # Open vSwitch: IB fabrics need no OpenFlow switch or controller.
 APT_PACKAGES+=(mininet)
+# The device firmware's eBPF programs are C, built with clang -target bpf against libbpf's
+# headers (no kernel headers needed); OpenSM runs on the dilated clock under libfaketime.
+APT_PACKAGES+=(clang libbpf-dev libfaketime)
 VENV=${IBEMU_VENV:-.venv}
 
 want_apt=1
