@@ -15,9 +15,11 @@ while the LFT was tc filters written when the agents fell idle), and how long af
 last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). The
 SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``). The ibemu
 package imported (and the SM process's) is the one on PYTHONPATH, so the same script
-measures another checkout.
+measures another checkout. ``--sm-port umad own`` runs each measurement with the SM's SMPs
+through the agent host's MAD socket and then on the SM's own packet socket (``sm.directport``,
+what ``ibemu run`` uses), side by side.
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
-     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm]
+     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm] [--sm-port umad own]
 """
 
 from __future__ import annotations
@@ -182,9 +184,12 @@ def wait_tc(fab: LiveFabric, timeout_s: float = 600) -> float:
     return t_quiet - t0
 
 
-def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
+def start_sm(fab: LiveFabric, events: Path, window: int, engine: str, port: str = "own") -> subprocess.Popen[bytes]:
+    """``port`` "own": the SM's own packet socket on its HCA's cable (as ``ibemu run`` starts
+    it); "umad": every SMP through the MAD socket of the agent host."""
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events),
-            "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30"]
+            "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30",
+            *(fab.rt.sm_direct_args() if port == "own" else [])]
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cpus.pin_process(proc.pid, fab.rt.placement.sm)  # as FabricRuntime places its own SM
@@ -201,11 +206,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def ibemu_cold(k: int, window: int, engine: str, tmp: Path) -> dict[str, float]:
+def ibemu_cold(k: int, window: int, engine: str, tmp: Path, port: str) -> dict[str, float]:
     with LiveFabric(k, tmp) as fab:
         events = tmp / f"sm-k{k}-w{window}-{time.monotonic_ns()}.jsonl"  # a window may be given twice
         t0 = time.monotonic_ns()
-        proc = start_sm(fab, events, window, engine)
+        proc = start_sm(fab, events, window, engine, port)
         try:
             up = wait_kind(events, "subnet_up", proc, 900)
             assert fab.rt.host is not None
@@ -231,13 +236,13 @@ def opensm_cold(k: int, tmp: Path) -> float:
             opensm.stop(proc)
 
 
-def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dict[str, Any]]:
+def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) -> list[dict[str, Any]]:
     """Cut (then restore) ``cuts`` edge-aggregation cables, one at a time, under ibemu's SM."""
     out: list[dict[str, Any]] = []
     half = k // 2
     with LiveFabric(k, tmp) as fab:
-        events = tmp / f"sm-reroute-k{k}.jsonl"
-        proc = start_sm(fab, events, window, engine)
+        events = tmp / f"sm-reroute-k{k}-{port}.jsonl"
+        proc = start_sm(fab, events, window, engine, port)
         try:
             wait_kind(events, "subnet_up", proc, 600)
             settle_s = wait_tc(fab)
@@ -292,18 +297,20 @@ def main() -> None:
     ap.add_argument("--reroute-window", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     ap.add_argument("--no-opensm", action="store_true")
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
+    ap.add_argument("--sm-port", nargs="+", default=["umad", "own"], choices=["umad", "own"],
+                    help="the SM's SMPs through the MAD socket (umad) or its own packet socket (own)")
     args = ap.parse_args()
     LiveFabric.datapath = args.datapath
     with tempfile.TemporaryDirectory(prefix="bench-sm-") as d:
         tmp = Path(d)
         for k in args.k:
             print(f"== fat-tree k={k}, {args.datapath} datapath: cold bring-up (process start -> SUBNET UP)")
-            for w in args.windows:
+            for port, w in ((p, w) for p in args.sm_port for w in args.windows):
                 runs = []
                 for _ in range(args.runs):
-                    r = ibemu_cold(k, w, args.engine, tmp)
+                    r = ibemu_cold(k, w, args.engine, tmp, port)
                     runs.append(r)
-                    print(f"ibemu SM  max_in_flight={w:4d}: {r['wall_s']:.3f} s "
+                    print(f"ibemu SM ({port:4s}) max_in_flight={w:4d}: {r['wall_s']:.3f} s "
                           f"(sweep {r['sweep_s']:.3f} s, {r['smps']:.0f} SMPs, {r['retries']:.0f} retries); "
                           f"at SUBNET UP {r['backlog']:.0f} LFT entries not yet in the kernel, "
                           f"all in {r['settle_s']:.2f} s ({r['lft_ops']:.0f} kernel writes)")
@@ -313,10 +320,10 @@ def main() -> None:
                         print(f"  median {key}: {statistics.median(vals):.3f} (range {min(vals):.3f}-{max(vals):.3f})")
             if not args.no_opensm and opensm.opensm_available():
                 print(f"OpenSM 3.3 (-R minhop)       : {opensm_cold(k, tmp):.3f} s")
-        if args.cuts:
+        for port in args.sm_port if args.cuts else ():
             k = max(args.k)
-            print(f"== fat-tree k={k}: reroute of one edge-aggregation cable ({args.engine})")
-            rows = reroutes(k, args.cuts, args.engine, args.reroute_window, tmp)
+            print(f"== fat-tree k={k}: reroute of one edge-aggregation cable ({args.engine}, SM port: {port})")
+            rows = reroutes(k, args.cuts, args.engine, args.reroute_window, tmp, port)
             for row in rows:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))

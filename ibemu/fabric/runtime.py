@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import resource
 import subprocess
 import time
@@ -96,7 +97,8 @@ class FabricRuntime:
         workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
-        proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine))
+        extra = self.sm_direct_args() if impl is ibemusm else []
+        proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra))
         self._sm_proc = proc
         cpus.pin_process(proc.pid, self.placement.sm)
         self.state.claim_process(proc.pid, f"sm-{self.sm}")
@@ -106,6 +108,14 @@ class FabricRuntime:
         else:
             self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
         log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
+
+    def sm_direct_args(self) -> list[str]:
+        """ibemu's SM takes its own port's SMPs off the cable (``ibemu.sm.directport``), as a
+        real SM does through its HCA, unless IBEMU_SM_DIRECT=0."""
+        pp = self.plan.nodes[self.sm_host].ports.get(1)
+        if pp is None or os.environ.get("IBEMU_SM_DIRECT") == "0":
+            return []
+        return ["--direct", f"{pp.ifname}={pp.peer_mac.hex(':')}"]
 
     def _mad_hosts(self) -> list[str]:
         cabled = [n.name for n in self.plan.cas() if 1 in n.ports]
