@@ -260,9 +260,13 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
                 # the fabric's side: when the kernel had the last of the new entries (the SM's
                 # ack means the switch's SMA accepted the block)
                 fabric_log = _tails.setdefault(tmp / "events.jsonl", Tail(tmp / "events.jsonl"))
-                applied = [r["t_ns"] for r in fabric_log.poll()
-                           if r["kind"] == "lft_programmed" and r["t_ns"] >= t_fault]
+                records = fabric_log.poll()
+                applied = [r["t_ns"] for r in records if r["kind"] == "lft_programmed" and r["t_ns"] >= t_fault]
+                lost = [r for r in records if r["kind"] == "carrier" and not r.get("up") and r["t_ns"] >= t_fault]
+                near = min((r["t_ns"] for r in lost if r.get("node") == name), default=t_fault)
+                far = min((r["t_ns"] for r in lost if r.get("node") != name), default=t_fault)
                 out.append({"cable": f"{name}:{half + 1 + up}",
+                            "detect_near_ms": (near - t_fault) / 1e6, "detect_far_ms": (far - t_fault) / 1e6,
                             "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
                             "trap_to_rediscovered_ms": (rr["t_rediscovered"] - rr["t_trap"]) / 1e6,
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
@@ -327,7 +331,7 @@ def main() -> None:
             for row in rows:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
-            for key in ("fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
+            for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
                         "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms",
                         "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows]
