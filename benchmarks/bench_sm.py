@@ -44,7 +44,7 @@ import ibemu
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.kernel import cpus, ownership
+from ibemu.kernel import cpus, ownership, rtnl
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
@@ -248,13 +248,11 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
             settle_s = wait_tc(fab)
             print(f"  the kernel had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
             assert fab.rt.fabric is not None
-            links = fab.rt.fabric.links
             for i in range(cuts):
                 pod, edge, up = 1 + i % (k - 1), i % half, i % half
                 name = f"edge{pod}_{edge}"
                 ns, ifname = fab.ns(name), fab.topo.ifname(name, half + 1 + up)
-                t_fault = time.monotonic_ns()
-                links.set_up(ns, ifname, False)
+                t_fault = rtnl.set_up(ns, [ifname], False)  # stamped as the request leaves
                 rr = wait_trap_reroute(events, t_fault, proc, 30)
                 time.sleep(0.2)
                 # the fabric's side: when the kernel had the last of the new entries (the SM's
@@ -275,8 +273,7 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
                             "trap_to_kernel_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
                             "kernel_after_ack_ms": (max(applied, default=rr["t_programmed"]) - rr["t_programmed"]) / 1e6,
                             "blocks": rr["blocks"]})
-                t_restore = time.monotonic_ns()
-                links.set_up(ns, ifname, True)
+                t_restore = rtnl.set_up(ns, [ifname], True)
                 wait_trap_reroute(events, t_restore, proc, 30)
                 time.sleep(0.3)
         finally:
