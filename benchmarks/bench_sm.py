@@ -263,8 +263,11 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
                 lost = [r for r in records if r["kind"] == "carrier" and not r.get("up") and r["t_ns"] >= t_fault]
                 near = min((r["t_ns"] for r in lost if r.get("node") == name), default=t_fault)
                 far = min((r["t_ns"] for r in lost if r.get("node") != name), default=t_fault)
+                sent = min((r["t_ns"] for r in records if r["kind"] == "trap_sent" and r["t_ns"] >= t_fault),
+                           default=t_fault)
                 out.append({"cable": f"{name}:{half + 1 + up}",
                             "detect_near_ms": (near - t_fault) / 1e6, "detect_far_ms": (far - t_fault) / 1e6,
+                            "fault_to_trap_sent_ms": (sent - t_fault) / 1e6,
                             "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
                             "trap_to_rediscovered_ms": (rr["t_rediscovered"] - rr["t_trap"]) / 1e6,
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
@@ -280,7 +283,11 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
             stop(proc)
             for line in events.read_text().splitlines()[::-1]:
                 if '"sm_stop"' in line:
-                    smps = json.loads(line).get("smps", {})
+                    stop_rec = json.loads(line)
+                    smps = stop_rec.get("smps", {})
+                    port_stats = stop_rec.get("port") or {}
+                    if port_stats:
+                        print("  SM port: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(port_stats.items())))
                     print(f"  SM transport: {smps.get('sent', 0)} SMPs sent, "
                           f"{smps.get('lid_routed_sets', 0)} LFT Sets LID-routed "
                           f"({smps.get('lid_routed_fallback', 0)} fell back to directed route)")
@@ -328,7 +335,7 @@ def main() -> None:
             for row in rows:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
-            for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
+            for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_sent_ms", "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
                         "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms",
                         "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows]

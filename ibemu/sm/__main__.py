@@ -101,7 +101,7 @@ async def amain(args: argparse.Namespace) -> int:
                 n.start_soon(stop)
                 n.start_soon(_freeze_after_up, sm)
     finally:
-        port_stats = dict(port.stats) if isinstance(port, DirectPort) else {}
+        port_stats = {**port.stats, **port.wake_summary()} if isinstance(port, DirectPort) else {}
         events.emit(Kind.SM_STOP, sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats),
                     port=port_stats)
         events.close()

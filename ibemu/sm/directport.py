@@ -35,8 +35,11 @@ HCA port's PortRcvErrors (the CA agent's copy counts them there anyway).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import struct
+import time
 from collections import Counter, OrderedDict
 
 import trio
@@ -76,6 +79,10 @@ TID_TAG = 0xFFFF << 48
 """TID bits 48-63 of SMPs sent here: no MAD-socket slot, so the agent host drops its copy."""
 TRAP_DEDUP_NS = 100_000_000
 VL15 = 15
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("qq")
+_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+_WAKE_KEEP = 1 << 16
 _PI_LID = 16  # PortInfo: LID at bytes 16-17 of the SMP data
 
 
@@ -98,6 +105,9 @@ class DirectPort:
         self._psn = 0
         self._traps: OrderedDict[bytes, int] = OrderedDict()
         self._in_send, self._in_recv = trio.open_memory_channel[SimRequest](4096)
+        self.wake_ns: list[int] = []
+        with contextlib.suppress(OSError):  # without stamps, no wake-up figures
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
     @classmethod
     def open(cls, umad: UmadPort, ns: str | None, ifname: str, peer_mac: bytes, *, port: int = 1) -> DirectPort:
@@ -150,15 +160,36 @@ class DirectPort:
     async def _read_wire(self) -> None:
         while True:
             try:
-                frame = self.sock.recv(PACKET_LEN + ETH_LEN + 64)
+                frame, anc, _flags, _addr = self.sock.recvmsg(PACKET_LEN + ETH_LEN + 64, _ANC_SPACE)
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self.sock)
                 continue
+            self._note_wake(anc)
             req = self._parse(frame)
             if req is None or self._is_repeat_trap(req):
                 continue
             self.stats["rx_direct"] += 1
             await self._in_send.send(req)
+
+    def _note_wake(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+        """How long a frame waited between the kernel and this process (real ns)."""
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                waited = time.clock_gettime_ns(time.CLOCK_REALTIME) - (sec * 1_000_000_000 + nsec)
+                self.wake_ns.append(waited)
+                if len(self.wake_ns) > _WAKE_KEEP:
+                    del self.wake_ns[: _WAKE_KEEP // 2]
+                return
+
+    def wake_summary(self) -> dict[str, float]:
+        """Percentiles (µs, real time) of what ``_note_wake`` saw: the SM process's own delay
+        in taking a frame the kernel had already delivered."""
+        if not self.wake_ns:
+            return {}
+        w = sorted(self.wake_ns)
+        pick = lambda q: w[min(len(w) - 1, int(q * len(w)))] / 1e3  # noqa: E731
+        return {"rx_wait_p50_us": pick(0.5), "rx_wait_p99_us": pick(0.99), "rx_wait_max_us": w[-1] / 1e3}
 
     # ------------------------------------------------------------------ sans-IO parts
 
