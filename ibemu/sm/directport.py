@@ -49,7 +49,6 @@ from ibemu.agents import dr
 from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
 from ibemu.sm.transport import UmadPort
-from ibemu.wire.mad import AttrId
 from ibemu.wire.madpacket import (
     INITIAL_PATH,
     M_ATTR_ID,
@@ -83,6 +82,7 @@ SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("qq")
 _ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _WAKE_KEEP = 1 << 16
+ATTR_PORT_INFO = 0x0015  # (not ibemu.wire.mad's AttrId: that module loads scapy, ~0.4 s)
 _PI_LID = 16  # PortInfo: LID at bytes 16-17 of the SMP data
 
 
@@ -259,7 +259,7 @@ class DirectPort:
     def _learn_lid(self, mad: bytes, *, outgoing: bool) -> None:
         """Our LID, from our own PortInfo (HopCount-0 DR Get response, or our Set of it)."""
         if (len(mad) != 256 or mad[M_CLASS] != CLASS_SMP_DR or mad[M_HOP_COUNT]
-                or int.from_bytes(mad[M_ATTR_ID:M_ATTR_ID + 2], "big") != AttrId.PORT_INFO):
+                or int.from_bytes(mad[M_ATTR_ID:M_ATTR_ID + 2], "big") != ATTR_PORT_INFO):
             return
         if outgoing and mad[M_METHOD] != 0x02:  # our Set carries the LID we give ourselves
             return
