@@ -16,8 +16,8 @@ out), a duplicate (already answered) or one with an unknown TID is dropped and c
 
 Cost: a waiting attempt is parked with ``trio.lowlevel.wait_task_rescheduled`` and woken by
 its reply or by the one deadline task (``serve``), and ``request_all`` runs a window's worth
-of worker tasks rather than one task per request: ~60 us of this process's CPU per request,
-against ~135 us with an Event, a cancel scope and a task each (``benchmarks/bench_sm_transport.py``).
+of worker tasks rather than one task per request: 33-41 us of this process's CPU per request,
+against 99-117 us with an Event, a cancel scope and a task each (``benchmarks/bench_sm_transport.py``).
 """
 
 from __future__ import annotations
