@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from ibemu import clock
-from ibemu.errors import ConfigError, IbemuError
+from ibemu.errors import IbemuError
 from ibemu.fabric import opensm_log
-from ibemu.fabric.umad2sim import tool_argv
+from ibemu.fabric.umad2sim import dilated_clock, tool_argv
 from ibemu.kernel import faketime
 
 
@@ -46,17 +46,6 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
         if shared is not None:
             shared.remove()
         raise
-
-
-def dilated_clock() -> faketime.SharedStart | None:
-    """libfaketime's start for a program on this run's clock; None at dilation 1. A dilated
-    run without libfaketime is a ``ConfigError`` (located at ``time.dilation``)."""
-    if clock.dilation() == 1:
-        return None
-    if faketime.library_path() is None:
-        raise ConfigError(f"OpenSM at dilation {clock.dilation():g} runs under libfaketime, which is not "
-                          f"installed: {faketime.INSTALL_HINT}", "time.dilation")
-    return faketime.create(clock.dilation(), clock.epoch_ns())
 
 
 def release_clock(workdir: Path) -> None:

@@ -13,11 +13,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from ibemu import clock
 from ibemu.errors import ConfigError
-from ibemu.kernel import netns
+from ibemu.kernel import faketime, netns
 from ibemu.kernel.faketime import SharedStart, preload
 
 UMAD2SIM_GLOBS = (
@@ -54,3 +57,24 @@ def scratch_dir(base: Path, node: str) -> Path:
     d = base / "tools" / node
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def dilated_clock() -> faketime.SharedStart | None:
+    """libfaketime's start for a libibumad program on this run's clock; None at dilation 1. A
+    dilated run without libfaketime is a ``ConfigError`` (located at ``time.dilation``)."""
+    if clock.dilation() == 1:
+        return None
+    if faketime.library_path() is None:
+        raise ConfigError(f"a libibumad program (OpenSM, infiniband-diags) at dilation {clock.dilation():g} runs "
+                          f"under libfaketime, which is not installed: {faketime.INSTALL_HINT}", "time.dilation")
+    return faketime.create(clock.dilation(), clock.epoch_ns())
+
+
+def run_tool(ns: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` of a libibumad tool in ``ns`` on this run's clock (``kw`` pass through)."""
+    shared = dilated_clock()
+    try:
+        return subprocess.run(tool_argv(ns, argv, faketime=shared), **kw)
+    finally:
+        if shared is not None:
+            shared.remove()
