@@ -57,6 +57,21 @@ def release_clock(workdir: Path) -> None:
         faketime.remove_shared(str(shared[0]), str(shared[1]))
 
 
+LIGHT_SWEEP = "state_mgr_light_sweep_start"
+"""The stamped line of OpenSM's ``INITIATING LIGHT SWEEP`` box (log level 0x04, ``-D 0x07``)."""
+
+
+def light_sweeps(workdir: Path, text: str | None = None) -> list[int]:
+    """Emulated stamps of the light sweeps in ``workdir/opensm.log`` (or ``text``), on the
+    clock OpenSM ran on (``clock.json``)."""
+    if text is None:
+        text = (workdir / "opensm.log").read_text(errors="replace")
+    faked = opensm_log.log_clock(workdir)
+    offset = faked["realtime_offset_ns"] if faked else opensm_log.wall_to_monotonic_offset_ns()
+    return [t for t, msg in opensm_log.stamped(text.splitlines(), offset, time.time(), faked is not None)
+            if LIGHT_SWEEP in msg]
+
+
 def clock_name(workdir: Path) -> str:
     """Which clock OpenSM ran on: ``libfaketime`` (the run's dilated clock) or ``real``."""
     return "libfaketime" if opensm_log.log_clock(workdir) is not None else "real"

@@ -36,7 +36,6 @@ pytestmark = [
 N = 4
 SWEEP_S = 1
 SWEEPS = 4  # three intervals
-LIGHT = "state_mgr_light_sweep_start"  # the stamped line of the "INITIATING LIGHT SWEEP" box
 
 
 @pytest.fixture
@@ -48,21 +47,14 @@ def dilated() -> Iterator[None]:
         clock.configure(1)
 
 
-def watch_sweeps(log: Path, workdir: Path, count: int, timeout_s: float) -> list[tuple[int, int, int]]:
+def watch_sweeps(workdir: Path, count: int, timeout_s: float) -> list[tuple[int, int, int]]:
     """(real ns seen, emulated ns seen, emulated stamp) of the first ``count`` light sweeps logged."""
-    faked = opensm_log.log_clock(workdir)
-    assert faked is not None
     seen: list[tuple[int, int, int]] = []
-    done = 0
     deadline = time.monotonic() + timeout_s
     while len(seen) < count and time.monotonic() < deadline:
-        text = log.read_text(errors="replace")
+        stamps = opensm.light_sweeps(workdir)
         real, emulated = time.monotonic_ns(), clock.now_ns()
-        stamps = [t for t, msg in opensm_log.stamped(text.splitlines(), faked["realtime_offset_ns"], time.time(),
-                                                     faked=True) if LIGHT in msg]
-        for t in stamps[done:]:
-            seen.append((real, emulated, t))
-        done = len(stamps)
+        seen += [(real, emulated, t) for t in stamps[len(seen):]]
         time.sleep(0.01)
     return seen[:count]
 
@@ -81,7 +73,7 @@ def test_opensm_sweep_interval_stretches_by_the_dilation(dilated: None, state_di
             assert opensm.clock_name(workdir) == "libfaketime"
             # the shared start time is gone from /dev/shm once OpenSM is up
             assert not [p for p in Path(faketime.SHM_DIR).iterdir() if described["shared"][1][1:] in p.name]
-            sweeps = watch_sweeps(workdir / "opensm.log", workdir, SWEEPS, timeout_s=SWEEPS * SWEEP_S * N + 10)
+            sweeps = watch_sweeps(workdir, SWEEPS, timeout_s=SWEEPS * SWEEP_S * N + 10)
         finally:
             opensm.stop(proc)
             opensm.release_clock(workdir)
