@@ -43,7 +43,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
         scen, name = load_builtin("default"), "built-in default"
     fabric = dataclasses.replace(scen.fabric, kind=kind) if kind else scen.fabric
     return (scen.topology, datapath or scen.fabric.datapath, name, scen.sm, fabric,
-            resolve_dilation(getattr(args, "dilation", None), scen.time))
+            resolve_dilation(getattr(args, "dilation", None), scen.time, scen))
 
 
 def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
