@@ -85,6 +85,17 @@ def test_a_run_at_dilation_2_is_on_the_emulated_clock(tmp_path: Path) -> None:
     (fault,) = result["faults"]
     ph = fault["phases_ms"]
     assert 0 < ph["detect"] <= ph["trap"] <= ph["routed"] <= ph["programmed"] < 2000
+    # The probe's receive stamps (the kernel's, converted once onto the emulated clock): it is
+    # seen to resume after the fault (with the stamps dilated twice, it never was).
+    for flow in fault["flows"]:
+        assert flow["resume_ms"] is not None and flow["resume_ms"] < 1000, flow
+    # Each delivery's one-way latency (kernel receive stamp - send stamp, both emulated): never
+    # negative, a few ms at most (with the dilation applied twice it was seconds negative).
+    (out_probe,) = [f for p in sorted(run_dir.glob("flows-*.json")) for f in json.loads(p.read_text())["flows"]
+                    if f["name"] == "probe"]
+    lat_ms = sorted((t - out_probe["sent_t_ns"][q]) / 1e6 for t, q in zip(out_probe["t_ns"], out_probe["recv_seq"],
+                                                                           strict=True))
+    assert lat_ms and lat_ms[0] >= -0.5 and lat_ms[len(lat_ms) // 2] < 20, (lat_ms[:5], lat_ms[len(lat_ms) // 2])
 
 
 AUTO_SCENARIO = """
