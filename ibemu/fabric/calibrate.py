@@ -30,7 +30,7 @@ from pathlib import Path
 from ibemu.agents.forwarder import Forwarder
 from ibemu.agents.lft import Lft
 from ibemu.agents.port import PhysState, Port, PortState
-from ibemu.kernel import ownership
+from ibemu.kernel import cpus, ownership
 from ibemu.wire import fast
 
 SECONDS = 1.0
@@ -63,15 +63,7 @@ def _version() -> str:
 
 
 def _machine() -> str:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.machine()} {model} x{os.cpu_count()}"
+    return f"{platform.machine()} {cpus.model()} x{os.cpu_count()}"
 
 
 def cache_key(frame_bytes: int) -> str:
