@@ -194,3 +194,15 @@ def test_a_lag_threshold_is_taken_and_bad_ones_are_located() -> None:
         assert e.value.problems[0].startswith("x.yaml:5 time.lag_threshold_us: expected a number > 0"), \
             e.value.problems
         assert expected in e.value.problems[0]
+
+
+def test_the_result_records_the_sm_clock() -> None:
+    from ibemu.report.result import SMInfo
+
+    d = sample_result()
+    assert "clock" not in d["sm"] and SMInfo.from_dict(d["sm"]).clock is None  # dilation 1: as before
+    d["sm"]["clock"] = "libfaketime"
+    assert validate(d) == []
+    assert SMInfo.from_dict(d["sm"]).to_dict()["clock"] == "libfaketime"
+    d["sm"]["clock"] = "wall"
+    assert any(p.startswith("sm.clock") for p in validate(d)), validate(d)
