@@ -206,3 +206,19 @@ def test_the_result_records_the_sm_clock() -> None:
     assert SMInfo.from_dict(d["sm"]).to_dict()["clock"] == "libfaketime"
     d["sm"]["clock"] = "wall"
     assert any(p.startswith("sm.clock") for p in validate(d)), validate(d)
+
+
+def test_opensm_at_a_dilation_without_libfaketime_is_refused_located(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ibemu.scenario.runner import check_runnable
+
+    monkeypatch.setenv("IBEMU_LIBFAKETIME", "/nonexistent/libfaketimeMT.so.1")
+    text = TOPO + "sm: {impl: opensm, host: h0}\ntime: {dilation: 4}\n"
+    with pytest.raises(ConfigError) as e:
+        check_runnable(loads_scenario(text, "x.yaml"))
+    assert e.value.where == "x.yaml:5 time.dilation" and "libfaketime, which is not installed" in str(e.value)
+    check_runnable(loads_scenario(text.replace("dilation: 4", "dilation: 1"), "x.yaml"))  # dilation 1: no preload
+    monkeypatch.delenv("IBEMU_LIBFAKETIME")
+    from ibemu.kernel import faketime
+
+    if faketime.library_path() is not None:
+        check_runnable(loads_scenario(text, "x.yaml"))
