@@ -34,7 +34,11 @@ and semaphore (4 KiB and 32 bytes in ``/dev/shm``, named ``ibemu-<token>-clock``
 by ``SharedStart.remove`` once the program is up, or when it ends.
 
 At dilation 1 nothing is preloaded: the program runs on the real clock, which is then the
-emulated one.
+emulated one. ``IBEMU_LIBFAKETIME`` names another copy of the library ("" or a missing file:
+none, as if not installed).
+
+A run killed between writing the segment and the program's start leaves those two small files
+in /dev/shm (``ibemu clean`` does not match files by name).
 """
 
 from __future__ import annotations
