@@ -196,6 +196,7 @@ class FabricRuntime:
                     await trio.to_thread.run_sync(opensm.stop, self._sm_proc)
                     self._sm_proc = None
                     if self.sm == "opensm":  # its phases, in the event vocabulary of ibemu's SM
+                        opensm.release_clock((self.run_dir or self.state.run_dir) / self.sm)
                         opensm_log.write_events((self.run_dir or self.state.run_dir) / self.sm)
                 problems = await trio.to_thread.run_sync(self.teardown)
                 gc.unfreeze()  # what the fabric held is garbage now (tests build many fabrics)

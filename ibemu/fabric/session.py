@@ -43,6 +43,7 @@ from ibemu.topo import Topology, dumps_ibnetdiscover, loads_ibnetdiscover, refs
 if TYPE_CHECKING:
     from ibemu.fabric.roce_runtime import RoceRuntime
     from ibemu.fabric.runtime import FabricRuntime
+    from ibemu.kernel.faketime import SharedStart
     from ibemu.roce.queues import QueueConfig
 
 UP_TIMEOUT_S = 120.0
@@ -298,12 +299,14 @@ class Session:
         cmd, env = self.command(node, argv)
         return subprocess.run(cmd, env=env, check=False, **kw)
 
-    def diag_command(self, node: str, argv: Sequence[str]) -> tuple[list[str], Path]:
+    def diag_command(self, node: str, argv: Sequence[str],
+                     faketime: SharedStart | None = None) -> tuple[list[str], Path]:
         """(argv, working directory) that run a libibumad tool (infiniband-diags, OpenSM) on
-        ``node``'s HCA port, through its MAD socket."""
+        ``node``'s HCA port, through its MAD socket (on ``faketime``'s clock when given: a
+        dilated fabric's, ``umad2sim.dilated_clock()``)."""
         from ibemu.fabric.umad2sim import scratch_dir, tool_argv
 
-        return tool_argv(self.namespace(node), list(argv)), scratch_dir(self.run_dir, node)
+        return tool_argv(self.namespace(node), list(argv), faketime=faketime), scratch_dir(self.run_dir, node)
 
     def fault(self, request: dict[str, Any]) -> dict[str, Any]:
         """One control request (``ibemu.fabric.control``); waits briefly for the daemon's

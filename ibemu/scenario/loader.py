@@ -22,7 +22,6 @@ from ibemu.scenario.schema import (
     DEFAULT_DURATION_S,
     DEFAULT_SIZE,
     DEFAULTS_KEYS,
-    DILATION_AUTO_UNAVAILABLE,
     FABRIC_KEYS,
     FABRIC_KINDS,
     FABRIC_USER_KEYS,
@@ -915,8 +914,7 @@ class _Loader(Reader):
         vnode = m["dilation"][1]
         where = f"{self.source}:{line_of(vnode)} time.dilation"
         if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
-            self.error(vnode, "time.dilation", DILATION_AUTO_UNAVAILABLE)
-            return TimeSpec(lag_threshold_us=threshold)
+            return TimeSpec(where=where, lag_threshold_us=threshold, auto=True)
         n = self.number(vnode, "time.dilation", 1)
         return (TimeSpec(dilation=float(n), where=where, lag_threshold_us=threshold) if n is not None
                 else TimeSpec(lag_threshold_us=threshold))

@@ -13,8 +13,9 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
-    time                       {dilation: N, lag_threshold_us: T}: run on a clock N times slower than
-                                real time (N >= 1, default 1; ``auto`` is not available yet); the run
+    time                       {dilation: N | auto, lag_threshold_us: T}: run on a clock N times slower
+                                than real time (N >= 1, default 1; ``auto``: chosen from the offered
+                                load and this machine's calibration, ``ibemu.scenario.autodilation``); the run
                                 is valid while every process's p99 lag stays under T emulated us
                                 (default ``ibemu.scenario.fidelity.DEFAULT_THRESHOLD_US``)
     record                     {capture: [links] | all, json: PATH, plots: bool}
@@ -82,8 +83,6 @@ SM_IMPLS = ("ibemu", "opensm")
 RECORD_KEYS = ("capture", "json", "plots")
 TIME_KEYS = ("dilation", "lag_threshold_us")
 MAX_LAG_THRESHOLD_US = 60_000_000.0
-DILATION_AUTO_UNAVAILABLE = ("auto (a factor chosen from the offered load and a calibration of this machine) is "
-                             "not available yet: give a number >= 1")
 
 #: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
 TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
@@ -188,6 +187,8 @@ class TimeSpec:
     where: str = ""
     lag_threshold_us: float | None = None
     """The p99 lag (emulated us) under which a process keeps up (None: the default)."""
+    auto: bool = False
+    """``dilation: auto``: the CLI chooses ``dilation`` before the run (``ibemu.cli.dilation``)."""
 
 
 @dataclass(frozen=True, slots=True)
