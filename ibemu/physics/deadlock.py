@@ -53,7 +53,7 @@ def wait_for_graph(nodes: Mapping[str, Node], now: int, stall_ns: int) -> tuple[
     for node in nodes.values():
         if node.kind != "ib":
             continue
-        for num, p in node.ports.items():
+        for num in node.ports:
             for vl in range(VL15):
                 since = _stuck_since(node, num, vl)
                 if since is not None and now - since >= stall_ns:

@@ -38,9 +38,12 @@ Where a frame is, and what it holds:
   Credits come back when the frame has left the peer, after the cable's propagation delay.
   Nothing is ever dropped for want of buffer; VL15 (SMPs) is not credited and goes first. A
   port whose queues hold data but may send none for want of credits counts PortXmitWait.
-  Head-of-line blocking and congestion spreading follow: a VL's queue is FIFO, so a frame
-  bound for a congested port blocks the frames behind it, and a full input buffer stops its
-  upstream port on that VL for every flow.
+  An egress port's queue per class keeps a FIFO per input port and serves the input ports
+  round robin, a packet at a time (a crossbar's output arbiter), so senders into one port share
+  it evenly. Head-of-line blocking and congestion spreading follow: the head of a VL waiting
+  for credits blocks every frame behind it on that port and VL, whatever their destination
+  beyond, and an input buffer full of frames for a congested port leaves its upstream port no
+  credits on that VL for any flow (the parking-lot effect of real IB fabrics).
 - Ethernet: strict priority, highest first, skipping paused priorities. A frame that would
   push the egress port past its buffer is dropped unless its priority is lossless (PFC). An
   ECN-capable frame that finds more than ``ecn_mark_bytes`` queued in its priority is marked
@@ -66,7 +69,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -222,6 +225,52 @@ class PortCounters:
 # --- ports and nodes ----------------------------------------------------------------------
 
 
+class ClassQueue:
+    """One egress class's (VL's or priority's) frames: FIFO per input port, the input ports
+    served round robin, a packet at a time (a crossbar's output arbiter). The head is the
+    frame sent next."""
+
+    __slots__ = ("_n", "_order", "_sub")
+
+    def __init__(self) -> None:
+        self._sub: dict[int, deque[Frame]] = {}
+        self._order: deque[int] = deque()
+        self._n = 0
+
+    def append(self, frame: Frame, in_port: int) -> None:
+        q = self._sub.get(in_port)
+        if q is None:
+            q = self._sub[in_port] = deque()
+        if not q:
+            self._order.append(in_port)
+        q.append(frame)
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __getitem__(self, i: int) -> Frame:
+        if i != 0 or not self._n:
+            raise IndexError("only the head of a class queue is visible")
+        return self._sub[self._order[0]][0]
+
+    def popleft(self) -> Frame:
+        key = self._order.popleft()
+        q = self._sub[key]
+        frame = q.popleft()
+        if q:
+            self._order.append(key)
+        self._n -= 1
+        return frame
+
+    def __iter__(self) -> Iterator[Frame]:
+        for q in self._sub.values():
+            yield from q
+
+
 @dataclass(slots=True)
 class EgressPort:
     """The sending side of one port: queues per class, the line, credits or pauses."""
@@ -230,7 +279,7 @@ class EgressPort:
     link: LinkModel
     kind: Kind
     classes: int
-    queues: list[deque[Frame]]
+    queues: list[ClassQueue]
     queued_bytes: list[int]
     credits: list[int | None]
     """IB: 64-byte blocks free in the peer's buffer per VL (None: not credited, e.g. VL15)."""
@@ -308,7 +357,7 @@ class Node:
             credits[VL15] = None
         else:
             classes, arb, credits = PRIORITIES, None, [None] * PRIORITIES
-        port = EgressPort(num, link, self.kind, classes, [deque() for _ in range(classes)],
+        port = EgressPort(num, link, self.kind, classes, [ClassQueue() for _ in range(classes)],
                           [0] * classes, credits, arb)
         self.ports[num] = port
         return port
@@ -437,7 +486,7 @@ class Node:
                 frame.ce = True
                 p.counters.ecn_marked += 1
         frame.vl = c
-        p.queues[c].append(frame)
+        p.queues[c].append(frame, in_port)
         p.queued_bytes[c] += frame.size
         p.total_bytes += frame.size
         p.counters.max_queue_bytes = max(p.counters.max_queue_bytes, p.total_bytes)

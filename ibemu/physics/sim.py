@@ -4,7 +4,10 @@ It is what a live datapath does with the model's actions, in pure emulated time:
 :class:`~ibemu.physics.model.Transmit` to the peer's ``receive`` at ``arrive_ns`` (asking
 ``route`` for the egress port at a switch), a credit return or pause to the peer at ``at_ns``,
 and wake every node at its ``next_deadline``. Tests and ``benchmarks/bench_physics.py`` use it
-to check the model against its analytic expectations; its figures are the model's, not the live
+to check the model against its analytic expectations. Events due at the same ns run in a
+seeded random order (``seed``): a fixed order would let one of two senders whose frames
+arrive in the same ns always win the last slot of a drop-tail buffer (a phase effect no real
+fabric, with its jitter, shows); its figures are the model's, not the live
 datapath's.
 
 Traffic: :class:`Flow` s of fixed-size frames from a host to a destination, started at
@@ -17,8 +20,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.link import LinkModel
@@ -73,14 +78,15 @@ class Flow:
 class Simulator:
     """Nodes, cables and a clock; :meth:`run` plays the events in time order."""
 
-    def __init__(self, kind: Kind, route: Route) -> None:
+    def __init__(self, kind: Kind, route: Route, *, seed: int = 0) -> None:
         self.kind: Kind = kind
         self.route = route
         self.nodes: dict[str, Node] = {}
         self.host_of: dict[Hashable, str] = {}
         self.flows: list[Flow] = []
         self.now = 0
-        self._events: list[tuple[int, int, Callable[[], list[Action]]]] = []
+        self._events: list[tuple[int, float, int, Callable[[], list[Action]]]] = []
+        self._rng = random.Random(seed)
         self._seq = itertools.count()
         self._wake: dict[str, int] = {}
         self._inflight: dict[int, Flow] = {}
@@ -118,13 +124,13 @@ class Simulator:
 
     def add_flow(self, flow: Flow) -> Flow:
         self.flows.append(flow)
-        self._at(flow.start_ns, lambda: self._refill(flow, flow.start_ns))
+        self._at(flow.start_ns, partial(self._refill, flow, flow.start_ns))
         return flow
 
     # --- running --------------------------------------------------------------------------
 
     def _at(self, t: int, fn: Callable[[], list[Action]]) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), fn))
+        heapq.heappush(self._events, (t, self._rng.random(), next(self._seq), fn))
 
     def _refill(self, flow: Flow, now: int) -> list[Action]:
         host = self.nodes[flow.src]
@@ -146,19 +152,18 @@ class Simulator:
                 fl = a.frame.flow
                 if isinstance(fl, Flow) and a.node == fl.src:
                     fl.queued -= 1
-                    self._at(a.start_ns, lambda fl=fl, t=a.start_ns: self._refill(fl, t))
-                self._at(a.arrive_ns, lambda a=a, peer=peer: self._arrive(a, peer))
+                    self._at(a.start_ns, partial(self._refill, fl, a.start_ns))
+                self._at(a.arrive_ns, partial(self._arrive, a, peer))
             elif isinstance(a, CreditReturn):
                 peer = self.nodes[a.node].ports[a.port].peer
                 assert peer is not None
-                self._at(a.at_ns, lambda a=a, peer=peer: self.nodes[peer[0]].credit_return(
-                    peer[1], a.vl, a.blocks, a.at_ns))
+                self._at(a.at_ns, partial(self.nodes[peer[0]].credit_return, peer[1], a.vl, a.blocks, a.at_ns))
+                self._touched.add(peer[0])
             elif isinstance(a, Pause):
                 self.pauses += 1
                 peer = self.nodes[a.node].ports[a.port].peer
                 assert peer is not None
-                self._at(a.at_ns, lambda a=a, peer=peer: self.nodes[peer[0]].pause(
-                    peer[1], a.priority, a.xoff, a.at_ns))
+                self._at(a.at_ns, partial(self._pause, peer, a))
             elif isinstance(a, Deliver):
                 fl = a.frame.flow
                 if isinstance(fl, Flow):
@@ -172,9 +177,13 @@ class Simulator:
                 fl = a.frame.flow
                 if isinstance(fl, Flow):
                     fl.dropped += 1
-        for name in {getattr(a, "node", "") for a in actions} | set(self._touched):
+        for name in {a.node for a in actions} | self._touched:
             self._schedule_wake(name)
         self._touched.clear()
+
+    def _pause(self, peer: tuple[str, int], a: Pause) -> list[Action]:
+        self._touched.add(peer[0])
+        return self.nodes[peer[0]].pause(peer[1], a.priority, a.xoff, a.at_ns)
 
     def _arrive(self, a: Transmit, peer: tuple[str, int]) -> list[Action]:
         node = self.nodes[peer[0]]
@@ -192,7 +201,7 @@ class Simulator:
         if self._wake.get(name) == t:
             return
         self._wake[name] = t
-        self._at(t, lambda: self._wakeup(name, t))
+        self._at(t, partial(self._wakeup, name, t))
 
     def _wakeup(self, name: str, t: int) -> list[Action]:
         if self._wake.get(name) == t:
@@ -206,7 +215,7 @@ class Simulator:
         that often (IB) and stop at the first found; return the loops found."""
         next_check = check_deadlock_ns
         while self._events and self._events[0][0] <= until_ns:
-            t, _, fn = heapq.heappop(self._events)
+            t, _, _, fn = heapq.heappop(self._events)
             if next_check is not None and check_deadlock_ns is not None and t >= next_check:
                 loops = find_credit_loops(self.nodes, next_check, stall_ns)
                 if loops:
