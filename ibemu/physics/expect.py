@@ -57,3 +57,10 @@ def credit_limited_gbps(size: int, buffer_bytes: int, link: LinkModel, switch_la
     fit = (buffer_bytes // CREDIT_BYTES) // blocks(size)
     loop = 2 * (link.frame_ns(size) + link.propagation) + switch_latency_ns
     return min(link.gbps * wire_efficiency(size, link), fit * size * 8 / loop)
+
+
+def incast_drops(senders: int, frames_each: int, size: int, buffer_bytes: int) -> int:
+    """Frames a drop-tail port drops when ``senders`` send ``frames_each`` frames of ``size``
+    into it at line rate each: while they all send, it forwards one frame in ``senders`` and
+    keeps a full buffer; everything else is dropped."""
+    return max(0, (senders - 1) * frames_each - buffer_bytes // size)
