@@ -196,6 +196,9 @@ class ScenarioRun:
     async def _run(self) -> dict[str, Any]:
         scen = self.scen
         t_start = time.perf_counter()
+        for warning in scen.warnings:  # e.g. rates on the kernel datapath: one line each, before the build
+            log.warning("%s", warning)
+            self.progress("note", warning)
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
                                f"{len(scen.topology.links)} links ("
                                + ("RoCEv2, IP routers" if self.roce else f"{scen.fabric.datapath} datapath") + ")")
