@@ -155,6 +155,10 @@ class _Loader(Reader):
             topo.defaults = defaults
             self.apply_defaults(topo, defaults)
         sm = self.sm(opt("sm"), topo)
+        if fabric.qos is not None and sm.impl == "opensm" and (fn := opt("fabric")) is not None:
+            qn = _mapping_pairs(fn)["qos"][1]
+            self.error(qn, "fabric.qos", "ibemu's SM programs fabric.qos; OpenSM's QoS options are not passed "
+                       "to it yet (use sm.impl: ibemu, or OpenSM's own qos_policy file)")
         traffic = self.traffic(opt("traffic"), topo, duration)
         self.physics_checks(fabric, topo, traffic, opt("fabric"))
         faults = self.faults(opt("faults"), topo, duration)

@@ -24,6 +24,7 @@ from ibemu import clock, lagmon
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
+from ibemu.sm.qos import SmQos
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
 from ibemu.wire.umad import DEFAULT_SOCKNAME
 
@@ -42,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
     p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
     p.add_argument("--state", default=None, help="JSON snapshot of LIDs, cables and LFTs (for `ibemu sm`)")
+    p.add_argument("--qos", default=None, help="QoS to program (JSON: vls, sl2vl, vlarb_high, vlarb_low, "
+                   "vl_high_limit; ibemu.sm.qos.SmQos)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -65,7 +68,8 @@ async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
-                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state)
+                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
+                   qos=SmQos.from_json(args.qos) if args.qos else None)
     sm = SubnetManager(UmadPort(client), cfg, route_fn=load_route_fn(args.route_fn), events=events)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -119,3 +119,16 @@ def test_switch_spec_resolves_to_a_model() -> None:
     assert s.fabric.switch is not None
     m = s.fabric.switch.resolve(parse_rate("100G"), ethernet=True)
     assert (m.name, m.latency_ns) == ("eth", 700)
+
+
+def test_qos_with_opensm_is_refused_and_reaches_ibemus_sm() -> None:
+    text = SS + "fabric:\n  qos: {vls: 2}\nsm:\n  impl: opensm\n"
+    assert _problems(text)[0].startswith("x.yaml:5 fabric.qos: ibemu's SM programs fabric.qos; OpenSM's QoS")
+    from ibemu.scenario.runner import fabric_request
+    from ibemu.sm.qos import SmQos
+
+    s = loads_scenario(SS + "fabric:\n  qos: {vls: 2, vlarb_low: [[0, 4], [1, 2]]}\n", "x.yaml")
+    req = fabric_request(s)
+    q = SmQos.from_json(req.sm_qos)
+    assert (q.vls, q.vlarb_low, q.sl_to_vl()[:3]) == (2, ((0, 4), (1, 2)), (0, 1, 0))
+    assert fabric_request(loads_scenario(SS, "x.yaml")).sm_qos == ""
