@@ -340,6 +340,8 @@ class Node:
         self.ingress_bytes: dict[tuple[int, int], int] = {}
         """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
         self._xoff_sent: set[tuple[int, int]] = set()
+        self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
+        self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
         self.delivered = 0
 
     # --- wiring ---------------------------------------------------------------------------
@@ -420,6 +422,7 @@ class Node:
         if cr is not None:
             p.credits[vl] = cr + nblocks
         p.last_credit_ns[vl] = now
+        self._dirty.add(port)
         return self.advance(now)
 
     def pause(self, port: int, priority: int, xoff: bool, now: int) -> list[Action]:
@@ -431,13 +434,15 @@ class Node:
         elif not xoff and priority in p.paused:
             p.paused.discard(priority)
             p.counters.paused_ns += now - p.paused_since.pop(priority, now)
+            self._dirty.add(port)
         return self.advance(now)
 
     def next_deadline(self) -> int | None:
-        times = [p.busy_until for p in self.ports.values() if p.in_flight is not None]
-        if self._pipeline:
-            times.append(self._pipeline[0][0])
-        return min(times) if times else None
+        """When :meth:`advance` has something to do next (None: nothing until an event)."""
+        t = self._busy[0][0] if self._busy else None
+        if self._pipeline and (t is None or self._pipeline[0][0] < t):
+            t = self._pipeline[0][0]
+        return t
 
     def advance(self, now: int) -> list[Action]:
         """Run what is due by ``now``: frames leaving the wire, frames leaving the switch
@@ -447,17 +452,24 @@ class Node:
             t = self.next_deadline()
             if t is None or t > now:
                 break
-            done = [p for p in self.ports.values() if p.in_flight is not None and p.busy_until == t]
-            if done:
-                for p in done:
-                    out += self._finish(p, t)
+            if self._busy and self._busy[0][0] == t:
+                _, num = heapq.heappop(self._busy)
+                out += self._finish(self.ports[num], t)
+                self._dirty.add(num)
             else:
                 _, _, frame, out_port = heapq.heappop(self._pipeline)
                 out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
-            for p in self.ports.values():
-                out += self._start(p, t)
-        for p in self.ports.values():
-            out += self._start(p, now)
+            out += self._start_dirty(t)
+        out += self._start_dirty(now)
+        return out
+
+    def _start_dirty(self, now: int) -> list[Action]:
+        if not self._dirty:
+            return []
+        out: list[Action] = []
+        for num in sorted(self._dirty):
+            out += self._start(self.ports[num], now)
+        self._dirty.clear()
         return out
 
     # --- internals ------------------------------------------------------------------------
@@ -490,6 +502,7 @@ class Node:
         p.queued_bytes[c] += frame.size
         p.total_bytes += frame.size
         p.counters.max_queue_bytes = max(p.counters.max_queue_bytes, p.total_bytes)
+        self._dirty.add(out_port)
         return []
 
     def _start(self, p: EgressPort, now: int) -> list[Action]:
@@ -526,6 +539,7 @@ class Node:
         end = now + p.link.frame_ns(frame.size)
         p.busy_until = end
         p.in_flight = (frame, frame.in_port, frame.in_class)
+        heapq.heappush(self._busy, (end, p.num))
         p.counters.xmit_frames += 1
         p.counters.xmit_bytes += frame.size
         return [Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation)]
