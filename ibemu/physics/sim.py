@@ -122,6 +122,14 @@ class Simulator:
         nb.connect(pb, (a, pa), (ca.buffer_bytes if ca else None) if na.switch else None,
                    ca.data_vls if ca else None)
 
+    def adopt(self, nodes: dict[str, Node], addresses: dict[str, Hashable] | None = None) -> None:
+        """Take already cabled nodes (``ibemu.physics.plan.build_nodes``); ``addresses``: what
+        flows name each host by (default: its name)."""
+        for name, node in nodes.items():
+            self.nodes[name] = node
+            if not node.switch:
+                self.host_of[(addresses or {}).get(name, name)] = name
+
     def add_flow(self, flow: Flow) -> Flow:
         self.flows.append(flow)
         self._at(flow.start_ns, partial(self._refill, flow, flow.start_ns))

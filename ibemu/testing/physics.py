@@ -1,16 +1,19 @@
 """A reference simulation of a whole topology on the link model, routed by the SM's engines.
 
 ``fabric_sim(topo, engine)`` turns an ``ibemu.topo`` Topology into an
-``ibemu.physics.sim.Simulator``: one node per switch and host, one cable per link (rate, delay
-or length from the topology and its defaults), LFTs from ``ibemu.sm.routing.compute`` on the
-graph discovery would build (``ibemu.testing.fromtopo``). Flows are addressed by the
+``ibemu.physics.sim.Simulator``: the model's nodes from ``ibemu.physics.plan.build_nodes``
+(rates, delays from the topology and its defaults), LFTs from ``ibemu.sm.routing.compute`` on
+the graph discovery would build (``ibemu.testing.fromtopo``). Flows are addressed by the
 destination host's LID. For tests and ``benchmarks/bench_physics.py``.
 """
 
 from __future__ import annotations
 
-from ibemu.physics.link import LinkModel, default_switch_model
-from ibemu.physics.model import EthConfig, Frame, IbPortConfig, Kind
+import dataclasses
+
+from ibemu.physics.link import default_switch_model
+from ibemu.physics.model import EthConfig, Frame, Kind
+from ibemu.physics.plan import build_nodes
 from ibemu.physics.sim import Simulator
 from ibemu.sm.routing import compute
 from ibemu.testing.fromtopo import graph_of
@@ -19,31 +22,22 @@ from ibemu.topo.model import Topology
 
 def fabric_sim(topo: Topology, engine: str = "minhop", *, kind: Kind = "ib",
                buffer_bytes: int | None = None, latency_ns: int | None = None,
-               eth: EthConfig | None = None, **opts: object) -> tuple[Simulator, dict[str, int]]:
+               eth: EthConfig | None = None, seed: int = 0, **opts: object) -> tuple[Simulator, dict[str, int]]:
     """The simulator and each host's LID (what flows name as ``dst``)."""
     graph = graph_of(topo)
     routes = compute(graph, engine, **opts)
-    lfts = {topo.nodes[n].name: routes.lfts[topo.nodes[n].guid] for n in topo.nodes if topo.nodes[n].is_switch}
-    lids: dict[str, int] = {}
-    for n, node in topo.nodes.items():
-        if not node.is_switch:
-            lids[n] = graph.nodes[node.guid].lid
+    lfts = {n: routes.lfts[node.guid] for n, node in topo.nodes.items() if node.is_switch}
+    lids = {n: graph.nodes[node.guid].lid for n, node in topo.nodes.items() if not node.is_switch}
 
     def route(switch: str, frame: Frame) -> int:
         assert isinstance(frame.dst, int)
         return lfts[switch][frame.dst]
 
-    sim = Simulator(kind, route)
-    rate = topo.defaults.rate
-    model = default_switch_model(rate, ethernet=kind == "eth")
-    buf = buffer_bytes or model.buffer_bytes
-    for n, node in topo.nodes.items():
-        if node.is_switch:
-            sim.add_switch(n, latency_ns=model.latency_ns if latency_ns is None else latency_ns, eth=eth)
-        else:
-            sim.add_host(n, address=lids[n], eth=eth)
-    for link in topo.links:
-        lm = LinkModel.of(topo.rate_of(link), delay_us=link.delay_us, ethernet=kind == "eth")
-        cfg = IbPortConfig(buffer_bytes=buf) if kind == "ib" else None
-        sim.cable(link.a.node, link.a.port, link.b.node, link.b.port, lm, ib_a=cfg, ib_b=cfg)
+    model = default_switch_model(topo.defaults.rate, ethernet=kind == "eth")
+    if buffer_bytes is not None:
+        model = dataclasses.replace(model, buffer_bytes=buffer_bytes)
+    if latency_ns is not None:
+        model = dataclasses.replace(model, latency_ns=latency_ns)
+    sim = Simulator(kind, route, seed=seed)
+    sim.adopt(build_nodes(topo, kind=kind, switch=model, eth=eth), dict(lids))
     return sim, lids
