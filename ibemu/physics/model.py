@@ -215,6 +215,9 @@ class PortCounters:
     paused_ns: int = 0
     credit_stalls: int = 0
     """Times the head of a VL had to wait for credits."""
+    buffer_overruns: int = 0
+    """IB: frames that arrived beyond the input buffer this port advertised (ExcessiveBufferOverrunErrors:
+    never, while the peer keeps to its credits)."""
     max_queue_bytes: int = 0
 
     def xmit_wait_ticks(self, tick_ns: float) -> int:
@@ -339,6 +342,8 @@ class Node:
         self._seq = itertools.count()
         self.ingress_bytes: dict[tuple[int, int], int] = {}
         """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
+        self.ingress_blocks: dict[tuple[int, int], int] = {}
+        """IB: (input port, VL) -> credits' worth held (64-byte blocks, each frame rounded up)."""
         self._xoff_sent: set[tuple[int, int]] = set()
         self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
         self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
@@ -405,6 +410,12 @@ class Node:
         if not frame.vl15:
             key = (in_port, frame.vl)
             self.ingress_bytes[key] = self.ingress_bytes.get(key, 0) + frame.size
+            cfg = self.ib_config.get(in_port)
+            if cfg is not None and p is not None:
+                held = self.ingress_blocks.get(key, 0) + blocks(frame.size)
+                self.ingress_blocks[key] = held
+                if held > cfg.buffer_bytes // 64:
+                    p.counters.buffer_overruns += 1
             if self.kind == "eth":
                 out += self._pfc_check(in_port, frame.vl, now)
         heapq.heappush(self._pipeline, (now + self.latency_ns, next(self._seq), frame, out_port))
@@ -559,6 +570,8 @@ class Node:
         if in_port < 0 or frame.vl15:
             return []
         self.ingress_bytes[(in_port, in_class)] -= frame.size
+        if (in_port, in_class) in self.ingress_blocks:
+            self.ingress_blocks[(in_port, in_class)] -= blocks(frame.size)
         if self.kind == "ib":
             prop = self.ports[in_port].link.propagation
             return [CreditReturn(self.name, in_port, in_class, blocks(frame.size), now + prop)]

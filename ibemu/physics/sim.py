@@ -145,7 +145,7 @@ class Simulator:
         out: list[Action] = []
         while flow.queued < flow.backlog and (flow.frames is None or flow.sent < flow.frames):
             f = Frame(flow.size, sl=flow.sl, dst=flow.dst, flow=flow, ecn_capable=flow.ecn_capable,
-                      born_ns=now)
+                      born_ns=now, meta=flow.sent)  # meta: the frame's number within its flow
             flow.sent += 1
             flow.queued += 1
             out += host.inject(flow.port, f, now)
