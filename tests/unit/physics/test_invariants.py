@@ -27,7 +27,7 @@ def fabrics(draw: st.DrawFn) -> dict:
                           min_size=1, max_size=6))
     return {
         "switches": switches, "hosts": hosts, "vls": vls,
-        "buffer": draw(st.integers(MAX_PKT, 32 * 1024)),
+        "buffer": draw(st.integers(-(-MAX_PKT // 64) * 64, 32 * 1024)),  # one largest packet in credits
         "weights": draw(st.lists(st.integers(1, 64), min_size=vls, max_size=vls)),
         "high": draw(st.booleans()),
         "rate": draw(st.sampled_from(["4x EDR", "4x HDR", "NDR", "4x QDR"])),
