@@ -132,9 +132,7 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     f = scen.fabric
     roce = {"loss_pct": f.loss_pct, "delay_us": f.delay_us, "ecn_mark_kb": f.ecn_mark_kb if f.ecn else 0.0,
             "ecn_line_gbps": f.ecn_line_gbps if f.ecn else 0.0}
-    q = f.qos
-    sm_qos = json.dumps({"vls": q.vls, "sl2vl": list(q.sl_to_vl()), "vlarb_high": [list(e) for e in q.vlarb_high],
-                         "vlarb_low": [list(e) for e in q.vlarb_low], "vl_high_limit": q.vl_high_limit}) if q else ""
+    sm_qos = f.qos.sm_json() if f.qos else ""
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
                          sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos)
 

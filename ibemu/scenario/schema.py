@@ -29,6 +29,7 @@ fault actions from ``ibemu.fabric.faults.FAULT_ACTIONS`` (where ``FaultSpec`` li
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -160,6 +161,12 @@ class QosSpec:
 
     def sl_to_vl(self) -> tuple[int, ...]:
         return self.sl2vl or tuple(sl % self.vls for sl in range(16))
+
+    def sm_json(self) -> str:
+        """What ibemu's SM takes (``python -m ibemu.sm --qos``: ``ibemu.sm.qos.SmQos``)."""
+        return json.dumps({"vls": self.vls, "sl2vl": list(self.sl_to_vl()),
+                           "vlarb_high": [list(e) for e in self.vlarb_high],
+                           "vlarb_low": [list(e) for e in self.vlarb_low], "vl_high_limit": self.vl_high_limit})
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,3 +132,25 @@ def test_qos_with_opensm_is_refused_and_reaches_ibemus_sm() -> None:
     q = SmQos.from_json(req.sm_qos)
     assert (q.vls, q.vlarb_low, q.sl_to_vl()[:3]) == (2, ((0, 4), (1, 2)), (0, 1, 0))
     assert fabric_request(loads_scenario(SS, "x.yaml")).sm_qos == ""
+
+
+def test_ibemu_up_carries_qos_and_says_the_rate_line(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import argparse
+
+    from ibemu.cli.fabric_cmd import request_from_args
+    from ibemu.errors import ConfigError
+
+    path = tmp_path / "q.yaml"
+    path.write_text(SS + "defaults:\n  rate: NDR\nfabric:\n  qos: {vls: 2}\n")
+    args = argparse.Namespace(topo=None, scenario=path, datapath=None, fabric=None, dilation=None,
+                              sm="ibemu", sm_host=None, sm_engine=None)
+    req = request_from_args(args)
+    assert '"vls": 2' in req.sm_qos
+    err = capsys.readouterr().err
+    assert "defaults.rate: warning: rates apply on the user datapath only" in err
+    args.datapath = "user"
+    request_from_args(args)
+    assert "rates apply" not in capsys.readouterr().err
+    args.sm = "opensm"
+    with pytest.raises(ConfigError, match="fabric.qos is programmed by ibemu's SM"):
+        request_from_args(args)
