@@ -152,5 +152,5 @@ def test_ibemu_up_carries_qos_and_says_the_rate_line(tmp_path, capsys) -> None: 
     request_from_args(args)
     assert "rates apply" not in capsys.readouterr().err
     args.sm = "opensm"
-    with pytest.raises(ConfigError, match="fabric.qos is programmed by ibemu's SM"):
+    with pytest.raises(ConfigError, match=r"fabric\.qos is programmed by ibemu's SM"):
         request_from_args(args)
