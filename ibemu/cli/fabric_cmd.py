@@ -35,8 +35,12 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
                 resolve_dilation(getattr(args, "dilation", None)))
     if args.scenario:
         from ibemu.scenario import load_scenario
+        from ibemu.scenario.loader import RATES_USER_ONLY
 
         scen, name = load_scenario(args.scenario), str(args.scenario)
+        for warning in scen.warnings:
+            if not (datapath == "user" and RATES_USER_ONLY in warning):  # --datapath user: not for the kernel
+                print(warning, file=sys.stderr)
     else:
         from ibemu.scenario.loader import load_builtin
 
@@ -93,8 +97,12 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
         return FabricRequest(topo, name, kind="roce", datapath="kernel", sm="none", sm_host="", sm_engine="",
                              roce=_roce_settings(fabric), dilation=dilation)
     sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
+    if fabric.qos is not None and sm == "opensm":
+        raise ConfigError("--sm opensm: the scenario's fabric.qos is programmed by ibemu's SM; OpenSM's QoS "
+                          "options are not passed to it yet", fabric.qos.where)
+    qos = fabric.qos.sm_json() if fabric.qos is not None and sm == "ibemu" else ""
     return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine,
-                         dilation=dilation)
+                         dilation=dilation, sm_qos=qos)
 
 
 def cmd_up(args: argparse.Namespace) -> int:

@@ -59,7 +59,7 @@ class FabricRuntime:
     def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
-                 sm_host: str | None = None, sm_engine: str = "minhop") -> None:
+                 sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "") -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -73,6 +73,8 @@ class FabricRuntime:
         self.sm = sm
         self.sm_host = sm_host or next((n.name for n in topo.cas()), "")
         self.sm_engine = sm_engine
+        self.sm_qos = sm_qos
+        """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
         self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
         self.make_agents = make_agents
@@ -97,7 +99,7 @@ class FabricRuntime:
         workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
-        extra = self.sm_direct_args() if impl is ibemusm else []
+        extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else [])] if impl is ibemusm else []
         proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra))
         self._sm_proc = proc
         cpus.pin_process(proc.pid, self.placement.sm)

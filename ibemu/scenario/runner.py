@@ -137,8 +137,9 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     f = scen.fabric
     roce = {"loss_pct": f.loss_pct, "delay_us": f.delay_us, "ecn_mark_kb": f.ecn_mark_kb if f.ecn else 0.0,
             "ecn_line_gbps": f.ecn_line_gbps if f.ecn else 0.0}
+    sm_qos = f.qos.sm_json() if f.qos else ""
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
-                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce)
+                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos)
 
 
 def _queues(scen: Scenario) -> QueueConfig | None:
@@ -201,6 +202,9 @@ class ScenarioRun:
     async def _run(self) -> dict[str, Any]:
         scen = self.scen
         t_start = time.perf_counter()
+        for warning in scen.warnings:  # e.g. rates on the kernel datapath: one line each, before the build
+            log.warning("%s", warning)
+            self.progress("note", warning)
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
                                f"{len(scen.topology.links)} links ("
                                + ("RoCEv2, IP routers" if self.roce else f"{scen.fabric.datapath} datapath") + ")")

@@ -25,6 +25,7 @@ from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
 from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
+from ibemu.sm.qos import SmQos
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
 from ibemu.wire.umad import DEFAULT_SOCKNAME
 
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--direct", default=None, metavar="IFNAME=PEER_MAC",
                    help="send and receive SMPs on the HCA's own cable (a packet socket on IFNAME in --ns, "
                         "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
+    p.add_argument("--qos", default=None, help="QoS to program (JSON: vls, sl2vl, vlarb_high, vlarb_low, "
+                   "vl_high_limit; ibemu.sm.qos.SmQos)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -81,7 +84,8 @@ async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
-                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state)
+                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
+                   qos=SmQos.from_json(args.qos) if args.qos else None)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)
