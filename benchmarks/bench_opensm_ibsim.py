@@ -20,7 +20,8 @@ Measured on each side:
   stamps (``ibemu.fabric.opensm_log``). ibemu cuts with the cable's interface down on the edge
   switch (``links.set_up``: both ports lose carrier, both switches trap); ibsim with its
   console's ``Unlink "S-<guid>"[port]``, which sets both ports Down and sends trap 128 from
-  both switches to the SM at once (``unlink_port`` in ibsim's sim_cmd.c), and restores with
+  both switches to the SM at once (``unlink_port`` in ibsim's sim_cmd.c; a switch whose LFT
+  route to the SM crossed the cable drops its trap, on both fabrics), and restores with
   ``ReLink`` (trap 128 again). So both sides measure the same thing: two traps 128 -> OpenSM's
   heavy sweep -> SUBNET UP.
 
@@ -96,15 +97,19 @@ class LogWatch:
 
     def __init__(self, path: Path) -> None:
         self.path, self.text, self._offset = path, "", 0
+        self.changed = time.monotonic()
 
     def _read(self) -> bool:
+        """New bytes read; True when they hold a SUBNET UP."""
         if not self.path.exists():
             return False
         with open(self.path, "rb") as f:
             f.seek(self._offset)
             chunk = f.read()
-        self._offset += len(chunk)
-        self.text += chunk.decode(errors="replace")
+        if chunk:
+            self._offset += len(chunk)
+            self.text += chunk.decode(errors="replace")
+            self.changed = time.monotonic()
         return b"SUBNET UP" in chunk
 
     def reroute_after(self, t_fault: int, alive: Callable[[], bool], timeout_s: float = 30) -> dict[str, Any]:
@@ -119,12 +124,28 @@ class LogWatch:
                         e["fallback"] = any(x["kind"] == "routing_fallback" and x["t_ns"] >= t_fault
                                             and x["t_ns"] <= e["t_subnet_up"] for x in events)
                         return e
-            if not alive():
-                raise RuntimeError(f"OpenSM exited before its reroute:\n{self.text[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no trap -> SUBNET UP in OpenSM's log in {timeout_s:.0f} s:\n"
-                                   f"{self.text[-2000:]}")
+            self._check(alive, deadline, "trap -> SUBNET UP")
             time.sleep(0.02)
+
+    def settle(self, alive: Callable[[], bool], quiet_s: float = 1.5, timeout_s: float = 30) -> None:
+        """Until the log has been quiet for ``quiet_s`` with no sweep pending (no trap since the
+        last SUBNET UP): ibemu's switches repeat a trap that found no route to the SM (the far
+        end's, when the cut cable carried it) about 1 s later, and its sweep must not overlap
+        the next cut. ibsim sends each trap once; both sides wait alike."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._read()
+            tail = self.text[self.text.rfind("SUBNET UP"):]
+            if "Received Generic Notice" not in tail and time.monotonic() - self.changed >= quiet_s:
+                return
+            self._check(alive, deadline, "a quiet log")
+            time.sleep(0.05)
+
+    def _check(self, alive: Callable[[], bool], deadline: float, what: str) -> None:
+        if not alive():
+            raise RuntimeError(f"OpenSM exited while waiting for {what}:\n{self.text[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} in OpenSM's log in time:\n{self.text[-2000:]}")
 
 
 def cut_row(cable: tuple[str, int], t_fault: int, rr: dict[str, Any]) -> dict[str, Any]:
@@ -196,6 +217,7 @@ def run_ibsim(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
         try:
             side.bringup_s.append(opensm.wait_subnet_up(proc, work, 60, started_ns=t0))
             watch = LogWatch(work / "opensm.log")
+            watch.settle(alive)  # a sweep the bring-up's own traps started, if any
             for cable in cuts:
                 node = f"S-{topo.node(cable[0]).guid:016x}"
                 t_fault = clock.now_ns()
@@ -204,7 +226,7 @@ def run_ibsim(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
                 t_restore = clock.now_ns()
                 console(sim, f'ReLink "{node}"[{cable[1]}]')
                 watch.reroute_after(t_restore, alive)
-                time.sleep(0.2)
+                watch.settle(alive)
         finally:
             opensm.stop(proc)
 
@@ -276,6 +298,7 @@ def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
         side.bringup_s.append(fab.rt.sm_up_s)
         build_s = time.monotonic() - t_build - fab.rt.sm_up_s
         watch = LogWatch(work / "opensm" / "opensm.log")
+        watch.settle(fab.alive)  # a sweep the bring-up's own traps started, if any
         links = fab.rt.fabric.links
         for cable in cuts:
             ns, ifname = fab.rt.plan.nodes[cable[0]].ns, topo.ifname(*cable)
@@ -285,7 +308,7 @@ def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
             t_restore = clock.now_ns()
             links.set_up(ns, ifname, True)
             watch.reroute_after(t_restore, fab.alive)
-            time.sleep(0.2)
+            watch.settle(fab.alive)
     return build_s
 
 
@@ -298,10 +321,16 @@ def span(vals: list[float], digits: int) -> str:
     return f"{lo:.{digits}f}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}-{hi:.{digits}f}"
 
 
+def median(vals: list[float | None]) -> float | None:
+    known = [v for v in vals if v is not None]
+    return statistics.median(known) if known else None
+
+
 def summary(side: Side) -> dict[str, Any]:
     trap_up = [c["trap_to_subnet_up_ms"] for c in side.cuts]
     return {"bringup_s": side.bringup_s, "bringup_median_s": statistics.median(side.bringup_s),
             "trap_to_subnet_up_ms": trap_up, "trap_to_subnet_up_median_ms": statistics.median(trap_up),
+            "trap_to_routed_median_ms": median([c["trap_to_routed_ms"] for c in side.cuts]),
             "fault_to_trap_ms": [c["fault_to_trap_ms"] for c in side.cuts], "cuts": side.cuts}
 
 
@@ -313,14 +342,15 @@ def report(k: int, engine: str, ibemu_side: Side, ibsim_side: Side, load: tuple[
     print(f"\nOpenSM {opensm_version()} (-R {engine}) on a k={k} fat-tree: {n_runs} cold bring-ups and "
           f"{n_cuts} edge-aggregation cable cuts per fabric; load average {load[0]:.1f} at the start, "
           f"{load[1]:.1f} at the end ({os.cpu_count()} CPUs)")
-    print("\n| fabric | bring-up s (range) | fault -> trap ms (range) | trap -> SUBNET UP ms: median (range) "
-          "| ratio ibemu/ibsim: trap -> SUBNET UP (bring-up) |")
-    print("|---|---|---|---|---|")
+    print("\n| fabric | bring-up s (range) | fault -> trap ms (range) | trap -> routed ms (median) "
+          "| trap -> SUBNET UP ms: median (range) | ratio ibemu/ibsim: trap -> SUBNET UP (bring-up) |")
+    print("|---|---|---|---|---|---|")
     for name in ("ibemu", "ibsim"):
         f = s[name]
         ratio = f"{ratio_trap:.2f}x ({ratio_up:.2f}x)" if name == "ibemu" else "1"
         mark = "*" if name == "ibemu" else ""
-        print(f"| {name}{mark} | {span(f['bringup_s'], 2)} | {span(f['fault_to_trap_ms'], 1)} | "
+        routed = "-" if f["trap_to_routed_median_ms"] is None else f"{f['trap_to_routed_median_ms']:.0f}"
+        print(f"| {name}{mark} | {span(f['bringup_s'], 2)} | {span(f['fault_to_trap_ms'], 1)} | {routed} | "
               f"{f['trap_to_subnet_up_median_ms']:.0f} ({span(f['trap_to_subnet_up_ms'], 0)}) | {ratio} |")
     ok = ratio_trap <= TARGET_RATIO
     print(f"\ntarget: ibemu's trap -> SUBNET UP within {TARGET_RATIO}x of ibsim's: "
@@ -329,13 +359,16 @@ def report(k: int, engine: str, ibemu_side: Side, ibsim_side: Side, load: tuple[
           "and are answered by the switch agents of this process; on ibsim a switch answers inside "
           "the simulator, no SMP crosses a cable.")
     print("bring-up: OpenSM process start -> SUBNET UP (its log's stamp); the fabric's build and "
-          "ibsim's start are not counted. fault: the cable's interface down (ibemu) / ibsim's console "
-          "Unlink, which sends trap 128 from both switches (ibsim); trap: the first trap 128 in "
-          "OpenSM's log.")
+          "ibsim's start are not counted. fault: the edge switch's interface down (ibemu, a netlink call "
+          "from this process) / ibsim's console Unlink, which sends trap 128 from both switches; trap: the "
+          "first trap 128 in OpenSM's log (a switch whose route to the SM crossed the cut cable cannot "
+          "send its trap: for edge0_0's uplinks, h0's, OpenSM gets one trap on both fabrics); routed: its "
+          "routing engine's \"tables configured\".")
     for name, side in (("ibemu", ibemu_side), ("ibsim", ibsim_side)):
         print(f"{name} per cut: " + "; ".join(
-            f"{c['cable']} {c['trap_to_subnet_up_ms']:.0f} ms (routed {c['trap_to_routed_ms']:.0f}, "
-            f"{c['engine']}{' after ftree refused' if c['fallback'] else ''})" for c in side.cuts))
+            f"{c['cable']} {c['trap_to_subnet_up_ms']:.0f} ms (routed "
+            f"{'-' if c['trap_to_routed_ms'] is None else format(c['trap_to_routed_ms'], '.0f')}, "
+            f"{c['engine']}{' after ' + engine + ' refused' if c['fallback'] else ''})" for c in side.cuts))
     return {"k": k, "engine": engine, "opensm": opensm_version(), "loadavg_start_end": load,
             "target_ratio": TARGET_RATIO,
             "ratio_trap_to_subnet_up": ratio_trap, "ratio_bringup": ratio_up, "target_met": ok, **s}
