@@ -426,7 +426,7 @@ def main() -> int:
                 work.mkdir()
                 build_s = run_ibemu(topo, mine, args.engine, work, ibemu_side)
                 print(f"  run {run + 1}/{args.runs}: bring-up ibsim {ibsim_side.bringup_s[-1]:.3f} s, ibemu "
-                      f"{ibemu_side.bringup_s[-1]:.3f} s (its fabric built in {build_s:.1f} s), {len(mine)} cuts "
+                      f"{ibemu_side.bringup_s[-1]:.3f} s (its fabric built in {build_s:.1f} s), {len(mine)} cut{'' if len(mine) == 1 else 's'} "
                       f"each", file=sys.stderr, flush=True)
             out = report(args.k, args.engine, ibemu_side, ibsim_side, (load0, os.getloadavg()[0]))
     except KeyboardInterrupt:
