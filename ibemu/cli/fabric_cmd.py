@@ -175,7 +175,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def cmd_diag(args: argparse.Namespace) -> int:
     """Run an infiniband-diags tool (or OpenSM) on a host, through its MAD socket."""
     session, command = _node_command(args, "diag", "ibemu diag HOST TOOL [ARGS...] (e.g. ibnetdiscover)")
-    shared = dilated_clock()  # a dilated fabric's clock (the session took it from the fabric)
+    shared = dilated_clock(session.state)  # a dilated fabric's clock (the session took it from the fabric)
     argv, cwd = session.diag_command(args.node, command, faketime=shared)
     os.chdir(cwd)
     if shared is None:

@@ -30,7 +30,7 @@ Say = Callable[[str], None]
 
 
 def _tool(rt: FabricRuntime, node: str, argv: list[str], cwd: Path) -> str:
-    r = run_tool(rt.plan.nodes[node].ns, argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+    r = run_tool(rt.plan.nodes[node].ns, argv, state=rt.state, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
     return r.stdout
 
 

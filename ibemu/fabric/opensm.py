@@ -21,20 +21,22 @@ from ibemu.errors import IbemuError
 from ibemu.fabric import opensm_log
 from ibemu.fabric.umad2sim import dilated_clock, tool_argv
 from ibemu.kernel import faketime
+from ibemu.kernel.ownership import RunState
 
 
 def opensm_available() -> bool:
     return shutil.which("opensm") is not None or Path("/usr/sbin/opensm").exists()
 
 
-def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None,
+          state: RunState | None = None) -> subprocess.Popen[bytes]:
     """OpenSM attached to the MAD socket of the host in ``ns``; log in ``workdir/opensm.log``.
 
     ``-d2`` flushes the log after each message, so its phases can be read as they happen.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / opensm_log.CLOCK_FILE).unlink(missing_ok=True)
-    shared = dilated_clock()
+    shared = dilated_clock(state)
     try:
         argv = tool_argv(ns, ["opensm", "-F", "/dev/null", "-f", str(workdir / "opensm.log"), "--dump_files_dir",
                               str(workdir), "-d2", "-s", "0", "-R", engine, *(extra or [])],

@@ -100,7 +100,9 @@ class FabricRuntime:
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
         extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else [])] if impl is ibemusm else []
-        proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra))
+        owner = {"state": self.state} if impl is opensm else {}
+        proc = await trio.to_thread.run_sync(
+            lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra, **owner))
         self._sm_proc = proc
         cpus.pin_process(proc.pid, self.placement.sm)
         self.state.claim_process(proc.pid, f"sm-{self.sm}")

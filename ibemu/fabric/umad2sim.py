@@ -22,6 +22,7 @@ from ibemu import clock
 from ibemu.errors import ConfigError
 from ibemu.kernel import faketime, netns
 from ibemu.kernel.faketime import SharedStart, preload
+from ibemu.kernel.ownership import RunState
 
 UMAD2SIM_GLOBS = (
     "/usr/lib/*/umad2sim/libumad2sim.so",
@@ -59,20 +60,26 @@ def scratch_dir(base: Path, node: str) -> Path:
     return d
 
 
-def dilated_clock() -> faketime.SharedStart | None:
+def dilated_clock(state: RunState | None = None) -> faketime.SharedStart | None:
     """libfaketime's start for a libibumad program on this run's clock; None at dilation 1. A
-    dilated run without libfaketime is a ``ConfigError`` (located at ``time.dilation``)."""
+    dilated run without libfaketime is a ``ConfigError`` (located at ``time.dilation``).
+    ``state``: the run that owns the two /dev/shm files (recorded before they are made)."""
     if clock.dilation() == 1:
         return None
     if faketime.library_path() is None:
         raise ConfigError(f"a libibumad program (OpenSM, infiniband-diags) at dilation {clock.dilation():g} runs "
                           f"under libfaketime, which is not installed: {faketime.INSTALL_HINT}", "time.dilation")
-    return faketime.create(clock.dilation(), clock.epoch_ns())
+    name = faketime.new_name()
+    if state is not None:
+        state.claim_shared_memory(faketime.paths(name))
+    return faketime.create(clock.dilation(), clock.epoch_ns(), name=name)
 
 
-def run_tool(ns: str, argv: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
-    """``subprocess.run`` of a libibumad tool in ``ns`` on this run's clock (``kw`` pass through)."""
-    shared = dilated_clock()
+def run_tool(ns: str, argv: Sequence[str], *, state: RunState | None = None,
+             **kw: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` of a libibumad tool in ``ns`` on this run's clock (``kw`` pass through;
+    ``state``: the run owning the clock's files)."""
+    shared = dilated_clock(state)
     try:
         return subprocess.run(tool_argv(ns, argv, faketime=shared), **kw)
     finally:

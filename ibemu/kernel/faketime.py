@@ -37,8 +37,9 @@ At dilation 1 nothing is preloaded: the program runs on the real clock, which is
 emulated one. ``IBEMU_LIBFAKETIME`` names another copy of the library ("" or a missing file:
 none, as if not installed).
 
-A run killed between writing the segment and the program's start leaves those two small files
-in /dev/shm (``ibemu clean`` does not match files by name).
+Both files are owned by the run before they exist (``umad2sim.dilated_clock(state)`` records
+``paths(name)`` in the run state, write-ahead), so a run killed between writing the segment
+and the program's start leaves them to ``ibemu clean``, which removes exactly those.
 """
 
 from __future__ import annotations
@@ -129,6 +130,16 @@ class SharedStart:
         remove_shared(self.sem_name, self.shm_name)
 
 
+def new_name(tag: str = "ibemu") -> str:
+    """A fresh name for a ``SharedStart`` (``create(name=...)``), to be owned before it exists."""
+    return f"{tag}-{secrets.token_hex(4)}-clock"
+
+
+def paths(name: str) -> list[str]:
+    """The files a ``SharedStart`` named ``name`` makes in /dev/shm (semaphore, segment)."""
+    return [f"{SHM_DIR}/sem.{name}-sem", f"{SHM_DIR}/{name}-shm"]
+
+
 def remove_shared(sem_name: str, shm_name: str) -> None:
     """Unlink a ``SharedStart``'s semaphore and segment by name (gone already: nothing)."""
     for path in (f"{SHM_DIR}/sem.{sem_name.lstrip('/')}", f"{SHM_DIR}/{shm_name.lstrip('/')}"):
@@ -146,7 +157,7 @@ def _libc() -> ctypes.CDLL:
     return libc
 
 
-def create(dilation: float, epoch_ns: int, *, tag: str = "ibemu") -> SharedStart:
+def create(dilation: float, epoch_ns: int, *, tag: str = "ibemu", name: str | None = None) -> SharedStart:
     """A ``SharedStart`` for the clock ``epoch_ns + (mono - epoch_ns) / dilation``; raises
     ``FileNotFoundError`` when libfaketime is not installed, ``OSError`` when /dev/shm fails."""
     lib = library_path()
@@ -156,7 +167,7 @@ def create(dilation: float, epoch_ns: int, *, tag: str = "ibemu") -> SharedStart
     offsets = (time.clock_gettime_ns(time.CLOCK_REALTIME) - mono,
                time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW) - mono,
                time.clock_gettime_ns(time.CLOCK_BOOTTIME) - mono)
-    start = SharedStart(f"{tag}-{secrets.token_hex(4)}-clock", dilation, epoch_ns, offsets[0], lib)
+    start = SharedStart(name or new_name(tag), dilation, epoch_ns, offsets[0], lib)
     libc = _libc()
     sem = libc.sem_open(start.sem_name.encode(), os.O_CREAT | os.O_EXCL, 0o600, 1)
     if sem is None or sem == ctypes.c_void_p(-1).value:  # SEM_FAILED

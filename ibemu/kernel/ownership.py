@@ -74,6 +74,8 @@ class RunState:
     namespaces: list[str] = field(default_factory=list)
     processes: list[OwnedProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    shared_memory: list[str] = field(default_factory=list)
+    """Files in /dev/shm the run made (libfaketime's shared start time of a dilated tool)."""
 
     @property
     def path(self) -> Path:
@@ -93,6 +95,15 @@ class RunState:
     def claim_namespaces(self, names: Iterable[str]) -> None:
         """Record namespaces about to be created (write-ahead)."""
         self.namespaces.extend(n for n in names if n not in self.namespaces)
+        self.save()
+
+    def claim_shared_memory(self, paths: Iterable[str]) -> None:
+        """Record files about to be created in /dev/shm (write-ahead)."""
+        for p in paths:
+            if not p.startswith("/dev/shm/") or "/" in p[len("/dev/shm/"):]:
+                raise ValueError(f"not a file of /dev/shm: {p}")
+            if p not in self.shared_memory:
+                self.shared_memory.append(p)
         self.save()
 
     def claim_process(self, pid: int, role: str) -> OwnedProcess:
@@ -144,6 +155,10 @@ def teardown(state: RunState, grace_s: float = 30.0) -> list[str]:
     ``grace_s``); whatever namespaces remain are then deleted.
     """
     stop_processes(state.processes, grace_s)
+    for path in state.shared_memory:  # only the files this run recorded, each in /dev/shm
+        if path.startswith("/dev/shm/") and "/" not in path[len("/dev/shm/"):]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     problems = netns.delete(state.namespaces)
     left = [n for n in state.namespaces if netns.exists(n)]
     if left:

@@ -70,3 +70,31 @@ def test_a_program_under_it_is_on_the_emulated_clock() -> None:
         shared.remove()
         clock.configure(1)
     assert not [p for p in Path(faketime.SHM_DIR).iterdir() if shared.name in p.name]
+
+
+@pytest.mark.skipif(faketime.library_path() is None, reason="libfaketime not installed")
+def test_the_run_owns_the_shared_start_and_clean_removes_only_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded in the run state before they exist, so a run killed before OpenSM started
+    leaves them to ``ibemu clean``; a look-alike file the run did not make stays."""
+    from ibemu.fabric.umad2sim import dilated_clock
+    from ibemu.kernel import ownership
+
+    monkeypatch.setattr(ownership, "STATE_DIR", tmp_path / "state")
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest")
+    state.save()
+    stranger = Path(faketime.paths(faketime.new_name())[1])
+    stranger.write_bytes(b"not ours")
+    clock.configure(4.0)
+    try:
+        shared = dilated_clock(state)
+        assert shared is not None
+        files = faketime.paths(shared.name)
+        assert ownership.RunState.load(state.path).shared_memory == files  # on disk, for clean
+        assert all(os.path.exists(p) for p in files)
+        assert ownership.teardown(state) == []  # as `ibemu clean` does after a crash
+        assert not any(os.path.exists(p) for p in files)
+        assert stranger.exists()
+    finally:
+        clock.configure(1.0)
+        stranger.unlink(missing_ok=True)
