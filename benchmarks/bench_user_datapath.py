@@ -94,8 +94,22 @@ def blast(spec_path: str) -> None:
     sys.stdout.flush()
 
 
+PROFILE: Path | None = None
+"""``--profile DIR``: py-spy records the forwarding process during each window (a flame graph)."""
+
+
+def profiler(pid: int, seconds: float, name: str) -> subprocess.Popen[bytes] | None:
+    if PROFILE is None:
+        return None
+    PROFILE.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    out = PROFILE / f"{name}-{int(time.time())}.txt"  # collapsed stacks (flamegraph.pl, speedscope)
+    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "250", "-f", "raw",
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
-                tmp: Path, on_start: Any = None) -> tuple[dict[str, Any], float, float]:
+                tmp: Path, profile_pid: int | None = None, name: str = "") -> tuple[dict[str, Any], float, float]:
     """Run the blaster; returns its report and the monotonic start and end of the window."""
     spec = tmp / "blast.json"
     spec.write_text(json.dumps({"senders": senders, "offered": offered, "seconds": seconds}))
@@ -103,11 +117,11 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
     proc = subprocess.Popen([sys.executable, __file__, "--blast", str(spec)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdin is not None and proc.stdout is not None
+    spy = None
     try:
         if proc.stdout.readline().strip() != "ready":
             raise SystemExit("the blaster did not start")
-        if on_start is not None:
-            on_start()
+        spy = profiler(profile_pid, seconds, name) if profile_pid else None
         t0 = time.monotonic()
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -115,6 +129,8 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
         t1 = time.monotonic()
     finally:
         proc.wait(10)
+        if spy is not None:
+            spy.wait(30)
     return report, t0, t1
 
 
@@ -195,7 +211,7 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
                 0x0A, q, bytes(SIZE), ext=fast.reth(0, 0, SIZE)).hex() for q in range(4)]
             senders.append({"ns": rt.plan.nodes[src].ns, "ifname": pp.ifname, "frames": frames})
         before = on_loop(forwarded, host)
-        report, t0, t1 = run_blaster(senders, offered, seconds, tmp)
+        report, t0, t1 = run_blaster(senders, offered, seconds, tmp, os.getpid(), "ib")
         time.sleep(0.3)
         after = on_loop(forwarded, host)
         return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0)}
@@ -238,7 +254,7 @@ def measure_roce(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
 
         from ibemu import clock
         before = counters(clock.now_ns())
-        report, t0, t1 = run_blaster(senders, offered, seconds, tmp)
+        report, t0, t1 = run_blaster(senders, offered, seconds, tmp, run.userpath.pid if run.userpath else None, "roce")
         time.sleep(0.3)
         after = counters(clock.now_ns())
         return {"hops_per_s": (after.get("forwarded", 0) - before.get("forwarded", 0)) / (t1 - t0),
@@ -298,8 +314,11 @@ def main() -> int:
     ap.add_argument("--before", default=BEFORE_REF, help="the commit to measure as 'before'")
     ap.add_argument("--no-before", action="store_true", help="measure this tree only")
     ap.add_argument("--json", action="store_true", help="print the runs as JSON (used for 'before')")
+    ap.add_argument("--profile", type=Path, help="py-spy flame graphs of the forwarding process into this folder")
     ap.add_argument("--blast", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     if args.blast:
         blast(args.blast)
         return 0
