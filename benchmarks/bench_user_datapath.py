@@ -94,6 +94,12 @@ def blast(spec_path: str) -> None:
     sys.stdout.flush()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 PROFILE: Path | None = None
 """``--profile DIR``: py-spy records the forwarding process during each window (a flame graph)."""
 
@@ -211,10 +217,13 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
                 0x0A, q, bytes(SIZE), ext=fast.reth(0, 0, SIZE)).hex() for q in range(4)]
             senders.append({"ns": rt.plan.nodes[src].ns, "ifname": pp.ifname, "frames": frames})
         before = on_loop(forwarded, host)
+        c0 = cpu_s(os.getpid())
         report, t0, t1 = run_blaster(senders, offered, seconds, tmp, os.getpid(), "ib")
         time.sleep(0.3)
         after = on_loop(forwarded, host)
-        return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0)}
+        c1 = cpu_s(os.getpid())
+        return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0),
+                "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before)}
     finally:
         if "stop" in box:
             trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
@@ -254,11 +263,15 @@ def measure_roce(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
 
         from ibemu import clock
         before = counters(clock.now_ns())
+        pid = run.userpath.pid if run.userpath else os.getpid()
+        c0 = cpu_s(pid)
         report, t0, t1 = run_blaster(senders, offered, seconds, tmp, run.userpath.pid if run.userpath else None, "roce")
         time.sleep(0.3)
+        c1 = cpu_s(pid)
         after = counters(clock.now_ns())
-        return {"hops_per_s": (after.get("forwarded", 0) - before.get("forwarded", 0)) / (t1 - t0),
-                "offered_per_s": report["sent"] / (t1 - t0)}
+        hops = after.get("forwarded", 0) - before.get("forwarded", 0)
+        return {"hops_per_s": hops / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0),
+                "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, hops)}
     finally:
         run.down()
 
@@ -298,11 +311,13 @@ def measure_before(kind: str, args: argparse.Namespace) -> list[dict[str, float]
         return list(json.loads(out.strip().splitlines()[-1])[kind])
 
 
-def fmt(rows: list[dict[str, float]]) -> str:
+def fmt(rows: list[dict[str, float]], key: str = "hops_per_s", digits: int = 0) -> str:
     if not rows:
         return "-"
-    v = sorted(r["hops_per_s"] for r in rows)
-    return f"{v[0]:,.0f}-{v[-1]:,.0f}" if len(v) > 1 else f"{v[0]:,.0f}"
+    v = sorted(r[key] for r in rows if key in r)
+    if not v:
+        return "-"
+    return f"{v[0]:,.{digits}f}-{v[-1]:,.{digits}f}" if len(v) > 1 else f"{v[0]:,.{digits}f}"
 
 
 def main() -> int:
@@ -337,12 +352,16 @@ def main() -> int:
     print(f"User datapath forwarding rate, k=4 fat-tree, 1 KiB frames, 4 senders x 5 hops, offered "
           f"{args.offered * 4:,.0f} frames/s ({args.offered * 4 * HOPS:,.0f} frame-hops/s), "
           f"{args.repeat} runs of {args.seconds:g} s, {os.cpu_count()} CPUs")
-    print(f"  {'datapath':8} {'before (' + args.before + ')':>26} {'after':>22}   load avg (after runs)")
+    print(f"  {'datapath':8} {'before (' + args.before + ')':>22} {'after':>18}   "
+          f"{'CPU us/hop before':>18} {'after':>10}   load avg (before; after)")
     for kind in kinds:
         r = results[kind]
-        loads = ", ".join(f"{x['load']:.1f}" for x in r["after"])
-        print(f"  {kind:8} {fmt(r.get('before', [])):>26} {fmt(r['after']):>22}   {loads}")
-    print("  frame-hops/s: frames forwarded by all switches per second (target >= 250,000 each)")
+        b, a = r.get("before", []), r["after"]
+        loads = ", ".join(f"{x['load']:.1f}" for x in b) + "; " + ", ".join(f"{x['load']:.1f}" for x in a)
+        print(f"  {kind:8} {fmt(b):>22} {fmt(a):>18}   {fmt(b, 'cpu_us_per_hop', 1):>18} "
+              f"{fmt(a, 'cpu_us_per_hop', 1):>10}   {loads}")
+    print("  frame-hops/s: frames forwarded by all switches per second (target >= 250,000 each);")
+    print("  CPU us/hop: CPU time of the forwarding process (all its threads) per frame-hop")
     return 0
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import select
 import socket
 import sys
 import threading
@@ -47,6 +48,7 @@ from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.ring import RxRing, TxBatcher
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 
 ETH_LEN = 14
 RECV_BATCH = 64
+RX_BATCH = 256
+"""Frames the user datapath takes from one port's ring per wake-up."""
 TICK_S = 0.05
 
 
@@ -87,6 +91,7 @@ class NodeRuntime:
     monitor: socket.socket | None = None
     mad_sink: MadSink | None = None
     tx_dropped: int = 0
+    """Frames the agent's sends lost (the user datapath's: ``AgentHost.user_tx_dropped``)."""
     rx_runts: int = 0
     powered: bool = True
     """A powered-off node (switch_down) neither hears nor sends anything."""
@@ -116,6 +121,8 @@ class AgentHost:
         self._lft_lock = threading.Lock()  # power() clears an LFT from a worker thread
         self._relay_ids: dict[str, int] = {}
         self._relay_on: dict[str, bool] = {}
+        self._tx: TxBatcher | None = None
+        """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -255,20 +262,22 @@ class AgentHost:
         await trio.to_thread.run_sync(self.open_dr_relay)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            user: list[tuple[str, NodeRuntime]] = []
             for name, rt in self.nodes.items():
                 forwarder = getattr(rt.agent, "forwarder", None) if self.datapath == "user" else None
                 if forwarder is not None:
                     self._apply_impairments(name, rt, forwarder)
-                for port, sock in rt.sockets.items():
-                    if forwarder is not None:
-                        nursery.start_soon(self._user_switch_reader, name, rt, port, sock)
-                    else:
+                    user.append((name, rt))
+                else:
+                    for port, sock in rt.sockets.items():
                         nursery.start_soon(self._reader, name, rt, port, sock)
                 nursery.start_soon(self._link_watch, name, rt)
                 # The cables were up before the agents existed: tell them.
                 for port, carrier in rt.carrier.items():
                     if carrier:
                         self.dispatch(name, rt, rt.agent.link_up(port))
+            if user:
+                nursery.start_soon(self._user_datapath, user)
             nursery.start_soon(self._ticker)
             task_status.started()
 
@@ -291,49 +300,90 @@ class AgentHost:
                     continue
                 self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
 
-    async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
-        """User datapath: every frame of the port goes through the switch's forwarder."""
-        sockets, eth = rt.sockets, rt.eth
-        delays = self._delays_ns.setdefault(name, {})  # the same dict `impair` changes later
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            agent = rt.agent  # per wake-up: a rebooted switch gets a new agent and forwarder
-            decide = agent.forwarder.decide  # type: ignore[attr-defined]
-            receive = agent.receive
-            for _ in range(RECV_BATCH):
-                try:
-                    frame = sock.recv(9216)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    break
-                if len(frame) <= ETH_LEN:
-                    rt.rx_runts += 1
-                    continue
-                if not rt.powered:
-                    continue
-                verdict = decide(frame[ETH_LEN:], port)
-                if verdict.port:
-                    delay = delays.get(verdict.port)
-                    out = eth[verdict.port] + verdict.packet
-                    if delay and self._nursery is not None:
-                        self._nursery.start_soon(self._send_later, rt, sockets[verdict.port], out, delay)
-                        continue
-                    try:
-                        sockets[verdict.port].send(out)
-                    except OSError:
-                        rt.tx_dropped += 1
-                elif verdict.reason is Reason.TO_SMA:
-                    if rt.vl15_loss and self._lose_vl15(rt, frame):
-                        continue
-                    self.dispatch(name, rt, receive(port, verdict.packet))
+    async def _user_datapath(self, switches: list[tuple[str, NodeRuntime]]) -> None:
+        """User datapath: every frame of every switch port goes through its switch's forwarder,
+        in this one task.
 
-    async def _send_later(self, rt: NodeRuntime, sock: socket.socket, frame: bytes, delay_ns: int) -> None:
-        await trio.sleep(delay_ns / 1e9)
+        One epoll set over all the switches' port sockets, each with an RX ring
+        (``kernel.ring``): one trio wake-up serves every port that has frames, and a port's
+        frames are taken in one batch without a system call. Each batch goes receive ->
+        decide -> a list per egress port -> send (``_forward_batch``), so what happens
+        between deciding and sending (a per-egress scheduler) has one place to go.
+        """
+        ep = select.epoll()
+        by_fd: dict[int, tuple[str, NodeRuntime, int, RxRing]] = {}
+        self._tx = TxBatcher()
         try:
-            sock.send(frame)
-        except OSError:
-            rt.tx_dropped += 1
+            for name, rt in switches:
+                for port, sock in rt.sockets.items():
+                    ring = RxRing(sock)
+                    by_fd[sock.fileno()] = (name, rt, port, ring)
+                    ep.register(sock.fileno(), select.EPOLLIN)
+            while True:
+                await trio.lowlevel.wait_readable(ep.fileno())
+                for fd, _ in ep.poll(0):
+                    name, rt, port, ring = by_fd[fd]
+                    frames = ring.recv_batch(RX_BATCH)
+                    if frames and rt.powered:
+                        self._forward_batch(name, rt, port, frames)
+        finally:
+            ep.close()
+            for *_, ring in by_fd.values():
+                ring.close()
+            self._tx.close()
+            self._tx = None
+
+    def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
+        """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain
+        data frames (``Forwarder.forward_run``), the reference ``decide`` every other one, in
+        order, and the SMA what is for it; then each egress port's list goes out."""
+        agent = rt.agent  # per batch: a rebooted switch gets a new agent and forwarder
+        forwarder: Forwarder = agent.forwarder  # type: ignore[attr-defined]
+        eth = rt.eth
+        out: dict[int, list[bytes]] = {}
+        i, n = 0, len(frames)
+        while True:
+            i = forwarder.forward_run(frames, i, port, ETH_LEN, eth, out)
+            if i >= n:
+                break
+            frame = frames[i]
+            i += 1
+            if len(frame) <= ETH_LEN:
+                rt.rx_runts += 1
+                continue
+            verdict = forwarder.decide(frame[ETH_LEN:], port)
+            if verdict.port:
+                out.setdefault(verdict.port, []).append(eth[verdict.port] + verdict.packet)
+            elif verdict.reason is Reason.TO_SMA:
+                if rt.vl15_loss and self._lose_vl15(rt, frame):
+                    continue
+                if out:  # what was decided before goes out before what the SMA answers
+                    self._send_batches(name, rt, out)
+                    out = {}
+                self.dispatch(name, rt, agent.receive(port, verdict.packet))
+                if not rt.powered:
+                    return
+        if out:
+            self._send_batches(name, rt, out)
+
+    def _send_batches(self, name: str, rt: NodeRuntime, out: dict[int, list[bytes]]) -> None:
+        """Send each egress port's frames, after the port's injected delay if it has one."""
+        delays = self._delays_ns.get(name)
+        sockets = rt.sockets
+        tx = self._tx
+        assert tx is not None
+        for egress, frames in out.items():
+            sock = sockets[egress]
+            delay = delays.get(egress) if delays else None
+            if delay and self._nursery is not None:
+                self._nursery.start_soon(self._send_later, name, sock, frames, delay)
+            else:
+                tx.send(sock, frames, name)
+
+    async def _send_later(self, name: str, sock: socket.socket, frames: list[bytes], delay_ns: int) -> None:
+        await trio.sleep(delay_ns / 1e9)
+        if self._tx is not None:
+            self._tx.send(sock, frames, name)
 
     def _apply_impairments(self, name: str, rt: NodeRuntime, forwarder: Forwarder) -> None:
         """Per-link delay and loss from the topology, applied where a switch sends onto the link."""
@@ -387,6 +437,10 @@ class AgentHost:
                 actions = rt.agent.tick(now)
                 if actions:
                     self.dispatch(name, rt, actions)
+
+    def user_tx_dropped(self, name: str) -> int:
+        """Frames switch ``name``'s user datapath could not send (link down, queue full)."""
+        return self._tx.dropped[name] if self._tx is not None else 0
 
     def set_vl15_loss(self, name: str, fraction: float) -> None:
         """Lose ``fraction`` of the VL15 frames reaching node ``name``'s agent (its kernel
