@@ -20,8 +20,7 @@ RcvPkts/RcvData count every packet taken in, XmitPkts/XmitData every packet forw
 ``forward_run`` is the fast twin of ``decide`` for a user datapath's batches: it takes a run
 of received frames, forwards the common ones itself (a data packet, good length and VCRC, for
 a unicast LID the LFT routes elsewhere, ingress Armed/Active, egress Active, no impairment:
-the same checks in the same order, the same counter and ``stats`` updates, no object made but
-the outgoing frame) and stops at the first frame that is anything else, which the caller hands
+the same checks in the same order, the same counter and ``stats`` updates, no object made) and stops at the first frame that is anything else, which the caller hands
 to ``decide`` (the reference) before going on. Stopping there keeps the order in which frames
 see the switch's state: an SMP handed to the SMA may change the LFT or a port before the next
 frame. ``tests/unit/devices/test_forwarder_fast.py`` proves the two equal on generated frames.
@@ -149,11 +148,12 @@ class Forwarder:
         return Verdict(egress, packet, None)
 
     def forward_run(self, frames: Sequence[bytes], start: int, ingress: int, offset: int,
-                    heads: Mapping[int, bytes], out: dict[int, list[bytes]]) -> int:
+                    out: dict[int, list[bytes]]) -> int:
         """Forward ``frames[start:]`` (each ``offset`` bytes of framing, then LRH .. VCRC)
         received on ``ingress`` while they are plain data packets ``decide`` would forward
-        unimpaired: ``heads[egress]`` + packet is appended to ``out[egress]``. Returns the
-        index of the first frame left for ``decide`` (``len(frames)`` when none is)."""
+        unimpaired: the frame itself is appended to ``out[egress]`` (no copy: the caller
+        sends it with the egress port's framing in place of its first ``offset`` bytes).
+        Returns the index of the first frame left for ``decide`` (``len(frames)`` when none is)."""
         ports = self.ports
         pin = ports.get(ingress)
         end = len(frames)
@@ -182,7 +182,7 @@ class Forwarder:
             if dlid >= 0xC000 or (own.lid != 0 and (dlid >> own.lmc) == (own.lid >> own.lmc)):
                 break
             egress = lookup(dlid)
-            if egress == NO_ROUTE or egress == 0 or egress == ingress or egress in impairments:
+            if egress in (NO_ROUTE, 0, ingress) or egress in impairments:
                 break
             pout = ports.get(egress)
             if pout is None or pout.phys != link_up or pout.state != active:
@@ -195,7 +195,7 @@ class Forwarder:
             q = out.get(egress)
             if q is None:
                 q = out[egress] = []
-            q.append(heads[egress] + memoryview(frame)[offset:])
+            q.append(frame)
             done += 1
             i += 1
         if done:

@@ -343,7 +343,7 @@ class AgentHost:
         out: dict[int, list[bytes]] = {}
         i, n = 0, len(frames)
         while True:
-            i = forwarder.forward_run(frames, i, port, ETH_LEN, eth, out)
+            i = forwarder.forward_run(frames, i, port, ETH_LEN, out)
             if i >= n:
                 break
             frame = frames[i]
@@ -367,23 +367,26 @@ class AgentHost:
             self._send_batches(name, rt, out)
 
     def _send_batches(self, name: str, rt: NodeRuntime, out: dict[int, list[bytes]]) -> None:
-        """Send each egress port's frames, after the port's injected delay if it has one."""
+        """Send each egress port's frames with its Ethernet header in place of the one they
+        came with, after the port's injected delay if it has one."""
         delays = self._delays_ns.get(name)
         sockets = rt.sockets
         tx = self._tx
         assert tx is not None
+        eth = rt.eth
         for egress, frames in out.items():
             sock = sockets[egress]
             delay = delays.get(egress) if delays else None
             if delay and self._nursery is not None:
-                self._nursery.start_soon(self._send_later, name, sock, frames, delay)
+                self._nursery.start_soon(self._send_later, name, sock, frames, eth[egress], delay)
             else:
-                tx.send(sock, frames, name)
+                tx.send(sock, frames, name, eth[egress])
 
-    async def _send_later(self, name: str, sock: socket.socket, frames: list[bytes], delay_ns: int) -> None:
+    async def _send_later(self, name: str, sock: socket.socket, frames: list[bytes], head: bytes,
+                          delay_ns: int) -> None:
         await trio.sleep(delay_ns / 1e9)
         if self._tx is not None:
-            self._tx.send(sock, frames, name)
+            self._tx.send(sock, frames, name, head)
 
     def _apply_impairments(self, name: str, rt: NodeRuntime, forwarder: Forwarder) -> None:
         """Per-link delay and loss from the topology, applied where a switch sends onto the link."""

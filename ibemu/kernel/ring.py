@@ -194,16 +194,19 @@ class TxBatcher:
         self._thread = threading.Thread(target=self._run, name="ibemu-tx", daemon=True)
         self._thread.start()
 
-    def send(self, sock: socket.socket, frames: Sequence[bytes | bytearray], key: Hashable = None) -> None:
-        """Transmit ``frames`` on ``sock`` in order (after what was given before for it)."""
+    def send(self, sock: socket.socket, frames: Sequence[bytes | bytearray], key: Hashable = None,
+             head: bytes = b"") -> None:
+        """Transmit ``frames`` on ``sock`` in order (after what was given before for it),
+        each with ``head`` in place of its first ``len(head)`` bytes (a new Ethernet header)."""
         n = len(frames)
         if not n:
             return
         self.frames += n
+        hl = len(head)
         if n <= DIRECT_MAX and self._queued == self._done:
             for frame in frames:
                 try:
-                    sock.send(frame)
+                    sock.send(head + memoryview(frame)[hl:] if hl else frame)
                 except OSError:
                     self.dropped[key] += 1
             return
@@ -219,6 +222,8 @@ class TxBatcher:
                     continue
                 off = count * TX_SLOT
                 view[off:off + ln] = frame
+                if hl:
+                    view[off:off + hl] = head
                 iov[count].iov_len = ln
                 count += 1
             self._queued += 1

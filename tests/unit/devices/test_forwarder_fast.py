@@ -96,9 +96,9 @@ def fast_path(sw: SwitchAgent, frames: list[bytes], ingress: int) -> list[tuple[
     i = 0
     while i < len(frames):
         batch: dict[int, list[bytes]] = {}
-        i = sw.forwarder.forward_run(frames, i, ingress, ETH, HEADS, batch)
+        i = sw.forwarder.forward_run(frames, i, ingress, ETH, batch)
         for port, q in batch.items():
-            out += [(port, bytes(x)) for x in q]
+            out += [(port, HEADS[port] + x[ETH:]) for x in q]
             TAKEN[0] += len(q)
         if i < len(frames):
             f = frames[i]
@@ -148,7 +148,7 @@ def test_fast_twin_takes_the_common_case_and_stops_at_the_first_other() -> None:
     data = bytes(ETH) + fast.NativeTemplate(slid=9, dlid=5, destqp=1).packet(0x04, 1, b"y" * 32)
     smp = bytes(ETH) + fast.NativeTemplate(slid=9, dlid=0xFFFF, destqp=0, vl=15).packet(0x04, 1, b"z" * 32)
     out: dict[int, list[bytes]] = {}
-    assert sw.forwarder.forward_run([data, data, smp, data], 0, 1, ETH, HEADS, out) == 2
-    assert [bytes(x) for x in out[2]] == [HEADS[2] + data[ETH:]] * 2
+    assert sw.forwarder.forward_run([data, data, smp, data], 0, 1, ETH, out) == 2
+    assert out[2] == [data] * 2
     assert sw.forwarder.stats["forwarded"] == 2
     assert sw.counters(1).rcv_pkts == 2 and sw.counters(2).xmit_pkts == 2
