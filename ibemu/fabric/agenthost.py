@@ -48,7 +48,7 @@ from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
-from ibemu.kernel.ring import RxRing, TxBatcher
+from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 
 ETH_LEN = 14
 RECV_BATCH = 64
-RX_BATCH = 256
-"""Frames the user datapath takes from one port's ring per wake-up."""
 TICK_S = 0.05
 
 
@@ -304,32 +302,31 @@ class AgentHost:
         """User datapath: every frame of every switch port goes through its switch's forwarder,
         in this one task.
 
-        One epoll set over all the switches' port sockets, each with an RX ring
-        (``kernel.ring``): one trio wake-up serves every port that has frames, and a port's
-        frames are taken in one batch without a system call. Each batch goes receive ->
+        One epoll set over all the switches' port sockets: one trio wake-up serves every
+        port that has frames, and a port's waiting frames are taken with one ``recvmmsg``
+        (``kernel.ring.RxBatcher``); sends go out in batches from a worker thread
+        (``kernel.ring.TxBatcher``). Each batch goes receive ->
         decide -> a list per egress port -> send (``_forward_batch``), so what happens
         between deciding and sending (a per-egress scheduler) has one place to go.
         """
         ep = select.epoll()
-        by_fd: dict[int, tuple[str, NodeRuntime, int, RxRing]] = {}
+        by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
+        rx = RxBatcher()
         self._tx = TxBatcher()
         try:
             for name, rt in switches:
                 for port, sock in rt.sockets.items():
-                    ring = RxRing(sock)
-                    by_fd[sock.fileno()] = (name, rt, port, ring)
+                    by_fd[sock.fileno()] = (name, rt, port, sock)
                     ep.register(sock.fileno(), select.EPOLLIN)
             while True:
                 await trio.lowlevel.wait_readable(ep.fileno())
                 for fd, _ in ep.poll(0):
-                    name, rt, port, ring = by_fd[fd]
-                    frames = ring.recv_batch(RX_BATCH)
+                    name, rt, port, sock = by_fd[fd]
+                    frames = rx.recv_batch(sock)
                     if frames and rt.powered:
                         self._forward_batch(name, rt, port, frames)
         finally:
             ep.close()
-            for *_, ring in by_fd.values():
-                ring.close()
             self._tx.close()
             self._tx = None
 

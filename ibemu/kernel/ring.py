@@ -1,31 +1,33 @@
-"""Batched packet-socket receive for the user datapaths: a PACKET_MMAP RX ring (TPACKET_V2).
+"""Batched packet-socket IO for the user datapaths: ``recvmmsg`` for a port's waiting
+frames, ``sendmmsg`` in a worker thread for an egress port's batch.
 
-A user datapath forwards every frame of a fabric in one Python thread; a ``recv`` system call
-per frame was a sixth of its time (``benchmarks/bench_user_datapath.py --profile``).
-``RxRing`` maps an RX ring of the packet socket: the kernel writes each frame it accepts for
-the socket (after the socket's BPF filter) into the next slot and marks it ``TP_STATUS_USER``;
-``recv_batch`` copies out every ready frame without a system call and hands the slots back. A
-frame longer than a slot is also queued on the socket whole (``PACKET_COPY_THRESH``; its slot
-says ``TP_STATUS_COPY``) and is read with ``recv`` in its turn, so no frame is ever truncated
-and the order is kept. Frames that arrived before the ring was set up are read the same way.
+A user datapath forwards every frame of a fabric in one Python thread. Profiled
+(``benchmarks/bench_user_datapath.py --profile``), one ``recv`` and one ``send`` system call
+per frame and hop were half of its time, and a trio wake-up per port with frames most of the
+rest of the IO cost. Here:
 
-No TX ring: on a socket with one, ``send`` no longer takes a frame (it flushes the ring), and
-the ring saved nothing measurable here (3.5 us a frame either way on a veth: the kernel's work
-of delivering the frame to the peer dominates, not the system call).
+- ``RxBatcher.recv_batch(sock)`` takes every frame waiting on a socket (up to ``RX_BATCH``)
+  with one ``recvmmsg`` into one preallocated set of slots that serves all the sockets of
+  the (single-threaded) caller. A port still buffers in its socket buffer, so bursts are
+  absorbed exactly as before.
+- ``TxBatcher.send(sock, frames)`` copies an egress port's frames into preallocated slots and
+  a worker thread sends them with one ``sendmmsg`` (ctypes releases the GIL for the call).
+  A frame's send on a veth costs ~3.5 us of kernel time here, as much as deciding where the
+  frame goes: the peer's receive runs inside it. The thread lets that kernel work run on the
+  other CPU while Python decides the next batch.
 
-TPACKET_V2, not V3: V3 hands frames over in blocks that are retired when full or after a
-timeout of at least a millisecond, which would add up to that much latency per hop at low
-rates; V2 wakes the reader for every frame like a plain socket, and batches only when frames
-are waiting anyway. Poll/epoll on the socket works as before (readable while a slot is ready).
-
-Sizes: ``SLOT`` bytes a slot (a 1 KiB-payload IB or RoCE frame fits; bigger ones take the copy
-path), ``RX_SLOTS`` slots: 512 KiB of the kernel's memory a port, beside the socket's buffer.
+Tried and left out (measured with ``/tmp`` micro-benchmarks on a veth pair, 1 KiB frames):
+a PACKET_MMAP RX ring (TPACKET_V2) reads ~0.7 us a frame cheaper than ``recvmmsg``, but pins
+its slots in kernel memory per port (512 KiB for 256 slots: 2.5 GB for a k=16 fabric's 5,120
+switch ports) and holds far fewer frames than a socket buffer: the RoCE hosts' bursts (16 QPs
+x 64 WRs) overflowed 256 slots and RC flows ran out of retries. A TX ring saved nothing (3.5
+us a frame either way) and stops ``send`` from taking a frame on its socket, which the SMA's
+own sends need. TPACKET_V3 retires blocks after a timeout of at least a millisecond: latency.
 """
 
 from __future__ import annotations
 
 import ctypes
-import mmap
 import queue
 import socket
 import struct
@@ -34,86 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 
-SOL_PACKET = 263
-PACKET_RX_RING = 5
-PACKET_COPY_THRESH = 7
-PACKET_VERSION = 10
-TPACKET_V2 = 1
-
-TP_STATUS_KERNEL = 0
-TP_STATUS_USER = 1
-TP_STATUS_COPY = 2
-
-HDR = struct.Struct("=IIIHH")
-"""tpacket2_hdr's tp_status, tp_len, tp_snaplen, tp_mac, tp_net (then stamps and VLAN)."""
-SLOT = 2048
-RX_SLOTS = 256
-BLOCK = 1 << 16
-
-
-def _req(slots: int) -> bytes:
-    per_block = BLOCK // SLOT
-    return struct.pack("=IIII", BLOCK, (slots + per_block - 1) // per_block, SLOT, slots)
-
-
-class RxRing:
-    """An RX ring on the packet socket ``sock`` (which stays usable for ``send``)."""
-
-    __slots__ = ("_early", "_rx_slots", "map", "rx_copied", "rx_next", "sock")
-
-    def __init__(self, sock: socket.socket, *, rx_slots: int = RX_SLOTS) -> None:
-        per_block = BLOCK // SLOT
-        rx_slots = -(-rx_slots // per_block) * per_block
-        sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
-        sock.setsockopt(SOL_PACKET, PACKET_COPY_THRESH, 1)
-        sock.setsockopt(SOL_PACKET, PACKET_RX_RING, _req(rx_slots))
-        self.sock = sock
-        self._early: list[bytes] = []
-        while True:  # frames queued before the ring: read first, or they would keep poll readable
-            try:
-                self._early.append(sock.recv(65536))
-            except OSError:
-                break
-        self.map = mmap.mmap(sock.fileno(), rx_slots * SLOT, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        self._rx_slots = rx_slots
-        self.rx_next = 0
-        self.rx_copied = 0
-        """Frames longer than a slot (or queued before the ring), read whole from the socket."""
-
-    def close(self) -> None:
-        """Unmap the rings (the socket stays the caller's to close)."""
-        self.map.close()
-
-    # ------------------------------------------------------------------ receive
-
-    def recv_batch(self, limit: int = 256) -> list[bytes]:
-        """Up to ``limit`` frames waiting, in arrival order; [] when none is."""
-        m = self.map
-        i = self.rx_next
-        n = self._rx_slots
-        out: list[bytes] = []
-        if self._early:
-            out, self._early = self._early, out
-        unpack = HDR.unpack_from
-        while len(out) < limit:
-            off = i * SLOT
-            status, length, snap, mac, _net = unpack(m, off)
-            if not status & TP_STATUS_USER:
-                break
-            if status & TP_STATUS_COPY:
-                try:
-                    out.append(self.sock.recv(65536))  # the whole frame, queued beside the ring
-                    self.rx_copied += 1
-                except OSError:
-                    pass  # the receive buffer had no room for the copy: lost, as on a full queue
-            elif snap == length:
-                out.append(m[off + mac:off + mac + snap])
-            m[off:off + 4] = b"\0\0\0\0"  # TP_STATUS_KERNEL: the slot is the kernel's again
-            i += 1
-            if i == n:
-                i = 0
-        self.rx_next = i
-        return out
+_U32 = struct.Struct("=I")
 
 
 # ---------------------------------------------------------------------- transmit
@@ -259,3 +182,54 @@ class TxBatcher:
         """Send what is queued, then stop the worker."""
         self._work.put(None)
         self._thread.join(5.0)
+
+
+# ---------------------------------------------------------------------- receive, recvmmsg
+
+RX_FRAME = 9216 + 64
+"""Bytes a receive slot holds: the largest frame a user datapath reads (9216) fits."""
+RX_BATCH = 128
+
+
+class RxBatcher:
+    """Reads batches of frames from packet sockets with one ``recvmmsg`` each.
+
+    One set of ``RX_BATCH`` receive slots serves every socket of the (single-threaded)
+    caller, so the kernel memory per port stays its socket buffer, filled only as frames
+    wait: no per-port ring to pin, and a port buffers bursts as a plain socket does.
+    """
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._recvmmsg = libc.recvmmsg
+        self._recvmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+        self._recvmmsg.restype = ctypes.c_int
+        self.data = ctypes.create_string_buffer(RX_BATCH * RX_FRAME)
+        self.view = memoryview(self.data).cast("B")
+        self.iov = (_IoVec * RX_BATCH)()
+        self.msgs = (_MMsgHdr * RX_BATCH)()
+        base = ctypes.addressof(self.data)
+        iov0 = ctypes.addressof(self.iov)
+        for i in range(RX_BATCH):
+            self.iov[i].iov_base = base + i * RX_FRAME
+            self.iov[i].iov_len = RX_FRAME
+            self.msgs[i].msg_hdr.msg_iov = iov0 + i * ctypes.sizeof(_IoVec)
+            self.msgs[i].msg_hdr.msg_iovlen = 1
+        self._msgs_addr = ctypes.addressof(self.msgs)
+        self._lens = memoryview(self.msgs).cast("B")
+        self._size = ctypes.sizeof(_MMsgHdr)
+        self._len_at = _MMsgHdr.msg_len.offset
+
+    def recv_batch(self, sock: socket.socket, limit: int = RX_BATCH) -> list[bytes]:
+        """Up to ``limit`` frames waiting on ``sock``, in arrival order; [] when none is."""
+        n = self._recvmmsg(sock.fileno(), self._msgs_addr, min(limit, RX_BATCH), MSG_DONTWAIT, None)
+        if n <= 0:
+            return []
+        view, lens, size, at = self.view, self._lens, self._size, self._len_at
+        out = []
+        for i in range(n):
+            ln = _U32.unpack_from(lens, i * size + at)[0]
+            off = i * RX_FRAME
+            out.append(view[off:off + ln].tobytes())
+        return out
+

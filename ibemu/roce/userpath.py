@@ -36,7 +36,7 @@ from ibemu import clock, lagmon
 from ibemu.kernel import linkevents, rtnl, sockfilter
 from ibemu.kernel.fib import RouteMsg, parse_routes
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
-from ibemu.kernel.ring import RxRing, TxBatcher
+from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.routeevents import dump_routes, open_route_monitor
 from ibemu.kernel.timerfd import TimerFd
 from ibemu.roce.queues import QueueConfig
@@ -45,10 +45,9 @@ from ibemu.wire import pfc
 
 log = logging.getLogger("ibemu.roce.userpath")
 
-RX_BATCH = 256
-"""Frames taken from one port's ring per wake-up."""
 SOCK_BUFFER = 8 << 20
 COUNTERS_EVERY_S = 1.0
+SWITCH_INTERVAL_S = 0.0005
 
 
 def port_filter() -> list[sockfilter.Insn]:
@@ -176,33 +175,32 @@ class UserDatapath:
     async def forward(self) -> None:
         """Every port of every router, in this one task: receive -> plane -> send.
 
-        One epoll set over the ports' sockets, each with an RX ring (``kernel.ring``): one
-        trio wake-up serves every port that has frames, and a port's frames are taken in one
-        batch without a system call. The batch goes through the router's ``RouterPlane``
+        One epoll set over the ports' sockets: one trio wake-up serves every port that has
+        frames, and a port's waiting frames are taken with one ``recvmmsg``
+        (``kernel.ring.RxBatcher``). The batch goes through the router's ``RouterPlane``
         frame by frame (queues, PFC, ECN, delay and loss as before), what it gives to send is
         gathered per egress port and handed to the ``TxBatcher`` (sendmmsg in a worker thread)
         in one piece per port; then the router's timer is rearmed.
         """
         ep = select.epoll()
-        by_fd: dict[int, tuple[Router, int, RxRing]] = {}
+        by_fd: dict[int, tuple[Router, int, socket.socket]] = {}
+        rx = RxBatcher()
         try:
             for r in self.routers.values():
                 for ifindex, sock in r.socks.items():
-                    by_fd[sock.fileno()] = (r, ifindex, RxRing(sock))
+                    by_fd[sock.fileno()] = (r, ifindex, sock)
                     ep.register(sock.fileno(), select.EPOLLIN)
             while True:
                 await trio.lowlevel.wait_readable(ep.fileno())
                 now = clock.now_ns()
                 for fd, _ in ep.poll(0):
-                    r, ifindex, ring = by_fd[fd]
-                    frames = ring.recv_batch(RX_BATCH)
+                    r, ifindex, sock = by_fd[fd]
+                    frames = rx.recv_batch(sock)
                     if frames:
                         self.receive_batch(r, ifindex, frames, now)
                         self.rearm(r, now)
         finally:
             ep.close()
-            for *_, ring in by_fd.values():
-                ring.close()
 
     def receive_batch(self, r: Router, ifindex: int, frames: list[bytes], now: int) -> None:
         """``frames`` received on ``ifindex``: through the plane, then sent, per egress port."""
@@ -305,6 +303,9 @@ class UserDatapath:
 
 async def amain(args: argparse.Namespace) -> int:
     config = json.loads(Path(args.config).read_text())
+    # The sender thread (TxBatcher) must not wait Python's default 5 ms for the GIL while
+    # this thread works through a batch: its frames would leave late.
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
     dp = UserDatapath(config)
     counters = Path(args.counters) if args.counters else None
     try:
