@@ -121,6 +121,8 @@ class AgentHost:
         self._relay_on: dict[str, bool] = {}
         self._tx: TxBatcher | None = None
         """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
+        self.tx_cpus: frozenset[int] | None = None
+        """Where that sender's thread runs (the runtime keeps it off the agents' CPU)."""
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -312,7 +314,7 @@ class AgentHost:
         ep = select.epoll()
         by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
         rx = RxBatcher()
-        self._tx = TxBatcher()
+        self._tx = TxBatcher(self.tx_cpus)
         try:
             for name, rt in switches:
                 for port, sock in rt.sockets.items():

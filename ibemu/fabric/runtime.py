@@ -132,6 +132,9 @@ class FabricRuntime:
             events = FabricLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
                                   datapath=self.datapath)
+            p = self.placement
+            if p.agents and p.all and p.all - p.agents:  # the user datapath's sends beside it
+                self.host.tx_cpus = p.all - p.agents
             self.host.open()
             # The build's netlink sockets (one per namespace) reopen lazily when needed:
             # file descriptors are the scarce resource of a large fabric.

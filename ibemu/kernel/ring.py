@@ -27,7 +27,9 @@ own sends need. TPACKET_V3 retires blocks after a timeout of at least a millisec
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import queue
 import socket
 import struct
@@ -100,7 +102,10 @@ class TxBatcher:
     counted in ``dropped`` by the key given with it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: frozenset[int] | None = None) -> None:
+        """``cpus``: where the worker thread runs (default: where its creator may; a creator
+        pinned to one CPU should give it the others, or both share that CPU)."""
+        self._cpus = cpus
         libc = ctypes.CDLL(None, use_errno=True)
         self._sendmmsg = libc.sendmmsg
         self._sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
@@ -154,6 +159,9 @@ class TxBatcher:
             self._work.put((fd, buf, count, key))
 
     def _run(self) -> None:
+        if self._cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self._cpus)  # this thread only
         size = ctypes.sizeof(_MMsgHdr)
         while True:
             job = self._work.get()
