@@ -121,6 +121,8 @@ class AgentHost:
         self._relay_on: dict[str, bool] = {}
         self._tx: TxBatcher | None = None
         """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
+        self._switch_peers: dict[tuple[str, int], tuple[NodeRuntime, int]] = {}
+        """(switch, port) -> the neighbour switch's runtime and port, on the user datapath."""
         self.tx_cpus: frozenset[int] | None = None
         """Where that sender's thread runs (the runtime keeps it off the agents' CPU)."""
 
@@ -311,6 +313,11 @@ class AgentHost:
         decide -> a list per egress port -> send (``_forward_batch``), so what happens
         between deciding and sending (a per-egress scheduler) has one place to go.
         """
+        for name, rt in switches:  # the neighbour switch at each port, if it is one of these
+            for port, pp in rt.plan.ports.items():
+                peer = self.nodes.get(pp.peer_node)
+                if peer is not None and peer.plan.is_switch:
+                    self._switch_peers[(name, port)] = (peer, pp.peer_port)
         ep = select.epoll()
         by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
         rx = RxBatcher()
@@ -340,9 +347,11 @@ class AgentHost:
         forwarder: Forwarder = agent.forwarder  # type: ignore[attr-defined]
         eth = rt.eth
         out: dict[int, list[bytes]] = {}
+        peer = self._switch_peers.get((name, port))
+        good = peer is not None and peer[0].agent.forwarder.vouches_for(peer[1])  # type: ignore[attr-defined]
         i, n = 0, len(frames)
         while True:
-            i = forwarder.forward_run(frames, i, port, ETH_LEN, out)
+            i = forwarder.forward_run(frames, i, port, ETH_LEN, out, vcrc_known_good=good)
             if i >= n:
                 break
             frame = frames[i]

@@ -139,6 +139,21 @@ def test_fast_twin_equals_decide(seed: int) -> None:
     assert forwarded > 100 and TAKEN[0] > forwarded // 2  # the fast path took most of them
 
 
+def test_a_vouched_vcrc_is_not_checked_and_a_corrupting_port_is_never_vouched_for() -> None:
+    sw = switch(0)
+    good = bytes(ETH) + fast.NativeTemplate(slid=9, dlid=5, destqp=1).packet(0x04, 1, b"y" * 32)
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    out: dict[int, list[bytes]] = {}
+    assert sw.forwarder.forward_run([good, bad], 0, 1, ETH, out) == 1  # checked: stops at the bad one
+    assert sw.forwarder.forward_run([good], 0, 1, ETH, out, vcrc_known_good=True) == 1
+    assert sw.forwarder.vouches_for(3)
+    sw.forwarder.set_impairment(3, corrupt=0.5)
+    sw.forwarder.set_impairment(3)
+    assert not sw.forwarder.vouches_for(3)  # its frames may still be on their way
+    sw.forwarder.verify_vcrc = False
+    assert not sw.forwarder.vouches_for(2)
+
+
 def test_fast_twin_takes_the_common_case_and_stops_at_the_first_other() -> None:
     sw = switch(0)
     block = bytearray(b"\xff" * 64)
