@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import queue
 import socket
@@ -38,7 +39,11 @@ import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
 
-_U32 = struct.Struct("=I")
+
+@functools.cache
+def _lens_struct(n: int, size: int, at: int) -> struct.Struct:
+    """The ``msg_len`` fields of ``n`` mmsghdrs of ``size`` bytes (each at offset ``at``)."""
+    return struct.Struct("=" + f"{at}xI{size - at - 4}x" * n)
 
 
 # ---------------------------------------------------------------------- transmit
@@ -70,12 +75,13 @@ DIRECT_MAX = 2
 class _TxBuf:
     """``TX_BATCH`` slots of frame data with the mmsghdr/iovec arrays that point at them."""
 
-    __slots__ = ("data", "iov", "msgs", "view")
+    __slots__ = ("data", "iov", "iov_words", "msgs", "view")
 
     def __init__(self) -> None:
         self.data = ctypes.create_string_buffer(TX_BATCH * TX_SLOT)
         self.view = memoryview(self.data).cast("B")
         self.iov = (_IoVec * TX_BATCH)()
+        self.iov_words = memoryview(self.iov).cast("B").cast("Q")
         self.msgs = (_MMsgHdr * TX_BATCH)()
         base = ctypes.addressof(self.data)
         iov0 = ctypes.addressof(self.iov)
@@ -141,7 +147,7 @@ class TxBatcher:
         fd = sock.fileno()
         for start in range(0, n, TX_BATCH):
             buf = self._free.get()
-            view, iov = buf.view, buf.iov
+            view, iov_words = buf.view, buf.iov_words
             count = 0
             for frame in frames[start:start + TX_BATCH]:
                 ln = len(frame)
@@ -152,7 +158,7 @@ class TxBatcher:
                 view[off:off + ln] = frame
                 if hl:
                     view[off:off + hl] = head
-                iov[count].iov_len = ln
+                iov_words[2 * count + 1] = ln  # iov_len (after the 8-byte iov_base)
                 count += 1
             self._queued += 1
             self.batches += 1
@@ -233,11 +239,7 @@ class RxBatcher:
         n = self._recvmmsg(sock.fileno(), self._msgs_addr, min(limit, RX_BATCH), MSG_DONTWAIT, None)
         if n <= 0:
             return []
-        view, lens, size, at = self.view, self._lens, self._size, self._len_at
-        out = []
-        for i in range(n):
-            ln = _U32.unpack_from(lens, i * size + at)[0]
-            off = i * RX_FRAME
-            out.append(view[off:off + ln].tobytes())
-        return out
+        view = self.view
+        lens = _lens_struct(n, self._size, self._len_at).unpack_from(self._lens)
+        return [view[off:off + ln].tobytes() for off, ln in zip(range(0, n * RX_FRAME, RX_FRAME), lens, strict=True)]
 
