@@ -121,7 +121,7 @@ class RouterPlane:
         if out == ifindex:
             self.stats["loop"] += 1
             return []
-        buf = bytearray(frame[:14 + total])
+        buf = bytearray(frame) if 14 + total == n else bytearray(frame[:14 + total])  # one copy
         buf[0:12] = self.ports[out].eth
         buf[22] -= 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
         s = ((buf[24] << 8) | buf[25]) + 0x0100
