@@ -123,8 +123,6 @@ class AgentHost:
         """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
         self._switch_peers: dict[tuple[str, int], tuple[NodeRuntime, int]] = {}
         """(switch, port) -> the neighbour switch's runtime and port, on the user datapath."""
-        self.tx_cpus: frozenset[int] | None = None
-        """Where that sender's thread runs (the runtime keeps it off the agents' CPU)."""
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -321,7 +319,7 @@ class AgentHost:
         ep = select.epoll()
         by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
         rx = RxBatcher()
-        self._tx = TxBatcher(self.tx_cpus)
+        self._tx = TxBatcher()
         try:
             for name, rt in switches:
                 for port, sock in rt.sockets.items():

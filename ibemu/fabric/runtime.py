@@ -132,9 +132,6 @@ class FabricRuntime:
             events = FabricLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
                                   datapath=self.datapath)
-            p = self.placement
-            if p.agents and p.all and p.all - p.agents:  # the user datapath's sends beside it
-                self.host.tx_cpus = p.all - p.agents
             self.host.open()
             # The build's netlink sockets (one per namespace) reopen lazily when needed:
             # file descriptors are the scarce resource of a large fabric.
@@ -165,7 +162,11 @@ class FabricRuntime:
             if self.host is None:
                 await trio.to_thread.run_sync(self.build)
             assert self.host is not None
-            unpinned = cpus.pin_thread(self.placement.agents)
+            # Not with the user datapath: it forwards in this thread and its sender thread, and
+            # pinned they cannot leave a CPU other work is using (half the forwarding rate
+            # under load here, benchmarks/bench_user_datapath.py); the scheduler places them.
+            if self.datapath == "kernel":
+                unpinned = cpus.pin_thread(self.placement.agents)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
                 nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag

@@ -27,10 +27,8 @@ own sends need. TPACKET_V3 retires blocks after a timeout of at least a millisec
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
-import os
 import queue
 import socket
 import struct
@@ -104,14 +102,13 @@ class TxBatcher:
     forwarder slows to what the kernel takes, as with a blocking socket, instead of dropping.
     A batch of at most ``DIRECT_MAX`` frames while nothing is queued is sent at once from the
     caller's thread: at low rates a frame is not delayed by a hand-over between threads.
+    The thread inherits its creator's CPUs: a creator pinned to one CPU shares it with its
+    sender (the agent host is not pinned on the user datapath: ``FabricRuntime.running``).
     A frame the kernel refuses (the link is down, its queue full) is lost like on a cable and
     counted in ``dropped`` by the key given with it.
     """
 
-    def __init__(self, cpus: frozenset[int] | None = None) -> None:
-        """``cpus``: where the worker thread runs (default: where its creator may; a creator
-        pinned to one CPU should give it the others, or both share that CPU)."""
-        self._cpus = cpus
+    def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         self._sendmmsg = libc.sendmmsg
         self._sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
@@ -165,9 +162,6 @@ class TxBatcher:
             self._work.put((fd, buf, count, key))
 
     def _run(self) -> None:
-        if self._cpus:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, self._cpus)  # this thread only
         size = ctypes.sizeof(_MMsgHdr)
         while True:
             job = self._work.get()
