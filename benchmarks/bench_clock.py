@@ -2,7 +2,8 @@
 """Emulated-clock figures: agreement between two processes, dilated trio timers, stamp cost.
 
 Targets (issue 18): stamps of one event seen by two processes differ by <= 1 us x N; a timer of
-67.1 ms emulated (an RC ACK timeout) fires after 67.1 ms x N real, +-2%.
+67.1 ms emulated (an RC ACK timeout) fires after 67.1 ms x N real, +-2%; OpenSM's sweep interval
+at dilation 10 is 10x its configured value, +-5%.
 
 - Agreement: a child process (started with ``clock.child_env()``) stamps an instant with
   ``now_ns()`` and with ``time.monotonic_ns()``; the parent, on its own copy of the clock,
@@ -12,13 +13,19 @@ Targets (issue 18): stamps of one event seen by two processes differ by <= 1 us 
 - Timers: ``trio.sleep(0.0671)`` under ``trio.run(..., clock=clock.trio_clock())``, its real
   duration (median of several), per N.
 - Cost: ``clock.now_ns()`` against ``time.monotonic_ns()`` (dilation 1 is the same function).
+- OpenSM (root, opensm + libumad2sim + libfaketime installed): the unmodified OpenSM with a
+  light sweep every ``--sweep-s`` on a small fabric at dilation ``--opensm`` (under
+  libfaketime, ``ibemu.kernel.faketime``); the real interval between its light sweeps (seen in
+  its log, flushed per line and polled every 10 ms) against N x configured, and the interval
+  on its own clock (its log stamps) against the configured one.
 
-Run: .venv/bin/python benchmarks/bench_clock.py [--factors 1,4,10] [--timers 7]
+Run: .venv/bin/python benchmarks/bench_clock.py [--factors 1,4,10] [--timers 7] [--opensm 10|0]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -100,11 +107,84 @@ def timer(n: float, reps: int, which: str = "ibemu") -> float:
     return float(out)
 
 
+def opensm_sweeps(n: float, sweep_s: int, sweeps: int) -> tuple[list[float], list[float]] | str:
+    """(real intervals s, OpenSM-clock intervals s) between OpenSM's light sweeps at dilation
+    ``n``, or why it could not run."""
+    import tempfile
+    import threading
+    from pathlib import Path
+
+    import trio
+
+    from ibemu.fabric import opensm
+    from ibemu.fabric.agents import make_agents
+    from ibemu.fabric.runtime import FabricRuntime
+    from ibemu.fabric.umad2sim import umad2sim_path
+    from ibemu.kernel import faketime, ownership
+    from ibemu.topo import generate
+
+    if os.geteuid() != 0:
+        return "needs root"
+    if umad2sim_path() is None or not opensm.opensm_available() or faketime.library_path() is None:
+        return "needs opensm, libumad2sim (ibsim-utils) and libfaketime"
+    clock.configure(n)
+    tmp = Path(tempfile.mkdtemp(prefix="ibemu-bench-clock-"))
+    ownership.STATE_DIR = tmp / "state"
+    rt = FabricRuntime(generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=2), make_agents=make_agents,
+                       state=ownership.RunState(ownership.new_run_id(), scenario="bench-clock"), run_dir=tmp)
+    up, stop_flag, errors = threading.Event(), threading.Event(), []
+
+    async def serve() -> None:
+        async with rt.running():
+            up.set()
+            while not stop_flag.is_set():
+                await trio.sleep(0.05)
+
+    def loop() -> None:
+        try:
+            trio.run(serve, clock=clock.trio_clock())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            up.set()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        up.wait(120)
+        if errors:
+            return f"fabric failed: {errors[0]!r}"
+        work = tmp / "opensm"
+        proc = opensm.start(rt.plan.nodes["h0"].ns, work, extra=["-s", str(sweep_s), "-D", "0x07"])
+        try:
+            opensm.wait_subnet_up(proc, work, timeout_s=60)
+            seen: list[tuple[int, int]] = []
+            deadline = time.monotonic() + sweeps * sweep_s * n + 30
+            while len(seen) < sweeps and time.monotonic() < deadline:
+                stamps = opensm.light_sweeps(work)
+                real = time.monotonic_ns()
+                seen += [(real, t) for t in stamps[len(seen):]]
+                time.sleep(0.01)
+        finally:
+            opensm.stop(proc)
+            opensm.release_clock(work)
+    finally:
+        stop_flag.set()
+        thread.join(60)
+        clock.configure(1)
+    if len(seen) < 2:
+        return f"only {len(seen)} light sweeps seen"
+    pairs = list(itertools.pairwise(seen))
+    return [(b[0] - a[0]) / 1e9 for a, b in pairs], [(b[1] - a[1]) / 1e9 for a, b in pairs]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--factors", default="1,4,10", help="dilation factors (comma-separated)")
     ap.add_argument("--timers", type=int, default=7, help="timer runs per factor (median)")
     ap.add_argument("--seconds", type=float, default=1.0, help="time per cost figure")
+    ap.add_argument("--opensm", type=float, default=10.0, help="OpenSM's sweep at this dilation (0: skip)")
+    ap.add_argument("--sweep-s", type=int, default=1, help="OpenSM's configured sweep interval (-s)")
+    ap.add_argument("--sweeps", type=int, default=4, help="light sweeps to watch")
     args = ap.parse_args()
     factors = [float(f) for f in args.factors.split(",")]
 
@@ -141,6 +221,25 @@ def main() -> None:
     print(f"  time.monotonic_ns()        {1e9 / base:6.1f} ns")
     print(f"  clock.now_ns() at N=1      {1e9 / one:6.1f} ns  (the same function: {clock.now_ns is time.monotonic_ns})")
     print(f"  clock.now_ns() at N=4      {1e9 / four:6.1f} ns")
+
+    if args.opensm:
+        n = args.opensm
+        print()
+        print(f"OpenSM's sweep interval at dilation {n:g} (-s {args.sweep_s}, light sweeps seen in its log)")
+        got = opensm_sweeps(n, args.sweep_s, args.sweeps)
+        if isinstance(got, str):
+            print(f"  skipped: {got}")
+            return
+        real_iv, own_iv = got
+        want = n * args.sweep_s
+        real = statistics.median(real_iv)
+        err = (real - want) / want * 100
+        own = statistics.median(own_iv)
+        print(f"  real interval     target {want:6.2f} s (+-5%)   measured {real:6.3f} s (median of {len(real_iv)}: "
+              f"{', '.join(f'{x:.3f}' for x in real_iv)})  {err:+.2f}%  {'ok' if abs(err) <= 5 else 'MISSED'}")
+        own_err = (own - args.sweep_s) / args.sweep_s * 100
+        print(f"  on OpenSM's clock target {args.sweep_s:6.2f} s          measured {own:6.3f} s  {own_err:+.2f}%  "
+              f"{'ok' if abs(own_err) <= 5 else 'MISSED'}")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ while the LFT was tc filters written when the agents fell idle), and how long af
 last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). The
 SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``). The ibemu
 package imported (and the SM process's) is the one on PYTHONPATH, so the same script
-measures another checkout.
+measures another checkout. ``--sm-port umad own`` runs each measurement with the SM's SMPs
+through the agent host's MAD socket and then on the SM's own packet socket (``sm.directport``,
+what ``ibemu run`` uses), side by side.
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
-     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm]
+     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm] [--sm-port umad own]
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import ibemu
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.kernel import cpus, ownership
+from ibemu.kernel import cpus, ownership, rtnl
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
@@ -182,9 +184,12 @@ def wait_tc(fab: LiveFabric, timeout_s: float = 600) -> float:
     return t_quiet - t0
 
 
-def start_sm(fab: LiveFabric, events: Path, window: int, engine: str) -> subprocess.Popen[bytes]:
+def start_sm(fab: LiveFabric, events: Path, window: int, engine: str, port: str = "own") -> subprocess.Popen[bytes]:
+    """``port`` "own": the SM's own packet socket on its HCA's cable (as ``ibemu run`` starts
+    it); "umad": every SMP through the MAD socket of the agent host."""
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events),
-            "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30"]
+            "--engine", engine, "--max-in-flight", str(window), "--sweep-interval", "30",
+            *(fab.rt.sm_direct_args() if port == "own" else [])]
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cpus.pin_process(proc.pid, fab.rt.placement.sm)  # as FabricRuntime places its own SM
@@ -201,11 +206,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-def ibemu_cold(k: int, window: int, engine: str, tmp: Path) -> dict[str, float]:
+def ibemu_cold(k: int, window: int, engine: str, tmp: Path, port: str) -> dict[str, float]:
     with LiveFabric(k, tmp) as fab:
         events = tmp / f"sm-k{k}-w{window}-{time.monotonic_ns()}.jsonl"  # a window may be given twice
         t0 = time.monotonic_ns()
-        proc = start_sm(fab, events, window, engine)
+        proc = start_sm(fab, events, window, engine, port)
         try:
             up = wait_kind(events, "subnet_up", proc, 900)
             assert fab.rt.host is not None
@@ -231,33 +236,38 @@ def opensm_cold(k: int, tmp: Path) -> float:
             opensm.stop(proc)
 
 
-def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dict[str, Any]]:
+def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) -> list[dict[str, Any]]:
     """Cut (then restore) ``cuts`` edge-aggregation cables, one at a time, under ibemu's SM."""
     out: list[dict[str, Any]] = []
     half = k // 2
     with LiveFabric(k, tmp) as fab:
-        events = tmp / f"sm-reroute-k{k}.jsonl"
-        proc = start_sm(fab, events, window, engine)
+        events = tmp / f"sm-reroute-k{k}-{port}.jsonl"
+        proc = start_sm(fab, events, window, engine, port)
         try:
             wait_kind(events, "subnet_up", proc, 600)
             settle_s = wait_tc(fab)
             print(f"  the kernel had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
             assert fab.rt.fabric is not None
-            links = fab.rt.fabric.links
             for i in range(cuts):
                 pod, edge, up = 1 + i % (k - 1), i % half, i % half
                 name = f"edge{pod}_{edge}"
                 ns, ifname = fab.ns(name), fab.topo.ifname(name, half + 1 + up)
-                t_fault = time.monotonic_ns()
-                links.set_up(ns, ifname, False)
+                t_fault = rtnl.set_up(ns, [ifname], False)  # stamped as the request leaves
                 rr = wait_trap_reroute(events, t_fault, proc, 30)
                 time.sleep(0.2)
                 # the fabric's side: when the kernel had the last of the new entries (the SM's
                 # ack means the switch's SMA accepted the block)
                 fabric_log = _tails.setdefault(tmp / "events.jsonl", Tail(tmp / "events.jsonl"))
-                applied = [r["t_ns"] for r in fabric_log.poll()
-                           if r["kind"] == "lft_programmed" and r["t_ns"] >= t_fault]
+                records = fabric_log.poll()
+                applied = [r["t_ns"] for r in records if r["kind"] == "lft_programmed" and r["t_ns"] >= t_fault]
+                lost = [r for r in records if r["kind"] == "carrier" and not r.get("up") and r["t_ns"] >= t_fault]
+                near = min((r["t_ns"] for r in lost if r.get("node") == name), default=t_fault)
+                far = min((r["t_ns"] for r in lost if r.get("node") != name), default=t_fault)
+                sent = min((r["t_ns"] for r in records if r["kind"] == "trap_sent" and r["t_ns"] >= t_fault),
+                           default=t_fault)
                 out.append({"cable": f"{name}:{half + 1 + up}",
+                            "detect_near_ms": (near - t_fault) / 1e6, "detect_far_ms": (far - t_fault) / 1e6,
+                            "fault_to_trap_sent_ms": (sent - t_fault) / 1e6,
                             "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
                             "trap_to_rediscovered_ms": (rr["t_rediscovered"] - rr["t_trap"]) / 1e6,
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
@@ -266,15 +276,18 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path) -> list[dic
                             "trap_to_kernel_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
                             "kernel_after_ack_ms": (max(applied, default=rr["t_programmed"]) - rr["t_programmed"]) / 1e6,
                             "blocks": rr["blocks"]})
-                t_restore = time.monotonic_ns()
-                links.set_up(ns, ifname, True)
+                t_restore = rtnl.set_up(ns, [ifname], True)
                 wait_trap_reroute(events, t_restore, proc, 30)
                 time.sleep(0.3)
         finally:
             stop(proc)
             for line in events.read_text().splitlines()[::-1]:
                 if '"sm_stop"' in line:
-                    smps = json.loads(line).get("smps", {})
+                    stop_rec = json.loads(line)
+                    smps = stop_rec.get("smps", {})
+                    port_stats = stop_rec.get("port") or {}
+                    if port_stats:
+                        print("  SM port: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(port_stats.items())))
                     print(f"  SM transport: {smps.get('sent', 0)} SMPs sent, "
                           f"{smps.get('lid_routed_sets', 0)} LFT Sets LID-routed "
                           f"({smps.get('lid_routed_fallback', 0)} fell back to directed route)")
@@ -292,18 +305,20 @@ def main() -> None:
     ap.add_argument("--reroute-window", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     ap.add_argument("--no-opensm", action="store_true")
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
+    ap.add_argument("--sm-port", nargs="+", default=["umad", "own"], choices=["umad", "own"],
+                    help="the SM's SMPs through the MAD socket (umad) or its own packet socket (own)")
     args = ap.parse_args()
     LiveFabric.datapath = args.datapath
     with tempfile.TemporaryDirectory(prefix="bench-sm-") as d:
         tmp = Path(d)
         for k in args.k:
             print(f"== fat-tree k={k}, {args.datapath} datapath: cold bring-up (process start -> SUBNET UP)")
-            for w in args.windows:
+            for port, w in ((p, w) for p in args.sm_port for w in args.windows):
                 runs = []
                 for _ in range(args.runs):
-                    r = ibemu_cold(k, w, args.engine, tmp)
+                    r = ibemu_cold(k, w, args.engine, tmp, port)
                     runs.append(r)
-                    print(f"ibemu SM  max_in_flight={w:4d}: {r['wall_s']:.3f} s "
+                    print(f"ibemu SM ({port:4s}) max_in_flight={w:4d}: {r['wall_s']:.3f} s "
                           f"(sweep {r['sweep_s']:.3f} s, {r['smps']:.0f} SMPs, {r['retries']:.0f} retries); "
                           f"at SUBNET UP {r['backlog']:.0f} LFT entries not yet in the kernel, "
                           f"all in {r['settle_s']:.2f} s ({r['lft_ops']:.0f} kernel writes)")
@@ -313,14 +328,14 @@ def main() -> None:
                         print(f"  median {key}: {statistics.median(vals):.3f} (range {min(vals):.3f}-{max(vals):.3f})")
             if not args.no_opensm and opensm.opensm_available():
                 print(f"OpenSM 3.3 (-R minhop)       : {opensm_cold(k, tmp):.3f} s")
-        if args.cuts:
+        for port in args.sm_port if args.cuts else ():
             k = max(args.k)
-            print(f"== fat-tree k={k}: reroute of one edge-aggregation cable ({args.engine})")
-            rows = reroutes(k, args.cuts, args.engine, args.reroute_window, tmp)
+            print(f"== fat-tree k={k}: reroute of one edge-aggregation cable ({args.engine}, SM port: {port})")
+            rows = reroutes(k, args.cuts, args.engine, args.reroute_window, tmp, port)
             for row in rows:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
-            for key in ("fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
+            for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_sent_ms", "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
                         "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms",
                         "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows]

@@ -186,7 +186,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.SM: ("engine", "max_in_flight")}),
     Kind.SM_STOP: KindInfo(
         "the SM stopped",
-        {Log.SM: ("sweeps", "smps", "stats")}),
+        {Log.SM: ("sweeps", "smps", "stats", "port")}),
     Kind.SWEEP_START: KindInfo(
         "a sweep began (reason cold|heavy|recover|light|trap)",
         {Log.SM: ("sweep", "reason")}),

@@ -23,9 +23,19 @@ from ibemu import clock as _clock
 from ibemu.agents import dr
 from ibemu.agents.actions import Action, Event, PortStateChange, Send
 from ibemu.agents.counters import ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, PortCounters
-from ibemu.agents.port import Port, PortState
+from ibemu.agents.port import VL_ARB_HIGH_CAP, VL_ARB_LOW_CAP, Port, PortState
 from ibemu.errors import DecodeError
-from ibemu.wire.madattrs import class_port_info, node_info
+from ibemu.physics.qos import Sl2Vl, VlArb, vls_of_code
+from ibemu.wire.madattrs import (
+    VL_ARB_BLOCK_ENTRIES,
+    VL_ARB_HIGH_BLOCKS,
+    VL_ARB_LOW_BLOCKS,
+    class_port_info,
+    decode_sl2vl,
+    decode_vl_arb_block,
+    node_info,
+    vl_arb_block,
+)
 from ibemu.wire.madpacket import (
     GSI_QKEY,
     M_ATTR_ID,
@@ -513,6 +523,9 @@ class DeviceAgent:
         return struct.pack(f"!{len(keys)}H", *keys).ljust(64, b"\0")
 
     def _attr_sl2vl(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        """SLtoVLMappingTable: per (input port [15:8], output port [7:0]) on a switch, per port on
+        a CA (the port the SMP came in on; the modifier is reserved). Stored as set; a VL at or
+        beyond OperationalVLs (or VL15) is legal and means: packets of that SL are dropped there."""
         if self.IS_SWITCH:
             key = ((mod >> 8) & 0xFF, mod & 0xFF)
             if key[0] not in self.ports or key[1] not in self.ports:
@@ -527,17 +540,51 @@ class DeviceAgent:
         return ST_OK
 
     def _attr_vl_arb(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        """VLArbitrationTable: portion [31:16] (1, 2 low priority; 3, 4 high), output port
+        [15:0] on a switch (a CA: the ingress port). A portion beyond the port's VLArbitrationLowCap
+        / HighCap is invalid; entries beyond the cap read back as zero, the reserved nibble too."""
         block = mod >> 16
         num = (mod & 0xFFFF) if self.IS_SWITCH else ingress
         if not 1 <= block <= 4 or num not in self.ports:
             return ST_INVALID
+        cap = VL_ARB_HIGH_CAP if block in VL_ARB_HIGH_BLOCKS else VL_ARB_LOW_CAP
+        first = ((block - 1) % 2) * VL_ARB_BLOCK_ENTRIES
+        if first >= cap:
+            return ST_INVALID
         key = (num, block)
         if method == SET:
-            self._vlarb[key] = bytes(buf[d : d + 64])
+            entries = decode_vl_arb_block(buf[d : d + 64])[: cap - first]
+            self._vlarb[key] = vl_arb_block(entries)
         elif method != GET:
             return ST_BAD_METHOD_ATTR
         buf[d : d + 64] = self._vlarb.get(key, bytes(64))
         return ST_OK
+
+    # ------------------------------------------------------------------ QoS for the datapath
+
+    def sl2vl_map(self, in_port: int, out_port: int) -> Sl2Vl:
+        """The SL -> VL map packets from ``in_port`` out of ``out_port`` take (a CA: ``out_port``'s;
+        ``in_port`` is ignored), as the SM left it (the default table if never set)."""
+        key = (in_port, out_port) if self.IS_SWITCH else (out_port, 0)
+        return Sl2Vl(decode_sl2vl(self._sl2vl.get(key, _DEFAULT_SL2VL)))
+
+    def vl_arbitration(self, port: int) -> VlArb:
+        """The VL arbitration of ``port``'s transmitter as the SM set it: its high and low tables
+        (entries of weight 0 and VL15 entries left out: the arbiter skips them) and its
+        VLHighLimit. Tables never set give the link model's default, packet-by-packet round
+        robin over OperationalVLs (reset contents are the vendor's choice; this is ibemu's)."""
+        p = self.ports[port]
+        if not any((port, b) in self._vlarb for b in (*VL_ARB_LOW_BLOCKS, *VL_ARB_HIGH_BLOCKS)):
+            return VlArb.default(vls_of_code(p.operational_vls or 1))
+        tables = []
+        for blocks_ in (VL_ARB_HIGH_BLOCKS, VL_ARB_LOW_BLOCKS):
+            entries = [e for b in blocks_ for e in decode_vl_arb_block(self._vlarb.get((port, b), bytes(64)))]
+            tables.append(tuple((vl, w) for vl, w in entries if vl < 15 and w > 0))
+        return VlArb(high=tables[0], low=tables[1], high_limit=p.vl_high_limit)
+
+    def data_vls(self, port: int) -> int:
+        """Data VLs ``port`` operates (PortInfo.OperationalVLs: 1, 2, 4, 8 or 15)."""
+        return vls_of_code(self.ports[port].operational_vls or 1)
 
     def _attr_mlnx_ext_port_info(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
         """MLNXExtendedPortInfo: stored as written, all zeros (no FDR10) until then."""

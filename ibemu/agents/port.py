@@ -98,6 +98,11 @@ MAX_UNICAST_LID = 0xBFFF
 _PI = struct.Struct("!QQHHIHH" + "B" * 16 + "HHHBBBBHB3sHBB")
 assert _PI.size == 64
 
+VL_ARB_HIGH_CAP = 8
+"""PortInfo.VLArbitrationHighCap: entries of the high-priority VL arbitration table (block 3)."""
+VL_ARB_LOW_CAP = 8
+"""PortInfo.VLArbitrationLowCap: entries of the low-priority table (block 1)."""
+
 
 @dataclass(slots=True)
 class SetOutcome:
@@ -247,7 +252,7 @@ class Port:
             (nmtu << 4) | (0 if ext else self.master_sm_sl),
             (self.vl_cap << 4) | 0,  # InitType
             self.vl_high_limit,
-            8, 8,  # VLArbitrationHighCap, VLArbitrationLowCap
+            VL_ARB_HIGH_CAP, VL_ARB_LOW_CAP,
             MTU_CODES[self.mtu],  # InitTypeReply 0, MTUCap
             (self.vl_stall_count << 5) | self.hoq_life,
             (self.operational_vls << 4) | self.partition_flags,

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"no scenario file {args.scenario!r}")
     scen = load_scenario(path)
     runs = variants(scen, args.duration)  # every error before anything is built
-    dilation = resolve_dilation(args.dilation, scen.time)
+    dilation = resolve_dilation(args.dilation, scen.time, scen)
     if os.geteuid() != 0:
         raise ConfigError("ibemu compare needs root (network namespaces, veth, tc): use sudo")
     out_dir = args.out or Path("results") / f"compare-{scen.name}"

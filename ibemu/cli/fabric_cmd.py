@@ -13,12 +13,14 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
 from ibemu.fabric.session import FabricRequest, Session, require_root
+from ibemu.fabric.umad2sim import dilated_clock
 from ibemu.scenario.schema import FabricSpec, SMSpec
 from ibemu.topo import Topology, parse_topo_spec
 
@@ -33,15 +35,19 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
                 resolve_dilation(getattr(args, "dilation", None)))
     if args.scenario:
         from ibemu.scenario import load_scenario
+        from ibemu.scenario.loader import RATES_USER_ONLY
 
         scen, name = load_scenario(args.scenario), str(args.scenario)
+        for warning in scen.warnings:
+            if not (datapath == "user" and RATES_USER_ONLY in warning):  # --datapath user: not for the kernel
+                print(warning, file=sys.stderr)
     else:
         from ibemu.scenario.loader import load_builtin
 
         scen, name = load_builtin("default"), "built-in default"
     fabric = dataclasses.replace(scen.fabric, kind=kind) if kind else scen.fabric
     return (scen.topology, datapath or scen.fabric.datapath, name, scen.sm, fabric,
-            resolve_dilation(getattr(args, "dilation", None), scen.time))
+            resolve_dilation(getattr(args, "dilation", None), scen.time, scen))
 
 
 def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
@@ -91,8 +97,12 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
         return FabricRequest(topo, name, kind="roce", datapath="kernel", sm="none", sm_host="", sm_engine="",
                              roce=_roce_settings(fabric), dilation=dilation)
     sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
+    if fabric.qos is not None and sm == "opensm":
+        raise ConfigError("--sm opensm: the scenario's fabric.qos is programmed by ibemu's SM; OpenSM's QoS "
+                          "options are not passed to it yet", fabric.qos.where)
+    qos = fabric.qos.sm_json() if fabric.qos is not None and sm == "ibemu" else ""
     return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine,
-                         dilation=dilation)
+                         dilation=dilation, sm_qos=qos)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -165,10 +175,16 @@ def cmd_exec(args: argparse.Namespace) -> int:
 def cmd_diag(args: argparse.Namespace) -> int:
     """Run an infiniband-diags tool (or OpenSM) on a host, through its MAD socket."""
     session, command = _node_command(args, "diag", "ibemu diag HOST TOOL [ARGS...] (e.g. ibnetdiscover)")
-    argv, cwd = session.diag_command(args.node, command)
+    shared = dilated_clock()  # a dilated fabric's clock (the session took it from the fabric)
+    argv, cwd = session.diag_command(args.node, command, faketime=shared)
     os.chdir(cwd)
-    os.execvp(argv[0], argv)
-    return 127  # not reached
+    if shared is None:
+        os.execvp(argv[0], argv)
+        return 127  # not reached
+    try:  # the tool reads libfaketime's shared start when it starts; remove it after
+        return subprocess.run(argv, check=False).returncode
+    finally:
+        shared.remove()
 
 
 def add_fabric_arguments(p: argparse.ArgumentParser) -> None:

@@ -79,10 +79,13 @@ def _scenario(args: argparse.Namespace) -> Scenario:
         if not 0 < args.duration <= 86400:
             raise ConfigError(f"--duration {args.duration}: must be in (0, 86400] seconds")
         changes["duration_s"] = args.duration
-    dilation = resolve_dilation(args.dilation, scen.time)
-    if dilation != scen.time.dilation:
-        changes["time"] = dataclasses.replace(scen.time, dilation=dilation, where="--dilation")
-    return dataclasses.replace(scen, **changes) if changes else scen  # type: ignore[arg-type]
+    scen = dataclasses.replace(scen, **changes) if changes else scen  # type: ignore[arg-type]
+    dilation = resolve_dilation(args.dilation, scen.time, scen)  # auto: for the scenario as changed
+    if dilation != scen.time.dilation or scen.time.auto:
+        where = "--dilation" if args.dilation is not None else scen.time.where
+        scen = dataclasses.replace(scen, time=dataclasses.replace(scen.time, dilation=dilation, where=where,
+                                                                  auto=False))
+    return scen
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,6 +45,8 @@ def _cmd(args: argparse.Namespace) -> int:
             failed += 1
             print(exc, file=sys.stderr)
             continue
+        for warning in scenario.warnings:
+            print(warning, file=sys.stderr)
         if not args.quiet:
             print(f"ok   {path}: {_summary(scenario)}")
     if failed and len(args.files) > 1:

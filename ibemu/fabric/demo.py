@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
-from ibemu.fabric.umad2sim import tool_argv
+from ibemu.fabric.umad2sim import run_tool
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -31,8 +30,7 @@ Say = Callable[[str], None]
 
 
 def _tool(rt: FabricRuntime, node: str, argv: list[str], cwd: Path) -> str:
-    r = subprocess.run(tool_argv(rt.plan.nodes[node].ns, argv), cwd=cwd, capture_output=True, text=True,
-                       timeout=60, check=False)
+    r = run_tool(rt.plan.nodes[node].ns, argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
     return r.stdout
 
 

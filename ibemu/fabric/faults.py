@@ -10,7 +10,8 @@ injectors and the control channel read it; a new action is one entry (and, if it
 new primitive on the injectors).
 
 Every fault is stamped ``t_fault`` (``clock.now_ns()``, the clock every ibemu process
-shares) in the fabric's event log as a ``fault`` event, so the reroute phases after it can be
+shares; for a cable, as the netlink request leaves for the kernel, after the namespace switch
+and socket set-up that are the emulator's own cost) in the fabric's event log as a ``fault`` event, so the reroute phases after it can be
 measured: the agents log ``carrier`` (t_detect) and ``trap_sent``, the SM its trap, routing
 and LFT acknowledgements.
 
@@ -221,8 +222,9 @@ class FaultInjector:
         self.topo = host.fabric.plan.topology
         self.injected: list[dict[str, object]] = []
 
-    def _stamp(self, action: str, target: str, **fields: object) -> int:
-        t = clock.now_ns()
+    def _stamp(self, action: str, target: str, *, t: int = 0, **fields: object) -> int:
+        """Record a fault at ``t`` (default: now)."""
+        t = t or clock.now_ns()
         record = {"kind": Kind.FAULT, "t_ns": t, "action": action, "target": target, **fields}
         self.injected.append(record)
         self.host.events.write("fault-injector", record)
@@ -237,9 +239,8 @@ class FaultInjector:
     def link(self, link: Link, up: bool, *, end: int = 0) -> int:
         """Take one end of ``link`` down (or up); returns t_fault."""
         ep = self._end(link, end)
-        t = self._stamp("link_up" if up else "link_down", f"{link}", end=str(ep))
-        rtnl.set_up(self.host.nodes[ep.node].plan.ns, [self.topo.ifname(ep.node, ep.port)], up)
-        return t
+        t = rtnl.set_up(self.host.nodes[ep.node].plan.ns, [self.topo.ifname(ep.node, ep.port)], up)
+        return self._stamp("link_up" if up else "link_down", f"{link}", t=t, end=str(ep))
 
     def switch(self, name: str, up: bool) -> int:
         if name not in self.host.nodes or not self.topo.node(name).is_switch:

@@ -1,7 +1,16 @@
-"""Run the unmodified OpenSM (Debian ``opensm``) on an emulated host, every file in a work dir."""
+"""Run the unmodified OpenSM (Debian ``opensm``) on an emulated host, every file in a work dir.
+
+On a dilated run (``ibemu.clock.dilation() != 1``) OpenSM runs under libfaketime on the run's
+clock, from the run's epoch (``ibemu.kernel.faketime``): its sweep interval, transaction
+timeouts and log stamps are emulated time, N times longer in real time. ``workdir/clock.json``
+records that clock (the log parser reads its stamps with it); its absence means the real
+clock (dilation 1: nothing is preloaded, as before). Without libfaketime a dilated OpenSM is
+refused (``ConfigError``), never silently run on the real clock.
+"""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -10,7 +19,8 @@ from pathlib import Path
 from ibemu import clock
 from ibemu.errors import IbemuError
 from ibemu.fabric import opensm_log
-from ibemu.fabric.umad2sim import tool_argv
+from ibemu.fabric.umad2sim import dilated_clock, tool_argv
+from ibemu.kernel import faketime
 
 
 def opensm_available() -> bool:
@@ -23,10 +33,48 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     ``-d2`` flushes the log after each message, so its phases can be read as they happen.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    argv = tool_argv(ns, ["opensm", "-F", "/dev/null", "-f", str(workdir / "opensm.log"), "--dump_files_dir",
-                          str(workdir), "-d2", "-s", "0", "-R", engine, *(extra or [])],
-                     env={"OSM_TMP_DIR": str(workdir), "OSM_CACHE_DIR": str(workdir)})
-    return subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (workdir / opensm_log.CLOCK_FILE).unlink(missing_ok=True)
+    shared = dilated_clock()
+    try:
+        argv = tool_argv(ns, ["opensm", "-F", "/dev/null", "-f", str(workdir / "opensm.log"), "--dump_files_dir",
+                              str(workdir), "-d2", "-s", "0", "-R", engine, *(extra or [])],
+                         env={"OSM_TMP_DIR": str(workdir), "OSM_CACHE_DIR": str(workdir)}, faketime=shared)
+        if shared is not None:
+            (workdir / opensm_log.CLOCK_FILE).write_text(json.dumps(shared.describe()) + "\n")
+        return subprocess.Popen(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except BaseException:
+        if shared is not None:
+            shared.remove()
+        raise
+
+
+def release_clock(workdir: Path) -> None:
+    """Remove the shared start time of OpenSM's clock once it has started (libfaketime read it
+    when OpenSM started) or ended: nothing of it stays in /dev/shm."""
+    faked = opensm_log.log_clock(workdir)
+    shared = faked.get("shared") if faked else None
+    if isinstance(shared, list) and len(shared) == 2:
+        faketime.remove_shared(str(shared[0]), str(shared[1]))
+
+
+LIGHT_SWEEP = "state_mgr_light_sweep_start"
+"""The stamped line of OpenSM's ``INITIATING LIGHT SWEEP`` box (log level 0x04, ``-D 0x07``)."""
+
+
+def light_sweeps(workdir: Path, text: str | None = None) -> list[int]:
+    """Emulated stamps of the light sweeps in ``workdir/opensm.log`` (or ``text``), on the
+    clock OpenSM ran on (``clock.json``)."""
+    if text is None:
+        text = (workdir / "opensm.log").read_text(errors="replace")
+    faked = opensm_log.log_clock(workdir)
+    offset = faked["realtime_offset_ns"] if faked else opensm_log.wall_to_monotonic_offset_ns()
+    return [t for t, msg in opensm_log.stamped(text.splitlines(), offset, time.time(), faked is not None)
+            if LIGHT_SWEEP in msg]
+
+
+def clock_name(workdir: Path) -> str:
+    """Which clock OpenSM ran on: ``libfaketime`` (the run's dilated clock) or ``real``."""
+    return "libfaketime" if opensm_log.log_clock(workdir) is not None else "real"
 
 
 def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0, *,
@@ -40,13 +88,17 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
     t0 = clock.monotonic()
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
+        if text:  # OpenSM is running: libfaketime has read its start time
+            release_clock(workdir)
         if "SUBNET UP" in text:
             if started_ns is not None:
-                up = next((e["t_ns"] for e in opensm_log.parse(text.splitlines()) if e["kind"] == "subnet_up"), None)
+                up = next((e["t_ns"] for e in opensm_log.parse_workdir(workdir, text) if e["kind"] == "subnet_up"),
+                          None)
                 if up is not None:
                     return max(0.0, (up - started_ns) / 1e9)
             return clock.monotonic() - t0
         if proc.poll() is not None:
+            release_clock(workdir)
             raise IbemuError(f"opensm exited ({proc.returncode}) before SUBNET UP:\n{text[-2000:]}")
         if clock.monotonic() - t0 > timeout_s:
             raise IbemuError(f"no SUBNET UP from opensm in {timeout_s:.0f} s:\n{text[-2000:]}")

@@ -7,6 +7,10 @@ are one offset apart, taken when the log is read), then onto the emulated one, s
 steps land on the same time line as the fabric's agents and the runner's faults, to within
 the microsecond resolution of the log.
 
+On a dilated run OpenSM runs under libfaketime (``ibemu.kernel.faketime``): its wall clock is
+then the emulated clock plus the realtime offset recorded in ``workdir/clock.json`` when it
+was started, and a stamp is moved by that offset alone (``parse(..., faked=True)``).
+
 Recognised lines (OpenSM 3.3.23, default log level):
 
 - ``log_trap_info: Received Generic Notice type:1 num:128 ... from LID:13 TID:0x...`` -> ``trap``
@@ -22,6 +26,7 @@ so ``t_programmed`` is left to the switch agents' ``lft_programmed`` stamps.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -63,13 +68,41 @@ def _wall_ns(stamp: tuple[str, ...], now: float) -> int | None:
     return None if best is None else int(best) * 1_000_000_000 + int(us) * 1000
 
 
-def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | None = None) -> list[dict[str, Any]]:
-    """The events of OpenSM log ``lines`` on the emulated clock (``offset_ns``: wall - mono)."""
+CLOCK_FILE = "clock.json"
+"""Which clock OpenSM ran on (``ibemu.fabric.opensm``): absent on the real clock (dilation 1)."""
+
+
+def log_clock(workdir: Path) -> dict[str, Any] | None:
+    """``workdir/clock.json``: OpenSM's faked clock (``SharedStart.describe()``), or None."""
+    try:
+        d = json.loads((workdir / CLOCK_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return d if isinstance(d, dict) and isinstance(d.get("realtime_offset_ns"), int) else None
+
+
+def parse_workdir(workdir: Path, text: str | None = None) -> list[dict[str, Any]]:
+    """The events of ``workdir/opensm.log`` (or ``text``), on the clock OpenSM ran on."""
+    if text is None:
+        text = (workdir / "opensm.log").read_text(errors="replace")
+    faked = log_clock(workdir)
+    if faked is None:
+        return parse(text.splitlines())
+    return parse(text.splitlines(), offset_ns=faked["realtime_offset_ns"], faked=True)
+
+
+def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | None = None,
+          faked: bool = False) -> list[dict[str, Any]]:
+    """The events of OpenSM log ``lines`` on the emulated clock (``offset_ns``: wall - mono).
+
+    ``faked``: the log was written on the emulated clock plus ``offset_ns`` (libfaketime);
+    otherwise on the real wall clock, ``offset_ns`` (now if not given) from the monotonic one.
+    """
     offset = wall_to_monotonic_offset_ns() if offset_ns is None else offset_ns
     now_s = time.time() if now is None else now
     events: list[dict[str, Any]] = []
     pending: dict[str, Any] | None = None  # the reroute being followed
-    for t_ns, text in _stamped(lines, offset, now_s):
+    for t_ns, text in stamped(lines, offset, now_s, faked):
         if m := _TRAP.search(text):
             events.append({"kind": Kind.TRAP, "t_ns": t_ns, "trap_number": int(m.group(1)),
                            "issuer_lid": int(m.group(2)), "tid": m.group(3)})
@@ -95,14 +128,15 @@ def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | No
     return events
 
 
-def _stamped(lines: Iterable[str], offset_ns: int, now_s: float) -> Iterator[tuple[int, str]]:
+def stamped(lines: Iterable[str], offset_ns: int, now_s: float, faked: bool = False) -> Iterator[tuple[int, str]]:
+    """(emulated ns, message) of each stamped line."""
     for line in lines:
         m = _LINE.match(line.rstrip("\n"))
         if m is None:
             continue  # continuation lines of a multi-line message
         wall = _wall_ns(m.groups()[:6], now_s)
         if wall is not None:
-            yield clock.to_emulated_ns(wall - offset_ns), m.group(7)
+            yield (wall - offset_ns if faked else clock.to_emulated_ns(wall - offset_ns)), m.group(7)
 
 
 def write_events(workdir: Path) -> Path | None:
@@ -110,8 +144,7 @@ def write_events(workdir: Path) -> Path | None:
     log_path = workdir / "opensm.log"
     if not log_path.exists():
         return None
-    with open(log_path, errors="replace") as f:
-        events = parse(f)
+    events = parse_workdir(workdir)
     out = workdir / "events.jsonl"
     write_all(out, events)
     return out

@@ -64,6 +64,12 @@ class FabricPlan:
         return [n for n in self.nodes.values() if n.kind is NodeKind.CA]
 
 
+FIRST_IFINDEX = 16
+"""Interface indexes of cable ends: 16, 17, ... in link order, every end of a fabric apart, so
+the two ends of a cable never share one (``kernel.links.create_cables``: the far end of a cut
+cable then learns of it at once)."""
+
+
 def plan_fabric(topo: Topology, run_id: str) -> FabricPlan:
     """Namespaces, cables and addresses for ``topo`` (validated first)."""
     topo.check()
@@ -73,12 +79,13 @@ def plan_fabric(topo: Topology, run_id: str) -> FabricPlan:
         for name, node in topo.nodes.items()
     }
     cables: list[Cable] = []
-    for link in topo.links:
+    for i, link in enumerate(topo.links):
         a, b = link.a, link.b
         a_if, b_if = topo.ifname(a.node, a.port), topo.ifname(b.node, b.port)
         a_mac, b_mac = mac_for(index[a.node], a.port), mac_for(index[b.node], b.port)
         nodes[a.node].ports[a.port] = PortPlan(a.port, a_if, a_mac, b.node, b.port, b_mac)
         nodes[b.node].ports[b.port] = PortPlan(b.port, b_if, b_mac, a.node, a.port, a_mac)
         cables.append(Cable(nodes[a.node].ns, a_if, nodes[b.node].ns, b_if,
-                            a_mac=mac_text(a_mac), b_mac=mac_text(b_mac)))
+                            a_mac=mac_text(a_mac), b_mac=mac_text(b_mac),
+                            a_index=FIRST_IFINDEX + 2 * i, b_index=FIRST_IFINDEX + 2 * i + 1))
     return FabricPlan(run_id, topo, nodes, cables)

@@ -96,8 +96,9 @@ class RoceFaultInjector:
         self.events_path = events_path
         self.injected: list[dict[str, Any]] = []
 
-    def _stamp(self, action: str, target: str, **fields: object) -> int:
-        t = clock.now_ns()
+    def _stamp(self, action: str, target: str, *, t: int = 0, **fields: object) -> int:
+        """Record a fault at ``t`` (default: now)."""
+        t = t or clock.now_ns()
         record = {"kind": events.Kind.FAULT, "t_ns": t, "action": action, "target": target, **fields}
         self.injected.append(record)
         events.append(self.events_path, {**record, "source": "fault-injector"})
@@ -107,18 +108,16 @@ class RoceFaultInjector:
     def link(self, link: Link, up: bool, *, end: int = 0) -> int:
         """Take one end of ``link`` down (or up): both ends lose carrier, as when it is pulled."""
         ep = link.a if end == 0 else link.b
-        t = self._stamp("link_up" if up else "link_down", f"{link}", end=str(ep))
-        rtnl.set_up(self.fabric.fab.plan.nodes[ep.node].ns, [self.topo.ifname(ep.node, ep.port)], up)
-        return t
+        t = rtnl.set_up(self.fabric.fab.plan.nodes[ep.node].ns, [self.topo.ifname(ep.node, ep.port)], up)
+        return self._stamp("link_up" if up else "link_down", f"{link}", t=t, end=str(ep))
 
     def switch(self, name: str, up: bool) -> int:
         """Every port of router ``name`` down (or up)."""
         node = self.fabric.fab.plan.nodes.get(name)
         if node is None or not node.is_switch:
             raise ConfigError(f"no switch {name!r}")
-        t = self._stamp("switch_up" if up else "switch_down", name)
-        rtnl.set_up(node.ns, [p.ifname for p in node.ports.values()], up)
-        return t
+        t = rtnl.set_up(node.ns, [p.ifname for p in node.ports.values()], up)
+        return self._stamp("switch_up" if up else "switch_down", name, t=t)
 
     def smp_loss(self, percent: float, switch: str | None = None) -> int:
         raise ConfigError(f"smp_loss: {FAULT_ACTIONS['smp_loss'].refusal}")

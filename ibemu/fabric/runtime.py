@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
 import resource
 import subprocess
 import time
@@ -58,7 +59,7 @@ class FabricRuntime:
     def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
-                 sm_host: str | None = None, sm_engine: str = "minhop") -> None:
+                 sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "") -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -72,6 +73,8 @@ class FabricRuntime:
         self.sm = sm
         self.sm_host = sm_host or next((n.name for n in topo.cas()), "")
         self.sm_engine = sm_engine
+        self.sm_qos = sm_qos
+        """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
         self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
         self.make_agents = make_agents
@@ -96,7 +99,8 @@ class FabricRuntime:
         workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
-        proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine))
+        extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else [])] if impl is ibemusm else []
+        proc = await trio.to_thread.run_sync(lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra))
         self._sm_proc = proc
         cpus.pin_process(proc.pid, self.placement.sm)
         self.state.claim_process(proc.pid, f"sm-{self.sm}")
@@ -106,6 +110,14 @@ class FabricRuntime:
         else:
             self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
         log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
+
+    def sm_direct_args(self) -> list[str]:
+        """ibemu's SM takes its own port's SMPs off the cable (``ibemu.sm.directport``), as a
+        real SM does through its HCA, unless IBEMU_SM_DIRECT=0."""
+        pp = self.plan.nodes[self.sm_host].ports.get(1)
+        if pp is None or os.environ.get("IBEMU_SM_DIRECT") == "0":
+            return []
+        return ["--direct", f"{pp.ifname}={pp.peer_mac.hex(':')}"]
 
     def _mad_hosts(self) -> list[str]:
         cabled = [n.name for n in self.plan.cas() if 1 in n.ports]
@@ -190,6 +202,7 @@ class FabricRuntime:
                     await trio.to_thread.run_sync(opensm.stop, self._sm_proc)
                     self._sm_proc = None
                     if self.sm == "opensm":  # its phases, in the event vocabulary of ibemu's SM
+                        opensm.release_clock((self.run_dir or self.state.run_dir) / self.sm)
                         opensm_log.write_events((self.run_dir or self.state.run_dir) / self.sm)
                 problems = await trio.to_thread.run_sync(self.teardown)
                 gc.unfreeze()  # what the fabric held is garbage now (tests build many fabrics)

@@ -43,6 +43,7 @@ from ibemu.topo import Topology, dumps_ibnetdiscover, loads_ibnetdiscover, refs
 if TYPE_CHECKING:
     from ibemu.fabric.roce_runtime import RoceRuntime
     from ibemu.fabric.runtime import FabricRuntime
+    from ibemu.kernel.faketime import SharedStart
     from ibemu.roce.queues import QueueConfig
 
 UP_TIMEOUT_S = 120.0
@@ -71,6 +72,8 @@ class FabricRequest:
     """A RoCE fabric's cable loss/delay and ECN settings (``FabricSpec``'s fields)."""
     dilation: float = 1.0
     """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
+    sm_qos: str = ""
+    """QoS for ibemu's SM to program (``ibemu.sm.qos.SmQos`` as JSON; empty: none)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -79,7 +82,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
     (run_dir / SPEC_FILE).write_text(json.dumps({
         "run_id": run_id, "fabric": request.kind, "datapath": request.datapath, "scenario": request.name,
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
-        "sm_engine": request.sm_engine, "roce": dict(request.roce),
+        "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
         "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
     }))
 
@@ -104,7 +107,7 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
     return FabricRequest(loads_ibnetdiscover(spec["topology"]), spec.get("scenario") or "", kind=spec.get("fabric", "ib"),
                          datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
-                         roce=dict(spec.get("roce") or {}))
+                         roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "")
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -130,7 +133,8 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
         return RoceRuntime(topo, state=state, run_dir=run_dir, impair=Impairment(loss, delay),
                            ecn=EcnMarking(mark, line) if mark and line else None)
     return FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
-                         sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine)
+                         sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
+                         sm_qos=request.sm_qos)
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -298,12 +302,14 @@ class Session:
         cmd, env = self.command(node, argv)
         return subprocess.run(cmd, env=env, check=False, **kw)
 
-    def diag_command(self, node: str, argv: Sequence[str]) -> tuple[list[str], Path]:
+    def diag_command(self, node: str, argv: Sequence[str],
+                     faketime: SharedStart | None = None) -> tuple[list[str], Path]:
         """(argv, working directory) that run a libibumad tool (infiniband-diags, OpenSM) on
-        ``node``'s HCA port, through its MAD socket."""
+        ``node``'s HCA port, through its MAD socket (on ``faketime``'s clock when given: a
+        dilated fabric's, ``umad2sim.dilated_clock()``)."""
         from ibemu.fabric.umad2sim import scratch_dir, tool_argv
 
-        return tool_argv(self.namespace(node), list(argv)), scratch_dir(self.run_dir, node)
+        return tool_argv(self.namespace(node), list(argv), faketime=faketime), scratch_dir(self.run_dir, node)
 
     def fault(self, request: dict[str, Any]) -> dict[str, Any]:
         """One control request (``ibemu.fabric.control``); waits briefly for the daemon's

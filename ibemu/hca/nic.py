@@ -96,8 +96,12 @@ class HcaPort:
         self.sock.close()
 
     def _sync_clocks(self) -> None:
-        """Kernel receive stamps are CLOCK_REALTIME: keep its offset from the monotonic clock."""
-        self._real_minus_mono = time.clock_gettime_ns(time.CLOCK_REALTIME) - clock.now_ns()
+        """Kernel receive stamps are CLOCK_REALTIME: keep its offset from the (real) monotonic
+        clock; ``clock.to_emulated_ns`` then puts a stamp on the emulated clock. (The offset
+        from the emulated clock would apply the dilation twice: at dilation N the stamps ran
+        N^2 times slower than real time, and a stream's deliveries all looked earlier than a
+        fault, as if it never resumed.)"""
+        self._real_minus_mono = clock.realtime_offset_ns()
 
     # -- transmit ------------------------------------------------------------------------
     def transmit(self, sends: Iterable[Send]) -> None:

@@ -101,3 +101,15 @@ def release_threads(placement: Placement) -> int:
         except (OSError, ValueError):  # the thread ended meanwhile
             continue
     return released
+
+
+def model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), "" when unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from ibemu import clock
 from ibemu.kernel import netlink, netns
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.netlink import (
@@ -51,11 +52,15 @@ def ifindexes(ns: str, ifnames: Iterable[str]) -> dict[str, int]:
             raise KernelError(f"{ns}: {exc}") from exc
 
 
-def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> None:
-    """Set the administrative state of ``ifnames`` in ``ns``, all in one netlink send."""
+def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> int:
+    """Set the administrative state of ``ifnames`` in ``ns``, all in one netlink send.
+
+    Returns ``clock.now_ns()`` taken just before that send: when the kernel acted, without
+    the namespace switch and the socket set-up before it (0.3-0.5 ms here), which are the
+    emulator's cost, not the cable's. 0 when ``ifnames`` is empty."""
     names = list(ifnames)
     if not names:
-        return
+        return 0
     with netns.entered(ns):
         sock = _socket()
         try:
@@ -69,13 +74,16 @@ def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> None:
             body = _IFINFOMSG.pack(0, 0, idx, IFF_UP if up else 0, IFF_UP)
             msgs.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
                                        seq, 0) + body)
-        sock.send(b"".join(msgs))
+        payload = b"".join(msgs)
+        t = clock.now_ns()
+        sock.send(payload)
         failed = netlink.acks(sock, 1, len(msgs))
         if failed:
             seq, err = failed[0]
             raise KernelError(f"{ns}/{names[seq - 1]}: link set: {os.strerror(err)}")
     finally:
         sock.close()
+    return t
 
 
 def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:

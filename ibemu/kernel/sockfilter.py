@@ -80,6 +80,27 @@ def qp_range(first: int, end: int) -> list[Insn]:
     ]
 
 
+_MAD = _ETH + 8 + 12 + 8  # LRH, BTH, DETH
+
+
+SM_REPLIES: list[Insn] = [
+    (_LD_B_ABS, 0, 0, _LRH_B1),               # 0: A = LRH byte 1
+    (_ALU_AND_K, 0, 0, 3),                    # 1: A = LNH
+    (_JEQ_K, 0, 9, 2),                        # 2: LNH 2 (IBA local) -> 3 else reject
+    (_LD_W_ABS, 0, 0, _QP_WORD_LOCAL),        # 3
+    (_ALU_AND_K, 0, 0, 0xFFFFFF),             # 4: A = DestQP
+    (_JEQ_K, 0, 6, 0),                        # 5: QP0 -> 6 else reject
+    (_LD_B_ABS, 0, 0, _MAD + 1),              # 6: A = management class
+    (_ALU_AND_K, 0, 0, 0x7F),                 # 7: 0x01 (LID-routed) or 0x81 (directed route)
+    (_JEQ_K, 0, 3, 1),                        # 8: SMP -> 9 else reject
+    (_LD_B_ABS, 0, 0, _MAD + 3),              # 9: A = method
+    (_JEQ_K, 2, 0, 0x81),                     # 10: GetResp -> accept
+    (_JEQ_K, 1, 0, 0x05),                     # 11: Trap -> accept
+    (_RET_K, 0, 0, 0),                        # 12: reject
+    (_RET_K, 0, 0, ACCEPT),                   # 13: accept
+]
+"""QP0 GetResp and Trap frames: what a subnet manager's own port takes (``sm.directport``)."""
+
 MANAGEMENT_ONLY = _qp_split(True)
 """QP0/QP1 frames (and malformed ones): the HCA's management agent."""
 DATA_ONLY = _qp_split(False)

@@ -107,18 +107,28 @@ class FabricInfo:
         )
 
 
+SM_CLOCKS = ("emulated", "libfaketime", "real")
+"""The SM's clock on a dilated run: ibemu's SM reads the emulated clock, OpenSM runs on it
+under libfaketime (``ibemu.kernel.faketime``); ``real`` would be an SM that did not follow it."""
+
+
 @dataclass
 class SMInfo:
     impl: str
     engine: str | None = None
     host: str | None = None
+    clock: str | None = None
+    """Which clock the SM ran on (``SM_CLOCKS``); on disk only on a dilated run."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"impl": self.impl, "engine": self.engine, "host": self.host}
+        d: dict[str, Any] = {"impl": self.impl, "engine": self.engine, "host": self.host}
+        if self.clock is not None:
+            d["clock"] = self.clock
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SMInfo:
-        return cls(d["impl"], d["engine"], d["host"])
+        return cls(d["impl"], d["engine"], d["host"], d.get("clock"))
 
 
 @dataclass
@@ -743,7 +753,8 @@ _RESULT = _object(
                 "impl": _string(choices=SM_IMPLS),
                 "engine": _string(nullable=True),
                 "host": _string(nullable=True),
-            }
+            },
+            optional={"clock": _string(choices=SM_CLOCKS)},
         ),
         "bringup": _object({"fabric_s": _NUM, "sm_s": _NUM_OR_NULL}),
         "faults": _list(_FAULT),

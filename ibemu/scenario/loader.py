@@ -17,12 +17,13 @@ import yaml
 
 from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
+from ibemu.physics.link import MAX_CABLE_M, SWITCH_MODELS, propagation_ns
+from ibemu.physics.qos import VlArb
 from ibemu.scenario.schema import (
     DATAPATHS,
     DEFAULT_DURATION_S,
     DEFAULT_SIZE,
     DEFAULTS_KEYS,
-    DILATION_AUTO_UNAVAILABLE,
     FABRIC_KEYS,
     FABRIC_KINDS,
     FABRIC_USER_KEYS,
@@ -36,22 +37,31 @@ from ibemu.scenario.schema import (
     MAX_FABRIC_LOSS_PCT,
     MAX_LAG_THRESHOLD_US,
     MAX_LINE_GBPS,
+    MAX_LINK_DELAY_US,
+    MAX_SWITCH_BUFFER_KB,
+    MAX_SWITCH_LATENCY_NS,
     NODE_KEYS,
+    QOS_KEYS,
+    QOS_VLS,
     RECORD_KEYS,
     ROCE_DATA_DSCP,
     SM_IMPLS,
     SM_KEYS,
     STREAM_TRANSPORTS,
+    SWITCH_KEYS,
     TIME_KEYS,
     TOP_KEYS,
     TOPOLOGY_EXPLICIT_KEYS,
     TOPOLOGY_FILE_KEYS,
     TOPOLOGY_SOURCES,
     TRAFFIC_COMMON,
+    VLARB_CAP,
     FabricSpec,
+    QosSpec,
     RecordSpec,
     Scenario,
     SMSpec,
+    SwitchSpec,
     TimeSpec,
     TopologySpec,
     TrafficSpec,
@@ -78,6 +88,12 @@ log = logging.getLogger(__name__)
 Pairs = dict[str, tuple[yaml.Node, yaml.Node]]
 _RATE_EXPECTED = "a rate like '4x EDR', 'HDR' or '100G'"
 _NEEDS_USER = "needs fabric.datapath: user (the kernel datapath forwards in tc, without delay, loss or corruption)"
+RATES_USER_ONLY = ("rates apply on the user datapath only (fabric.datapath: user): the kernel datapath forwards "
+                   "as fast as the machine can, the rate sets PortInfo's link width and speed")
+_ONE_PROPAGATION = "give the propagation as delay_us or as cable_m, not both"
+MAX_HEADERS = 126
+"""The longest IB packet beyond its payload: LRH 8 + GRH 40 + BTH 12 + RETH 16 + ImmDt 4 + ... + ICRC 4 + VCRC 2,
+rounded up to what a VL buffer must hold besides one MTU of payload."""
 
 
 def _peek(node: yaml.Node, key: str) -> yaml.Node | None:
@@ -95,6 +111,14 @@ class _Loader(Reader):
         self.extra: list[str] = []  # problems located in other files (an imported .ibnd)
         self.lines: dict[str, int] = {}  # origin "file:line path" of explicit nodes/links -> line
         self.datapath = "kernel"
+        self.warnings: list[tuple[int, str]] = []
+        self.rate_nodes: list[tuple[yaml.Node, str]] = []  # where the scenario states a rate
+        self.stated: dict[str, set[str]] = {}  # explicit link origin -> the keys it states
+
+    def warn(self, node: yaml.Node | int, path: str, message: str) -> None:
+        line = node if isinstance(node, int) else line_of(node)
+        where = f"{self.source}:{line} {path}" if path else f"{self.source}:{line}"
+        self.warnings.append((line, f"{where}: warning: {message}"))
 
     def fail(self) -> ScenarioError:
         return ScenarioError(self.sorted_problems() + self.extra)
@@ -128,8 +152,14 @@ class _Loader(Reader):
         topo, spec = self.topology(top["topology"][1]) if "topology" in top else (None, None)
         if topo is not None:
             topo.defaults = defaults
+            self.apply_defaults(topo, defaults)
         sm = self.sm(opt("sm"), topo)
+        if fabric.qos is not None and sm.impl == "opensm" and (fn := opt("fabric")) is not None:
+            qn = _mapping_pairs(fn)["qos"][1]
+            self.error(qn, "fabric.qos", "ibemu's SM programs fabric.qos; OpenSM's QoS options are not passed "
+                       "to it yet (use sm.impl: ibemu, or OpenSM's own qos_policy file)")
         traffic = self.traffic(opt("traffic"), topo, duration)
+        self.physics_checks(fabric, topo, traffic, opt("fabric"))
         faults = self.faults(opt("faults"), topo, duration)
         record = self.record(opt("record"), topo)
         time_spec = self.time(opt("time"))
@@ -149,7 +179,59 @@ class _Loader(Reader):
             duration_s=duration,
             record=record,
             time=time_spec,
+            warnings=tuple(msg for _, msg in sorted(self.warnings, key=lambda w: w[0])),
         )
+
+    def apply_defaults(self, topo: Topology, d: LinkDefaults) -> None:
+        """Links that state no delay (or cable length) or loss of their own get the defaults'."""
+        for link in topo.links:
+            own = self.stated.get(link.origin or "", set())
+            if not own & {"delay_us", "cable_m"}:
+                link.delay_us, link.cable_m = d.delay_us, d.cable_m
+            if "loss_pct" not in own:
+                link.loss_pct = d.loss_pct
+
+    def physics_checks(self, fabric: FabricSpec, topo: Topology | None,
+                       traffic: tuple[TrafficSpec, ...], fnode: yaml.Node | None) -> None:
+        """Rates on the kernel datapath (one line: they apply on the user datapath only); a
+        switch buffer that cannot hold one packet; arbitration that starves a VL in use."""
+        if fabric.datapath == "kernel":
+            for node, path in self.rate_nodes[:1]:
+                self.warn(node, path, RATES_USER_ONLY)
+        if topo is None or fnode is None:
+            return
+        fm = _mapping_pairs(fnode)
+        sw = fabric.switch
+        if sw is not None and sw.buffer_kb is not None and "switch" in fm:
+            mtu = max((topo.mtu_of(lk) for lk in topo.links), default=topo.defaults.mtu)
+            need = mtu + (MAX_HEADERS if fabric.kind == "ib" else 100)
+            if sw.buffer_kb * 1024 < need:
+                bnode = _peek(fm["switch"][1], "buffer_kb") or fm["switch"][1]
+                self.error(bnode, "fabric.switch.buffer_kb",
+                           f"{sw.buffer_kb:g} KiB cannot hold one {mtu}-byte-MTU packet ({need} bytes): "
+                           f"nothing would pass; give at least {-(-need // 1024)} KiB")
+        q = fabric.qos
+        if q is None or "qos" not in fm:
+            return
+        qnode = fm["qos"][1]
+        if fabric.datapath == "kernel":
+            self.warn(qnode, "fabric.qos", "the SM programs SL->VL and VL arbitration into the agents, but "
+                      "VLs and arbitration shape traffic on the user datapath only (fabric.datapath: user)")
+        sl2vl = q.sl_to_vl()
+        used = {0: "SL0 (management and traffic without an sl)"}
+        for t in traffic:
+            used.setdefault(sl2vl[t.sl], f"traffic {t.name!r} (sl {t.sl})")
+        arb = (VlArb.default(q.vls) if not q.vlarb_high and not q.vlarb_low
+               else VlArb(high=q.vlarb_high, low=q.vlarb_low, high_limit=q.vl_high_limit))
+        for vl in arb.starved(sorted({sl2vl[t.sl] for t in traffic} | {sl2vl[0]})):
+            who = next(w for v, w in used.items() if v == vl)
+            self.warn(qnode, "fabric.qos", f"VL{vl} gets no arbitration weight: {who} rides it and its packets "
+                      f"would never leave (give VL{vl} a weight in vlarb_high or vlarb_low)")
+        hi_vls = {vl for vl, w in q.vlarb_high if w > 0}
+        lo_vls = {vl for vl, w in q.vlarb_low if w > 0} - hi_vls
+        if q.vl_high_limit == 255 and hi_vls & set(used) and lo_vls & set(used):
+            self.warn(qnode, "fabric.qos.vl_high_limit", "255 (no limit): busy high-priority VLs "
+                      f"{sorted(hi_vls & set(used))} can starve the low-priority ones {sorted(lo_vls & set(used))}")
 
     # --- sections -------------------------------------------------------------------------
 
@@ -160,19 +242,26 @@ class _Loader(Reader):
         if m is None:
             return LinkDefaults()
         d = LinkDefaults()
-        rate, mtu, delay, loss = d.rate, d.mtu, d.delay_us, d.loss_pct
+        rate, mtu, delay, loss, cable = d.rate, d.mtu, d.delay_us, d.loss_pct, d.cable_m
         if "rate" in m:
             rate = self.convert(m["rate"][1], "defaults.rate", parse_rate, _RATE_EXPECTED) or rate
+            self.rate_nodes.append((m["rate"][1], "defaults.rate"))
         if "mtu" in m:
             mtu = self.mtu(m["mtu"][1], "defaults.mtu") or mtu
         if "delay_us" in m:
-            delay = self.number(m["delay_us"][1], "defaults.delay_us", 0, 10_000_000) or 0.0
+            delay = self.number(m["delay_us"][1], "defaults.delay_us", 0, MAX_LINK_DELAY_US) or 0.0
+        if "cable_m" in m:
+            cable = self.number(m["cable_m"][1], "defaults.cable_m", 0, MAX_CABLE_M) or 0.0
+            if "delay_us" in m:
+                self.error(m["cable_m"][1], "defaults.cable_m", _ONE_PROPAGATION)
+            else:
+                delay = propagation_ns(cable_m=cable) / 1000
         if "loss_pct" in m:
             loss = self.number(m["loss_pct"][1], "defaults.loss_pct", 0, 100) or 0.0
-        for key, value in (("delay_us", delay), ("loss_pct", loss)):
-            if value and self.datapath != "user":
+        for key, value in (("delay_us", delay), ("cable_m", cable), ("loss_pct", loss)):
+            if value and key in m and self.datapath != "user":
                 self.error(m[key][1], f"defaults.{key}", _NEEDS_USER)
-        return LinkDefaults(rate=rate, mtu=mtu, delay_us=delay, loss_pct=loss)
+        return LinkDefaults(rate=rate, mtu=mtu, delay_us=delay, loss_pct=loss, cable_m=cable)
 
     def mtu(self, node: yaml.Node, path: str) -> int | None:
         return self.convert(node, path, check_mtu, "an IB MTU (256, 512, 1024, 2048 or 4096)")
@@ -249,10 +338,120 @@ class _Loader(Reader):
             elif xon > xoff:
                 xon = xoff / 2
             where = ""  # the user datapath delays frames itself
+        switch = self._switch(m["switch"][1], kind or "ib", dp or "kernel") if "switch" in m else None
+        qos = None
+        if "qos" in m:
+            if (kind or "ib") != "ib":
+                self.error(m["qos"][1], "fabric.qos", "VLs, SL->VL maps and VL arbitration are InfiniBand's; "
+                           "a RoCE fabric's priorities are fabric.pfc and fabric.dscp_priority")
+            else:
+                qos = self._qos(m["qos"][1])
         return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay,
                           ecn_mark_kb=mark, ecn_line_gbps=line, line_gbps=line_gbps,
                           buffer_kb=buffer_kb or 1024.0, pfc=pfc, pfc_xoff_kb=xoff, pfc_xon_kb=xon,
-                          dscp_priority=dscp_prio, where=where)
+                          dscp_priority=dscp_prio, where=where, switch=switch, qos=qos)
+
+    def _switch(self, node: yaml.Node, kind: str, datapath: str) -> SwitchSpec | None:
+        """``fabric.switch: {model, latency_ns, buffer_kb}`` (user datapath)."""
+        m = self.mapping(node, "fabric.switch", SWITCH_KEYS)
+        if m is None:
+            return None
+        if datapath != "user":
+            self.error(node, "fabric.switch", "switch latency and buffers need fabric.datapath: user "
+                       "(the kernel datapath forwards without either)")
+            return None
+        model = ""
+        if "model" in m:
+            ethernet = kind == "roce"
+            fits = [n for n, sm in SWITCH_MODELS.items() if sm.ethernet == ethernet]
+            model = self.choice(m["model"][1], "fabric.switch.model", fits) or ""
+        latency = buffer = None
+        if "latency_ns" in m:
+            latency = self.integer(m["latency_ns"][1], "fabric.switch.latency_ns", 0, MAX_SWITCH_LATENCY_NS)
+        if "buffer_kb" in m:
+            buffer = self.number(m["buffer_kb"][1], "fabric.switch.buffer_kb", 0, MAX_SWITCH_BUFFER_KB, lo_open=True)
+        return SwitchSpec(model=model, latency_ns=latency, buffer_kb=buffer)
+
+    def _qos(self, node: yaml.Node) -> QosSpec | None:
+        """``fabric.qos: {vls, sl2vl, vlarb_high, vlarb_low, vl_high_limit}`` (IB)."""
+        m = self.mapping(node, "fabric.qos", QOS_KEYS)
+        if m is None:
+            return None
+        vls = 1
+        if "vls" in m:
+            v = self.integer(m["vls"][1], "fabric.qos.vls", 1, 15)
+            if v is not None and v not in QOS_VLS:
+                self.error(m["vls"][1], "fabric.qos.vls", f"a port operates 1, 2, 4 or 8 data VLs (the emulated "
+                           f"ports' VLCap is VL0-VL7), got {v}")
+            elif v is not None:
+                vls = v
+        sl2vl: tuple[int, ...] = ()
+        if "sl2vl" in m:
+            sl2vl = self._sl2vl(m["sl2vl"][1], vls)
+        high = self._vlarb(m["vlarb_high"][1], "fabric.qos.vlarb_high", vls) if "vlarb_high" in m else ()
+        low = self._vlarb(m["vlarb_low"][1], "fabric.qos.vlarb_low", vls) if "vlarb_low" in m else ()
+        limit = 0
+        if "vl_high_limit" in m:
+            limit = self.integer(m["vl_high_limit"][1], "fabric.qos.vl_high_limit", 0, 255) or 0
+            if not high:
+                self.warn(m["vl_high_limit"][1], "fabric.qos.vl_high_limit",
+                          "no vlarb_high table: the limit of high priority has nothing to limit")
+        return QosSpec(vls=vls, sl2vl=sl2vl, vlarb_high=high, vlarb_low=low, vl_high_limit=limit,
+                       where=f"{self.source}:{line_of(node)} fabric.qos")
+
+    def _sl2vl(self, node: yaml.Node, vls: int) -> tuple[int, ...]:
+        """A list of 16 VLs, or ``{SL: VL}`` (the other SLs: SL mod vls)."""
+        out = [sl % vls for sl in range(16)]
+        pairs: list[tuple[int | None, yaml.Node, str]] = []
+        if isinstance(node, yaml.SequenceNode):
+            if len(node.value) != 16:
+                self.error(node, "fabric.qos.sl2vl", f"expected 16 VLs (SL0..SL15), got {len(node.value)}; "
+                           "or a mapping {SL: VL}")
+                return ()
+            pairs = [(i, n, f"fabric.qos.sl2vl[{i}]") for i, n in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            for knode, vnode in node.value:
+                sl = self.integer(knode, "fabric.qos.sl2vl", 0, 15)
+                pairs.append((sl, vnode, f"fabric.qos.sl2vl.{scalar(knode)}"))
+        else:
+            self.error(node, "fabric.qos.sl2vl", "expected a list of 16 VLs or a mapping {SL: VL}")
+            return ()
+        for sl, vnode, path in pairs:
+            vl = self.integer(vnode, path, 0, 15)
+            if sl is None or vl is None:
+                continue
+            if vl == 15:
+                self.error(vnode, path, "VL15 carries subnet management packets only: data on it is dropped")
+            elif vl >= vls:
+                self.error(vnode, path, f"VL{vl} is not operated: fabric.qos.vls is {vls} (VL0-VL{vls - 1})")
+            else:
+                out[sl] = vl
+        return tuple(out)
+
+    def _vlarb(self, node: yaml.Node, path: str, vls: int) -> tuple[tuple[int, int], ...]:
+        """A list of [VL, weight] (weight 0..255, in 64-byte units), at most VLARB_CAP entries."""
+        seq = self.sequence(node, path)
+        if seq is None:
+            return ()
+        if len(seq) > VLARB_CAP:
+            self.error(node, path, f"at most {VLARB_CAP} entries (the ports' VLArbitrationHighCap/LowCap), "
+                       f"got {len(seq)}")
+            return ()
+        out = []
+        for i, item in enumerate(seq):
+            ipath = f"{path}[{i}]"
+            if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
+                self.error(item, ipath, "expected [VL, weight], like [0, 64]")
+                continue
+            vl = self.integer(item.value[0], f"{ipath}.vl", 0, 14)
+            w = self.integer(item.value[1], f"{ipath}.weight", 0, 255)
+            if vl is None or w is None:
+                continue
+            if vl >= vls:
+                self.error(item.value[0], f"{ipath}.vl", f"VL{vl} is not operated: fabric.qos.vls is {vls}")
+                continue
+            out.append((vl, w))
+        return tuple(out)
 
     def _dscp_priority(self, node: yaml.Node) -> tuple[tuple[int, int], ...]:
         """``{DSCP: priority}`` (0..63 -> 0..7)."""
@@ -494,14 +693,23 @@ class _Loader(Reader):
                 )
             if "mtu" in m:
                 props["mtu"] = self.mtu(m["mtu"][1], f"{path}.mtu")
+            if "rate" in m:
+                self.rate_nodes.append((m["rate"][1], f"{path}.rate"))
             if "delay_us" in m:
-                props["delay_us"] = self.number(m["delay_us"][1], f"{path}.delay_us", 0, 10_000_000)
+                props["delay_us"] = self.number(m["delay_us"][1], f"{path}.delay_us", 0, MAX_LINK_DELAY_US)
+            if "cable_m" in m:
+                props["cable_m"] = self.number(m["cable_m"][1], f"{path}.cable_m", 0, MAX_CABLE_M)
+                if "delay_us" in m:
+                    self.error(m["cable_m"][1], f"{path}.cable_m", _ONE_PROPAGATION)
+                    return None
+                if props["cable_m"] is not None:
+                    props["delay_us"] = propagation_ns(cable_m=props["cable_m"]) / 1000
             if "loss_pct" in m:
                 props["loss_pct"] = self.number(m["loss_pct"][1], f"{path}.loss_pct", 0, 100)
             if any(v is None for v in props.values()):
                 return None
-            for key in ("delay_us", "loss_pct"):
-                if props.get(key) and self.datapath != "user":
+            for key in ("delay_us", "cable_m", "loss_pct"):
+                if key in m and props.get(key) and self.datapath != "user":
                     self.error(m[key][1], f"{path}.{key}", _NEEDS_USER)
         else:
             ends_node, epath = item, path
@@ -523,6 +731,7 @@ class _Loader(Reader):
             ends.append(ep)
         origin = f"{self.source}:{line_of(item)} {path}"
         self.lines[origin] = line_of(item)
+        self.stated[origin] = {k for k in ("delay_us", "cable_m", "loss_pct") if k in props}
         return ends[0], ends[1], props, origin
 
     def sm(self, node: yaml.Node | None, topo: Topology | None) -> SMSpec:
@@ -915,8 +1124,7 @@ class _Loader(Reader):
         vnode = m["dilation"][1]
         where = f"{self.source}:{line_of(vnode)} time.dilation"
         if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
-            self.error(vnode, "time.dilation", DILATION_AUTO_UNAVAILABLE)
-            return TimeSpec(lag_threshold_us=threshold)
+            return TimeSpec(where=where, lag_threshold_us=threshold, auto=True)
         n = self.number(vnode, "time.dilation", 1)
         return (TimeSpec(dilation=float(n), where=where, lag_threshold_us=threshold) if n is not None
                 else TimeSpec(lag_threshold_us=threshold))
@@ -950,6 +1158,12 @@ class _Loader(Reader):
         if "plots" in m:
             plots = bool(self.boolean(m["plots"][1], "record.plots"))
         return RecordSpec(capture=tuple(capture), json=json_path, plots=plots)
+
+
+def _mapping_pairs(node: yaml.Node) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): (k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode)}
 
 
 def _tree_like(topo: Topology) -> bool:

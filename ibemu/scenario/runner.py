@@ -37,6 +37,7 @@ import trio
 
 from ibemu import clock, lagmon
 from ibemu.errors import ConfigError
+from ibemu.fabric import opensm
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent
 from ibemu.fabric.cable_capture import capture
@@ -45,7 +46,7 @@ from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.session import FabricRequest, open_runtime
-from ibemu.kernel import cpus, ownership
+from ibemu.kernel import cpus, faketime, ownership
 from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
@@ -106,6 +107,10 @@ def check_runnable(scen: Scenario) -> None:
                           f"{scen.path or scen.name}: fabric")
     if scen.traffic and scen.sm.impl not in ("ibemu", "opensm"):
         raise ConfigError("traffic needs a subnet manager (sm.impl: ibemu or opensm)", "sm.impl")
+    if scen.sm.impl == "opensm" and scen.time.dilation != 1 and faketime.library_path() is None:
+        raise ConfigError(f"OpenSM at dilation {scen.time.dilation:g} runs on the dilated clock under "
+                          f"libfaketime, which is not installed: {faketime.INSTALL_HINT}",
+                          scen.time.where or f"{scen.path or scen.name}: time.dilation")
     needs_user = [f for f in scen.faults if scen.fabric.datapath not in FAULT_ACTIONS[f.action].datapaths]
     if needs_user:
         raise ConfigError(f"{needs_user[0].action} faults need the user datapath (fabric: {{datapath: user}})",
@@ -132,8 +137,9 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     f = scen.fabric
     roce = {"loss_pct": f.loss_pct, "delay_us": f.delay_us, "ecn_mark_kb": f.ecn_mark_kb if f.ecn else 0.0,
             "ecn_line_gbps": f.ecn_line_gbps if f.ecn else 0.0}
+    sm_qos = f.qos.sm_json() if f.qos else ""
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
-                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce)
+                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos)
 
 
 def _queues(scen: Scenario) -> QueueConfig | None:
@@ -196,6 +202,9 @@ class ScenarioRun:
     async def _run(self) -> dict[str, Any]:
         scen = self.scen
         t_start = time.perf_counter()
+        for warning in scen.warnings:  # e.g. rates on the kernel datapath: one line each, before the build
+            log.warning("%s", warning)
+            self.progress("note", warning)
         self.progress("build", f"{scen.topology.name or scen.name}: {len(scen.topology.nodes)} nodes, "
                                f"{len(scen.topology.links)} links ("
                                + ("RoCEv2, IP routers" if self.roce else f"{scen.fabric.datapath} datapath") + ")")
@@ -381,6 +390,16 @@ class ScenarioRun:
 
     # ------------------------------------------------------------------ the result
 
+    def _sm_clock(self) -> dict[str, str]:
+        """The SM's clock in the result, on a dilated run: ``emulated`` (ibemu's SM reads
+        ``ibemu.clock``), ``libfaketime`` (OpenSM on the run's clock) or ``real`` (OpenSM that
+        was not: never on a run that completed)."""
+        if clock.dilation() == 1 or self.scen.sm.impl == "none":
+            return {}
+        if self.scen.sm.impl == "opensm":
+            return {"clock": opensm.clock_name(self.run_dir / "opensm")}
+        return {"clock": "emulated"}
+
     def _result(self, bringup: dict[str, Any], outputs: list[FlowOutput], wall_s: float) -> dict[str, Any]:
         scen = self.scen
         topo = scen.topology
@@ -427,7 +446,8 @@ class ScenarioRun:
                        "topology": _describe_topology(scen),
                        **({"dilation": clock.dilation()} if clock.dilation() != 1 else {})},
             "sm": ({"impl": "none", "engine": None, "host": None} if self.roce  # the fabric manager instead
-                   else {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None}),
+                   else {"impl": scen.sm.impl, "engine": scen.sm.engine, "host": self.rt.sm_host or None,
+                         **self._sm_clock()}),
             "bringup": bringup,
             "faults": faults,
             "traffic": traffic,

@@ -4,8 +4,10 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
 
     name, description          free text (name defaults to the file name)
     topology                   {generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}
-    defaults                   {rate, mtu, delay_us, loss_pct} for links without their own
+    defaults                   {rate, mtu, delay_us | cable_m, loss_pct} for links without their own
     fabric                     {kind: ib|roce, datapath: kernel|user,
+                                switch: {model, latency_ns, buffer_kb} (user datapath),
+                                qos: {vls, sl2vl, vlarb_high, vlarb_low, vl_high_limit} (ib),
                                 roce only: loss_pct, delay_us, ecn_mark_kb, ecn_line_gbps;
                                 roce with datapath user: line_gbps, buffer_kb, pfc,
                                 pfc_xoff_kb, pfc_xon_kb}
@@ -13,8 +15,9 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
-    time                       {dilation: N, lag_threshold_us: T}: run on a clock N times slower than
-                                real time (N >= 1, default 1; ``auto`` is not available yet); the run
+    time                       {dilation: N | auto, lag_threshold_us: T}: run on a clock N times slower
+                                than real time (N >= 1, default 1; ``auto``: chosen from the offered
+                                load and this machine's calibration, ``ibemu.scenario.autodilation``); the run
                                 is valid while every process's p99 lag stays under T emulated us
                                 (default ``ibemu.scenario.fidelity.DEFAULT_THRESHOLD_US``)
     record                     {capture: [links] | all, json: PATH, plots: bool}
@@ -27,12 +30,15 @@ fault actions from ``ibemu.fabric.faults.FAULT_ACTIONS`` (where ``FaultSpec`` li
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from ibemu.fabric.faults import FaultSpec
+from ibemu.physics.link import SWITCH_MODELS, SwitchModel, default_switch_model
 from ibemu.topo.model import Link, LinkDefaults, Topology
+from ibemu.topo.rates import LinkRate
 
 TOP_KEYS = (
     "name",
@@ -51,10 +57,27 @@ TOPOLOGY_SOURCES = ("generator", "file", "nodes")
 TOPOLOGY_FILE_KEYS = ("file", "format", "name")
 TOPOLOGY_EXPLICIT_KEYS = ("nodes", "links", "name")
 NODE_KEYS = ("kind", "ports", "guid", "desc")
-LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "loss_pct")
-DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "loss_pct")
+LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "cable_m", "loss_pct")
+DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "cable_m", "loss_pct")
+MAX_LINK_DELAY_US = 10_000_000.0
 FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps", "line_gbps", "buffer_kb",
-               "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
+               "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority", "switch", "qos")
+SWITCH_KEYS = ("model", "latency_ns", "buffer_kb")
+"""``fabric.switch``: the switches' model (``ibemu.physics.link.SWITCH_MODELS``: ib-edr, ib-hdr,
+ib-ndr, eth-spectrum, eth; default by the fabric's kind and rate), and overrides of its
+port-to-port latency (ns) and buffer (KiB: IB, each input port's buffer per VL; Ethernet, each
+egress port's). User datapath only: the kernel forwards without either."""
+MAX_SWITCH_LATENCY_NS = 100_000
+MAX_SWITCH_BUFFER_KB = 1 << 16
+QOS_KEYS = ("vls", "sl2vl", "vlarb_high", "vlarb_low", "vl_high_limit")
+"""``fabric.qos`` (IB): the data VLs every port operates (1, 2, 4 or 8: the emulated ports'
+VLCap is VL0-VL7), the SL -> VL map (a list of 16 VLs, or {SL: VL}; unnamed SLs: SL mod vls),
+the VL arbitration tables (lists of [VL, weight], weight in 64-byte units, at most
+``VLARB_CAP`` entries each: the ports' VLArbitrationHighCap/LowCap) and VLHighLimit (0..255;
+255 no limit). The SM programs them into every port after bring-up (SLtoVLMappingTable,
+VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit)."""
+QOS_VLS = (1, 2, 4, 8)
+VLARB_CAP = 8
 FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
 """RoCE user datapath only (``ibemu.roce.userpath``): each router port's line rate (Gb/s), its
 buffer (KiB, drop tail), PFC (true: the priority of RoCE data; or a list of priorities), the
@@ -82,8 +105,6 @@ SM_IMPLS = ("ibemu", "opensm")
 RECORD_KEYS = ("capture", "json", "plots")
 TIME_KEYS = ("dilation", "lag_threshold_us")
 MAX_LAG_THRESHOLD_US = 60_000_000.0
-DILATION_AUTO_UNAVAILABLE = ("auto (a factor chosen from the offered load and a calibration of this machine) is "
-                             "not available yet: give a number >= 1")
 
 #: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
 TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
@@ -109,6 +130,45 @@ class TopologySpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SwitchSpec:
+    """``fabric.switch``: the switch model and its overrides (None: the model's figure)."""
+
+    model: str = ""
+    latency_ns: int | None = None
+    buffer_kb: float | None = None
+
+    def resolve(self, rate: LinkRate, *, ethernet: bool) -> SwitchModel:
+        """The switch model the link model takes: named, or the default by kind and rate, with
+        the overrides applied."""
+        base = SWITCH_MODELS[self.model] if self.model else default_switch_model(rate, ethernet=ethernet)
+        return SwitchModel(base.name, base.latency_ns if self.latency_ns is None else self.latency_ns,
+                           base.buffer_bytes if self.buffer_kb is None else int(self.buffer_kb * 1024),
+                           ethernet=base.ethernet)
+
+
+@dataclass(frozen=True, slots=True)
+class QosSpec:
+    """``fabric.qos``: VLs, SL -> VL, VL arbitration (see ``QOS_KEYS``)."""
+
+    vls: int = 1
+    sl2vl: tuple[int, ...] = ()
+    """16 VLs (SL 0..15); empty: SL mod vls."""
+    vlarb_high: tuple[tuple[int, int], ...] = ()
+    vlarb_low: tuple[tuple[int, int], ...] = ()
+    vl_high_limit: int = 0
+    where: str = ""
+
+    def sl_to_vl(self) -> tuple[int, ...]:
+        return self.sl2vl or tuple(sl % self.vls for sl in range(16))
+
+    def sm_json(self) -> str:
+        """What ibemu's SM takes (``python -m ibemu.sm --qos``: ``ibemu.sm.qos.SmQos``)."""
+        return json.dumps({"vls": self.vls, "sl2vl": list(self.sl_to_vl()),
+                           "vlarb_high": [list(e) for e in self.vlarb_high],
+                           "vlarb_low": [list(e) for e in self.vlarb_low], "vl_high_limit": self.vl_high_limit})
+
+
+@dataclass(frozen=True, slots=True)
 class FabricSpec:
     kind: str = "ib"
     datapath: str = "kernel"
@@ -131,6 +191,10 @@ class FabricSpec:
     dscp_priority: tuple[tuple[int, int], ...] = ()
     """RoCE user datapath: (DSCP, priority) overrides of DSCP >> 3."""
     where: str = ""
+    switch: SwitchSpec | None = None
+    """User datapath: the switches' model, latency and buffer (None: defaults by kind and rate)."""
+    qos: QosSpec | None = None
+    """IB: VLs, SL -> VL and VL arbitration the SM programs (None: one VL, the agents' defaults)."""
 
     @property
     def ecn(self) -> bool:
@@ -188,6 +252,8 @@ class TimeSpec:
     where: str = ""
     lag_threshold_us: float | None = None
     """The p99 lag (emulated us) under which a process keeps up (None: the default)."""
+    auto: bool = False
+    """``dilation: auto``: the CLI chooses ``dilation`` before the run (``ibemu.cli.dilation``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,3 +278,6 @@ class Scenario:
     duration_s: float = DEFAULT_DURATION_S
     record: RecordSpec = field(default_factory=RecordSpec)
     time: TimeSpec = field(default_factory=TimeSpec)
+    warnings: tuple[str, ...] = ()
+    """Located warnings: things the scenario says that will not do what it may think
+    (``ibemu validate`` prints them; the runner logs them)."""

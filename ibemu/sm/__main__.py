@@ -23,7 +23,9 @@ import trio
 from ibemu import clock, lagmon
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
+from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
+from ibemu.sm.qos import SmQos
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
 from ibemu.wire.umad import DEFAULT_SOCKNAME
 
@@ -42,8 +44,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
     p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
     p.add_argument("--state", default=None, help="JSON snapshot of LIDs, cables and LFTs (for `ibemu sm`)")
+    p.add_argument("--direct", default=None, metavar="IFNAME=PEER_MAC",
+                   help="send and receive SMPs on the HCA's own cable (a packet socket on IFNAME in --ns, "
+                        "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
+    p.add_argument("--qos", default=None, help="QoS to program (JSON: vls, sl2vl, vlarb_high, vlarb_low, "
+                   "vl_high_limit; ibemu.sm.qos.SmQos)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
+
+
+def parse_direct(value: str) -> tuple[str, bytes]:
+    """``IFNAME=aa:bb:cc:dd:ee:ff`` -> (ifname, MAC bytes)."""
+    ifname, sep, mac = value.partition("=")
+    try:
+        raw = bytes.fromhex(mac.replace(":", ""))
+    except ValueError:
+        raw = b""
+    if not sep or not ifname or len(raw) != 6:
+        raise SystemExit(f"--direct {value!r}: expected IFNAME=aa:bb:cc:dd:ee:ff")
+    return ifname, raw
 
 
 def load_route_fn(spec: str | None) -> RouteFn:
@@ -65,11 +84,16 @@ async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
-                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state)
-    sm = SubnetManager(UmadPort(client), cfg, route_fn=load_route_fn(args.route_fn), events=events)
+                   retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
+                   qos=SmQos.from_json(args.qos) if args.qos else None)
+    umad = UmadPort(client)
+    port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
+    sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
+                if isinstance(port, DirectPort):
+                    await n.start(port.serve)
                 n.start_soon(sm.serve)
                 n.start_soon(lagmon.watch_from_env, "sm")  # in a run: its lag behind the clock
 
@@ -81,8 +105,12 @@ async def amain(args: argparse.Namespace) -> int:
                 n.start_soon(stop)
                 n.start_soon(_freeze_after_up, sm)
     finally:
-        events.emit(Kind.SM_STOP, sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats))
+        port_stats = {**port.stats, **port.wake_summary()} if isinstance(port, DirectPort) else {}
+        events.emit(Kind.SM_STOP, sweeps=sm.sweeps, smps=dict(sm.transport.stats), stats=dict(sm.stats),
+                    port=port_stats)
         events.close()
+        if isinstance(port, DirectPort):
+            port.close()
         client.close()
     return 0
 

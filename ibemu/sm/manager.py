@@ -48,6 +48,7 @@ from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
 from ibemu.sm.program import LftProgrammer
+from ibemu.sm.qos import SmQos, program_qos
 from ibemu.sm.transport import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RETRIES,
@@ -99,6 +100,7 @@ class SmConfig:
     state_path: str | None = None  # where to keep a JSON snapshot of LIDs, links and LFTs
     overdue_s: float = 0.02  # with a trap waiting, an LFT Set unanswered this long is abandoned
     suspect_probe_s: float = 0.05  # a suspected switch not answering NodeInfo within this is dropped
+    qos: SmQos | None = None  # VLs, SL -> VL and VL arbitration to program (ibemu.sm.qos); None: leave defaults
 
 
 class SubnetManager:
@@ -287,6 +289,10 @@ class SubnetManager:
         ok = await self._route_and_program(None)
         top = self.lids.top
         await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
+        if self.config.qos is not None and reason == "cold":  # ports still in Init: OperationalVLs may change
+            counts = await program_qos(self.disc, self.config.qos)
+            log.info("QoS programmed: %s", counts)
+            self.stats.update({f"qos_{k}": v for k, v in counts.items()})
         n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
         self.events.emit(Kind.PORTS_ACTIVE, sets=n, ports=len(act.link_ends(self.disc)))
         if ok and reason == "cold" and not self.up.is_set():

@@ -149,6 +149,8 @@ class Link:
     loss_pct: float = 0.0
     """Random frame loss in percent (user datapath only)."""
     origin: str | None = None
+    cable_m: float = 0.0
+    """Cable length in metres as the scenario stated it (its propagation is in ``delay_us``)."""
 
     @property
     def ends(self) -> tuple[Endpoint, Endpoint]:
@@ -196,6 +198,7 @@ class LinkDefaults:
     mtu: int = DEFAULT_MTU
     delay_us: float = 0.0
     loss_pct: float = 0.0
+    cable_m: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +312,12 @@ class Topology:
         delay_us: float = 0.0,
         loss_pct: float = 0.0,
         origin: str | None = None,
+        cable_m: float = 0.0,
     ) -> Link:
         """Cable two ports. Not checked here beyond bookkeeping: see :meth:`validate`."""
         ea, eb = as_endpoint(a), as_endpoint(b)
-        link = Link(ea, eb, rate=rate, mtu=mtu, delay_us=delay_us, loss_pct=loss_pct, origin=origin)
+        link = Link(ea, eb, rate=rate, mtu=mtu, delay_us=delay_us, loss_pct=loss_pct, origin=origin,
+                    cable_m=cable_m)
         self.links.append(link)
         at = self._at
         for end in (ea, eb) if ea != eb else (ea,):

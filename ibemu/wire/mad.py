@@ -260,6 +260,26 @@ class PKeyTable(Attribute):
     ]
 
 
+class SLtoVLMappingTable(Attribute):
+    """SLtoVLMappingTable (IBA 14.2.5.8): 16 four-bit VLs, SL0 in the high nibble of byte 0.
+    AttributeModifier (switch): input port [15:8], output port [7:0]; CA: reserved."""
+
+    name = "SLtoVLMappingTable"
+    attr_id = AttrId.SL_TO_VL_MAPPING_TABLE
+    fields_desc = [BitField(f"sl{i}_to_vl", 0, 4) for i in range(16)]
+
+
+class VLArbitrationTable(Attribute):
+    """VLArbitrationTable block (IBA 14.2.5.9): 32 entries of reserved[7:4] VL[3:0], Weight.
+    AttributeModifier: portion [31:16] (1, 2: low priority 0-31, 32-63; 3, 4: high priority),
+    output port [15:0] (switch; CA: reserved)."""
+
+    name = "VLArbitrationTable"
+    attr_id = AttrId.VL_ARBITRATION_TABLE
+    fields_desc = [f for i in range(32) for f in (BitField(f"rsv{i}", 0, 4), BitField(f"vl{i}", 0, 4),
+                                                  ByteField(f"weight{i}", 0))]
+
+
 class LinearForwardingTable(Attribute):
     """LFT block: egress port of LIDs block*64 .. block*64+63 (0xFF = no route)."""
 
@@ -439,8 +459,8 @@ class PortCounters(Attribute):
 
 SMP_ATTRIBUTES: dict[int, type[Attribute]] = {
     cls.attr_id: cls
-    for cls in (NodeDescription, NodeInfo, SwitchInfo, PortInfo, PKeyTable,
-                LinearForwardingTable, Notice, SMInfo)
+    for cls in (NodeDescription, NodeInfo, SwitchInfo, PortInfo, PKeyTable, SLtoVLMappingTable,
+                VLArbitrationTable, LinearForwardingTable, Notice, SMInfo)
 }
 PMA_ATTRIBUTES: dict[int, type[Attribute]] = {
     cls.attr_id: cls for cls in (ClassPortInfo, PortCounters)

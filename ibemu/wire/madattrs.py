@@ -1,4 +1,5 @@
-"""Byte encoders for the fixed attributes (NodeInfo, SwitchInfo, Notice, ClassPortInfo).
+"""Byte encoders for the fixed attributes (NodeInfo, SwitchInfo, Notice, ClassPortInfo,
+SLtoVLMappingTable, VLArbitrationTable).
 
 Layouts as in ../shared/ref/ib-wire.md; the tests check each against the scapy layers.
 """
@@ -6,6 +7,7 @@ Layouts as in ../shared/ref/ib-wire.md; the tests check each against the scapy l
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 NODE_TYPE_CA = 1
@@ -80,3 +82,38 @@ def notice_fields(data: bytes | bytearray | memoryview) -> tuple[int, int, int]:
 def class_port_info(*, capability_mask: int, resp_time_value: int = 18) -> bytes:
     """ClassPortInfo for a GSI agent without redirection (72 bytes in a 192-byte area)."""
     return struct.pack("!BBHI", 1, 1, capability_mask, resp_time_value & 0x1F).ljust(192, b"\0")
+
+
+VL_ARB_BLOCK_ENTRIES = 32
+"""Entries in one VLArbitrationTable block (the attribute modifier's portion picks the block)."""
+VL_ARB_LOW_BLOCKS = (1, 2)
+VL_ARB_HIGH_BLOCKS = (3, 4)
+
+
+def sl2vl_table(vls: Sequence[int]) -> bytes:
+    """SLtoVLMappingTable data area: 16 VLs (SL0..SL15), two to a byte, SL0 in the high nibble."""
+    if len(vls) != 16 or any(not 0 <= v <= 15 for v in vls):
+        raise ValueError(f"an SL to VL table has 16 VLs within 0..15, got {list(vls)!r}")
+    return bytes((vls[2 * i] << 4) | vls[2 * i + 1] for i in range(8)).ljust(64, b"\0")
+
+
+def decode_sl2vl(data: bytes | bytearray | memoryview) -> tuple[int, ...]:
+    return tuple(v for b in bytes(data[:8]) for v in (b >> 4, b & 0x0F))
+
+
+def vl_arb_block(entries: Sequence[tuple[int, int]]) -> bytes:
+    """One VLArbitrationTable block: up to 32 (VL, weight) entries, the rest zero."""
+    if len(entries) > VL_ARB_BLOCK_ENTRIES:
+        raise ValueError(f"a VL arbitration block has at most {VL_ARB_BLOCK_ENTRIES} entries")
+    out = bytearray(64)
+    for i, (vl, weight) in enumerate(entries):
+        if not 0 <= vl <= 15 or not 0 <= weight <= 255:
+            raise ValueError(f"a VL arbitration entry is (VL 0..15, weight 0..255), got ({vl}, {weight})")
+        out[2 * i], out[2 * i + 1] = vl, weight
+    return bytes(out)
+
+
+def decode_vl_arb_block(data: bytes | bytearray | memoryview) -> list[tuple[int, int]]:
+    """The 32 (VL, weight) entries of a block (the reserved high nibble dropped)."""
+    raw = bytes(data[:64])
+    return [(raw[2 * i] & 0x0F, raw[2 * i + 1]) for i in range(VL_ARB_BLOCK_ENTRIES)]

@@ -149,12 +149,17 @@ def parse_port_info(data: bytes) -> PortInfoView:
 
 def port_info_set(pi: bytes, *, lid: int | None = None, sm_lid: int | None = None,
                   port_state: int | None = None, phys_state: int | None = None,
-                  lmc: int | None = None) -> bytes:
+                  lmc: int | None = None, operational_vls: int | None = None,
+                  vl_high_limit: int | None = None) -> bytes:
     """PortInfo data for a Set: a Get's contents with some fields replaced.
 
-    As an SM does, the state fields default to "no change" (0) unless given.
+    As an SM does, the state fields default to "no change" (0) unless given; so does
+    OperationalVLs (byte 43 [7:4], a VLCap code: 1 = VL0 .. 4 = VL0-7), VLHighLimit is byte 38.
     """
     out = bytearray(pi[:64])
+    out[43] = (out[43] & 0x0F) | ((operational_vls or 0) << 4)
+    if vl_high_limit is not None:
+        out[38] = vl_high_limit
     if lid is not None:
         struct.pack_into("!H", out, 16, lid)
     if sm_lid is not None:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from ibemu import clock
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import netns
@@ -31,8 +32,9 @@ class Running:
 
 
 @contextmanager
-def fabric_in_thread(rt: FabricRuntime, timeout_s: float = 60.0) -> Iterator[Running]:
-    """Build and run ``rt`` in a thread; on exit stop it and check that it left nothing."""
+def fabric_in_thread(rt: FabricRuntime, timeout_s: float = 60.0, *, emulated_clock: bool = False) -> Iterator[Running]:
+    """Build and run ``rt`` in a thread; on exit stop it and check that it left nothing.
+    ``emulated_clock``: the loop runs on ``ibemu.clock`` (as a run's agent host does)."""
     live = Running(rt)
     ready = threading.Event()
     errors: list[BaseException] = []
@@ -47,7 +49,7 @@ def fabric_in_thread(rt: FabricRuntime, timeout_s: float = 60.0) -> Iterator[Run
 
     def run() -> None:
         try:
-            trio.run(main)
+            trio.run(main, clock=clock.trio_clock() if emulated_clock else None)
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:

@@ -5,6 +5,7 @@ stamp one trap on the same clock."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -84,3 +85,54 @@ def test_a_run_at_dilation_2_is_on_the_emulated_clock(tmp_path: Path) -> None:
     (fault,) = result["faults"]
     ph = fault["phases_ms"]
     assert 0 < ph["detect"] <= ph["trap"] <= ph["routed"] <= ph["programmed"] < 2000
+    # The probe's receive stamps (the kernel's, converted once onto the emulated clock): it is
+    # seen to resume after the fault (with the stamps dilated twice, it never was).
+    for flow in fault["flows"]:
+        assert flow["resume_ms"] is not None and flow["resume_ms"] < 1000, flow
+    # Each delivery's one-way latency (kernel receive stamp - send stamp, both emulated): never
+    # negative, a few ms at most (with the dilation applied twice it was seconds negative).
+    (out_probe,) = [f for p in sorted(run_dir.glob("flows-*.json")) for f in json.loads(p.read_text())["flows"]
+                    if f["name"] == "probe"]
+    lat_ms = sorted((t - out_probe["sent_t_ns"][q]) / 1e6 for t, q in zip(out_probe["t_ns"], out_probe["recv_seq"],
+                                                                           strict=True))
+    assert lat_ms and lat_ms[0] >= -0.5 and lat_ms[len(lat_ms) // 2] < 20, (lat_ms[:5], lat_ms[len(lat_ms) // 2])
+
+
+AUTO_SCENARIO = """
+name: pytest-auto
+topology: {{generator: leaf-spine, leaves: 2, spines: 2}}
+sm: {{impl: {sm}, engine: minhop, host: h0}}
+traffic:
+  - {{name: probe, kind: stream, from: h1, to: h5, size: 256, rate_pps: 4000}}
+duration_s: 2
+time: {{dilation: auto}}
+"""
+
+
+def test_auto_picks_the_factor_from_the_load_and_the_calibration(tmp_path: Path) -> None:
+    """On a machine calibrated at 10k frame-hops/s, a 4000 frames/s stream on the kernel
+    datapath (2 endpoints a frame: 8k frame-hops/s) needs N = 2 at 50% headroom; with OpenSM
+    as the SM (when installed), it runs on that clock under libfaketime, as the result says."""
+    from ibemu.fabric import calibrate, opensm
+    from ibemu.fabric.umad2sim import umad2sim_path
+    from ibemu.kernel import faketime
+
+    with_opensm = opensm.opensm_available() and umad2sim_path() is not None and faketime.library_path() is not None
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({calibrate.cache_key(256 + 42): {"frame_hops_per_s": 10_000.0, "measured_at": "t"}}))
+    scen = tmp_path / "s.yaml"
+    scen.write_text(AUTO_SCENARIO.format(sm="opensm" if with_opensm else "ibemu"))
+    out, result_path = tmp_path / "o", tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, "-m", "ibemu.cli.main", "run", str(scen), "--json", str(result_path),
+                           "--out", str(out), "--no-plots"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "IBEMU_CALIBRATION": str(cal)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("dilation auto:"))
+    assert "offered load 8k frame-hops/s, capacity 10k frame-hops/s" in line and line.split(" -> ")[1].startswith(
+        "N = 2:"), line
+    result = json.loads(result_path.read_text())
+    assert validate(result) == []
+    assert result["fabric"]["dilation"] == 2
+    assert result["sm"]["clock"] == ("libfaketime" if with_opensm else "emulated")
+    (probe,) = result["traffic"]
+    assert 4000 * 2 * 0.85 <= probe["extra"]["sent"] <= 4000 * 2 * 1.05  # paced on the emulated clock

@@ -181,6 +181,41 @@ def test_link_monitor_sees_carrier_loss_on_the_far_end(run_state: ownership.RunS
         links.close()
 
 
+def test_the_far_end_of_a_cut_cable_learns_of_it_at_once(run_state: ownership.RunState) -> None:
+    """With ends of their own interface index (as ``fabric.plan`` numbers them) the far end's
+    carrier loss is reported at once; with equal ones it waited for linkwatch (0.5-0.8 s)."""
+    from ibemu.kernel.linkevents import open_link_monitor, read_events
+
+    a, b = (ownership.ns_name(run_state.run_id, n) for n in ("a", "b"))
+    run_state.claim_namespaces([a, b])
+    netns.create([a, b])
+    with pytest.raises(ValueError, match="both ends"):
+        create_cables([Cable(a, "p1", b, "p1", a_index=40, b_index=40)])
+    create_cables([Cable(a, "p1", b, "p1", a_index=40, b_index=41)])
+    links = LinkControl()
+    links.all_up(a, ["p1"])
+    links.all_up(b, ["p1"])
+    links.wait_carrier({a: ["p1"], b: ["p1"]})
+    assert links.index(b, "p1") == 41
+    mon = open_link_monitor(b)
+    late = []
+    try:
+        for _ in range(4):
+            read_events(mon)
+            t0 = time.monotonic()
+            links.set_up(a, "p1", False)
+            while not any(e.ifindex == 41 and not e.carrier for e in read_events(mon)):
+                assert time.monotonic() - t0 < 2, "the far end never lost carrier"
+                time.sleep(0.001)
+            late.append(time.monotonic() - t0)
+            links.set_up(a, "p1", True)
+            time.sleep(0.1)
+        assert max(late) < 0.25, late
+    finally:
+        mon.close()
+        links.close()
+
+
 def test_tbf_shapes_a_cable_and_netem_absence_is_explained(run_state: ownership.RunState) -> None:
     from ibemu.kernel.commands import KernelError
     from ibemu.kernel.links import netem, shape

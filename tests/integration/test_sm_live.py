@@ -124,8 +124,9 @@ def live(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
                     fab.sm.wait(5)
 
 
-def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(live: Live) -> None:
-    live.start_sm()
+@pytest.mark.parametrize("direct", [False, True], ids=["mad-socket", "own-port"])
+def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(live: Live, direct: bool) -> None:
+    live.start_sm(*(live.rt.sm_direct_args() if direct else []))
     up = live.wait_for("subnet_up")[0]
     assert up["nodes"] == 36
     assert live.ports_not_active() == []
@@ -163,3 +164,11 @@ def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(li
     assert live.ports_not_active() == []
     assert live.blast("h1", "h15", 300) == 300
     assert live.sm is not None and live.sm.poll() is None
+    live.sm.terminate()
+    live.sm.wait(10)
+    port = live.wait_for("sm_stop")[0]["port"]
+    if direct:  # the SMPs that leave the host went by the SM's own packet socket, both ways
+        assert port["tx_direct"] > 300 and port["rx_direct"] >= port["tx_direct"] - 5
+        assert port.get("rx_bad_packet", 0) == 0 and port["rx_umad"] < 50
+    else:
+        assert port == {}

@@ -43,8 +43,6 @@ def test_a_number_is_taken(value: str, expected: float) -> None:
     ("time:\n  dilation: fast\n", "x.yaml:5 time.dilation: expected a number >= 1, got 'fast'"),
     ("time:\n  dilation: true\n", "x.yaml:5 time.dilation: expected a number >= 1"),
     ("time:\n  dilation: [2]\n", "x.yaml:5 time.dilation: expected a number >= 1, got a list"),
-    ("time:\n  dilation: auto\n", "x.yaml:5 time.dilation: auto (a factor chosen from the offered load and a "
-                                  "calibration of this machine) is not available yet: give a number >= 1"),
     ("time:\n  factor: 2\n", "x.yaml:5 time.factor: unknown key"),
     ("time: 2\n", "x.yaml:4 time: expected a mapping"),
 ])
@@ -61,9 +59,10 @@ def test_the_command_line_overrides_the_scenario() -> None:
     for bad in ("0", "0.99", "x", "nan", "inf", "-2", ""):
         with pytest.raises(ConfigError) as e:
             resolve_dilation(bad)
-        assert e.value.where == "--dilation" and "expected a number >= 1" in str(e.value)
-    with pytest.raises(ConfigError, match=r"--dilation: auto .* is not available yet"):
-        resolve_dilation("auto")
+        assert e.value.where == "--dilation" and "expected a number >= 1 or auto" in str(e.value)
+    said: list[str] = []
+    assert resolve_dilation("auto", say=said.append) == 1.0  # no scenario: no flows, nothing to dilate
+    assert said and "-> N = 1" in said[0] and "no traffic" in said[0]
 
 
 @pytest.fixture
@@ -75,15 +74,16 @@ def scen_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("argv", [
     ["run", "{scen}", "--dilation", "0.5"],
-    ["run", "--dilation", "auto"],
+    ["run", "--dilation", "auto"],  # the default scenario's unpaced 100 Gb/s flow: beyond the cap here
     ["compare", "{scen}", "--dilation", "zero"],
     ["up", "--topo", "single-switch,hosts=2", "--dilation", "0"],
     ["cli", "{scen}", "--dilation", "-1"],
 ])
 def test_bad_dilation_on_the_command_line_exits_2(argv: list[str], scen_file: Path,
                                                   capsys: pytest.CaptureFixture[str],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr("os.geteuid", lambda: 0)  # past the root checks: the value is refused first
+    slow_machine(tmp_path, monkeypatch, 10_000.0)
     import ibemu.fabric.session as session
 
     def no_build(*_a: object, **_k: object) -> None:
@@ -95,8 +95,56 @@ def test_bad_dilation_on_the_command_line_exits_2(argv: list[str], scen_file: Pa
     argv = [a.replace("{scen}", str(scen_file)) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "--dilation:" in err and ("expected a number >= 1" in err or "not available yet" in err), err
+    assert "--dilation:" in err and ("expected a number >= 1" in err or "above the cap of 1000" in err), err
     assert clock.dilation() == 1.0
+
+
+def slow_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capacity: float) -> None:
+    """A calibration cache saying this machine's user datapath does ``capacity`` frame-hops/s."""
+    from ibemu.fabric import calibrate
+
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv("IBEMU_CALIBRATION", str(path))
+    path.write_text(json.dumps({calibrate.cache_key(b): {"frame_hops_per_s": capacity, "measured_at": "test"}
+                                for b in (298, 4138)}))
+
+
+def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_machine(tmp_path, monkeypatch, 10_000.0)
+    flows = ("traffic:\n  - {name: probe, kind: stream, from: h0, to: h1, size: 256, rate_pps: 4000}\n"
+             "time: {dilation: auto}\n")
+    scen = loads_scenario(TOPO + flows, "x.yaml")
+    assert scen.time.auto and scen.time.where == "x.yaml:6 time.dilation"
+    said: list[str] = []
+    # kernel datapath: 4000 frames/s x 2 endpoints = 8000 frame-hops/s; 10k x 50% = 5000 a second
+    assert resolve_dilation(None, scen.time, scen, say=said.append) == 2.0
+    assert said[0].startswith("dilation auto: offered load 8k frame-hops/s, capacity 10k frame-hops/s"), said
+    assert "-> N = 2" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
+    assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
+    user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
+    assert resolve_dilation(None, user.time, user, say=said.append) == 1.0
+    fast = loads_scenario(TOPO + flows.replace("4000", "100"), "x.yaml")
+    assert resolve_dilation("auto", fast.time, fast, say=said.append) == 1.0
+    unpaced = loads_scenario(TOPO + flows.replace(", rate_pps: 4000", "").replace("stream", "write_bw"), "x.yaml")
+    with pytest.raises(ConfigError) as e:
+        resolve_dilation(None, unpaced.time, unpaced, say=said.append)
+    assert e.value.where == "x.yaml:6 time.dilation" and "above the cap of 1000" in str(e.value)
+
+
+def test_auto_without_a_calibration_is_a_located_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ibemu.fabric import calibrate
+
+    monkeypatch.setenv("IBEMU_CALIBRATION", str(tmp_path / "none.json"))
+
+    def cannot(*_a: object, **_k: object) -> float:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(calibrate, "measure", cannot)
+    scen = loads_scenario(TOPO + "traffic:\n  - {name: p, kind: stream, from: h0, to: h1, rate_pps: 10}\n",
+                          "x.yaml")
+    with pytest.raises(ConfigError) as e:
+        resolve_dilation("auto", scen.time, scen)
+    assert e.value.where == "--dilation" and "cannot calibrate this machine's user datapath" in str(e.value)
 
 
 def test_a_bad_scenario_key_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -146,3 +194,31 @@ def test_a_lag_threshold_is_taken_and_bad_ones_are_located() -> None:
         assert e.value.problems[0].startswith("x.yaml:5 time.lag_threshold_us: expected a number > 0"), \
             e.value.problems
         assert expected in e.value.problems[0]
+
+
+def test_the_result_records_the_sm_clock() -> None:
+    from ibemu.report.result import SMInfo
+
+    d = sample_result()
+    assert "clock" not in d["sm"] and SMInfo.from_dict(d["sm"]).clock is None  # dilation 1: as before
+    d["sm"]["clock"] = "libfaketime"
+    assert validate(d) == []
+    assert SMInfo.from_dict(d["sm"]).to_dict()["clock"] == "libfaketime"
+    d["sm"]["clock"] = "wall"
+    assert any(p.startswith("sm.clock") for p in validate(d)), validate(d)
+
+
+def test_opensm_at_a_dilation_without_libfaketime_is_refused_located(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ibemu.scenario.runner import check_runnable
+
+    monkeypatch.setenv("IBEMU_LIBFAKETIME", "/nonexistent/libfaketimeMT.so.1")
+    text = TOPO + "sm: {impl: opensm, host: h0}\ntime: {dilation: 4}\n"
+    with pytest.raises(ConfigError) as e:
+        check_runnable(loads_scenario(text, "x.yaml"))
+    assert e.value.where == "x.yaml:5 time.dilation" and "libfaketime, which is not installed" in str(e.value)
+    check_runnable(loads_scenario(text.replace("dilation: 4", "dilation: 1"), "x.yaml"))  # dilation 1: no preload
+    monkeypatch.delenv("IBEMU_LIBFAKETIME")
+    from ibemu.kernel import faketime
+
+    if faketime.library_path() is not None:
+        check_runnable(loads_scenario(text, "x.yaml"))

@@ -3,7 +3,8 @@
 ``ibemu/kernel/`` is the only code that touches the kernel: outside it, no module imports
 ctypes, fcntl or pyroute2, creates a netlink, packet or raw socket, or names a path under
 /proc or /sys. And ``ibemu/kernel/`` reaches up to nothing: it imports only itself,
-``ibemu.wire``, ``ibemu.errors`` (and ``ibemu.events``, should it exist).
+``ibemu.wire``, ``ibemu.errors``, ``ibemu.events`` and ``ibemu.clock`` (the bottom layer: kernel
+stamps are taken on the emulated clock).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ KERNEL_SOCKET_NAMES = frozenset({"AF_NETLINK", "AF_PACKET", "SOCK_RAW"})
 KERNEL_FAMILIES = frozenset({16, 17})  # AF_NETLINK, AF_PACKET
 SOCK_RAW = 3
 KERNEL_PATHS = ("/proc", "/sys")
-KERNEL_MAY_IMPORT = frozenset({"kernel", "wire", "errors", "events"})
+KERNEL_MAY_IMPORT = frozenset({"kernel", "wire", "errors", "events", "clock"})
 
 
 def _module_name(path: Path) -> str:

@@ -58,3 +58,28 @@ def test_write_events_next_to_the_log(tmp_path: Path) -> None:
     assert out is not None
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 10 and records == sorted(records, key=lambda r: r["t_ns"])
+
+
+def test_a_log_on_the_dilated_clock_moves_by_the_recorded_offset_alone(tmp_path: Path) -> None:
+    """OpenSM under libfaketime stamps with the emulated clock plus the realtime offset of its
+    start (``clock.json``): at dilation 4 the stamps are not divided again."""
+    from ibemu import clock
+
+    now = _at((2026, 12, 3, 8, 0, 0))
+    offset = 5_000_000_000
+    wall = int(_at((2026, 12, 3, 7, 55, 34))) * 10**9 + 826_097_000
+    clock.configure(4, epoch_ns=10**12)
+    try:
+        events = opensm_log.parse(LOG.splitlines(), offset_ns=offset, now=now, faked=True)
+        trap = next(e for e in events if e["kind"] == "trap")
+        assert trap["t_ns"] == wall - offset
+        real = opensm_log.parse(LOG.splitlines(), offset_ns=offset, now=now)  # a real-clock log: divided by 4
+        assert next(e for e in real if e["kind"] == "trap")["t_ns"] == clock.to_emulated_ns(wall - offset)
+    finally:
+        clock.configure(1)
+    (tmp_path / "opensm.log").write_text(LOG)
+    assert opensm_log.log_clock(tmp_path) is None
+    (tmp_path / "clock.json").write_text(json.dumps({"clock": "libfaketime", "realtime_offset_ns": 123}))
+    assert opensm_log.log_clock(tmp_path) == {"clock": "libfaketime", "realtime_offset_ns": 123}
+    (up, *_) = (e for e in opensm_log.parse_workdir(tmp_path) if e["kind"] == "subnet_up")
+    assert up["t_ns"] == int(_at((2026, 12, 3, 7, 55, 28))) * 10**9 + 796_201_000 - 123

@@ -1,0 +1,441 @@
+#!/usr/bin/env python3
+"""The unmodified OpenSM on ibemu's live fat-tree and on ibsim, side by side in one run (root).
+
+Both sides run the same OpenSM binary with the options of ibemu's launcher
+(``ibemu.fabric.opensm.start``: ``-F /dev/null -d2 -s 0 -R ENGINE``, every file in a work dir;
+``-d2`` flushes the log line by line, ``-s 0`` leaves traps as the only trigger of a sweep),
+on the same k-ary fat-tree: ibemu's live fabric (namespaces, veth cables, the agent host, OpenSM
+on h0's MAD socket, pinned as ``FabricRuntime`` places its SM), and the same topology exported
+to ibsim's format (``ibemu.topo.ibnetdiscover.dump``), run by Debian's ``ibsim`` with OpenSM on
+h0's port through ``libumad2sim.so`` (``IBSIM_SOCKNAME`` unique to the run).
+
+Measured on each side:
+
+- cold bring-up: OpenSM process start -> the log's own stamp of SUBNET UP (``--runs`` fresh
+  fabrics / fresh ibsim processes, the two sides in turn so that both see the machine's load
+  alike; the fabric's build and ibsim's start are not counted);
+- ``--cuts`` edge-aggregation cables (different cables, the same on both sides, shared out
+  among the runs) cut one at a time, each restored before the next: fault -> first trap 128
+  in OpenSM's log, and the issue's figure, trap -> SUBNET UP, both from OpenSM's own log
+  stamps (``ibemu.fabric.opensm_log``). ibemu cuts with the cable's interface down on the edge
+  switch (``links.set_up``: both ports lose carrier, both switches trap); ibsim with its
+  console's ``Unlink "S-<guid>"[port]``, which sets both ports Down and sends trap 128 from
+  both switches to the SM at once (``unlink_port`` in ibsim's sim_cmd.c; a switch whose LFT
+  route to the SM crossed the cable drops its trap, on both fabrics), and restores with
+  ``ReLink`` (trap 128 again). So both sides measure the same thing: two traps 128 -> OpenSM's
+  heavy sweep -> SUBNET UP.
+
+On ibsim no SMP crosses a cable: a switch answers within the simulator's one process. On ibemu
+every SMP crosses the emulated cables and is answered by the switch agents of this same
+process, so every ibemu figure includes ibemu's own CPU cost.
+
+Run: sudo .venv/bin/python benchmarks/bench_opensm_ibsim.py [--k 8] [--cuts 4] [--runs 3]
+     [--engine ftree] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu import clock
+from ibemu.fabric import opensm, opensm_log
+from ibemu.fabric.agents import make_agents
+from ibemu.fabric.runtime import FabricRuntime
+from ibemu.fabric.umad2sim import umad2sim_path
+from ibemu.kernel import cpus, ownership
+from ibemu.topo import Topology, generate
+from ibemu.topo import ibnetdiscover as ib
+
+TARGET_RATIO = 1.5
+SM_HOST = "h0"
+
+
+def cables(topo: Topology, k: int, n: int) -> list[tuple[str, int]]:
+    """``n`` different edge-aggregation cables as (edge switch, its uplink port), spread over
+    pods, edge switches and uplinks (the first: edge0_0's first uplink)."""
+    half = k // 2
+    out: list[tuple[str, int]] = []
+    for i in range(n):
+        pod, edge, up = i % k, (i + i // k) % half, (i + i // (k * half)) % half
+        name, port = f"edge{pod}_{edge}", half + 1 + up
+        peer = topo.peer(name, port)
+        assert peer is not None and peer.node.startswith("agg"), (name, port, peer)
+        out.append((name, port))
+    return out
+
+
+@dataclass
+class Side:
+    """One fabric's figures."""
+
+    name: str
+    bringup_s: list[float] = field(default_factory=list)
+    cuts: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LogWatch:
+    """OpenSM's log read incrementally: new bytes only, parsed when a SUBNET UP arrives (on the
+    ibemu side the fabric's agents share this process, and a poll must cost them little)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.text, self._offset = path, "", 0
+        self.changed = time.monotonic()
+
+    def _read(self) -> bool:
+        """New bytes read; True when they hold a SUBNET UP."""
+        if not self.path.exists():
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        if chunk:
+            self._offset += len(chunk)
+            self.text += chunk.decode(errors="replace")
+            self.changed = time.monotonic()
+        return b"SUBNET UP" in chunk
+
+    def reroute_after(self, t_fault: int, alive: Callable[[], bool], timeout_s: float = 30) -> dict[str, Any]:
+        """The first trap-started sweep of OpenSM whose trap came after ``t_fault`` (monotonic
+        ns), once its SUBNET UP is in the log."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._read():
+                events = opensm_log.parse(self.text.splitlines())
+                for e in events:
+                    if (e["kind"] == "reroute" and e["t_trap"] >= t_fault and e["t_subnet_up"]):
+                        e["fallback"] = any(x["kind"] == "routing_fallback" and x["t_ns"] >= t_fault
+                                            and x["t_ns"] <= e["t_subnet_up"] for x in events)
+                        return e
+            self._check(alive, deadline, "trap -> SUBNET UP")
+            time.sleep(0.02)
+
+    def settle(self, alive: Callable[[], bool], quiet_s: float = 1.5, timeout_s: float = 30) -> None:
+        """Until the log has been quiet for ``quiet_s`` with no sweep pending (no trap since the
+        last SUBNET UP): ibemu's switches repeat a trap that found no route to the SM (the far
+        end's, when the cut cable carried it) about 1 s later, and its sweep must not overlap
+        the next cut. ibsim sends each trap once; both sides wait alike."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._read()
+            tail = self.text[self.text.rfind("SUBNET UP"):]
+            if "Received Generic Notice" not in tail and time.monotonic() - self.changed >= quiet_s:
+                return
+            self._check(alive, deadline, "a quiet log")
+            time.sleep(0.05)
+
+    def _check(self, alive: Callable[[], bool], deadline: float, what: str) -> None:
+        if not alive():
+            raise RuntimeError(f"OpenSM exited while waiting for {what}:\n{self.text[-2000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {what} in OpenSM's log in time:\n{self.text[-2000:]}")
+
+
+def cut_row(cable: tuple[str, int], t_fault: int, rr: dict[str, Any]) -> dict[str, Any]:
+    return {"cable": f"{cable[0]}:{cable[1]}", "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
+            "trap_to_routed_ms": None if rr["t_routed"] is None else (rr["t_routed"] - rr["t_trap"]) / 1e6,
+            "trap_to_subnet_up_ms": (rr["t_subnet_up"] - rr["t_trap"]) / 1e6,
+            "engine": rr["engine"], "fallback": rr["fallback"]}
+
+
+# ---------------------------------------------------------------- ibsim
+
+def proc_alive(proc: subprocess.Popen[bytes]) -> Callable[[], bool]:
+    return lambda: proc.poll() is None
+
+
+@contextmanager
+def ibsim(netfile: Path, work: Path) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, str]]]:
+    """``ibsim -s`` on ``netfile`` with its console on a pipe; yields it and the environment its
+    clients need."""
+    sock = f"ibemu-bench-{os.getpid()}-{time.monotonic_ns()}"
+    out = work / "ibsim.out"
+    with out.open("wb") as fh:
+        proc = subprocess.Popen(["ibsim", "-s", "-N", "4096", "-S", "1024", "-P", "32768", str(netfile)],
+                                stdin=subprocess.PIPE, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "IBSIM_SOCKNAME": sock}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while b"Network simulator ready" not in out.read_bytes():
+            if proc.poll() is not None:
+                raise RuntimeError(f"ibsim exited ({proc.returncode}):\n{out.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ibsim not ready after 30 s:\n{out.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield proc, {**os.environ, "IBSIM_SOCKNAME": sock, "LD_PRELOAD": str(umad2sim_path()),
+                     "OSM_TMP_DIR": str(work), "OSM_CACHE_DIR": str(work)}
+    finally:
+        opensm.stop(proc)  # before its console closes: ibsim would spin on the closed pipe
+        if proc.stdin is not None:
+            with suppress(OSError):
+                proc.stdin.close()
+
+
+def console(proc: subprocess.Popen[bytes], line: str) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line.encode() + b"\n")
+    proc.stdin.flush()
+
+
+def ibsim_start_opensm(env: dict[str, str], host: str, work: Path, engine: str) -> subprocess.Popen[bytes]:
+    """OpenSM with the launcher's options (``ibemu.fabric.opensm.start``) on ibsim's ``host``."""
+    argv = ["opensm", "-F", "/dev/null", "-f", str(work / "opensm.log"), "--dump_files_dir", str(work),
+            "-d2", "-s", "0", "-R", engine]
+    return subprocess.Popen(argv, cwd=work, env={**env, "SIM_HOST": host}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def run_ibsim(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Path, side: Side) -> None:
+    """One fresh ibsim, OpenSM brought up on it, then ``cuts``."""
+    net = work / "fabric.ibnd"
+    ib.dump(topo, net)
+    host = f"H-{topo.node(SM_HOST).guid:016x}"
+    placement = cpus.placement()
+    with ibsim(net, work) as (sim, env):
+        cpus.pin_process(sim.pid, placement.agents)  # where ibemu's agent host runs
+        t0 = clock.now_ns()
+        proc = ibsim_start_opensm(env, host, work, engine)
+        cpus.pin_process(proc.pid, placement.sm)  # where FabricRuntime puts its SM
+        alive = proc_alive(proc)
+        try:
+            side.bringup_s.append(opensm.wait_subnet_up(proc, work, 60, started_ns=t0))
+            watch = LogWatch(work / "opensm.log")
+            watch.settle(alive)  # a sweep the bring-up's own traps started, if any
+            for cable in cuts:
+                node = f"S-{topo.node(cable[0]).guid:016x}"
+                t_fault = clock.now_ns()
+                console(sim, f'Unlink "{node}"[{cable[1]}]')
+                side.cuts.append(cut_row(cable, t_fault, watch.reroute_after(t_fault, alive)))
+                t_restore = clock.now_ns()
+                console(sim, f'ReLink "{node}"[{cable[1]}]')
+                watch.reroute_after(t_restore, alive)
+                watch.settle(alive)
+        finally:
+            opensm.stop(proc)
+
+
+# ---------------------------------------------------------------- ibemu
+
+class LiveFabric:
+    """ibemu's live fat-tree with OpenSM started on it (``FabricRuntime(sm="opensm")``), on a trio
+    loop in a background thread; torn down on the way out, also on Ctrl-C."""
+
+    def __init__(self, topo: Topology, engine: str, tmp: Path) -> None:
+        self.topo = topo
+        self.state = ownership.RunState(ownership.new_run_id(), scenario="bench-opensm-ibsim")
+        self.rt = FabricRuntime(topo, make_agents=make_agents, state=self.state, run_dir=tmp,
+                                sm="opensm", sm_host=SM_HOST, sm_engine=engine)
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.stop: trio.Event | None = None
+        self.errors: list[BaseException] = []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self.stop = trio.Event()
+            self.token = trio.lowlevel.current_trio_token()
+            async with self.rt.running():
+                self._ready.set()
+                await self.stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:
+            self.errors.append(exc)
+        finally:
+            self._ready.set()
+
+    def __enter__(self) -> LiveFabric:
+        self._thread.start()
+        try:
+            if not self._ready.wait(300) or self.errors:
+                raise RuntimeError(f"fabric or OpenSM did not come up: {self.errors}")
+        except BaseException:
+            self.__exit__()
+            raise
+        gc.collect()
+        gc.freeze()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._thread.is_alive() and self.token is None and not self.errors:
+            time.sleep(0.05)  # still building: the runtime tears down once it has started
+        if self.token is not None and self.stop is not None:
+            with suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self.stop.set, trio_token=self.token)
+        self._thread.join(120)
+        gc.unfreeze()
+
+    def alive(self) -> bool:
+        proc = self.rt._sm_proc
+        return proc is not None and proc.poll() is None
+
+
+def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Path, side: Side) -> float:
+    """One fresh live fabric, OpenSM brought up on it, then ``cuts``; returns the fabric's build
+    time in seconds."""
+    t_build = time.monotonic()
+    with LiveFabric(topo, engine, work) as fab:
+        assert fab.rt.sm_up_s is not None and fab.rt.fabric is not None
+        side.bringup_s.append(fab.rt.sm_up_s)
+        build_s = time.monotonic() - t_build - fab.rt.sm_up_s
+        watch = LogWatch(work / "opensm" / "opensm.log")
+        watch.settle(fab.alive)  # a sweep the bring-up's own traps started, if any
+        links = fab.rt.fabric.links
+        for cable in cuts:
+            ns, ifname = fab.rt.plan.nodes[cable[0]].ns, topo.ifname(*cable)
+            t_fault = clock.now_ns()
+            links.set_up(ns, ifname, False)
+            side.cuts.append(cut_row(cable, t_fault, watch.reroute_after(t_fault, fab.alive)))
+            t_restore = clock.now_ns()
+            links.set_up(ns, ifname, True)
+            watch.reroute_after(t_restore, fab.alive)
+            watch.settle(fab.alive)
+    return build_s
+
+
+# ---------------------------------------------------------------- report
+
+def span(vals: list[float], digits: int) -> str:
+    if not vals:
+        return "-"
+    lo, hi = min(vals), max(vals)
+    return f"{lo:.{digits}f}" if f"{lo:.{digits}f}" == f"{hi:.{digits}f}" else f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+def median(vals: list[float | None]) -> float | None:
+    known = [v for v in vals if v is not None]
+    return statistics.median(known) if known else None
+
+
+def summary(side: Side) -> dict[str, Any]:
+    trap_up = [c["trap_to_subnet_up_ms"] for c in side.cuts]
+    return {"bringup_s": side.bringup_s, "bringup_median_s": statistics.median(side.bringup_s),
+            "trap_to_subnet_up_ms": trap_up, "trap_to_subnet_up_median_ms": statistics.median(trap_up),
+            "trap_to_routed_median_ms": median([c["trap_to_routed_ms"] for c in side.cuts]),
+            "fault_to_trap_ms": [c["fault_to_trap_ms"] for c in side.cuts], "cuts": side.cuts}
+
+
+def report(k: int, engine: str, ibemu_side: Side, ibsim_side: Side, load: tuple[float, float]) -> dict[str, Any]:
+    s = {"ibemu": summary(ibemu_side), "ibsim": summary(ibsim_side)}
+    ratio_trap = s["ibemu"]["trap_to_subnet_up_median_ms"] / s["ibsim"]["trap_to_subnet_up_median_ms"]
+    ratio_up = s["ibemu"]["bringup_median_s"] / s["ibsim"]["bringup_median_s"]
+    n_cuts, n_runs = len(ibemu_side.cuts), len(ibemu_side.bringup_s)
+    print(f"\nOpenSM {opensm_version()} (-R {engine}) on a k={k} fat-tree: {n_runs} cold bring-ups and "
+          f"{n_cuts} edge-aggregation cable cuts per fabric; load average {load[0]:.1f} at the start, "
+          f"{load[1]:.1f} at the end ({os.cpu_count()} CPUs)")
+    print("\n| fabric | bring-up s (range) | fault -> trap ms (range) | trap -> routed ms (median) "
+          "| trap -> SUBNET UP ms: median (range) | ratio ibemu/ibsim: trap -> SUBNET UP (bring-up) |")
+    print("|---|---|---|---|---|---|")
+    for name in ("ibemu", "ibsim"):
+        f = s[name]
+        ratio = f"{ratio_trap:.2f}x ({ratio_up:.2f}x)" if name == "ibemu" else "1"
+        mark = "*" if name == "ibemu" else ""
+        routed = "-" if f["trap_to_routed_median_ms"] is None else f"{f['trap_to_routed_median_ms']:.0f}"
+        print(f"| {name}{mark} | {span(f['bringup_s'], 2)} | {span(f['fault_to_trap_ms'], 1)} | {routed} | "
+              f"{f['trap_to_subnet_up_median_ms']:.0f} ({span(f['trap_to_subnet_up_ms'], 0)}) | {ratio} |")
+    ok = ratio_trap <= TARGET_RATIO
+    print(f"\ntarget: ibemu's trap -> SUBNET UP within {TARGET_RATIO}x of ibsim's: "
+          f"{'met' if ok else 'missed'} ({ratio_trap:.2f}x)")
+    print("* every ibemu figure includes ibemu's own CPU cost: OpenSM's SMPs cross the emulated cables "
+          "and are answered by the switch agents of this process; on ibsim a switch answers inside "
+          "the simulator, no SMP crosses a cable.")
+    print("bring-up: OpenSM process start -> SUBNET UP (its log's stamp); the fabric's build and "
+          "ibsim's start are not counted. fault: the edge switch's interface down (ibemu, a netlink call "
+          "from this process) / ibsim's console Unlink, which sends trap 128 from both switches; trap: the "
+          "first trap 128 in OpenSM's log (a switch whose route to the SM crossed the cut cable cannot "
+          "send its trap: for edge0_0's uplinks, h0's, OpenSM gets one trap on both fabrics); routed: its "
+          "routing engine's \"tables configured\".")
+    for name, side in (("ibemu", ibemu_side), ("ibsim", ibsim_side)):
+        print(f"{name} per cut: " + "; ".join(
+            f"{c['cable']} {c['trap_to_subnet_up_ms']:.0f} ms (routed "
+            f"{'-' if c['trap_to_routed_ms'] is None else format(c['trap_to_routed_ms'], '.0f')}, "
+            f"{c['engine']}{' after ' + engine + ' refused' if c['fallback'] else ''})" for c in side.cuts))
+    return {"k": k, "engine": engine, "opensm": opensm_version(), "loadavg_start_end": load,
+            "target_ratio": TARGET_RATIO,
+            "ratio_trap_to_subnet_up": ratio_trap, "ratio_bringup": ratio_up, "target_met": ok, **s}
+
+
+def opensm_version() -> str:
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "opensm"], capture_output=True,
+                             text=True, timeout=10, check=False).stdout
+    except OSError:
+        out = ""
+    return out.strip() or "?"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--k", type=int, default=8, help="fat-tree arity (even)")
+    ap.add_argument("--cuts", type=int, default=4, help="cables cut (and restored) one at a time per fabric")
+    ap.add_argument("--runs", type=int, default=3,
+                    help="fresh fabrics per side, ibsim and ibemu in turn; the cuts are shared out among them")
+    ap.add_argument("--engine", default="ftree", help="OpenSM's routing engine (-R)")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--keep", type=Path, help="keep OpenSM's logs and ibsim's output in this (new) directory")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("root is needed (ibemu's fabric lives in network namespaces)", file=sys.stderr)
+        return 2
+    missing = [what for what, ok in (("opensm", opensm.opensm_available()), ("ibsim", shutil.which("ibsim") is not None),
+                                     ("libumad2sim.so", umad2sim_path() is not None)) if not ok]
+    if missing:
+        print(f"missing: {', '.join(missing)} (scripts/setup.sh installs them)", file=sys.stderr)
+        return 2
+    if args.k < 2 or args.k % 2 or args.cuts < 1 or args.runs < 1:
+        ap.error("--k must be even (>= 2), --cuts and --runs >= 1")
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # the same clean-up as Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
+    topo = generate("fat-tree", k=args.k)
+    cut = cables(topo, args.k, args.cuts)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-opensm-ibsim-") as d:
+            tmp = Path(d) if args.keep is None else args.keep
+            tmp.mkdir(parents=True, exist_ok=True)
+            print(f"k={args.k}: cables {', '.join(f'{n}:{p}' for n, p in cut)}", file=sys.stderr, flush=True)
+            ibsim_side, ibemu_side = Side("ibsim"), Side("ibemu")
+            load0 = os.getloadavg()[0]
+            for run in range(args.runs):  # interleaved: both fabrics see the machine's load alike
+                mine = cut[run::args.runs]
+                work = tmp / f"ibsim-{run}"
+                work.mkdir()
+                run_ibsim(topo, mine, args.engine, work, ibsim_side)
+                work = tmp / f"ibemu-{run}"
+                work.mkdir()
+                build_s = run_ibemu(topo, mine, args.engine, work, ibemu_side)
+                print(f"  run {run + 1}/{args.runs}: bring-up ibsim {ibsim_side.bringup_s[-1]:.3f} s, ibemu "
+                      f"{ibemu_side.bringup_s[-1]:.3f} s (its fabric built in {build_s:.1f} s), {len(mine)} cut{'' if len(mine) == 1 else 's'} "
+                      f"each", file=sys.stderr, flush=True)
+            out = report(args.k, args.engine, ibemu_side, ibsim_side, (load0, os.getloadavg()[0]))
+    except KeyboardInterrupt:
+        print("interrupted: every process and namespace this run started is gone", file=sys.stderr)
+        return 130
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,594 @@
+"""The sans-IO link and switch model: what a frame's journey through a node costs in time, and
+what flow control allows.
+
+One :class:`Node` is a switch or a host (CA / NIC), of either fabric kind (``ib``: lossless,
+credit-based per VL; ``eth``: RoCEv2 on priorities with drop tail, PFC and ECN). The model
+never sleeps and never touches a socket: every call takes the emulated time ``now`` (integer
+ns) and returns :class:`Action` objects for the caller (a forwarding loop, or the reference
+simulator in :mod:`ibemu.physics.sim`) to carry out at the times they carry:
+
+===================================  ===============================================================
+call                                 meaning
+===================================  ===============================================================
+``receive(in_port, frame, now, out)``  ``frame`` has fully arrived on ``in_port``; forward it on
+                                     ``out`` (a switch; the forwarding decision is the caller's),
+                                     or consume it (``out=None``: a host)
+``inject(port, frame, now)``         a host's transport sends ``frame`` on ``port``
+``credit_return(port, vl, n, now)``  ``n`` credits (64-byte blocks) for ``vl`` came back on
+                                     ``port`` from its peer (IB)
+``pause(port, prio, xoff, now)``     the peer of ``port`` paused / resumed ``prio`` (PFC)
+``advance(now)``                     run everything due by ``now``; ``next_deadline()`` says when
+===================================  ===============================================================
+
+Actions: :class:`Transmit` (a frame starts on a port at ``start_ns``, has left at ``end_ns``,
+reaches the peer at ``arrive_ns``: the caller calls the peer's ``receive`` then),
+:class:`CreditReturn` (give credits to the peer of ``port`` at ``at_ns``), :class:`Pause`
+(a PFC frame to the peer of ``port``, effective at ``at_ns``), :class:`Deliver` (a host
+consumed a frame) and :class:`Drop`.
+
+Where a frame is, and what it holds:
+
+- Switch, store-and-forward: a frame that has arrived waits the switch latency, then joins its
+  egress port's queue for its class (IB: the VL its SL maps to for this input/output port pair;
+  Ethernet: its priority). It holds buffer at the input port it came in on until it has left
+  the egress port (IB: the input port's VL buffer, whose credits its upstream port counts;
+  Ethernet: the ingress counters PFC watches) and at the egress port (Ethernet drop tail).
+- IB: an egress port sends on a data VL only when the peer's buffer for that VL has room for
+  the whole packet (credits, in 64-byte blocks; the peer advertised its buffer at link up).
+  Credits come back when the frame has left the peer, after the cable's propagation delay.
+  Nothing is ever dropped for want of buffer; VL15 (SMPs) is not credited and goes first. A
+  port whose queues hold data but may send none for want of credits counts PortXmitWait.
+  An egress port's queue per class keeps a FIFO per input port and serves the input ports
+  round robin, a packet at a time (a crossbar's output arbiter), so senders into one port share
+  it evenly. Head-of-line blocking and congestion spreading follow: the head of a VL waiting
+  for credits blocks every frame behind it on that port and VL, whatever their destination
+  beyond, and an input buffer full of frames for a congested port leaves its upstream port no
+  credits on that VL for any flow (the parking-lot effect of real IB fabrics).
+- Ethernet: strict priority, highest first, skipping paused priorities. A frame that would
+  push the egress port past its buffer is dropped unless its priority is lossless (PFC). An
+  ECN-capable frame that finds more than ``ecn_mark_bytes`` queued in its priority is marked
+  CE. Per ingress port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
+  ``xon_bytes`` XON (pause frames are not timed out in the model: XOFF holds until XON).
+
+This maps onto ``ibemu.roce.queues`` (the live RoCE user datapath): ``QueueConfig.buffer_kb``
+is :attr:`EthConfig.buffer_bytes`, ``ecn_mark_kb`` ``ecn_mark_bytes``, ``pfc`` ``lossless``,
+``xoff_kb``/``xon_kb`` the thresholds, ``line_gbps`` the port's :class:`LinkModel`; ``PortQueues``
+is :class:`EgressPort` (strict priority, drop tail), ``PfcIngress`` the ingress counters here.
+Differences: queues.py ages pause quanta (0xFFFF, refreshed) and rounds its byte clock to the
+caller's wake-ups; the model holds an XOFF until the XON and times every frame exactly.
+
+Deviations from IBA: no HOQLife / VLStallCount discards (a credit loop stays stuck instead of
+draining by timeouts, which is what makes a deadlock visible; real switches would eventually
+discard, slowly); credits return per frame after the propagation delay (real links send
+flow-control packets every 65,536 symbol times at most, so returns bunch up slightly); and
+the switch is store-and-forward (see :mod:`ibemu.physics.link`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ibemu.physics.link import LinkModel
+from ibemu.physics.qos import VL15, Arbiter, Sl2Vl, VlArb, blocks
+
+Kind = Literal["ib", "eth"]
+PRIORITIES = 8
+NUM_VLS = 16
+
+
+@dataclass(slots=True, eq=False)
+class Frame:
+    """What the model needs to know of a frame; ``meta`` carries the caller's packet."""
+
+    size: int
+    """Bytes on the wire without framing (IB: LRH .. VCRC; Ethernet: MAC .. FCS)."""
+    sl: int = 0
+    """IB: the service level (LRH). Ethernet: the priority (DSCP >> 3 or a map)."""
+    dst: Hashable = None
+    flow: Hashable = None
+    ecn_capable: bool = False
+    ce: bool = False
+    vl15: bool = False
+    meta: Any = None
+    born_ns: int = 0
+    vl: int = 0
+    """The VL (or priority) it travels on over the current hop; the model sets it."""
+    in_port: int = -1
+    in_class: int = -1
+
+
+# --- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    node: str
+    port: int
+    frame: Frame
+    vl: int
+    start_ns: int
+    end_ns: int
+    arrive_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreditReturn:
+    """``blocks`` credits of ``vl`` from ``node`` to the peer of its ``port``, there at ``at_ns``."""
+
+    node: str
+    port: int
+    vl: int
+    blocks: int
+    at_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A PFC frame from ``node`` out of ``port``: ``xoff`` (pause) or XON for ``priority``."""
+
+    node: str
+    port: int
+    priority: int
+    xoff: bool
+    at_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    node: str
+    port: int
+    frame: Frame
+    at_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    node: str
+    port: int
+    frame: Frame
+    reason: str
+    at_ns: int
+
+
+Action = Transmit | CreditReturn | Pause | Deliver | Drop
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IbPortConfig:
+    """An IB port's QoS: data VLs operated, VL arbitration, and its input buffer per VL."""
+
+    data_vls: int = 1
+    vlarb: VlArb | None = None
+    buffer_bytes: int = 32 * 1024
+    """Receive buffer per data VL (what the peer's credits count)."""
+
+    def __post_init__(self) -> None:
+        if self.data_vls not in (1, 2, 4, 8, 15):
+            raise ValueError(f"a port operates 1, 2, 4, 8 or 15 data VLs, not {self.data_vls}")
+        if self.buffer_bytes < 64:
+            raise ValueError("a VL buffer holds at least one 64-byte credit")
+
+
+@dataclass(frozen=True, slots=True)
+class EthConfig:
+    """An Ethernet port's buffer, PFC and ECN (``ibemu.roce.queues.QueueConfig``'s figures)."""
+
+    buffer_bytes: int = 1024 * 1024
+    lossless: frozenset[int] = frozenset()
+    xoff_bytes: int = 64 * 1024
+    xon_bytes: int = 32 * 1024
+    ecn_mark_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.buffer_bytes <= 0 or self.ecn_mark_bytes < 0:
+            raise ValueError("buffer is positive, the ECN threshold not negative")
+        if any(not 0 <= p < PRIORITIES for p in self.lossless):
+            raise ValueError("PFC priorities lie within 0..7")
+        if self.lossless and not 0 < self.xon_bytes <= self.xoff_bytes:
+            raise ValueError("PFC needs 0 < xon <= xoff")
+
+
+@dataclass(slots=True)
+class PortCounters:
+    """What a port counts (IB names where IB has one: PortXmitWait, PortXmitDiscards ...)."""
+
+    xmit_frames: int = 0
+    xmit_bytes: int = 0
+    rcv_frames: int = 0
+    rcv_bytes: int = 0
+    xmit_wait_ns: int = 0
+    """Time the port had data queued but could send none (no credits, or paused)."""
+    xmit_discards: int = 0
+    drops: int = 0
+    """Ethernet: frames dropped at this egress for want of buffer."""
+    ecn_marked: int = 0
+    pause_sent: int = 0
+    pause_received: int = 0
+    paused_ns: int = 0
+    credit_stalls: int = 0
+    """Times the head of a VL had to wait for credits."""
+    buffer_overruns: int = 0
+    """IB: frames that arrived beyond the input buffer this port advertised (ExcessiveBufferOverrunErrors:
+    never, while the peer keeps to its credits)."""
+    max_queue_bytes: int = 0
+
+    def xmit_wait_ticks(self, tick_ns: float) -> int:
+        """PortXmitWait in ticks of ``tick_ns`` (the PMA's unit is the implementation's)."""
+        return int(self.xmit_wait_ns // tick_ns)
+
+
+# --- ports and nodes ----------------------------------------------------------------------
+
+
+class ClassQueue:
+    """One egress class's (VL's or priority's) frames: FIFO per input port, the input ports
+    served round robin, a packet at a time (a crossbar's output arbiter). The head is the
+    frame sent next."""
+
+    __slots__ = ("_n", "_order", "_sub")
+
+    def __init__(self) -> None:
+        self._sub: dict[int, deque[Frame]] = {}
+        self._order: deque[int] = deque()
+        self._n = 0
+
+    def append(self, frame: Frame, in_port: int) -> None:
+        q = self._sub.get(in_port)
+        if q is None:
+            q = self._sub[in_port] = deque()
+        if not q:
+            self._order.append(in_port)
+        q.append(frame)
+        self._n += 1
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __getitem__(self, i: int) -> Frame:
+        if i != 0 or not self._n:
+            raise IndexError("only the head of a class queue is visible")
+        return self._sub[self._order[0]][0]
+
+    def popleft(self) -> Frame:
+        key = self._order.popleft()
+        q = self._sub[key]
+        frame = q.popleft()
+        if q:
+            self._order.append(key)
+        self._n -= 1
+        return frame
+
+    def __iter__(self) -> Iterator[Frame]:
+        for q in self._sub.values():
+            yield from q
+
+
+@dataclass(slots=True)
+class EgressPort:
+    """The sending side of one port: queues per class, the line, credits or pauses."""
+
+    num: int
+    link: LinkModel
+    kind: Kind
+    classes: int
+    queues: list[ClassQueue]
+    queued_bytes: list[int]
+    credits: list[int | None]
+    """IB: 64-byte blocks free in the peer's buffer per VL (None: not credited, e.g. VL15)."""
+    arbiter: Arbiter | None
+    counters: PortCounters = field(default_factory=PortCounters)
+    total_bytes: int = 0
+    busy_until: int = 0
+    in_flight: tuple[Frame, int, int] | None = None
+    """(frame, its input port, its input class) while it is on the wire."""
+    waiting_since: int | None = None
+    blocked_since: dict[int, int] = field(default_factory=dict)
+    """VL -> when its head started waiting for credits (cleared when it sends)."""
+    last_credit_ns: dict[int, int] = field(default_factory=dict)
+    paused: set[int] = field(default_factory=set)
+    paused_since: dict[int, int] = field(default_factory=dict)
+    peer: tuple[str, int] | None = None
+
+    def pending(self) -> bool:
+        return self.total_bytes > 0
+
+    def _ready(self, c: int) -> bool:
+        q = self.queues[c]
+        if not q:
+            return False
+        if self.kind == "eth":
+            return c not in self.paused
+        cr = self.credits[c]
+        return cr is None or cr >= blocks(q[0].size)
+
+    def pick(self) -> int | None:
+        if self.kind == "eth":
+            for c in range(self.classes - 1, -1, -1):
+                if self._ready(c):
+                    return c
+            return None
+        assert self.arbiter is not None
+        return self.arbiter.pick(self._ready)
+
+
+class Node:
+    """A switch or a host of one fabric kind (see the module docstring)."""
+
+    def __init__(self, name: str, kind: Kind, *, switch: bool, latency_ns: int = 0,
+                 eth: EthConfig | None = None) -> None:
+        if kind not in ("ib", "eth"):
+            raise ValueError(f"a node's kind is ib or eth, not {kind!r}")
+        self.name = name
+        self.kind: Kind = kind
+        self.switch = switch
+        self.latency_ns = int(latency_ns)
+        self.eth = eth or EthConfig()
+        self.ports: dict[int, EgressPort] = {}
+        self.ib_config: dict[int, IbPortConfig] = {}
+        self.sl2vl: dict[tuple[int, int], Sl2Vl] = {}
+        """(input port, output port) -> map; a host's ports use (0, port)."""
+        self._pipeline: list[tuple[int, int, Frame, int]] = []
+        self._seq = itertools.count()
+        self.ingress_bytes: dict[tuple[int, int], int] = {}
+        """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
+        self.ingress_blocks: dict[tuple[int, int], int] = {}
+        """IB: (input port, VL) -> credits' worth held (64-byte blocks, each frame rounded up)."""
+        self._xoff_sent: set[tuple[int, int]] = set()
+        self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
+        self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
+        self.delivered = 0
+
+    # --- wiring ---------------------------------------------------------------------------
+
+    def add_port(self, num: int, link: LinkModel, *, ib: IbPortConfig | None = None) -> EgressPort:
+        """Add port ``num`` sending on ``link``. IB ports take their QoS (``ib``)."""
+        if num in self.ports:
+            raise ValueError(f"{self.name} has a port {num} already")
+        if self.kind == "ib":
+            cfg = ib or IbPortConfig()
+            self.ib_config[num] = cfg
+            classes = NUM_VLS
+            arb: Arbiter | None = Arbiter(cfg.vlarb or VlArb.default(cfg.data_vls))
+            credits: list[int | None] = [0] * NUM_VLS
+            credits[VL15] = None
+        else:
+            classes, arb, credits = PRIORITIES, None, [None] * PRIORITIES
+        port = EgressPort(num, link, self.kind, classes, [ClassQueue() for _ in range(classes)],
+                          [0] * classes, credits, arb)
+        self.ports[num] = port
+        return port
+
+    def connect(self, port: int, peer: tuple[str, int], peer_buffer_bytes: int | None,
+                peer_vls: int | None = None) -> None:
+        """Record ``port``'s peer and, IB, the credits its input buffer advertises per VL
+        (``None``: a peer that never runs out, e.g. a host consuming at once)."""
+        p = self.ports[port]
+        p.peer = peer
+        if self.kind == "ib":
+            vls = min(self.ib_config[port].data_vls, peer_vls or NUM_VLS)
+            for vl in range(VL15):
+                if peer_buffer_bytes is None:
+                    p.credits[vl] = None
+                else:
+                    p.credits[vl] = peer_buffer_bytes // 64 if vl < vls else 0
+
+    def set_sl2vl(self, in_port: int, out_port: int, table: Sl2Vl) -> None:
+        self.sl2vl[(in_port, out_port)] = table
+
+    def set_vlarb(self, port: int, arb: VlArb) -> None:
+        p = self.ports[port]
+        p.arbiter = Arbiter(arb)
+
+    # --- events ---------------------------------------------------------------------------
+
+    def receive(self, in_port: int, frame: Frame, now: int, out_port: int | None = None) -> list[Action]:
+        """``frame`` has fully arrived on ``in_port`` at ``now``."""
+        out: list[Action] = []
+        p = self.ports.get(in_port)
+        if p is not None:
+            p.counters.rcv_frames += 1
+            p.counters.rcv_bytes += frame.size
+        if out_port is None:  # consumed: its buffer frees at once
+            self.delivered += 1
+            out.append(Deliver(self.name, in_port, frame, now))
+            if self.kind == "ib" and not frame.vl15 and p is not None:
+                out.append(CreditReturn(self.name, in_port, frame.vl, blocks(frame.size),
+                                        now + p.link.propagation))
+            return out + self.advance(now)
+        frame.in_port, frame.in_class = in_port, frame.vl
+        if not frame.vl15:
+            key = (in_port, frame.vl)
+            self.ingress_bytes[key] = self.ingress_bytes.get(key, 0) + frame.size
+            cfg = self.ib_config.get(in_port)
+            if cfg is not None and p is not None:
+                held = self.ingress_blocks.get(key, 0) + blocks(frame.size)
+                self.ingress_blocks[key] = held
+                if held > cfg.buffer_bytes // 64:
+                    p.counters.buffer_overruns += 1
+            if self.kind == "eth":
+                out += self._pfc_check(in_port, frame.vl, now)
+        heapq.heappush(self._pipeline, (now + self.latency_ns, next(self._seq), frame, out_port))
+        return out + self.advance(now)
+
+    def inject(self, port: int, frame: Frame, now: int) -> list[Action]:
+        """A host's transport sends ``frame`` out of ``port`` (no input buffer held)."""
+        frame.in_port, frame.in_class = -1, -1
+        out = self._enqueue(port, frame, now, in_port=0)
+        return out + self.advance(now)
+
+    def credit_return(self, port: int, vl: int, nblocks: int, now: int) -> list[Action]:
+        p = self.ports[port]
+        cr = p.credits[vl]
+        if cr is not None:
+            p.credits[vl] = cr + nblocks
+        p.last_credit_ns[vl] = now
+        self._dirty.add(port)
+        return self.advance(now)
+
+    def pause(self, port: int, priority: int, xoff: bool, now: int) -> list[Action]:
+        p = self.ports[port]
+        p.counters.pause_received += 1
+        if xoff and priority not in p.paused:
+            p.paused.add(priority)
+            p.paused_since[priority] = now
+        elif not xoff and priority in p.paused:
+            p.paused.discard(priority)
+            p.counters.paused_ns += now - p.paused_since.pop(priority, now)
+            self._dirty.add(port)
+        return self.advance(now)
+
+    def next_deadline(self) -> int | None:
+        """When :meth:`advance` has something to do next (None: nothing until an event)."""
+        t = self._busy[0][0] if self._busy else None
+        if self._pipeline and (t is None or self._pipeline[0][0] < t):
+            t = self._pipeline[0][0]
+        return t
+
+    def advance(self, now: int) -> list[Action]:
+        """Run what is due by ``now``: frames leaving the wire, frames leaving the switch
+        pipeline for their egress queue, ports starting their next frame."""
+        out: list[Action] = []
+        while True:
+            t = self.next_deadline()
+            if t is None or t > now:
+                break
+            if self._busy and self._busy[0][0] == t:
+                _, num = heapq.heappop(self._busy)
+                out += self._finish(self.ports[num], t)
+                self._dirty.add(num)
+            else:
+                _, _, frame, out_port = heapq.heappop(self._pipeline)
+                out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
+            out += self._start_dirty(t)
+        out += self._start_dirty(now)
+        return out
+
+    def _start_dirty(self, now: int) -> list[Action]:
+        if not self._dirty:
+            return []
+        out: list[Action] = []
+        for num in sorted(self._dirty):
+            out += self._start(self.ports[num], now)
+        self._dirty.clear()
+        return out
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _class_of(self, frame: Frame, in_port: int, out_port: int) -> int | None:
+        if self.kind == "eth":
+            return frame.sl if 0 <= frame.sl < PRIORITIES else 0
+        if frame.vl15:
+            return VL15
+        table = self.sl2vl.get((in_port, out_port)) or self.sl2vl.get((0, out_port))
+        vls = self.ib_config[out_port].data_vls
+        vl = table[frame.sl] if table is not None else frame.sl % vls
+        return vl if vl < vls else None
+
+    def _enqueue(self, out_port: int, frame: Frame, now: int, *, in_port: int) -> list[Action]:
+        p = self.ports[out_port]
+        c = self._class_of(frame, in_port, out_port)
+        if c is None:  # SL mapped to VL15 or to a VL the port does not operate
+            p.counters.xmit_discards += 1
+            return [Drop(self.name, out_port, frame, "vl_mapping", now), *self._release(frame, now)]
+        if self.kind == "eth":
+            if c not in self.eth.lossless and p.total_bytes + frame.size > self.eth.buffer_bytes:
+                p.counters.drops += 1
+                return [Drop(self.name, out_port, frame, "buffer", now), *self._release(frame, now)]
+            if frame.ecn_capable and self.eth.ecn_mark_bytes and p.queued_bytes[c] > self.eth.ecn_mark_bytes:
+                frame.ce = True
+                p.counters.ecn_marked += 1
+        frame.vl = c
+        p.queues[c].append(frame, in_port)
+        p.queued_bytes[c] += frame.size
+        p.total_bytes += frame.size
+        p.counters.max_queue_bytes = max(p.counters.max_queue_bytes, p.total_bytes)
+        self._dirty.add(out_port)
+        return []
+
+    def _start(self, p: EgressPort, now: int) -> list[Action]:
+        if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
+            return []
+        c = p.pick()
+        if c is None:
+            if p.waiting_since is None:
+                p.waiting_since = now
+            if p.kind == "ib":
+                for vl in range(VL15):
+                    if p.queues[vl] and vl not in p.blocked_since:
+                        p.blocked_since[vl] = now
+                        p.counters.credit_stalls += 1
+            return []
+        if p.waiting_since is not None:
+            p.counters.xmit_wait_ns += now - p.waiting_since
+            p.waiting_since = None
+        frame = p.queues[c].popleft()
+        p.queued_bytes[c] -= frame.size
+        p.total_bytes -= frame.size
+        p.blocked_since.pop(c, None)
+        if p.kind == "ib":
+            assert p.arbiter is not None
+            p.arbiter.sent(c, frame.size)
+            cr = p.credits[c]
+            if cr is not None:
+                p.credits[c] = cr - blocks(frame.size)
+            # a VL still queued but short of credits keeps waiting
+            for vl in range(VL15):
+                if p.queues[vl] and vl not in p.blocked_since and not p._ready(vl):
+                    p.blocked_since[vl] = now
+                    p.counters.credit_stalls += 1
+        end = now + p.link.frame_ns(frame.size)
+        p.busy_until = end
+        p.in_flight = (frame, frame.in_port, frame.in_class)
+        heapq.heappush(self._busy, (end, p.num))
+        p.counters.xmit_frames += 1
+        p.counters.xmit_bytes += frame.size
+        return [Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation)]
+
+    def _finish(self, p: EgressPort, t: int) -> list[Action]:
+        assert p.in_flight is not None
+        frame, in_port, in_class = p.in_flight
+        p.in_flight = None
+        return self._release(frame, t, in_port, in_class)
+
+    def _release(self, frame: Frame, now: int, in_port: int | None = None,
+                 in_class: int | None = None) -> list[Action]:
+        """``frame`` no longer holds its input buffer: credits back (IB) or PFC (Ethernet).
+        (The frame object moves on: its input port here is passed in once it is on the wire.)"""
+        in_port = frame.in_port if in_port is None else in_port
+        in_class = frame.in_class if in_class is None else in_class
+        if in_port < 0 or frame.vl15:
+            return []
+        self.ingress_bytes[(in_port, in_class)] -= frame.size
+        if (in_port, in_class) in self.ingress_blocks:
+            self.ingress_blocks[(in_port, in_class)] -= blocks(frame.size)
+        if self.kind == "ib":
+            prop = self.ports[in_port].link.propagation
+            return [CreditReturn(self.name, in_port, in_class, blocks(frame.size), now + prop)]
+        return self._pfc_check(in_port, in_class, now)
+
+    def _pfc_check(self, in_port: int, prio: int, now: int) -> list[Action]:
+        if prio not in self.eth.lossless:
+            return []
+        key = (in_port, prio)
+        held = self.ingress_bytes.get(key, 0)
+        p = self.ports[in_port]
+        if key not in self._xoff_sent and held > self.eth.xoff_bytes:
+            self._xoff_sent.add(key)
+            p.counters.pause_sent += 1
+            return [Pause(self.name, in_port, prio, True, now + p.link.propagation)]
+        if key in self._xoff_sent and held < self.eth.xon_bytes:
+            self._xoff_sent.discard(key)
+            p.counters.pause_sent += 1
+            return [Pause(self.name, in_port, prio, False, now + p.link.propagation)]
+        return []

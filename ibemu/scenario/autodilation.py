@@ -1,0 +1,204 @@
+"""``time: {dilation: auto}``: the dilation factor a scenario needs on this machine, and why.
+
+Sans-IO: ``offered_load`` reads a scenario, ``choose`` compares its load with a capacity;
+the capacity (frame-hops/s this machine's user datapath sustains) is measured and cached by
+``ibemu.fabric.calibrate``, and the CLI prints the choice (``Choice.line``).
+
+The offered load, in emulated frame-hops per second, at the busiest moment of the run:
+
+- each flow's frames per second: ``rate_pps`` x frames per message where the flow is paced
+  (streams); otherwise (an unpaced bandwidth flow, a collective, an incast) the rate of the
+  links it leaves and enters (``ibemu.topo.rates``: the slower of the source's and the
+  destination's cable; the unpaced flows leaving one host share its cable) divided by its
+  frame's bits on the wire (payload up to the path's MTU, plus ``HEADER_BYTES``). Latency
+  kinds keep one message in flight: their load is set by the round trip, not by a rate, and
+  is not counted. Collectives and permutations count each host sending to one peer at a time
+  (its ring neighbour), bidirectional flows both ways;
+- times the switches on its min-hop path (``ibemu.topo.analysis.hop_distances``): each is one
+  forwarding decision of the user datapath (a frame-hop);
+- the flows' ``start_s``..``stop_s`` windows: the load is the highest sum of the flows active
+  at one time.
+
+A kernel-datapath fabric forwards in the kernel: its switch hops cost ibemu nothing, and the
+load counted is the frames the hosts' Python endpoints send and receive (2 per frame), in the
+same unit. RoCE fabrics are judged against the IB user datapath's calibration (a RoCE
+router's hop costs about the same Python work; not calibrated separately).
+
+The choice: the smallest integer N with ``load / N <= capacity x headroom`` (``HEADROOM``:
+the datapath shares this machine's cores with the traffic workers, the SM and the runner),
+1 when the load fits undilated, and a ``ValueError`` when N would exceed ``MAX_DILATION``
+(the run would take more than that many times its duration: the scenario cannot be run
+validly here at a sane factor).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ibemu.scenario.schema import Scenario, TrafficSpec
+from ibemu.topo import analysis
+from ibemu.topo.model import Topology
+from ibemu.topo.rates import DEFAULT_MTU
+from ibemu.traffic.flows import TRAFFIC_KINDS
+
+HEADROOM = 0.5
+"""The share of the calibrated capacity a run may use."""
+MAX_DILATION = 1000
+"""The largest factor ``auto`` picks: beyond it a run lasts over 1000 times its duration."""
+HEADER_BYTES = 42
+"""IB headers of a data frame on the wire: LRH 8, BTH 12, RETH 16, ICRC 4, VCRC 2."""
+LATENCY_KINDS = ("write_lat", "send_lat")
+ENDPOINT_TOUCHES = 2
+"""A kernel-datapath frame costs ibemu its sending and its receiving endpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLoad:
+    """One flow's share of the offered load."""
+
+    name: str
+    frames_per_s: float
+    hops: int
+    """Frame-hops per frame: switches on its path (user datapath) or endpoint touches."""
+    how: str
+    start_s: float
+    stop_s: float
+
+    @property
+    def frame_hops_per_s(self) -> float:
+        return self.frames_per_s * self.hops
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A scenario's offered load: the peak of its flows' frame-hops/s."""
+
+    frame_hops_per_s: float
+    flows: tuple[FlowLoad, ...] = ()
+    frame_bytes: int = 0
+    """The largest data frame of the scenario (what the calibration measures with)."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The factor ``auto`` picked and why."""
+
+    dilation: int
+    load: float
+    capacity: float
+    headroom: float
+    reasons: tuple[str, ...] = field(default=())
+
+    def line(self, capacity_note: str = "") -> str:
+        """One line: offered load, calibrated capacity, chosen N."""
+        cap = f"capacity {_si(self.capacity)} frame-hops/s" + (f" ({capacity_note})" if capacity_note else "")
+        why = f": {'; '.join(self.reasons)}" if self.reasons else ""
+        return (f"dilation auto: offered load {_si(self.load)} frame-hops/s, {cap}, headroom {self.headroom:.0%} "
+                f"-> N = {self.dilation}{why}")
+
+
+def _si(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def choose(load: float, capacity: float, headroom: float = HEADROOM, *, cap: int = MAX_DILATION) -> Choice:
+    """The smallest integer N >= 1 with ``load / N <= capacity * headroom``.
+
+    ``ValueError`` when ``capacity`` or ``headroom`` is not positive, the load is negative or
+    not finite, or N would exceed ``cap``."""
+    if not (math.isfinite(capacity) and capacity > 0):
+        raise ValueError(f"no usable calibration: capacity {capacity!r} frame-hops/s")
+    if not (0 < headroom <= 1):
+        raise ValueError(f"headroom must be in (0, 1], not {headroom!r}")
+    if not (math.isfinite(load) and load >= 0):
+        raise ValueError(f"offered load must be a finite number >= 0, not {load!r}")
+    budget = capacity * headroom
+    if load <= budget:
+        why = "no traffic" if load == 0 else f"the load fits in {_si(budget)} frame-hops/s undilated"
+        return Choice(1, load, capacity, headroom, (why,))
+    n = math.ceil(load / budget - 1e-9)
+    if n > cap:
+        raise ValueError(f"offered load {_si(load)} frame-hops/s needs dilation {n} on this machine "
+                         f"(capacity {_si(capacity)} frame-hops/s x headroom {headroom:.0%}), above the cap "
+                         f"of {cap}: the scenario cannot be run validly here: pace its flows (rate_pps) or lower its link rates")
+    return Choice(n, load, capacity, headroom, (f"{_si(load)} / {n} = {_si(load / n)} <= {_si(budget)} "
+                                                f"frame-hops/s",))
+
+
+def _pairs(t: TrafficSpec) -> list[tuple[str, str]]:
+    shape = TRAFFIC_KINDS[t.kind].hosts if t.kind in TRAFFIC_KINDS else "pair"
+    if shape == "pair":
+        assert t.src is not None and t.dst is not None
+        return [(t.src, t.dst), (t.dst, t.src)] if t.bidirectional else [(t.src, t.dst)]
+    hosts = list(t.hosts)
+    if shape == "fan_in":
+        return [(h, hosts[-1]) for h in hosts[:-1]]
+    return [(h, hosts[(i + 1) % len(hosts)]) for i, h in enumerate(hosts)] if len(hosts) > 1 else []
+
+
+def _cable(topo: Topology, host: str) -> tuple[float, int]:
+    """(Gb/s, MTU) of ``host``'s first cabled port."""
+    for port in topo.node(host).port_range:
+        lk = topo.link_at(host, port)
+        if lk is not None:
+            return topo.rate_of(lk).gbps, topo.mtu_of(lk)
+    return 0.0, DEFAULT_MTU
+
+
+def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
+    """The scenario's peak offered load (see the module docstring)."""
+    topo = scen.topology
+    user = scen.fabric.datapath == "user" if user_datapath is None else user_datapath
+    dist: dict[str, dict[str, int]] = {}
+    unpaced_from: dict[str, int] = {}
+    for t in scen.traffic:
+        if t.kind not in LATENCY_KINDS and t.rate_pps is None:
+            for src, _ in _pairs(t):
+                unpaced_from[src] = unpaced_from.get(src, 0) + 1
+    flows: list[FlowLoad] = []
+    notes: list[str] = []
+    frame_bytes = 0
+    for t in scen.traffic:
+        stop = min(t.stop_s, scen.duration_s)
+        if t.kind in LATENCY_KINDS:
+            notes.append(f"{t.name}: {t.kind} keeps one message in flight (not counted)")
+            continue
+        for src, dst in _pairs(t):
+            if src not in dist:
+                dist[src] = analysis.hop_distances(topo, src)
+            links = dist[src].get(dst)
+            if links is None:
+                raise ValueError(f"{t.name}: no path from {src} to {dst}")
+            src_gbps, src_mtu = _cable(topo, src)
+            dst_gbps, dst_mtu = _cable(topo, dst)
+            mtu = min(src_mtu, dst_mtu)
+            per_msg = max(1, math.ceil(t.size / mtu))
+            frame = min(t.size, mtu) + HEADER_BYTES
+            frame_bytes = max(frame_bytes, frame)
+            hops = max(0, links - 1) if user else ENDPOINT_TOUCHES
+            if t.rate_pps is not None:
+                fps = float(t.rate_pps * per_msg)
+                how = f"{t.rate_pps} msg/s x {per_msg} frames"
+            else:
+                gbps = min(src_gbps, dst_gbps) / unpaced_from.get(src, 1)
+                fps = gbps * 1e9 / 8 / frame
+                how = f"unpaced at {gbps:g} Gb/s, {frame} B frames"
+            flows.append(FlowLoad(f"{t.name} {src}->{dst}", fps, hops, how, t.start_s, stop))
+    if not user and flows:
+        notes.append("kernel datapath: its switch hops are the kernel's; counted: each frame's 2 endpoints")
+    return Load(_peak(flows), tuple(flows), frame_bytes, tuple(notes))
+
+
+def _peak(flows: Sequence[FlowLoad]) -> float:
+    """The highest sum of frame-hops/s of the flows active at one instant."""
+    best = 0.0
+    for f in flows:
+        t = f.start_s  # the sum is highest at some flow's start
+        best = max(best, sum(g.frame_hops_per_s for g in flows if g.start_s <= t < g.stop_s))
+    return best

@@ -1,0 +1,271 @@
+"""The SM's own port: SMPs sent and received on a packet socket of its HCA's cable.
+
+A real SM reaches the fabric through its HCA: the kernel hands its SMPs to the HCA's QP0
+and the responses come back the same way, with no other process in between. Through the
+MAD socket (``UmadPort``) every SMP of ibemu's SM crosses the agent host twice: the CA agent
+frames the request and sends it, and when the response arrives it checks it and writes it
+to the SM's socket. That process also runs every other agent of the fabric, so the SM's
+round trips waited behind whatever it was doing.
+
+``DirectPort`` is a ``MadPort`` that does what the HCA would:
+
+- **send**: a directed-route SMP that leaves the host (HopCount >= 1, DrSLID permissive,
+  InitialPath[1] = our port) or a LID-routed SMP to another LID is framed here (LRH on VL15,
+  BTH/DETH to QP0, ICRC, VCRC; ``wire.madpacket.frame_mad``, the framing the CA agent uses)
+  and written to the HCA veth in the SM host's namespace. Everything else (HopCount 0 and
+  loopback to our own LID, which the local SMA answers; DR SMPs with a LID-routed part; GSI
+  classes) goes through the MAD socket as before.
+- **receive**: a packet socket on the same veth with a classic BPF filter
+  (``sockfilter.SM_REPLIES``) takes only QP0 GetResp and Trap frames; each is checked as the
+  CA agent checks it (``wire.madpacket.check``: lengths, ICRC, VCRC) and handed to the
+  transport as the MAD socket would have delivered it. The MAD socket is read as well.
+
+The agent host's CA agent still sees the same frames (two packet sockets on one veth each
+get a copy). Requests sent here carry TID bits 48-63 = ``TID_TAG``, a slot the MAD socket
+never gives a client, so the CA agent's copy of their response is dropped by the MAD socket
+(``no_client``) instead of reaching the SM twice. A trap arrives both ways: the copy that
+comes second within ``TRAP_DEDUP_NS`` (far shorter than the 2 s a device waits before it
+repeats a trap) is dropped here. The SM's LID, for the SLID of LID-routed SMPs, is learned
+from its own PortInfo as the SM reads or sets it through the MAD socket (HopCount 0); until
+then, LID-routed SMPs use the MAD socket.
+
+Deviations: frames that fail the check are counted in this port's ``stats``, not in the
+HCA port's PortRcvErrors (the CA agent's copy counts them there anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import time
+from collections import Counter, OrderedDict
+
+import trio
+
+from ibemu import clock
+from ibemu.agents import dr
+from ibemu.kernel import sockfilter
+from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
+from ibemu.sm.transport import UmadPort
+from ibemu.wire.madpacket import (
+    INITIAL_PATH,
+    M_ATTR_ID,
+    M_CLASS,
+    M_DR_SLID,
+    M_HOP_COUNT,
+    M_METHOD,
+    M_STATUS,
+    MAD_OFFSET,
+    PACKET_LEN,
+    PERMISSIVE_LID,
+    QP0_QKEY,
+    SMP_DATA,
+    check,
+    frame_mad,
+)
+from ibemu.wire.umad import SimRequest
+
+log = logging.getLogger(__name__)
+
+ETH_LEN = 14
+CLASS_SMP_LR = 0x01
+CLASS_SMP_DR = 0x81
+GET_RESP = 0x81
+TRAP = 0x05
+TID_TAG = 0xFFFF << 48
+"""TID bits 48-63 of SMPs sent here: no MAD-socket slot, so the agent host drops its copy."""
+TRAP_DEDUP_NS = 100_000_000
+VL15 = 15
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("qq")
+_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+_WAKE_KEEP = 1 << 16
+ATTR_PORT_INFO = 0x0015  # (not ibemu.wire.mad's AttrId: that module loads scapy, ~0.4 s)
+_PI_LID = 16  # PortInfo: LID at bytes 16-17 of the SMP data
+
+
+class DirectPort:
+    """A ``MadPort`` on the SM host's HCA cable, with the MAD socket for the rest.
+
+    ``serve`` (start it with ``nursery.start``) reads both sources; ``recv`` returns what
+    they delivered, in arrival order.
+    """
+
+    def __init__(self, umad: UmadPort, sock: socket.socket, eth_header: bytes, *, port: int = 1) -> None:
+        if len(eth_header) != ETH_LEN:
+            raise ValueError("an Ethernet header is 14 bytes")
+        self.umad = umad
+        self.sock = sock
+        self.eth = eth_header
+        self.port = port
+        self.lid = 0
+        self.stats: Counter[str] = Counter()
+        self._psn = 0
+        self._traps: OrderedDict[bytes, int] = OrderedDict()
+        self._in_send, self._in_recv = trio.open_memory_channel[SimRequest](4096)
+        self.wake_ns: list[int] = []
+        with contextlib.suppress(OSError):  # without stamps, no wake-up figures
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+    @classmethod
+    def open(cls, umad: UmadPort, ns: str | None, ifname: str, peer_mac: bytes, *, port: int = 1) -> DirectPort:
+        """The port on ``ifname`` (in ``ns``), whose cable's far end has ``peer_mac``."""
+        if len(peer_mac) != 6:
+            raise ValueError("a MAC address is 6 bytes")
+        sock = open_packet_socket(ns, ifname, ETH_P_IB, bpf=sockfilter.SM_REPLIES)
+        own = sock.getsockname()[4]
+        return cls(umad, sock, peer_mac + bytes(own) + ETH_P_IB.to_bytes(2, "big"), port=port)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # ------------------------------------------------------------------ MadPort
+
+    async def send(self, req: SimRequest) -> None:
+        frame = self._frame(req)
+        if frame is None:
+            self._learn_lid(req.mad, outgoing=True)
+            await self.umad.send(req)
+            return
+        self.stats["tx_direct"] += 1
+        try:
+            self.sock.send(frame)
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(self.sock)
+            self.sock.send(frame)
+
+    async def recv(self) -> SimRequest:
+        return await self._in_recv.receive()
+
+    # ------------------------------------------------------------------ service
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Read the packet socket and the MAD socket until cancelled."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_wire)
+            nursery.start_soon(self._read_umad)
+            task_status.started()
+
+    async def _read_umad(self) -> None:
+        while True:
+            req = await self.umad.recv()
+            self._learn_lid(req.mad, outgoing=False)
+            if self._is_repeat_trap(req):
+                continue
+            self.stats["rx_umad"] += 1
+            await self._in_send.send(req)
+
+    async def _read_wire(self) -> None:
+        while True:
+            try:
+                frame, anc, _flags, _addr = self.sock.recvmsg(PACKET_LEN + ETH_LEN + 64, _ANC_SPACE)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(self.sock)
+                continue
+            self._note_wake(anc)
+            req = self._parse(frame)
+            if req is None or self._is_repeat_trap(req):
+                continue
+            self.stats["rx_direct"] += 1
+            await self._in_send.send(req)
+
+    def _note_wake(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+        """How long a frame waited between the kernel and this process (real ns)."""
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                waited = time.clock_gettime_ns(time.CLOCK_REALTIME) - (sec * 1_000_000_000 + nsec)
+                self.wake_ns.append(waited)
+                if len(self.wake_ns) > _WAKE_KEEP:
+                    del self.wake_ns[: _WAKE_KEEP // 2]
+                return
+
+    def wake_summary(self) -> dict[str, float]:
+        """Percentiles (µs, real time) of what ``_note_wake`` saw: the SM process's own delay
+        in taking a frame the kernel had already delivered."""
+        if not self.wake_ns:
+            return {}
+        w = sorted(self.wake_ns)
+        pick = lambda q: w[min(len(w) - 1, int(q * len(w)))] / 1e3  # noqa: E731
+        return {"rx_wait_p50_us": pick(0.5), "rx_wait_p99_us": pick(0.99), "rx_wait_max_us": w[-1] / 1e3}
+
+    # ------------------------------------------------------------------ sans-IO parts
+
+    def _frame(self, req: SimRequest) -> bytes | None:
+        """The frame for ``req``, or None when it goes through the MAD socket."""
+        mad = req.mad
+        if len(mad) != 256 or req.dqp != 0 or req.status:
+            return None
+        mclass = mad[M_CLASS]
+        buf = bytearray(mad)
+        buf[8:10] = (TID_TAG >> 48).to_bytes(2, "big")
+        if mclass == CLASS_SMP_DR:
+            if (not mad[M_HOP_COUNT] or mad[M_STATUS] & 0x80
+                    or int.from_bytes(mad[M_DR_SLID:M_DR_SLID + 2], "big") != PERMISSIVE_LID
+                    or mad[INITIAL_PATH + 1] != self.port):
+                return None
+            kind, _ = dr.on_originate(buf, 0, self.port)
+            if kind != dr.PORT:
+                return None
+            dlid = slid = PERMISSIVE_LID
+        elif mclass == CLASS_SMP_LR:
+            if not self.lid or req.dlid in (0, PERMISSIVE_LID, self.lid):
+                return None
+            dlid, slid = req.dlid, self.lid
+        else:
+            return None
+        self._psn = (self._psn + 1) & 0xFFFFFF
+        return self.eth + frame_mad(buf, dlid=dlid, slid=slid, dqp=0, sqp=0, qkey=QP0_QKEY,
+                                    vl=VL15, psn=self._psn)
+
+    def _parse(self, frame: bytes) -> SimRequest | None:
+        """A received frame as the MAD socket would have delivered it (None: dropped)."""
+        pkt = frame[ETH_LEN:]
+        try:
+            check(pkt)
+        except ValueError:
+            self.stats["rx_bad_packet"] += 1
+            return None
+        m = MAD_OFFSET
+        if pkt[m + M_CLASS] not in (CLASS_SMP_LR, CLASS_SMP_DR) or pkt[m + M_METHOD] not in (GET_RESP, TRAP):
+            self.stats["rx_not_ours"] += 1
+            return None
+        slid = (pkt[6] << 8) | pkt[7]
+        dlid = (pkt[2] << 8) | pkt[3]
+        sqp = int.from_bytes(pkt[25:28], "big")
+        return SimRequest(dlid=dlid, slid=slid, dqp=0, sqp=sqp, mad=bytes(pkt[m:m + 256]))
+
+    def _is_repeat_trap(self, req: SimRequest) -> bool:
+        """The second copy of a trap (one comes by wire, one by the MAD socket)."""
+        mad = req.mad
+        if len(mad) != 256 or mad[M_METHOD] != TRAP:
+            return False
+        now = clock.now_ns()
+        while self._traps:
+            first_key, t = next(iter(self._traps.items()))
+            if now - t <= TRAP_DEDUP_NS:
+                break
+            del self._traps[first_key]
+        key = req.slid.to_bytes(2, "big") + mad[12:16] + mad[16:]
+        if key in self._traps:
+            del self._traps[key]
+            self.stats["rx_trap_second_copy"] += 1
+            return True
+        self._traps[key] = now
+        return False
+
+    def _learn_lid(self, mad: bytes, *, outgoing: bool) -> None:
+        """Our LID, from our own PortInfo (HopCount-0 DR Get response, or our Set of it)."""
+        if (len(mad) != 256 or mad[M_CLASS] != CLASS_SMP_DR or mad[M_HOP_COUNT]
+                or int.from_bytes(mad[M_ATTR_ID:M_ATTR_ID + 2], "big") != ATTR_PORT_INFO):
+            return
+        if outgoing and mad[M_METHOD] != 0x02:  # our Set carries the LID we give ourselves
+            return
+        if not outgoing and (mad[M_METHOD] != GET_RESP or int.from_bytes(mad[M_STATUS:M_STATUS + 2], "big") & 0x7FFF):
+            return
+        lid = int.from_bytes(mad[SMP_DATA + _PI_LID:SMP_DATA + _PI_LID + 2], "big")
+        if lid and lid < 0xC000 and lid != self.lid:
+            log.debug("the SM's port has LID %d", lid)
+            self.lid = lid

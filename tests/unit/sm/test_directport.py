@@ -1,0 +1,127 @@
+"""The SM's own port (``ibemu.sm.directport``): what it frames, what it takes, what it drops."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from ibemu.kernel import sockfilter
+from ibemu.sm.directport import TID_TAG, DirectPort
+from ibemu.wire import madcodec as mb
+from ibemu.wire.madpacket import INITIAL_PATH, M_HOP_POINTER, MAD_OFFSET, check, frame_mad
+from ibemu.wire.umad import SimRequest
+
+PEER, OWN = bytes.fromhex("020000000002"), bytes.fromhex("020000000001")
+ETH = PEER + OWN + b"\x88\xb5"
+NODE_INFO, PORT_INFO, LFT = 0x0011, 0x0015, 0x0019
+
+
+@pytest.fixture
+def port() -> Iterator[DirectPort]:
+    a, b = socket.socketpair()
+    p = DirectPort(None, a, ETH)  # type: ignore[arg-type]  # the MAD socket is not used here
+    yield p
+    a.close()
+    b.close()
+
+
+def response(mad: bytes, *, dlid: int, slid: int, corrupt: bool = False) -> bytes:
+    buf = bytearray(mad)
+    buf[3] = 0x81
+    buf[4] |= 0x80 if buf[1] == 0x81 else 0
+    pkt = bytearray(frame_mad(bytes(buf), dlid=dlid, slid=slid, dqp=0, sqp=0, qkey=0, vl=15))
+    if corrupt:
+        pkt[MAD_OFFSET + 70] ^= 1
+    return ETH[6:12] + ETH[:6] + ETH[12:] + bytes(pkt)
+
+
+def test_a_directed_route_smp_leaving_the_host_is_framed_with_hop_pointer_1_and_the_tag(port: DirectPort) -> None:
+    mad = mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3, 2], tid=0x1234)
+    frame = port._frame(SimRequest(0xFFFF, 0, 0, 0, mad))
+    assert frame is not None and frame[:14] == ETH
+    pkt = frame[14:]
+    check(pkt)  # the CRCs a receiver checks hold
+    assert pkt[0] >> 4 == 15 and pkt[2:4] == b"\xff\xff" and pkt[6:8] == b"\xff\xff"
+    out = pkt[MAD_OFFSET:MAD_OFFSET + 256]
+    assert out[M_HOP_POINTER] == 1 and mb.tid(out) == TID_TAG | 0x1234
+    assert out[INITIAL_PATH + 1:INITIAL_PATH + 4] == bytes([1, 3, 2])
+
+
+@pytest.mark.parametrize("mad", [
+    mb.dr_smp(mb.GET, NODE_INFO, path=[]),                 # HopCount 0: the local SMA answers
+    mb.dr_smp(mb.GET, NODE_INFO, path=[2, 1]),             # InitialPath[1] is not our port
+    mb.dr_smp(mb.GET, NODE_INFO, path=[1], dr_slid=5),     # a LID-routed head
+    mb.pma(mb.GET, 0x0012),                                # GSI
+], ids=["hop-count-0", "other-port", "lid-routed-head", "gsi"])
+def test_what_the_hca_itself_answers_or_frames_differently_goes_by_the_mad_socket(port: DirectPort, mad: bytes) -> None:
+    qp = 0 if mad[1] in (0x01, 0x81) else 1
+    assert port._frame(SimRequest(0xFFFF, 0, qp, qp, mad)) is None
+
+
+def test_lid_routed_smps_wait_for_our_lid_which_our_own_port_info_tells(port: DirectPort) -> None:
+    lft = SimRequest(7, 0, 0, 0, mb.lr_smp(mb.SET, LFT, modifier=0, data=bytes(64)))
+    assert port._frame(lft) is None  # no LID yet: the MAD socket fills in the SLID
+    pi = bytearray(64)
+    pi[16:18] = (9).to_bytes(2, "big")
+    get_resp = bytearray(mb.dr_smp(mb.GET, PORT_INFO, path=[], data=bytes(pi)))
+    get_resp[3], get_resp[4] = 0x81, 0x80
+    port._learn_lid(bytes(get_resp), outgoing=False)
+    assert port.lid == 9
+    frame = port._frame(lft)
+    assert frame is not None and frame[14 + 2:14 + 4] == b"\x00\x07" and frame[14 + 6:14 + 8] == b"\x00\x09"
+    assert port._frame(SimRequest(9, 0, 0, 0, lft.mad)) is None  # to ourselves: loopback by the MAD socket
+    pi[16:18] = (12).to_bytes(2, "big")
+    port._learn_lid(mb.dr_smp(mb.SET, PORT_INFO, path=[], data=bytes(pi)), outgoing=True)
+    assert port.lid == 12
+    port._learn_lid(mb.dr_smp(mb.SET, PORT_INFO, path=[3], data=bytes(64)), outgoing=True)  # not ours
+    assert port.lid == 12
+
+
+def test_received_responses_are_checked_and_delivered_as_the_mad_socket_would(port: DirectPort) -> None:
+    mad = mb.lr_smp(mb.GET, NODE_INFO, tid=77)
+    got = port._parse(response(mad, dlid=9, slid=3))
+    assert got is not None and (got.dlid, got.slid, got.dqp, got.sqp) == (9, 3, 0, 0)
+    assert got.mad[3] == 0x81 and mb.tid(got.mad) == 77
+    assert port._parse(response(mad, dlid=9, slid=3, corrupt=True)) is None
+    assert port.stats["rx_bad_packet"] == 1
+    assert port._parse(response(mad, dlid=9, slid=3)[:200]) is None
+    assert port.stats["rx_bad_packet"] == 2
+
+
+def test_a_trap_arriving_both_ways_is_handed_on_once(port: DirectPort) -> None:
+    trap = bytearray(mb.lr_smp(0x05, 0x0002, tid=5))
+    req = SimRequest(1, 4, 0, 0, bytes(trap))
+    assert not port._is_repeat_trap(req)
+    assert port._is_repeat_trap(req)       # the second copy (the MAD socket's)
+    assert not port._is_repeat_trap(req)   # a third is a new trap
+    other = SimRequest(1, 5, 0, 0, bytes(trap))  # another switch's
+    assert not port._is_repeat_trap(other)
+    assert port.stats["rx_trap_second_copy"] == 1
+
+
+def test_the_socket_filter_takes_qp0_responses_and_traps_only() -> None:
+    get = mb.dr_smp(mb.GET, NODE_INFO, path=[1])
+    resp = response(get, dlid=0xFFFF, slid=0xFFFF)
+    assert sockfilter.matches(sockfilter.SM_REPLIES, resp)
+    trap = ETH + frame_mad(mb.lr_smp(0x05, 0x0002), dlid=1, slid=4, dqp=0, sqp=0, qkey=0, vl=15)
+    assert sockfilter.matches(sockfilter.SM_REPLIES, trap)
+    request = ETH + frame_mad(get, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0, qkey=0, vl=15)
+    assert not sockfilter.matches(sockfilter.SM_REPLIES, request)  # the local SMA's
+    gsi = ETH + frame_mad(mb.pma(0x81, 0x0012), dlid=1, slid=4, dqp=1, sqp=1, qkey=0x80010000)
+    assert not sockfilter.matches(sockfilter.SM_REPLIES, gsi)
+    data = bytearray(resp)
+    data[14 + 12 + 3] = 5  # DestQP 5: a data QP
+    assert not sockfilter.matches(sockfilter.SM_REPLIES, bytes(data))
+    assert not sockfilter.matches(sockfilter.SM_REPLIES, resp[:30])
+
+
+def test_the_sm_process_starts_without_scapy() -> None:
+    """The SM's start-up is part of every bring-up figure: scapy alone costs it ~0.4 s."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, ibemu.sm.__main__; print('scapy' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,98 @@
+"""``dilation: auto``'s sans-IO parts: the choice from (load, capacity, headroom) and a
+scenario's offered load (``ibemu.scenario.autodilation``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ibemu.scenario import loads_scenario
+from ibemu.scenario.autodilation import HEADER_BYTES, MAX_DILATION, choose, offered_load
+
+
+def test_a_load_that_fits_picks_one() -> None:
+    c = choose(0.0, 100_000)
+    assert c.dilation == 1 and c.reasons == ("no traffic",)
+    c = choose(50_000, 100_000, 0.5)
+    assert c.dilation == 1 and "fits" in c.reasons[0]
+    assert "offered load 50k frame-hops/s, capacity 100k frame-hops/s, headroom 50% -> N = 1" in c.line()
+
+
+@pytest.mark.parametrize("load, capacity, headroom, n", [
+    (50_001, 100_000, 0.5, 2),
+    (100_000, 100_000, 0.5, 2),
+    (100_001, 100_000, 0.5, 3),
+    (1_000_000, 250_000, 1.0, 4),
+    (3_000_000, 60_000, 0.5, 100),
+])
+def test_the_smallest_integer_factor_that_fits(load: float, capacity: float, headroom: float, n: int) -> None:
+    c = choose(load, capacity, headroom)
+    assert c.dilation == n and load / n <= capacity * headroom < load / (n - 1)
+
+
+def test_beyond_the_cap_and_bad_figures_are_refused() -> None:
+    assert choose(MAX_DILATION * 1000.0, 2000, 0.5).dilation == MAX_DILATION
+    with pytest.raises(ValueError, match=r"needs dilation 1001 .* above the cap of 1000: the scenario cannot be run"):
+        choose(MAX_DILATION * 1000.0 + 1, 2000, 0.5)
+    with pytest.raises(ValueError, match="above the cap of 10"):
+        choose(11.0, 1.0, 1.0, cap=10)
+    for capacity in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="no usable calibration"):
+            choose(1.0, capacity)
+    for headroom in (0.0, 1.5):
+        with pytest.raises(ValueError, match="headroom"):
+            choose(1.0, 1.0, headroom)
+    for load in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="offered load"):
+            choose(load, 1.0)
+
+
+LEAF_SPINE = """
+topology: {generator: leaf-spine, leaves: 2, spines: 2, hosts_per_leaf: 2}
+defaults: {rate: 4x EDR, mtu: 4096}
+fabric: {datapath: user}
+duration_s: 10
+"""
+
+
+def test_offered_load_of_paced_and_unpaced_flows() -> None:
+    scen = loads_scenario(LEAF_SPINE + """traffic:
+  - {name: probe, kind: stream, from: h0, to: h2, size: 256, rate_pps: 1000}
+  - {name: big, kind: stream, from: h0, to: h1, size: 10000, rate_pps: 100}
+  - {name: bulk, kind: write_bw, from: h1, to: h3, size: 64KiB, start_s: 2, stop_s: 4}
+  - {name: lat, kind: write_lat, from: h2, to: h3}
+""", "x.yaml")
+    load = offered_load(scen)
+    by = {f.name: f for f in load.flows}
+    assert set(by) == {"probe h0->h2", "big h0->h1", "bulk h1->h3"}
+    assert by["probe h0->h2"].frames_per_s == 1000 and by["probe h0->h2"].hops == 3  # leaf, spine, leaf
+    assert by["big h0->h1"].frames_per_s == 300 and by["big h0->h1"].hops == 1  # 3 frames a message, one leaf
+    bulk = by["bulk h1->h3"]
+    assert bulk.frames_per_s == pytest.approx(100e9 / 8 / (4096 + HEADER_BYTES)) and bulk.hops == 3
+    assert load.frame_hops_per_s == pytest.approx(3000 + 300 + bulk.frame_hops_per_s)  # the peak: 2..4 s
+    assert load.frame_bytes == 4096 + HEADER_BYTES
+    assert any("write_lat" in n for n in load.notes)
+    # flows one after the other do not add up
+    late = loads_scenario(LEAF_SPINE + """traffic:
+  - {name: first, kind: stream, from: h0, to: h2, size: 256, rate_pps: 1000, stop_s: 4}
+  - {name: then, kind: stream, from: h0, to: h2, size: 256, rate_pps: 500, start_s: 5}
+""", "x.yaml")
+    assert offered_load(late).frame_hops_per_s == 3000
+    # the kernel datapath forwards in the kernel: each frame costs its two endpoints
+    kernel = loads_scenario(LEAF_SPINE.replace("datapath: user", "datapath: kernel") + """traffic:
+  - {name: probe, kind: stream, from: h0, to: h2, size: 256, rate_pps: 1000}
+""", "x.yaml")
+    assert offered_load(kernel).frame_hops_per_s == 2000 and "kernel datapath" in offered_load(kernel).notes[0]
+
+
+def test_unpaced_flows_of_one_host_share_its_cable_and_shapes_expand() -> None:
+    scen = loads_scenario(LEAF_SPINE + """traffic:
+  - {name: a, kind: write_bw, from: h0, to: h2, size: 4096, bidirectional: true}
+  - {name: b, kind: send_bw, from: h0, to: h3, size: 4096}
+  - {name: in, kind: incast, from: [h1, h2], to: h3, size: 4096}
+""", "x.yaml")
+    by = {f.name: f for f in offered_load(scen).flows}
+    assert set(by) == {"a h0->h2", "a h2->h0", "b h0->h3", "in h1->h3", "in h2->h3"}
+    line = 100e9 / 8 / (4096 + HEADER_BYTES)
+    assert by["a h0->h2"].frames_per_s == pytest.approx(line / 2)  # h0's cable: a and b
+    assert by["a h2->h0"].frames_per_s == pytest.approx(line / 2)  # h2's: a's way back and the incast
+    assert by["in h1->h3"].frames_per_s == pytest.approx(line)
