@@ -205,21 +205,12 @@ class UserDatapath:
     def receive_batch(self, r: Router, ifindex: int, frames: list[bytes], now: int) -> None:
         """``frames`` received on ``ifindex``: through the plane, then sent, per egress port."""
         plane = r.plane
-        receive = plane.receive
         out: dict[int, list[bytes | bytearray]] = {}
-        for frame in frames:
-            try:
-                sends = receive(ifindex, frame, now)
-            except Exception:  # a frame must never take the datapath down
-                plane.stats["rx_errors"] += 1
-                log.exception("%s: frame on %d", plane.name, ifindex)
-                continue
-            for egress, data in sends:
-                q = out.get(egress)
-                if q is None:
-                    out[egress] = [data]
-                else:
-                    q.append(data)
+        try:
+            plane.receive_batch(ifindex, frames, now, out)
+        except Exception:  # a frame must never take the datapath down (the batch's rest is lost)
+            plane.stats["rx_errors"] += 1
+            log.exception("%s: frames on %d", plane.name, ifindex)
         for egress, q in out.items():
             self.tx.send(r.socks[egress], q, r.plane.name)
 

@@ -1,4 +1,5 @@
-"""``RouterPlane.express`` (an idle port without line rate sends at once) changes no outcome.
+"""``RouterPlane.express`` (an idle port without line rate sends at once) and
+``RouterPlane.receive_batch`` (its inline common case) change no outcome.
 
 Two identical routers take the same generated frames (routed over ECMP, unrouted, for the
 router, TTL 1, malformed, PFC pauses) and link changes, one with the express path, one
@@ -51,16 +52,16 @@ def frames(rng: random.Random) -> list[bytes]:
     QueueConfig(delay_us=5), QueueConfig(loss_pct=10))])
 def test_express_sends_what_the_queues_send(seed: int, cfg: QueueConfig) -> None:
     rng = random.Random(seed)
-    fast, ref = router(cfg), router(cfg)
+    fast, ref, batched = router(cfg), router(cfg), router(cfg)
     ref.express = False
-    sent: dict[str, dict[int, list[bytes]]] = {"fast": {}, "ref": {}}
+    sent: dict[str, dict[int, list[bytes]]] = {"fast": {}, "ref": {}, "batch": {}}
     now = 0
     for _ in range(80):
         now += rng.choice([0, 100, 1000, 20_000])
         if rng.random() < 0.1:
             port, up = rng.choice([2, 3, 4]), rng.random() < 0.6
-            fast.set_link(port, up, now)
-            ref.set_link(port, up, now)
+            for r in (fast, ref, batched):
+                r.set_link(port, up, now)
         ingress = rng.choice([1, 2, 3, 4])
         batch = frames(rng)
         for name, r in (("fast", fast), ("ref", ref)):
@@ -69,11 +70,18 @@ def test_express_sends_what_the_queues_send(seed: int, cfg: QueueConfig) -> None
                     sent[name].setdefault(egress, []).append(bytes(data))
             for egress, data in r.service(now):  # the datapath's pump, after the batch
                 sent[name].setdefault(egress, []).append(bytes(data))
+        out: dict[int, list[bytes | bytearray]] = {}
+        batched.receive_batch(ingress, batch, now, out)  # as the user datapath runs it
+        out_service = batched.service(now)
+        for egress, q in out.items():
+            sent["batch"].setdefault(egress, []).extend(bytes(x) for x in q)
+        for egress, data in out_service:
+            sent["batch"].setdefault(egress, []).append(bytes(data))
     now += 10**9
-    for name, r in (("fast", fast), ("ref", ref)):
+    for name, r in (("fast", fast), ("ref", ref), ("batch", batched)):
         for egress, data in r.service(now):
             sent[name].setdefault(egress, []).append(bytes(data))
-    assert sent["fast"] == sent["ref"]
-    assert fast.counters(now) == ref.counters(now)
-    assert fast.stats == ref.stats
+    assert sent["fast"] == sent["ref"] == sent["batch"]
+    assert fast.counters(now) == ref.counters(now) == batched.counters(now)
+    assert fast.stats == ref.stats == batched.stats
     assert sum(map(len, sent["ref"].values())) > 50
