@@ -1,0 +1,288 @@
+"""The model driven by a live datapath: frames that really arrive go in, the times at which the
+real frames must leave come out.
+
+:mod:`ibemu.physics.sim` plays a whole fabric in pure emulated time. A live datapath cannot:
+frames arrive when the hosts send them and must leave at real instants. :class:`LivePlane` is
+the same event loop, sans-IO, with those two edges opened up. The caller (the IB user
+datapath, ``ibemu.fabric.agenthost``) does three things, each with the emulated time ``now``:
+
+- ``arrive(switch, in_port, frame, now)`` for every frame a switch port received, after the
+  forwarder decided its egress port (``frame.dst``) and, with ``frame.meta``, the bytes to send;
+- ``run(now)`` at every wake-up: every event of the model due by ``now`` is played, in time
+  order, and the :class:`Departure` s due by ``now`` come back, to be sent at once;
+- ``next_deadline()``: when to wake up next (one timer for the whole plane: every frame due
+  at a wake-up is served by it, none gets a timer of its own).
+
+What is modelled where (all the switches of the fabric live in this one plane):
+
+- Switch egress ports run the model's :class:`~ibemu.physics.model.Node` s: serialization at
+  the cable's data rate, propagation, switch latency, VL arbitration, credits per VL. Between
+  two switches the credits are the model's own state (a :class:`~ibemu.physics.model.CreditReturn`
+  is handed to the peer node in process: no flow-control packets cross the veth).
+- A frame's real send time is when the model says its last bit reaches the far end of the
+  cable (``Transmit.arrive_ns``: start + serialization + propagation). The veth then adds its
+  own real latency, which the fidelity figures count as lateness of the next hop, not of this
+  one.
+- Between two switches, the real frame crosses the veth and is received (and forwarded) by the
+  peer switch's forwarder for real; the plane matches it to the ``Transmit`` it recorded
+  (:meth:`arrive` looks for the frame's ``key`` among the cable's frames in flight) and gives
+  the peer node the model's arrival time, not the real one. Frames lost on the veth (a cable
+  pulled, a full socket) leave their records behind: at most :data:`MATCH_WINDOW` are skipped
+  per arrival, and an arrival with no match enters at ``now``.
+- Host -> switch. The HCA cannot be back-pressured: there is no link-level flow-control
+  protocol on the veth. The host's port is modelled at the switch's ingress instead: a frame
+  received from a host enters the host node's egress queue (what stands for the HCA's send
+  queue: unbounded, nothing dropped) and leaves it at the host cable's rate and only with
+  credits from the switch's input buffer, as an HCA would. Deviation: the host's own transport
+  is not slowed by that queue (a host offering more than the line rate builds it up; its
+  transport's window bounds it).
+- Switch -> host: serialization at the host cable's rate; the HCA always has credits (it
+  consumes at once: ``plan.build_nodes`` wires no credit limit towards a host).
+
+Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
+and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
+less its due time) and, over back-to-back frames (a busy link), the model's time against the
+real one: ``busy_ratio`` is the achieved rate over the configured rate while busy (below 1:
+the link fell behind). ``take_stats`` hands them over and starts afresh.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field, replace
+
+from ibemu.physics.deadlock import CreditLoop, find_credit_loops
+from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
+
+MATCH_WINDOW = 16
+"""Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
+MATCH_STALE_NS = 10_000_000
+"""An unmatched record older than this (emulated ns) is dropped (its frame was lost)."""
+
+Port = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes."""
+
+    switch: str
+    port: int
+    frame: Frame
+    due_ns: int
+    """When the model has its last bit at the far end (the real send time)."""
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """One egress port's fidelity over an interval (see the module docstring)."""
+
+    gbps: float
+    frames: int = 0
+    bytes: int = 0
+    late_ns: list[int] = field(default_factory=list)
+    """How late each departure left (>= 0), in emulated ns."""
+    busy_model_ns: int = 0
+    busy_real_ns: int = 0
+    last_due: int | None = None
+    last_end: int | None = None
+    last_sent: int | None = None
+
+    def busy_ratio(self) -> float | None:
+        """Achieved over configured rate while busy (None: never two frames back to back)."""
+        if self.busy_model_ns <= 0:
+            return None
+        return self.busy_model_ns / max(self.busy_real_ns, 1)
+
+    def fresh(self) -> LinkStats:
+        """An empty interval that carries on the back-to-back bookkeeping."""
+        return LinkStats(self.gbps, last_due=self.last_due, last_end=self.last_end, last_sent=self.last_sent)
+
+
+class LivePlane:
+    """Every node of a fabric's model (``plan.build_nodes``), driven by live frames."""
+
+    def __init__(self, nodes: Mapping[str, Node]) -> None:
+        self.nodes: dict[str, Node] = dict(nodes)
+        self.now = 0
+        """The latest time the model has been played to."""
+        self._events: list[tuple[int, int, Callable[[int], list[Action]]]] = []
+        self._seq = itertools.count()
+        self._wake: dict[str, int] = {}
+        self._due: list[tuple[int, int, Departure]] = []
+        self._flight: dict[Port, deque[tuple[Hashable, int]]] = {}
+        """(switch, port) receiving: (key, model arrival) of the frames on the cable to it."""
+        self.stats: dict[Port, LinkStats] = {}
+        self.frames_in = 0
+        self.unmatched = 0
+        self.drops = 0
+        self.drop_reasons: dict[str, int] = {}
+        for node in self.nodes.values():
+            if node.switch:
+                for num, p in node.ports.items():
+                    self.stats[(node.name, num)] = LinkStats(p.link.gbps)
+
+    # --- input ----------------------------------------------------------------------------
+
+    def peer(self, switch: str, port: int) -> Port | None:
+        p = self.nodes[switch].ports.get(port)
+        return None if p is None else p.peer
+
+    def arrive(self, switch: str, in_port: int, frame: Frame, now: int) -> None:
+        """``frame`` was received on ``switch:in_port`` at ``now``; it leaves by ``frame.dst``
+        (an egress port of ``switch``). From a host it first crosses the host's cable in the
+        model; from a switch it arrives when the model said (its record matched by
+        ``frame.flow``, a key the caller derives from the frame's bytes the same way at both
+        ends, e.g. its LRH and BTH)."""
+        self.run_events(now)
+        self.frames_in += 1
+        peer = self.peer(switch, in_port)
+        src = self.nodes.get(peer[0]) if peer is not None else None
+        if src is not None and not src.switch and peer is not None:
+            self._dispatch(src.inject(peer[1], frame, self.now))
+            return
+        t = self._match(switch, in_port, frame.flow, now)
+        node = self.nodes[switch]
+        self._dispatch(node.receive(in_port, frame, max(t, self.now), frame.dst))  # type: ignore[arg-type]
+
+    def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> int:
+        q = self._flight.get((switch, in_port))
+        if q and key is not None:
+            for i, (k, t) in enumerate(itertools.islice(q, MATCH_WINDOW)):
+                if k == key:
+                    for _ in range(i + 1):
+                        q.popleft()
+                    return t
+            while q and q[0][1] < now - MATCH_STALE_NS:
+                q.popleft()
+        self.unmatched += 1
+        return now
+
+    # --- time -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """The next time :meth:`run` has something to do (None: nothing until a frame)."""
+        t = self._events[0][0] if self._events else None
+        if self._due and (t is None or self._due[0][0] < t):
+            t = self._due[0][0]
+        return t
+
+    def run_events(self, now: int) -> None:
+        """Play the model's events due by ``now`` (not the departures)."""
+        ev = self._events
+        while ev and ev[0][0] <= now:
+            t, _, fn = heapq.heappop(ev)
+            if t > self.now:
+                self.now = t
+            self._dispatch(fn(t))
+        if now > self.now:
+            self.now = now
+
+    def run(self, now: int) -> list[Departure]:
+        """Play everything due by ``now``; the departures due by then, in due order, counted
+        as sent at ``now``."""
+        self.run_events(now)
+        out: list[Departure] = []
+        due = self._due
+        while due and due[0][0] <= now:
+            d = heapq.heappop(due)[2]
+            self._account(d, now)
+            out.append(d)
+        return out
+
+    def _account(self, d: Departure, sent: int) -> None:
+        st = self.stats.get((d.switch, d.port))
+        if st is None:
+            return
+        st.frames += 1
+        st.bytes += d.frame.size
+        st.late_ns.append(max(0, sent - d.due_ns))
+        if st.last_end is not None and d.start_ns == st.last_end and st.last_due is not None \
+                and st.last_sent is not None:
+            st.busy_model_ns += d.due_ns - st.last_due
+            st.busy_real_ns += sent - st.last_sent
+        st.last_due, st.last_end, st.last_sent = d.due_ns, d.end_ns, sent
+
+    def take_stats(self) -> dict[Port, LinkStats]:
+        """Each egress port's stats since the last call (ports that sent nothing left out)."""
+        out = {k: s for k, s in self.stats.items() if s.frames}
+        for k in out:
+            self.stats[k] = out[k].fresh()
+        return out
+
+    def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
+        """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
+        return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
+
+    def set_propagation(self, switch: str, port: int, propagation_ns: float) -> None:
+        """Change the delay of the cable ``switch:port`` sends on (a fault's injected delay)."""
+        p = self.nodes[switch].ports[port]
+        p.link = replace(p.link, propagation_ns=float(propagation_ns))
+
+    # --- actions --------------------------------------------------------------------------
+
+    def _at(self, t: int, fn: Callable[[int], list[Action]]) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn))
+
+    def _dispatch(self, actions: list[Action]) -> None:
+        touched: set[str] = set()
+        for a in actions:
+            touched.add(a.node)
+            if isinstance(a, Transmit):
+                node = self.nodes[a.node]
+                peer = node.ports[a.port].peer
+                if not node.switch:  # the host's cable, modelled here: the switch receives it
+                    if peer is not None:
+                        self._at(a.arrive_ns, self._receiver(peer, a.frame))
+                    continue
+                d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
+                heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
+                if peer is not None and self.nodes.get(peer[0]) is not None and self.nodes[peer[0]].switch:
+                    self._flight.setdefault(peer, deque()).append((a.frame.flow, a.arrive_ns))
+            elif isinstance(a, CreditReturn):
+                peer = self.nodes[a.node].ports[a.port].peer
+                if peer is not None and peer[0] in self.nodes:
+                    self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
+            elif isinstance(a, Drop):
+                self.drops += 1
+                self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
+        for name in touched:
+            self._schedule_wake(name)
+
+    def _receiver(self, peer: Port, frame: Frame) -> Callable[[int], list[Action]]:
+        node = self.nodes[peer[0]]
+
+        def receive(t: int) -> list[Action]:
+            out = node.receive(peer[1], frame, t, frame.dst)  # type: ignore[arg-type]
+            self._schedule_wake(node.name)
+            return out
+        return receive
+
+    def _crediter(self, peer: Port, vl: int, nblocks: int) -> Callable[[int], list[Action]]:
+        node = self.nodes[peer[0]]
+
+        def credit(t: int) -> list[Action]:
+            out = node.credit_return(peer[1], vl, nblocks, t)
+            self._schedule_wake(node.name)
+            return out
+        return credit
+
+    def _schedule_wake(self, name: str) -> None:
+        node = self.nodes[name]
+        t = node.next_deadline()
+        if t is None or self._wake.get(name) == t:
+            return
+        self._wake[name] = t
+
+        def wake(now: int) -> list[Action]:
+            if self._wake.get(name) == now:
+                del self._wake[name]
+            out = node.advance(now)
+            self._schedule_wake(name)
+            return out
+        self._at(t, wake)
