@@ -42,6 +42,7 @@ from ibemu.agents.device import DeviceAgent
 from ibemu.agents.forwarder import Forwarder, Reason
 from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
+from ibemu.fabric.linkplane import LinkPlane
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.commands import KernelError
@@ -51,6 +52,8 @@ from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
+from ibemu.physics.link import SwitchModel, default_switch_model
+from ibemu.physics.plan import build_nodes
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +105,12 @@ class AgentHost:
     """Runs ``agents`` (node name -> agent) on the sockets of ``fabric``."""
 
     def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
-                 events: FabricLog | None = None, datapath: str = "kernel") -> None:
-        """``datapath`` "user": switches forward in this process (their agent's forwarder)."""
+                 events: FabricLog | None = None, datapath: str = "kernel",
+                 switch_model: SwitchModel | None = None, physics: bool = True) -> None:
+        """``datapath`` "user": switches forward in this process (their agent's forwarder),
+        their egress ports timed by the link model (``fabric.linkplane``; ``switch_model``:
+        latency and buffers, default by the fabric's rate; ``physics=False``: frames leave as
+        soon as they are decided, no rates)."""
         self.fabric = fabric
         self.datapath = datapath
         self.events = events or FabricLog(None)
@@ -123,6 +130,10 @@ class AgentHost:
         """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
         self._switch_peers: dict[tuple[str, int], tuple[NodeRuntime, int]] = {}
         """(switch, port) -> the neighbour switch's runtime and port, on the user datapath."""
+        self.switch_model = switch_model or default_switch_model(fabric.plan.topology.defaults.rate, ethernet=False)
+        self.physics_on = physics and datapath == "user"
+        self.links: LinkPlane | None = None
+        """The user datapath's link model and its IO (``fabric.linkplane``)."""
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -320,6 +331,11 @@ class AgentHost:
         by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
         rx = RxBatcher()
         self._tx = TxBatcher()
+        if self.physics_on:
+            self.links = self._link_plane()
+            self.links.tx = self._tx
+            if self._nursery is not None:
+                self._nursery.start_soon(self.links.serve)
         try:
             for name, rt in switches:
                 for port, sock in rt.sockets.items():
@@ -334,8 +350,33 @@ class AgentHost:
                         self._forward_batch(name, rt, port, frames)
         finally:
             ep.close()
+            if self.links is not None:
+                self.links.tx = None
+                self.links.close()
             self._tx.close()
             self._tx = None
+
+    def _link_plane(self) -> LinkPlane:
+        """The model of the fabric (every switch and host, every cable; ``physics.plan``)."""
+        topo = self.fabric.plan.topology
+        nodes = build_nodes(topo, kind="ib", switch=self.switch_model)
+
+        def sock(name: str, port: int) -> socket.socket | None:
+            return self.nodes[name].sockets.get(port)
+
+        def head(name: str, port: int) -> bytes:
+            return self.nodes[name].eth[port]
+
+        def powered(name: str) -> bool:
+            return self.nodes[name].powered
+
+        def counts(name: str, port: int, deltas: dict[str, int]) -> None:
+            add = getattr(self.nodes[name].agent, "add_counts", None)
+            if add is not None and deltas:
+                add(port, **deltas)
+
+        return LinkPlane(nodes, self.switch_model, sockets=sock, heads=head, powered=powered,
+                         events=self.events, counts=counts)
 
     def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
         """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain
@@ -364,17 +405,21 @@ class AgentHost:
                 if rt.vl15_loss and self._lose_vl15(rt, frame):
                     continue
                 if out:  # what was decided before goes out before what the SMA answers
-                    self._send_batches(name, rt, out)
+                    self._send_batches(name, rt, out, port)
                     out = {}
                 self.dispatch(name, rt, agent.receive(port, verdict.packet))
                 if not rt.powered:
                     return
         if out:
-            self._send_batches(name, rt, out)
+            self._send_batches(name, rt, out, port)
 
-    def _send_batches(self, name: str, rt: NodeRuntime, out: dict[int, list[bytes]]) -> None:
+    def _send_batches(self, name: str, rt: NodeRuntime, out: dict[int, list[bytes]], in_port: int = 0) -> None:
         """Send each egress port's frames with its Ethernet header in place of the one they
-        came with, after the port's injected delay if it has one."""
+        came with: through the link model (``self.links``), else after the port's injected
+        delay if it has one."""
+        if self.links is not None:
+            self.links.submit(name, in_port, out)
+            return
         delays = self._delays_ns.get(name)
         sockets = rt.sockets
         tx = self._tx
@@ -415,6 +460,8 @@ class AgentHost:
         forwarder.set_impairment(port, loss=loss_pct / 100.0, corrupt=corrupt_pct / 100.0)
         if delay_us is not None:
             self._delays_ns.setdefault(node, {})[port] = int(delay_us * 1000)
+            if self.links is not None:  # the model's propagation is the cable's delay
+                self.links.plane.set_propagation(node, port, delay_us * 1000.0)
 
     async def _link_watch(self, name: str, rt: NodeRuntime) -> None:
         assert rt.monitor is not None
@@ -439,6 +486,8 @@ class AgentHost:
         while True:
             await trio.sleep(TICK_S)
             self.events.flush()
+            if self.links is not None:
+                self.links.tick()
             now = clock.now_ns()
             for name, rt in self.nodes.items():
                 if not rt.plan.is_switch and type(rt.agent).tick is DeviceAgent.tick:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from ibemu.physics.link import SWITCH_MODELS
 from ibemu.physics.live import LivePlane
 from ibemu.physics.model import Frame
@@ -38,7 +40,7 @@ def test_one_switch_line_rate_and_hop_latency() -> None:
     assert [m for _, _, m in sent] == list(range(50))
     # first frame: host cable serialization, the switch latency, the egress serialization
     assert sent[0][1] == ser + EDR.latency_ns + ser
-    gaps = {b[1] - a[1] for a, b in zip(sent, sent[1:], strict=False)}
+    gaps = {b[1] - a[1] for a, b in itertools.pairwise(sent)}
     assert gaps == {ser}  # back to back at line rate, never faster
     assert all(t == due for t, due, _ in sent)  # woken at each deadline: nothing late
     st = plane.take_stats()[("sw0", 2)]
@@ -85,7 +87,7 @@ def test_two_switches_credit_between_them_and_matched_arrivals() -> None:
     assert len(last) == 10
     hop = EDR.latency_ns + ser
     assert last[0] == ser + 3 * hop  # host cable, then three store-and-forward hops
-    assert {b - a for a, b in zip(last, last[1:], strict=False)} == {ser}
+    assert {b - a for a, b in itertools.pairwise(last)} == {ser}
     assert plane.drops == 0
 
 
