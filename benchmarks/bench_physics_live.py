@@ -95,11 +95,13 @@ def child(spec_path: str) -> None:
     if spec["mode"] == "rate":
         per_ms = spec["offered"] / 1000.0
         owed, tick, i = 0.0, t0, 0
+        n_sent = 0
         while time.perf_counter() < end:
             owed += per_ms
             while owed >= 1:
                 try:
                     tx.send(frames[i % len(frames)])
+                    n_sent += 1
                 except OSError:
                     failed += 1
                 i += 1
@@ -109,6 +111,7 @@ def child(spec_path: str) -> None:
             if delay > 0:
                 time.sleep(delay)
     else:
+        n_sent = 0
         for i, f in enumerate(frames):
             if time.perf_counter() >= end:
                 break
@@ -123,7 +126,7 @@ def child(spec_path: str) -> None:
     stop.set()
     th.join(2)
     offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
-    sys.stdout.write(json.dumps({"got": got, "sent": sent, "failed": failed, "offset": offset}) + "\n")
+    sys.stdout.write(json.dumps({"got": got, "sent": sent, "sent_n": n_sent, "failed": failed, "offset": offset}) + "\n")
     sys.stdout.flush()
 
 
@@ -263,13 +266,15 @@ def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path) -> 
                          "seconds": seconds, "drain_s": 1.0}, tmp)
         fid = fidelity_of(host, on_loop)
         unmatched = host.links.plane.unmatched
+        into_model = host.links.plane.frames_in
     stamps = sorted(clock.to_emulated_ns(s - out["offset"]) for s, n, _ in out["got"] if n > 1000)
     lo, hi = int(len(stamps) * 0.2), int(len(stamps) * 0.9)
     window = stamps[lo:hi]
     gbps = (len(window) - 1) * (wire + lm.framing_bytes) * 8 / (window[-1] - window[0]) if len(window) > 2 else 0.0
     return {"rate": rate_name, "dilation": dilation, "line_gbps": data_gbps(rate), "achieved_gbps": gbps,
             "pct": 100 * gbps / data_gbps(rate), "frames": len(stamps), "offered_fps_real": 1.05 * line_fps_real,
-            "fidelity": fid, "unmatched": unmatched}
+            "fidelity": fid, "unmatched": unmatched, "child_sent": out["sent_n"], "child_failed": out["failed"],
+            "into_model": into_model}
 
 
 def measure_latency(dilation: float, n: int, tmp: Path) -> dict[str, Any]:
@@ -331,7 +336,8 @@ def main() -> int:
             print(f"one flow, 4 KiB, {rate} at dilation {d:g}: {r['achieved_gbps']:.2f} Gb/s emulated = "
                   f"{r['pct']:.2f}% of {r['line_gbps']:g} (target 97..100.5%), {r['frames']} frames; "
                   f"fidelity {'valid' if f['valid'] else 'INVALID'}: worst link {f['worst_link']} "
-                  f"(busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us)")
+                  f"(busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us); sent {r['child_sent']} "
+                  f"(failed {r['child_failed']}), into the model {r['into_model']}")
     if not args.skip_latency:
         with tempfile.TemporaryDirectory() as tmp:
             r = measure_latency(args.latency_dilation, args.latency_frames, Path(tmp))
