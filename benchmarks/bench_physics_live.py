@@ -149,6 +149,10 @@ def run_child(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ a live fabric
 
+PHYSICS = True
+"""``--no-physics``: the user datapath without the link model (frames leave when decided)."""
+
+
 def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
     """Build ``topo`` on the user datapath (this process's clock), routes written in; yields
     (runtime, host, on_loop, lids)."""
@@ -167,7 +171,7 @@ def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
     def cm():  # type: ignore[no-untyped-def]
         state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live")
         rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp,
-                           mad_sockets=False)
+                           mad_sockets=False, physics=PHYSICS)
         lids = assign_lids(topo)
         lfts = minhop_lfts(topo, lids)
         box: dict[str, Any] = {}
@@ -240,6 +244,8 @@ def ends(rt: Any) -> dict[str, str]:
 def fidelity_of(host: Any, on_loop: Any) -> dict[str, Any]:
     from ibemu.scenario.fidelity import judge_links
 
+    if host.links is None:
+        return {"valid": None, "worst_link": None, "worst_busy_pct": None, "worst_late_p99_us": None, "links": {}}
     recs = on_loop(lambda: host.links.report_links(final=True))
     return judge_links(recs)
 
@@ -265,8 +271,8 @@ def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path) -> 
         out = run_child({**ends(rt), "frames": frames, "mode": "rate", "offered": 1.05 * line_fps_real,
                          "seconds": seconds, "drain_s": 1.0}, tmp)
         fid = fidelity_of(host, on_loop)
-        unmatched = host.links.plane.unmatched
-        into_model = host.links.plane.frames_in
+        unmatched = host.links.plane.unmatched if host.links else 0
+        into_model = host.links.plane.frames_in if host.links else 0
     stamps = sorted(clock.to_emulated_ns(s - out["offset"]) for s, n, _ in out["got"] if n > 1000)
     lo, hi = int(len(stamps) * 0.2), int(len(stamps) * 0.9)
     window = stamps[lo:hi]
@@ -292,6 +298,7 @@ def measure_latency(dilation: float, n: int, tmp: Path) -> dict[str, Any]:
         out = run_child({**ends(rt), "frames": frames, "mode": "latency", "gap_s": 0.02,
                          "seconds": n * 0.03, "drain_s": 0.5}, tmp)
         fid = fidelity_of(host, on_loop)
+        unmatched = host.links.plane.unmatched if host.links else 0
     sent = {psn: clock.to_emulated_ns(t) for t, psn in out["sent"]}
     lat = [clock.to_emulated_ns(s - out["offset"]) - sent[p] for s, ln, p in out["got"] if p in sent and ln > 1000]
     ser = lm.frame_ns(wire)
@@ -303,7 +310,7 @@ def measure_latency(dilation: float, n: int, tmp: Path) -> dict[str, Any]:
     return {"dilation": dilation, "samples": len(lat), "median_ns": med, "model_ns": model,
             "p10_ns": sorted(lat)[len(lat) // 10] if lat else None, "p90_ns": sorted(lat)[len(lat) * 9 // 10] if lat else None,
             "per_hop_ns": per_hop, "hop_model_ns": hop_model, "err_pct": 100 * (per_hop - hop_model) / hop_model,
-            "fidelity": fid}
+            "fidelity": fid, "unmatched": unmatched}
 
 
 def main() -> int:
@@ -317,10 +324,13 @@ def main() -> int:
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-rate", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-physics", action="store_true", help="the datapath without the link model (a control)")
     args = ap.parse_args()
     if args.child:
         child(args.child)
         return 0
+    global PHYSICS
+    PHYSICS = not args.no_physics
     import logging
     logging.basicConfig(level=logging.WARNING)
     print(f"load average before: {os.getloadavg()}")
@@ -346,7 +356,9 @@ def main() -> int:
         print(f"latency, 4 KiB, 4x EDR, 3 switches at dilation {r['dilation']:g}: median {r['median_ns']:.0f} ns "
               f"(p10 {r['p10_ns']}, p90 {r['p90_ns']}) vs model {r['model_ns']} ns; per hop {r['per_hop_ns']:.0f} ns "
               f"vs {r['hop_model_ns']} ns ({r['err_pct']:+.1f}%, target within 5%); {r['samples']} samples; "
-              f"fidelity {'valid' if f['valid'] else 'INVALID'}")
+              f"fidelity {'valid' if f['valid'] else 'INVALID'}; unmatched arrivals {r['unmatched']}")
+        for link, st in f["links"].items():
+            print(f"  {link}: {st}")
     print(f"load average after: {os.getloadavg()}")
     if args.json:
         print(json.dumps(results, default=str))

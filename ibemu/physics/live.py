@@ -145,10 +145,16 @@ class LivePlane:
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
             self._dispatch(src.inject(peer[1], frame, self.now))
+            self._schedule_wake(src.name)
             return
-        t = self._match(switch, in_port, frame.flow, now)
+        # The model's arrival, earlier than now by the veth's and the reading's real latency:
+        # the node takes a frame back in time (it cannot start a port that was busy since, and
+        # what it starts late is sent at once and counted late), so the next hop does not
+        # inherit this one's real latency.
+        t = min(self._match(switch, in_port, frame.flow, now), now)
         node = self.nodes[switch]
-        self._dispatch(node.receive(in_port, frame, max(t, self.now), frame.dst))  # type: ignore[arg-type]
+        self._dispatch(node.receive(in_port, frame, t, frame.dst))  # type: ignore[arg-type]
+        self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> int:
         q = self._flight.get((switch, in_port))

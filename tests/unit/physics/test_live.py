@@ -103,3 +103,23 @@ def test_credits_stall_the_upstream_switch_and_count_xmit_wait() -> None:
     assert len([1 for *_, m in sent]) == 2
     p = nodes["leaf0"].ports[2]
     assert p.counters.credit_stalls >= 1 and p.total_bytes > 0
+
+
+def test_a_lone_frame_from_a_switch_is_woken_for_without_other_traffic() -> None:
+    """A frame received from a neighbour switch waits in the switch's pipeline: the plane
+    must have a deadline for it even though the node returned no action yet."""
+    topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
+    nodes = build_nodes(topo, kind="ib", switch=EDR)
+    plane = LivePlane(nodes)
+    ser = nodes["leaf0"].ports[2].link.frame_ns(SIZE)
+    plane.arrive("leaf0", 1, frame(2, 0), 0)
+    first = drain(plane, 10**9)
+    assert len(first) == 1 and plane.next_deadline() is None
+    t = first[0][0] + 5000  # the spine reads it 5 us after it was due (the veth's latency)
+    plane.arrive("spine0", 1, Frame(SIZE, dst=2, flow=("k", 0)), t)
+    nxt = plane.next_deadline()
+    assert nxt is not None and nxt <= t  # due already (its deadline passed while on the veth)
+    (d,) = plane.run(t)  # the driver's wake-up: sent at once
+    # its model arrival was the matched one, so its departure is due a hop after leaf0's
+    assert d.due_ns == first[0][1] + EDR.latency_ns + ser
+    assert max(plane.take_stats()[("spine0", 2)].late_ns) == t - d.due_ns  # late, and counted so
