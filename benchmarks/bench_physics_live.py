@@ -220,9 +220,12 @@ def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
 
             yield rt, box["host"], on_loop, lids
         finally:
-            if "stop" in box:
+            if "stop" in box and "error" not in box:
                 trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
             th.join(60)
+            if "error" in box:
+                import traceback
+                traceback.print_exception(box["error"])
 
     return cm()
 

@@ -388,6 +388,9 @@ class AgentHost:
         out: dict[int, list[bytes]] = {}
         peer = self._switch_peers.get((name, port))
         good = peer is not None and peer[0].agent.forwarder.vouches_for(peer[1])  # type: ignore[attr-defined]
+        links = self.links if peer is not None else None  # credits to settle with a neighbour switch
+        if links is not None:
+            links.begin()
         i, n = 0, len(frames)
         while True:
             i = forwarder.forward_run(frames, i, port, ETH_LEN, out, vcrc_known_good=good)
@@ -412,6 +415,8 @@ class AgentHost:
                     return
         if out:
             self._send_batches(name, rt, out, port)
+        if links is not None:
+            links.settle(name, port, frames)
 
     def _send_batches(self, name: str, rt: NodeRuntime, out: dict[int, list[bytes]], in_port: int = 0) -> None:
         """Send each egress port's frames with its Ethernet header in place of the one they

@@ -97,6 +97,8 @@ class LinkPlane:
         self._last_report = clock.monotonic()
         self.sent = 0
         self.lag_log = lagmon.log_path()
+        self._batch: set[int] = set()
+        """ids of the frames submitted since ``begin`` (what a batch forwarded)."""
 
     # --- the forwarding loop's side -------------------------------------------------------
 
@@ -105,12 +107,32 @@ class LinkPlane:
         frames with their old Ethernet header): into the model; then what is due goes."""
         now = clock.now_ns()
         arrive = self.plane.arrive
+        batch = self._batch
         for egress, frames in out.items():
             for f in frames:
+                batch.add(id(f))
                 b0 = f[ETH_LEN]
                 fr = Frame(len(f) - ETH_LEN, sl=f[ETH_LEN + 1] >> 4, dst=egress, flow=match_key(f),
                            vl15=b0 >> 4 == 15, meta=f)
                 arrive(switch, in_port, fr, now)
+        self.pump()
+
+    def begin(self) -> None:
+        """A batch of frames received on one port starts (see :meth:`settle`)."""
+        self._batch.clear()
+
+    def settle(self, switch: str, in_port: int, frames: list[bytes]) -> None:
+        """The frames of a batch from a neighbour switch that were not forwarded (the SMA took
+        them, the forwarder dropped them) free their buffer: credits back to the sender.
+        (A frame the forwarder corrupted leaves as a new object: its original is settled here
+        and the copy, unmatched, enters the model anew; its credits are counted twice.)"""
+        batch = self._batch
+        if len(batch) >= len(frames):
+            return
+        now = clock.now_ns()
+        for f in frames:
+            if id(f) not in batch and len(f) > ETH_LEN + 20:
+                self.plane.consume(switch, in_port, match_key(f), now)
         self.pump()
 
     def pump(self) -> None:
@@ -158,6 +180,7 @@ class LinkPlane:
 
     def tick(self) -> None:
         """From the agent host's ticker: every ``REPORT_S``, counters, credit loops, fidelity."""
+        self.plane.expire(clock.now_ns())
         mono = clock.monotonic()
         if mono - self._last_report < clock.emulated_s(REPORT_S):
             return

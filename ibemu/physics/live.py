@@ -28,7 +28,9 @@ What is modelled where (all the switches of the fabric live in this one plane):
   (:meth:`arrive` looks for the frame's ``key`` among the cable's frames in flight) and gives
   the peer node the model's arrival time, not the real one. Frames lost on the veth (a cable
   pulled, a full socket) leave their records behind: at most :data:`MATCH_WINDOW` are skipped
-  per arrival, and an arrival with no match enters at ``now``.
+  per arrival (their credits given back), older ones expire (:meth:`expire`), and an arrival
+  with no match enters at ``now``. A frame the peer switch does not forward (its SMA takes
+  it, its forwarder drops it) frees its buffer at once (:meth:`consume`).
 - Host -> switch. The HCA cannot be back-pressured: there is no link-level flow-control
   protocol on the veth. The host's port is modelled at the switch's ingress instead: a frame
   received from a host enters the host node's egress queue (what stands for the HCA's send
@@ -56,11 +58,13 @@ from dataclasses import dataclass, field, replace
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
+from ibemu.physics.qos import blocks
 
 MATCH_WINDOW = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
-MATCH_STALE_NS = 10_000_000
-"""An unmatched record older than this (emulated ns) is dropped (its frame was lost)."""
+MATCH_STALE_NS = 1_000_000_000
+"""A record older than this (emulated ns) is dropped (its frame was lost): long, because a
+datapath that falls behind the clock receives frames long after the model's arrival."""
 
 Port = tuple[str, int]
 
@@ -114,9 +118,11 @@ class LivePlane:
         self._events: list[tuple[int, int, Callable[[int], list[Action]]]] = []
         self._seq = itertools.count()
         self._wake: dict[str, int] = {}
+        self._last: dict[str, int] = {}
         self._due: list[tuple[int, int, Departure]] = []
-        self._flight: dict[Port, deque[tuple[Hashable, int]]] = {}
-        """(switch, port) receiving: (key, model arrival) of the frames on the cable to it."""
+        self._flight: dict[Port, deque[tuple[Hashable, int, int, int]]] = {}
+        """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
+        cable to it."""
         self.stats: dict[Port, LinkStats] = {}
         self.frames_in = 0
         self.unmatched = 0
@@ -144,7 +150,7 @@ class LivePlane:
         peer = self.peer(switch, in_port)
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
-            self._dispatch(src.inject(peer[1], frame, self.now))
+            self._dispatch(src.inject(peer[1], frame, self._clamp(src.name, self.now)))
             self._schedule_wake(src.name)
             return
         # The model's arrival, earlier than now by the veth's and the reading's real latency:
@@ -153,21 +159,54 @@ class LivePlane:
         # inherit this one's real latency.
         t = min(self._match(switch, in_port, frame.flow, now), now)
         node = self.nodes[switch]
-        self._dispatch(node.receive(in_port, frame, t, frame.dst))  # type: ignore[arg-type]
+        self._dispatch(node.receive(in_port, frame, self._clamp(switch, t), frame.dst))  # type: ignore[arg-type]
         self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> int:
         q = self._flight.get((switch, in_port))
         if q and key is not None:
-            for i, (k, t) in enumerate(itertools.islice(q, MATCH_WINDOW)):
-                if k == key:
-                    for _ in range(i + 1):
-                        q.popleft()
-                    return t
-            while q and q[0][1] < now - MATCH_STALE_NS:
-                q.popleft()
+            for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+                if rec[0] == key:
+                    for _ in range(i):  # lost on the way: their credits come back
+                        self._lost(switch, in_port, q.popleft(), now)
+                    q.popleft()
+                    return rec[1]
         self.unmatched += 1
         return now
+
+    def consume(self, switch: str, in_port: int, key: Hashable, now: int) -> bool:
+        """A frame from a neighbour switch that ``switch`` did not forward (its SMA took it,
+        or its forwarder dropped it): its buffer is free at once and its credits go back to
+        the sender, as a real port frees what it consumed or discarded. False: no record."""
+        q = self._flight.get((switch, in_port))
+        if not q:
+            return False
+        for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+            if rec[0] == key:
+                del q[i]
+                self._lost(switch, in_port, rec, now)
+                return True
+        return False
+
+    def expire(self, now: int, port: Port | None = None) -> int:
+        """Forget the records of frames in flight for longer than :data:`MATCH_STALE_NS`
+        (lost on the veth: a cable pulled, a full socket), their credits given back, as the
+        periodic flow-control packets of a real link resynchronize them. How many."""
+        n = 0
+        for key in [port] if port is not None else list(self._flight):
+            q = self._flight.get(key)
+            while q and q[0][1] < now - MATCH_STALE_NS:
+                self._lost(key[0], key[1], q.popleft(), now)
+                n += 1
+        return n
+
+    def _lost(self, switch: str, in_port: int, rec: tuple[Hashable, int, int, int], now: int) -> None:
+        peer = self.peer(switch, in_port)
+        if peer is None or not rec[3]:
+            return
+        self.run_events(now)
+        self._dispatch(self.nodes[peer[0]].credit_return(peer[1], rec[2], rec[3], self._clamp(peer[0], now)))
+        self._schedule_wake(peer[0])
 
     # --- time -----------------------------------------------------------------------------
 
@@ -232,6 +271,16 @@ class LivePlane:
 
     # --- actions --------------------------------------------------------------------------
 
+    def _clamp(self, name: str, t: int) -> int:
+        """``t``, or the latest time node ``name`` was driven to if later: a node's own time
+        never goes back (a frame matched to its model arrival may be older than what the node
+        did since; it is then taken as arriving now, for that node)."""
+        last = self._last.get(name, 0)
+        if t < last:
+            return last
+        self._last[name] = t
+        return t
+
     def _at(self, t: int, fn: Callable[[int], list[Action]]) -> None:
         heapq.heappush(self._events, (t, next(self._seq), fn))
 
@@ -249,7 +298,8 @@ class LivePlane:
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
                 heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
                 if peer is not None and self.nodes.get(peer[0]) is not None and self.nodes[peer[0]].switch:
-                    self._flight.setdefault(peer, deque()).append((a.frame.flow, a.arrive_ns))
+                    credited = 0 if a.frame.vl15 else blocks(a.frame.size)
+                    self._flight.setdefault(peer, deque()).append((a.frame.flow, a.arrive_ns, a.vl, credited))
             elif isinstance(a, CreditReturn):
                 peer = self.nodes[a.node].ports[a.port].peer
                 if peer is not None and peer[0] in self.nodes:
@@ -264,7 +314,7 @@ class LivePlane:
         node = self.nodes[peer[0]]
 
         def receive(t: int) -> list[Action]:
-            out = node.receive(peer[1], frame, t, frame.dst)  # type: ignore[arg-type]
+            out = node.receive(peer[1], frame, self._clamp(node.name, t), frame.dst)  # type: ignore[arg-type]
             self._schedule_wake(node.name)
             return out
         return receive
@@ -273,7 +323,7 @@ class LivePlane:
         node = self.nodes[peer[0]]
 
         def credit(t: int) -> list[Action]:
-            out = node.credit_return(peer[1], vl, nblocks, t)
+            out = node.credit_return(peer[1], vl, nblocks, self._clamp(node.name, t))
             self._schedule_wake(node.name)
             return out
         return credit
@@ -288,7 +338,7 @@ class LivePlane:
         def wake(now: int) -> list[Action]:
             if self._wake.get(name) == now:
                 del self._wake[name]
-            out = node.advance(now)
+            out = node.advance(self._clamp(name, now))
             self._schedule_wake(name)
             return out
         self._at(t, wake)

@@ -123,3 +123,50 @@ def test_a_lone_frame_from_a_switch_is_woken_for_without_other_traffic() -> None
     # its model arrival was the matched one, so its departure is due a hop after leaf0's
     assert d.due_ns == first[0][1] + EDR.latency_ns + ser
     assert max(plane.take_stats()[("spine0", 2)].late_ns) == t - d.due_ns  # late, and counted so
+
+
+def test_a_datapath_lagging_behind_the_model_loses_no_credit() -> None:
+    """Every switch reads its frames 50 us after the model had them arrive (a datapath behind
+    the clock): matched arrivals lie in the past of nodes that moved on; all frames still get
+    through and every credit comes back (a node's time never goes back)."""
+    topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
+    nodes = build_nodes(topo, kind="ib", switch=EDR)
+    plane = LivePlane(nodes)
+    n_frames, size = 1000, 238
+    for n in range(n_frames):
+        plane.arrive("leaf0", 1, Frame(size, dst=2, flow=n, meta=n), n * 100)
+    pending: list[tuple[int, str, int, Frame]] = []
+    now = delivered = 0
+    nxt = {"leaf0": ("spine0", 1, 2), "spine0": ("leaf1", 2, 1)}
+    while delivered < n_frames and now < 10**9:
+        now += 1000
+        for d in plane.run(now):
+            if d.switch in nxt:
+                sw, port, out = nxt[d.switch]
+                pending.append((now + 50_000, sw, port, Frame(size, dst=out, flow=d.frame.flow, meta=d.frame.meta)))
+            else:
+                delivered += 1
+        for item in [p for p in pending if p[0] <= now]:
+            plane.arrive(item[1], item[2], item[3], now)
+        pending = [p for p in pending if p[0] > now]
+    assert delivered == n_frames and plane.unmatched == 0
+    full = EDR.buffer_bytes // 64
+    assert nodes["leaf0"].ports[2].credits[0] == full and nodes["h0"].ports[1].credits[0] == full
+    assert nodes["spine0"].ports[2].credits[0] == full
+
+
+def test_frames_a_switch_consumed_or_lost_give_their_credits_back() -> None:
+    topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
+    nodes = build_nodes(topo, kind="ib", switch=EDR)
+    plane = LivePlane(nodes)
+    for n in range(3):
+        plane.arrive("leaf0", 1, frame(2, n), 0)
+    sent = drain(plane, 10**6)
+    assert len(sent) == 3
+    full = EDR.buffer_bytes // 64
+    assert nodes["leaf0"].ports[2].credits[0] == full - 3 * 65
+    assert plane.consume("spine0", 1, ("k", 0), 10**6)  # the spine's SMA took it
+    assert nodes["leaf0"].ports[2].credits[0] == full - 2 * 65
+    plane.arrive("spine0", 1, frame(2, 2), 10**6)  # frame 1 was lost on the veth: skipped
+    assert nodes["leaf0"].ports[2].credits[0] == full - 65
+    assert plane.expire(10**6) == 0 and plane.unmatched == 0
