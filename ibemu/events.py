@@ -183,6 +183,10 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a fault was injected (action link_down|link_up|switch_down|switch_up|smp_loss|corrupt): t_fault",
         {Log.FABRIC: ("action", "target", "end", "percent", "source"),
          Log.FAULTS: ("action", "target", "end", "source")}),
+    Kind.CREDIT_LOOP: KindInfo(
+        "the user datapath's link model found a credit loop: a cycle of (switch, port, VL) egress "
+        "queues, each waiting for credits the next one holds, none returned for a while (a deadlock)",
+        {Log.FABRIC: ("hops", "stalled_us")}),
     Kind.SM_START: KindInfo(
         "the SM started",
         {Log.SM: ("engine", "max_in_flight")}),
@@ -267,19 +271,15 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.FABRIC_UP: KindInfo(
         "every route of the RoCE fabric is programmed",
         {Log.FM: ("seconds", "routes")}),
-    Kind.CREDIT_LOOP: KindInfo(
-        "the user datapath's link model found a credit loop: a cycle of (switch, port, VL) egress "
-        "queues, each waiting for credits the next one holds, none returned for a while (a deadlock)",
-        {Log.FABRIC: ("hops", "stalled_us")}),
+    Kind.LAG: KindInfo(
+        "how late a process's monitor woke, in emulated time, over an interval (ibemu.lagmon)",
+        {Log.LAG: ("process", "pid", "since_ns", "period_us", "samples", "p50_us", "p99_us", "max_us",
+                   "buckets", "final")}),
     Kind.LINK_FIDELITY: KindInfo(
         "one cable direction of the IB user datapath over an interval: frames, bytes, how late the "
         "real departures left against the link model's times, model vs real time while busy",
         {Log.LAG: ("link", "since_ns", "gbps", "frames", "bytes", "busy_model_ns", "busy_real_ns",
                    "samples", "p50_us", "p99_us", "max_us", "buckets", "final")}),
-    Kind.LAG: KindInfo(
-        "how late a process's monitor woke, in emulated time, over an interval (ibemu.lagmon)",
-        {Log.LAG: ("process", "pid", "since_ns", "period_us", "samples", "p50_us", "p99_us", "max_us",
-                   "buckets", "final")}),
 }
 
 LAZY: dict[Log, frozenset[str]] = {
