@@ -257,7 +257,7 @@ def fidelity_of(host: Any, on_loop: Any) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ the two figures
 
-def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path) -> dict[str, Any]:
+def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path, switches: int = 1) -> dict[str, Any]:
     from ibemu import clock
     from ibemu.physics.link import LinkModel, data_gbps
     from ibemu.topo import generate
@@ -265,7 +265,8 @@ def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path) -> 
 
     clock.configure(dilation)
     rate = parse_rate(rate_name)
-    topo = generate("single-switch", hosts=2)
+    topo = (generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1) if switches == 3
+            else generate("single-switch", hosts=2))
     topo.defaults = dataclasses.replace(topo.defaults, rate=rate)
     lm = LinkModel.of(rate)
     with live_fabric(topo, tmp) as (rt, host, on_loop, lids):
@@ -282,7 +283,7 @@ def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path) -> 
     lo, hi = int(len(stamps) * 0.2), int(len(stamps) * 0.9)
     window = stamps[lo:hi]
     gbps = (len(window) - 1) * (wire + lm.framing_bytes) * 8 / (window[-1] - window[0]) if len(window) > 2 else 0.0
-    return {"rate": rate_name, "dilation": dilation, "line_gbps": data_gbps(rate), "achieved_gbps": gbps,
+    return {"rate": rate_name, "switches": switches, "dilation": dilation, "line_gbps": data_gbps(rate), "achieved_gbps": gbps,
             "pct": 100 * gbps / data_gbps(rate), "frames": len(stamps), "offered_fps_real": 1.05 * line_fps_real,
             "fidelity": fid, "unmatched": unmatched, "child_sent": out["sent_n"], "child_failed": out["failed"],
             "into_model": into_model}
@@ -329,6 +330,8 @@ def main() -> int:
     ap.add_argument("--latency-frames", type=int, default=60)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-rate", action="store_true")
+    ap.add_argument("--rate-switches", type=int, choices=(1, 3), default=1,
+                    help="the rate over one switch, or three (leaf, spine, leaf: credits between switches)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-physics", action="store_true", help="the datapath without the link model (a control)")
     args = ap.parse_args()
@@ -346,10 +349,10 @@ def main() -> int:
     if not args.skip_rate:
         for rate, d in zip(rates, dils, strict=True):
             with tempfile.TemporaryDirectory() as tmp:
-                r = measure_rate(rate, d, args.seconds, Path(tmp))
+                r = measure_rate(rate, d, args.seconds, Path(tmp), args.rate_switches)
             results.append(r)
             f = r["fidelity"]
-            print(f"one flow, 4 KiB, {rate} at dilation {d:g}: {r['achieved_gbps']:.2f} Gb/s emulated = "
+            print(f"one flow, 4 KiB, {rate}, {r['switches']} switch(es), at dilation {d:g}: {r['achieved_gbps']:.2f} Gb/s emulated = "
                   f"{r['pct']:.2f}% of {r['line_gbps']:g} (target 97..100.5%), {r['frames']} frames; "
                   f"fidelity {'valid' if f['valid'] else 'INVALID'}: worst link {f['worst_link']} "
                   f"(busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us); sent {r['child_sent']} "
