@@ -64,8 +64,8 @@ class _MMsgHdr(ctypes.Structure):
 MSG_DONTWAIT = 0x40
 TX_SLOT = 9216 + 64
 """Bytes of a transmit slot: the largest frame a user datapath reads (9216) fits."""
-TX_BATCH = 128
-TX_BUFFERS = 6
+TX_BATCH = 64
+TX_BUFFERS = 32
 DIRECT_MAX = 2
 """Batches this short go out at once from the caller's thread when nothing is queued."""
 
