@@ -23,7 +23,10 @@ switch's socket (its receive buffer) and does not cost the datapath.
 "Before" is the same measurement on another commit's ``ibemu`` (``--before REF``, default the
 commit before the fast datapath: the tree is exported with ``git archive`` to a temporary
 directory and this script runs again with it first on ``PYTHONPATH``). Each figure is a range
-over ``--repeat`` runs; the 2 cores are shared, so the load average is printed too.
+over ``--repeat`` runs; the 2 cores are shared, so the load average is printed too, and the CPU
+time the forwarding process (all its threads) spent per frame-hop, which depends much less on
+what else runs than the rate does. ``--profile DIR`` records the forwarding process with
+py-spy during each window (collapsed stacks: what the README's profile findings come from).
 
 Run: sudo .venv/bin/python benchmarks/bench_user_datapath.py [--kind ib|roce|both] [--repeat 3]
      [--seconds 3] [--offered 25000] [--before REF | --no-before]
