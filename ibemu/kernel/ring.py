@@ -105,7 +105,9 @@ class TxBatcher:
     The thread inherits its creator's CPUs: a creator pinned to one CPU shares it with its
     sender (the agent host is not pinned on the user datapath: ``FabricRuntime.running``).
     A frame the kernel refuses (the link is down, its queue full) is lost like on a cable and
-    counted in ``dropped`` by the key given with it.
+    counted in ``dropped`` by the key given with it. ``close`` sends what is queued: call it
+    before closing the sockets (a closed descriptor's number may be reused). Memory:
+    ``TX_BUFFERS`` x ``TX_BATCH`` x ``TX_SLOT`` bytes (19 MB), once per datapath process.
     """
 
     def __init__(self) -> None:
