@@ -92,7 +92,8 @@ class NodeRuntime:
     monitor: socket.socket | None = None
     mad_sink: MadSink | None = None
     tx_dropped: int = 0
-    """Frames the agent's sends lost (the user datapath's: ``AgentHost.user_tx_dropped``)."""
+    """Frames the agent's sends lost (the user datapath's sender counts its own by switch
+    name: ``TxBatcher.dropped``)."""
     rx_runts: int = 0
     powered: bool = True
     """A powered-off node (switch_down) neither hears nor sends anything."""
@@ -407,9 +408,9 @@ class AgentHost:
             elif verdict.reason is Reason.TO_SMA:
                 if rt.vl15_loss and self._lose_vl15(rt, frame):
                     continue
-                if out:  # what was decided before goes out before what the SMA answers
-                    self._send_batches(name, rt, out, port)
-                    out = {}
+                if out:  # what was decided before is handed over before the SMA's answer (which
+                    self._send_batches(name, rt, out, port)  # may still pass it: VL15 and the data
+                    out = {}  # VLs are not ordered with each other on a real link either)
                 self.dispatch(name, rt, agent.receive(port, verdict.packet))
                 if not rt.powered:
                     return
@@ -500,10 +501,6 @@ class AgentHost:
                 actions = rt.agent.tick(now)
                 if actions:
                     self.dispatch(name, rt, actions)
-
-    def user_tx_dropped(self, name: str) -> int:
-        """Frames switch ``name``'s user datapath could not send (link down, queue full)."""
-        return self._tx.dropped[name] if self._tx is not None else 0
 
     def set_vl15_loss(self, name: str, fraction: float) -> None:
         """Lose ``fraction`` of the VL15 frames reaching node ``name``'s agent (its kernel

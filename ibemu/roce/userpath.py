@@ -115,11 +115,11 @@ class UserDatapath:
                  sum(len(r.socks) for r in self.routers.values()), self.cfg)
 
     def close(self) -> None:
+        self.tx.close()  # first: what it has queued goes out on sockets still open (no reused fd)
         for r in self.routers.values():
             for s in (*r.socks.values(), r.routes, r.links):
                 s.close()
         self.timer.close()
-        self.tx.close()
 
     # -- sending and the timer -----------------------------------------------------------
     def send(self, r: Router, sends: list[Send]) -> None:
