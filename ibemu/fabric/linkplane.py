@@ -41,6 +41,7 @@ and traps) leave at once, outside the model: only the SMPs the forwarders relay 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from collections.abc import Callable, Mapping
@@ -173,7 +174,8 @@ class LinkPlane:
             self.pump()
 
     def close(self) -> None:
-        trio.lowlevel.notify_closing(self.timer.fd)
+        with contextlib.suppress(RuntimeError):  # outside trio nothing can be waiting on it
+            trio.lowlevel.notify_closing(self.timer.fd)  # a task waiting on it wakes with an error
         self.timer.close()
 
     # --- reports --------------------------------------------------------------------------
