@@ -13,6 +13,7 @@ trio starts; afterwards they stay bound to their namespace.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -352,6 +353,8 @@ class AgentHost:
         finally:
             ep.close()
             if self.links is not None:
+                with contextlib.suppress(OSError):  # the last interval's link fidelity
+                    self.links.report_links(final=True)
                 self.links.tx = None
                 self.links.close()
             self._tx.close()
