@@ -279,7 +279,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "one cable direction of the IB user datapath over an interval: frames, bytes, how late the "
         "real departures left against the link model's times, model vs real time while busy",
         {Log.LAG: ("link", "since_ns", "gbps", "frames", "bytes", "busy_model_ns", "busy_real_ns",
-                   "samples", "p50_us", "p99_us", "max_us", "buckets", "final")}),
+                   "rx_drops", "samples", "p50_us", "p99_us", "max_us", "buckets", "final")}),
 }
 
 LAZY: dict[Log, frozenset[str]] = {

@@ -30,8 +30,10 @@ Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`
   (switch, port, VL) for :data:`LOOP_STALL_NS` of emulated time) are logged once each as a
   ``credit_loop`` event in the fabric log naming the ports and VLs;
 - per cable direction, a ``link_fidelity`` record (frames, bytes, lateness of the real
-  departures against the model's, the busy ratio) goes to the run's lag log when there is one
-  (``lagmon.log_path``), where ``scenario.fidelity`` judges the links with the processes.
+  departures against the model's, the busy ratio, and the frames the port's socket dropped
+  because the datapath did not read them in time: ``PACKET_STATISTICS``) goes to the run's
+  lag log when there is one (``lagmon.log_path``), where ``scenario.fidelity`` judges the
+  links with the processes.
 
 Deviations: the model's SL -> VL maps and VL arbitration tables are the scenario's defaults
 taken when the plane starts (one data VL unless built otherwise), not re-read from the agents
@@ -52,6 +54,7 @@ import trio
 
 from ibemu import clock, lagmon
 from ibemu.events import FabricLog, Kind, append
+from ibemu.kernel.packet import take_drops
 from ibemu.kernel.ring import TxBatcher
 from ibemu.kernel.timerfd import TimerFd
 from ibemu.physics.link import SwitchModel
@@ -219,9 +222,20 @@ class LinkPlane:
                 "stalled_us": loop.stalled_ns // 1000})
 
     def report_links(self, *, final: bool = False) -> list[dict[str, Any]]:
+        """The ``link_fidelity`` records of the interval since the last call (written to the
+        lag log when there is one): per switch port that sent frames or whose socket dropped
+        some it was sent (the kernel's count: the datapath did not read them in time)."""
         stats = self.plane.take_stats()
+        drops: dict[tuple[str, int], int] = {}
+        for key, st in self.plane.stats.items():
+            sock = self._sockets(*key)
+            n = take_drops(sock) if sock is not None else 0
+            if n:
+                drops[key] = n
+                stats.setdefault(key, LinkStats(st.gbps))
         since, self._since_ns = self._since_ns, clock.now_ns()
-        recs = [link_record(f"{sw}:{port}", st, since, final=final) for (sw, port), st in sorted(stats.items())]
+        recs = [link_record(f"{sw}:{port}", st, since, final=final, rx_drops=drops.get((sw, port), 0))
+                for (sw, port), st in sorted(stats.items())]
         if self.lag_log and recs:
             for rec in recs:
                 try:
@@ -231,11 +245,12 @@ class LinkPlane:
         return recs
 
 
-def link_record(link: str, st: LinkStats, since_ns: int, *, final: bool = False) -> dict[str, Any]:
-    """The ``Kind.LINK_FIDELITY`` record of one cable direction over an interval."""
+def link_record(link: str, st: LinkStats, since_ns: int, *, final: bool = False, rx_drops: int = 0) -> dict[str, Any]:
+    """The ``Kind.LINK_FIDELITY`` record of one cable direction over an interval (``rx_drops``:
+    frames lost arriving at this port, its socket full)."""
     late = lagmon.LagStats()
     for ns in st.late_ns:
         late.add(ns / 1000.0)
     return {"kind": Kind.LINK_FIDELITY, "t_ns": clock.now_ns(), "since_ns": since_ns, "link": link,
             "gbps": st.gbps, "frames": st.frames, "bytes": st.bytes, "busy_model_ns": st.busy_model_ns,
-            "busy_real_ns": st.busy_real_ns, **late.summary(), "buckets": late.buckets(), "final": final}
+            "busy_real_ns": st.busy_real_ns, "rx_drops": rx_drops, **late.summary(), "buckets": late.buckets(), "final": final}

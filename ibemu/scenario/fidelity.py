@@ -14,10 +14,11 @@ says otherwise; ``worst_lag_us`` is the highest p99 of any process (``worst_proc
 Links (the IB user datapath, ``ibemu.fabric.linkplane``): the agent host writes a
 ``Kind.LINK_FIDELITY`` record per cable direction and interval into the same log: frames, how
 late each real departure left against the link model's time (a lag distribution), and the
-model's against the real time over back-to-back frames. Merged over the window like the
-processes', a link *fell behind* when its real departures were late at p99 by
-``threshold_us`` or more, or when, busy for at least :data:`MIN_BUSY_NS`, it achieved less
-than :data:`MIN_BUSY_RATIO` of its configured rate; a run with such a link is invalid like one
+model's against the real time over back-to-back frames, and the frames its switch port's
+socket dropped (the datapath did not read them in time). Merged over the window like the
+processes', a link *fell behind* when frames were dropped arriving at it, when its real
+departures were late at p99 by ``threshold_us`` or more, or when, busy for at least
+:data:`MIN_BUSY_NS`, it achieved less than :data:`MIN_BUSY_RATIO` of its configured rate; a run with such a link is invalid like one
 with a lagging process. ``worst_link`` names the link furthest behind (else the one with the
 latest departures) with its figures; null when no link reported (the kernel datapath, RoCE).
 """
@@ -69,6 +70,7 @@ class LinkTotals:
     bytes: int = 0
     busy_model_ns: int = 0
     busy_real_ns: int = 0
+    rx_drops: int = 0
     late: LagStats = field(default_factory=LagStats)
 
     def busy_pct(self) -> float | None:
@@ -78,7 +80,7 @@ class LinkTotals:
 
     def summary(self) -> dict[str, Any]:
         pct = self.busy_pct()
-        return {"gbps": self.gbps, "frames": self.frames, "bytes": self.bytes,
+        return {"gbps": self.gbps, "frames": self.frames, "bytes": self.bytes, "rx_drops": self.rx_drops,
                 "busy_pct": None if pct is None else round(pct, 2),
                 "late_p50_us": round(self.late.quantile_us(0.5), 1),
                 "late_p99_us": round(self.late.quantile_us(0.99), 1), "late_max_us": round(self.late.max_us, 1)}
@@ -102,6 +104,7 @@ def merge_links(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
         tot.bytes += int(r.get("bytes", 0))
         tot.busy_model_ns += int(r.get("busy_model_ns", 0))
         tot.busy_real_ns += int(r.get("busy_real_ns", 0))
+        tot.rx_drops += int(r.get("rx_drops", 0))
         tot.late.merge(LagStats.from_buckets(r["buckets"], float(r.get("max_us", 0.0))))
     return out
 
@@ -114,15 +117,18 @@ def judge_links(records: Iterable[Mapping[str, Any]] | Mapping[str, LinkTotals],
     behind: dict[str, str] = {}
     for name, t in links.items():
         pct, p99 = t.busy_pct(), t.late.quantile_us(0.99)
-        if pct is not None and pct < 100 * MIN_BUSY_RATIO:
+        if t.rx_drops:
+            behind[name] = (f"{t.rx_drops} frames dropped arriving at it (its socket was full: the "
+                            "datapath did not read them in time)")
+        elif pct is not None and pct < 100 * MIN_BUSY_RATIO:
             behind[name] = f"achieved {pct:.1f}% of its {t.gbps:g} Gb/s while busy (< {100 * MIN_BUSY_RATIO:g}%)"
         elif t.late.samples and p99 >= threshold_us:
             behind[name] = f"departures late by {p99 / 1e3:.2f} ms at p99 (>= {threshold_us / 1e3:g} ms)"
 
-    def badness(name: str) -> tuple[int, float, float]:
+    def badness(name: str) -> tuple[int, int, float, float]:
         t = links[name]
         pct = t.busy_pct()
-        return (name in behind, -(pct if pct is not None else 100.0), t.late.quantile_us(0.99))
+        return (name in behind, t.rx_drops, -(pct if pct is not None else 100.0), t.late.quantile_us(0.99))
 
     worst = max(links, key=badness, default=None)
     w = links[worst].summary() if worst else {}

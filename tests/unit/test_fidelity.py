@@ -108,6 +108,15 @@ def test_links_that_kept_to_the_model_leave_the_run_valid_and_name_the_worst() -
     assert "every link kept to the model" in f["note"] and "sw0:2" in f["note"]
 
 
+def test_frames_dropped_arriving_at_a_switch_port_invalidate_the_run() -> None:
+    from ibemu.scenario.fidelity import judge_links
+
+    rec = _link("sw0:1", busy_model=10_000_000, busy_real=10_000_000, late_us=[1.0] * 100)
+    rec["rx_drops"] = 42
+    lj = judge_links([rec])
+    assert lj["valid"] is False and lj["worst_link"] == "sw0:1" and "42 frames dropped" in lj["behind"]["sw0:1"]
+
+
 def test_a_link_that_fell_behind_invalidates_the_run() -> None:
     from ibemu.scenario.fidelity import judge_links, merge_links
 
