@@ -496,7 +496,7 @@ class AgentHost:
             await trio.sleep(TICK_S)
             self.events.flush()
             if self.links is not None:
-                self.links.tick()
+                self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()
             for name, rt in self.nodes.items():
                 if not rt.plan.is_switch and type(rt.agent).tick is DeviceAgent.tick:

@@ -35,9 +35,11 @@ Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`
   lag log when there is one (``lagmon.log_path``), where ``scenario.fidelity`` judges the
   links with the processes.
 
-Deviations: the model's SL -> VL maps and VL arbitration tables are the scenario's defaults
-taken when the plane starts (one data VL unless built otherwise), not re-read from the agents
-after the SM programs them; VL15 frames the SMAs send themselves (``Send`` actions, answers
+QoS: the model starts with one data VL and the default tables; every ``REPORT_S``
+(``sync_qos``) it re-reads the SL -> VL maps, VL arbitration tables and OperationalVLs of the
+agents whose tables the SM changed (``DeviceAgent.qos_version``), CAs' included.
+
+Deviations: VL15 frames the SMAs send themselves (``Send`` actions, answers
 and traps) leave at once, outside the model: only the SMPs the forwarders relay are timed.
 """
 
@@ -101,6 +103,7 @@ class LinkPlane:
         self._last_report = clock.monotonic()
         self.sent = 0
         self.lag_log = lagmon.log_path()
+        self._qos_seen: dict[str, tuple[int, ...]] = {}
         self._batch: set[int] = set()
         """ids of the frames submitted since ``begin`` (what a batch forwarded)."""
 
@@ -183,16 +186,43 @@ class LinkPlane:
 
     # --- reports --------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """From the agent host's ticker: every ``REPORT_S``, counters, credit loops, fidelity."""
+    def tick(self, agents: Mapping[str, Any] | None = None) -> None:
+        """From the agent host's ticker: every ``REPORT_S``, the agents' QoS tables in,
+        counters, credit loops and fidelity out."""
         self.plane.expire(clock.now_ns())
         mono = clock.monotonic()
         if mono - self._last_report < clock.emulated_s(REPORT_S):
             return
         self._last_report = mono
+        if agents is not None:
+            self.sync_qos(agents)
         self.push_counters()
         self.check_loops()
         self.report_links()
+
+    def sync_qos(self, agents: Mapping[str, Any]) -> int:
+        """Re-read the QoS tables of the agents whose tables changed since the last call
+        (``DeviceAgent.qos_version``: the SM set SLtoVLMappingTable, VLArbitrationTable or
+        OperationalVLs) into the model; how many nodes changed. From the ticker."""
+        changed = 0
+        for name, node in self.plane.nodes.items():
+            agent = agents.get(name)
+            version = getattr(agent, "qos_version", None)
+            if agent is None or version is None:
+                continue
+            v = version()
+            if self._qos_seen.get(name) == v:
+                continue
+            self._qos_seen[name] = v
+            changed += 1
+            ins = [i for i in node.ports] if node.switch else [0]
+            for port in node.ports:
+                try:
+                    self.plane.set_qos(name, port, data_vls=agent.data_vls(port), vlarb=agent.vl_arbitration(port),
+                                       sl2vl={i: agent.sl2vl_map(i, port) for i in ins if i != port})
+                except (KeyError, ValueError) as exc:  # a port the agent does not have, a table the model refuses
+                    log.warning("%s port %d: QoS not taken into the link model: %s", name, port, exc)
+        return changed
 
     def push_counters(self) -> None:
         for node in self.plane.nodes.values():

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field, replace
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
-from ibemu.physics.qos import blocks
+from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
 
 MATCH_WINDOW = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
@@ -263,6 +263,35 @@ class LivePlane:
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
         """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
         return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
+
+    def set_qos(self, name: str, port: int, *, data_vls: int, vlarb: VlArb,
+                sl2vl: Mapping[int, Sl2Vl]) -> None:
+        """Take the QoS the SM programmed into node ``name``'s ``port``: the data VLs it
+        operates, its VL arbitration, the SL -> VL map of each input port towards it (a host:
+        input port 0). Credits of a VL newly operated at both ends of the cable start full;
+        VLs no longer operated get none (what they still hold drains by their credits)."""
+        node = self.nodes[name]
+        p = node.ports[port]
+        cfg = node.ib_config[port]
+        if data_vls != cfg.data_vls:
+            node.ib_config[port] = replace(cfg, data_vls=data_vls)
+            p.vls = data_vls
+            peer = p.peer
+            pnode = self.nodes.get(peer[0]) if peer is not None else None
+            if peer is not None and pnode is not None:
+                pp = pnode.ports[peer[1]]
+                both = min(data_vls, pnode.ib_config[peer[1]].data_vls)
+                for vl in range(VL15):  # each end's credits for the other's input buffer
+                    for src, dst_node, dst_port in ((p, pnode, peer[1]), (pp, node, port)):
+                        if not dst_node.switch:
+                            continue  # a host never runs out (None stays None)
+                        if vl >= both:
+                            src.credits[vl] = 0
+                        elif src.credits[vl] == 0 and not src.queues[vl]:
+                            src.credits[vl] = dst_node.ib_config[dst_port].buffer_bytes // 64
+        node.set_vlarb(port, vlarb)
+        for in_port, table in sl2vl.items():
+            node.set_sl2vl(in_port, port, table)
 
     def set_propagation(self, switch: str, port: int, propagation_ns: float) -> None:
         """Change the delay of the cable ``switch:port`` sends on (a fault's injected delay)."""

@@ -73,3 +73,46 @@ def test_link_records_carry_the_late_departures_and_the_busy_times() -> None:
     assert rec["kind"] == Kind.LINK_FIDELITY and rec["link"] == "sw0:2" and rec["since_ns"] == 123
     assert rec["samples"] == 3 and rec["max_us"] == 2.5 and rec["busy_model_ns"] == 662
     assert match_key(bytes(14) + bytes([0xF0, 0x10]) + bytes(range(40))) == bytes(range(18))
+
+
+class QosAgent:
+    """What ``sync_qos`` reads of a device agent: two data VLs, SL n -> VL n % 2."""
+
+    def __init__(self, vls: int) -> None:
+        self.vls, self.sets = vls, 0
+
+    def qos_version(self) -> tuple[int, ...]:
+        return (self.sets, self.vls)
+
+    def data_vls(self, port: int) -> int:
+        return self.vls
+
+    def vl_arbitration(self, port: int) -> Any:
+        from ibemu.physics.qos import VlArb
+        return VlArb.default(self.vls)
+
+    def sl2vl_map(self, in_port: int, out_port: int) -> Any:
+        from ibemu.physics.qos import Sl2Vl
+        return Sl2Vl(tuple(sl % self.vls for sl in range(16)))
+
+
+def test_the_qos_the_sm_programmed_reaches_the_model_once_per_change() -> None:
+    from ibemu.physics.model import Frame
+    from ibemu.physics.plan import build_nodes
+
+    nodes = build_nodes(generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1), kind="ib",
+                        switch=SWITCH_MODELS["ib-edr"])
+    log, counts = Log(), []
+    lp = plane_of(nodes, log, counts)
+    try:
+        agents = {n: QosAgent(2) for n in nodes}
+        assert lp.sync_qos(agents) == len(nodes)
+        assert lp.sync_qos(agents) == 0  # nothing changed since
+        up = nodes["leaf0"].ports[2]
+        full = SWITCH_MODELS["ib-edr"].buffer_bytes // 64
+        assert up.vls == 2 and up.credits[1] == full and up.credits[2] == 0
+        lp.plane.arrive("leaf0", 1, Frame(4138, sl=1, dst=2, flow=b"k"), 0)
+        lp.plane.run(10**6)
+        assert up.credits[1] == full - 65 and up.credits[0] == full  # SL1 went on VL1
+    finally:
+        lp.close()
