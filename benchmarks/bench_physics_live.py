@@ -24,6 +24,11 @@ ICRC/VCRC) from h0 to h1 on a raw socket and receives them at h1 with kernel rec
   loop gets to it, the receiver's stack), which the difference cancels. Target within 5%. The veth and the switch socket's reading add real time that a high
   dilation makes small in emulated time: that is why this part runs at a higher one.
 
+- **incast** (``--incast``): h0 and h1 each offer 105% of the line rate to h2 through one
+  switch, at twice the first dilation (twice the frames); each sender's share of what reached
+  h2 (target 50 +- 3%), h2's cable's rate, the model's drops (IB: 0) and how long the
+  senders' ports waited for credits.
+
 Each run prints the link fidelity the agent host judged (``scenario.fidelity.judge_links``).
 The 2 cores are shared with other work: the load average is printed.
 
@@ -66,6 +71,11 @@ def child(spec_path: str) -> None:
     rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     rx.settimeout(0.2)
     frames = [bytes.fromhex(f) for f in spec["frames"]]
+    extra = []  # incast: more senders, each with its own frames, paced alike
+    for x in spec.get("more", []):
+        sk = open_packet_socket(x["ns"], x["if"], 0x0003, buffer_bytes=4 << 20)
+        sk.setblocking(False)
+        extra.append((sk, [bytes.fromhex(f) for f in x["frames"]]))
     got: list[tuple[int, int, int]] = []  # (kernel stamp, length, psn)
     stop = threading.Event()
 
@@ -83,6 +93,8 @@ def child(spec_path: str) -> None:
                     s, ns = _TS.unpack_from(d)
                     stamp = s * 1_000_000_000 + ns
             psn = int.from_bytes(data[14 + 8 + 9:14 + 8 + 12], "big") if len(data) > 34 else -1
+            if spec.get("more"):
+                psn = int.from_bytes(data[14 + 6:14 + 8], "big")  # incast: the sender's LID instead
             got.append((stamp, len(data), psn))
 
     th = threading.Thread(target=receive, daemon=True)
@@ -106,6 +118,12 @@ def child(spec_path: str) -> None:
                     n_sent += 1
                 except OSError:
                     failed += 1
+                for sk, fr in extra:
+                    try:
+                        sk.send(fr[i % len(fr)])
+                        n_sent += 1
+                    except OSError:
+                        failed += 1
                 i += 1
                 owed -= 1
             tick += 0.001
@@ -232,12 +250,12 @@ def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
     return cm()
 
 
-def frames_for(rt: Any, lids: dict[str, int], n: int) -> list[str]:
+def frames_for(rt: Any, lids: dict[str, int], n: int, src: str = "h0", dst: str = "h1") -> list[str]:
     from ibemu.wire import fast
 
-    pp = rt.plan.nodes["h0"].ports[1]
+    pp = rt.plan.nodes[src].ports[1]
     eth = fast.ethernet_header(pp.peer_mac, pp.mac)
-    tpl = fast.NativeTemplate(slid=lids["h0"], dlid=lids["h1"], destqp=0x100, eth=eth)
+    tpl = fast.NativeTemplate(slid=lids[src], dlid=lids[dst], destqp=0x100, eth=eth)
     return [tpl.packet(0x0A, i, bytes(PAYLOAD), ext=fast.reth(0, 0, PAYLOAD)).hex() for i in range(n)]
 
 
@@ -289,6 +307,46 @@ def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path, swi
             "into_model": into_model}
 
 
+def measure_incast(rate_name: str, dilation: float, seconds: float, tmp: Path) -> dict[str, Any]:
+    """h0 and h1 each offer 105% of the line rate to h2 through one switch (2:1 incast)."""
+    from ibemu import clock
+    from ibemu.physics.link import LinkModel, data_gbps
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+
+    clock.configure(dilation)
+    rate = parse_rate(rate_name)
+    topo = generate("single-switch", hosts=3)
+    topo.defaults = dataclasses.replace(topo.defaults, rate=rate)
+    lm = LinkModel.of(rate)
+    with live_fabric(topo, tmp) as (rt, host, on_loop, lids):
+        f0, f1 = frames_for(rt, lids, 16, "h0", "h2"), frames_for(rt, lids, 16, "h1", "h2")
+        wire = len(bytes.fromhex(f0[0])) - 14
+        line_fps_real = data_gbps(rate) * 1e9 / ((wire + lm.framing_bytes) * 8) / dilation
+        on_loop(lambda: host.links.report_links())
+        b = rt.plan.nodes["h1"].ports[1]
+        spec = {"tx_ns": rt.plan.nodes["h0"].ns, "tx_if": rt.plan.nodes["h0"].ports[1].ifname,
+                "rx_ns": rt.plan.nodes["h2"].ns, "rx_if": rt.plan.nodes["h2"].ports[1].ifname,
+                "frames": f0, "more": [{"ns": rt.plan.nodes["h1"].ns, "if": b.ifname, "frames": f1}],
+                "mode": "rate", "offered": 1.05 * line_fps_real, "seconds": seconds, "drain_s": 1.0}
+        out = run_child(spec, tmp)
+        fid = fidelity_of(host, on_loop)
+        plane = host.links.plane
+        waits = {n: plane.nodes[n].ports[1].counters.xmit_wait_ns for n in ("h0", "h1")}
+        drops = plane.drops
+    got = sorted((clock.to_emulated_ns(s - out["offset"]), lid) for s, n, lid in out["got"] if n > 1000)
+    lo, hi = int(len(got) * 0.2), int(len(got) * 0.9)
+    window = got[lo:hi]
+    span = window[-1][0] - window[0][0]
+    per = {src: sum(1 for _, lid in window if lid == lids[src]) for src in ("h0", "h1")}
+    bits = (wire + lm.framing_bytes) * 8
+    return {"rate": rate_name, "dilation": dilation, "line_gbps": data_gbps(rate),
+            "total_pct": 100 * (len(window) - 1) * bits / span / data_gbps(rate),
+            "share_pct": {k: 100 * v / max(1, len(window)) for k, v in per.items()},
+            "model_drops": drops, "fidelity": fid, "host_xmit_wait_us": {k: v / 1000 for k, v in waits.items()},
+            "sent": out["sent_n"]}
+
+
 def measure_latency(dilation: float, n: int, tmp: Path, switches: int = 3) -> dict[str, Any]:
     from ibemu import clock
     from ibemu.physics.link import SWITCH_MODELS, LinkModel
@@ -330,6 +388,7 @@ def main() -> int:
     ap.add_argument("--latency-frames", type=int, default=60)
     ap.add_argument("--skip-latency", action="store_true")
     ap.add_argument("--skip-rate", action="store_true")
+    ap.add_argument("--incast", action="store_true", help="also the 2:1 incast at the first rate and dilation")
     ap.add_argument("--rate-switches", type=int, choices=(1, 3), default=1,
                     help="the rate over one switch, or three (leaf, spine, leaf: credits between switches)")
     ap.add_argument("--json", action="store_true")
@@ -357,6 +416,17 @@ def main() -> int:
                   f"fidelity {'valid' if f['valid'] else 'INVALID'}: worst link {f['worst_link']} "
                   f"(busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us); sent {r['child_sent']} "
                   f"(failed {r['child_failed']}), into the model {r['into_model']}")
+    if args.incast:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = measure_incast(rates[0], dils[0] * 2, args.seconds, Path(tmp))
+        results.append(r)
+        f = r["fidelity"]
+        sh = r["share_pct"]
+        print(f"2:1 incast, 4 KiB, {r['rate']} at dilation {r['dilation']:g}: h0 {sh['h0']:.1f}% / h1 {sh['h1']:.1f}% "
+              f"of what reached h2 (target 50 +- 3% each), h2's cable at {r['total_pct']:.2f}% of its rate; "
+              f"dropped by the model {r['model_drops']}, the senders' ports waited for credits "
+              f"{r['host_xmit_wait_us']['h0']:.0f} / {r['host_xmit_wait_us']['h1']:.0f} us; fidelity "
+              f"{'valid' if f['valid'] else 'INVALID'} (worst link {f['worst_link']}, {f['behind'] or 'none behind'})")
     if not args.skip_latency:
         lats = {}
         for switches in (1, 3):
