@@ -485,6 +485,9 @@ class AgentHost:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
+                if self.links is not None:  # link training re-initializes flow control
+                    self.links.plane.link_reset(name, port, clock.now_ns())
+                    self.links.pump()
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
 

@@ -132,7 +132,7 @@ class LinkPlane:
         """The frames of a batch from a neighbour switch that were not forwarded (the SMA took
         them, the forwarder dropped them) free their buffer: credits back to the sender.
         (A frame the forwarder corrupted leaves as a new object: its original is settled here
-        and the copy, unmatched, enters the model anew; its credits are counted twice.)"""
+        and the copy enters the model anew, unmatched, its sender's credits debited for it.)"""
         batch = self._batch
         if len(batch) >= len(frames):
             return

@@ -29,7 +29,8 @@ What is modelled where (all the switches of the fabric live in this one plane):
   the peer node the model's arrival time, not the real one. Frames lost on the veth (a cable
   pulled, a full socket) leave their records behind: at most :data:`MATCH_WINDOW` are skipped
   per arrival (their credits given back), older ones expire (:meth:`expire`), and an arrival
-  with no match enters at ``now``. A frame the peer switch does not forward (its SMA takes
+  with no match enters at ``now`` (its sender's credits debited then, so they stay balanced).
+  A frame the peer switch does not forward (its SMA takes
   it, its forwarder drops it) frees its buffer at once (:meth:`consume`).
 - Host -> switch. The HCA cannot be back-pressured: there is no link-level flow-control
   protocol on the veth. The host's port is modelled at the switch's ingress instead: a frame
@@ -157,12 +158,18 @@ class LivePlane:
         # the node takes a frame back in time (it cannot start a port that was busy since, and
         # what it starts late is sent at once and counted late), so the next hop does not
         # inherit this one's real latency.
-        t = min(self._match(switch, in_port, frame.flow, now), now)
+        t, vl = self._match(switch, in_port, frame.flow, now)
+        t = min(t, now)
+        if vl is None:  # no record: as if just sent, on the VL its SL maps to by default
+            vl = self._debit(peer, frame)
+        frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
         node = self.nodes[switch]
         self._dispatch(node.receive(in_port, frame, self._clamp(switch, t), frame.dst))  # type: ignore[arg-type]
         self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
 
-    def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> int:
+    def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
+        """The model's arrival time and VL of the frame ``key`` on the cable into
+        ``switch:in_port`` (now and None when there is no record of it)."""
         q = self._flight.get((switch, in_port))
         if q and key is not None:
             for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
@@ -170,9 +177,24 @@ class LivePlane:
                     for _ in range(i):  # lost on the way: their credits come back
                         self._lost(switch, in_port, q.popleft(), now)
                     q.popleft()
-                    return rec[1]
+                    return rec[1], rec[2]
         self.unmatched += 1
-        return now
+        return now, None
+
+    def _debit(self, peer: Port | None, frame: Frame) -> int:
+        """An unmatched frame from ``peer`` (a record lost, a frame altered on the way) takes
+        the credits it will return when it leaves: its sender's are debited now, so the
+        credits stay balanced. Its VL: its SL modulo the sender port's data VLs."""
+        if frame.vl15:
+            return VL15
+        if peer is None or peer[0] not in self.nodes:
+            return 0
+        p = self.nodes[peer[0]].ports[peer[1]]
+        vl = frame.sl % max(1, p.vls)
+        cr = p.credits[vl]
+        if cr is not None:
+            p.credits[vl] = cr - blocks(frame.size)
+        return vl
 
     def consume(self, switch: str, in_port: int, key: Hashable, now: int) -> bool:
         """A frame from a neighbour switch that ``switch`` did not forward (its SMA took it,
@@ -263,6 +285,32 @@ class LivePlane:
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
         """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
         return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
+
+    def link_reset(self, name: str, port: int, now: int) -> None:
+        """The cable at ``name:port`` went down or came up: link training re-initializes flow
+        control, so the records of frames in flight on it are dropped and each end's credits
+        are what the other end's input buffer really has free (frames lost on the dead cable
+        no longer hold any)."""
+        node = self.nodes.get(name)
+        if node is None or port not in node.ports:
+            return
+        self.run_events(now)
+        peer = node.ports[port].peer
+        ends = [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
+        for a in ends:
+            self._flight.pop(a, None)
+        for a in ends:
+            src = self.nodes[a[0]].ports[a[1]]
+            b = src.peer
+            dst = self.nodes.get(b[0]) if b is not None else None
+            if b is None or dst is None or not dst.switch:
+                continue  # towards a host: never short of credits
+            cfg = dst.ib_config[b[1]]
+            for vl in range(min(cfg.data_vls, src.vls)):
+                src.credits[vl] = cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
+            self.nodes[a[0]]._dirty.add(a[1])
+            self._dispatch(self.nodes[a[0]].advance(self._clamp(a[0], now)))
+            self._schedule_wake(a[0])
 
     def set_qos(self, name: str, port: int, *, data_vls: int, vlarb: VlArb,
                 sl2vl: Mapping[int, Sl2Vl]) -> None:

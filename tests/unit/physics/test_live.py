@@ -170,3 +170,20 @@ def test_frames_a_switch_consumed_or_lost_give_their_credits_back() -> None:
     plane.arrive("spine0", 1, frame(2, 2), 10**6)  # frame 1 was lost on the veth: skipped
     assert nodes["leaf0"].ports[2].credits[0] == full - 65
     assert plane.expire(10**6) == 0 and plane.unmatched == 0
+
+
+def test_a_cable_that_went_down_gets_its_credits_back_at_link_up() -> None:
+    topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
+    nodes = build_nodes(topo, kind="ib", switch=EDR)
+    plane = LivePlane(nodes)
+    for n in range(5):
+        plane.arrive("leaf0", 1, frame(2, n), 0)
+    drain(plane, 10**6)  # five frames left leaf0 for the spine: lost on a cable that went down
+    full = EDR.buffer_bytes // 64
+    assert nodes["leaf0"].ports[2].credits[0] == full - 5 * 65
+    plane.link_reset("spine0", 1, 2 * 10**6)  # the spine saw its port go down / come up
+    assert nodes["leaf0"].ports[2].credits[0] == full
+    plane.arrive("spine0", 1, frame(2, 0), 3 * 10**6)  # a late straggler: unmatched, enters now
+    assert plane.unmatched == 1 and nodes["leaf0"].ports[2].credits[0] == full - 65  # debited then
+    drain(plane, 10**8)
+    assert nodes["leaf0"].ports[2].credits[0] == full  # and given back when it left: balanced
