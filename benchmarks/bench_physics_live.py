@@ -169,10 +169,6 @@ def run_child(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ a live fabric
 
-PHYSICS = True
-"""``--no-physics``: the user datapath without the link model (frames leave when decided)."""
-
-
 def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
     """Build ``topo`` on the user datapath (this process's clock), routes written in; yields
     (runtime, host, on_loop, lids)."""
@@ -191,7 +187,7 @@ def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
     def cm():  # type: ignore[no-untyped-def]
         state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live")
         rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp,
-                           mad_sockets=False, physics=PHYSICS)
+                           mad_sockets=False)
         lids = assign_lids(topo)
         lfts = minhop_lfts(topo, lids)
         box: dict[str, Any] = {}
@@ -392,13 +388,10 @@ def main() -> int:
     ap.add_argument("--rate-switches", type=int, choices=(1, 3), default=1,
                     help="the rate over one switch, or three (leaf, spine, leaf: credits between switches)")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--no-physics", action="store_true", help="the datapath without the link model (a control)")
     args = ap.parse_args()
     if args.child:
         child(args.child)
         return 0
-    global PHYSICS
-    PHYSICS = not args.no_physics
     import logging
     logging.basicConfig(level=logging.WARNING)
     print(f"load average before: {os.getloadavg()}")

@@ -108,11 +108,11 @@ class AgentHost:
 
     def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
                  events: FabricLog | None = None, datapath: str = "kernel",
-                 switch_model: SwitchModel | None = None, physics: bool = True) -> None:
+                 switch_model: SwitchModel | None = None) -> None:
         """``datapath`` "user": switches forward in this process (their agent's forwarder),
         their egress ports timed by the link model (``fabric.linkplane``; ``switch_model``:
-        latency and buffers, default by the fabric's rate; ``physics=False``: frames leave as
-        soon as they are decided, no rates)."""
+        latency and buffers, default by the fabric's rate). Every IB cable has a rate (4x EDR
+        by default), so the model always applies there: there is no opt-out."""
         self.fabric = fabric
         self.datapath = datapath
         self.events = events or FabricLog(None)
@@ -133,7 +133,7 @@ class AgentHost:
         self._switch_peers: dict[tuple[str, int], tuple[NodeRuntime, int]] = {}
         """(switch, port) -> the neighbour switch's runtime and port, on the user datapath."""
         self.switch_model = switch_model or default_switch_model(fabric.plan.topology.defaults.rate, ethernet=False)
-        self.physics_on = physics and datapath == "user"
+        self.physics_on = datapath == "user"
         self.links: LinkPlane | None = None
         """The user datapath's link model and its IO (``fabric.linkplane``)."""
 

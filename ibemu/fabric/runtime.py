@@ -61,7 +61,7 @@ class FabricRuntime:
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
-                 switch_model: SwitchModel | None = None, physics: bool = True) -> None:
+                 switch_model: SwitchModel | None = None) -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -78,8 +78,6 @@ class FabricRuntime:
         self.sm_qos = sm_qos
         self.switch_model = switch_model
         """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
-        self.physics = physics
-        """IB user datapath: time the switches' egress ports with the link model (``fabric.linkplane``)."""
         """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
         self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
@@ -149,8 +147,7 @@ class FabricRuntime:
         try:
             events = FabricLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
-                                  datapath=self.datapath, switch_model=self.switch_model,
-                                  physics=self.physics)
+                                  datapath=self.datapath, switch_model=self.switch_model)
             self.host.open()
             # The build's netlink sockets (one per namespace) reopen lazily when needed:
             # file descriptors are the scarce resource of a large fabric.
