@@ -84,6 +84,7 @@ class Kind(StrEnum):
     RX_DROP = "rx_drop"
     INTERNAL_ERROR = "internal_error"
     FAULT = "fault"
+    CREDIT_LOOP = "credit_loop"
     # a subnet manager (ibemu's, OpenSM's translated)
     SM_START = "sm_start"
     SM_STOP = "sm_stop"
@@ -114,6 +115,7 @@ class Kind(StrEnum):
     FABRIC_UP = "fabric_up"
     # every monitored process of a run
     LAG = "lag"
+    LINK_FIDELITY = "link_fidelity"
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,10 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a fault was injected (action link_down|link_up|switch_down|switch_up|smp_loss|corrupt): t_fault",
         {Log.FABRIC: ("action", "target", "end", "percent", "source"),
          Log.FAULTS: ("action", "target", "end", "source")}),
+    Kind.CREDIT_LOOP: KindInfo(
+        "the user datapath's link model found a credit loop: a cycle of (switch, port, VL) egress "
+        "queues, each waiting for credits the next one holds, none returned for a while (a deadlock)",
+        {Log.FABRIC: ("hops", "stalled_us")}),
     Kind.SM_START: KindInfo(
         "the SM started",
         {Log.SM: ("engine", "max_in_flight")}),
@@ -269,6 +275,11 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "how late a process's monitor woke, in emulated time, over an interval (ibemu.lagmon)",
         {Log.LAG: ("process", "pid", "since_ns", "period_us", "samples", "p50_us", "p99_us", "max_us",
                    "buckets", "final")}),
+    Kind.LINK_FIDELITY: KindInfo(
+        "one cable direction of the IB user datapath over an interval: frames, bytes, how late the "
+        "real departures left against the link model's times, model vs real time while busy",
+        {Log.LAG: ("link", "since_ns", "gbps", "frames", "bytes", "busy_model_ns", "busy_real_ns",
+                   "rx_drops", "samples", "p50_us", "p99_us", "max_us", "buckets", "final")}),
 }
 
 LAZY: dict[Log, frozenset[str]] = {

@@ -141,6 +141,7 @@ class DeviceAgent:
         self._node_info_cache: dict[int, bytes] = {}
         self._sl2vl: dict[tuple[int, int], bytes] = {}
         self._vlarb: dict[tuple[int, int], bytes] = {}
+        self._qos_sets = 0
         self._psn = 0
         self._smp_handlers: dict[int, SmpHandler] = {
             ATTR_NODE_DESCRIPTION: self._attr_node_description,
@@ -534,6 +535,7 @@ class DeviceAgent:
             key = (ingress, 0)
         if method == SET:
             self._sl2vl[key] = bytes(buf[d : d + 8])
+            self._qos_sets += 1
         elif method != GET:
             return ST_BAD_METHOD_ATTR
         buf[d : d + 64] = self._sl2vl.get(key, _DEFAULT_SL2VL).ljust(64, b"\0")
@@ -555,6 +557,7 @@ class DeviceAgent:
         if method == SET:
             entries = decode_vl_arb_block(buf[d : d + 64])[: cap - first]
             self._vlarb[key] = vl_arb_block(entries)
+            self._qos_sets += 1
         elif method != GET:
             return ST_BAD_METHOD_ATTR
         buf[d : d + 64] = self._vlarb.get(key, bytes(64))
@@ -581,6 +584,12 @@ class DeviceAgent:
             entries = [e for b in blocks_ for e in decode_vl_arb_block(self._vlarb.get((port, b), bytes(64)))]
             tables.append(tuple((vl, w) for vl, w in entries if vl < 15 and w > 0))
         return VlArb(high=tables[0], low=tables[1], high_limit=p.vl_high_limit)
+
+    def qos_version(self) -> tuple[int, ...]:
+        """Changes whenever the SM changes what ``sl2vl_map``, ``vl_arbitration`` or
+        ``data_vls`` return (the datapath's link model re-reads them then)."""
+        return (self._qos_sets, *(p.operational_vls for p in self.ports.values()),
+                *(p.vl_high_limit for p in self.ports.values()))
 
     def data_vls(self, port: int) -> int:
         """Data VLs ``port`` operates (PortInfo.OperationalVLs: 1, 2, 4, 8 or 15)."""

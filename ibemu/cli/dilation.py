@@ -59,7 +59,8 @@ def auto_dilation(scen: Scenario | None, where: str, say: Callable[[str], None] 
     from ibemu.fabric import calibrate
 
     try:
-        cal = calibrate.calibration(load.frame_bytes or 1024)
+        fab = scen.fabric  # the IB user datapath's switches run the link model: its cost counts
+        cal = calibrate.calibration(load.frame_bytes or 1024, physics=fab.kind == "ib" and fab.datapath == "user")
     except (OSError, RuntimeError, ValueError) as exc:
         raise ConfigError(f"auto: cannot calibrate this machine's user datapath ({exc}): give a number >= 1",
                           where) from None

@@ -13,9 +13,11 @@ trio starts; afterwards they stay bound to their namespace.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import select
 import socket
 import sys
 import threading
@@ -41,14 +43,18 @@ from ibemu.agents.device import DeviceAgent
 from ibemu.agents.forwarder import Forwarder, Reason
 from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
+from ibemu.fabric.linkplane import LinkPlane
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
+from ibemu.physics.link import SwitchModel, default_switch_model
+from ibemu.physics.plan import build_nodes
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +93,8 @@ class NodeRuntime:
     monitor: socket.socket | None = None
     mad_sink: MadSink | None = None
     tx_dropped: int = 0
+    """Frames the agent's sends lost (the user datapath's sender counts its own by switch
+    name: ``TxBatcher.dropped``)."""
     rx_runts: int = 0
     powered: bool = True
     """A powered-off node (switch_down) neither hears nor sends anything."""
@@ -99,8 +107,12 @@ class AgentHost:
     """Runs ``agents`` (node name -> agent) on the sockets of ``fabric``."""
 
     def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
-                 events: FabricLog | None = None, datapath: str = "kernel") -> None:
-        """``datapath`` "user": switches forward in this process (their agent's forwarder)."""
+                 events: FabricLog | None = None, datapath: str = "kernel",
+                 switch_model: SwitchModel | None = None) -> None:
+        """``datapath`` "user": switches forward in this process (their agent's forwarder),
+        their egress ports timed by the link model (``fabric.linkplane``; ``switch_model``:
+        latency and buffers, default by the fabric's rate). Every IB cable has a rate (4x EDR
+        by default), so the model always applies there: there is no opt-out."""
         self.fabric = fabric
         self.datapath = datapath
         self.events = events or FabricLog(None)
@@ -116,6 +128,14 @@ class AgentHost:
         self._lft_lock = threading.Lock()  # power() clears an LFT from a worker thread
         self._relay_ids: dict[str, int] = {}
         self._relay_on: dict[str, bool] = {}
+        self._tx: TxBatcher | None = None
+        """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
+        self._switch_peers: dict[tuple[str, int], tuple[NodeRuntime, int]] = {}
+        """(switch, port) -> the neighbour switch's runtime and port, on the user datapath."""
+        self.switch_model = switch_model or default_switch_model(fabric.plan.topology.defaults.rate, ethernet=False)
+        self.physics_on = datapath == "user"
+        self.links: LinkPlane | None = None
+        """The user datapath's link model and its IO (``fabric.linkplane``)."""
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -255,20 +275,22 @@ class AgentHost:
         await trio.to_thread.run_sync(self.open_dr_relay)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            user: list[tuple[str, NodeRuntime]] = []
             for name, rt in self.nodes.items():
                 forwarder = getattr(rt.agent, "forwarder", None) if self.datapath == "user" else None
                 if forwarder is not None:
                     self._apply_impairments(name, rt, forwarder)
-                for port, sock in rt.sockets.items():
-                    if forwarder is not None:
-                        nursery.start_soon(self._user_switch_reader, name, rt, port, sock)
-                    else:
+                    user.append((name, rt))
+                else:
+                    for port, sock in rt.sockets.items():
                         nursery.start_soon(self._reader, name, rt, port, sock)
                 nursery.start_soon(self._link_watch, name, rt)
                 # The cables were up before the agents existed: tell them.
                 for port, carrier in rt.carrier.items():
                     if carrier:
                         self.dispatch(name, rt, rt.agent.link_up(port))
+            if user:
+                nursery.start_soon(self._user_datapath, user)
             nursery.start_soon(self._ticker)
             task_status.started()
 
@@ -291,49 +313,140 @@ class AgentHost:
                     continue
                 self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
 
-    async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
-        """User datapath: every frame of the port goes through the switch's forwarder."""
-        sockets, eth = rt.sockets, rt.eth
-        delays = self._delays_ns.setdefault(name, {})  # the same dict `impair` changes later
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            agent = rt.agent  # per wake-up: a rebooted switch gets a new agent and forwarder
-            decide = agent.forwarder.decide  # type: ignore[attr-defined]
-            receive = agent.receive
-            for _ in range(RECV_BATCH):
-                try:
-                    frame = sock.recv(9216)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    break
-                if len(frame) <= ETH_LEN:
-                    rt.rx_runts += 1
-                    continue
-                if not rt.powered:
-                    continue
-                verdict = decide(frame[ETH_LEN:], port)
-                if verdict.port:
-                    delay = delays.get(verdict.port)
-                    out = eth[verdict.port] + verdict.packet
-                    if delay and self._nursery is not None:
-                        self._nursery.start_soon(self._send_later, rt, sockets[verdict.port], out, delay)
-                        continue
-                    try:
-                        sockets[verdict.port].send(out)
-                    except OSError:
-                        rt.tx_dropped += 1
-                elif verdict.reason is Reason.TO_SMA:
-                    if rt.vl15_loss and self._lose_vl15(rt, frame):
-                        continue
-                    self.dispatch(name, rt, receive(port, verdict.packet))
+    async def _user_datapath(self, switches: list[tuple[str, NodeRuntime]]) -> None:
+        """User datapath: every frame of every switch port goes through its switch's forwarder,
+        in this one task.
 
-    async def _send_later(self, rt: NodeRuntime, sock: socket.socket, frame: bytes, delay_ns: int) -> None:
-        await trio.sleep(delay_ns / 1e9)
+        One epoll set over all the switches' port sockets: one trio wake-up serves every
+        port that has frames, and a port's waiting frames are taken with one ``recvmmsg``
+        (``kernel.ring.RxBatcher``); sends go out in batches from a worker thread
+        (``kernel.ring.TxBatcher``). Each batch goes receive ->
+        decide -> a list per egress port -> send (``_forward_batch``), so what happens
+        between deciding and sending (a per-egress scheduler) has one place to go.
+        """
+        for name, rt in switches:  # the neighbour switch at each port, if it is one of these
+            for port, pp in rt.plan.ports.items():
+                peer = self.nodes.get(pp.peer_node)
+                if peer is not None and peer.plan.is_switch:
+                    self._switch_peers[(name, port)] = (peer, pp.peer_port)
+        ep = select.epoll()
+        by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
+        rx = RxBatcher()
+        self._tx = TxBatcher()
+        if self.physics_on:
+            self.links = self._link_plane()
+            self.links.tx = self._tx
+            if self._nursery is not None:
+                self._nursery.start_soon(self.links.serve)
         try:
-            sock.send(frame)
-        except OSError:
-            rt.tx_dropped += 1
+            for name, rt in switches:
+                for port, sock in rt.sockets.items():
+                    by_fd[sock.fileno()] = (name, rt, port, sock)
+                    ep.register(sock.fileno(), select.EPOLLIN)
+            while True:
+                await trio.lowlevel.wait_readable(ep.fileno())
+                for fd, _ in ep.poll(0):
+                    name, rt, port, sock = by_fd[fd]
+                    frames = rx.recv_batch(sock)
+                    if frames and rt.powered:
+                        self._forward_batch(name, rt, port, frames)
+        finally:
+            ep.close()
+            if self.links is not None:
+                with contextlib.suppress(OSError):  # the last interval's link fidelity
+                    self.links.report_links(final=True)
+                self.links.tx = None
+                self.links.close()
+            self._tx.close()
+            self._tx = None
+
+    def _link_plane(self) -> LinkPlane:
+        """The model of the fabric (every switch and host, every cable; ``physics.plan``)."""
+        topo = self.fabric.plan.topology
+        nodes = build_nodes(topo, kind="ib", switch=self.switch_model)
+
+        def sock(name: str, port: int) -> socket.socket | None:
+            return self.nodes[name].sockets.get(port)
+
+        def head(name: str, port: int) -> bytes:
+            return self.nodes[name].eth[port]
+
+        def powered(name: str) -> bool:
+            return self.nodes[name].powered
+
+        def counts(name: str, port: int, deltas: dict[str, int]) -> None:
+            add = getattr(self.nodes[name].agent, "add_counts", None)
+            if add is not None and deltas:
+                add(port, **deltas)
+
+        return LinkPlane(nodes, self.switch_model, sockets=sock, heads=head, powered=powered,
+                         events=self.events, counts=counts)
+
+    def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
+        """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain
+        data frames (``Forwarder.forward_run``), the reference ``decide`` every other one, in
+        order, and the SMA what is for it; then each egress port's list goes out."""
+        agent = rt.agent  # per batch: a rebooted switch gets a new agent and forwarder
+        forwarder: Forwarder = agent.forwarder  # type: ignore[attr-defined]
+        eth = rt.eth
+        out: dict[int, list[bytes]] = {}
+        peer = self._switch_peers.get((name, port))
+        good = peer is not None and peer[0].agent.forwarder.vouches_for(peer[1])  # type: ignore[attr-defined]
+        links = self.links if peer is not None else None  # credits to settle with a neighbour switch
+        if links is not None:
+            links.begin()
+        i, n = 0, len(frames)
+        while True:
+            i = forwarder.forward_run(frames, i, port, ETH_LEN, out, vcrc_known_good=good)
+            if i >= n:
+                break
+            frame = frames[i]
+            i += 1
+            if len(frame) <= ETH_LEN:
+                rt.rx_runts += 1
+                continue
+            verdict = forwarder.decide(frame[ETH_LEN:], port)
+            if verdict.port:
+                out.setdefault(verdict.port, []).append(eth[verdict.port] + verdict.packet)
+            elif verdict.reason is Reason.TO_SMA:
+                if rt.vl15_loss and self._lose_vl15(rt, frame):
+                    continue
+                if out:  # what was decided before is handed over before the SMA's answer (which
+                    self._send_batches(name, rt, out, port)  # may still pass it: VL15 and the data
+                    out = {}  # VLs are not ordered with each other on a real link either)
+                self.dispatch(name, rt, agent.receive(port, verdict.packet))
+                if not rt.powered:
+                    return
+        if out:
+            self._send_batches(name, rt, out, port)
+        if links is not None:
+            links.settle(name, port, frames)
+
+    def _send_batches(self, name: str, rt: NodeRuntime, out: dict[int, list[bytes]], in_port: int = 0) -> None:
+        """Send each egress port's frames with its Ethernet header in place of the one they
+        came with: through the link model (``self.links``), else after the port's injected
+        delay if it has one."""
+        if self.links is not None:
+            self.links.submit(name, in_port, out)
+            return
+        delays = self._delays_ns.get(name)
+        sockets = rt.sockets
+        tx = self._tx
+        assert tx is not None
+        eth = rt.eth
+        for egress, frames in out.items():
+            sock = sockets[egress]
+            delay = delays.get(egress) if delays else None
+            if delay and self._nursery is not None:
+                self._nursery.start_soon(self._send_later, name, sock, frames, eth[egress], delay)
+            else:
+                tx.send(sock, frames, name, eth[egress])
+
+    async def _send_later(self, name: str, sock: socket.socket, frames: list[bytes], head: bytes,
+                          delay_ns: int) -> None:
+        await trio.sleep(delay_ns / 1e9)
+        if self._tx is not None:
+            self._tx.send(sock, frames, name, head)
 
     def _apply_impairments(self, name: str, rt: NodeRuntime, forwarder: Forwarder) -> None:
         """Per-link delay and loss from the topology, applied where a switch sends onto the link."""
@@ -356,6 +469,8 @@ class AgentHost:
         forwarder.set_impairment(port, loss=loss_pct / 100.0, corrupt=corrupt_pct / 100.0)
         if delay_us is not None:
             self._delays_ns.setdefault(node, {})[port] = int(delay_us * 1000)
+            if self.links is not None:  # the model's propagation is the cable's delay
+                self.links.plane.set_propagation(node, port, delay_us * 1000.0)
 
     async def _link_watch(self, name: str, rt: NodeRuntime) -> None:
         assert rt.monitor is not None
@@ -370,6 +485,9 @@ class AgentHost:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
+                if self.links is not None:  # link training re-initializes flow control
+                    self.links.plane.link_reset(name, port, clock.now_ns())
+                    self.links.pump()
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
 
@@ -380,6 +498,8 @@ class AgentHost:
         while True:
             await trio.sleep(TICK_S)
             self.events.flush()
+            if self.links is not None:
+                self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()
             for name, rt in self.nodes.items():
                 if not rt.plan.is_switch and type(rt.agent).tick is DeviceAgent.tick:

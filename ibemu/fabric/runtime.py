@@ -28,6 +28,7 @@ from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.mad_socket import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, limits, ownership
+from ibemu.physics.link import SwitchModel
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ class FabricRuntime:
     def __init__(self, topo: Topology, *, make_agents: AgentFactory, datapath: str = "kernel",
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
-                 sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "") -> None:
+                 sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
+                 switch_model: SwitchModel | None = None) -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -74,6 +76,8 @@ class FabricRuntime:
         self.sm_host = sm_host or next((n.name for n in topo.cas()), "")
         self.sm_engine = sm_engine
         self.sm_qos = sm_qos
+        self.switch_model = switch_model
+        """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
         """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
         self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
@@ -145,7 +149,7 @@ class FabricRuntime:
         try:
             events = FabricLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
-                                  datapath=self.datapath)
+                                  datapath=self.datapath, switch_model=self.switch_model)
             self.host.open()
             # The build's netlink sockets (one per namespace) reopen lazily when needed:
             # file descriptors are the scarce resource of a large fabric.
@@ -176,7 +180,11 @@ class FabricRuntime:
             if self.host is None:
                 await trio.to_thread.run_sync(self.build)
             assert self.host is not None
-            unpinned = cpus.pin_thread(self.placement.agents)
+            # Not with the user datapath: it forwards in this thread and its sender thread, and
+            # pinned they cannot leave a CPU other work is using (half the forwarding rate
+            # under load here, benchmarks/bench_user_datapath.py); the scheduler places them.
+            if self.datapath == "kernel":
+                unpinned = cpus.pin_thread(self.placement.agents)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
                 nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag

@@ -38,6 +38,7 @@ from ibemu import clock
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric import control
 from ibemu.kernel import netns, ownership
+from ibemu.physics.link import SwitchModel
 from ibemu.topo import Topology, dumps_ibnetdiscover, loads_ibnetdiscover, refs
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ class FabricRequest:
     """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
     sm_qos: str = ""
     """QoS for ibemu's SM to program (``ibemu.sm.qos.SmQos`` as JSON; empty: none)."""
+    switch: Mapping[str, Any] = field(default_factory=dict)
+    """IB user datapath: the switches' model (``name``, ``latency_ns``, ``buffer_bytes``; empty:
+    the default by the fabric's rate, ``physics.link.default_switch_model``)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -83,7 +87,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "run_id": run_id, "fabric": request.kind, "datapath": request.datapath, "scenario": request.name,
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
-        "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
+        "switch": dict(request.switch), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
     }))
 
 
@@ -107,7 +111,8 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
     return FabricRequest(loads_ibnetdiscover(spec["topology"]), spec.get("scenario") or "", kind=spec.get("fabric", "ib"),
                          datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
-                         roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "")
+                         roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
+                         switch=dict(spec.get("switch") or {}))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -134,7 +139,14 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                            ecn=EcnMarking(mark, line) if mark and line else None)
     return FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
                          sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
-                         sm_qos=request.sm_qos)
+                         sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch))
+
+
+def switch_model_of(spec: Mapping[str, Any]) -> SwitchModel | None:
+    """A request's ``switch`` as a ``physics.link.SwitchModel`` (None: the default)."""
+    if not spec:
+        return None
+    return SwitchModel(str(spec["name"]), int(spec["latency_ns"]), int(spec["buffer_bytes"]))
 
 
 def _tail(path: Path, lines: int = 15) -> str:

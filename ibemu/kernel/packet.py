@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,3 +82,17 @@ def close_all(socks: Iterable[socket.socket]) -> None:
         return
     with ThreadPoolExecutor(max_workers=min(128, len(socks))) as pool:
         list(pool.map(socket.socket.close, socks))
+
+
+PACKET_STATISTICS = 6
+_TPACKET_STATS = struct.Struct("=II")  # tp_packets, tp_drops
+
+
+def take_drops(sock: socket.socket) -> int:
+    """Frames the kernel dropped for ``sock`` (its receive buffer was full) since the last
+    call: ``PACKET_STATISTICS``, which the kernel resets on each read. 0 if unavailable."""
+    try:
+        raw = sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, _TPACKET_STATS.size)
+    except OSError:
+        return 0
+    return int(_TPACKET_STATS.unpack(raw)[1])

@@ -33,6 +33,12 @@ class TimerFd:
         if self.libc.timerfd_settime(self.fd, self.TFD_TIMER_ABSTIME, buf, None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime")
 
+    def disarm(self) -> None:
+        """Never fire (until armed again)."""
+        buf = ctypes.create_string_buffer(struct.pack("=qqqq", 0, 0, 0, 0))
+        if self.libc.timerfd_settime(self.fd, 0, buf, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime")
+
     def clear(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.read(self.fd, 8)

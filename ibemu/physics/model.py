@@ -299,6 +299,8 @@ class EgressPort:
     paused: set[int] = field(default_factory=set)
     paused_since: dict[int, int] = field(default_factory=dict)
     peer: tuple[str, int] | None = None
+    vls: int = VL15
+    """IB: the data VLs the port operates (its queues beyond them stay empty)."""
 
     def pending(self) -> bool:
         return self.total_bytes > 0
@@ -366,6 +368,8 @@ class Node:
             classes, arb, credits = PRIORITIES, None, [None] * PRIORITIES
         port = EgressPort(num, link, self.kind, classes, [ClassQueue() for _ in range(classes)],
                           [0] * classes, credits, arb)
+        if self.kind == "ib":
+            port.vls = self.ib_config[num].data_vls
         self.ports[num] = port
         return port
 
@@ -524,7 +528,7 @@ class Node:
             if p.waiting_since is None:
                 p.waiting_since = now
             if p.kind == "ib":
-                for vl in range(VL15):
+                for vl in range(p.vls):
                     if p.queues[vl] and vl not in p.blocked_since:
                         p.blocked_since[vl] = now
                         p.counters.credit_stalls += 1
@@ -543,7 +547,7 @@ class Node:
             if cr is not None:
                 p.credits[c] = cr - blocks(frame.size)
             # a VL still queued but short of credits keeps waiting
-            for vl in range(VL15):
+            for vl in range(p.vls):
                 if p.queues[vl] and vl not in p.blocked_since and not p._ready(vl):
                     p.blocked_since[vl] = now
                     p.counters.credit_stalls += 1

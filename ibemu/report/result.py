@@ -310,7 +310,8 @@ class Fidelity:
     worst_process: str | None = None
     processes: dict[str, ProcessLag] = field(default_factory=dict)
     worst_link: str | None = None
-    """Always null for now: per-link rates need the link model (``note`` says so)."""
+    """The cable direction (``switch:port``) furthest behind the link model, on the IB user
+    datapath (null elsewhere: no link is timed); its figures are in ``note``."""
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:

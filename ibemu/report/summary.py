@@ -137,7 +137,10 @@ def _fidelity(r: RunResult) -> list[str]:
                 for n, p in f.processes.items()]
         lines.append(table(["process", "p50 lag", "p99 lag", "max lag", "samples"], rows,
                            [False, True, True, True, True]))
-    lines.append("  links: not measured yet (worst_link: null; needs the link model)")
+    if f.worst_link:
+        lines.append(f"  links: worst {f.worst_link} (see the note: {f.note.split('; ', 1)[-1]})")
+    else:
+        lines.append("  links: none timed (the link model runs on the IB user datapath only)")
     if f.dilation != 1:
         lines.append(DILATION_NOTE)
     return lines

@@ -158,6 +158,23 @@ class EgressPort:
         self.total += n
         return True
 
+    def express(self, n: int, prio: int, now: int) -> bool:
+        """Send an ``n``-byte frame of ``prio`` past the queue, at once, when that is what
+        queueing it and serving the port at ``now`` would do: no line rate, no cable delay or
+        loss, nothing queued or on the cable, the priority not paused, the frame within the
+        buffer (an empty queue marks nothing). Counts it as ``service`` would; False: queue it.
+        """
+        if (self._ns_per_byte or self._delay_ns or self._loss or self.total or self.wire
+                or self.pause_start[prio] is not None or n > self._buffer):
+            return False
+        if self.busy_until < now:
+            self.busy_until = now
+        self._stalled = True  # what ``service`` leaves after emptying the queue
+        c = self.counters[prio]
+        c.tx_frames += 1
+        c.tx_bytes += n
+        return True
+
     def on_pause(self, quanta: dict[int, int], now: int) -> None:
         """A PFC frame received on this port: stop (or restart) its queues."""
         for prio, q in quanta.items():

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -35,6 +36,7 @@ from ibemu import clock, lagmon
 from ibemu.kernel import linkevents, rtnl, sockfilter
 from ibemu.kernel.fib import RouteMsg, parse_routes
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
+from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.routeevents import dump_routes, open_route_monitor
 from ibemu.kernel.timerfd import TimerFd
 from ibemu.roce.queues import QueueConfig
@@ -43,9 +45,9 @@ from ibemu.wire import pfc
 
 log = logging.getLogger("ibemu.roce.userpath")
 
-RECV_BATCH = 64
 SOCK_BUFFER = 8 << 20
 COUNTERS_EVERY_S = 1.0
+SWITCH_INTERVAL_S = 0.0005
 
 
 def port_filter() -> list[sockfilter.Insn]:
@@ -85,6 +87,8 @@ class UserDatapath:
         """Routers with something due later (queued, on a cable, a pause to refresh): the pump
         serves only these."""
         self.tx_errors = 0
+        self.tx = TxBatcher()
+        """Sends every frame (sendmmsg batches from a worker thread; refused frames counted)."""
 
     def open(self) -> None:
         """Sockets in every router namespace, FIBs dumped (blocking)."""
@@ -111,6 +115,7 @@ class UserDatapath:
                  sum(len(r.socks) for r in self.routers.values()), self.cfg)
 
     def close(self) -> None:
+        self.tx.close()  # first: what it has queued goes out on sockets still open (no reused fd)
         for r in self.routers.values():
             for s in (*r.socks.values(), r.routes, r.links):
                 s.close()
@@ -118,13 +123,25 @@ class UserDatapath:
 
     # -- sending and the timer -----------------------------------------------------------
     def send(self, r: Router, sends: list[Send]) -> None:
-        socks = r.socks
+        """Send ``sends`` in order, each port's frames as one batch."""
+        if len(sends) == 1:
+            ifindex, frame = sends[0]
+            self.tx.send(r.socks[ifindex], (frame,), r.plane.name)
+            return
+        out: dict[int, list[bytes | bytearray]] = {}
         for ifindex, frame in sends:
-            try:
-                socks[ifindex].send(frame)
-            except OSError:
-                self.tx_errors += 1
-                r.plane.stats["tx_errors"] += 1
+            out.setdefault(ifindex, []).append(frame)
+        for ifindex, q in out.items():
+            self.tx.send(r.socks[ifindex], q, r.plane.name)
+
+    def sync_tx_errors(self) -> None:
+        """Frames the sender could not send, into the routers' ``tx_errors`` statistics."""
+        total = 0
+        for r in self.routers.values():
+            n = self.tx.dropped.get(r.plane.name, 0)
+            total += n
+            r.plane.stats["tx_errors"] = n
+        self.tx_errors = total
 
     def rearm(self, r: Router, now: int) -> None:
         t = r.plane.next_event(now)
@@ -155,26 +172,47 @@ class UserDatapath:
                 self.timer.arm(clock.to_real_ns(nxt))
 
     # -- tasks ---------------------------------------------------------------------------
-    async def reader(self, r: Router, ifindex: int) -> None:
-        sock = r.socks[ifindex]
+    async def forward(self) -> None:
+        """Every port of every router, in this one task: receive -> plane -> send.
+
+        One epoll set over the ports' sockets: one trio wake-up serves every port that has
+        frames, and a port's waiting frames are taken with one ``recvmmsg``
+        (``kernel.ring.RxBatcher``). The batch goes through the router's ``RouterPlane``
+        frame by frame (queues, PFC, ECN, delay and loss as before), what it gives to send is
+        gathered per egress port and handed to the ``TxBatcher`` (sendmmsg in a worker thread)
+        in one piece per port; then the router's timer is rearmed.
+        """
+        ep = select.epoll()
+        by_fd: dict[int, tuple[Router, int, socket.socket]] = {}
+        rx = RxBatcher()
+        try:
+            for r in self.routers.values():
+                for ifindex, sock in r.socks.items():
+                    by_fd[sock.fileno()] = (r, ifindex, sock)
+                    ep.register(sock.fileno(), select.EPOLLIN)
+            while True:
+                await trio.lowlevel.wait_readable(ep.fileno())
+                now = clock.now_ns()
+                for fd, _ in ep.poll(0):
+                    r, ifindex, sock = by_fd[fd]
+                    frames = rx.recv_batch(sock)
+                    if frames:
+                        self.receive_batch(r, ifindex, frames, now)
+                        self.rearm(r, now)
+        finally:
+            ep.close()
+
+    def receive_batch(self, r: Router, ifindex: int, frames: list[bytes], now: int) -> None:
+        """``frames`` received on ``ifindex``: through the plane, then sent, per egress port."""
         plane = r.plane
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            now = clock.now_ns()
-            for _ in range(RECV_BATCH):
-                try:
-                    frame = sock.recv(9216)
-                except OSError:  # drained (BlockingIOError), or the port went away
-                    break
-                try:
-                    sends = plane.receive(ifindex, frame, now)
-                except Exception:  # a frame must never take the datapath down
-                    plane.stats["rx_errors"] += 1
-                    log.exception("%s: frame on %d", plane.name, ifindex)
-                    continue
-                if sends:
-                    self.send(r, sends)
-            self.rearm(r, now)
+        out: dict[int, list[bytes | bytearray]] = {}
+        try:
+            plane.receive_batch(ifindex, frames, now, out)
+        except Exception:  # a frame must never take the datapath down (the batch's rest is lost)
+            plane.stats["rx_errors"] += 1
+            log.exception("%s: frames on %d", plane.name, ifindex)
+        for egress, q in out.items():
+            self.tx.send(r.socks[egress], q, r.plane.name)
 
     async def route_watch(self, r: Router) -> None:
         while True:
@@ -220,6 +258,7 @@ class UserDatapath:
                 return
 
     def counters(self) -> dict[str, Any]:
+        self.sync_tx_errors()
         now = clock.now_ns()
         per = {name: r.plane.counters(now) for name, r in self.routers.items()}
         totals: dict[str, int] = {}
@@ -244,9 +283,8 @@ class UserDatapath:
     async def serve(self, counters: Path | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as n:
             n.start_soon(self.pump)
+            n.start_soon(self.forward)
             for r in self.routers.values():
-                for ifindex in r.socks:
-                    n.start_soon(self.reader, r, ifindex)
                 n.start_soon(self.route_watch, r)
                 n.start_soon(self.link_watch, r)
             if counters is not None:
@@ -256,6 +294,9 @@ class UserDatapath:
 
 async def amain(args: argparse.Namespace) -> int:
     config = json.loads(Path(args.config).read_text())
+    # The sender thread (TxBatcher) must not wait Python's default 5 ms for the GIL while
+    # this thread works through a batch: its frames would leave late.
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
     dp = UserDatapath(config)
     counters = Path(args.counters) if args.counters else None
     try:

@@ -10,6 +10,10 @@ port's queues at its line rate and its cable's delay line, and sends XON when an
 port's waiting bytes fall low. Everything returns ``(ifindex, frame)`` to send; nothing
 raises on a bad frame (counted in ``stats``). Cables toward hosts have their host -> router
 direction delayed and lossy at the router's ingress, so every direction of every cable is.
+
+The common case of a fabric without line rate is short-cut (``express``): a frame for an
+idle port leaves with the call that brought it instead of waiting in the queue for the next
+service; ``tests/unit/roce/test_userplane_express.py`` proves both ways send the same frames.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ibemu.kernel.fib import Fib, flow_key
@@ -56,6 +61,10 @@ class RouterPlane:
         self._delay_ns = round(cfg.delay_us * 1000)
         self._loss = cfg.loss_pct / 100
         self._prio = cfg.priorities()
+        self.express = True
+        """Frames for an idle port without line rate, delay or loss leave at once
+        (``EgressPort.express``) instead of at the next service of the port: the same frames
+        in the same order with the same counters, sooner. Off: always through the queue."""
 
     # -- in ------------------------------------------------------------------------------
     def receive(self, ifindex: int, frame: bytes, now: int) -> list[Send]:
@@ -81,6 +90,59 @@ class RouterPlane:
                 return []
         return self.forward(ifindex, frame, now)
 
+    def receive_batch(self, ifindex: int, frames: Sequence[bytes], now: int,
+                      out: dict[int, list[bytes | bytearray]]) -> None:
+        """``receive`` for each of ``frames`` in order, what it sends appended to
+        ``out[egress]``. The common frame of a fabric without line rate, delay or loss (IPv4,
+        routed, for an idle port: ``EgressPort.express``) is handled inline, with the same
+        checks and counts as ``receive``; any other frame is handed to ``receive`` whole,
+        before anything was counted for it."""
+        cfg = self.cfg
+        port = self.ports.get(ifindex)
+        if (port is None or ifindex in self.down or not self.express or cfg.line_gbps or self._delay_ns
+                or self._loss):
+            for frame in frames:
+                for egress, data in self.receive(ifindex, frame, now):
+                    out.setdefault(egress, []).append(data)
+            return
+        local, lookup, choose, down = self.local_ips, self.fib.lookup, self.fib.choose, self.down
+        ports, egress_of, prio_of = self.ports, self.egress, self._prio
+        done = 0
+        for frame in frames:
+            n = len(frame)
+            sent = False
+            if n >= 34 and frame[12] == 0x08 and frame[13] == 0x00 and frame[14] >> 4 == 4:
+                ihl = (frame[14] & 0x0F) * 4
+                total = (frame[16] << 8) | frame[17]
+                dst = frame[30:34]
+                if (ihl >= 20 and ihl <= total and 14 + total <= n and 14 + ihl + 4 <= n
+                        and dst not in local and frame[22] > 1):
+                    hops = lookup(int.from_bytes(dst, "big"))
+                    if hops is not None:
+                        eg_i = hops[0] if len(hops) == 1 and not down else choose(hops, flow_key(frame), down)
+                        if eg_i is not None and eg_i != ifindex and eg_i in ports:
+                            prio = prio_of[frame[15]]
+                            if egress_of[eg_i].express(14 + total, prio, now):
+                                buf = bytearray(frame) if 14 + total == n else bytearray(frame[:14 + total])
+                                buf[0:12] = ports[eg_i].eth
+                                buf[22] -= 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
+                                c = ((buf[24] << 8) | buf[25]) + 0x0100
+                                c = (c & 0xFFFF) + (c >> 16)
+                                buf[24], buf[25] = c >> 8, c & 0xFF
+                                q = out.get(eg_i)
+                                if q is None:
+                                    out[eg_i] = [buf]
+                                else:
+                                    q.append(buf)
+                                done += 1
+                                sent = True
+            if not sent:
+                for egress, data in self.receive(ifindex, frame, now):
+                    out.setdefault(egress, []).append(data)
+        if done:
+            self.stats["rx_frames"] += done
+            self.stats["forwarded"] += done
+
     def forward(self, ifindex: int, frame: bytes, now: int) -> list[Send]:
         n = len(frame)
         if n < 34 or frame[12] != 0x08 or frame[13] != 0x00:
@@ -102,14 +164,18 @@ class RouterPlane:
         if hops is None:
             self.stats["no_route"] += 1
             return []
-        out = self.fib.choose(hops, flow_key(frame), self.down)
+        down = self.down
+        if len(hops) == 1 and not down:
+            out: int | None = hops[0]  # no choice to make: no flow key
+        else:
+            out = self.fib.choose(hops, flow_key(frame), down)
         if out is None or out not in self.ports:
             self.stats["egress_down"] += 1
             return []
         if out == ifindex:
             self.stats["loop"] += 1
             return []
-        buf = bytearray(frame[:14 + total])
+        buf = bytearray(frame) if 14 + total == n else bytearray(frame[:14 + total])  # one copy
         buf[0:12] = self.ports[out].eth
         buf[22] -= 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
         s = ((buf[24] << 8) | buf[25]) + 0x0100
@@ -117,6 +183,9 @@ class RouterPlane:
         buf[24], buf[25] = s >> 8, s & 0xFF
         prio = self._prio[buf[15]]
         eg = self.egress[out]
+        if self.express and eg.express(len(buf), prio, now):  # idle, no rate: straight out
+            self.stats["forwarded"] += 1
+            return [(out, buf)]
         sends = self._drain(out, now)
         if not eg.enqueue(buf, prio, ifindex, now):  # counted by the queue
             return sends

@@ -138,8 +138,13 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     roce = {"loss_pct": f.loss_pct, "delay_us": f.delay_us, "ecn_mark_kb": f.ecn_mark_kb if f.ecn else 0.0,
             "ecn_line_gbps": f.ecn_line_gbps if f.ecn else 0.0}
     sm_qos = f.qos.sm_json() if f.qos else ""
+    switch: dict[str, Any] = {}
+    if f.switch is not None and f.kind == "ib":
+        m = f.switch.resolve(scen.topology.defaults.rate, ethernet=False)
+        switch = {"name": m.name, "latency_ns": m.latency_ns, "buffer_bytes": m.buffer_bytes}
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
-                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos)
+                         sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos,
+                         switch=switch)
 
 
 def _queues(scen: Scenario) -> QueueConfig | None:

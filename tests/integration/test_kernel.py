@@ -274,3 +274,41 @@ def test_netlink_skeleton_equals_what_tc_itself_builds(run_state: ownership.RunS
         assert shown(a) == shown(b)
     finally:
         ours.close()
+
+
+def test_batched_receive_and_send_keep_order_and_count_what_a_dead_link_refuses(
+        run_state: ownership.RunState) -> None:
+    """``kernel.ring``: recvmmsg batches and sendmmsg batches from the worker thread, with the
+    egress header written into each frame, the short-batch direct path, a frame larger than a
+    receive slot's usual size, and the drops of a link that is down."""
+    from ibemu.kernel.ring import RxBatcher, TxBatcher
+
+    h1, sw, _h2, links = _three_nodes(run_state)
+    a = open_packet_socket(h1, "p1")
+    b = open_packet_socket(sw, "p1")
+    rx, tx = RxBatcher(), TxBatcher()
+    try:
+        head = bytes(range(12)) + b"\x88\xb5"
+        frames = [bytes(14) + bytes([i]) * 300 for i in range(200)]
+        tx.send(a, frames, "h1", head)  # batches of TX_BATCH through the worker
+        tx.send(a, [bytes(14) + b"\xee" * 4000], "h1", head)  # a jumbo (MTU 4400) frame
+        tx.flush()
+        got: list[bytes] = []
+        deadline = time.monotonic() + 2
+        while len(got) < 201 and time.monotonic() < deadline:
+            got += rx.recv_batch(b)
+            time.sleep(0.005)
+        assert [g[14] for g in got[:200]] == list(range(200))
+        assert all(g[:14] == head and len(g) == 314 for g in got[:200])
+        assert len(got) == 201 and got[200] == head + b"\xee" * 4000
+        assert rx.recv_batch(b) == [] and tx.dropped["h1"] == 0
+        links.set_up(h1, "p1", False)  # sends on a dead link are refused: lost and counted
+        tx.send(a, frames[:5], "h1")
+        tx.send(a, frames[:1], "h1")
+        tx.flush()
+        assert tx.dropped["h1"] == 6
+    finally:
+        tx.close()
+        a.close()
+        b.close()
+        links.close()

@@ -105,8 +105,8 @@ def slow_machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capacity: floa
 
     path = tmp_path / "calibration.json"
     monkeypatch.setenv("IBEMU_CALIBRATION", str(path))
-    path.write_text(json.dumps({calibrate.cache_key(b): {"frame_hops_per_s": capacity, "measured_at": "test"}
-                                for b in (298, 4138)}))
+    path.write_text(json.dumps({calibrate.cache_key(b, physics): {"frame_hops_per_s": capacity, "measured_at": "test"}
+                                for b in (298, 4138) for physics in (False, True)}))
 
 
 def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,7 @@ def test_a_quiet_run_is_valid_and_names_its_worst_process() -> None:
     f = judge({"agent-host": _stats([100.0] * 100), "sm": _stats([300.0] * 100)}, dilation=1.0)
     assert f["valid"] is True and f["worst_process"] == "sm" and 300.0 <= f["worst_lag_us"] <= 340.0
     assert f["threshold_us"] == DEFAULT_THRESHOLD_US and f["worst_link"] is None
-    assert "link model" in f["note"] and set(f["processes"]) == {"agent-host", "sm"}
+    assert "no link reported" in f["note"] and set(f["processes"]) == {"agent-host", "sm"}
     assert f["processes"]["sm"]["samples"] == 100
 
 
@@ -85,3 +85,46 @@ def test_the_block_fits_the_run_schema() -> None:
     assert validate(d) == []
     d["fidelity"]["valid"] = True
     assert validate(d) == ["fidelity.valid: true with no process measured"]
+
+
+def _link(link: str, *, busy_model: int, busy_real: int, late_us: list[float]) -> dict[str, object]:
+    from ibemu.lagmon import LagStats
+
+    s = LagStats()
+    for x in late_us:
+        s.add(x)
+    return {"kind": "link_fidelity", "t_ns": 2_000_000_000, "since_ns": 1_000_000_000, "link": link,
+            "gbps": 100.0, "frames": len(late_us), "bytes": 4138 * len(late_us), "busy_model_ns": busy_model,
+            "busy_real_ns": busy_real, **s.summary(), "buckets": s.buckets(), "final": False}
+
+
+def test_links_that_kept_to_the_model_leave_the_run_valid_and_name_the_worst() -> None:
+    from ibemu.scenario.fidelity import merge_links
+
+    recs = [_link("sw0:2", busy_model=10_000_000, busy_real=10_010_000, late_us=[5.0] * 100),
+            _link("sw0:1", busy_model=10_000_000, busy_real=10_000_000, late_us=[1.0] * 100)]
+    f = judge({"agent-host": _stats([100.0] * 100)}, dilation=100.0, links=merge_links(recs))
+    assert f["valid"] is True and f["worst_link"] == "sw0:2"
+    assert "every link kept to the model" in f["note"] and "sw0:2" in f["note"]
+
+
+def test_frames_dropped_arriving_at_a_switch_port_invalidate_the_run() -> None:
+    from ibemu.scenario.fidelity import judge_links
+
+    rec = _link("sw0:1", busy_model=10_000_000, busy_real=10_000_000, late_us=[1.0] * 100)
+    rec["rx_drops"] = 42
+    lj = judge_links([rec])
+    assert lj["valid"] is False and lj["worst_link"] == "sw0:1" and "42 frames dropped" in lj["behind"]["sw0:1"]
+
+
+def test_a_link_that_fell_behind_invalidates_the_run() -> None:
+    from ibemu.scenario.fidelity import judge_links, merge_links
+
+    slow = _link("leaf0:3", busy_model=10_000_000, busy_real=12_000_000, late_us=[50.0] * 100)
+    late = _link("leaf1:1", busy_model=0, busy_real=0, late_us=[5000.0] * 100)
+    ok = _link("spine0:1", busy_model=10_000_000, busy_real=10_000_000, late_us=[1.0] * 100)
+    lj = judge_links([slow, late, ok])
+    assert lj["valid"] is False and set(lj["behind"]) == {"leaf0:3", "leaf1:1"}
+    assert lj["worst_link"] == "leaf0:3" and "83.3%" in lj["behind"]["leaf0:3"]
+    f = judge({"agent-host": _stats([100.0] * 100)}, dilation=100.0, links=merge_links([slow, ok]))
+    assert f["valid"] is False and "link leaf0:3 fell behind" in f["note"]

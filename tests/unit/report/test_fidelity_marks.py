@@ -47,7 +47,7 @@ def test_a_valid_run_says_so_and_carries_no_mark() -> None:
     assert fid[0] == ("  valid: every process kept up with the emulated clock (worst p99 lag 0.81 ms, agent-host; "
                       "threshold 2.00 ms)")
     assert any(ln.split()[:1] == ["sm"] for ln in fid)
-    assert "links: not measured yet" in fid[-1]
+    assert "links: none timed" in fid[-1]
     assert DILATION_NOTE not in text
 
 

@@ -208,9 +208,12 @@ def plane(cfg: QueueConfig) -> RouterPlane:
 
 def test_forwarding_rewrites_ttl_checksum_and_macs() -> None:
     r = plane(QueueConfig())
+    r.express = False
     assert r.receive(1, bytes(ip_frame()), 0) == []  # queued: leaves when served
     out = r.service(0)
     assert len(out) == 1
+    r.express = True
+    assert r.receive(1, bytes(ip_frame()), 0) == [out[0]]  # an idle port without rate: at once
     egress, frame = out[0]
     assert egress in (2, 3) and frame[:12] == r.ports[egress].peer_mac + r.ports[egress].mac
     pkt = Ether(bytes(frame))[IP]
@@ -236,6 +239,7 @@ def test_dscp_maps_to_priorities() -> None:
     mapped = QueueConfig(dscp_priority=((26, 5),)).priorities()
     assert mapped[26 << 2 | 3] == 5 and mapped[48 << 2] == 6
     r = plane(QueueConfig(dscp_priority=((26, 5),)))
+    r.express = False
     r.receive(1, bytes(ip_frame()), 0)
     assert sum(e.qbytes[5] for e in r.egress.values()) > 0  # queued at priority 5, not 3
     with pytest.raises(ValueError):

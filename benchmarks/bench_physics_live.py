@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""The link model on the live IB user datapath: one flow's rate and the per-hop latency, in
+emulated time, against the model's figures (issue 19's first figures, on real frames).
+
+A fabric is built for real (namespaces, veths, the agent host with the switches' forwarders
+and ``fabric.linkplane`` in this process, on a clock dilated ``--dilation`` times), its LFTs
+written straight into the switch agents (``ibemu.testing.static_routes``; no SM). A child
+process in the hosts' namespaces sends valid RDMA WRITE frames (4 KiB payload, correct
+ICRC/VCRC) from h0 to h1 on a raw socket and receives them at h1 with kernel receive stamps
+(``SO_TIMESTAMPNS``); this process converts the stamps to emulated time.
+
+- **rate**: h0 offers 5% more than the cable's line rate (the excess waits in the HCA's send
+  queue the model keeps at the switch's ingress), for ``--seconds`` real seconds; the achieved
+  rate is the frames' bytes on the wire (LRH .. VCRC and 2 bytes of framing) over the emulated
+  time between the receptions of the middle 70% of them, against the data rate
+  (``physics.link.data_gbps``: 4x EDR 100 Gb/s, 4x NDR 400). Target 97% .. 100.5%.
+- **latency**: single frames, 20 ms of real time apart, over h0 - leaf0 - spine0 - leaf1 - h1
+  (three switches), at ``--latency-dilation``; the median one-way latency (the sender's stamp
+  just before its send to the receiver's kernel stamp) against the model's: the host cable's
+  serialization, then per switch latency + serialization, and the propagation of four cables.
+  The per-hop figure takes the host cable's serialization and propagation off and divides by 3;
+  the same over one switch, and the difference of the two paths over 2: a switch hop without
+  the fixed real costs at the path's ends (the first switch reads the host's frame when its
+  loop gets to it, the receiver's stack), which the difference cancels. Target within 5%. The veth and the switch socket's reading add real time that a high
+  dilation makes small in emulated time: that is why this part runs at a higher one.
+
+- **incast** (``--incast``): h0 and h1 each offer 105% of the line rate to h2 through one
+  switch, at twice the first dilation (twice the frames); each sender's share of what reached
+  h2 (target 50 +- 3%), h2's cable's rate, the model's drops (IB: 0) and how long the
+  senders' ports waited for credits.
+
+Each run prints the link fidelity the agent host judged (``scenario.fidelity.judge_links``).
+The 2 cores are shared with other work: the load average is printed.
+
+Run: sudo .venv/bin/python benchmarks/bench_physics_live.py [--rates "4x EDR,4x NDR"]
+     [--dilation 500,2000] [--seconds 4] [--latency-dilation 5000] [--skip-latency]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = 4096
+SO_TIMESTAMPNS = 35
+_TS = struct.Struct("qq")
+
+
+# ------------------------------------------------------------------ the child: send and receive
+
+def child(spec_path: str) -> None:
+    from ibemu.kernel.packet import open_packet_socket
+
+    spec = json.loads(Path(spec_path).read_text())
+    tx = open_packet_socket(spec["tx_ns"], spec["tx_if"], 0x0003, buffer_bytes=4 << 20)
+    tx.setblocking(False)
+    rx = open_packet_socket(spec["rx_ns"], spec["rx_if"], 0x88B5, buffer_bytes=64 << 20)
+    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    rx.settimeout(0.2)
+    frames = [bytes.fromhex(f) for f in spec["frames"]]
+    extra = []  # incast: more senders, each with its own frames, paced alike
+    for x in spec.get("more", []):
+        sk = open_packet_socket(x["ns"], x["if"], 0x0003, buffer_bytes=4 << 20)
+        sk.setblocking(False)
+        extra.append((sk, [bytes.fromhex(f) for f in x["frames"]]))
+    got: list[tuple[int, int, int]] = []  # (kernel stamp, length, psn)
+    stop = threading.Event()
+
+    def receive() -> None:
+        while not stop.is_set():
+            try:
+                data, anc, _, _ = rx.recvmsg(9216, 64)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            stamp = 0
+            for level, kind, d in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    s, ns = _TS.unpack_from(d)
+                    stamp = s * 1_000_000_000 + ns
+            psn = int.from_bytes(data[14 + 8 + 9:14 + 8 + 12], "big") if len(data) > 34 else -1
+            if spec.get("more"):
+                psn = int.from_bytes(data[14 + 6:14 + 8], "big")  # incast: the sender's LID instead
+            got.append((stamp, len(data), psn))
+
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
+    sent: list[tuple[int, int]] = []  # latency mode: (monotonic stamp before the send, psn)
+    failed = 0
+    t0 = time.perf_counter()
+    end = t0 + spec["seconds"]
+    if spec["mode"] == "rate":
+        per_ms = spec["offered"] / 1000.0
+        owed, tick, i = 0.0, t0, 0
+        n_sent = 0
+        while time.perf_counter() < end:
+            owed += per_ms
+            while owed >= 1:
+                try:
+                    tx.send(frames[i % len(frames)])
+                    n_sent += 1
+                except OSError:
+                    failed += 1
+                for sk, fr in extra:
+                    try:
+                        sk.send(fr[i % len(fr)])
+                        n_sent += 1
+                    except OSError:
+                        failed += 1
+                i += 1
+                owed -= 1
+            tick += 0.001
+            delay = tick - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+    else:
+        n_sent = 0
+        for i, f in enumerate(frames):
+            if time.perf_counter() >= end:
+                break
+            t = time.monotonic_ns()
+            try:
+                tx.send(f)
+                sent.append((t, i))
+            except OSError:
+                failed += 1
+            time.sleep(spec["gap_s"])
+    time.sleep(spec["drain_s"])
+    stop.set()
+    th.join(2)
+    offset = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.monotonic_ns()
+    sys.stdout.write(json.dumps({"got": got, "sent": sent, "sent_n": n_sent, "failed": failed, "offset": offset}) + "\n")
+    sys.stdout.flush()
+
+
+def run_child(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    path = tmp / "spec.json"
+    path.write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise SystemExit("the child did not start")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        return dict(json.loads(proc.stdout.readline()))
+    finally:
+        proc.wait(30)
+
+
+# ------------------------------------------------------------------ a live fabric
+
+def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
+    """Build ``topo`` on the user datapath (this process's clock), routes written in; yields
+    (runtime, host, on_loop, lids)."""
+    import contextlib
+
+    import trio
+
+    from ibemu import clock
+    from ibemu.agents.port import PortState
+    from ibemu.fabric.agents import make_agents
+    from ibemu.fabric.runtime import FabricRuntime
+    from ibemu.kernel import ownership
+    from ibemu.testing.static_routes import assign_lids, minhop_lfts
+
+    @contextlib.contextmanager
+    def cm():  # type: ignore[no-untyped-def]
+        state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live")
+        rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp,
+                           mad_sockets=False)
+        lids = assign_lids(topo)
+        lfts = minhop_lfts(topo, lids)
+        box: dict[str, Any] = {}
+        ready = threading.Event()
+
+        def program(host: Any) -> None:
+            for name, table in lfts.items():
+                agent = host.nodes[name].agent
+                agent.ports[0].lid = lids[name]
+                blocks: dict[int, bytearray] = {}
+                for lid, port in table.items():
+                    blocks.setdefault(lid // 64, bytearray(agent.lft.get_block(lid // 64)))[lid % 64] = port
+                for b, data in blocks.items():
+                    agent.lft.set_block(b, bytes(data))
+                agent.lft.set_top(max(lids.values()))
+                for num, p in agent.ports.items():
+                    if num and p.link_is_up:
+                        p.state = PortState.ACTIVE
+
+        async def main() -> None:
+            stop = trio.Event()
+            box["stop"], box["token"] = stop, trio.lowlevel.current_trio_token()
+            async with rt.running() as host:
+                box["host"] = host
+                await trio.sleep(clock.emulated_s(0.5))  # every carrier seen: ports Init
+                program(host)
+                ready.set()
+                await stop.wait()
+
+        def thread_main() -> None:
+            try:
+                trio.run(main, clock=clock.trio_clock())
+            except BaseException as exc:
+                box["error"] = exc
+            finally:
+                ready.set()
+
+        th = threading.Thread(target=thread_main, daemon=True)
+        th.start()
+        try:
+            if not ready.wait(120) or "error" in box:
+                raise SystemExit(f"fabric did not come up: {box.get('error')}")
+
+            def on_loop(fn: Any, *a: Any) -> Any:
+                return trio.from_thread.run_sync(fn, *a, trio_token=box["token"])
+
+            yield rt, box["host"], on_loop, lids
+        finally:
+            if "stop" in box and "error" not in box:
+                trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
+            th.join(60)
+            if "error" in box:
+                import traceback
+                traceback.print_exception(box["error"])
+
+    return cm()
+
+
+def frames_for(rt: Any, lids: dict[str, int], n: int, src: str = "h0", dst: str = "h1") -> list[str]:
+    from ibemu.wire import fast
+
+    pp = rt.plan.nodes[src].ports[1]
+    eth = fast.ethernet_header(pp.peer_mac, pp.mac)
+    tpl = fast.NativeTemplate(slid=lids[src], dlid=lids[dst], destqp=0x100, eth=eth)
+    return [tpl.packet(0x0A, i, bytes(PAYLOAD), ext=fast.reth(0, 0, PAYLOAD)).hex() for i in range(n)]
+
+
+def ends(rt: Any) -> dict[str, str]:
+    a, b = rt.plan.nodes["h0"].ports[1], rt.plan.nodes["h1"].ports[1]
+    return {"tx_ns": rt.plan.nodes["h0"].ns, "tx_if": a.ifname, "rx_ns": rt.plan.nodes["h1"].ns, "rx_if": b.ifname}
+
+
+def fidelity_of(host: Any, on_loop: Any) -> dict[str, Any]:
+    from ibemu.scenario.fidelity import judge_links
+
+    if host.links is None:
+        return {"valid": None, "worst_link": None, "worst_busy_pct": None, "worst_late_p99_us": None, "links": {}}
+    recs = on_loop(lambda: host.links.report_links(final=True))
+    return judge_links(recs)
+
+
+# ------------------------------------------------------------------ the two figures
+
+def measure_rate(rate_name: str, dilation: float, seconds: float, tmp: Path, switches: int = 1) -> dict[str, Any]:
+    from ibemu import clock
+    from ibemu.physics.link import LinkModel, data_gbps
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+
+    clock.configure(dilation)
+    rate = parse_rate(rate_name)
+    topo = (generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1) if switches == 3
+            else generate("single-switch", hosts=2))
+    topo.defaults = dataclasses.replace(topo.defaults, rate=rate)
+    lm = LinkModel.of(rate)
+    with live_fabric(topo, tmp) as (rt, host, on_loop, lids):
+        frames = frames_for(rt, lids, 64)
+        wire = len(bytes.fromhex(frames[0])) - 14
+        line_fps_real = data_gbps(rate) * 1e9 / ((wire + lm.framing_bytes) * 8) / dilation
+        on_loop(lambda: host.links.report_links())  # start the fidelity interval here
+        out = run_child({**ends(rt), "frames": frames, "mode": "rate", "offered": 1.05 * line_fps_real,
+                         "seconds": seconds, "drain_s": 1.0}, tmp)
+        fid = fidelity_of(host, on_loop)
+        unmatched = host.links.plane.unmatched if host.links else 0
+        into_model = host.links.plane.frames_in if host.links else 0
+    stamps = sorted(clock.to_emulated_ns(s - out["offset"]) for s, n, _ in out["got"] if n > 1000)
+    lo, hi = int(len(stamps) * 0.2), int(len(stamps) * 0.9)
+    window = stamps[lo:hi]
+    gbps = (len(window) - 1) * (wire + lm.framing_bytes) * 8 / (window[-1] - window[0]) if len(window) > 2 else 0.0
+    return {"rate": rate_name, "switches": switches, "dilation": dilation, "line_gbps": data_gbps(rate), "achieved_gbps": gbps,
+            "pct": 100 * gbps / data_gbps(rate), "frames": len(stamps), "offered_fps_real": 1.05 * line_fps_real,
+            "fidelity": fid, "unmatched": unmatched, "child_sent": out["sent_n"], "child_failed": out["failed"],
+            "into_model": into_model}
+
+
+def measure_incast(rate_name: str, dilation: float, seconds: float, tmp: Path) -> dict[str, Any]:
+    """h0 and h1 each offer 105% of the line rate to h2 through one switch (2:1 incast)."""
+    from ibemu import clock
+    from ibemu.physics.link import LinkModel, data_gbps
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+
+    clock.configure(dilation)
+    rate = parse_rate(rate_name)
+    topo = generate("single-switch", hosts=3)
+    topo.defaults = dataclasses.replace(topo.defaults, rate=rate)
+    lm = LinkModel.of(rate)
+    with live_fabric(topo, tmp) as (rt, host, on_loop, lids):
+        f0, f1 = frames_for(rt, lids, 16, "h0", "h2"), frames_for(rt, lids, 16, "h1", "h2")
+        wire = len(bytes.fromhex(f0[0])) - 14
+        line_fps_real = data_gbps(rate) * 1e9 / ((wire + lm.framing_bytes) * 8) / dilation
+        on_loop(lambda: host.links.report_links())
+        b = rt.plan.nodes["h1"].ports[1]
+        spec = {"tx_ns": rt.plan.nodes["h0"].ns, "tx_if": rt.plan.nodes["h0"].ports[1].ifname,
+                "rx_ns": rt.plan.nodes["h2"].ns, "rx_if": rt.plan.nodes["h2"].ports[1].ifname,
+                "frames": f0, "more": [{"ns": rt.plan.nodes["h1"].ns, "if": b.ifname, "frames": f1}],
+                "mode": "rate", "offered": 1.05 * line_fps_real, "seconds": seconds, "drain_s": 1.0}
+        out = run_child(spec, tmp)
+        fid = fidelity_of(host, on_loop)
+        plane = host.links.plane
+        waits = {n: plane.nodes[n].ports[1].counters.xmit_wait_ns for n in ("h0", "h1")}
+        drops = plane.drops
+    got = sorted((clock.to_emulated_ns(s - out["offset"]), lid) for s, n, lid in out["got"] if n > 1000)
+    lo, hi = int(len(got) * 0.2), int(len(got) * 0.9)
+    window = got[lo:hi]
+    span = window[-1][0] - window[0][0]
+    per = {src: sum(1 for _, lid in window if lid == lids[src]) for src in ("h0", "h1")}
+    bits = (wire + lm.framing_bytes) * 8
+    return {"rate": rate_name, "dilation": dilation, "line_gbps": data_gbps(rate),
+            "total_pct": 100 * (len(window) - 1) * bits / span / data_gbps(rate),
+            "share_pct": {k: 100 * v / max(1, len(window)) for k, v in per.items()},
+            "model_drops": drops, "fidelity": fid, "host_xmit_wait_us": {k: v / 1000 for k, v in waits.items()},
+            "sent": out["sent_n"]}
+
+
+def measure_latency(dilation: float, n: int, tmp: Path, switches: int = 3) -> dict[str, Any]:
+    from ibemu import clock
+    from ibemu.physics.link import SWITCH_MODELS, LinkModel
+    from ibemu.topo import generate
+
+    clock.configure(dilation)
+    topo = (generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1) if switches == 3
+            else generate("single-switch", hosts=2))
+    lm = LinkModel.of(topo.defaults.rate)
+    sw = SWITCH_MODELS["ib-edr"]
+    with live_fabric(topo, tmp) as (rt, host, on_loop, lids):
+        frames = frames_for(rt, lids, n)
+        wire = len(bytes.fromhex(frames[0])) - 14
+        out = run_child({**ends(rt), "frames": frames, "mode": "latency", "gap_s": 0.02,
+                         "seconds": n * 0.03, "drain_s": 0.5}, tmp)
+        fid = fidelity_of(host, on_loop)
+        unmatched = host.links.plane.unmatched if host.links else 0
+    sent = {psn: clock.to_emulated_ns(t) for t, psn in out["sent"]}
+    lat = [clock.to_emulated_ns(s - out["offset"]) - sent[p] for s, ln, p in out["got"] if p in sent and ln > 1000]
+    ser = lm.frame_ns(wire)
+    prop = lm.propagation
+    model = ser + switches * (sw.latency_ns + ser) + (switches + 1) * prop
+    med = statistics.median(lat) if lat else float("nan")
+    per_hop = (med - ser - prop) / switches
+    hop_model = sw.latency_ns + ser + prop
+    return {"dilation": dilation, "switches": switches, "samples": len(lat), "median_ns": med, "model_ns": model,
+            "p10_ns": sorted(lat)[len(lat) // 10] if lat else None, "p90_ns": sorted(lat)[len(lat) * 9 // 10] if lat else None,
+            "per_hop_ns": per_hop, "hop_model_ns": hop_model, "err_pct": 100 * (per_hop - hop_model) / hop_model,
+            "fidelity": fid, "unmatched": unmatched}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child")
+    ap.add_argument("--rates", default="4x EDR,4x NDR")
+    ap.add_argument("--dilation", default="500,2000", help="one per rate")
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--latency-dilation", type=float, default=5000.0)
+    ap.add_argument("--latency-frames", type=int, default=60)
+    ap.add_argument("--skip-latency", action="store_true")
+    ap.add_argument("--skip-rate", action="store_true")
+    ap.add_argument("--incast", action="store_true", help="also the 2:1 incast at the first rate and dilation")
+    ap.add_argument("--rate-switches", type=int, choices=(1, 3), default=1,
+                    help="the rate over one switch, or three (leaf, spine, leaf: credits between switches)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    import logging
+    logging.basicConfig(level=logging.WARNING)
+    print(f"load average before: {os.getloadavg()}")
+    results: list[dict[str, Any]] = []
+    rates = [r.strip() for r in args.rates.split(",")]
+    dils = [float(d) for d in args.dilation.split(",")]
+    if not args.skip_rate:
+        for rate, d in zip(rates, dils, strict=True):
+            with tempfile.TemporaryDirectory() as tmp:
+                r = measure_rate(rate, d, args.seconds, Path(tmp), args.rate_switches)
+            results.append(r)
+            f = r["fidelity"]
+            print(f"one flow, 4 KiB, {rate}, {r['switches']} switch(es), at dilation {d:g}: {r['achieved_gbps']:.2f} Gb/s emulated = "
+                  f"{r['pct']:.2f}% of {r['line_gbps']:g} (target 97..100.5%), {r['frames']} frames; "
+                  f"fidelity {'valid' if f['valid'] else 'INVALID'}: worst link {f['worst_link']} "
+                  f"(busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us); sent {r['child_sent']} "
+                  f"(failed {r['child_failed']}), into the model {r['into_model']}")
+    if args.incast:
+        with tempfile.TemporaryDirectory() as tmp:
+            r = measure_incast(rates[0], dils[0] * 2, args.seconds, Path(tmp))
+        results.append(r)
+        f = r["fidelity"]
+        sh = r["share_pct"]
+        print(f"2:1 incast, 4 KiB, {r['rate']} at dilation {r['dilation']:g}: h0 {sh['h0']:.1f}% / h1 {sh['h1']:.1f}% "
+              f"of what reached h2 (target 50 +- 3% each), h2's cable at {r['total_pct']:.2f}% of its rate; "
+              f"dropped by the model {r['model_drops']}, the senders' ports waited for credits "
+              f"{r['host_xmit_wait_us']['h0']:.0f} / {r['host_xmit_wait_us']['h1']:.0f} us; fidelity "
+              f"{'valid' if f['valid'] else 'INVALID'} (worst link {f['worst_link']}, {f['behind'] or 'none behind'})")
+    if not args.skip_latency:
+        lats = {}
+        for switches in (1, 3):
+            with tempfile.TemporaryDirectory() as tmp:
+                lats[switches] = measure_latency(args.latency_dilation, args.latency_frames, Path(tmp), switches)
+        r = lats[3]
+        results.extend(lats.values())
+        one = lats[1]
+        print(f"latency, 4 KiB, 4x EDR, 1 switch at dilation {one['dilation']:g}: median {one['median_ns']:.0f} ns "
+              f"(p10 {one['p10_ns']}, p90 {one['p90_ns']}) vs model {one['model_ns']} ns "
+              f"({100 * (one['median_ns'] - one['model_ns']) / one['model_ns']:+.1f}%)")
+        diff = (r["median_ns"] - one["median_ns"]) / 2
+        print(f"per switch hop from the difference of the 3- and 1-switch paths (the host cables' fixed "
+              f"costs cancel): {diff:.0f} ns vs model {r['hop_model_ns']} ns "
+              f"({100 * (diff - r['hop_model_ns']) / r['hop_model_ns']:+.1f}%, target within 5%)")
+        f = r["fidelity"]
+        print(f"latency, 4 KiB, 4x EDR, 3 switches at dilation {r['dilation']:g}: median {r['median_ns']:.0f} ns "
+              f"(p10 {r['p10_ns']}, p90 {r['p90_ns']}) vs model {r['model_ns']} ns; per hop {r['per_hop_ns']:.0f} ns "
+              f"vs {r['hop_model_ns']} ns ({r['err_pct']:+.1f}%, target within 5%); {r['samples']} samples; "
+              f"fidelity {'valid' if f['valid'] else 'INVALID'}; unmatched arrivals {r['unmatched']}")
+        for link, st in f["links"].items():
+            print(f"  {link}: {st}")
+    print(f"load average after: {os.getloadavg()}")
+    if args.json:
+        print(json.dumps(results, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

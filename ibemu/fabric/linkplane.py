@@ -1,0 +1,286 @@
+"""The IB user datapath's link physics: the thin IO adapter around ``ibemu.physics.live``.
+
+The agent host's forwarding loop (``AgentHost._forward_batch``) decides each frame's egress
+port and hands every egress port's list to :meth:`LinkPlane.submit` instead of sending it.
+The plane (sans-IO, :class:`~ibemu.physics.live.LivePlane`) times every frame through the link
+model on the emulated clock (``ibemu.clock``): serialization at each cable's data rate,
+propagation, switch latency, VL arbitration and per-VL credits between switch ports (all the
+switches live in this process, so credits between two of them are the model's own state: no
+flow-control packets cross the veths); VL15 is not credited. What is due goes out at once
+(``TxBatcher``) and one timerfd is armed for the next deadline (``clock.to_real_ns``: at
+dilation N an emulated interval lasts N times as long): a wake-up serves every frame due by
+then, no frame has a timer of its own. Between wake-ups, frames received are timed at the
+emulated instant the batch was read.
+
+Host ports (see ``ibemu.physics.live`` for the model): a switch -> host cable serializes at
+the host cable's rate and the HCA always has credits (it consumes at once); a host -> switch
+cable cannot back-pressure the host's transport (no link-level flow control on a veth), so
+the host's egress is modelled at the switch's ingress: its frames wait in an unbounded queue
+standing for the HCA's send queue (never dropped) and leave it at the host cable's rate, with
+the switch input buffer's credits.
+
+Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`):
+
+- the model's congestion counters go into the switch agents' PMA counters: ``port_xmit_wait``
+  (time an egress port had data queued and could send none, in ticks of one 4-byte symbol time
+  of the cable: a 4x link moves 4 bytes per symbol time; IBA leaves the unit to the
+  implementation), ``port_xmit_discards`` (an SL mapped to a VL the port does not operate),
+  ``excessive_buffer_overrun_errors`` (never, while credits are kept);
+- credit loops (``physics.deadlock.find_credit_loops``, no credit returned on a cycle of
+  (switch, port, VL) for :data:`LOOP_STALL_NS` of emulated time) are logged once each as a
+  ``credit_loop`` event in the fabric log naming the ports and VLs;
+- per cable direction, a ``link_fidelity`` record (frames, bytes, lateness of the real
+  departures against the model's, the busy ratio, and the frames the port's socket dropped
+  because the datapath did not read them in time: ``PACKET_STATISTICS``) goes to the run's
+  lag log when there is one (``lagmon.log_path``), where ``scenario.fidelity`` judges the
+  links with the processes.
+
+QoS: the model starts with one data VL and the default tables; every ``REPORT_S``
+(``sync_qos``) it re-reads the SL -> VL maps, VL arbitration tables and OperationalVLs of the
+agents whose tables the SM changed (``DeviceAgent.qos_version``), CAs' included.
+
+Deviations: VL15 frames the SMAs send themselves (``Send`` actions, answers
+and traps) leave at once, outside the model: only the SMPs the forwarders relay are timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu import clock, lagmon
+from ibemu.events import FabricLog, Kind, append
+from ibemu.kernel.packet import take_drops
+from ibemu.kernel.ring import TxBatcher
+from ibemu.kernel.timerfd import TimerFd
+from ibemu.physics.link import SwitchModel
+from ibemu.physics.live import LinkStats, LivePlane
+from ibemu.physics.model import Frame, Node
+
+log = logging.getLogger(__name__)
+
+ETH_LEN = 14
+REPORT_S = 1.0
+"""How often (real seconds) counters, credit loops and link fidelity are reported."""
+LOOP_STALL_NS = 1_000_000
+"""A cycle of ports with no credit returned for 1 ms of emulated time is a credit loop."""
+SYMBOL_BYTES = 4
+"""PortXmitWait's tick: the time a cable takes for this many bytes (one symbol on each of 4 lanes)."""
+
+
+def match_key(frame: bytes | bytearray | memoryview) -> bytes:
+    """What identifies a frame on a cable at both ends: its LRH from the DLID on and its BTH
+    (``frame`` with its Ethernet header). The VL nibble, which a switch may rewrite, is left out."""
+    return bytes(frame[ETH_LEN + 2:ETH_LEN + 20])
+
+
+class LinkPlane:
+    """The model of every switch of the fabric, and the IO that carries it out."""
+
+    def __init__(self, nodes: Mapping[str, Node], model: SwitchModel, *,
+                 sockets: Callable[[str, int], socket.socket | None],
+                 heads: Callable[[str, int], bytes], powered: Callable[[str], bool],
+                 events: FabricLog, counts: Callable[[str, int, dict[str, int]], None]) -> None:
+        self.plane = LivePlane(nodes)
+        self.model = model
+        self._sockets = sockets
+        self._heads = heads
+        self._powered = powered
+        self._counts = counts
+        self.events = events
+        self.tx: TxBatcher | None = None
+        self.timer = TimerFd()
+        self._armed: int | None = None
+        self._pushed: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._loops_seen: set[frozenset[tuple[str, int, int]]] = set()
+        self._since_ns = clock.now_ns()
+        self._last_report = clock.monotonic()
+        self.sent = 0
+        self.lag_log = lagmon.log_path()
+        self._qos_seen: dict[str, tuple[int, ...]] = {}
+        self._batch: set[int] = set()
+        """ids of the frames submitted since ``begin`` (what a batch forwarded)."""
+
+    # --- the forwarding loop's side -------------------------------------------------------
+
+    def submit(self, switch: str, in_port: int, out: dict[int, list[bytes]]) -> None:
+        """The frames ``switch`` received on ``in_port`` and decided to send (egress port ->
+        frames with their old Ethernet header): into the model; then what is due goes."""
+        now = clock.now_ns()
+        arrive = self.plane.arrive
+        batch = self._batch
+        for egress, frames in out.items():
+            for f in frames:
+                batch.add(id(f))
+                b0 = f[ETH_LEN]
+                fr = Frame(len(f) - ETH_LEN, sl=f[ETH_LEN + 1] >> 4, dst=egress, flow=match_key(f),
+                           vl15=b0 >> 4 == 15, meta=f)
+                arrive(switch, in_port, fr, now)
+        self.pump()
+
+    def begin(self) -> None:
+        """A batch of frames received on one port starts (see :meth:`settle`)."""
+        self._batch.clear()
+
+    def settle(self, switch: str, in_port: int, frames: list[bytes]) -> None:
+        """The frames of a batch from a neighbour switch that were not forwarded (the SMA took
+        them, the forwarder dropped them) free their buffer: credits back to the sender.
+        (A frame the forwarder corrupted leaves as a new object: its original is settled here
+        and the copy enters the model anew, unmatched, its sender's credits debited for it.)"""
+        batch = self._batch
+        if len(batch) >= len(frames):
+            return
+        now = clock.now_ns()
+        for f in frames:
+            if id(f) not in batch and len(f) > ETH_LEN + 20:
+                self.plane.consume(switch, in_port, match_key(f), now)
+        self.pump()
+
+    def pump(self) -> None:
+        """Send every frame due now; arm the timer for the next deadline."""
+        now = clock.now_ns()
+        due = self.plane.run(now)
+        if due:
+            self._send(due)
+        nxt = self.plane.next_deadline()
+        if nxt != self._armed:
+            self._armed = nxt
+            if nxt is None:
+                self.timer.disarm()
+            else:
+                self.timer.arm(clock.to_real_ns(nxt))
+
+    def _send(self, due: list[Any]) -> None:
+        tx = self.tx
+        if tx is None:
+            return
+        groups: dict[tuple[str, int], list[bytes]] = {}
+        for d in due:
+            groups.setdefault((d.switch, d.port), []).append(d.frame.meta)
+        for (switch, port), frames in groups.items():
+            sock = self._sockets(switch, port)
+            if sock is None or not self._powered(switch):
+                continue
+            self.sent += len(frames)
+            tx.send(sock, frames, switch, self._heads(switch, port))
+
+    async def serve(self) -> None:
+        """Wake at each deadline the timer was armed for and pump."""
+        fd = self.timer.fd
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            self.timer.clear()
+            self._armed = None
+            self.pump()
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # outside trio nothing can be waiting on it
+            trio.lowlevel.notify_closing(self.timer.fd)  # a task waiting on it wakes with an error
+        self.timer.close()
+
+    # --- reports --------------------------------------------------------------------------
+
+    def tick(self, agents: Mapping[str, Any] | None = None) -> None:
+        """From the agent host's ticker: every ``REPORT_S``, the agents' QoS tables in,
+        counters, credit loops and fidelity out."""
+        self.plane.expire(clock.now_ns())
+        mono = clock.monotonic()
+        if mono - self._last_report < clock.emulated_s(REPORT_S):
+            return
+        self._last_report = mono
+        if agents is not None:
+            self.sync_qos(agents)
+        self.push_counters()
+        self.check_loops()
+        self.report_links()
+
+    def sync_qos(self, agents: Mapping[str, Any]) -> int:
+        """Re-read the QoS tables of the agents whose tables changed since the last call
+        (``DeviceAgent.qos_version``: the SM set SLtoVLMappingTable, VLArbitrationTable or
+        OperationalVLs) into the model; how many nodes changed. From the ticker."""
+        changed = 0
+        for name, node in self.plane.nodes.items():
+            agent = agents.get(name)
+            version = getattr(agent, "qos_version", None)
+            if agent is None or version is None:
+                continue
+            v = version()
+            if self._qos_seen.get(name) == v:
+                continue
+            self._qos_seen[name] = v
+            changed += 1
+            ins = [i for i in node.ports] if node.switch else [0]
+            for port in node.ports:
+                try:
+                    self.plane.set_qos(name, port, data_vls=agent.data_vls(port), vlarb=agent.vl_arbitration(port),
+                                       sl2vl={i: agent.sl2vl_map(i, port) for i in ins if i != port})
+                except (KeyError, ValueError) as exc:  # a port the agent does not have, a table the model refuses
+                    log.warning("%s port %d: QoS not taken into the link model: %s", name, port, exc)
+        return changed
+
+    def push_counters(self) -> None:
+        for node in self.plane.nodes.values():
+            if not node.switch:
+                continue
+            for num, p in node.ports.items():
+                c = p.counters
+                tick_ns = SYMBOL_BYTES * p.link.byte_ns()
+                now = (c.xmit_wait_ticks(tick_ns), c.xmit_discards, c.buffer_overruns)
+                was = self._pushed.get((node.name, num), (0, 0, 0))
+                if now != was:
+                    self._pushed[(node.name, num)] = now
+                    deltas = {"port_xmit_wait": now[0] - was[0], "port_xmit_discards": now[1] - was[1],
+                              "excessive_buffer_overrun_errors": now[2] - was[2]}
+                    self._counts(node.name, num, {k: v for k, v in deltas.items() if v})
+
+    def check_loops(self) -> None:
+        for loop in self.plane.credit_loops(LOOP_STALL_NS):
+            key = frozenset(loop.hops)
+            if key in self._loops_seen:
+                continue
+            self._loops_seen.add(key)
+            log.warning("%s", loop.describe())
+            self.events.write(loop.hops[0][0], {
+                "kind": Kind.CREDIT_LOOP, "t_ns": clock.now_ns(),
+                "hops": [{"switch": n, "port": p, "vl": vl} for n, p, vl in loop.hops],
+                "stalled_us": loop.stalled_ns // 1000})
+
+    def report_links(self, *, final: bool = False) -> list[dict[str, Any]]:
+        """The ``link_fidelity`` records of the interval since the last call (written to the
+        lag log when there is one): per switch port that sent frames or whose socket dropped
+        some it was sent (the kernel's count: the datapath did not read them in time)."""
+        stats = self.plane.take_stats()
+        drops: dict[tuple[str, int], int] = {}
+        for key, st in self.plane.stats.items():
+            sock = self._sockets(*key)
+            n = take_drops(sock) if sock is not None else 0
+            if n:
+                drops[key] = n
+                stats.setdefault(key, LinkStats(st.gbps))
+        since, self._since_ns = self._since_ns, clock.now_ns()
+        recs = [link_record(f"{sw}:{port}", st, since, final=final, rx_drops=drops.get((sw, port), 0))
+                for (sw, port), st in sorted(stats.items())]
+        if self.lag_log and recs:
+            for rec in recs:
+                try:
+                    append(Path(self.lag_log), rec)
+                except OSError:
+                    break
+        return recs
+
+
+def link_record(link: str, st: LinkStats, since_ns: int, *, final: bool = False, rx_drops: int = 0) -> dict[str, Any]:
+    """The ``Kind.LINK_FIDELITY`` record of one cable direction over an interval (``rx_drops``:
+    frames lost arriving at this port, its socket full)."""
+    late = lagmon.LagStats()
+    for ns in st.late_ns:
+        late.add(ns / 1000.0)
+    return {"kind": Kind.LINK_FIDELITY, "t_ns": clock.now_ns(), "since_ns": since_ns, "link": link,
+            "gbps": st.gbps, "frames": st.frames, "bytes": st.bytes, "busy_model_ns": st.busy_model_ns,
+            "busy_real_ns": st.busy_real_ns, "rx_drops": rx_drops, **late.summary(), "buckets": late.buckets(), "final": final}

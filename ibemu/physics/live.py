@@ -1,0 +1,421 @@
+"""The model driven by a live datapath: frames that really arrive go in, the times at which the
+real frames must leave come out.
+
+:mod:`ibemu.physics.sim` plays a whole fabric in pure emulated time. A live datapath cannot:
+frames arrive when the hosts send them and must leave at real instants. :class:`LivePlane` is
+the same event loop, sans-IO, with those two edges opened up. The caller (the IB user
+datapath, ``ibemu.fabric.agenthost``) does three things, each with the emulated time ``now``:
+
+- ``arrive(switch, in_port, frame, now)`` for every frame a switch port received, after the
+  forwarder decided its egress port (``frame.dst``) and, with ``frame.meta``, the bytes to send;
+- ``run(now)`` at every wake-up: every event of the model due by ``now`` is played, in time
+  order, and the :class:`Departure` s due by ``now`` come back, to be sent at once;
+- ``next_deadline()``: when to wake up next (one timer for the whole plane: every frame due
+  at a wake-up is served by it, none gets a timer of its own).
+
+What is modelled where (all the switches of the fabric live in this one plane):
+
+- Switch egress ports run the model's :class:`~ibemu.physics.model.Node` s: serialization at
+  the cable's data rate, propagation, switch latency, VL arbitration, credits per VL. Between
+  two switches the credits are the model's own state (a :class:`~ibemu.physics.model.CreditReturn`
+  is handed to the peer node in process: no flow-control packets cross the veth).
+- A frame's real send time is when the model says its last bit reaches the far end of the
+  cable (``Transmit.arrive_ns``: start + serialization + propagation). The veth then adds its
+  own real latency, which the fidelity figures count as lateness of the next hop, not of this
+  one.
+- Between two switches, the real frame crosses the veth and is received (and forwarded) by the
+  peer switch's forwarder for real; the plane matches it to the ``Transmit`` it recorded
+  (:meth:`arrive` looks for the frame's ``key`` among the cable's frames in flight) and gives
+  the peer node the model's arrival time, not the real one. Frames lost on the veth (a cable
+  pulled, a full socket) leave their records behind: at most :data:`MATCH_WINDOW` are skipped
+  per arrival (their credits given back), older ones expire (:meth:`expire`), and an arrival
+  with no match enters at ``now`` (its sender's credits debited then, so they stay balanced).
+  A frame the peer switch does not forward (its SMA takes
+  it, its forwarder drops it) frees its buffer at once (:meth:`consume`).
+- Host -> switch. The HCA cannot be back-pressured: there is no link-level flow-control
+  protocol on the veth. The host's port is modelled at the switch's ingress instead: a frame
+  received from a host enters the host node's egress queue (what stands for the HCA's send
+  queue: unbounded, nothing dropped) and leaves it at the host cable's rate and only with
+  credits from the switch's input buffer, as an HCA would. Deviation: the host's own transport
+  is not slowed by that queue (a host offering more than the line rate builds it up; its
+  transport's window bounds it).
+- Switch -> host: serialization at the host cable's rate; the HCA always has credits (it
+  consumes at once: ``plan.build_nodes`` wires no credit limit towards a host).
+
+Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
+and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
+less its due time) and, over back-to-back frames (a busy link), the model's time against the
+real one: ``busy_ratio`` is the achieved rate over the configured rate while busy (below 1:
+the link fell behind). ``take_stats`` hands them over and starts afresh.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field, replace
+
+from ibemu.physics.deadlock import CreditLoop, find_credit_loops
+from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
+from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
+
+MATCH_WINDOW = 16
+"""Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
+MATCH_STALE_NS = 1_000_000_000
+"""A record older than this (emulated ns) is dropped (its frame was lost): long, because a
+datapath that falls behind the clock receives frames long after the model's arrival."""
+
+Port = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes."""
+
+    switch: str
+    port: int
+    frame: Frame
+    due_ns: int
+    """When the model has its last bit at the far end (the real send time)."""
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """One egress port's fidelity over an interval (see the module docstring)."""
+
+    gbps: float
+    frames: int = 0
+    bytes: int = 0
+    late_ns: list[int] = field(default_factory=list)
+    """How late each departure left (>= 0), in emulated ns."""
+    busy_model_ns: int = 0
+    busy_real_ns: int = 0
+    last_due: int | None = None
+    last_end: int | None = None
+    last_sent: int | None = None
+
+    def busy_ratio(self) -> float | None:
+        """Achieved over configured rate while busy (None: never two frames back to back)."""
+        if self.busy_model_ns <= 0:
+            return None
+        return self.busy_model_ns / max(self.busy_real_ns, 1)
+
+    def fresh(self) -> LinkStats:
+        """An empty interval that carries on the back-to-back bookkeeping."""
+        return LinkStats(self.gbps, last_due=self.last_due, last_end=self.last_end, last_sent=self.last_sent)
+
+
+class LivePlane:
+    """Every node of a fabric's model (``plan.build_nodes``), driven by live frames."""
+
+    def __init__(self, nodes: Mapping[str, Node]) -> None:
+        self.nodes: dict[str, Node] = dict(nodes)
+        self.now = 0
+        """The latest time the model has been played to."""
+        self._events: list[tuple[int, int, Callable[[int], list[Action]]]] = []
+        self._seq = itertools.count()
+        self._wake: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+        self._due: list[tuple[int, int, Departure]] = []
+        self._flight: dict[Port, deque[tuple[Hashable, int, int, int]]] = {}
+        """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
+        cable to it."""
+        self.stats: dict[Port, LinkStats] = {}
+        self.frames_in = 0
+        self.unmatched = 0
+        self.drops = 0
+        self.drop_reasons: dict[str, int] = {}
+        for node in self.nodes.values():
+            if node.switch:
+                for num, p in node.ports.items():
+                    self.stats[(node.name, num)] = LinkStats(p.link.gbps)
+
+    # --- input ----------------------------------------------------------------------------
+
+    def peer(self, switch: str, port: int) -> Port | None:
+        p = self.nodes[switch].ports.get(port)
+        return None if p is None else p.peer
+
+    def arrive(self, switch: str, in_port: int, frame: Frame, now: int) -> None:
+        """``frame`` was received on ``switch:in_port`` at ``now``; it leaves by ``frame.dst``
+        (an egress port of ``switch``). From a host it first crosses the host's cable in the
+        model; from a switch it arrives when the model said (its record matched by
+        ``frame.flow``, a key the caller derives from the frame's bytes the same way at both
+        ends, e.g. its LRH and BTH)."""
+        self.run_events(now)
+        self.frames_in += 1
+        peer = self.peer(switch, in_port)
+        src = self.nodes.get(peer[0]) if peer is not None else None
+        if src is not None and not src.switch and peer is not None:
+            self._dispatch(src.inject(peer[1], frame, self._clamp(src.name, self.now)))
+            self._schedule_wake(src.name)
+            return
+        # The model's arrival, earlier than now by the veth's and the reading's real latency:
+        # the node takes a frame back in time (it cannot start a port that was busy since, and
+        # what it starts late is sent at once and counted late), so the next hop does not
+        # inherit this one's real latency.
+        t, vl = self._match(switch, in_port, frame.flow, now)
+        t = min(t, now)
+        if vl is None:  # no record: as if just sent, on the VL its SL maps to by default
+            vl = self._debit(peer, frame)
+        frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
+        node = self.nodes[switch]
+        self._dispatch(node.receive(in_port, frame, self._clamp(switch, t), frame.dst))  # type: ignore[arg-type]
+        self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
+
+    def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
+        """The model's arrival time and VL of the frame ``key`` on the cable into
+        ``switch:in_port`` (now and None when there is no record of it)."""
+        q = self._flight.get((switch, in_port))
+        if q and key is not None:
+            for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+                if rec[0] == key:
+                    for _ in range(i):  # lost on the way: their credits come back
+                        self._lost(switch, in_port, q.popleft(), now)
+                    q.popleft()
+                    return rec[1], rec[2]
+        self.unmatched += 1
+        return now, None
+
+    def _debit(self, peer: Port | None, frame: Frame) -> int:
+        """An unmatched frame from ``peer`` (a record lost, a frame altered on the way) takes
+        the credits it will return when it leaves: its sender's are debited now, so the
+        credits stay balanced. Its VL: its SL modulo the sender port's data VLs."""
+        if frame.vl15:
+            return VL15
+        if peer is None or peer[0] not in self.nodes:
+            return 0
+        p = self.nodes[peer[0]].ports[peer[1]]
+        vl = frame.sl % max(1, p.vls)
+        cr = p.credits[vl]
+        if cr is not None:
+            p.credits[vl] = cr - blocks(frame.size)
+        return vl
+
+    def consume(self, switch: str, in_port: int, key: Hashable, now: int) -> bool:
+        """A frame from a neighbour switch that ``switch`` did not forward (its SMA took it,
+        or its forwarder dropped it): its buffer is free at once and its credits go back to
+        the sender, as a real port frees what it consumed or discarded. False: no record."""
+        q = self._flight.get((switch, in_port))
+        if not q:
+            return False
+        for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+            if rec[0] == key:
+                del q[i]
+                self._lost(switch, in_port, rec, now)
+                return True
+        return False
+
+    def expire(self, now: int, port: Port | None = None) -> int:
+        """Forget the records of frames in flight for longer than :data:`MATCH_STALE_NS`
+        (lost on the veth: a cable pulled, a full socket), their credits given back, as the
+        periodic flow-control packets of a real link resynchronize them. How many."""
+        n = 0
+        for key in [port] if port is not None else list(self._flight):
+            q = self._flight.get(key)
+            while q and q[0][1] < now - MATCH_STALE_NS:
+                self._lost(key[0], key[1], q.popleft(), now)
+                n += 1
+        return n
+
+    def _lost(self, switch: str, in_port: int, rec: tuple[Hashable, int, int, int], now: int) -> None:
+        peer = self.peer(switch, in_port)
+        if peer is None or not rec[3]:
+            return
+        self.run_events(now)
+        self._dispatch(self.nodes[peer[0]].credit_return(peer[1], rec[2], rec[3], self._clamp(peer[0], now)))
+        self._schedule_wake(peer[0])
+
+    # --- time -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """The next time :meth:`run` has something to do (None: nothing until a frame)."""
+        t = self._events[0][0] if self._events else None
+        if self._due and (t is None or self._due[0][0] < t):
+            t = self._due[0][0]
+        return t
+
+    def run_events(self, now: int) -> None:
+        """Play the model's events due by ``now`` (not the departures)."""
+        ev = self._events
+        while ev and ev[0][0] <= now:
+            t, _, fn = heapq.heappop(ev)
+            if t > self.now:
+                self.now = t
+            self._dispatch(fn(t))
+        if now > self.now:
+            self.now = now
+
+    def run(self, now: int) -> list[Departure]:
+        """Play everything due by ``now``; the departures due by then, in due order, counted
+        as sent at ``now``."""
+        self.run_events(now)
+        out: list[Departure] = []
+        due = self._due
+        while due and due[0][0] <= now:
+            d = heapq.heappop(due)[2]
+            self._account(d, now)
+            out.append(d)
+        return out
+
+    def _account(self, d: Departure, sent: int) -> None:
+        st = self.stats.get((d.switch, d.port))
+        if st is None:
+            return
+        st.frames += 1
+        st.bytes += d.frame.size
+        st.late_ns.append(max(0, sent - d.due_ns))
+        if st.last_end is not None and d.start_ns == st.last_end and st.last_due is not None \
+                and st.last_sent is not None:
+            st.busy_model_ns += d.due_ns - st.last_due
+            st.busy_real_ns += sent - st.last_sent
+        st.last_due, st.last_end, st.last_sent = d.due_ns, d.end_ns, sent
+
+    def take_stats(self) -> dict[Port, LinkStats]:
+        """Each egress port's stats since the last call (ports that sent nothing left out)."""
+        out = {k: s for k, s in self.stats.items() if s.frames}
+        for k in out:
+            self.stats[k] = out[k].fresh()
+        return out
+
+    def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
+        """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
+        return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
+
+    def link_reset(self, name: str, port: int, now: int) -> None:
+        """The cable at ``name:port`` went down or came up: link training re-initializes flow
+        control, so the records of frames in flight on it are dropped and each end's credits
+        are what the other end's input buffer really has free (frames lost on the dead cable
+        no longer hold any)."""
+        node = self.nodes.get(name)
+        if node is None or port not in node.ports:
+            return
+        self.run_events(now)
+        peer = node.ports[port].peer
+        ends = [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
+        for a in ends:
+            self._flight.pop(a, None)
+        for a in ends:
+            src = self.nodes[a[0]].ports[a[1]]
+            b = src.peer
+            dst = self.nodes.get(b[0]) if b is not None else None
+            if b is None or dst is None or not dst.switch:
+                continue  # towards a host: never short of credits
+            cfg = dst.ib_config[b[1]]
+            for vl in range(min(cfg.data_vls, src.vls)):
+                src.credits[vl] = cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
+            self.nodes[a[0]]._dirty.add(a[1])
+            self._dispatch(self.nodes[a[0]].advance(self._clamp(a[0], now)))
+            self._schedule_wake(a[0])
+
+    def set_qos(self, name: str, port: int, *, data_vls: int, vlarb: VlArb,
+                sl2vl: Mapping[int, Sl2Vl]) -> None:
+        """Take the QoS the SM programmed into node ``name``'s ``port``: the data VLs it
+        operates, its VL arbitration, the SL -> VL map of each input port towards it (a host:
+        input port 0). Credits of a VL newly operated at both ends of the cable start full;
+        VLs no longer operated get none (what they still hold drains by their credits)."""
+        node = self.nodes[name]
+        p = node.ports[port]
+        cfg = node.ib_config[port]
+        if data_vls != cfg.data_vls:
+            node.ib_config[port] = replace(cfg, data_vls=data_vls)
+            p.vls = data_vls
+            peer = p.peer
+            pnode = self.nodes.get(peer[0]) if peer is not None else None
+            if peer is not None and pnode is not None:
+                pp = pnode.ports[peer[1]]
+                both = min(data_vls, pnode.ib_config[peer[1]].data_vls)
+                for vl in range(VL15):  # each end's credits for the other's input buffer
+                    for src, dst_node, dst_port in ((p, pnode, peer[1]), (pp, node, port)):
+                        if not dst_node.switch:
+                            continue  # a host never runs out (None stays None)
+                        if vl >= both:
+                            src.credits[vl] = 0
+                        elif src.credits[vl] == 0 and not src.queues[vl]:
+                            src.credits[vl] = dst_node.ib_config[dst_port].buffer_bytes // 64
+        node.set_vlarb(port, vlarb)
+        for in_port, table in sl2vl.items():
+            node.set_sl2vl(in_port, port, table)
+
+    def set_propagation(self, switch: str, port: int, propagation_ns: float) -> None:
+        """Change the delay of the cable ``switch:port`` sends on (a fault's injected delay)."""
+        p = self.nodes[switch].ports[port]
+        p.link = replace(p.link, propagation_ns=float(propagation_ns))
+
+    # --- actions --------------------------------------------------------------------------
+
+    def _clamp(self, name: str, t: int) -> int:
+        """``t``, or the latest time node ``name`` was driven to if later: a node's own time
+        never goes back (a frame matched to its model arrival may be older than what the node
+        did since; it is then taken as arriving now, for that node)."""
+        last = self._last.get(name, 0)
+        if t < last:
+            return last
+        self._last[name] = t
+        return t
+
+    def _at(self, t: int, fn: Callable[[int], list[Action]]) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), fn))
+
+    def _dispatch(self, actions: list[Action]) -> None:
+        touched: set[str] = set()
+        for a in actions:
+            touched.add(a.node)
+            if isinstance(a, Transmit):
+                node = self.nodes[a.node]
+                peer = node.ports[a.port].peer
+                if not node.switch:  # the host's cable, modelled here: the switch receives it
+                    if peer is not None:
+                        self._at(a.arrive_ns, self._receiver(peer, a.frame))
+                    continue
+                d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
+                heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
+                if peer is not None and self.nodes.get(peer[0]) is not None and self.nodes[peer[0]].switch:
+                    credited = 0 if a.frame.vl15 else blocks(a.frame.size)
+                    self._flight.setdefault(peer, deque()).append((a.frame.flow, a.arrive_ns, a.vl, credited))
+            elif isinstance(a, CreditReturn):
+                peer = self.nodes[a.node].ports[a.port].peer
+                if peer is not None and peer[0] in self.nodes:
+                    self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
+            elif isinstance(a, Drop):
+                self.drops += 1
+                self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
+        for name in touched:
+            self._schedule_wake(name)
+
+    def _receiver(self, peer: Port, frame: Frame) -> Callable[[int], list[Action]]:
+        node = self.nodes[peer[0]]
+
+        def receive(t: int) -> list[Action]:
+            out = node.receive(peer[1], frame, self._clamp(node.name, t), frame.dst)  # type: ignore[arg-type]
+            self._schedule_wake(node.name)
+            return out
+        return receive
+
+    def _crediter(self, peer: Port, vl: int, nblocks: int) -> Callable[[int], list[Action]]:
+        node = self.nodes[peer[0]]
+
+        def credit(t: int) -> list[Action]:
+            out = node.credit_return(peer[1], vl, nblocks, self._clamp(node.name, t))
+            self._schedule_wake(node.name)
+            return out
+        return credit
+
+    def _schedule_wake(self, name: str) -> None:
+        node = self.nodes[name]
+        t = node.next_deadline()
+        if t is None or self._wake.get(name) == t:
+            return
+        self._wake[name] = t
+
+        def wake(now: int) -> list[Action]:
+            if self._wake.get(name) == now:
+                del self._wake[name]
+            out = node.advance(self._clamp(name, now))
+            self._schedule_wake(name)
+            return out
+        self._at(t, wake)

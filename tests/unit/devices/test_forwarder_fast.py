@@ -1,0 +1,169 @@
+"""``Forwarder.forward_run`` (the user datapath's fast twin) equals ``Forwarder.decide``.
+
+Two identical switches see the same generated frames: one through ``decide`` frame by frame
+(the reference), the other through ``forward_run`` with ``decide`` for the frames it leaves,
+as the agent host runs it. Frames vary in DLID (routed, unrouted, own LID, multicast,
+permissive, above LinearFDBTop), VL (data, VL15), length and VCRC; between batches port states,
+the LFT, the LID and impairments change. Both must send the same frames to the same ports in
+the same order and end with the same counters, statistics and RNG state.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ibemu.agents.forwarder import Reason
+from ibemu.agents.port import PhysState, PortState
+from ibemu.agents.switch import SwitchAgent
+from ibemu.wire import fast
+
+ETH = 14
+HEADS = {p: bytes([p]) * ETH for p in range(1, 7)}
+
+
+def switch(seed: int) -> SwitchAgent:
+    sw = SwitchAgent(node_guid=0x77, num_ports=6, link_up=[True] * 6, forwarder_seed=seed)
+    for n in range(1, 7):
+        sw.ports[n].state = PortState.ACTIVE
+    sw.ports[0].lid = 20
+    sw.lft.set_block(0, bytes((lid % 6) + 1 for lid in range(64)))
+    sw.lft.set_top(63)
+    return sw
+
+
+def frame(rng: random.Random) -> bytes:
+    dlid = rng.choice([rng.randrange(1, 70), rng.randrange(1, 70), 20, 21, 0, 0xC001, 0xFFFF, 100])
+    vl = 15 if rng.random() < 0.1 else 0
+    payload = bytes(rng.randrange(256) for _ in range(rng.choice([0, 4, 64, 256])))
+    pkt = bytearray(fast.NativeTemplate(slid=9, dlid=dlid, destqp=0x42, vl=vl).packet(
+        0x0A, rng.randrange(1 << 24), payload, ext=fast.reth(0, 0, len(payload))))
+    r = rng.random()
+    if r < 0.05:
+        pkt[-1] ^= 0x10  # bad VCRC
+    elif r < 0.08:
+        pkt = pkt[:-4]  # bad length
+    elif r < 0.09:
+        pkt = pkt[:6]  # runt
+    return bytes(rng.randbytes(ETH)) + bytes(pkt)
+
+
+def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
+    """The same random change of state on both switches."""
+    block = bytes(rng.choice([1, 2, 3, 4, 5, 6, 0, 0xFF, 9]) for _ in range(64))
+    top = rng.choice([63, 63, 40])
+    port = rng.randrange(1, 7)
+    state = rng.choice([PortState.ACTIVE, PortState.ACTIVE, PortState.ARMED, PortState.INIT, PortState.DOWN])
+    phys = rng.choice([PhysState.LINK_UP, PhysState.LINK_UP, PhysState.POLLING])
+    lid, lmc = rng.choice([(20, 0), (20, 1), (0, 0), (33, 2)])
+    loss, corrupt = rng.choice([(0.0, 0.0), (0.0, 0.0), (0.5, 0.0), (0.0, 0.5)])
+    imp_port = rng.randrange(1, 7)
+    what = rng.randrange(6)
+    for sw in sws:
+        if what == 0:
+            sw.lft.set_block(0, block)
+            sw.lft.set_top(top)
+        elif what == 1:
+            sw.ports[port].state = state
+        elif what == 2:
+            sw.ports[port].phys = phys
+        elif what == 3:
+            sw.ports[0].lid, sw.ports[0].lmc = lid, lmc
+        elif what == 4:
+            sw.forwarder.set_impairment(imp_port, loss=loss, corrupt=corrupt)
+        else:
+            sw.forwarder.verify_vcrc = not sw.forwarder.verify_vcrc  # now and then without the check
+            for n in range(1, 7):  # and everything back up
+                sw.ports[n].state, sw.ports[n].phys = PortState.ACTIVE, PhysState.LINK_UP
+
+
+def reference(sw: SwitchAgent, frames: list[bytes], ingress: int) -> list[tuple[int, bytes | None]]:
+    out: list[tuple[int, bytes | None]] = []
+    for f in frames:
+        v = sw.forwarder.decide(f[ETH:], ingress)
+        out.append((v.port, HEADS[v.port] + v.packet) if v.port else (0, None if v.reason is not Reason.TO_SMA else f))
+    return [x for x in out if x[0] or x[1] is not None]
+
+
+TAKEN = [0]
+
+
+def fast_path(sw: SwitchAgent, frames: list[bytes], ingress: int) -> list[tuple[int, bytes | None]]:
+    """As the agent host: runs through ``forward_run``, the rest through ``decide``; the
+    order of sends per egress is what a receiver sees, so compare per egress."""
+    out: list[tuple[int, bytes | None]] = []
+    i = 0
+    while i < len(frames):
+        batch: dict[int, list[bytes]] = {}
+        i = sw.forwarder.forward_run(frames, i, ingress, ETH, batch)
+        for port, q in batch.items():
+            out += [(port, HEADS[port] + x[ETH:]) for x in q]
+            TAKEN[0] += len(q)
+        if i < len(frames):
+            f = frames[i]
+            i += 1
+            v = sw.forwarder.decide(f[ETH:], ingress)
+            if v.port:
+                out.append((v.port, HEADS[v.port] + v.packet))
+            elif v.reason is Reason.TO_SMA:
+                out.append((0, f))
+    return out
+
+
+def per_port(sends: list[tuple[int, bytes | None]]) -> dict[int, list[bytes | None]]:
+    d: dict[int, list[bytes | None]] = {}
+    for port, data in sends:
+        d.setdefault(port, []).append(data)
+    return d
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_twin_equals_decide(seed: int) -> None:
+    rng = random.Random(seed)
+    ref, fst = switch(seed), switch(seed)
+    forwarded = 0
+    TAKEN[0] = 0
+    for _ in range(60):
+        if rng.random() < 0.5:
+            mutate(rng, (ref, fst))
+        ingress = rng.choice([1, 2, 3, 4, 5, 6, 6, 0, 9])
+        frames = [frame(rng) for _ in range(rng.randrange(1, 40))]
+        a, b = reference(ref, frames, ingress), fast_path(fst, frames, ingress)
+        assert per_port(a) == per_port(b)
+        forwarded += sum(1 for p, _ in a if p)
+        for n in ref.ports:
+            assert ref.ports[n].counters.snapshot() == fst.ports[n].counters.snapshot(), n
+        assert ref.forwarder.stats == fst.forwarder.stats
+        assert ref.forwarder.rng.getstate() == fst.forwarder.rng.getstate()
+    assert forwarded > 100 and TAKEN[0] > forwarded // 2  # the fast path took most of them
+
+
+def test_a_vouched_vcrc_is_not_checked_and_a_corrupting_port_is_never_vouched_for() -> None:
+    sw = switch(0)
+    good = bytes(ETH) + fast.NativeTemplate(slid=9, dlid=5, destqp=1).packet(0x04, 1, b"y" * 32)
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    out: dict[int, list[bytes]] = {}
+    assert sw.forwarder.forward_run([good, bad], 0, 1, ETH, out) == 1  # checked: stops at the bad one
+    assert sw.forwarder.forward_run([good], 0, 1, ETH, out, vcrc_known_good=True) == 1
+    assert sw.forwarder.vouches_for(3)
+    sw.forwarder.set_impairment(3, corrupt=0.5)
+    sw.forwarder.set_impairment(3)
+    assert not sw.forwarder.vouches_for(3)  # its frames may still be on their way
+    sw.forwarder.verify_vcrc = False
+    assert not sw.forwarder.vouches_for(2)
+
+
+def test_fast_twin_takes_the_common_case_and_stops_at_the_first_other() -> None:
+    sw = switch(0)
+    block = bytearray(b"\xff" * 64)
+    block[5] = 2
+    sw.lft.set_block(0, block)
+    sw.lft.set_top(63)
+    data = bytes(ETH) + fast.NativeTemplate(slid=9, dlid=5, destqp=1).packet(0x04, 1, b"y" * 32)
+    smp = bytes(ETH) + fast.NativeTemplate(slid=9, dlid=0xFFFF, destqp=0, vl=15).packet(0x04, 1, b"z" * 32)
+    out: dict[int, list[bytes]] = {}
+    assert sw.forwarder.forward_run([data, data, smp, data], 0, 1, ETH, out) == 2
+    assert out[2] == [data] * 2
+    assert sw.forwarder.stats["forwarded"] == 2
+    assert sw.counters(1).rcv_pkts == 2 and sw.counters(2).xmit_pkts == 2
