@@ -8,8 +8,8 @@ Every port of a switch has a clsact qdisc whose ingress is the switch's shared f
 - prio 2: this module's program, a direct-action ``bpf`` filter (``ibemu_lft``) that reads
   the switch's LFT from a BPF array map and redirects a frame to its egress port.
 
-An LFT change is a map update (``bpf(BPF_MAP_UPDATE_ELEM)``), seen by the next frame: no tc
-filter is written after bring-up, nothing queues, and there are no mirred actions for the
+An LFT change is a write into the map, which this process keeps mmapped (an array map with
+BPF_F_MMAPABLE): no system call, seen by the next frame; no tc filter is written after bring-up, nothing queues, and there are no mirred actions for the
 kernel to walk when the namespaces go.
 
 The program, per frame (``skb->data`` at the Ethernet header; ``bpf_skb_load_bytes`` copies
@@ -53,8 +53,9 @@ filter keeps the program (and so the maps) alive until the switch's namespace go
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
+import mmap
 import os
 import struct
 from collections.abc import Mapping
@@ -144,19 +145,17 @@ class LftProgram:
 
     def __init__(self, ports: Mapping[int, int]) -> None:
         """``ports``: port number -> egress ifindex."""
-        self.blocks = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, LFT_BLOCK, N_BLOCKS, "ibemu_lft")
+        self.blocks = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, LFT_BLOCK, N_BLOCKS, "ibemu_lft",
+                              flags=bpf.BPF_F_MMAPABLE)
         self.ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, MAX_PORTS, "ibemu_lft_port")
         self.prog_fd = -1
-        self.table = bytearray(UNICAST_END)
-        """What the map holds: the egress port per LID (0 = not forwarded)."""
-        self.installed: dict[int, int] = {}
-        # one attr for every update: key and value buffers at fixed addresses
-        self._key = ctypes.create_string_buffer(4)
-        self._value = ctypes.create_string_buffer(LFT_BLOCK)
-        self._attr = ctypes.create_string_buffer(
-            struct.pack("=IIQQQ", self.blocks.fd, 0, ctypes.addressof(self._key),
-                        ctypes.addressof(self._value), 0).ljust(128, b"\0"), 128)
+        self._mm: mmap.mmap | None = None
+        self.table = memoryview(bytearray(0))
         try:
+            self._mm = mmap.mmap(self.blocks.fd, UNICAST_END, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.table = memoryview(self._mm)
+            """The map itself (mmapped): the egress port per LID (0 = not forwarded). The
+            kernel SMA (``ibemu.kernel.sma``) writes it too, on the LFT Sets it answers."""
             for port, ifindex in ports.items():
                 self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex))
             self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd), name="ibemu_lft")
@@ -164,34 +163,27 @@ class LftProgram:
             self.close()
             raise
 
+    @property
+    def installed(self) -> dict[int, int]:
+        """Every LID the map forwards and its port (a scan of the map: for clearing it)."""
+        table = bytes(self.table) if self.prog_fd >= 0 else b""
+        return {lid: table[lid] for lid in range(1, len(table)) if table[lid]}
+
     def apply(self, changes: Mapping[int, int]) -> int:
-        """Install ``changes`` (LID -> port; 0/0xFF = no route); returns the map updates
-        (one per 64-entry block that changed)."""
+        """Install ``changes`` (LID -> port; 0/0xFF = no route) by writing the mmapped map;
+        returns the 64-entry blocks that changed (what a map update per block would cost)."""
         if self.prog_fd < 0:
             raise KernelError("LFT map used after close()")
-        table, installed = self.table, self.installed
+        table = self.table
         touched: set[int] = set()
         for lid, port in changes.items():
             if not 0 < lid < UNICAST_END:
                 raise ValueError(f"LID {lid:#x} is not a unicast LID")
-            if port in (0, NO_ROUTE):
-                if installed.pop(lid, None) is None:
-                    continue
-                port = 0
-            elif installed.get(lid) == port:
-                continue
-            else:
-                installed[lid] = port
-            table[lid] = port
-            touched.add(lid >> 6)
-        for block in sorted(touched):
-            self._write_block(block)
+            new = 0 if port in (0, NO_ROUTE) else port
+            if table[lid] != new:
+                table[lid] = new
+                touched.add(lid >> 6)
         return len(touched)
-
-    def _write_block(self, block: int) -> None:
-        struct.pack_into("=I", self._key, 0, block)
-        ctypes.memmove(self._value, bytes(self.table[block * LFT_BLOCK:(block + 1) * LFT_BLOCK]), LFT_BLOCK)
-        bpf._bpf_buf(bpf.BPF_MAP_UPDATE_ELEM, self._attr)
 
     def read(self, lid: int) -> int:
         """The egress port the kernel map holds for ``lid`` (0: not forwarded)."""
@@ -202,6 +194,11 @@ class LftProgram:
         if self.prog_fd >= 0:
             os.close(self.prog_fd)
             self.prog_fd = -1
+        if self._mm is not None:
+            self.table.release()
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+            self._mm = None
         self.blocks.close()
         self.ports.close()
 
