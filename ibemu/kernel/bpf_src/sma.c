@@ -394,6 +394,10 @@ int ibemu_sma(struct __sk_buff *skb)
 		set_byte_at(p, end, RETURN_PATH + (rp_at & 63), ingress);
 	if (new_hp >= 0)
 		p[MAD + 6] = new_hp;
+	if (!lid_routed) {	/* a directed-route SMP leaves with both LIDs permissive */
+		p[LRH + 6] = 0xff;
+		p[LRH + 7] = 0xff;
+	}
 	/* reseal: ICRC, then the VCRC over it */
 	{
 		__u32 c = icrc(p, end, t);
