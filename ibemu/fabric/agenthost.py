@@ -45,15 +45,20 @@ from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
+from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.sma import KernelSma
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 
 log = logging.getLogger(__name__)
 
 ETH_LEN = 14
+MAD_AT = ETH_LEN + 28
 RECV_BATCH = 64
+_SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016)
+"""What an SMP Set the agent answered may change in the kernel SMA's images."""
 TICK_S = 0.05
 
 
@@ -116,6 +121,10 @@ class AgentHost:
         self._lft_lock = threading.Lock()  # power() clears an LFT from a worker thread
         self._relay_ids: dict[str, int] = {}
         self._relay_on: dict[str, bool] = {}
+        self.kernel_sma: KernelSma | None = None
+        """The eBPF SMA of every node (``ibemu.kernel.sma``); None: the agents (and at most
+        the DR relay) do it all."""
+        self._sma_slots: dict[str, int] = {}
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -163,10 +172,15 @@ class AgentHost:
         refresh(list(rt.plan.ports))
 
     def open_dr_relay(self) -> None:
-        """Kernel datapath: relay directed-route SMPs at intermediate switches in the kernel
+        """Kernel datapath: the device firmware's management hot path in eBPF. First the
+        kernel SMA (``open_kernel_sma``: DR relays and the common SMPs answered in the kernel,
+        on switches and CA ports); where it cannot run, the DR relay alone
         (``ibemu.kernel.dr_relay``, a bpf filter on each switch's tc block). Blocking (enters
-        the namespaces). Without eBPF, or with IBEMU_DR_RELAY=0, the agents relay them."""
-        if self.datapath != "kernel" or self.dr_relay is not None or os.environ.get("IBEMU_DR_RELAY") == "0":
+        the namespaces). IBEMU_KERNEL_SMA=0 skips the SMA, IBEMU_DR_RELAY=0 both."""
+        if self.datapath != "kernel" or self.dr_relay is not None or self.kernel_sma is not None \
+                or os.environ.get("IBEMU_DR_RELAY") == "0":
+            return
+        if os.environ.get("IBEMU_KERNEL_SMA") != "0" and self.open_kernel_sma():
             return
         switches = [(name, rt) for name, rt in self.nodes.items() if rt.plan.is_switch and rt.sockets]
         if not switches:
@@ -192,16 +206,100 @@ class AgentHost:
             return
         self.dr_relay = relay
 
+    def open_kernel_sma(self) -> bool:
+        """Load the kernel SMA and put it on every switch's tc block (after the LFT, where
+        the DR relay would go) and every CA port's ingress; publish each agent's state to
+        it. False (and one log line) where it cannot run: the caller falls back."""
+        nodes = [(name, rt) for name, rt in self.nodes.items() if rt.sockets and hasattr(rt.agent, "sma_images")]
+        if not nodes:
+            return False
+        n_switches = sum(1 for _n, rt in nodes if rt.plan.is_switch)
+        entries = sum(len(rt.plan.ports) * (8 if rt.plan.is_switch else 12) + 8 for _n, rt in nodes)
+        try:
+            sma = KernelSma(lft_slots=n_switches, attr_entries=max(4096, 2 * entries))
+        except (OSError, KernelError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("SMPs are answered by the Python agents only (no eBPF SMA: %s)", first)
+            return False
+        try:
+            slot = 0
+            for dev, (name, rt) in enumerate(nodes, 1):
+                self._relay_ids[name] = dev
+                self._relay_on[name] = on = rt.powered and not rt.vl15_loss
+                if rt.plan.is_switch:
+                    self._sma_slots[name] = slot
+                    slot += 1
+                self._sma_device(sma, name, rt)
+                for ifindex, port in rt.by_ifindex.items():
+                    pp = rt.plan.ports[port]
+                    sma.add_port(dev, port, ifindex, pp.mac, pp.peer_mac, up=rt.carrier.get(port, False), enabled=on)
+                if rt.plan.is_switch:
+                    sma.attach_switch(rt.plan.ns, prio=2)  # after the LFT (prio 2)
+                else:
+                    sma.attach_ports(rt.plan.ns, [pp.ifname for pp in rt.plan.ports.values()])
+        except (OSError, KernelError) as exc:
+            log.warning("SMPs are answered by the Python agents only (attaching the eBPF SMA failed: %s)", exc)
+            for name, rt in nodes:  # the agents keep their own tables again
+                lft_ = getattr(rt.agent, "lft", None)
+                if lft_ is not None and name in self._sma_slots:
+                    lft_.bind(memoryview(bytearray(lft_.cap)))
+            self._relay_ids.clear()
+            self._sma_slots.clear()
+            sma.close()
+            return False
+        self.kernel_sma = sma
+        log.info("kernel SMA on %d nodes (%d switches)", len(nodes), n_switches)
+        return True
+
+    def _sma_device(self, sma: KernelSma, name: str, rt: NodeRuntime) -> None:
+        """(Re)register a node's agent with the kernel SMA: its LFT in the shared memory,
+        every image published afresh."""
+        dev = self._relay_ids[name]
+        agent: Any = rt.agent
+        slot = self._sma_slots.get(name)
+        lft_ = getattr(agent, "lft", None)
+        if slot is not None and lft_ is not None:
+            kernel_lft = self.fabric.lfts.get(name)
+            fwd = kernel_lft._prog.blocks.fd if isinstance(kernel_lft, MapLft) and kernel_lft._prog else None
+            lft_.bind(sma.lft_view(slot))
+            sma.add_device(dev, is_switch=True, num_ports=agent.num_ports, lft_slot=slot,
+                           lft_blocks=lft_.blocks, fwd_map_fd=fwd)
+        else:
+            sma.add_device(dev, is_switch=bool(rt.plan.is_switch), num_ports=agent.num_ports)
+        sma.forget(dev)
+        sma.publish(dev, agent.sma_images())
+
+    def sma_refresh(self, name: str, *, ports: Iterable[int] | None = None,
+                    attrs: Iterable[int] | None = None) -> None:
+        """Republish what changed of node ``name``'s state to the kernel SMA (cheap when
+        nothing did: only changed images are written)."""
+        sma, dev = self.kernel_sma, self._relay_ids.get(name)
+        if sma is None or dev is None:
+            return
+        agent: Any = self.nodes[name].agent
+        sma.publish(dev, agent.sma_images(attrs=attrs, ports=ports))
+
+    def _sma_after_set(self, name: str, port: int, frame: bytes | memoryview) -> None:
+        """The agent answered an SMP that may be a Set: republish what a Set can change."""
+        if len(frame) < MAD_AT + 24 or frame[ETH_LEN] >> 4 != 15 or frame[MAD_AT + 3] != 2 \
+                or frame[MAD_AT + 1] not in (0x01, 0x81):
+            return
+        mod = int.from_bytes(frame[MAD_AT + 20:MAD_AT + 24], "big")
+        self.sma_refresh(name, ports={0, port, mod & 0xFF, (mod >> 16) & 0xFF}, attrs=_SMA_SET_ATTRS)
+
     def _sync_relay(self, name: str, rt: NodeRuntime) -> None:
-        """A switch's kernel relay runs only while its agent would relay every SMP itself:
-        powered and without an SMP-loss fault."""
-        relay, sid = self.dr_relay, self._relay_ids.get(name)
-        if relay is None or sid is None:
+        """A node's kernel SMA (or a switch's kernel relay) runs only while its agent would
+        do the same itself: powered and without an SMP-loss fault."""
+        sid = self._relay_ids.get(name)
+        if sid is None or (self.dr_relay is None and self.kernel_sma is None):
             return
         on = rt.powered and not rt.vl15_loss
         if self._relay_on.get(name) != on:
             self._relay_on[name] = on
-            relay.set_enabled(sid, on)
+            if self.kernel_sma is not None:
+                self.kernel_sma.set_enabled(sid, on)
+            elif self.dr_relay is not None:
+                self.dr_relay.set_enabled(sid, on)
 
     def _flush_lfts(self) -> None:
         """Before the namespaces go: empty the switches' tc blocks where the LFT is u32 filters
@@ -236,6 +334,13 @@ class AgentHost:
         if self.dr_relay is not None:
             self.dr_relay.close()
             self.dr_relay = None
+        if self.kernel_sma is not None:
+            for name in self._sma_slots:  # the agents keep their tables in their own memory again
+                lft_ = getattr(self.nodes[name].agent, "lft", None)
+                if lft_ is not None:
+                    lft_.bind(memoryview(bytearray(lft_.cap)))
+            self.kernel_sma.close()
+            self.kernel_sma = None
         close_all(s for rt in self.nodes.values() for s in rt.sockets.values())
         for rt in self.nodes.values():
             rt.sockets.clear()
@@ -290,6 +395,8 @@ class AgentHost:
                 if not rt.powered or (rt.vl15_loss and self._lose_vl15(rt, frame)):
                     continue
                 self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
+                if self.kernel_sma is not None:
+                    self._sma_after_set(name, port, frame)
 
     async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
         """User datapath: every frame of the port goes through the switch's forwarder."""
@@ -368,6 +475,8 @@ class AgentHost:
                 rt.carrier[port] = ev.carrier
                 if self.dr_relay is not None and name in self._relay_ids:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
+                if self.kernel_sma is not None and name in self._relay_ids:
+                    self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
@@ -423,6 +532,8 @@ class AgentHost:
                 forwarder = getattr(fresh_agent, "forwarder", None)
                 if self.datapath == "user" and forwarder is not None:
                     self._apply_impairments(name, rt, forwarder)  # the cables' own delay/loss
+                if self.kernel_sma is not None and name in self._relay_ids:
+                    self._sma_device(self.kernel_sma, name, rt)
             rt.powered = True
             self._sync_relay(name, rt)
             rtnl.set_up(rt.plan.ns, ifnames, True)
@@ -457,6 +568,8 @@ class AgentHost:
                 self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": clock.now_ns(),
                                          "port": action.port, "state": action.state.name.lower(),
                                          "phys": action.phys_state.name.lower()})
+                if self.kernel_sma is not None:
+                    self.sma_refresh(name, ports=(0, action.port), attrs=(0x0012, 0x0015))
 
     def _program(self, name: str, action: LftUpdate) -> None:
         """Carry out an LFT change the switch's SMA accepted, at once: a map update per

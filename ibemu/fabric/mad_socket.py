@@ -78,6 +78,7 @@ class CaMadPort:
         """An SM attached (or left): IsSM on the port, and the SA's GSI class served here
         (umad2sim registers classes locally; an SM client registers the SA's)."""
         self.agent.set_is_sm(self.port, on)
+        self.host.sma_refresh(self.name, ports=(self.port,), attrs=(0x0015,))  # CapabilityMask.IsSM
         if on:
             self.agent.register_class(CLASS_SA)
         else:
@@ -92,6 +93,8 @@ class CaMadPort:
         mad = rmpp_seal(req.mad, req.length)  # what the kernel's RMPP layer would send
         actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, mad)
         self.host.dispatch(self.name, self.host.nodes[self.name], actions)
+        if method == 0x02 and len(mad) > 1 and mad[1] in (0x01, 0x81):  # an SMP Set of our own port
+            self.host.sma_refresh(self.name)
 
     async def watch_deadlines(self) -> None:
         """Sleep until the earliest pending deadline (or until a request arrives), expire."""
