@@ -120,6 +120,50 @@ async def run(k: int, smps: int, window: int, path_name: str = "kernel") -> None
     print(f"  teardown {time.perf_counter() - t_down:.2f} s")
 
 
+def kernel_cost(repeat: int = 3000) -> None:
+    """What one SMP costs the kernel SMA itself (BPF_PROG_TEST_RUN on a switch of 36 ports,
+    no fabric): a NodeInfo answered at the last hop, an LFT Set, a relay, one handed up."""
+    from ibemu.agents.switch import SwitchAgent
+    from ibemu.kernel import bpf, lft_map, sma
+    from ibemu.kernel.commands import KernelError
+    from ibemu.wire import madcodec as mb
+    from ibemu.wire.madpacket import frame_mad
+
+    try:
+        k = sma.KernelSma(lft_slots=1, attr_entries=4096)
+    except (OSError, KernelError) as exc:
+        print(f"kernel SMA unavailable: {exc}")
+        return
+    fwd = lft_map.LftProgram({})
+    sw = SwitchAgent(node_guid=0x100, num_ports=36, link_up=[True] * 36)
+    sw.lft.bind(k.lft_view(0))
+    k.add_device(1, is_switch=True, num_ports=36, lft_slot=0, lft_blocks=sw.lft.blocks, fwd_map_fd=fwd.blocks.fd)
+    for p in range(1, 37):
+        k.add_port(1, p, 1, bytes([2, 0, 0, 0, 1, p]), bytes([6, 0, 0, 0, 1, p]), up=True)
+    k.publish(1, sw.sma_images())
+    eth = bytes([2, 0, 0, 0, 1, 3, 6, 0, 0, 0, 1, 3, 0x88, 0xB5])
+
+    def dr(method: int, attr: int, mod: int, path: list[int], hp: int, data: bytes = b"") -> bytes:
+        mad = bytearray(mb.dr_smp(method, attr, path=path, tid=1, modifier=mod))
+        mad[6] = hp
+        mad[64:64 + len(data)] = data
+        return eth + frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0, qkey=0, vl=15)
+
+    cases = {"NodeInfo Get answered": dr(1, 0x11, 0, [1, 2, 3], 3),
+             "LFT Set answered": dr(2, 0x19, 1, [1, 2, 3], 3, bytes(range(64))),
+             "relayed (intermediate hop)": dr(1, 0x11, 0, [1, 2, 3], 1),
+             "handed up (PortInfo Set)": dr(2, 0x15, 1, [1, 2, 3], 3)}
+    for name, frame in cases.items():
+        # one run per call: a run rewrites the frame (a repeat would see the response)
+        verdict = bpf.test_run(k.prog_fd, frame, 1)[0]
+        ns = statistics.median(bpf.test_run(k.prog_fd, frame, 1)[2] for _ in range(repeat))
+        what = "redirected" if verdict == bpf.TC_ACT_REDIRECT else "to the agent"
+        print(f"  kernel SMA, {name} ({what}): {ns / 1000:.2f} us per SMP "
+              f"({1e9 / max(ns, 1):,.0f} SMPs/s per core)")
+    fwd.close()
+    k.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=8)
@@ -131,6 +175,7 @@ def main() -> None:
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (namespaces, veth, tc): sudo")
+    kernel_cost()
     for name in args.paths:
         trio.run(run, args.k, args.smps, args.window, name)
     if len(RESULTS) > 1:
