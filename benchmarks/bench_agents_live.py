@@ -139,8 +139,7 @@ def kernel_cost(repeat: int = 3000) -> None:
     sw.lft.bind(k.lft_view(0))
     k.add_device(1, is_switch=True, num_ports=36, lft_slot=0, lft_blocks=sw.lft.blocks, fwd_map_fd=fwd.blocks.fd)
     for p in range(1, 37):
-        k.add_port(1, p, 1, bytes([2, 0, 0, 0, 1, p]), bytes([6, 0, 0, 0, 1, p]), up=True,
-                   netns=sma.current_netns_cookie())
+        k.add_port(1, p, 1, bytes([2, 0, 0, 0, 1, p]), bytes([6, 0, 0, 0, 1, p]), up=True)
     k.publish(1, sw.sma_images())
     eth = bytes([2, 0, 0, 0, 1, 3, 6, 0, 0, 0, 1, 3, 0x88, 0xB5])
 

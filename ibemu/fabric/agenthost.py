@@ -48,7 +48,7 @@ from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
-from ibemu.kernel.sma import KernelSma, netns_cookie
+from ibemu.kernel.sma import KernelSma
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 
@@ -232,8 +232,7 @@ class AgentHost:
                 self._sma_device(sma, name, rt)
                 for ifindex, port in rt.by_ifindex.items():
                     pp = rt.plan.ports[port]
-                    sma.add_port(dev, port, ifindex, pp.mac, pp.peer_mac, up=rt.carrier.get(port, False),
-                                 netns=netns_cookie(rt.sockets[port]), enabled=on)
+                    sma.add_port(dev, port, ifindex, pp.mac, pp.peer_mac, up=rt.carrier.get(port, False), enabled=on)
                 if rt.plan.is_switch:
                     sma.attach_switch(rt.plan.ns, prio=2)  # after the LFT (prio 2)
                 else:

@@ -22,10 +22,6 @@ at once, and the other way round. A kernel LFT Set also writes the switch's forw
 (``ibemu_lft`` of ``lft_map``, reached through the map of maps ``sma_fwd``) with the
 entries up to LinearFDBTop, as ``LftUpdate`` would have.
 
-The receiving port is found by its interface (namespace cookie and ifindex), not by its MAC
-as the DR relay did: a LID-routed SMP the LFT of an earlier switch forwarded keeps the
-Ethernet header it had there.
-
 Everything else goes up to the agent unchanged (TC_ACT_UNSPEC): PortInfo/SwitchInfo/P_Key
 Sets and every other attribute or method, traps, responses, PMA, LID-routed heads and tails
 of DR SMPs, permissive-DLID LID-routed SMPs, bad versions, modifiers the maps lack (the
@@ -50,14 +46,20 @@ import logging
 import mmap
 import os
 import shutil
-import socket
 import struct
 import subprocess
 from collections.abc import Mapping
 
 from ibemu.kernel import bpf, clsact, elf
 from ibemu.kernel.commands import KernelError
-from ibemu.kernel.dr_relay import CRC16_TABLE, CRC32_TABLE, egress_key, egress_value, port_value
+from ibemu.kernel.dr_relay import (
+    CRC16_TABLE,
+    CRC32_TABLE,
+    egress_key,
+    egress_value,
+    port_key,
+    port_value,
+)
 from ibemu.kernel.packet import ETH_P_IB
 from ibemu.kernel.tc_netlink import BlockFilters
 
@@ -69,23 +71,6 @@ LFT_SLOT = LFT_BLOCKS * 64
 PROG_NAME = "ibemu_sma"
 
 _DEV = struct.Struct("=IHBB")
-_PORT_KEY = struct.Struct("=QII")
-SO_NETNS_COOKIE = 71
-
-
-def netns_cookie(sock: socket.socket) -> int:
-    """The cookie of the network namespace ``sock`` lives in (what ``bpf_get_netns_cookie``
-    returns to a tc program there)."""
-    return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
-
-
-def current_netns_cookie() -> int:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        return netns_cookie(sock)
-
-
-def port_key(netns: int, ifindex: int) -> bytes:
-    return _PORT_KEY.pack(netns, ifindex, 0)
 _ATTR_KEY = struct.Struct("=III")
 
 
@@ -218,13 +203,11 @@ class KernelSma:
     # ------------------------------------------------------------------ ports
 
     def add_port(self, dev: int, port: int, ifindex: int, mac: bytes, peer_mac: bytes, *, up: bool,
-                 netns: int, enabled: bool = True) -> None:
-        """Port ``port`` of ``dev`` is interface ``ifindex`` of the namespace whose cookie is
-        ``netns`` (``netns_cookie``), with ``mac``; its cable's far end has ``peer_mac``."""
-        self._in[(dev, port)] = (port_key(netns, ifindex), ifindex)
+                 enabled: bool = True) -> None:
+        self._in[(dev, port)] = (port_key(mac), ifindex)
         self._outs[(dev, port)] = (ifindex, peer_mac, mac)
         self._enabled.setdefault(dev, enabled)
-        self.ports.update(port_key(netns, ifindex), port_value(ifindex, dev, port, self._enabled[dev]))
+        self.ports.update(port_key(mac), port_value(ifindex, dev, port, self._enabled[dev]))
         self.out.update(egress_key(dev, port), egress_value(ifindex, up, peer_mac, mac))
 
     def set_carrier(self, dev: int, port: int, up: bool) -> None:
@@ -232,9 +215,6 @@ class KernelSma:
         if out is not None:
             ifindex, peer_mac, mac = out
             self.out.update(egress_key(dev, port), egress_value(ifindex, up, peer_mac, mac))
-
-    def enabled(self, dev: int) -> bool:
-        return self._enabled.get(dev, True)
 
     def set_enabled(self, dev: int, enabled: bool) -> None:
         """Answer and relay this node's SMPs in the kernel (True) or hand them all to its agent."""

@@ -6,7 +6,7 @@
  * reference this program is proven equal to (tests/integration/test_sma_bpf.py).
  *
  * Per frame: a canonical management packet (0x88B5, 304 bytes, VL15, LRH+BTH, PktLen 72,
- * UD SEND Only without pad, to QP0) of an interface the loader registered, with the node enabled
+ * UD SEND Only without pad, to QP0) of a port the loader registered, with the node enabled
  * and its VCRC and ICRC correct, is
  *   - relayed, at an intermediate hop of a directed-route SMP (switches only, C14-9/C14-13);
  *   - answered, when it is a SubnGet of NodeDescription, NodeInfo, SwitchInfo, PortInfo,
@@ -49,11 +49,7 @@ struct ibemu_map {
 #define FLAG_ENABLED 1
 #define PASS TC_ACT_UNSPEC
 
-struct port_key {	/* sma_ports: the receiving interface, by namespace and ifindex */
-	__u64 netns;
-	__u32 ifindex, pad;
-};
-struct port_val {	/* sma_ports: port_key -> */
+struct port_val {	/* sma_ports: receiving port's MAC -> */
 	__u32 ifindex, dev, port, flags;
 };
 struct out_val {	/* sma_out: dev << 8 | port -> */
@@ -72,7 +68,7 @@ struct lft_block {
 	__u8 b[64];
 };
 
-struct ibemu_map sma_ports SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct port_key), sizeof(struct port_val), 65536, 0 };
+struct ibemu_map sma_ports SEC("maps") = { BPF_MAP_TYPE_HASH, 8, sizeof(struct port_val), 65536, 0 };
 struct ibemu_map sma_out SEC("maps") = { BPF_MAP_TYPE_HASH, 4, sizeof(struct out_val), 65536, 0 };
 struct ibemu_map sma_dev SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct dev_val), 16384, 0 };
 struct ibemu_map sma_attr SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct attr_key), 64, 131072, 0 };
@@ -176,7 +172,7 @@ int ibemu_sma(struct __sk_buff *skb)
 	__u32 *t;
 	__u32 zero = 0, dev, ingress, egress, hp, n, lid, lmc, slid = 0, my_lid = 0;
 	int answer, lid_routed, rp_at = -1, new_hp = -1;
-	struct port_key pk;
+	__u64 mac = 0;
 
 	if (skb->len != FRAME_LEN || data + FRAME_LEN > end)
 		return PASS;
@@ -190,12 +186,9 @@ int ibemu_sma(struct __sk_buff *skb)
 	if (p[MAD + 1] != 0x81 && p[MAD + 1] != 0x01)
 		return PASS;
 
-	/* the receiving port, by its interface (not its MAC: a frame the LFT of a switch
-	 * before forwarded keeps the Ethernet header it had there) */
-	pk.netns = bpf_get_netns_cookie(skb);
-	pk.ifindex = skb->ifindex;
-	pk.pad = 0;
-	in = bpf_map_lookup_elem(&sma_ports, &pk);
+	/* the receiving port: keyed by its MAC, checked against the ingress interface */
+	__builtin_memcpy(&mac, p, 6);
+	in = bpf_map_lookup_elem(&sma_ports, &mac);
 	if (!in || in->ifindex != skb->ifindex || !(in->flags & FLAG_ENABLED))
 		return PASS;
 	dev = in->dev;
