@@ -235,11 +235,17 @@ class AgentHost:
                     sma.add_port(dev, port, ifindex, pp.mac, pp.peer_mac, up=rt.carrier.get(port, False), enabled=on)
                 if rt.plan.is_switch:
                     sma.attach_switch(rt.plan.ns, prio=2)  # after the LFT (prio 2)
+                    kernel_lft = self.fabric.lfts.get(name)
+                    if isinstance(kernel_lft, MapLft):  # LID-routed SMPs: the SMA forwards them
+                        kernel_lft.set_vl15_to_sma(True)
                 else:
                     sma.attach_ports(rt.plan.ns, [pp.ifname for pp in rt.plan.ports.values()])
         except (OSError, KernelError) as exc:
             log.warning("SMPs are answered by the Python agents only (attaching the eBPF SMA failed: %s)", exc)
             for name, rt in nodes:  # the agents keep their own tables again
+                kernel_lft = self.fabric.lfts.get(name)
+                if isinstance(kernel_lft, MapLft):
+                    kernel_lft.set_vl15_to_sma(False)
                 lft_ = getattr(rt.agent, "lft", None)
                 if lft_ is not None and name in self._sma_slots:
                     lft_.bind(memoryview(bytearray(lft_.cap)))

@@ -18,10 +18,12 @@ the Ethernet type and the LRH, so a frame whose LRH is not in the linear part st
 1. fewer than 14 + 10 bytes, an Ethernet type other than 0x88B5, a DLID of 0xC000 or above
    (multicast; the permissive DLID, so every directed-route SMP), or a PktLen that does not
    say the frame's length (PktLen * 4 + 2 bytes after the Ethernet header) -> TC_ACT_UNSPEC;
-2. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
+2. a VL15 frame while the flags in ``ports[0]`` have FLAG_VL15_TO_SMA (the kernel SMA
+   forwards LID-routed SMPs itself, ``set_vl15_to_sma``) -> TC_ACT_UNSPEC;
+3. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
    or 0xFF -> TC_ACT_UNSPEC;
-3. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
-4. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
+4. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
+5. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
 
 TC_ACT_UNSPEC goes on to the next filter (the DR relay) and then up the stack to the switch
 agent's packet socket, which answers its own LID and counts the rest as the spec's
@@ -74,6 +76,10 @@ LFT_BLOCK = 64
 N_BLOCKS = UNICAST_END // LFT_BLOCK
 MAX_PORTS = 256
 PRIO = 2
+FLAGS_SLOT = 0
+"""``ibemu_lft_port[0]``: port 0 is the switch itself (never an egress here), so its slot
+holds the classifier's flags."""
+FLAG_VL15_TO_SMA = 1
 """The classifier's priority on the block (the DR rule is at 1, the DR relay at 3)."""
 FN_SKB_LOAD_BYTES = 26
 SKB_CB0 = 48
@@ -104,6 +110,19 @@ def program(blocks_fd: int, ports_fd: int) -> bytes:
     a.ldx(1, R4, R10, _S_HDR + 2 + 3)
     a.alu64("or", R3, R4, reg=True)
     a.jmp("jge", R3, UNICAST_END, "pass")  # multicast and permissive: directed-route SMPs
+    # VL15 (LID-routed SMPs): to the next filter when flags (ports[0]) say the kernel SMA
+    # forwards them (``set_vl15_to_sma``)
+    a.ldx(1, R4, R10, _S_HDR + 2)
+    a.alu64("and", R4, 0xF0)
+    a.jmp("jne", R4, 0xF0, "data")
+    a.st(4, R10, _S_KEY, FLAGS_SLOT)
+    a.mov(R7, R3)  # the DLID survives the call
+    a.map_lookup(ports_fd, _S_KEY)
+    a.mov(R3, R7)
+    a.jmp("jeq", R0, 0, "data")
+    a.ldx(4, R2, R0, 0)
+    a.jmp("jset", R2, FLAG_VL15_TO_SMA, "pass")
+    a.label("data")
     a.ldx(1, R4, R10, _S_HDR + 2 + 4)  # PktLen (11 bits, in 4-byte words, without the VCRC)
     a.alu64("and", R4, 7)
     a.alu64("lsh", R4, 8)
@@ -163,6 +182,12 @@ class LftProgram:
             self.close()
             raise
 
+    def set_vl15_to_sma(self, on: bool) -> None:
+        """LID-routed SMPs (VL15) go on to the next filter, the kernel SMA, which forwards them
+        itself with the Ethernet addresses of each cable (``ibemu.kernel.sma``), instead of
+        being redirected here."""
+        self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", FLAG_VL15_TO_SMA if on else 0))
+
     @property
     def installed(self) -> dict[int, int]:
         """Every LID the map forwards and its port (a scan of the map: for clearing it)."""
@@ -213,6 +238,11 @@ class MapLft:
         self.ifnames = dict(ifnames)
         self.ports = sorted(ifnames)
         self._prog: LftProgram | None = None
+
+    def set_vl15_to_sma(self, on: bool) -> None:
+        """See ``LftProgram.set_vl15_to_sma``."""
+        if self._prog is not None:
+            self._prog.set_vl15_to_sma(on)
 
     @property
     def installed(self) -> dict[int, int]:

@@ -22,6 +22,14 @@ at once, and the other way round. A kernel LFT Set also writes the switch's forw
 (``ibemu_lft`` of ``lft_map``, reached through the map of maps ``sma_fwd``) with the
 entries up to LinearFDBTop, as ``LftUpdate`` would have.
 
+LID-routed SMPs in transit. The LFT classifier of a switch (``lft_map``) redirects a frame
+with the Ethernet header it came with; a port is known here by the MAC a frame is sent to
+(ifindexes repeat across namespaces, and ``bpf_get_netns_cookie`` of a tc skb names the
+sending socket's namespace, not the receiver's). So where this program runs, the LFT
+classifier leaves VL15 to it (``MapLft.set_vl15_to_sma``) and it forwards LID-routed SMPs
+itself, by the same LFT, as ``Forwarder.route`` does for VL15, with each cable's addresses:
+every SMP reaches the next node addressed to the port it arrives on.
+
 Everything else goes up to the agent unchanged (TC_ACT_UNSPEC): PortInfo/SwitchInfo/P_Key
 Sets and every other attribute or method, traps, responses, PMA, LID-routed heads and tails
 of DR SMPs, permissive-DLID LID-routed SMPs, bad versions, modifiers the maps lack (the

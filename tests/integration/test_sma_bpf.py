@@ -233,6 +233,13 @@ def _drive(h: Harness, rng: random.Random) -> None:
         for slid, mine in ((1, True), (5, False), (6, False), (9, True), (0, False), (OWN_LID, False), (0xFFFF, False)):
             h.run(2, _lr(GET, 0x11, 0, tid=tid, dlid=OWN_LID, slid=slid), expect=mine)
             tid += 1
+        # LID-routed to another node: forwarded by the LFT, unchanged but for the MACs (both
+        # classes: a directed route's LID-routed head too); not for a loop, a port down, no route
+        for dlid, mine in ((1, True), (9, True), (2, False), (5, False), (6, False), (3000, False), (0xC001, False)):
+            h.run(2, _lr(GET, 0x11, 0, tid=tid, dlid=dlid, slid=7), expect=mine)
+            h.run(2, frame_mad(_mad(GET, 0x81, 0x11, 0, tid=tid, hc=2, path=[1, 2], dr_slid=7),
+                               dlid=dlid, slid=7, dqp=0, sqp=0, qkey=0, vl=15), expect=mine)
+            tid += 1
         # relays, both ways
         for hp, path, mine in ((1, [1, 2, 3], True), (2, [1, 4, 5, 3], True), (1, [1, 7, 3], False),
                                (1, [1, 0, 3], False), (1, [1, 9, 3], False), (1, [1, 8], False)):
@@ -245,7 +252,7 @@ def _drive(h: Harness, rng: random.Random) -> None:
     else:
         h.run(1, _dr(GET, 0x11, 0, tid=tid, n=3, hp=1, path=[1, 2, 3]), expect=False)  # a CA never relays
         h.run(2, _lr(GET, 0x15, 0, tid=tid, dlid=0x26, slid=1), expect=True)  # LMC 2: 0x24..0x27
-        h.run(2, _lr(GET, 0x15, 0, tid=tid, dlid=0x28, slid=1), expect=False)
+        h.run(2, _lr(GET, 0x15, 0, tid=tid, dlid=0x28, slid=1), expect=False)  # a CA forwards nothing
         tid += 1
     # what stays with the agent
     bad: list[tuple[int, bytes]] = [

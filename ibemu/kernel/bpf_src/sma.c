@@ -9,6 +9,8 @@
  * UD SEND Only without pad, to QP0) of a port the loader registered, with the node enabled
  * and its VCRC and ICRC correct, is
  *   - relayed, at an intermediate hop of a directed-route SMP (switches only, C14-9/C14-13);
+ *   - forwarded by the LFT, when it is LID-routed to another node (switches only: the LFT
+ *     classifier leaves VL15 to this program, which gives it each cable's MAC addresses);
  *   - answered, when it is a SubnGet of NodeDescription, NodeInfo, SwitchInfo, PortInfo,
  *     P_KeyTable or LinearForwardingTable, or a SubnSet of LinearForwardingTable, reaching
  *     its SMA directed-route (last hop, permissive DLID) or LID-routed (DLID = the port's
@@ -155,6 +157,29 @@ static __always_inline int port_link_up(__u32 dev, __u32 port)
 	return pi && (pi[33] >> 4) == PHYS_LINK_UP;
 }
 
+/* The port the switch's LFT sends ``lid`` to, as Lft.lookup and Forwarder.route(vl15) decide
+ * it (0 < lid <= LinearFDBTop, a port that exists, its link up and not Down); 0: none. */
+static __always_inline __u32 lft_route(__u32 dev, struct dev_val *dv, __u32 lid)
+{
+	__u8 *si = image(dev, ATTR_SWITCH_INFO, 0), *epi;
+	struct lft_block *raw;
+	__u32 idx, e;
+
+	if (!si || dv->lft_blocks == 0 || lid == 0 || lid > be16(si + 6) || (lid >> 6) >= dv->lft_blocks)
+		return 0;
+	idx = dv->lft_base + (lid >> 6);
+	raw = bpf_map_lookup_elem(&sma_lft, &idx);
+	if (!raw)
+		return 0;
+	e = raw->b[lid & 63];
+	if (e == 0 || e == 0xff || e > dv->num_ports)
+		return 0;
+	epi = image(dev, ATTR_PORT_INFO, e);
+	if (!epi || (epi[33] >> 4) != PHYS_LINK_UP || (epi[32] & 0x0f) == STATE_DOWN)
+		return 0;
+	return e;
+}
+
 static __always_inline int owns_lid(__u32 lid, __u32 lmc, __u32 dlid)
 {
 	return lid != 0 && (dlid >> lmc) == (lid >> lmc);
@@ -171,7 +196,8 @@ int ibemu_sma(struct __sk_buff *skb)
 	struct out_val *out;
 	__u32 *t;
 	__u32 zero = 0, dev, ingress, egress, hp, n, lid, lmc, slid = 0, my_lid = 0;
-	int answer, lid_routed, rp_at = -1, new_hp = -1;
+	int answer, lid_routed, transit = 0, rp_at = -1, new_hp = -1;
+	__u32 dlid;
 	__u64 mac = 0;
 
 	if (skb->len != FRAME_LEN || data + FRAME_LEN > end)
@@ -211,10 +237,45 @@ int ibemu_sma(struct __sk_buff *skb)
 
 	egress = ingress;
 	lid_routed = p[MAD + 1] == 0x01;
-	if (!lid_routed) {
-		/* directed route, permissive DLID only (LID-routed heads and tails: the agent) */
-		if (be16(p + LRH + 2) != 0xffff)
+	dlid = be16(p + LRH + 2);
+	if (dlid != 0xffff) {
+		/* addressed by LID: this port's (a switch's: port 0's), else in transit */
+		__u8 *pi = image(dev, ATTR_PORT_INFO, dv->is_switch ? 0 : ingress);
+
+		if (!pi)
 			return PASS;
+		lid = be16(pi + 16);
+		lmc = dv->is_switch ? 0 : (pi[34] & 7);
+		if (!owns_lid(lid, lmc, dlid)) {
+			/* a switch forwards it by its LFT, frame unchanged (the agent's _transit) */
+			if (!dv->is_switch || dlid >= 0xc000)
+				return PASS;
+			egress = lft_route(dev, dv, dlid);
+			if (egress == 0 || egress == ingress)
+				return PASS;
+			transit = 1;
+			answer = 0;
+		} else {
+#ifdef NO_LR
+			return PASS;
+#endif
+			if (!lid_routed)	/* the LID-routed tail of a directed route: the agent */
+				return PASS;
+			slid = be16(p + LRH + 6);
+			if (slid == 0 || slid == 0xffff || owns_lid(lid, lmc, slid))
+				return PASS;
+			my_lid = lid;
+			answer = 1;
+			if (dv->is_switch) {	/* the response leaves by the LFT */
+				egress = lft_route(dev, dv, slid);
+				if (egress == 0)
+					return PASS;
+			}
+		}
+	} else if (lid_routed) {
+		return PASS;	/* LID-routed to the permissive LID: the agent */
+	} else {
+		/* directed route */
 		hp = p[MAD + 6];
 		n = p[MAD + 7];
 		if (n == 0 || n > 63 || hp > 63)
@@ -246,48 +307,6 @@ int ibemu_sma(struct __sk_buff *skb)
 		}
 		if (!answer) {
 			if (egress == 0 || egress > dv->num_ports || !port_link_up(dev, egress))
-				return PASS;
-		}
-	} else {
-		/* LID-routed, to this port's LID (a switch's: port 0's) */
-#ifdef NO_LR
-		return PASS;
-#endif
-		__u8 *pi = image(dev, ATTR_PORT_INFO, dv->is_switch ? 0 : ingress);
-		__u32 dlid = be16(p + LRH + 2);
-
-		if (!pi)
-			return PASS;
-		lid = be16(pi + 16);
-		lmc = dv->is_switch ? 0 : (pi[34] & 7);
-		if (dlid == 0xffff || !owns_lid(lid, lmc, dlid))
-			return PASS;
-		slid = be16(p + LRH + 6);
-		if (slid == 0 || slid == 0xffff || owns_lid(lid, lmc, slid))
-			return PASS;
-		my_lid = lid;
-		answer = 1;
-		if (dv->is_switch) {
-			/* the response leaves by the LFT (Lft.lookup and Forwarder.route) */
-			__u8 *si = image(dev, ATTR_SWITCH_INFO, 0);
-			__u32 top, idx;
-			struct lft_block *raw;
-			__u8 *epi;
-
-			if (!si || dv->lft_blocks == 0)
-				return PASS;
-			top = be16(si + 6);
-			if (slid > top || (slid >> 6) >= dv->lft_blocks)
-				return PASS;
-			idx = dv->lft_base + (slid >> 6);
-			raw = bpf_map_lookup_elem(&sma_lft, &idx);
-			if (!raw)
-				return PASS;
-			egress = raw->b[slid & 63];
-			if (egress == 0 || egress == 0xff || egress > dv->num_ports)
-				return PASS;
-			epi = image(dev, ATTR_PORT_INFO, egress);
-			if (!epi || (epi[33] >> 4) != PHYS_LINK_UP || (epi[32] & 0x0f) == STATE_DOWN)
 				return PASS;
 		}
 	}
@@ -394,12 +413,12 @@ int ibemu_sma(struct __sk_buff *skb)
 		set_byte_at(p, end, RETURN_PATH + (rp_at & 63), ingress);
 	if (new_hp >= 0)
 		p[MAD + 6] = new_hp;
-	if (!lid_routed) {	/* a directed-route SMP leaves with both LIDs permissive */
+	if (!lid_routed && !transit) {	/* a directed-route SMP leaves with both LIDs permissive */
 		p[LRH + 6] = 0xff;
 		p[LRH + 7] = 0xff;
 	}
-	/* reseal: ICRC, then the VCRC over it */
-	{
+	/* reseal: ICRC, then the VCRC over it (a frame in transit is unchanged) */
+	if (!transit) {
 		__u32 c = icrc(p, end, t);
 
 		p[ICRC_AT] = c;
