@@ -7,6 +7,12 @@ the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, p
 switch's LFT in the kernel (a BPF map update, ``ibemu.kernel.lft_map``), act on a link, hand
 MADs to a CA's MAD socket, log events.
 
+On the kernel datapath the common SMPs never reach it: the kernel SMA (``ibemu.kernel.sma``,
+``open_kernel_sma``) relays, forwards and answers them from the state each agent publishes
+(``DeviceAgent.sma_images``; the switch's raw LFT is shared memory, ``Lft.bind``). The host
+republishes what may have changed after everything an agent does that can change it: an SMP
+Set it answered, a port state change, IsSM from a MAD socket, a rebooted node.
+
 One process scales: sockets are created by entering each namespace from this thread before
 trio starts; afterwards they stay bound to their namespace.
 """
@@ -45,6 +51,7 @@ from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
+from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
@@ -217,6 +224,10 @@ class AgentHost:
         entries = sum(len(rt.plan.ports) * (8 if rt.plan.is_switch else 12) + 8 for _n, rt in nodes)
         try:
             sma = KernelSma(lft_slots=n_switches, attr_entries=max(4096, 2 * entries))
+        except LoadError as exc:  # the verifier refused it: its name and its last words
+            log.warning("SMPs are answered by the Python agents only: eBPF program %s rejected (%s)\n%s",
+                        exc.name, exc.reason, exc.tail)
+            return False
         except (OSError, KernelError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.warning("SMPs are answered by the Python agents only (no eBPF SMA: %s)", first)

@@ -155,3 +155,20 @@ def test_load_patches_map_references_and_reports_rejections() -> None:
         elf.load(bad)
     assert info.value.name == "careless"
     assert "map_value_or_null" in info.value.tail or "invalid mem access" in info.value.tail
+
+
+def test_without_clang_or_object_the_reason_is_given(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No object beside the source, none cached, no clang: no path, and why (the agent
+    host logs that one line and runs the agents)."""
+    from pathlib import Path
+
+    from ibemu.kernel import sma
+
+    assert isinstance(tmp_path, Path)
+    src = tmp_path / "prog.c"
+    src.write_text("int x;\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    path, why = sma.object_path(str(src))
+    assert path is None and "clang" in why
+    assert sma.object_path(str(tmp_path / "missing.c"))[0] is None
