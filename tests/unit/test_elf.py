@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -157,14 +158,11 @@ def test_load_patches_map_references_and_reports_rejections() -> None:
     assert "map_value_or_null" in info.value.tail or "invalid mem access" in info.value.tail
 
 
-def test_without_clang_or_object_the_reason_is_given(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_clang_or_object_the_reason_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No object beside the source, none cached, no clang: no path, and why (the agent
     host logs that one line and runs the agents)."""
-    from pathlib import Path
-
     from ibemu.kernel import sma
 
-    assert isinstance(tmp_path, Path)
     src = tmp_path / "prog.c"
     src.write_text("int x;\n")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
