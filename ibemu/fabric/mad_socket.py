@@ -93,7 +93,9 @@ class CaMadPort:
         mad = rmpp_seal(req.mad, req.length)  # what the kernel's RMPP layer would send
         actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, mad)
         self.host.dispatch(self.name, self.host.nodes[self.name], actions)
-        if method == 0x02 and len(mad) > 1 and mad[1] in (0x01, 0x81):  # an SMP Set of our own port
+        if method == 0x02 and len(mad) > 7 and (  # an SMP Set our own SMA answered
+                (mad[1] == 0x81 and mad[7] == 0)
+                or (mad[1] == 0x01 and self.agent.ports[self.port].owns_lid(req.dlid))):
             self.host.sma_refresh(self.name)
 
     async def watch_deadlines(self) -> None:
