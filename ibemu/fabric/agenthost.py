@@ -297,12 +297,24 @@ class AgentHost:
         sma.publish(dev, agent.sma_images(attrs=attrs, ports=ports))
 
     def _sma_after_set(self, name: str, port: int, frame: bytes | memoryview) -> None:
-        """The agent answered an SMP that may be a Set: republish what a Set can change."""
+        """The agent answered an SMP that may be a Set: republish what that Set can change
+        (a port state it changed republishes itself, ``dispatch``)."""
         if len(frame) < MAD_AT + 24 or frame[ETH_LEN] >> 4 != 15 or frame[MAD_AT + 3] != 2 \
                 or frame[MAD_AT + 1] not in (0x01, 0x81):
             return
+        attr = (frame[MAD_AT + 16] << 8) | frame[MAD_AT + 17]
+        if attr not in _SMA_SET_ATTRS:
+            return
         mod = int.from_bytes(frame[MAD_AT + 20:MAD_AT + 24], "big")
-        self.sma_refresh(name, ports={0, port, mod & 0xFF, (mod >> 16) & 0xFF}, attrs=_SMA_SET_ATTRS)
+        switch = self.nodes[name].plan.is_switch
+        if attr == 0x0015:
+            num = mod & 0xFF
+            ports = {num if switch or num else port}
+        elif attr == 0x0016:
+            ports = {(mod >> 16) & 0xFF if switch else port}
+        else:
+            ports = set()
+        self.sma_refresh(name, ports=ports, attrs=(attr,))
 
     def _sync_relay(self, name: str, rt: NodeRuntime) -> None:
         """A node's kernel SMA (or a switch's kernel relay) runs only while its agent would
