@@ -220,6 +220,7 @@ class AgentHost:
         nodes = [(name, rt) for name, rt in self.nodes.items() if rt.sockets and hasattr(rt.agent, "sma_images")]
         if not nodes:
             return False
+        t0 = clock.now_ns()
         n_switches = sum(1 for _n, rt in nodes if rt.plan.is_switch)
         entries = sum(len(rt.plan.ports) * (8 if rt.plan.is_switch else 12) + 8 for _n, rt in nodes)
         try:
@@ -265,7 +266,8 @@ class AgentHost:
             sma.close()
             return False
         self.kernel_sma = sma
-        log.info("kernel SMA on %d nodes (%d switches)", len(nodes), n_switches)
+        log.info("kernel SMA on %d nodes (%d switches) in %.0f ms", len(nodes), n_switches,
+                 (clock.now_ns() - t0) / 1e6)
         return True
 
     def _sma_device(self, sma: KernelSma, name: str, rt: NodeRuntime) -> None:
