@@ -4,7 +4,8 @@ Every port of a switch has a clsact qdisc whose ingress is the switch's shared f
 (block 1, as ``tc.KernelLft`` builds it). In the block:
 
 - prio 1: the u32 rule for directed-route SMPs (VL15 and the permissive DLID) that stops
-  classification, until the DR relay (``dr_relay``) replaces it by its own filter at prio 3;
+  classification, until the kernel SMA (``sma``) or, where it cannot load, the DR relay
+  (``dr_relay``) replaces it by its own filter at prio 3;
 - prio 2: this module's program, a direct-action ``bpf`` filter (``ibemu_lft``) that reads
   the switch's LFT from a BPF array map and redirects a frame to its egress port.
 
