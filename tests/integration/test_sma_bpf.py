@@ -233,6 +233,20 @@ def _drive(h: Harness, rng: random.Random) -> None:
         for slid, mine in ((1, True), (5, False), (6, False), (9, True), (0, False), (OWN_LID, False), (0xFFFF, False)):
             h.run(2, _lr(GET, 0x11, 0, tid=tid, dlid=OWN_LID, slid=slid), expect=mine)
             tid += 1
+        # an LFT Set that moves the route back to its requester is answered by the new route
+        # (the agent routes its response after the handler), or handed up when it removes it
+        blk = bytearray(h.a.lft.get_block(0))
+        for port, mine in ((3, True), (0xFF, False), (1, True)):
+            blk[1] = port
+            h.run(2, _lr(SET, 0x19, 0, tid=tid, dlid=OWN_LID, slid=1, data=bytes(blk)), expect=mine)
+            tid += 1
+        # LIDs beyond one byte
+        blk4 = bytearray(h.a.lft.get_block(4))
+        blk4[300 & 63], blk4[301 & 63] = 4, 7
+        h.run(1, _dr(SET, 0x19, 4, tid=tid, n=1, data=bytes(blk4)), expect=True)
+        for dlid, slid, mine in ((OWN_LID, 300, True), (300, 1, True), (OWN_LID, 301, False), (301, 1, False)):
+            h.run(2, _lr(GET, 0x11, 0, tid=tid, dlid=dlid, slid=slid), expect=mine)
+            tid += 1
         # LID-routed to another node: forwarded by the LFT, unchanged but for the MACs (both
         # classes: a directed route's LID-routed head too); not for a loop, a port down, no route
         for dlid, mine in ((1, True), (9, True), (2, False), (5, False), (6, False), (3000, False), (0xC001, False)):

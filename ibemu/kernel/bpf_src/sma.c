@@ -193,10 +193,10 @@ int ibemu_sma(struct __sk_buff *skb)
 	__u8 *p = data;
 	struct port_val *in;
 	struct dev_val *dv;
-	struct out_val *out;
+	struct out_val *out = 0;
 	__u32 *t;
 	__u32 zero = 0, dev, ingress, egress, hp, n, lid, lmc, slid = 0, my_lid = 0;
-	int answer, lid_routed, transit = 0, rp_at = -1, new_hp = -1;
+	int answer, lid_routed, transit = 0, route_later = 0, rp_at = -1, new_hp = -1;
 	__u32 dlid;
 	__u64 mac = 0;
 
@@ -266,11 +266,9 @@ int ibemu_sma(struct __sk_buff *skb)
 				return PASS;
 			my_lid = lid;
 			answer = 1;
-			if (dv->is_switch) {	/* the response leaves by the LFT */
-				egress = lft_route(dev, dv, slid);
-				if (egress == 0)
-					return PASS;
-			}
+			/* a switch's response leaves by its LFT, looked up after the attribute's
+			 * handler (an LFT Set may change the route back, as in the agent) */
+			route_later = dv->is_switch;
 		}
 	} else if (lid_routed) {
 		return PASS;	/* LID-routed to the permissive LID: the agent */
@@ -311,9 +309,11 @@ int ibemu_sma(struct __sk_buff *skb)
 		}
 	}
 
-	out = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (egress & 0xff) });
-	if (!out || !out->up)
-		return PASS;
+	if (!route_later) {
+		out = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (egress & 0xff) });
+		if (!out || !out->up)
+			return PASS;
+	}
 
 	if (answer) {
 		__u32 method = p[MAD + 3], attr, mod, key;
@@ -394,6 +394,16 @@ int ibemu_sma(struct __sk_buff *skb)
 		}
 		if (!img)
 			return PASS;
+		if (route_later) {
+			/* no route now: the agent takes the frame; an LFT Set it repeats changes
+			 * nothing more, and it drops the response as it would have */
+			egress = lft_route(dev, dv, slid);
+			if (egress == 0)
+				return PASS;
+			out = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (egress & 0xff) });
+			if (!out || !out->up)
+				return PASS;
+		}
 		__builtin_memcpy(p + DATA, img, 64);
 		if (patch == 28)
 			p[DATA + 28] = ingress;
