@@ -425,9 +425,10 @@ class AgentHost:
                     continue
                 if not rt.powered or (rt.vl15_loss and self._lose_vl15(rt, frame)):
                     continue
-                self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
-                if self.kernel_sma is not None:
+                actions = receive(port, memoryview(frame)[ETH_LEN:])
+                if self.kernel_sma is not None:  # the kernel's images first, then the response
                     self._sma_after_set(name, port, frame)
+                self.dispatch(name, rt, actions)
 
     async def _user_switch_reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
         """User datapath: every frame of the port goes through the switch's forwarder."""
@@ -576,6 +577,13 @@ class AgentHost:
     def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action]) -> None:
         if not rt.powered:
             return
+        if self.kernel_sma is not None:
+            # port states the kernel SMA answers with change before anything is sent (a
+            # response first would let the SM read the old state back from the kernel)
+            actions = list(actions)
+            changed = [a.port for a in actions if isinstance(a, PortStateChange)]
+            if changed:
+                self.sma_refresh(name, ports=changed, attrs=(0x0012, 0x0015))
         for action in actions:
             if isinstance(action, Send):
                 sock = rt.sockets.get(action.port)
@@ -599,8 +607,7 @@ class AgentHost:
                 self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": clock.now_ns(),
                                          "port": action.port, "state": action.state.name.lower(),
                                          "phys": action.phys_state.name.lower()})
-                if self.kernel_sma is not None:
-                    self.sma_refresh(name, ports=(0, action.port), attrs=(0x0012, 0x0015))
+
 
     def _program(self, name: str, action: LftUpdate) -> None:
         """Carry out an LFT change the switch's SMA accepted, at once: a map update per

@@ -92,11 +92,11 @@ class CaMadPort:
                 self._armed.set()
         mad = rmpp_seal(req.mad, req.length)  # what the kernel's RMPP layer would send
         actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, mad)
-        self.host.dispatch(self.name, self.host.nodes[self.name], actions)
-        if method == 0x02 and len(mad) > 7 and (  # an SMP Set our own SMA answered
-                (mad[1] == 0x81 and mad[7] == 0)
+        if method == 0x02 and len(mad) > 7 and (  # an SMP Set our own SMA answered: the
+                (mad[1] == 0x81 and mad[7] == 0)  # kernel SMA's images before the response
                 or (mad[1] == 0x01 and self.agent.ports[self.port].owns_lid(req.dlid))):
             self.host.sma_refresh(self.name)
+        self.host.dispatch(self.name, self.host.nodes[self.name], actions)
 
     async def watch_deadlines(self) -> None:
         """Sleep until the earliest pending deadline (or until a request arrives), expire."""
