@@ -36,6 +36,12 @@ of DR SMPs, permissive-DLID LID-routed SMPs, bad versions, modifiers the maps la
 agent answers them with its error status), a failed CRC or any malformed frame (the agent
 counts it), a port whose link the agent has not seen up, a disabled node.
 
+Order. A switch routes a LID-routed response by its LFT after the attribute's handler ran
+(an LFT Set may change the route back to the requester), as the agent does; without a route
+then, the frame goes up and the agent repeats the (idempotent) Set and drops the response as
+it would have. The agent host republishes before it sends the agent's response
+(``AgentHost.dispatch``), so an SM never reads an old state back from the kernel.
+
 Deviations (documented, deliberate):
 - Kernel-answered SMPs are not in the agent's ``stats`` and produce no events; in the
   PortCounters they count like every frame the kernel moves, from the interface statistics
