@@ -2,9 +2,16 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run demo test lint bench clean
+.PHONY: setup run demo test lint bench clean bpf
 setup:
 	IBEMU_VENV=$(VENV) scripts/setup.sh
+
+# The device firmware's eBPF programs (C, clang -target bpf, libbpf's headers only).
+BPF_OBJS := ibemu/kernel/bpf_src/sma.o
+MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null || echo $$(uname -m)-linux-gnu)
+bpf: $(BPF_OBJS)
+ibemu/kernel/bpf_src/%.o: ibemu/kernel/bpf_src/%.c
+	clang -O2 -g0 -target bpf -I/usr/include -I/usr/include/$(MULTIARCH) -Wall -c $< -o $@
 
 run: setup
 	$(VENV)/bin/ibemu run
@@ -25,4 +32,5 @@ bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
+	-rm -f $(BPF_OBJS)
 	-$(VENV)/bin/ibemu clean

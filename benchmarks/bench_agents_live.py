@@ -3,8 +3,13 @@
 
 Targets (issue 4): k=8 fat-tree up (namespaces, links, agents answering) <= 3 s, teardown
 <= 2 s, agents <= 2 GB RSS; k=16 runs on this machine; a DR SMP through 3 switches <= 1 ms
-median with 64 SMPs in flight. SMPs go through h0's MAD socket exactly as an SM's would.
+median with 64 SMPs in flight (issue 17: <= 0.5 ms, >= 100,000 SMPs/s). SMPs go through h0's
+MAD socket exactly as an SM's would. Each management path gets a fabric of its own and the
+figures are printed side by side: ``kernel`` (the eBPF SMA answers and relays,
+``ibemu.kernel.sma``), ``python`` (the switch agents answer, the eBPF DR relay relays:
+IBEMU_KERNEL_SMA=0), ``python-only`` (no eBPF at all: IBEMU_DR_RELAY=0).
 Run: sudo .venv/bin/python benchmarks/bench_agents_live.py [--k 8] [--smps 5000] [--k16]
+     [--paths kernel python]
 """
 
 from __future__ import annotations
@@ -75,7 +80,17 @@ async def dr_round_trips(client: UmadClient, path: list[int], count: int, window
     return rtts
 
 
-async def run(k: int, smps: int, window: int) -> None:
+PATH_ENV = {"kernel": {}, "python": {"IBEMU_KERNEL_SMA": "0"},
+            "python-only": {"IBEMU_KERNEL_SMA": "0", "IBEMU_DR_RELAY": "0"}}
+RESULTS: dict[str, dict[int, tuple[float, float, float]]] = {}
+"""path -> SMPs in flight -> (median ms, p99 ms, SMPs/s)"""
+
+
+async def run(k: int, smps: int, window: int, path_name: str = "kernel") -> None:
+    for var in ("IBEMU_KERNEL_SMA", "IBEMU_DR_RELAY"):
+        os.environ.pop(var, None)
+    os.environ.update(PATH_ENV[path_name])
+    print(f"[{path_name} path]")
     topo = generate("fat-tree", k=k)
     rss0 = rss_mb()
     rt = FabricRuntime(topo, make_agents=make_agents)
@@ -90,16 +105,63 @@ async def run(k: int, smps: int, window: int) -> None:
               f"MAD sockets answering in {t_up:.2f} s (first DR SMP {first[0]:.2f} ms)")
         print("  phases: " + ", ".join(f"{n} {v * 1000:.0f} ms" for n, v in rt.timings_s.items()))
         print(f"  process RSS {rss:.0f} MB ({rss - rss0:.0f} MB for the fabric's agents and sockets)")
+        if path_name == "kernel" and getattr(host, "kernel_sma", None) is None:
+            print("  (the kernel SMA did not load: these are the Python agents' figures)")
         if smps:
             for w in (1, window):
                 rtts = await dr_round_trips(client, path, smps, w)
                 q = statistics.quantiles(rtts, n=100)
+                rate = smps / (sum(rtts) / 1000 / w)
+                RESULTS.setdefault(path_name, {})[w] = (statistics.median(rtts), q[98], rate)
                 print(f"  DR SMP NodeInfo through 3 switches ({smps} SMPs, {w} in flight): median "
-                      f"{statistics.median(rtts):.3f} ms, p99 {q[98]:.3f} ms, "
-                      f"{smps / (sum(rtts) / 1000 / w):,.0f} SMPs/s")
+                      f"{statistics.median(rtts):.3f} ms, p99 {q[98]:.3f} ms, {rate:,.0f} SMPs/s")
         client.close()
         t_down = time.perf_counter()
     print(f"  teardown {time.perf_counter() - t_down:.2f} s")
+
+
+def kernel_cost(repeat: int = 3000) -> None:
+    """What one SMP costs the kernel SMA itself (BPF_PROG_TEST_RUN on a switch of 36 ports,
+    no fabric): a NodeInfo answered at the last hop, an LFT Set, a relay, one handed up."""
+    from ibemu.agents.switch import SwitchAgent
+    from ibemu.kernel import bpf, lft_map, sma
+    from ibemu.kernel.commands import KernelError
+    from ibemu.wire import madcodec as mb
+    from ibemu.wire.madpacket import frame_mad
+
+    try:
+        k = sma.KernelSma(lft_slots=1, attr_entries=4096)
+    except (OSError, KernelError) as exc:
+        print(f"kernel SMA unavailable: {exc}")
+        return
+    fwd = lft_map.LftProgram({})
+    sw = SwitchAgent(node_guid=0x100, num_ports=36, link_up=[True] * 36)
+    sw.lft.bind(k.lft_view(0))
+    k.add_device(1, is_switch=True, num_ports=36, lft_slot=0, lft_blocks=sw.lft.blocks, fwd_map_fd=fwd.blocks.fd)
+    for p in range(1, 37):
+        k.add_port(1, p, 1, bytes([2, 0, 0, 0, 1, p]), bytes([6, 0, 0, 0, 1, p]), up=True)
+    k.publish(1, sw.sma_images())
+    eth = bytes([2, 0, 0, 0, 1, 3, 6, 0, 0, 0, 1, 3, 0x88, 0xB5])
+
+    def dr(method: int, attr: int, mod: int, path: list[int], hp: int, data: bytes = b"") -> bytes:
+        mad = bytearray(mb.dr_smp(method, attr, path=path, tid=1, modifier=mod))
+        mad[6] = hp
+        mad[64:64 + len(data)] = data
+        return eth + frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0, qkey=0, vl=15)
+
+    cases = {"NodeInfo Get answered": dr(1, 0x11, 0, [1, 2, 3], 3),
+             "LFT Set answered": dr(2, 0x19, 1, [1, 2, 3], 3, bytes(range(64))),
+             "relayed (intermediate hop)": dr(1, 0x11, 0, [1, 2, 3], 1),
+             "handed up (PortInfo Set)": dr(2, 0x15, 1, [1, 2, 3], 3)}
+    for name, frame in cases.items():
+        # one run per call: a run rewrites the frame (a repeat would see the response)
+        verdict = bpf.test_run(k.prog_fd, frame, 1)[0]
+        ns = statistics.median(bpf.test_run(k.prog_fd, frame, 1)[2] for _ in range(repeat))
+        what = "redirected" if verdict == bpf.TC_ACT_REDIRECT else "to the agent"
+        print(f"  kernel SMA, {name} ({what}): {ns / 1000:.2f} us per SMP "
+              f"({1e9 / max(ns, 1):,.0f} SMPs/s per core)")
+    fwd.close()
+    k.close()
 
 
 def main() -> None:
@@ -108,12 +170,24 @@ def main() -> None:
     ap.add_argument("--smps", type=int, default=5000)
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--k16", action="store_true", help="also bring up a k=16 fat-tree (1,344 nodes)")
+    ap.add_argument("--paths", nargs="+", choices=sorted(PATH_ENV), default=["kernel", "python"],
+                    help="management paths to measure, each on a fabric of its own")
     args = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (namespaces, veth, tc): sudo")
-    trio.run(run, args.k, args.smps, args.window)
+    kernel_cost()
+    for name in args.paths:
+        trio.run(run, args.k, args.smps, args.window, name)
+    if len(RESULTS) > 1:
+        print(f"DR SMP NodeInfo through 3 switches, k={args.k}: " + " | ".join(args.paths))
+        for w in (1, args.window):
+            cells = []
+            for name in args.paths:
+                med, p99, rate = RESULTS.get(name, {}).get(w, (float("nan"),) * 3)
+                cells.append(f"median {med:.3f} ms, p99 {p99:.3f} ms, {rate:,.0f}/s")
+            print(f"  {w:>3} in flight: " + " | ".join(cells))
     if args.k16:
-        trio.run(run, 16, 1000, args.window)
+        trio.run(run, 16, 1000, args.window, args.paths[0])
 
 
 if __name__ == "__main__":

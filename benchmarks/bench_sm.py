@@ -12,7 +12,11 @@ the kernel has every entry of the bring-up: trap received -> rediscovered -> rou
 block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
 last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
 while the LFT was tc filters written when the agents fell idle), and how long after the SM's
-last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). The
+last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). With the
+kernel SMA (``ibemu.kernel.sma``) the LFT Sets are answered in the kernel, which writes the
+forwarding map before the GetResp leaves: no ``lft_programmed`` event, so
+``trap_to_kernel_ms`` is the ack's time (an upper bound) and ``kernel_after_ack_ms`` 0;
+IBEMU_KERNEL_SMA=0 measures the Python SMA on the same script. The
 SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``). The ibemu
 package imported (and the SM process's) is the one on PYTHONPATH, so the same script
 measures another checkout. ``--sm-port umad own`` runs each measurement with the SM's SMPs

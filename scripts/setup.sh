@@ -43,4 +43,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/python" -m pip install -q -e '.[test]'
     touch "$stamp"
 fi
+# The kernel SMA's eBPF object (ibemu/kernel/bpf_src/sma.o): without clang the fabric runs
+# its management on the Python agents (and says so once).
+if command -v clang >/dev/null 2>&1; then
+    make -s bpf || echo "setup: the eBPF SMA did not build: management stays with the Python agents"
+fi
 echo "setup: ready ($("$VENV/bin/python" --version), venv $VENV)"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
 from ibemu import clock as _clock
@@ -242,6 +242,55 @@ class DeviceAgent:
     def port_info(self, port: int, local_port: int | None = None) -> bytes:
         """64-byte PortInfo of ``port`` (LocalPortNum = ``local_port``, default ``port``)."""
         return self.ports[port].encode(port if local_port is None else local_port)
+
+    SMA_ATTRS: ClassVar[frozenset[int]] = frozenset(
+        {ATTR_NODE_DESCRIPTION, ATTR_NODE_INFO, 0x0012, ATTR_PORT_INFO, ATTR_PKEY_TABLE})
+    """The attributes whose Get the kernel SMA answers from published images (LFT aside:
+    its table is shared memory, ``Lft.bind``)."""
+
+    def sma_images(self, *, attrs: Iterable[int] | None = None,
+                   ports: Iterable[int] | None = None) -> dict[tuple[int, int], bytes]:
+        """The 64-byte Get answers of the kernel SMA (``ibemu.kernel.sma``), produced by this
+        agent's own handlers, keyed ``(attribute, key)`` as the kernel looks them up:
+        NodeDescription and SwitchInfo key 0; NodeInfo the ingress port; PortInfo the port
+        (LocalPortNum is the kernel's to patch); P_KeyTable ``port << 16 | block``.
+        ``attrs``/``ports`` narrow it down (a republish after a change)."""
+        want = self.SMA_ATTRS if attrs is None else self.SMA_ATTRS & set(attrs)
+        external = sorted(n for n in self.ports if n or not self.IS_SWITCH)
+        nums = sorted(self.ports) if ports is None else sorted(set(ports) & set(self.ports))
+        if not external:
+            return {}
+        anyp = external[0]
+        out: dict[tuple[int, int], bytes] = {}
+
+        def image(attr: int, mod: int, ingress: int, key: int) -> None:
+            handler = self._smp_handlers.get(attr)
+            if handler is None:
+                return
+            buf = bytearray(64)
+            if handler(GET, mod, buf, 0, ingress) == ST_OK:
+                out[(attr, key)] = bytes(buf)
+
+        if ATTR_NODE_DESCRIPTION in want:
+            image(ATTR_NODE_DESCRIPTION, 0, anyp, 0)
+        if 0x0012 in want:
+            image(0x0012, 0, anyp, 0)
+        for num in nums:
+            if ATTR_NODE_INFO in want and num in external:
+                image(ATTR_NODE_INFO, 0, num, num)
+            if ATTR_PORT_INFO in want:
+                image(ATTR_PORT_INFO, num, num or anyp, num)
+            if ATTR_PKEY_TABLE in want:
+                for block in range(self._pkey_blocks(num)):
+                    if self.IS_SWITCH:
+                        image(ATTR_PKEY_TABLE, num << 16 | block, anyp, num << 16 | block)
+                    elif num in external:
+                        image(ATTR_PKEY_TABLE, block, num, num << 16 | block)
+        return out
+
+    def _pkey_blocks(self, num: int) -> int:
+        _p, cap = self._pkey_port_and_cap(num << 16, num)
+        return (cap + 31) // 32
 
     # ================================================================== hooks
 

@@ -27,7 +27,17 @@ class Lft:
             raise ValueError(f"LinearFDBCap must be a multiple of {BLOCK} in 64..{MCAST_BASE}, not {cap}")
         self.cap = cap
         self.top = 0
-        self._ports = bytearray(b"\xff") * cap
+        self._ports: bytearray | memoryview = bytearray(b"\xff") * cap
+
+    def bind(self, storage: memoryview) -> None:
+        """Keep the table in ``storage`` (at least ``cap`` writable bytes) from now on, its
+        current entries copied there: memory another party shares (the kernel SMA's raw LFT,
+        ``ibemu.kernel.sma``), so an LFT Set either side answers is the other's at once."""
+        if len(storage) < self.cap or storage.readonly:
+            raise ValueError(f"LFT storage needs {self.cap} writable bytes")
+        view = storage[: self.cap]
+        view[:] = bytes(self._ports)
+        self._ports = view
 
     @property
     def blocks(self) -> int:
@@ -53,7 +63,7 @@ class Lft:
         if len(ports) != BLOCK:
             raise ValueError(f"an LFT block has {BLOCK} entries, not {len(ports)}")
         base = block * BLOCK
-        old = self._ports[base : base + BLOCK]
+        old = bytes(self._ports[base : base + BLOCK])  # a copy: the storage may be a view
         new = bytes(ports)
         if old == new:
             return {}

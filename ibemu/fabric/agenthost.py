@@ -7,6 +7,12 @@ the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, p
 switch's LFT in the kernel (a BPF map update, ``ibemu.kernel.lft_map``), act on a link, hand
 MADs to a CA's MAD socket, log events.
 
+On the kernel datapath the common SMPs never reach it: the kernel SMA (``ibemu.kernel.sma``,
+``open_kernel_sma``) relays, forwards and answers them from the state each agent publishes
+(``DeviceAgent.sma_images``; the switch's raw LFT is shared memory, ``Lft.bind``). The host
+republishes what may have changed after everything an agent does that can change it: an SMP
+Set it answered, a port state change, IsSM from a MAD socket, a rebooted node.
+
 One process scales: sockets are created by entering each namespace from this thread before
 trio starts; afterwards they stay bound to their namespace.
 """
@@ -48,9 +54,12 @@ from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
+from ibemu.kernel.elf import LoadError
+from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
+from ibemu.kernel.sma import KernelSma
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 from ibemu.physics.link import SwitchModel, default_switch_model
@@ -59,7 +68,10 @@ from ibemu.physics.plan import build_nodes
 log = logging.getLogger(__name__)
 
 ETH_LEN = 14
+MAD_AT = ETH_LEN + 28
 RECV_BATCH = 64
+_SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016)
+"""What an SMP Set the agent answered may change in the kernel SMA's images."""
 TICK_S = 0.05
 
 
@@ -136,6 +148,10 @@ class AgentHost:
         self.physics_on = datapath == "user"
         self.links: LinkPlane | None = None
         """The user datapath's link model and its IO (``fabric.linkplane``)."""
+        self.kernel_sma: KernelSma | None = None
+        """The eBPF SMA of every node (``ibemu.kernel.sma``); None: the agents (and at most
+        the DR relay) do it all."""
+        self._sma_slots: dict[str, int] = {}
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -183,10 +199,15 @@ class AgentHost:
         refresh(list(rt.plan.ports))
 
     def open_dr_relay(self) -> None:
-        """Kernel datapath: relay directed-route SMPs at intermediate switches in the kernel
+        """Kernel datapath: the device firmware's management hot path in eBPF. First the
+        kernel SMA (``open_kernel_sma``: DR relays and the common SMPs answered in the kernel,
+        on switches and CA ports); where it cannot run, the DR relay alone
         (``ibemu.kernel.dr_relay``, a bpf filter on each switch's tc block). Blocking (enters
-        the namespaces). Without eBPF, or with IBEMU_DR_RELAY=0, the agents relay them."""
-        if self.datapath != "kernel" or self.dr_relay is not None or os.environ.get("IBEMU_DR_RELAY") == "0":
+        the namespaces). IBEMU_KERNEL_SMA=0 skips the SMA, IBEMU_DR_RELAY=0 both."""
+        if self.datapath != "kernel" or self.dr_relay is not None or self.kernel_sma is not None \
+                or os.environ.get("IBEMU_DR_RELAY") == "0":
+            return
+        if os.environ.get("IBEMU_KERNEL_SMA") != "0" and self.open_kernel_sma():
             return
         switches = [(name, rt) for name, rt in self.nodes.items() if rt.plan.is_switch and rt.sockets]
         if not switches:
@@ -212,16 +233,124 @@ class AgentHost:
             return
         self.dr_relay = relay
 
+    def open_kernel_sma(self) -> bool:
+        """Load the kernel SMA and put it on every switch's tc block (after the LFT, where
+        the DR relay would go) and every CA port's ingress; publish each agent's state to
+        it. False (and one log line) where it cannot run: the caller falls back."""
+        nodes = [(name, rt) for name, rt in self.nodes.items() if rt.sockets and hasattr(rt.agent, "sma_images")]
+        if not nodes:
+            return False
+        t0 = clock.now_ns()
+        n_switches = sum(1 for _n, rt in nodes if rt.plan.is_switch)
+        entries = sum(len(rt.plan.ports) * (8 if rt.plan.is_switch else 12) + 8 for _n, rt in nodes)
+        try:
+            sma = KernelSma(lft_slots=n_switches, attr_entries=max(4096, 2 * entries))
+        except LoadError as exc:  # the verifier refused it: its name and its last words
+            log.warning("SMPs are answered by the Python agents only: eBPF program %s rejected (%s)\n%s",
+                        exc.name, exc.reason, exc.tail)
+            return False
+        except (OSError, KernelError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            log.warning("SMPs are answered by the Python agents only (no eBPF SMA: %s)", first)
+            return False
+        try:
+            slot = 0
+            for dev, (name, rt) in enumerate(nodes, 1):
+                self._relay_ids[name] = dev
+                self._relay_on[name] = on = rt.powered and not rt.vl15_loss
+                if rt.plan.is_switch:
+                    self._sma_slots[name] = slot
+                    slot += 1
+                self._sma_device(sma, name, rt)
+                for ifindex, port in rt.by_ifindex.items():
+                    pp = rt.plan.ports[port]
+                    sma.add_port(dev, port, ifindex, pp.mac, pp.peer_mac, up=rt.carrier.get(port, False), enabled=on)
+                if rt.plan.is_switch:
+                    sma.attach_switch(rt.plan.ns, prio=2)  # after the LFT (prio 2)
+                    kernel_lft = self.fabric.lfts.get(name)
+                    if isinstance(kernel_lft, MapLft):  # LID-routed SMPs: the SMA forwards them
+                        kernel_lft.set_vl15_to_sma(True)
+                else:
+                    sma.attach_ports(rt.plan.ns, [pp.ifname for pp in rt.plan.ports.values()])
+        except (OSError, KernelError) as exc:
+            log.warning("SMPs are answered by the Python agents only (attaching the eBPF SMA failed: %s)", exc)
+            for name, rt in nodes:  # the agents keep their own tables again
+                kernel_lft = self.fabric.lfts.get(name)
+                if isinstance(kernel_lft, MapLft):
+                    kernel_lft.set_vl15_to_sma(False)
+                lft_ = getattr(rt.agent, "lft", None)
+                if lft_ is not None and name in self._sma_slots:
+                    lft_.bind(memoryview(bytearray(lft_.cap)))
+            self._relay_ids.clear()
+            self._sma_slots.clear()
+            sma.close()
+            return False
+        self.kernel_sma = sma
+        log.info("kernel SMA on %d nodes (%d switches) in %.0f ms", len(nodes), n_switches,
+                 (clock.now_ns() - t0) / 1e6)
+        return True
+
+    def _sma_device(self, sma: KernelSma, name: str, rt: NodeRuntime) -> None:
+        """(Re)register a node's agent with the kernel SMA: its LFT in the shared memory,
+        every image published afresh."""
+        dev = self._relay_ids[name]
+        agent: Any = rt.agent
+        slot = self._sma_slots.get(name)
+        lft_ = getattr(agent, "lft", None)
+        if slot is not None and lft_ is not None:
+            kernel_lft = self.fabric.lfts.get(name)
+            fwd = kernel_lft._prog.blocks.fd if isinstance(kernel_lft, MapLft) and kernel_lft._prog else None
+            lft_.bind(sma.lft_view(slot))
+            sma.add_device(dev, is_switch=True, num_ports=agent.num_ports, lft_slot=slot,
+                           lft_blocks=lft_.blocks, fwd_map_fd=fwd)
+        else:
+            sma.add_device(dev, is_switch=bool(rt.plan.is_switch), num_ports=agent.num_ports)
+        sma.forget(dev)
+        sma.publish(dev, agent.sma_images())
+
+    def sma_refresh(self, name: str, *, ports: Iterable[int] | None = None,
+                    attrs: Iterable[int] | None = None) -> None:
+        """Republish what changed of node ``name``'s state to the kernel SMA (cheap when
+        nothing did: only changed images are written)."""
+        sma, dev = self.kernel_sma, self._relay_ids.get(name)
+        if sma is None or dev is None:
+            return
+        agent: Any = self.nodes[name].agent
+        sma.publish(dev, agent.sma_images(attrs=attrs, ports=ports))
+
+    def _sma_after_set(self, name: str, port: int, frame: bytes | memoryview) -> None:
+        """The agent answered an SMP that may be a Set: republish what that Set can change
+        (a port state it changed republishes itself, ``dispatch``)."""
+        if len(frame) < MAD_AT + 24 or frame[ETH_LEN] >> 4 != 15 or frame[MAD_AT + 3] != 2 \
+                or frame[MAD_AT + 1] not in (0x01, 0x81):
+            return
+        attr = (frame[MAD_AT + 16] << 8) | frame[MAD_AT + 17]
+        if attr not in _SMA_SET_ATTRS:
+            return
+        mod = int.from_bytes(frame[MAD_AT + 20:MAD_AT + 24], "big")
+        switch = self.nodes[name].plan.is_switch
+        if attr == 0x0015:
+            num = mod & 0xFF
+            ports = {num if switch or num else port}
+        elif attr == 0x0016:
+            ports = {(mod >> 16) & 0xFF if switch else port}
+        else:
+            ports = set()
+        self.sma_refresh(name, ports=ports, attrs=(attr,))
+
     def _sync_relay(self, name: str, rt: NodeRuntime) -> None:
-        """A switch's kernel relay runs only while its agent would relay every SMP itself:
-        powered and without an SMP-loss fault."""
-        relay, sid = self.dr_relay, self._relay_ids.get(name)
-        if relay is None or sid is None:
+        """A node's kernel SMA (or a switch's kernel relay) runs only while its agent would
+        do the same itself: powered and without an SMP-loss fault."""
+        sid = self._relay_ids.get(name)
+        if sid is None or (self.dr_relay is None and self.kernel_sma is None):
             return
         on = rt.powered and not rt.vl15_loss
         if self._relay_on.get(name) != on:
             self._relay_on[name] = on
-            relay.set_enabled(sid, on)
+            if self.kernel_sma is not None:
+                self.kernel_sma.set_enabled(sid, on)
+            elif self.dr_relay is not None:
+                self.dr_relay.set_enabled(sid, on)
 
     def _flush_lfts(self) -> None:
         """Before the namespaces go: empty the switches' tc blocks where the LFT is u32 filters
@@ -256,6 +385,13 @@ class AgentHost:
         if self.dr_relay is not None:
             self.dr_relay.close()
             self.dr_relay = None
+        if self.kernel_sma is not None:
+            for name in self._sma_slots:  # the agents keep their tables in their own memory again
+                lft_ = getattr(self.nodes[name].agent, "lft", None)
+                if lft_ is not None:
+                    lft_.bind(memoryview(bytearray(lft_.cap)))
+            self.kernel_sma.close()
+            self.kernel_sma = None
         close_all(s for rt in self.nodes.values() for s in rt.sockets.values())
         for rt in self.nodes.values():
             rt.sockets.clear()
@@ -311,7 +447,10 @@ class AgentHost:
                     continue
                 if not rt.powered or (rt.vl15_loss and self._lose_vl15(rt, frame)):
                     continue
-                self.dispatch(name, rt, receive(port, memoryview(frame)[ETH_LEN:]))
+                actions = receive(port, memoryview(frame)[ETH_LEN:])
+                if self.kernel_sma is not None:  # the kernel's images first, then the response
+                    self._sma_after_set(name, port, frame)
+                self.dispatch(name, rt, actions)
 
     async def _user_datapath(self, switches: list[tuple[str, NodeRuntime]]) -> None:
         """User datapath: every frame of every switch port goes through its switch's forwarder,
@@ -483,6 +622,8 @@ class AgentHost:
                 rt.carrier[port] = ev.carrier
                 if self.dr_relay is not None and name in self._relay_ids:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
+                if self.kernel_sma is not None and name in self._relay_ids:
+                    self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
                 if self.links is not None:  # link training re-initializes flow control
@@ -543,6 +684,8 @@ class AgentHost:
                 forwarder = getattr(fresh_agent, "forwarder", None)
                 if self.datapath == "user" and forwarder is not None:
                     self._apply_impairments(name, rt, forwarder)  # the cables' own delay/loss
+                if self.kernel_sma is not None and name in self._relay_ids:
+                    self._sma_device(self.kernel_sma, name, rt)
             rt.powered = True
             self._sync_relay(name, rt)
             rtnl.set_up(rt.plan.ns, ifnames, True)
@@ -554,6 +697,13 @@ class AgentHost:
     def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action]) -> None:
         if not rt.powered:
             return
+        if self.kernel_sma is not None:
+            # port states the kernel SMA answers with change before anything is sent (a
+            # response first would let the SM read the old state back from the kernel)
+            actions = list(actions)
+            changed = [a.port for a in actions if isinstance(a, PortStateChange)]
+            if changed:
+                self.sma_refresh(name, ports=changed, attrs=(0x0012, 0x0015))
         for action in actions:
             if isinstance(action, Send):
                 sock = rt.sockets.get(action.port)
@@ -577,6 +727,7 @@ class AgentHost:
                 self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": clock.now_ns(),
                                          "port": action.port, "state": action.state.name.lower(),
                                          "phys": action.phys_state.name.lower()})
+
 
     def _program(self, name: str, action: LftUpdate) -> None:
         """Carry out an LFT change the switch's SMA accepted, at once: a map update per

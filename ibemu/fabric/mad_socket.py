@@ -78,6 +78,7 @@ class CaMadPort:
         """An SM attached (or left): IsSM on the port, and the SA's GSI class served here
         (umad2sim registers classes locally; an SM client registers the SA's)."""
         self.agent.set_is_sm(self.port, on)
+        self.host.sma_refresh(self.name, ports=(self.port,), attrs=(0x0015,))  # CapabilityMask.IsSM
         if on:
             self.agent.register_class(CLASS_SA)
         else:
@@ -91,6 +92,10 @@ class CaMadPort:
                 self._armed.set()
         mad = rmpp_seal(req.mad, req.length)  # what the kernel's RMPP layer would send
         actions = self.agent.send_mad(self.port, req.dlid, req.dqp, req.sqp, mad)
+        if method == 0x02 and len(mad) > 7 and (  # an SMP Set our own SMA answered: the
+                (mad[1] == 0x81 and mad[7] == 0)  # kernel SMA's images before the response
+                or (mad[1] == 0x01 and self.agent.ports[self.port].owns_lid(req.dlid))):
+            self.host.sma_refresh(self.name)
         self.host.dispatch(self.name, self.host.nodes[self.name], actions)
 
     async def watch_deadlines(self) -> None:

@@ -32,6 +32,8 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
+BPF_F_MMAPABLE = 1 << 10
 BPF_PROG_TYPE_SCHED_CLS = 3
 
 TC_ACT_UNSPEC = -1  # direct action: go on with the next filter
@@ -78,11 +80,12 @@ class Map:
     """A BPF map: ``update(key, value)`` with raw bytes, ``lookup``, ``delete``."""
 
     def __init__(self, map_type: int, key_size: int, value_size: int, max_entries: int,
-                 name: str = "") -> None:
+                 name: str = "", *, flags: int = 0, inner_map_fd: int = 0) -> None:
         # map_type, key_size, value_size, max_entries, map_flags, inner_map_fd, numa_node, name
-        attr = struct.pack("=7I", map_type, key_size, value_size, max_entries, 0, 0, 0)
+        attr = struct.pack("=7I", map_type, key_size, value_size, max_entries, flags, inner_map_fd, 0)
         attr = (attr + name.encode()[:15].ljust(16, b"\0")).ljust(128, b"\0")
         self.fd = _bpf(BPF_MAP_CREATE, attr)
+        self.map_type, self.max_entries, self.flags = map_type, max_entries, flags
         self.key_size, self.value_size = key_size, value_size
 
     def update(self, key: bytes, value: bytes) -> None:

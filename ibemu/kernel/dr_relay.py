@@ -1,5 +1,8 @@
 """Directed-route SMPs relayed by the kernel at intermediate switches (eBPF, cls_bpf).
 
+Where the kernel SMA loads (``ibemu.kernel.sma``, C) it does these relays itself, and more;
+this program (the assembler's, no compiler needed) is the fallback where it does not.
+
 A directed-route SMP crosses every switch on its path twice, and at all but the last one the
 switch only relays it: on the way out (D=0, 1 <= HopPointer < HopCount) ReturnPath[hp] =
 ingress port, hp += 1, send on InitialPath[hp]; on the way back (D=1, 2 <= hp <= HopCount)

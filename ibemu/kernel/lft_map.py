@@ -4,12 +4,13 @@ Every port of a switch has a clsact qdisc whose ingress is the switch's shared f
 (block 1, as ``tc.KernelLft`` builds it). In the block:
 
 - prio 1: the u32 rule for directed-route SMPs (VL15 and the permissive DLID) that stops
-  classification, until the DR relay (``dr_relay``) replaces it by its own filter at prio 3;
+  classification, until the kernel SMA (``sma``) or, where it cannot load, the DR relay
+  (``dr_relay``) replaces it by its own filter at prio 3;
 - prio 2: this module's program, a direct-action ``bpf`` filter (``ibemu_lft``) that reads
   the switch's LFT from a BPF array map and redirects a frame to its egress port.
 
-An LFT change is a map update (``bpf(BPF_MAP_UPDATE_ELEM)``), seen by the next frame: no tc
-filter is written after bring-up, nothing queues, and there are no mirred actions for the
+An LFT change is a write into the map, which this process keeps mmapped (an array map with
+BPF_F_MMAPABLE): no system call, seen by the next frame; no tc filter is written after bring-up, nothing queues, and there are no mirred actions for the
 kernel to walk when the namespaces go.
 
 The program, per frame (``skb->data`` at the Ethernet header; ``bpf_skb_load_bytes`` copies
@@ -18,10 +19,12 @@ the Ethernet type and the LRH, so a frame whose LRH is not in the linear part st
 1. fewer than 14 + 10 bytes, an Ethernet type other than 0x88B5, a DLID of 0xC000 or above
    (multicast; the permissive DLID, so every directed-route SMP), or a PktLen that does not
    say the frame's length (PktLen * 4 + 2 bytes after the Ethernet header) -> TC_ACT_UNSPEC;
-2. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
+2. a VL15 frame while the flags in ``ports[0]`` have FLAG_VL15_TO_SMA (the kernel SMA
+   forwards LID-routed SMPs itself, ``set_vl15_to_sma``) -> TC_ACT_UNSPEC;
+3. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
    or 0xFF -> TC_ACT_UNSPEC;
-3. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
-4. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
+4. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
+5. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
 
 TC_ACT_UNSPEC goes on to the next filter (the DR relay) and then up the stack to the switch
 agent's packet socket, which answers its own LID and counts the rest as the spec's
@@ -53,8 +56,9 @@ filter keeps the program (and so the maps) alive until the switch's namespace go
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
+import mmap
 import os
 import struct
 from collections.abc import Mapping
@@ -73,6 +77,10 @@ LFT_BLOCK = 64
 N_BLOCKS = UNICAST_END // LFT_BLOCK
 MAX_PORTS = 256
 PRIO = 2
+FLAGS_SLOT = 0
+"""``ibemu_lft_port[0]``: port 0 is the switch itself (never an egress here), so its slot
+holds the classifier's flags."""
+FLAG_VL15_TO_SMA = 1
 """The classifier's priority on the block (the DR rule is at 1, the DR relay at 3)."""
 FN_SKB_LOAD_BYTES = 26
 SKB_CB0 = 48
@@ -103,6 +111,19 @@ def program(blocks_fd: int, ports_fd: int) -> bytes:
     a.ldx(1, R4, R10, _S_HDR + 2 + 3)
     a.alu64("or", R3, R4, reg=True)
     a.jmp("jge", R3, UNICAST_END, "pass")  # multicast and permissive: directed-route SMPs
+    # VL15 (LID-routed SMPs): to the next filter when flags (ports[0]) say the kernel SMA
+    # forwards them (``set_vl15_to_sma``)
+    a.ldx(1, R4, R10, _S_HDR + 2)
+    a.alu64("and", R4, 0xF0)
+    a.jmp("jne", R4, 0xF0, "data")
+    a.st(4, R10, _S_KEY, FLAGS_SLOT)
+    a.mov(R7, R3)  # the DLID survives the call
+    a.map_lookup(ports_fd, _S_KEY)
+    a.mov(R3, R7)
+    a.jmp("jeq", R0, 0, "data")
+    a.ldx(4, R2, R0, 0)
+    a.jmp("jset", R2, FLAG_VL15_TO_SMA, "pass")
+    a.label("data")
     a.ldx(1, R4, R10, _S_HDR + 2 + 4)  # PktLen (11 bits, in 4-byte words, without the VCRC)
     a.alu64("and", R4, 7)
     a.alu64("lsh", R4, 8)
@@ -144,19 +165,17 @@ class LftProgram:
 
     def __init__(self, ports: Mapping[int, int]) -> None:
         """``ports``: port number -> egress ifindex."""
-        self.blocks = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, LFT_BLOCK, N_BLOCKS, "ibemu_lft")
+        self.blocks = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, LFT_BLOCK, N_BLOCKS, "ibemu_lft",
+                              flags=bpf.BPF_F_MMAPABLE)
         self.ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, MAX_PORTS, "ibemu_lft_port")
         self.prog_fd = -1
-        self.table = bytearray(UNICAST_END)
-        """What the map holds: the egress port per LID (0 = not forwarded)."""
-        self.installed: dict[int, int] = {}
-        # one attr for every update: key and value buffers at fixed addresses
-        self._key = ctypes.create_string_buffer(4)
-        self._value = ctypes.create_string_buffer(LFT_BLOCK)
-        self._attr = ctypes.create_string_buffer(
-            struct.pack("=IIQQQ", self.blocks.fd, 0, ctypes.addressof(self._key),
-                        ctypes.addressof(self._value), 0).ljust(128, b"\0"), 128)
+        self._mm: mmap.mmap | None = None
+        self.table = memoryview(bytearray(0))
         try:
+            self._mm = mmap.mmap(self.blocks.fd, UNICAST_END, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self.table = memoryview(self._mm)
+            """The map itself (mmapped): the egress port per LID (0 = not forwarded). The
+            kernel SMA (``ibemu.kernel.sma``) writes it too, on the LFT Sets it answers."""
             for port, ifindex in ports.items():
                 self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex))
             self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd), name="ibemu_lft")
@@ -164,34 +183,33 @@ class LftProgram:
             self.close()
             raise
 
+    def set_vl15_to_sma(self, on: bool) -> None:
+        """LID-routed SMPs (VL15) go on to the next filter, the kernel SMA, which forwards them
+        itself with the Ethernet addresses of each cable (``ibemu.kernel.sma``), instead of
+        being redirected here."""
+        self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", FLAG_VL15_TO_SMA if on else 0))
+
+    @property
+    def installed(self) -> dict[int, int]:
+        """Every LID the map forwards and its port (a scan of the map: for clearing it)."""
+        table = bytes(self.table) if self.prog_fd >= 0 else b""
+        return {lid: table[lid] for lid in range(1, len(table)) if table[lid]}
+
     def apply(self, changes: Mapping[int, int]) -> int:
-        """Install ``changes`` (LID -> port; 0/0xFF = no route); returns the map updates
-        (one per 64-entry block that changed)."""
+        """Install ``changes`` (LID -> port; 0/0xFF = no route) by writing the mmapped map;
+        returns the 64-entry blocks that changed (what a map update per block would cost)."""
         if self.prog_fd < 0:
             raise KernelError("LFT map used after close()")
-        table, installed = self.table, self.installed
+        table = self.table
         touched: set[int] = set()
         for lid, port in changes.items():
             if not 0 < lid < UNICAST_END:
                 raise ValueError(f"LID {lid:#x} is not a unicast LID")
-            if port in (0, NO_ROUTE):
-                if installed.pop(lid, None) is None:
-                    continue
-                port = 0
-            elif installed.get(lid) == port:
-                continue
-            else:
-                installed[lid] = port
-            table[lid] = port
-            touched.add(lid >> 6)
-        for block in sorted(touched):
-            self._write_block(block)
+            new = 0 if port in (0, NO_ROUTE) else port
+            if table[lid] != new:
+                table[lid] = new
+                touched.add(lid >> 6)
         return len(touched)
-
-    def _write_block(self, block: int) -> None:
-        struct.pack_into("=I", self._key, 0, block)
-        ctypes.memmove(self._value, bytes(self.table[block * LFT_BLOCK:(block + 1) * LFT_BLOCK]), LFT_BLOCK)
-        bpf._bpf_buf(bpf.BPF_MAP_UPDATE_ELEM, self._attr)
 
     def read(self, lid: int) -> int:
         """The egress port the kernel map holds for ``lid`` (0: not forwarded)."""
@@ -202,6 +220,11 @@ class LftProgram:
         if self.prog_fd >= 0:
             os.close(self.prog_fd)
             self.prog_fd = -1
+        if self._mm is not None:
+            self.table.release()
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+            self._mm = None
         self.blocks.close()
         self.ports.close()
 
@@ -216,6 +239,11 @@ class MapLft:
         self.ifnames = dict(ifnames)
         self.ports = sorted(ifnames)
         self._prog: LftProgram | None = None
+
+    def set_vl15_to_sma(self, on: bool) -> None:
+        """See ``LftProgram.set_vl15_to_sma``."""
+        if self._prog is not None:
+            self._prog.set_vl15_to_sma(on)
 
     @property
     def installed(self) -> dict[int, int]:

@@ -176,7 +176,8 @@ def test_kernel_dr_relay_rewrites_as_the_agent_does() -> None:
 
 def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_path: Path) -> None:
     """A DR NodeInfo through 3 switches is answered by the third; the first two relay it in
-    the kernel (their agents never see it) unless an SMP-loss fault is set on them."""
+    the kernel (their agents never see it) unless an SMP-loss fault is set on them; with the
+    kernel SMA the third answers it in the kernel too (its agent never sees it)."""
     from ibemu.fabric.agents import make_agents
     from ibemu.hca.umad_client import UmadClient
     from ibemu.wire import madcodec as mb
@@ -194,13 +195,15 @@ def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_
 
     async def main() -> None:
         async with rt.running() as host:
-            assert host.dr_relay is not None
+            assert host.dr_relay is not None or host.kernel_sma is not None
+            far = host.nodes[topo.peer(agg.node, up2).node]  # type: ignore[union-attr]
             client = await UmadClient.connect(host.nodes["h0"].plan.ns)
             try:
                 for tid, relay_on in ((1, True), (2, False)):
                     host.nodes[edge.node].vl15_loss = 0.0 if relay_on else 1e-9
                     host._sync_relay(edge.node, host.nodes[edge.node])
                     seen = host.nodes[edge.node].agent.ports[edge.port].counters.rcv_pkts  # type: ignore[attr-defined]
+                    answered = far.agent.stats["smp_answered"]  # type: ignore[attr-defined]
                     client.send(SimRequest(dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0,
                                            mad=mb.dr_smp(mb.GET, 0x11, path=[1, up, up2], tid=tid)))
                     with trio.fail_after(5):
@@ -210,6 +213,8 @@ def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_
                         topo.peer(agg.node, up2).node).guid  # type: ignore[union-attr]
                     now = host.nodes[edge.node].agent.ports[edge.port].counters.rcv_pkts  # type: ignore[attr-defined]
                     assert (now == seen) == relay_on
+                    if host.kernel_sma is not None:  # the last hop answered in the kernel
+                        assert far.agent.stats["smp_answered"] == answered  # type: ignore[attr-defined]
             finally:
                 client.close()
 

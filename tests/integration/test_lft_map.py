@@ -119,6 +119,23 @@ def test_classifier_decides_as_the_python_forwarder() -> None:
     assert min(seen.values()) > 250, seen  # both verdicts well covered
 
 
+def test_vl15_goes_on_to_the_kernel_sma_when_flagged() -> None:
+    """With ``set_vl15_to_sma`` LID-routed SMPs (VL15) are left to the next filter (the
+    kernel SMA forwards them), data frames are redirected as before; cleared, VL15 is too."""
+    prog = lft_map.LftProgram(CABLED)
+    eth = fast.ethernet_header(b"\x02" * 6, b"\x04" * 6)
+    try:
+        prog.apply({40: 2})
+        smp = fast.NativeTemplate(slid=1, dlid=40, destqp=0, vl=15, eth=eth).packet(0x04, 1, bytes(256))
+        data = fast.NativeTemplate(slid=1, dlid=40, destqp=5, vl=0, eth=eth).packet(0x04, 1, bytes(64))
+        for flagged in (False, True, False):
+            prog.set_vl15_to_sma(flagged)
+            assert bpf.test_run(prog.prog_fd, smp)[0] == (bpf.TC_ACT_UNSPEC if flagged else bpf.TC_ACT_REDIRECT)
+            assert bpf.test_run(prog.prog_fd, data)[0] == bpf.TC_ACT_REDIRECT
+    finally:
+        prog.close()
+
+
 def test_map_holds_what_apply_wrote() -> None:
     prog = lft_map.LftProgram(CABLED)
     try:

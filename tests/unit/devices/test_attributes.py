@@ -140,3 +140,31 @@ def test_lid_routed_smp_to_the_switch_lid() -> None:
     got = fab.send_mad("sm", 1, lid["h"], 0, 0, mb.lr_smp(mb.GET, 0x15, tid=6))
     pi = mb.parse_port_info(mb.smp_data(got[0].mad))
     assert pi.lid == lid["h"] and pi.port_state == 4 and pi.master_sm_lid == lid["sm"]
+
+
+def _data(agent: SwitchAgent | CaAgent, attr: int, *, mod: int = 0, ingress: int = 2) -> bytes:
+    """The 64 data bytes of the agent's answer to a one-hop DR Get arriving on ``ingress``."""
+    mad = bytearray(mb.dr_smp(mb.GET, attr, path=[1], modifier=mod, tid=1))
+    mad[6] = 1
+    acts = agent.receive(ingress, frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0, qkey=0, vl=15))
+    (send,) = [a for a in acts if isinstance(a, Send)]
+    return send.packet[28 + 64:28 + 128]
+
+
+def test_sma_images_are_the_get_answers_with_the_kernels_keys(sw: SwitchAgent) -> None:
+    """What the kernel SMA answers from: each image is the agent's own Get answer (PortInfo
+    with LocalPortNum to be patched per ingress), keyed as the kernel looks it up."""
+    ca = CaAgent(node_guid=GUID + 0x100, num_ports=2, link_up=[True, True])
+    for agent, ingress in ((sw, 2), (ca, 2)):
+        images = agent.sma_images()
+        assert images[(0x10, 0)] == _data(agent, 0x10, ingress=ingress)
+        assert images[(0x11, ingress)] == _data(agent, 0x11, ingress=ingress)
+        pi = bytearray(images[(0x15, 1)])
+        pi[28] = ingress
+        assert bytes(pi) == _data(agent, 0x15, mod=1, ingress=ingress)
+        pkey_key = (ingress << 16) | 0
+        assert images[(0x16, pkey_key)] == _data(agent, 0x16, mod=pkey_key if agent.IS_SWITCH else 0,
+                                                 ingress=ingress)
+    assert sw.sma_images()[(0x12, 0)] == _data(sw, 0x12)
+    assert (0x12, 0) not in ca.sma_images() and (0x15, 0) in sw.sma_images() and (0x15, 0) not in ca.sma_images()
+    assert set(sw.sma_images(attrs=[0x15], ports=[3])) == {(0x15, 3)}

@@ -92,3 +92,20 @@ def test_routes_programmed_by_the_mini_sm() -> None:
     for upd in fab.lft_updates["s2"]:
         merged.update(upd.changes)
     assert merged == s2.lft.effective()
+
+
+def test_bind_keeps_the_table_in_storage_another_party_shares() -> None:
+    """After ``bind`` the table lives in the given memory: what the other party writes there
+    is what the LFT reads, what the LFT writes is there; changes are still computed right."""
+    lft = Lft(128)
+    lft.set_block(0, bytes([1] * 64))
+    lft.set_top(100)
+    shared = bytearray(b"\0" * 200)
+    lft.bind(memoryview(shared))
+    assert shared[:64] == bytes([1] * 64) and shared[64:128] == b"\xff" * 64  # copied over
+    shared[70] = 3  # the kernel answered an LFT Set
+    assert lft.lookup(70) == 3 and lft.get_block(1)[6] == 3
+    assert lft.set_block(1, bytes([3] * 64)) == {lid: 3 for lid in range(64, 101) if lid != 70}
+    assert shared[64:128] == bytes([3] * 64)
+    with pytest.raises(ValueError):
+        lft.bind(memoryview(bytearray(10)))

@@ -1,0 +1,448 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * ibemu's device firmware hot path: the subnet management agent (SMA) of every emulated
+ * switch and CA port, as one direct-action tc classifier (ingress). See ibemu/kernel/sma.py
+ * for the design, the maps and every deviation; the Python agents (ibemu/agents) are the
+ * reference this program is proven equal to (tests/integration/test_sma_bpf.py).
+ *
+ * Per frame: a canonical management packet (0x88B5, 304 bytes, VL15, LRH+BTH, PktLen 72,
+ * UD SEND Only without pad, to QP0) of a port the loader registered, with the node enabled
+ * and its VCRC and ICRC correct, is
+ *   - relayed, at an intermediate hop of a directed-route SMP (switches only, C14-9/C14-13);
+ *   - forwarded by the LFT, when it is LID-routed to another node (switches only: the LFT
+ *     classifier leaves VL15 to this program, which gives it each cable's MAC addresses);
+ *   - answered, when it is a SubnGet of NodeDescription, NodeInfo, SwitchInfo, PortInfo,
+ *     P_KeyTable or LinearForwardingTable, or a SubnSet of LinearForwardingTable, reaching
+ *     its SMA directed-route (last hop, permissive DLID) or LID-routed (DLID = the port's
+ *     LID): the attribute comes from the maps the Python agent publishes;
+ * and everything else returns TC_ACT_UNSPEC: up the stack to the agent's packet socket,
+ * unchanged. Built with: clang -O2 -g0 -target bpf -I/usr/include -c sma.c
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+
+/* A map as ibemu's loader (ibemu/kernel/elf.py) reads it from the "maps" section. */
+struct ibemu_map {
+	__u32 type, key_size, value_size, max_entries, flags;
+};
+
+#define ETH 14
+#define LRH ETH
+#define BTH (ETH + 8)
+#define MAD (ETH + 28)
+#define ICRC_AT (ETH + 284)
+#define VCRC_AT (ETH + 288)
+#define FRAME_LEN (ETH + 290)
+#define DATA (MAD + 64)
+#define INITIAL_PATH (MAD + 128)
+#define RETURN_PATH (MAD + 192)
+
+#define ATTR_NODE_DESC 0x0010
+#define ATTR_NODE_INFO 0x0011
+#define ATTR_SWITCH_INFO 0x0012
+#define ATTR_PORT_INFO 0x0015
+#define ATTR_PKEY_TABLE 0x0016
+#define ATTR_LFT 0x0019
+
+#define LFT_BLOCKS_MAX 768
+#define PHYS_LINK_UP 5
+#define STATE_DOWN 1
+#define FLAG_ENABLED 1
+#define PASS TC_ACT_UNSPEC
+
+struct port_val {	/* sma_ports: receiving port's MAC -> */
+	__u32 ifindex, dev, port, flags;
+};
+struct out_val {	/* sma_out: dev << 8 | port -> */
+	__u32 ifindex, up;
+	__u8 peer[6], own[6];
+};
+struct dev_val {	/* sma_dev: dev -> */
+	__u32 lft_base;		/* first sma_lft index of the switch's raw LFT */
+	__u16 lft_blocks;	/* 0: LFT Get/Set stay with the agent */
+	__u8 is_switch, num_ports;
+};
+struct attr_key {	/* sma_attr: (dev, attribute, modifier) -> 64 data bytes */
+	__u32 dev, attr, mod;
+};
+struct lft_block {
+	__u8 b[64];
+};
+
+struct ibemu_map sma_ports SEC("maps") = { BPF_MAP_TYPE_HASH, 8, sizeof(struct port_val), 65536, 0 };
+struct ibemu_map sma_out SEC("maps") = { BPF_MAP_TYPE_HASH, 4, sizeof(struct out_val), 65536, 0 };
+struct ibemu_map sma_dev SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct dev_val), 16384, 0 };
+struct ibemu_map sma_attr SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct attr_key), 64, 131072, 0 };
+struct ibemu_map sma_crc SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 2048, 1, 0 };
+/* Raw LFT blocks of every switch (what LinearForwardingTable Get returns), mmapped by the
+ * Python agents as their Lft's storage. The loader sizes it. */
+struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_MAX, BPF_F_MMAPABLE };
+/* dev -> the switch's forwarding map (ibemu_lft, ibemu/kernel/lft_map.py). The loader
+ * creates it (a map of maps needs its inner map's shape). */
+struct ibemu_map sma_fwd SEC("maps") = { BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, 0 };
+
+static __always_inline __u32 be16(const __u8 *p)
+{
+	return ((__u32)p[0] << 8) | p[1];
+}
+
+static __always_inline __u32 be32(const __u8 *p)
+{
+	return ((__u32)p[0] << 24) | ((__u32)p[1] << 16) | ((__u32)p[2] << 8) | p[3];
+}
+
+/* Byte-wise reflected CRC over frame bytes [from, to): t = the 256-entry table. */
+static __always_inline __u32 crc_bytes(__u8 *p, void *end, const __u32 *t, __u32 crc,
+				       __u32 from, __u32 to)
+{
+#pragma clang loop unroll(disable)
+	for (__u32 i = from; i < to; i++) {
+		__u8 *q = p + i;
+
+		if ((void *)(q + 1) > end)
+			break;
+		crc = t[(crc ^ *q) & 0xff] ^ (crc >> 8);
+	}
+	return crc;
+}
+
+/* ICRC: LRH with the VL nibble as ones, BTH byte 4 as ones (ib-wire.md, CRCs). */
+static __always_inline __u32 icrc(__u8 *p, void *end, const __u32 *t)
+{
+	__u32 crc = 0xffffffff;
+
+	crc = t[(crc ^ (p[LRH] | 0xf0)) & 0xff] ^ (crc >> 8);
+	crc = crc_bytes(p, end, t, crc, LRH + 1, BTH + 4);
+	crc = t[(crc ^ 0xff) & 0xff] ^ (crc >> 8);
+	crc = crc_bytes(p, end, t, crc, BTH + 5, ICRC_AT);
+	return crc ^ 0xffffffff;
+}
+
+static __always_inline __u32 vcrc(__u8 *p, void *end, const __u32 *t)
+{
+	return crc_bytes(p, end, t + 256, 0xffff, LRH, VCRC_AT) ^ 0xffff;
+}
+
+/* A frame byte at a variable offset (checked again: the verifier wants it), -1 if beyond. */
+static __always_inline int byte_at(__u8 *p, void *end, __u32 off)
+{
+	__u8 *q = p + (off & 0x1ff);
+
+	if ((void *)(q + 1) > end)
+		return -1;
+	return *q;
+}
+
+static __always_inline void set_byte_at(__u8 *p, void *end, __u32 off, __u8 v)
+{
+	__u8 *q = p + (off & 0x1ff);
+
+	if ((void *)(q + 1) <= end)
+		*q = v;
+}
+
+static __always_inline __u8 *image(__u32 dev, __u32 attr, __u32 mod)
+{
+	struct attr_key k = { .dev = dev, .attr = attr, .mod = mod };
+
+	return bpf_map_lookup_elem(&sma_attr, &k);
+}
+
+/* The port's PortInfo as the agent last published it: its link is up (LinkUp). */
+static __always_inline int port_link_up(__u32 dev, __u32 port)
+{
+	__u8 *pi = image(dev, ATTR_PORT_INFO, port);
+
+	return pi && (pi[33] >> 4) == PHYS_LINK_UP;
+}
+
+/* The port the switch's LFT sends ``lid`` to, as Lft.lookup and Forwarder.route(vl15) decide
+ * it (0 < lid <= LinearFDBTop, a port that exists, its link up and not Down); 0: none. */
+static __always_inline __u32 lft_route(__u32 dev, struct dev_val *dv, __u32 lid)
+{
+	__u8 *si = image(dev, ATTR_SWITCH_INFO, 0), *epi;
+	struct lft_block *raw;
+	__u32 idx, e;
+
+	if (!si || dv->lft_blocks == 0 || lid == 0 || lid > be16(si + 6) || (lid >> 6) >= dv->lft_blocks)
+		return 0;
+	idx = dv->lft_base + (lid >> 6);
+	raw = bpf_map_lookup_elem(&sma_lft, &idx);
+	if (!raw)
+		return 0;
+	e = raw->b[lid & 63];
+	if (e == 0 || e == 0xff || e > dv->num_ports)
+		return 0;
+	epi = image(dev, ATTR_PORT_INFO, e);
+	if (!epi || (epi[33] >> 4) != PHYS_LINK_UP || (epi[32] & 0x0f) == STATE_DOWN)
+		return 0;
+	return e;
+}
+
+static __always_inline int owns_lid(__u32 lid, __u32 lmc, __u32 dlid)
+{
+	return lid != 0 && (dlid >> lmc) == (lid >> lmc);
+}
+
+SEC("tc")
+int ibemu_sma(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	__u8 *p = data;
+	struct port_val *in;
+	struct dev_val *dv;
+	struct out_val *out = 0;
+	__u32 *t;
+	__u32 zero = 0, dev, ingress, egress, hp, n, lid, lmc, slid = 0, my_lid = 0;
+	int answer, lid_routed, transit = 0, route_later = 0, rp_at = -1, new_hp = -1;
+	__u32 dlid;
+	__u64 mac = 0;
+
+	if (skb->len != FRAME_LEN || data + FRAME_LEN > end)
+		return PASS;
+	/* a canonical management packet (the shape of every one ibemu sends) */
+	if (p[12] != 0x88 || p[13] != 0xb5 || (p[LRH] & 0xf0) != 0xf0 || (p[LRH + 1] & 3) != 2)
+		return PASS;
+	if ((p[LRH + 4] & 0x07) || p[LRH + 5] != 72 || p[BTH] != 0x64 || (p[BTH + 1] & 0x30))
+		return PASS;
+	if (p[BTH + 5] | p[BTH + 6] | p[BTH + 7])
+		return PASS;
+	if (p[MAD + 1] != 0x81 && p[MAD + 1] != 0x01)
+		return PASS;
+
+	/* the receiving port: keyed by its MAC, checked against the ingress interface */
+	__builtin_memcpy(&mac, p, 6);
+	in = bpf_map_lookup_elem(&sma_ports, &mac);
+	if (!in || in->ifindex != skb->ifindex || !(in->flags & FLAG_ENABLED))
+		return PASS;
+	dev = in->dev;
+	ingress = in->port;
+	dv = bpf_map_lookup_elem(&sma_dev, &dev);
+	if (!dv || ingress == 0 || ingress > dv->num_ports)
+		return PASS;
+	/* the agent drops VL15 on a port whose link is not up: so does this */
+	if (!port_link_up(dev, ingress))
+		return PASS;
+	t = bpf_map_lookup_elem(&sma_crc, &zero);
+	if (!t)
+		return PASS;
+	/* the strict receive check: a frame that fails goes to the agent, which counts it */
+	if (vcrc(p, end, t) != (p[VCRC_AT] | ((__u32)p[VCRC_AT + 1] << 8)))
+		return PASS;
+	if (icrc(p, end, t) != (p[ICRC_AT] | ((__u32)p[ICRC_AT + 1] << 8) |
+				((__u32)p[ICRC_AT + 2] << 16) | ((__u32)p[ICRC_AT + 3] << 24)))
+		return PASS;
+
+	egress = ingress;
+	lid_routed = p[MAD + 1] == 0x01;
+	dlid = be16(p + LRH + 2);
+	if (dlid != 0xffff) {
+		/* addressed by LID: this port's (a switch's: port 0's), else in transit */
+		__u8 *pi = image(dev, ATTR_PORT_INFO, dv->is_switch ? 0 : ingress);
+
+		if (!pi)
+			return PASS;
+		lid = be16(pi + 16);
+		lmc = dv->is_switch ? 0 : (pi[34] & 7);
+		if (!owns_lid(lid, lmc, dlid)) {
+			/* a switch forwards it by its LFT, frame unchanged (the agent's _transit) */
+			if (!dv->is_switch || dlid >= 0xc000)
+				return PASS;
+			egress = lft_route(dev, dv, dlid);
+			if (egress == 0 || egress == ingress)
+				return PASS;
+			transit = 1;
+			answer = 0;
+		} else {
+#ifdef NO_LR
+			return PASS;
+#endif
+			if (!lid_routed)	/* the LID-routed tail of a directed route: the agent */
+				return PASS;
+			slid = be16(p + LRH + 6);
+			if (slid == 0 || slid == 0xffff || owns_lid(lid, lmc, slid))
+				return PASS;
+			my_lid = lid;
+			answer = 1;
+			/* a switch's response leaves by its LFT, looked up after the attribute's
+			 * handler (an LFT Set may change the route back, as in the agent) */
+			route_later = dv->is_switch;
+		}
+	} else if (lid_routed) {
+		return PASS;	/* LID-routed to the permissive LID: the agent */
+	} else {
+		/* directed route */
+		hp = p[MAD + 6];
+		n = p[MAD + 7];
+		if (n == 0 || n > 63 || hp > 63)
+			return PASS;
+		if (!(p[MAD + 4] & 0x80)) {
+			if (hp == 0 || hp > n)
+				return PASS;
+			if (hp < n) {	/* relay outward: ReturnPath[hp] = ingress, hp + 1 */
+				if (!dv->is_switch)
+					return PASS;
+				rp_at = hp;
+				new_hp = hp + 1;
+				egress = byte_at(p, end, INITIAL_PATH + (new_hp & 63));
+				answer = 0;
+			} else {	/* hp == n: ours if DrDLID is permissive */
+				if (be16(p + MAD + 34) != 0xffff)
+					return PASS;
+				rp_at = hp;
+				answer = 1;
+			}
+		} else {
+			if (hp < 2 || hp > n)
+				return PASS;
+			if (!dv->is_switch)
+				return PASS;
+			new_hp = hp - 1;	/* relay back: hp - 1, out on ReturnPath[hp] */
+			egress = byte_at(p, end, RETURN_PATH + (new_hp & 63));
+			answer = 0;
+		}
+		if (!answer) {
+			if (egress == 0 || egress > dv->num_ports || !port_link_up(dev, egress))
+				return PASS;
+		}
+	}
+
+	if (!route_later) {
+		out = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (egress & 0xff) });
+		if (!out || !out->up)
+			return PASS;
+	}
+
+	if (answer) {
+		__u32 method = p[MAD + 3], attr, mod, key;
+		__u8 *img = 0;
+		int patch = -1;
+
+		if ((method != 1 && method != 2) || p[MAD] != 1 || p[MAD + 2] != 1)
+			return PASS;
+		attr = be16(p + MAD + 16);
+		mod = be32(p + MAD + 20);
+		if (method == 2 && attr != ATTR_LFT)
+			return PASS;
+		switch (attr) {
+		case ATTR_NODE_DESC:
+			img = image(dev, attr, 0);
+			break;
+		case ATTR_NODE_INFO:
+			img = image(dev, attr, ingress);
+			break;
+		case ATTR_SWITCH_INFO:
+			img = image(dev, attr, 0);
+			break;
+		case ATTR_PORT_INFO:
+			key = mod & 0x7fffffff;
+			if (key > 0xff)
+				return PASS;
+			if (!dv->is_switch && key == 0)
+				key = ingress;
+			img = image(dev, attr, key);
+			patch = 28;	/* LocalPortNum */
+			break;
+		case ATTR_PKEY_TABLE:
+			key = dv->is_switch ? mod : (ingress << 16) | (mod & 0xffff);
+			img = image(dev, attr, key);
+			break;
+		case ATTR_LFT: {
+			__u32 idx, top, i;
+			struct lft_block *raw, eff;
+			__u8 *si;
+			void *fwd;
+
+			if (dv->lft_blocks == 0 || mod >= dv->lft_blocks || mod >= LFT_BLOCKS_MAX)
+				return PASS;
+			idx = dv->lft_base + mod;
+			raw = bpf_map_lookup_elem(&sma_lft, &idx);
+			if (!raw)
+				return PASS;
+#ifdef NO_LFTSET
+			if (method == 2) return PASS;
+#endif
+			if (method == 2) {
+				si = image(dev, ATTR_SWITCH_INFO, 0);
+				fwd = bpf_map_lookup_elem(&sma_fwd, &dev);
+				if (!si || !fwd)
+					return PASS;
+				top = be16(si + 6);
+				__builtin_memcpy(raw->b, p + DATA, 64);
+				/* what the forwarding plane takes: entries up to LinearFDBTop */
+#pragma clang loop unroll(disable)
+				for (i = 0; i < 64; i++) {
+					/* branch-free (a branch per entry would multiply the
+					 * verifier's states): keep v if 0 < lid <= top, v != 0xFF */
+					__s64 l = (__s64)((mod << 6) + i);
+					__u64 v = raw->b[i];
+					__u64 keep = (__u64)(~(((__s64)top - l) | (l - 1)) >> 63) & 1;
+					__u64 routed = ((v ^ 0xff) + 0xff) >> 8;
+
+					eff.b[i] = v & (0 - (keep & routed));
+				}
+				if (bpf_map_update_elem(fwd, &mod, &eff, BPF_ANY))
+					return PASS;	/* not reached: an array's update of a valid index */
+			}
+			img = raw->b;
+			break;
+		}
+		default:
+			return PASS;
+		}
+		if (!img)
+			return PASS;
+		if (route_later) {
+			/* no route now: the agent takes the frame; an LFT Set it repeats changes
+			 * nothing more, and it drops the response as it would have */
+			egress = lft_route(dev, dv, slid);
+			if (egress == 0)
+				return PASS;
+			out = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (egress & 0xff) });
+			if (!out || !out->up)
+				return PASS;
+		}
+		__builtin_memcpy(p + DATA, img, 64);
+		if (patch == 28)
+			p[DATA + 28] = ingress;
+		p[MAD + 3] = 0x81;	/* GetResp */
+		p[MAD + 4] = lid_routed ? 0 : 0x80;	/* D for directed route, status 0 */
+		p[MAD + 5] = 0;
+		if (lid_routed) {
+			p[LRH + 2] = slid >> 8;
+			p[LRH + 3] = slid;
+			p[LRH + 6] = my_lid >> 8;
+			p[LRH + 7] = my_lid;
+		}
+	}
+
+	/* the directed-route fields: nothing above has changed the frame but an LFT Set's data */
+	if (rp_at >= 0)
+		set_byte_at(p, end, RETURN_PATH + (rp_at & 63), ingress);
+	if (new_hp >= 0)
+		p[MAD + 6] = new_hp;
+	if (!lid_routed && !transit) {	/* a directed-route SMP leaves with both LIDs permissive */
+		p[LRH + 6] = 0xff;
+		p[LRH + 7] = 0xff;
+	}
+	/* reseal: ICRC, then the VCRC over it (a frame in transit is unchanged) */
+	if (!transit) {
+		__u32 c = icrc(p, end, t);
+
+		p[ICRC_AT] = c;
+		p[ICRC_AT + 1] = c >> 8;
+		p[ICRC_AT + 2] = c >> 16;
+		p[ICRC_AT + 3] = c >> 24;
+		c = vcrc(p, end, t);
+		p[VCRC_AT] = c;
+		p[VCRC_AT + 1] = c >> 8;
+	}
+	__builtin_memcpy(p, out->peer, 6);
+	__builtin_memcpy(p + 6, out->own, 6);
+	skb->cb[0] = out->ifindex;
+	return bpf_redirect(out->ifindex, 0);
+}
+
+char _license[] SEC("license") = "GPL";

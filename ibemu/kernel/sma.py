@@ -1,0 +1,268 @@
+"""The device firmware's management hot path in the kernel: one eBPF SMA for every node.
+
+``bpf_src/sma.c`` (C, built with clang ``-target bpf`` and loaded by ``ibemu.kernel.elf``) is
+a direct-action tc classifier on each switch's shared tc block (after the LFT classifier,
+where the DR relay of ``dr_relay`` was) and on the ingress of each CA port (the HCA's veth in
+the host's namespace, clsact created here). It subsumes the DR relay: at an intermediate
+hop it relays a directed-route SMP both ways exactly as ``dr_relay`` did; at the last hop
+(D=0, hp == HopCount, DrDLID permissive), or LID-routed to the port's LID, it answers
+SubnGet(NodeDescription, NodeInfo, SwitchInfo, PortInfo, P_KeyTable,
+LinearForwardingTable) and SubnSet(LinearForwardingTable), out of the ingress port (DR,
+C14-13: D=1, hp = n, ReturnPath[n] = ingress) or by the LFT to the request's SLID
+(LID-routed), with ICRC and VCRC recomputed: byte for byte what ``ibemu.agents`` answers
+(``tests/integration/test_sma_bpf.py`` proves it on generated SMPs).
+
+One device state. The answers come from maps the Python agent publishes
+(``publish``/``DeviceAgent.sma_images``): ``sma_attr`` (dev, attribute, modifier) -> the 64
+data bytes the agent's own Get handler produces (NodeInfo per ingress port; PortInfo per
+port, LocalPortNum patched per ingress in the kernel; P_KeyTable per port and block). The
+raw LFT of every switch is one mmapped array (``sma_lft``): the agent's ``Lft`` stores its
+table *in* it (``Lft.bind``), so an LFT Set answered by the kernel is what the agent reads
+at once, and the other way round. A kernel LFT Set also writes the switch's forwarding map
+(``ibemu_lft`` of ``lft_map``, reached through the map of maps ``sma_fwd``) with the
+entries up to LinearFDBTop, as ``LftUpdate`` would have.
+
+LID-routed SMPs in transit. The LFT classifier of a switch (``lft_map``) redirects a frame
+with the Ethernet header it came with; a port is known here by the MAC a frame is sent to
+(ifindexes repeat across namespaces, and ``bpf_get_netns_cookie`` of a tc skb names the
+sending socket's namespace, not the receiver's). So where this program runs, the LFT
+classifier leaves VL15 to it (``MapLft.set_vl15_to_sma``) and it forwards LID-routed SMPs
+itself, by the same LFT, as ``Forwarder.route`` does for VL15, with each cable's addresses:
+every SMP reaches the next node addressed to the port it arrives on.
+
+Everything else goes up to the agent unchanged (TC_ACT_UNSPEC): PortInfo/SwitchInfo/P_Key
+Sets and every other attribute or method, traps, responses, PMA, LID-routed heads and tails
+of DR SMPs, permissive-DLID LID-routed SMPs, bad versions, modifiers the maps lack (the
+agent answers them with its error status), a failed CRC or any malformed frame (the agent
+counts it), a port whose link the agent has not seen up, a disabled node.
+
+Order. A switch routes a LID-routed response by its LFT after the attribute's handler ran
+(an LFT Set may change the route back to the requester), as the agent does; without a route
+then, the frame goes up and the agent repeats the (idempotent) Set and drops the response as
+it would have. The agent host republishes before it sends the agent's response
+(``AgentHost.dispatch``), so an SM never reads an old state back from the kernel.
+
+Deviations (documented, deliberate):
+- Kernel-answered SMPs are not in the agent's ``stats`` and produce no events; in the
+  PortCounters they count like every frame the kernel moves, from the interface statistics
+  (``PortCounters.follow_link``). A kernel LFT Set emits no ``lft_set``/``lft_programmed``
+  event (the SM sees its GetResp; the forwarding map is written before the response leaves).
+- M_Key: never checked (as the agents: no M_Key protection).
+- The node is enabled per node, like the DR relay: powered off or with an SMP-loss fault,
+  everything goes to its agent (``set_enabled``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+from collections.abc import Mapping
+
+from ibemu.kernel import bpf, clsact, elf
+from ibemu.kernel.commands import KernelError
+from ibemu.kernel.dr_relay import (
+    CRC16_TABLE,
+    CRC32_TABLE,
+    egress_key,
+    egress_value,
+    port_key,
+    port_value,
+)
+from ibemu.kernel.packet import ETH_P_IB
+from ibemu.kernel.tc_netlink import BlockFilters
+
+log = logging.getLogger(__name__)
+
+SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "sma.c")
+LFT_BLOCKS = 768
+LFT_SLOT = LFT_BLOCKS * 64
+PROG_NAME = "ibemu_sma"
+
+_DEV = struct.Struct("=IHBB")
+_ATTR_KEY = struct.Struct("=III")
+
+
+def _cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ibemu", "bpf")
+
+
+def clang_argv(src: str, out: str) -> list[str]:
+    clang = shutil.which("clang") or "clang"
+    multiarch = f"/usr/include/{os.uname().machine}-linux-gnu"
+    return [clang, "-O2", "-g0", "-target", "bpf", "-I/usr/include", f"-I{multiarch}", "-Wall",
+            "-c", src, "-o", out]
+
+
+def object_path(src: str = SRC) -> tuple[str | None, str]:
+    """The compiled object for ``src`` (built next to it by ``make bpf``, else in the user's
+    cache, compiled there on first use): (path or None, why not)."""
+    try:
+        with open(src, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError as exc:
+        return None, f"no source {src}: {exc}"
+    beside = os.path.splitext(src)[0] + ".o"
+    if os.path.exists(beside) and os.path.getmtime(beside) >= os.path.getmtime(src):
+        return beside, ""
+    cached = os.path.join(_cache_dir(), f"{os.path.basename(src)[:-2]}-{digest}.o")
+    if os.path.exists(cached):
+        return cached, ""
+    if shutil.which("clang") is None:
+        return None, "clang is not installed (scripts/setup.sh installs it)"
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    tmp = f"{cached}.{os.getpid()}.tmp"
+    proc = subprocess.run(clang_argv(src, tmp), capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return None, f"clang failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}"
+    os.replace(tmp, cached)
+    return cached, ""
+
+
+def lft_template() -> bpf.Map:
+    """A map shaped like every switch's forwarding map (``lft_map``), for ``sma_fwd``."""
+    return bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS, "ibemu_lft_tmpl", flags=bpf.BPF_F_MMAPABLE)
+
+
+class KernelSma:
+    """The loaded program and its maps (see the module docstring). ``lft_slots``: how many
+    switches keep their raw LFT in ``sma_lft``."""
+
+    def __init__(self, *, lft_slots: int, attr_entries: int = 131072, obj_path: str | None = None) -> None:
+        path = obj_path
+        if path is None:
+            path, why = object_path()
+            if path is None:
+                raise KernelError(why)
+        with open(path, "rb") as f:
+            obj = elf.parse(f.read())
+        self._template = lft_template()
+        self.fwd = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, "sma_fwd",
+                           inner_map_fd=self._template.fd)
+        self.lft = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 64, max(1, lft_slots) * LFT_BLOCKS, "sma_lft",
+                           flags=bpf.BPF_F_MMAPABLE)
+        self._mm: mmap.mmap | None = None
+        self.loaded: elf.Loaded | None = None
+        try:
+            self._mm = mmap.mmap(self.lft.fd, self.lft.max_entries * 64, mmap.MAP_SHARED,
+                                 mmap.PROT_READ | mmap.PROT_WRITE)
+            self.loaded = elf.load(obj, maps={"sma_fwd": self.fwd, "sma_lft": self.lft},
+                                   sizes={"sma_attr": attr_entries})
+        except BaseException:
+            self.close()
+            raise
+        m = self.loaded.maps
+        self.ports, self.out, self.dev, self.attr = m["sma_ports"], m["sma_out"], m["sma_dev"], m["sma_attr"]
+        m["sma_crc"].update(b"\0\0\0\0", bpf.pack_u32s(CRC32_TABLE) + bpf.pack_u32s(CRC16_TABLE))
+        self.prog_fd = self.loaded.prog_fd
+        self.lft_slots = max(1, lft_slots)
+        self._published: dict[tuple[int, int, int], bytes] = {}
+        self._in: dict[tuple[int, int], tuple[bytes, int]] = {}
+        self._outs: dict[tuple[int, int], tuple[int, bytes, bytes]] = {}
+        self._enabled: dict[int, bool] = {}
+
+    # ------------------------------------------------------------------ devices
+
+    def add_device(self, dev: int, *, is_switch: bool, num_ports: int, lft_slot: int | None = None,
+                   lft_blocks: int = 0, fwd_map_fd: int | None = None) -> None:
+        """Device ``dev`` (1 .. 16383). A switch with ``lft_slot`` keeps its raw LFT in the
+        shared array (``lft_view``); with ``fwd_map_fd`` (its ``ibemu_lft`` map) the kernel
+        answers LFT Sets too."""
+        if not 0 < dev < 16384:
+            raise ValueError(f"device number {dev} out of range")
+        base = 0
+        if lft_slot is not None:
+            if not 0 <= lft_slot < self.lft_slots:
+                raise ValueError(f"LFT slot {lft_slot} out of range")
+            base = lft_slot * LFT_BLOCKS
+        else:
+            lft_blocks = 0
+        if fwd_map_fd is not None and lft_blocks:
+            try:
+                self.fwd.update(struct.pack("=I", dev), struct.pack("=I", fwd_map_fd))
+            except OSError as exc:  # a forwarding map of another shape: LFT Sets stay in Python
+                log.debug("device %d: no kernel LFT Set: %s", dev, exc)
+        self.dev.update(struct.pack("=I", dev), _DEV.pack(base, lft_blocks, int(is_switch), num_ports))
+
+    def lft_view(self, slot: int) -> memoryview:
+        """The raw LFT of the switch in ``slot``: 49,152 bytes shared with the kernel."""
+        if self._mm is None or not 0 <= slot < self.lft_slots:
+            raise ValueError(f"no LFT slot {slot}")
+        return memoryview(self._mm)[slot * LFT_SLOT:(slot + 1) * LFT_SLOT]
+
+    def publish(self, dev: int, images: Mapping[tuple[int, int], bytes]) -> int:
+        """Write the attribute images that changed; returns how many map updates it took."""
+        n = 0
+        for (attr, mod), data in images.items():
+            key = (dev, attr, mod)
+            if self._published.get(key) == data:
+                continue
+            self.attr.update(_ATTR_KEY.pack(dev, attr, mod), data)
+            self._published[key] = data
+            n += 1
+        return n
+
+    def forget(self, dev: int) -> None:
+        """Remove every image of ``dev`` (a rebooted device publishes afresh)."""
+        for key in [k for k in self._published if k[0] == dev]:
+            self.attr.delete(_ATTR_KEY.pack(*key))
+            del self._published[key]
+
+    # ------------------------------------------------------------------ ports
+
+    def add_port(self, dev: int, port: int, ifindex: int, mac: bytes, peer_mac: bytes, *, up: bool,
+                 enabled: bool = True) -> None:
+        self._in[(dev, port)] = (port_key(mac), ifindex)
+        self._outs[(dev, port)] = (ifindex, peer_mac, mac)
+        self._enabled.setdefault(dev, enabled)
+        self.ports.update(port_key(mac), port_value(ifindex, dev, port, self._enabled[dev]))
+        self.out.update(egress_key(dev, port), egress_value(ifindex, up, peer_mac, mac))
+
+    def set_carrier(self, dev: int, port: int, up: bool) -> None:
+        out = self._outs.get((dev, port))
+        if out is not None:
+            ifindex, peer_mac, mac = out
+            self.out.update(egress_key(dev, port), egress_value(ifindex, up, peer_mac, mac))
+
+    def set_enabled(self, dev: int, enabled: bool) -> None:
+        """Answer and relay this node's SMPs in the kernel (True) or hand them all to its agent."""
+        if self._enabled.get(dev) == enabled:
+            return
+        self._enabled[dev] = enabled
+        for (d, port), (key, ifindex) in self._in.items():
+            if d == dev:
+                self.ports.update(key, port_value(ifindex, d, port, enabled))
+
+    # ------------------------------------------------------------------ attach
+
+    def attach_switch(self, ns: str, prio: int) -> None:
+        """On a switch's tc block, after the LFT classifier, replacing the DR rule (as
+        ``DrRelay.attach``). Blocking: enters ``ns``."""
+        filters = BlockFilters(ns, block=1, prio=prio, protocol=ETH_P_IB)
+        try:
+            filters.replace_dr_rule_with_bpf(self.prog_fd, name=PROG_NAME, prio=prio + 1)
+        finally:
+            filters.close()
+
+    def attach_ports(self, ns: str, ifnames: list[str]) -> None:
+        """On the ingress of a CA's ports (clsact created here). Blocking: enters ``ns``."""
+        hooks = [clsact.BpfHook(name, self.prog_fd) for name in ifnames]
+        clsact.attach_bpf(ns, hooks, parent=clsact.INGRESS, prio=1, name=PROG_NAME, what="SMA filter")
+
+    def close(self) -> None:
+        """Free the program and maps (filters that use the program keep it alive)."""
+        if self.loaded is not None:
+            self.loaded.close()
+            self.loaded = None
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):  # an agent still holds a view: it goes with that
+                self._mm.close()
+            self._mm = None
+        for m in (self.fwd, self.lft, self._template):
+            m.close()
