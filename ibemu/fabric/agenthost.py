@@ -203,11 +203,11 @@ class AgentHost:
         kernel SMA (``open_kernel_sma``: DR relays and the common SMPs answered in the kernel,
         on switches and CA ports); where it cannot run, the DR relay alone
         (``ibemu.kernel.dr_relay``, a bpf filter on each switch's tc block). Blocking (enters
-        the namespaces). IBEMU_KERNEL_SMA=0 skips the SMA, IBEMU_DR_RELAY=0 both."""
+        the namespaces). The SMA is opt-in (IBEMU_KERNEL_SMA=1) until LFT Sets it answers are logged as lft_programmed (OpenSM's programmed phase reads them); IBEMU_DR_RELAY=0 skips both."""
         if self.datapath != "kernel" or self.dr_relay is not None or self.kernel_sma is not None \
                 or os.environ.get("IBEMU_DR_RELAY") == "0":
             return
-        if os.environ.get("IBEMU_KERNEL_SMA") != "0" and self.open_kernel_sma():
+        if os.environ.get("IBEMU_KERNEL_SMA") == "1" and self.open_kernel_sma():
             return
         switches = [(name, rt) for name, rt in self.nodes.items() if rt.plan.is_switch and rt.sockets]
         if not switches:
