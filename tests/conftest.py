@@ -76,3 +76,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config: object) -> None:
+    """A SIGTERM (a CI timeout, `timeout`) ends the run as Ctrl-C does, so fixtures tear down
+    what they built (namespaces, fabric managers, traffic workers) instead of leaking it."""
+    import signal
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _interrupt)
