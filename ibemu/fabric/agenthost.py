@@ -59,7 +59,7 @@ from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
-from ibemu.kernel.sma import KernelSma
+from ibemu.kernel.sma import KernelSma, SmaLog
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 from ibemu.physics.link import SwitchModel, default_switch_model
@@ -203,11 +203,12 @@ class AgentHost:
         kernel SMA (``open_kernel_sma``: DR relays and the common SMPs answered in the kernel,
         on switches and CA ports); where it cannot run, the DR relay alone
         (``ibemu.kernel.dr_relay``, a bpf filter on each switch's tc block). Blocking (enters
-        the namespaces). The SMA is opt-in (IBEMU_KERNEL_SMA=1) until LFT Sets it answers are logged as lft_programmed (OpenSM's programmed phase reads them); IBEMU_DR_RELAY=0 skips both."""
+        the namespaces). IBEMU_KERNEL_SMA=0 keeps the SMPs with the agents (the DR relay only);
+        IBEMU_DR_RELAY=0 skips both."""
         if self.datapath != "kernel" or self.dr_relay is not None or self.kernel_sma is not None \
                 or os.environ.get("IBEMU_DR_RELAY") == "0":
             return
-        if os.environ.get("IBEMU_KERNEL_SMA") == "1" and self.open_kernel_sma():
+        if os.environ.get("IBEMU_KERNEL_SMA") != "0" and self.open_kernel_sma():
             return
         switches = [(name, rt) for name, rt in self.nodes.items() if rt.plan.is_switch and rt.sockets]
         if not switches:
@@ -382,6 +383,8 @@ class AgentHost:
 
     def close(self) -> None:
         self._flush_lfts()
+        if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
+            self._log_kernel_lft_sets(self.kernel_sma.lft_log)  # the last ones, before the map goes
         if self.dr_relay is not None:
             self.dr_relay.close()
             self.dr_relay = None
@@ -428,6 +431,8 @@ class AgentHost:
             if user:
                 nursery.start_soon(self._user_datapath, user)
             nursery.start_soon(self._ticker)
+            if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
+                nursery.start_soon(self._kernel_sma_log, self.kernel_sma.lft_log)
             task_status.started()
 
     async def _reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
@@ -750,6 +755,31 @@ class AgentHost:
         self.lft_ops += ops
         self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(action.changes),
                                  "ops": ops, "apply_us": (t1 - t0) // 1000, "queued_us": 0})
+
+    async def _kernel_sma_log(self, ring: SmaLog) -> None:
+        """Log the LFT Sets the kernel SMA answered, as the agent and ``_program`` would have
+        (``kernel.sma``: one ring-buffer record per block Set that changed it)."""
+        while True:
+            await trio.lowlevel.wait_readable(ring.fd)
+            self._log_kernel_lft_sets(ring)
+
+    def _log_kernel_lft_sets(self, ring: SmaLog) -> None:
+        records = ring.read()
+        if not records:
+            return
+        names = {dev: name for name, dev in self._relay_ids.items()}
+        for rec in records:
+            name = names.get(rec.dev)
+            rt = self.nodes.get(name) if name is not None else None
+            if name is None or rt is None:
+                continue
+            t = clock.to_emulated_ns(rec.t_ns)
+            guid = f"{getattr(rt.agent, 'node_guid', 0):#018x}"
+            self.events.write(name, {"kind": Kind.LFT_SET, "t_ns": t, "node_guid": guid,
+                                     "block": rec.block, "changed": rec.changed})
+            self.lft_ops += 1
+            self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t, "entries": rec.changed,
+                                     "ops": 1, "apply_us": 0, "queued_us": 0})
 
     @property
     def lft_backlog(self) -> int:

@@ -11,6 +11,7 @@ descriptor owned by this process; a filter using a program keeps it alive.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import struct
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ BPF_OBJ_GET_INFO_BY_FD = 15
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
+BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_MMAPABLE = 1 << 10
 BPF_PROG_TYPE_SCHED_CLS = 3
 
@@ -116,6 +118,51 @@ class Map:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class RingBuffer:
+    """The consumer side of a ``BPF_MAP_TYPE_RINGBUF`` map (``bpf_ringbuf_output`` in a
+    program): the consumer position page mapped read-write, the producer position page and
+    the data area (mapped twice by the kernel, so a record never wraps) read-only. ``fd``
+    polls readable when records wait; :meth:`read` returns the committed ones in order and
+    frees their space. One consumer per map."""
+
+    BUSY = 1 << 31
+    DISCARD = 1 << 30
+    HEADER = 8
+
+    def __init__(self, ring: Map) -> None:
+        if ring.map_type != BPF_MAP_TYPE_RINGBUF:
+            raise ValueError("not a ring buffer map")
+        page = mmap.PAGESIZE
+        self.fd, self._page, self._mask = ring.fd, page, ring.max_entries - 1
+        self._cons = mmap.mmap(ring.fd, page, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            self._data = mmap.mmap(ring.fd, page + 2 * ring.max_entries, mmap.MAP_SHARED, mmap.PROT_READ,
+                                   offset=page)
+        except BaseException:
+            self._cons.close()
+            raise
+
+    def read(self) -> list[bytes]:
+        cons = struct.unpack_from("=Q", self._cons, 0)[0]
+        prod = struct.unpack_from("=Q", self._data, 0)[0]
+        out: list[bytes] = []
+        while cons < prod:
+            at = self._page + (cons & self._mask)
+            word = struct.unpack_from("=I", self._data, at)[0]
+            if word & self.BUSY:
+                break  # reserved, not committed yet: the records after it wait too
+            length = word & ~(self.BUSY | self.DISCARD)
+            if not word & self.DISCARD:
+                out.append(self._data[at + self.HEADER:at + self.HEADER + length])
+            cons += (length + self.HEADER + 7) & ~7
+        struct.pack_into("=Q", self._cons, 0, cons)
+        return out
+
+    def close(self) -> None:
+        self._data.close()
+        self._cons.close()
 
 
 def map_names() -> list[str]:

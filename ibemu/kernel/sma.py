@@ -43,10 +43,16 @@ it would have. The agent host republishes before it sends the agent's response
 (``AgentHost.dispatch``), so an SM never reads an old state back from the kernel.
 
 Deviations (documented, deliberate):
-- Kernel-answered SMPs are not in the agent's ``stats`` and produce no events; in the
-  PortCounters they count like every frame the kernel moves, from the interface statistics
-  (``PortCounters.follow_link``). A kernel LFT Set emits no ``lft_set``/``lft_programmed``
-  event (the SM sees its GetResp; the forwarding map is written before the response leaves).
+- Kernel-answered SMPs are not in the agent's ``stats`` and produce no per-SMP events; in
+  the PortCounters they count like every frame the kernel moves, from the interface
+  statistics (``PortCounters.follow_link``).
+- A kernel LFT Set that changed its block writes one record to the ring buffer ``sma_log``
+  (:class:`SmaLog`: device, block, raw entries changed, and ``bpf_ktime_get_ns()`` taken
+  after the forwarding map has the block, before the response leaves). The agent host turns
+  each into the ``lft_set`` and ``lft_programmed`` events the agent and ``_program`` would
+  have written, stamped with the kernel's time (late in the log, never late in time).
+  ``changed`` counts the entries that changed up to LinearFDBTop, as the agent's
+  ``Lft.set_block``; a Set that changes none logs nothing, as in the agent.
 - M_Key: never checked (as the agents: no M_Key protection).
 - The node is enabled per node, like the DR relay: powered off or with an SMP-loss fault,
   everything goes to its agent (``set_enabled``).
@@ -63,6 +69,7 @@ import shutil
 import struct
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ibemu.kernel import bpf, clsact, elf
 from ibemu.kernel.commands import KernelError
@@ -85,6 +92,7 @@ LFT_SLOT = LFT_BLOCKS * 64
 PROG_NAME = "ibemu_sma"
 
 _DEV = struct.Struct("=IHBB")
+_LOG_REC = struct.Struct("=QIHH")
 _ATTR_KEY = struct.Struct("=III")
 
 
@@ -125,6 +133,32 @@ def object_path(src: str = SRC) -> tuple[str | None, str]:
     return cached, ""
 
 
+@dataclass(frozen=True, slots=True)
+class LftSetRecord:
+    """One kernel-answered LFT block Set that changed the block (``sma_log``)."""
+
+    t_ns: int
+    """``CLOCK_MONOTONIC`` (real) when the switch's forwarding map had the block."""
+    dev: int
+    block: int
+    changed: int
+
+
+class SmaLog:
+    """The agent host's reader of ``sma_log``: ``fd`` polls readable when records wait."""
+
+    def __init__(self, ring: bpf.Map) -> None:
+        self._ring = bpf.RingBuffer(ring)
+        self.fd = self._ring.fd
+
+    def read(self) -> list[LftSetRecord]:
+        return [LftSetRecord(*_LOG_REC.unpack_from(raw)) for raw in self._ring.read()
+                if len(raw) >= _LOG_REC.size]
+
+    def close(self) -> None:
+        self._ring.close()
+
+
 def lft_template() -> bpf.Map:
     """A map shaped like every switch's forwarding map (``lft_map``), for ``sma_fwd``."""
     return bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS, "ibemu_lft_tmpl", flags=bpf.BPF_F_MMAPABLE)
@@ -149,6 +183,7 @@ class KernelSma:
                            flags=bpf.BPF_F_MMAPABLE)
         self._mm: mmap.mmap | None = None
         self.loaded: elf.Loaded | None = None
+        self.lft_log: SmaLog | None = None
         try:
             self._mm = mmap.mmap(self.lft.fd, self.lft.max_entries * 64, mmap.MAP_SHARED,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
@@ -160,6 +195,11 @@ class KernelSma:
         m = self.loaded.maps
         self.ports, self.out, self.dev, self.attr = m["sma_ports"], m["sma_out"], m["sma_dev"], m["sma_attr"]
         m["sma_crc"].update(b"\0\0\0\0", bpf.pack_u32s(CRC32_TABLE) + bpf.pack_u32s(CRC16_TABLE))
+        try:
+            self.lft_log = SmaLog(m["sma_log"])
+        except BaseException:
+            self.close()
+            raise
         self.prog_fd = self.loaded.prog_fd
         self.lft_slots = max(1, lft_slots)
         self._published: dict[tuple[int, int, int], bytes] = {}
@@ -257,6 +297,9 @@ class KernelSma:
 
     def close(self) -> None:
         """Free the program and maps (filters that use the program keep it alive)."""
+        if self.lft_log is not None:
+            self.lft_log.close()
+            self.lft_log = None
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None

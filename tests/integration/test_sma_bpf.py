@@ -18,7 +18,7 @@ import struct
 
 import pytest
 
-from ibemu.agents.actions import LftUpdate, Send
+from ibemu.agents.actions import Event, LftUpdate, Send
 from ibemu.agents.ca import CaAgent
 from ibemu.agents.device import DeviceAgent
 from ibemu.agents.port import PortState
@@ -104,6 +104,8 @@ class Harness:
         self.publish()
         self.answered = 0
         self.passed = 0
+        self.lft_sets = 0
+        self.kernel_lft_sets = 0
         assert is_switch == kernel_side.IS_SWITCH
 
     def publish(self) -> None:
@@ -119,7 +121,11 @@ class Harness:
         frame = _mac(self.dev, port) + _peer(self.dev, port) + b"\x88\xb5" + pkt
         ret, out, _ns = bpf.test_run(self.k.prog_fd, frame, ctx=True)
         data, ctx = out[: len(frame)], out[len(frame):]
-        ref = [a for a in self.b.receive(port, pkt) if isinstance(a, Send)]
+        ref_actions = self.b.receive(port, pkt)
+        ref = [a for a in ref_actions if isinstance(a, Send)]
+        # the LFT Sets the kernel did are logged as the agent logs them (its ring buffer)
+        logged = [(r.dev, r.block, r.changed) for r in self.k.lft_log.read()] if self.k.lft_log else []
+        self.kernel_lft_sets += len(logged)
         if ret == bpf.TC_ACT_REDIRECT:
             self.answered += 1
             egress = struct.unpack_from("=I", ctx, 48)[0] - OUT_BASE
@@ -135,7 +141,12 @@ class Harness:
             for action in self.a.receive(port, pkt):  # the agent host's socket gets it
                 if isinstance(action, LftUpdate) and self.fwd is not None:
                     self.fwd.apply(action.changes)
+                if isinstance(action, Event) and action.kind == "lft_set":
+                    logged.append((self.dev, action.fields["block"], action.fields["changed"]))
             self.publish()
+        assert logged == [(self.dev, a.fields["block"], a.fields["changed"]) for a in ref_actions
+                          if isinstance(a, Event) and a.kind == "lft_set"]
+        self.lft_sets += len(logged)
 
     def assert_same_state(self) -> None:
         assert self.a.sma_images() == self.b.sma_images()
@@ -309,7 +320,7 @@ def test_switch_sma_matches_the_agent(kernel: sma.KernelSma) -> None:
     h = Harness(kernel, 1, _switch(), _switch())
     try:
         _drive(h, random.Random(17))
-        assert h.answered > 150 and h.passed > 50
+        assert h.answered > 150 and h.passed > 50 and h.lft_sets > 10 and h.kernel_lft_sets > 5
     finally:
         h.close()
 

@@ -81,6 +81,15 @@ struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_M
 /* dev -> the switch's forwarding map (ibemu_lft, ibemu/kernel/lft_map.py). The loader
  * creates it (a map of maps needs its inner map's shape). */
 struct ibemu_map sma_fwd SEC("maps") = { BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, 0 };
+/* What the kernel did that the agents would have logged: one record per LFT block Set that
+ * changed the block, read by the agent host (ibemu/kernel/sma.py, SmaLog). */
+struct ibemu_map sma_log SEC("maps") = { BPF_MAP_TYPE_RINGBUF, 0, 0, 1 << 18, 0 };
+struct lft_rec {	/* sma_log record */
+	__u64 t_ns;		/* bpf_ktime_get_ns(): CLOCK_MONOTONIC when the forwarding map had it */
+	__u32 dev;
+	__u16 block;
+	__u16 changed;		/* entries changed, 0 < LID <= LinearFDBTop (as Lft.set_block) */
+};
 
 static __always_inline __u32 be16(const __u8 *p)
 {
@@ -350,8 +359,8 @@ int ibemu_sma(struct __sk_buff *skb)
 			img = image(dev, attr, key);
 			break;
 		case ATTR_LFT: {
-			__u32 idx, top, i;
-			struct lft_block *raw, eff;
+			__u32 idx, top, i, changed;
+			struct lft_block *raw, prev, eff;
 			__u8 *si;
 			void *fwd;
 
@@ -370,7 +379,9 @@ int ibemu_sma(struct __sk_buff *skb)
 				if (!si || !fwd)
 					return PASS;
 				top = be16(si + 6);
+				prev = *raw;
 				__builtin_memcpy(raw->b, p + DATA, 64);
+				changed = 0;
 				/* what the forwarding plane takes: entries up to LinearFDBTop */
 #pragma clang loop unroll(disable)
 				for (i = 0; i < 64; i++) {
@@ -382,9 +393,17 @@ int ibemu_sma(struct __sk_buff *skb)
 					__u64 routed = ((v ^ 0xff) + 0xff) >> 8;
 
 					eff.b[i] = v & (0 - (keep & routed));
+					/* what the agent's Lft.set_block returns: raw entries that
+					 * differ, 0 < lid <= LinearFDBTop */
+					changed += keep & ((((__u64)(prev.b[i] ^ v)) + 0xff) >> 8);
 				}
 				if (bpf_map_update_elem(fwd, &mod, &eff, BPF_ANY))
 					return PASS;	/* not reached: an array's update of a valid index */
+				if (changed) {
+					struct lft_rec rec = { bpf_ktime_get_ns(), dev, mod, changed };
+
+					bpf_ringbuf_output(&sma_log, &rec, sizeof(rec), 0);
+				}
 			}
 			img = raw->b;
 			break;
