@@ -29,6 +29,7 @@ Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -311,10 +312,15 @@ def main() -> None:
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
     ap.add_argument("--sm-port", nargs="+", default=["umad", "own"], choices=["umad", "own"],
                     help="the SM's SMPs through the MAD socket (umad) or its own packet socket (own)")
+    ap.add_argument("--keep", metavar="DIR", help="keep the event logs in DIR (default: a temporary directory)")
     args = ap.parse_args()
     LiveFabric.datapath = args.datapath
-    with tempfile.TemporaryDirectory(prefix="bench-sm-") as d:
-        tmp = Path(d)
+    with contextlib.ExitStack() as stack:
+        if args.keep:
+            tmp = Path(args.keep)
+            tmp.mkdir(parents=True, exist_ok=True)
+        else:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sm-")))
         for k in args.k:
             print(f"== fat-tree k={k}, {args.datapath} datapath: cold bring-up (process start -> SUBNET UP)")
             for port, w in ((p, w) for p in args.sm_port for w in args.windows):

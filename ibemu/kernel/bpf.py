@@ -360,5 +360,16 @@ def crc_table(poly_reflected: int, width: int) -> list[int]:
     return table
 
 
+def crc_slices(table: Sequence[int], n: int = 8) -> list[int]:
+    """Slicing-by-``n`` tables of a reflected CRC from its byte-wise table ``T_0``, one after
+    the other: ``T_k[i] = T_{k-1}[i] >> 8 ^ T_0[T_{k-1}[i] & 0xff]`` (``T_k`` advances a byte
+    that is ``k`` bytes before the end of a step)."""
+    slices = [list(table)]
+    for _ in range(1, n):
+        prev = slices[-1]
+        slices.append([(prev[i] >> 8) ^ table[prev[i] & 0xFF] for i in range(256)])
+    return [v for s in slices for v in s]
+
+
 def pack_u32s(values: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(values)}I", *values)

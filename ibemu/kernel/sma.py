@@ -194,7 +194,8 @@ class KernelSma:
             raise
         m = self.loaded.maps
         self.ports, self.out, self.dev, self.attr = m["sma_ports"], m["sma_out"], m["sma_dev"], m["sma_attr"]
-        m["sma_crc"].update(b"\0\0\0\0", bpf.pack_u32s(CRC32_TABLE) + bpf.pack_u32s(CRC16_TABLE))
+        m["sma_crc"].update(b"\0\0\0\0", bpf.pack_u32s(bpf.crc_slices(CRC32_TABLE))
+                            + bpf.pack_u32s(bpf.crc_slices(CRC16_TABLE)))
         try:
             self.lft_log = SmaLog(m["sma_log"])
         except BaseException:

@@ -74,7 +74,7 @@ struct ibemu_map sma_ports SEC("maps") = { BPF_MAP_TYPE_HASH, 8, sizeof(struct p
 struct ibemu_map sma_out SEC("maps") = { BPF_MAP_TYPE_HASH, 4, sizeof(struct out_val), 65536, 0 };
 struct ibemu_map sma_dev SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct dev_val), 16384, 0 };
 struct ibemu_map sma_attr SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct attr_key), 64, 131072, 0 };
-struct ibemu_map sma_crc SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 2048, 1, 0 };
+struct ibemu_map sma_crc SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 16384, 1, 0 };
 /* Raw LFT blocks of every switch (what LinearForwardingTable Get returns), mmapped by the
  * Python agents as their Lft's storage. The loader sizes it. */
 struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_MAX, BPF_F_MMAPABLE };
@@ -101,17 +101,63 @@ static __always_inline __u32 be32(const __u8 *p)
 	return ((__u32)p[0] << 24) | ((__u32)p[1] << 16) | ((__u32)p[2] << 8) | p[3];
 }
 
-/* Byte-wise reflected CRC over frame bytes [from, to): t = the 256-entry table. */
-static __always_inline __u32 crc_bytes(__u8 *p, void *end, const __u32 *t, __u32 crc,
+/* The CRC tables (sma_crc, written by the loader): slicing-by-8, T_k[n] = T_{k-1}[n] >> 8 ^
+ * T_0[T_{k-1}[n] & 0xff]; CRC-32 (ICRC) T_0..T_7 at 0..2047, CRC-16 (VCRC) at 2048..4095. */
+#define T32(k, i) t[((k) << 8) | ((i) & 0xff)]
+#define T16(k, i) t[2048 | ((k) << 8) | ((i) & 0xff)]
+
+/* Reflected CRC-32 over frame bytes [from, to), eight bytes per step, then byte-wise. */
+static __always_inline __u32 crc32_run(__u8 *p, void *end, const __u32 *t, __u32 crc,
 				       __u32 from, __u32 to)
 {
+	__u32 i = from;
+
 #pragma clang loop unroll(disable)
-	for (__u32 i = from; i < to; i++) {
+	for (; i + 8 <= to; i += 8) {
+		__u8 *q = p + i;
+		__u32 x;
+
+		if ((void *)(q + 8) > end)
+			return crc;
+		x = crc ^ (q[0] | ((__u32)q[1] << 8) | ((__u32)q[2] << 16) | ((__u32)q[3] << 24));
+		crc = T32(7, x) ^ T32(6, x >> 8) ^ T32(5, x >> 16) ^ T32(4, x >> 24) ^
+		      T32(3, q[4]) ^ T32(2, q[5]) ^ T32(1, q[6]) ^ T32(0, q[7]);
+	}
+#pragma clang loop unroll(disable)
+	for (; i < to; i++) {
 		__u8 *q = p + i;
 
 		if ((void *)(q + 1) > end)
 			break;
-		crc = t[(crc ^ *q) & 0xff] ^ (crc >> 8);
+		crc = T32(0, crc ^ *q) ^ (crc >> 8);
+	}
+	return crc;
+}
+
+/* Reflected CRC-16 over frame bytes [from, to), eight bytes per step, then byte-wise. */
+static __always_inline __u32 crc16_run(__u8 *p, void *end, const __u32 *t, __u32 crc,
+				       __u32 from, __u32 to)
+{
+	__u32 i = from;
+
+#pragma clang loop unroll(disable)
+	for (; i + 8 <= to; i += 8) {
+		__u8 *q = p + i;
+		__u32 x;
+
+		if ((void *)(q + 8) > end)
+			return crc;
+		x = crc ^ (q[0] | ((__u32)q[1] << 8));
+		crc = T16(7, x) ^ T16(6, x >> 8) ^ T16(5, q[2]) ^ T16(4, q[3]) ^
+		      T16(3, q[4]) ^ T16(2, q[5]) ^ T16(1, q[6]) ^ T16(0, q[7]);
+	}
+#pragma clang loop unroll(disable)
+	for (; i < to; i++) {
+		__u8 *q = p + i;
+
+		if ((void *)(q + 1) > end)
+			break;
+		crc = T16(0, crc ^ *q) ^ (crc >> 8);
 	}
 	return crc;
 }
@@ -121,16 +167,16 @@ static __always_inline __u32 icrc(__u8 *p, void *end, const __u32 *t)
 {
 	__u32 crc = 0xffffffff;
 
-	crc = t[(crc ^ (p[LRH] | 0xf0)) & 0xff] ^ (crc >> 8);
-	crc = crc_bytes(p, end, t, crc, LRH + 1, BTH + 4);
-	crc = t[(crc ^ 0xff) & 0xff] ^ (crc >> 8);
-	crc = crc_bytes(p, end, t, crc, BTH + 5, ICRC_AT);
+	crc = T32(0, crc ^ (p[LRH] | 0xf0)) ^ (crc >> 8);
+	crc = crc32_run(p, end, t, crc, LRH + 1, BTH + 4);
+	crc = T32(0, crc ^ 0xff) ^ (crc >> 8);
+	crc = crc32_run(p, end, t, crc, BTH + 5, ICRC_AT);
 	return crc ^ 0xffffffff;
 }
 
 static __always_inline __u32 vcrc(__u8 *p, void *end, const __u32 *t)
 {
-	return crc_bytes(p, end, t + 256, 0xffff, LRH, VCRC_AT) ^ 0xffff;
+	return crc16_run(p, end, t, 0xffff, LRH, VCRC_AT) ^ 0xffff;
 }
 
 /* A frame byte at a variable offset (checked again: the verifier wants it), -1 if beyond. */
