@@ -162,7 +162,7 @@ class AgentHost:
             with netns.entered(ns):  # once for all of this node's sockets
                 index = rtnl.ifindexes(ns, [pp.ifname for pp in rt.plan.ports.values()])
                 # A CA's agent hears only QP0/QP1: data QPs belong to the host's transport.
-                bpf = None if rt.plan.is_switch else sockfilter.MANAGEMENT_ONLY
+                bpf = None if rt.plan.is_switch else sockfilter.CA_MANAGEMENT
                 for port, pp in rt.plan.ports.items():
                     rt.sockets[port] = open_packet_socket(ns, pp.ifname, ETH_P_IB, bpf=bpf)
                     rt.eth[port] = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")

@@ -21,6 +21,7 @@ SO_ATTACH_FILTER = 26
 # BPF opcodes (linux/filter.h)
 _LD_B_ABS = 0x30
 _LD_W_ABS = 0x20
+_LD_H_ABS = 0x28
 _ALU_AND_K = 0x54
 _JEQ_K = 0x15
 _JGT_K = 0x25
@@ -103,6 +104,31 @@ SM_REPLIES: list[Insn] = [
 
 MANAGEMENT_ONLY = _qp_split(True)
 """QP0/QP1 frames (and malformed ones): the HCA's management agent."""
+
+SM_OWN_TID_TAG = 0xFFFF
+"""TID bits 63..48 of the SMPs a subnet manager sends from its own packet socket
+(``sm.directport``): a slot the MAD socket never gives a client."""
+
+CA_MANAGEMENT: list[Insn] = [
+    *_qp_prefix(ACCEPT),
+    (_JGT_K, 0, 1, 1),                         # 9: DestQP > 1 -> 10 else 11
+    (_RET_K, 0, 0, 0),                         # 10: a data QP's
+    (_JEQ_K, 0, 7, 0),                         # 11: QP0 -> 12 else 19 (QP1: accept)
+    (_LD_B_ABS, 0, 0, _LRH_B1),                # 12
+    (_ALU_AND_K, 0, 0, 3),                     # 13: A = LNH
+    (_JEQ_K, 0, 4, 2),                         # 14: no GRH -> 15 else 19
+    (_LD_B_ABS, 0, 0, _MAD + 3),               # 15: A = method
+    (_JEQ_K, 0, 2, 0x81),                      # 16: GetResp -> 17 else 19
+    (_LD_H_ABS, 0, 0, _MAD + 8),               # 17: A = TID bits 63..48
+    (_JEQ_K, 1, 0, SM_OWN_TID_TAG),            # 18: the SM's own port's -> 20 else 19
+    (_RET_K, 0, 0, ACCEPT),                    # 19
+    (_RET_K, 0, 0, 0),                         # 20
+]
+"""A CA's management agent (agent host): ``MANAGEMENT_ONLY`` but for the GetResps to SMPs a
+subnet manager sent from its own packet socket on this port (TID tag ``SM_OWN_TID_TAG``),
+which that socket takes: an HCA delivers a response to the QP0 owner that sent the request,
+once. (The MAD socket would drop the agent's copy as ``no_client``, after the agent host
+parsed and checked it in Python: at tens of thousands of SMPs a second, most of its CPU.)"""
 DATA_ONLY = _qp_split(False)
 """Frames for data QPs (2 and above): the host's transport."""
 
@@ -130,6 +156,10 @@ def matches(program: list[Insn], frame: bytes) -> bool:
             if k + 4 > len(frame):
                 return False
             a = int.from_bytes(frame[k : k + 4], "big")
+        elif op == _LD_H_ABS:
+            if k + 2 > len(frame):
+                return False
+            a = int.from_bytes(frame[k : k + 2], "big")
         elif op == _ALU_AND_K:
             a &= k
         elif op == 0x05:

@@ -20,10 +20,10 @@ round trips waited behind whatever it was doing.
   CA agent checks it (``wire.madpacket.check``: lengths, ICRC, VCRC) and handed to the
   transport as the MAD socket would have delivered it. The MAD socket is read as well.
 
-The agent host's CA agent still sees the same frames (two packet sockets on one veth each
-get a copy). Requests sent here carry TID bits 48-63 = ``TID_TAG``, a slot the MAD socket
-never gives a client, so the CA agent's copy of their response is dropped by the MAD socket
-(``no_client``) instead of reaching the SM twice. A trap arrives both ways: the copy that
+Requests sent here carry TID bits 48-63 = ``TID_TAG``, a slot the MAD socket never gives a
+client; the agent host's CA agent, whose packet socket on the same veth would get a copy of
+their responses, filters those out in the kernel (``sockfilter.CA_MANAGEMENT``), so a
+response reaches the SM once and costs the agent host nothing. A trap arrives both ways: the copy that
 comes second within ``TRAP_DEDUP_NS`` (far shorter than the 2 s a device waits before it
 repeats a trap) is dropped here. The SM's LID, for the SLID of LID-routed SMPs, is learned
 from its own PortInfo as the SM reads or sets it through the MAD socket (HopCount 0); until
@@ -74,7 +74,7 @@ CLASS_SMP_LR = 0x01
 CLASS_SMP_DR = 0x81
 GET_RESP = 0x81
 TRAP = 0x05
-TID_TAG = 0xFFFF << 48
+TID_TAG = sockfilter.SM_OWN_TID_TAG << 48
 """TID bits 48-63 of SMPs sent here: no MAD-socket slot, so the agent host drops its copy."""
 TRAP_DEDUP_NS = 100_000_000
 VL15 = 15
