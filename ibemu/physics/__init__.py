@@ -4,5 +4,6 @@ ECN, and credit-loop detection.
 
 Pure (no trio, no IO; time is emulated ns passed in). ``link`` (cables and switch models),
 ``qos`` (VL counts, SL -> VL, VL arbitration), ``model`` (nodes, ports, actions), ``deadlock``
-(credit loops), ``sim`` (a reference discrete-event driver), ``expect`` (analytic figures).
+(credit loops), ``sim`` (a reference discrete-event driver), ``expect`` (analytic figures),
+``bisection`` (flows on routed paths: max-min fair rates, effective bisection).
 """
