@@ -36,7 +36,6 @@ Run: sudo .venv/bin/python benchmarks/bench_opensm_ibsim.py [--k 8] [--cuts 4] [
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import shutil
@@ -45,7 +44,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -53,14 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import trio
+import harness  # benchmarks/harness.py
 
 from ibemu import clock
 from ibemu.fabric import opensm, opensm_log
-from ibemu.fabric.agents import make_agents
-from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.umad2sim import umad2sim_path
-from ibemu.kernel import cpus, ownership
+from ibemu.kernel import cpus
 from ibemu.topo import Topology, generate
 from ibemu.topo import ibnetdiscover as ib
 
@@ -233,56 +229,12 @@ def run_ibsim(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
 
 # ---------------------------------------------------------------- ibemu
 
-class LiveFabric:
-    """ibemu's live fat-tree with OpenSM started on it (``FabricRuntime(sm="opensm")``), on a trio
-    loop in a background thread; torn down on the way out, also on Ctrl-C."""
+class LiveFabric(harness.LiveFabric):
+    """ibemu's live fat-tree with OpenSM started on it (``FabricRuntime(sm="opensm")``)."""
 
     def __init__(self, topo: Topology, engine: str, tmp: Path) -> None:
-        self.topo = topo
-        self.state = ownership.RunState(ownership.new_run_id(), scenario="bench-opensm-ibsim")
-        self.rt = FabricRuntime(topo, make_agents=make_agents, state=self.state, run_dir=tmp,
-                                sm="opensm", sm_host=SM_HOST, sm_engine=engine)
-        self.token: trio.lowlevel.TrioToken | None = None
-        self.stop: trio.Event | None = None
-        self.errors: list[BaseException] = []
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main() -> None:
-            self.stop = trio.Event()
-            self.token = trio.lowlevel.current_trio_token()
-            async with self.rt.running():
-                self._ready.set()
-                await self.stop.wait()
-
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            self.errors.append(exc)
-        finally:
-            self._ready.set()
-
-    def __enter__(self) -> LiveFabric:
-        self._thread.start()
-        try:
-            if not self._ready.wait(300) or self.errors:
-                raise RuntimeError(f"fabric or OpenSM did not come up: {self.errors}")
-        except BaseException:
-            self.__exit__()
-            raise
-        gc.collect()
-        gc.freeze()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        while self._thread.is_alive() and self.token is None and not self.errors:
-            time.sleep(0.05)  # still building: the runtime tears down once it has started
-        if self.token is not None and self.stop is not None:
-            with suppress(trio.RunFinishedError):
-                trio.from_thread.run_sync(self.stop.set, trio_token=self.token)
-        self._thread.join(120)
-        gc.unfreeze()
+        super().__init__(topo, tmp, scenario="bench-opensm-ibsim", ready_s=300, sm="opensm",
+                         sm_host=SM_HOST, sm_engine=engine)
 
     def alive(self) -> bool:
         proc = self.rt._sm_proc

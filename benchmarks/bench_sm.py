@@ -30,26 +30,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import trio
+import harness  # benchmarks/harness.py
 
 import ibemu
 from ibemu.fabric import opensm
-from ibemu.fabric.agents import make_agents
-from ibemu.fabric.runtime import FabricRuntime
-from ibemu.kernel import cpus, ownership, rtnl
+from ibemu.kernel import cpus, rtnl
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
@@ -57,60 +53,17 @@ REPO = Path(ibemu.__file__).resolve().parents[1]
 """The checkout whose ibemu runs the fabric: the SM process gets the same one."""
 
 
-class LiveFabric:
-    """A live fat-tree on a trio loop in a background thread."""
+class LiveFabric(harness.LiveFabric):
+    """A live fat-tree of ``k`` (the kernel datapath unless ``datapath`` says otherwise)."""
 
     datapath = "kernel"
 
     def __init__(self, k: int, tmp: Path) -> None:
-        self.topo = generate("fat-tree", k=k)
-        self.state = ownership.RunState(ownership.new_run_id(), scenario=f"bench-sm-k{k}")
-        self.rt = FabricRuntime(self.topo, make_agents=make_agents, state=self.state, run_dir=tmp,
-                                datapath=self.datapath)
-        self.token: trio.lowlevel.TrioToken | None = None
-        self.stop: trio.Event | None = None
-        self.errors: list[BaseException] = []
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main() -> None:
-            self.stop = trio.Event()
-            self.token = trio.lowlevel.current_trio_token()
-            async with self.rt.running():
-                self._ready.set()
-                await self.stop.wait()
-
-        try:
-            trio.run(main)
-        except BaseException as exc:
-            self.errors.append(exc)
-        finally:
-            self._ready.set()
-
-    def __enter__(self) -> LiveFabric:
-        t0 = time.monotonic()
-        self._thread.start()
         # the kernel frees the last fabric's namespaces (and, after an SM ran, its hundreds of
         # thousands of tc filters) in the background, holding the RTNL lock: a k=16 build right
         # after a k=16 run waits for that (see README)
-        if not self._ready.wait(900 if len(self.topo.nodes) > 1000 else 120) or self.errors:
-            raise RuntimeError(f"fabric did not come up: {self.errors}")
-        self.build_s = time.monotonic() - t0
-        # as a long-running fabric would: startup objects (and the last run's garbage) are
-        # not walked by the collector in the middle of a measurement
-        gc.collect()
-        gc.freeze()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.token is not None and self.stop is not None:
-            trio.from_thread.run_sync(self.stop.set, trio_token=self.token)
-        self._thread.join(120)
-        gc.unfreeze()
-
-    def ns(self, node: str) -> str:
-        return self.rt.plan.nodes[node].ns
+        super().__init__(generate("fat-tree", k=k), tmp, scenario=f"bench-sm-k{k}",
+                         ready_s=900 if k >= 16 else 120, datapath=self.datapath)
 
 
 class Tail:
