@@ -48,7 +48,8 @@ _MEMORY = 8192  # finished TIDs remembered, to tell late and duplicate responses
 
 
 class MadPort(Protocol):
-    """Where the SM's MADs go in and out."""
+    """Where the SM's MADs go in and out. A port may also offer ``async recv_many() ->
+    list[SimRequest]`` (everything waiting, at least one), which the transport then uses."""
 
     async def send(self, req: SimRequest) -> None: ...
 
@@ -156,6 +157,11 @@ class Transport:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._expire_loop)
             task_status.started()
+            recv_many = getattr(self.port, "recv_many", None)
+            if recv_many is not None:  # a port that hands over bursts (``DirectPort``)
+                while True:
+                    for req in await recv_many():
+                        self.on_datagram(req)
             while True:
                 req = await self.port.recv()
                 self.on_datagram(req)
