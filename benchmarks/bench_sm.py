@@ -164,6 +164,31 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``), start-up
+    (imports) included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sweep_phases(events: Path) -> str:
+    """The cold sweep's steps, ms from the SM's start: where a bring-up spends its time."""
+    marks = ("sweep_start", "discovered", "lids_assigned", "routes_computed", "lft_programmed",
+             "ports_active", "subnet_up")
+    seen: dict[str, int] = {}
+    t0 = None
+    with open(events) as f:
+        for line in f:
+            rec = json.loads(line)
+            t0 = rec["t_ns"] if t0 is None else t0
+            if rec.get("kind") in marks and rec["kind"] not in seen:
+                seen[rec["kind"]] = rec["t_ns"]
+            if rec.get("kind") == "subnet_up":
+                break
+    return ", ".join(f"{k} {(seen[k] - (t0 or 0)) / 1e6:.0f}" for k in marks if k in seen)
+
+
 def ibemu_cold(k: int, window: int, engine: str, tmp: Path, port: str) -> dict[str, float]:
     with LiveFabric(k, tmp) as fab:
         events = tmp / f"sm-k{k}-w{window}-{time.monotonic_ns()}.jsonl"  # a window may be given twice
@@ -171,14 +196,17 @@ def ibemu_cold(k: int, window: int, engine: str, tmp: Path, port: str) -> dict[s
         proc = start_sm(fab, events, window, engine, port)
         try:
             up = wait_kind(events, "subnet_up", proc, 900)
+            sm_cpu_s = cpu_seconds(proc.pid)
             assert fab.rt.host is not None
             backlog = fab.rt.host.lft_backlog  # seen within ~5 ms of SUBNET UP
             wall = (up["t_ns"] - t0) / 1e9
             settle_s = wait_tc(fab)
             end = wait_kind(events, "sweep_end", proc, 10)
-            return {"wall_s": wall, "sweep_s": float(up["seconds"]), "smps": float(end["smps"].get("sent", 0)),
+            sent = float(end["smps"].get("sent", 0))
+            return {"wall_s": wall, "sweep_s": float(up["seconds"]), "smps": sent,
                     "retries": float(end["smps"].get("retries", 0)), "backlog": float(backlog),
-                    "settle_s": settle_s, "lft_ops": float(fab.rt.host.lft_ops)}
+                    "settle_s": settle_s, "lft_ops": float(fab.rt.host.lft_ops),
+                    "sm_cpu_s": sm_cpu_s, "phases": sweep_phases(events)}
         finally:
             stop(proc)
 
@@ -285,6 +313,9 @@ def main() -> None:
                           f"(sweep {r['sweep_s']:.3f} s, {r['smps']:.0f} SMPs, {r['retries']:.0f} retries); "
                           f"at SUBNET UP {r['backlog']:.0f} LFT entries not yet in the kernel, "
                           f"all in {r['settle_s']:.2f} s ({r['lft_ops']:.0f} kernel writes)")
+                    print(f"    SM process CPU {r['sm_cpu_s']:.2f} s to SUBNET UP, imports included "
+                          f"({r['sm_cpu_s'] / max(r['smps'], 1) * 1e6:.0f} us per SMP sent); "
+                          f"sweep steps (ms from SM start): {r['phases']}")
                 if len(runs) > 1:
                     for key in ("wall_s", "sweep_s", "settle_s"):
                         vals = [x[key] for x in runs]

@@ -283,12 +283,14 @@ VOCABULARY: dict[Kind, KindInfo] = {
 }
 
 LAZY: dict[Log, frozenset[str]] = {
-    Log.FABRIC: frozenset({Kind.LFT_SET, Kind.LFT_TOP, Kind.LFT_PROGRAMMED, Kind.LID_ASSIGNED}),
+    Log.FABRIC: frozenset({Kind.LFT_SET, Kind.LFT_TOP, Kind.LFT_PROGRAMMED, Kind.LID_ASSIGNED,
+                           Kind.PORT_STATE}),
     Log.SM: frozenset({Kind.LFT_BLOCK_ACKED}),
 }
 """Per log, the kinds written late: one or more per SMP an SM sends (encoding and writing
 each cost the agents ~30 us per LFT Set, the SM ~10 us per block, in the middle of a
-reroute). The fabric's go out with the agent host's ticker (every 50 ms) or any other record;
+reroute; two ``port_state`` records per PortInfo Set of an activation were 15% of the agent
+host's time in a bring-up). The fabric's go out with the agent host's ticker (every 50 ms) or any other record;
 the SM's with the ``lft_programmed`` that closes each pass."""
 LAZY_LIMIT = 4096
 """Lazy records kept at most (a bring-up's burst is written out in pieces)."""

@@ -319,25 +319,27 @@ class AgentHost:
         agent: Any = self.nodes[name].agent
         sma.publish(dev, agent.sma_images(attrs=attrs, ports=ports))
 
-    def _sma_after_set(self, name: str, port: int, frame: bytes | memoryview) -> None:
-        """The agent answered an SMP that may be a Set: republish what that Set can change
-        (a port state it changed republishes itself, ``dispatch``)."""
+    def _sma_after_set(self, name: str, port: int, frame: bytes | memoryview) -> frozenset[int]:
+        """The agent answered an SMP that may be a Set: republish what that Set can change.
+        Returns the ports whose PortInfo and SwitchInfo images are now fresh (a port state
+        the Set changed needs no second republish in ``dispatch``)."""
         if len(frame) < MAD_AT + 24 or frame[ETH_LEN] >> 4 != 15 or frame[MAD_AT + 3] != 2 \
                 or frame[MAD_AT + 1] not in (0x01, 0x81):
-            return
+            return frozenset()
         attr = (frame[MAD_AT + 16] << 8) | frame[MAD_AT + 17]
         if attr not in _SMA_SET_ATTRS:
-            return
+            return frozenset()
         mod = int.from_bytes(frame[MAD_AT + 20:MAD_AT + 24], "big")
         switch = self.nodes[name].plan.is_switch
         if attr == 0x0015:
-            num = mod & 0xFF
-            ports = {num if switch or num else port}
-        elif attr == 0x0016:
-            ports = {(mod >> 16) & 0xFF if switch else port}
+            ports = frozenset({mod & 0xFF if switch or mod & 0xFF else port})
+            self.sma_refresh(name, ports=ports, attrs=(0x0012, 0x0015))
+            return ports
+        if attr == 0x0016:
+            self.sma_refresh(name, ports={(mod >> 16) & 0xFF if switch else port}, attrs=(attr,))
         else:
-            ports = set()
-        self.sma_refresh(name, ports=ports, attrs=(attr,))
+            self.sma_refresh(name, ports=set(), attrs=(attr,))
+        return frozenset()
 
     def _sync_relay(self, name: str, rt: NodeRuntime) -> None:
         """A node's kernel SMA (or a switch's kernel relay) runs only while its agent would
@@ -454,8 +456,9 @@ class AgentHost:
                     continue
                 actions = receive(port, memoryview(frame)[ETH_LEN:])
                 if self.kernel_sma is not None:  # the kernel's images first, then the response
-                    self._sma_after_set(name, port, frame)
-                self.dispatch(name, rt, actions)
+                    self.dispatch(name, rt, actions, fresh=self._sma_after_set(name, port, frame))
+                else:
+                    self.dispatch(name, rt, actions)
 
     async def _user_datapath(self, switches: list[tuple[str, NodeRuntime]]) -> None:
         """User datapath: every frame of every switch port goes through its switch's forwarder,
@@ -699,14 +702,17 @@ class AgentHost:
             self._sync_relay(name, rt)
             rtnl.set_up(rt.plan.ns, ifnames, False)
 
-    def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action]) -> None:
+    def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action], *,
+                 fresh: frozenset[int] = frozenset()) -> None:
+        """Carry out a node's actions. ``fresh``: ports whose PortInfo and SwitchInfo images
+        the caller has just republished (``_sma_after_set``)."""
         if not rt.powered:
             return
         if self.kernel_sma is not None:
             # port states the kernel SMA answers with change before anything is sent (a
             # response first would let the SM read the old state back from the kernel)
             actions = list(actions)
-            changed = [a.port for a in actions if isinstance(a, PortStateChange)]
+            changed = [a.port for a in actions if isinstance(a, PortStateChange) and a.port not in fresh]
             if changed:
                 self.sma_refresh(name, ports=changed, attrs=(0x0012, 0x0015))
         for action in actions:

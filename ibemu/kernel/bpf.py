@@ -14,6 +14,7 @@ import ctypes
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -89,13 +90,26 @@ class Map:
         self.fd = _bpf(BPF_MAP_CREATE, attr)
         self.map_type, self.max_entries, self.flags = map_type, max_entries, flags
         self.key_size, self.value_size = key_size, value_size
+        self._update_lock = threading.Lock()
+        self._update_bufs: tuple[ctypes.Array[ctypes.c_char], ...] | None = None
 
     def update(self, key: bytes, value: bytes) -> None:
         if len(key) != self.key_size or len(value) != self.value_size:
             raise ValueError("key/value size does not match the map")
-        k = ctypes.create_string_buffer(key, len(key))
-        v = ctypes.create_string_buffer(value, len(value))
-        _bpf(BPF_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", self.fd, 0, _addr(k), _addr(v), 0).ljust(128, b"\0"))
+        # one set of buffers per map, its attr packed once: an agent republishing its images
+        # updates thousands of entries in a bring-up (a lock: worker threads update too)
+        with self._update_lock:
+            bufs = self._update_bufs
+            if bufs is None:
+                k = ctypes.create_string_buffer(max(1, self.key_size))
+                v = ctypes.create_string_buffer(max(1, self.value_size))
+                attr = ctypes.create_string_buffer(
+                    struct.pack("=IIQQQ", self.fd, 0, _addr(k), _addr(v), 0).ljust(128, b"\0"), 128)
+                bufs = self._update_bufs = (k, v, attr)
+            k, v, attr = bufs
+            ctypes.memmove(k, key, len(key))
+            ctypes.memmove(v, value, len(value))
+            _bpf_buf(BPF_MAP_UPDATE_ELEM, attr)
 
     def lookup(self, key: bytes) -> bytes | None:
         k = ctypes.create_string_buffer(key, len(key))
