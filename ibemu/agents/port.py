@@ -28,6 +28,7 @@ returns it (as with M_KeyProtectBits 0).
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -77,6 +78,7 @@ WIDTH_CODES = {1: 0x01, 4: 0x02, 8: 0x04, 12: 0x08, 2: 0x10}  # lanes -> LinkWid
 WIDTH_SUPPORTED = 0x1F  # every width code a Set may name
 
 
+@functools.cache
 def widths_supported(lanes: int) -> int:
     """LinkWidthSupported of a ``lanes``-lane port: every width up to its own."""
     return sum(code for n, code in WIDTH_CODES.items() if n <= lanes)
@@ -86,6 +88,7 @@ SPEED_CODES = {"SDR": (1, 0), "DDR": (2, 0), "QDR": (4, 0),
 SPEED_SUPPORTED = 0x7  # SDR | DDR | QDR
 
 
+@functools.cache
 def ext_speeds_supported(speed: str) -> int:
     """LinkSpeedExtSupported of a port whose top speed is ``speed`` (FDR 1 .. NDR 0xF)."""
     code = SPEED_CODES[speed][1]
