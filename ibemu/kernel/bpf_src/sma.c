@@ -106,6 +106,21 @@ static __always_inline __u32 be32(const __u8 *p)
 #define T32(k, i) t[((k) << 8) | ((i) & 0xff)]
 #define T16(k, i) t[2048 | ((k) << 8) | ((i) & 0xff)]
 
+/* Byte-wise reflected CRC over frame bytes [from, to), t0 its byte-wise table. */
+static __always_inline __u32 crc_bytes(__u8 *p, void *end, const __u32 *t0, __u32 crc,
+				       __u32 from, __u32 to)
+{
+#pragma clang loop unroll(disable)
+	for (__u32 i = from; i < to; i++) {
+		__u8 *q = p + i;
+
+		if ((void *)(q + 1) > end)
+			break;
+		crc = t0[(crc ^ *q) & 0xff] ^ (crc >> 8);
+	}
+	return crc;
+}
+
 /* Reflected CRC-32 over frame bytes [from, to), eight bytes per step, then byte-wise. */
 static __always_inline __u32 crc32_run(__u8 *p, void *end, const __u32 *t, __u32 crc,
 				       __u32 from, __u32 to)
@@ -123,15 +138,7 @@ static __always_inline __u32 crc32_run(__u8 *p, void *end, const __u32 *t, __u32
 		crc = T32(7, x) ^ T32(6, x >> 8) ^ T32(5, x >> 16) ^ T32(4, x >> 24) ^
 		      T32(3, q[4]) ^ T32(2, q[5]) ^ T32(1, q[6]) ^ T32(0, q[7]);
 	}
-#pragma clang loop unroll(disable)
-	for (; i < to; i++) {
-		__u8 *q = p + i;
-
-		if ((void *)(q + 1) > end)
-			break;
-		crc = T32(0, crc ^ *q) ^ (crc >> 8);
-	}
-	return crc;
+	return crc_bytes(p, end, t, crc, i, to);
 }
 
 /* Reflected CRC-16 over frame bytes [from, to), eight bytes per step, then byte-wise. */
@@ -151,15 +158,7 @@ static __always_inline __u32 crc16_run(__u8 *p, void *end, const __u32 *t, __u32
 		crc = T16(7, x) ^ T16(6, x >> 8) ^ T16(5, q[2]) ^ T16(4, q[3]) ^
 		      T16(3, q[4]) ^ T16(2, q[5]) ^ T16(1, q[6]) ^ T16(0, q[7]);
 	}
-#pragma clang loop unroll(disable)
-	for (; i < to; i++) {
-		__u8 *q = p + i;
-
-		if ((void *)(q + 1) > end)
-			break;
-		crc = T16(0, crc ^ *q) ^ (crc >> 8);
-	}
-	return crc;
+	return crc_bytes(p, end, t + 2048, crc, i, to);
 }
 
 /* ICRC: LRH with the VL nibble as ones, BTH byte 4 as ones (ib-wire.md, CRCs). */
