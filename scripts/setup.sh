@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(python3-venv python3-dev iproute2 tshark ibsim-utils opensm infiniband-diags)
 # Mininet for the `mn --custom` adapter (ibemu/mininet/custom.py); without its recommended
-# Open vSwitch: IB fabrics need no OpenFlow switch or controller.
-APT_PACKAGES+=(mininet)
+# Open vSwitch: IB fabrics need no OpenFlow switch or controller. bridge-utils: `mn --switch
+# lxbr` calls brctl.
+APT_PACKAGES+=(mininet bridge-utils)
 # The device firmware's eBPF programs are C, built with clang -target bpf against libbpf's
 # headers (no kernel headers needed); OpenSM runs on the dilated clock under libfaketime.
 APT_PACKAGES+=(clang libbpf-dev libfaketime)

@@ -51,11 +51,12 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
 
 
 def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
-    """(impl, host, engine): the command line, else the scenario's SM, else none."""
+    """(impl, host, engine): the command line, else the scenario's SM, else ibemu's (an IB
+    fabric without an SM carries nothing: ``--sm none`` asks for that)."""
     sm = args.sm
     if sm is None and spec is not None:
         sm = spec.impl
-    sm = sm or "none"
+    sm = sm or "ibemu"
     host = args.sm_host or (spec.host if spec is not None and spec.host else "") or next(
         (n.name for n in topo.cas()), "")
     engine = args.sm_engine or (spec.engine if spec is not None else "minhop")
@@ -193,7 +194,8 @@ def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
     p.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
     p.add_argument("--sm", choices=("ibemu", "opensm", "none"),
-                   help="subnet manager to start on the SM host (default: the scenario's; none for --topo)")
+                   help="subnet manager to start on the SM host (default: the scenario's, else ibemu's; "
+                        "none: ports stay in Init until an SM attaches)")
     p.add_argument("--sm-host", help="host that runs the SM (default: the scenario's, else the first host)")
     p.add_argument("--sm-engine", help="routing engine, e.g. minhop, updn, ftree (default: the scenario's, else minhop)")
     add_dilation_argument(p)

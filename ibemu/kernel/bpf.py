@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 
 from ibemu.kernel.commands import KernelError
 
-SYS_BPF = 321  # x86_64
+_SYS_BPF = {"x86_64": 321, "aarch64": 280, "arm64": 280, "riscv64": 280, "ppc64le": 361,
+            "s390x": 351, "armv7l": 386, "i686": 357}
+SYS_BPF = _SYS_BPF.get(os.uname().machine, 321)
+"""bpf(2)'s number on this machine's architecture (asm/unistd.h); x86_64's where unknown."""
 
 BPF_MAP_CREATE = 0
 BPF_MAP_LOOKUP_ELEM = 1

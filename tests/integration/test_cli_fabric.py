@@ -24,15 +24,27 @@ def ibemu(state: Path, *args: str, timeout: float = 120) -> subprocess.Completed
                           text=True, timeout=timeout, env=env, check=False)
 
 
-def test_up_exec_diag_down(tmp_path: Path) -> None:
+def test_up_without_an_sm_leaves_the_ports_in_init(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    up = ibemu(state, "up", "--topo", "fat-tree,k=4")
+    up = ibemu(state, "up", "--topo", "single-switch,hosts=2", "--sm", "none")
     try:
         assert up.returncode == 0, up.stderr
-        assert "20 switches, 16 hosts, 48 links" in up.stdout
+        assert "no SM (ports stay in Init)" in up.stdout
+        assert json.loads(ibemu(state, "status", "--json").stdout)[0]["processes"] == ["fabric-daemon"]
+    finally:
+        down = ibemu(state, "down")
+    assert down.returncode == 0, down.stderr
+
+
+def test_up_exec_diag_down(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    up = ibemu(state, "up", "--topo", "fat-tree,k=4")  # ibemu's SM by default, as mn starts its controller
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "20 switches, 16 hosts, 48 links" in up.stdout and "ibemu on h0: SUBNET UP" in up.stdout
         status = json.loads(ibemu(state, "status", "--json").stdout)
         assert len(status) == 1 and status[0]["status"] == "up" and status[0]["namespaces"] == 36
-        assert status[0]["processes"] == ["fabric-daemon"]
+        assert sorted(status[0]["processes"]) == ["fabric-daemon", "sm-ibemu"]
         links = ibemu(state, "exec", "edge0_0", "--", "ip", "-br", "link")
         assert links.returncode == 0 and links.stdout.count("UP") >= 4 and "edge0_0-1" in links.stdout
         if umad2sim_path() and subprocess.run(["which", "smpquery"], capture_output=True).returncode == 0:
