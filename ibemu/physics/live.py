@@ -362,11 +362,19 @@ class LivePlane:
         heapq.heappush(self._events, (t, next(self._seq), fn))
 
     def _dispatch(self, actions: list[Action]) -> None:
-        touched: set[str] = set()
+        if not actions:
+            return
+        nodes = self.nodes
+        first = actions[0].node
+        touched: set[str] | None = None  # the nodes other than the first (rare: usually one acts)
         for a in actions:
-            touched.add(a.node)
-            if isinstance(a, Transmit):
-                node = self.nodes[a.node]
+            if a.node != first:
+                if touched is None:
+                    touched = {first}
+                touched.add(a.node)
+            kind = type(a)
+            if kind is Transmit:
+                node = nodes[a.node]
                 peer = node.ports[a.port].peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
                     if peer is not None:
@@ -374,18 +382,25 @@ class LivePlane:
                     continue
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
                 heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
-                if peer is not None and self.nodes.get(peer[0]) is not None and self.nodes[peer[0]].switch:
+                pnode = nodes.get(peer[0]) if peer is not None else None
+                if pnode is not None and pnode.switch:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
-                    self._flight.setdefault(peer, deque()).append((a.frame.flow, a.arrive_ns, a.vl, credited))
-            elif isinstance(a, CreditReturn):
-                peer = self.nodes[a.node].ports[a.port].peer
-                if peer is not None and peer[0] in self.nodes:
+                    q = self._flight.get(peer)  # type: ignore[arg-type]
+                    if q is None:
+                        q = self._flight[peer] = deque()  # type: ignore[index]
+                    q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
+            elif kind is CreditReturn:
+                peer = nodes[a.node].ports[a.port].peer
+                if peer is not None and peer[0] in nodes:
                     self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
-            elif isinstance(a, Drop):
+            elif kind is Drop:
                 self.drops += 1
                 self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
-        for name in touched:
-            self._schedule_wake(name)
+        if touched is None:
+            self._schedule_wake(first)
+        else:
+            for name in touched:
+                self._schedule_wake(name)
 
     def _receiver(self, peer: Port, frame: Frame) -> Callable[[int], list[Action]]:
         node = self.nodes[peer[0]]
@@ -407,8 +422,16 @@ class LivePlane:
 
     def _schedule_wake(self, name: str) -> None:
         node = self.nodes[name]
-        t = node.next_deadline()
-        if t is None or self._wake.get(name) == t:
+        busy, pipeline = node._busy, node._pipeline  # node.next_deadline(), inlined
+        if busy:
+            t = busy[0][0]
+            if pipeline and pipeline[0][0] < t:
+                t = pipeline[0][0]
+        elif pipeline:
+            t = pipeline[0][0]
+        else:
+            return
+        if self._wake.get(name) == t:
             return
         self._wake[name] = t
 

@@ -463,28 +463,41 @@ class Node:
         """Run what is due by ``now``: frames leaving the wire, frames leaving the switch
         pipeline for their egress queue, ports starting their next frame."""
         out: list[Action] = []
-        while True:
-            t = self.next_deadline()
-            if t is None or t > now:
-                break
-            if self._busy and self._busy[0][0] == t:
-                _, num = heapq.heappop(self._busy)
+        busy, pipeline, dirty = self._busy, self._pipeline, self._dirty
+        while busy or pipeline:  # next_deadline(), inlined: the busy port first on a tie
+            if busy and (not pipeline or busy[0][0] <= pipeline[0][0]):
+                t = busy[0][0]
+                if t > now:
+                    break
+                _, num = heapq.heappop(busy)
                 out += self._finish(self.ports[num], t)
-                self._dirty.add(num)
+                dirty.add(num)
             else:
-                _, _, frame, out_port = heapq.heappop(self._pipeline)
+                t = pipeline[0][0]
+                if t > now:
+                    break
+                _, _, frame, out_port = heapq.heappop(pipeline)
                 out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
-            out += self._start_dirty(t)
-        out += self._start_dirty(now)
+            if dirty:
+                out += self._start_dirty(t)
+        if dirty:
+            out += self._start_dirty(now)
         return out
 
     def _start_dirty(self, now: int) -> list[Action]:
-        if not self._dirty:
+        dirty = self._dirty
+        if not dirty:
             return []
-        out: list[Action] = []
-        for num in sorted(self._dirty):
-            out += self._start(self.ports[num], now)
-        self._dirty.clear()
+        ports = self.ports
+        if len(dirty) == 1:
+            p = ports[dirty.pop()]
+            if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
+                return []  # (``_start``'s own first test: nothing to start)
+            return self._start(p, now)
+        out = []
+        for num in sorted(dirty):
+            out += self._start(ports[num], now)
+        dirty.clear()
         return out
 
     # --- internals ------------------------------------------------------------------------

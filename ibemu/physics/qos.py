@@ -145,6 +145,11 @@ class Arbiter:
         self._last = None
         if ready(VL15):
             return VL15
+        if not self.arb.high:  # (``ready`` has no side effects: the low table alone decides)
+            vl = self._serve(self.arb.low, self._low, ready)
+            if vl is not None:
+                self._last = "low"
+            return vl
         low_ready = any(w > 0 and ready(vl) for vl, w in self.arb.low)
         if not self._high_spent() or not low_ready:
             vl = self._serve(self.arb.high, self._high, ready)
