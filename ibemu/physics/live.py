@@ -372,8 +372,7 @@ class LivePlane:
                 if touched is None:
                     touched = {first}
                 touched.add(a.node)
-            kind = type(a)
-            if kind is Transmit:
+            if type(a) is Transmit:
                 node = nodes[a.node]
                 peer = node.ports[a.port].peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
@@ -389,11 +388,11 @@ class LivePlane:
                     if q is None:
                         q = self._flight[peer] = deque()  # type: ignore[index]
                     q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
-            elif kind is CreditReturn:
+            elif type(a) is CreditReturn:
                 peer = nodes[a.node].ports[a.port].peer
                 if peer is not None and peer[0] in nodes:
                     self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
-            elif kind is Drop:
+            elif type(a) is Drop:
                 self.drops += 1
                 self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
         if touched is None:
