@@ -70,9 +70,10 @@ datapath that falls behind the clock receives frames long after the model's arri
 Port = tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Departure:
-    """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes."""
+    """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes. (Not frozen, to be
+    treated as immutable: one is made per frame and hop; see ``model``'s actions.)"""
 
     switch: str
     port: int
