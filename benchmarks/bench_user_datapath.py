@@ -147,8 +147,26 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
 
 # ------------------------------------------------------------------ IB
 
+LINK_MODEL = True
+"""``--no-link-model``: the IB forwarding alone (see ``measure_ib``)."""
+
+
 def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     import trio
+
+    from ibemu.fabric import agenthost
+
+    if not LINK_MODEL:
+        # The IB user datapath always times its frames through the link model
+        # (``fabric.linkplane``); to measure the forwarding alone (what this figure was before
+        # the model), this process's agent host is made without it. The benchmark only.
+        init = agenthost.AgentHost.__init__
+
+        def init_without_model(self: Any, *a: Any, **k: Any) -> None:
+            init(self, *a, **k)
+            self.physics_on = False
+
+        agenthost.AgentHost.__init__ = init_without_model  # type: ignore[method-assign]
 
     from ibemu.agents.port import PortState
     from ibemu.fabric.agents import make_agents
@@ -312,6 +330,8 @@ def measure_before(kind: str, args: argparse.Namespace) -> list[dict[str, float]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         argv = [sys.executable, __file__, "--json", "--no-before", "--kind", kind, "--repeat", str(args.repeat),
                 "--seconds", str(args.seconds), "--offered", str(args.offered)]
+        if args.no_link_model:
+            argv.append("--no-link-model")
         out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, cwd=tmp).stdout
         return list(json.loads(out.strip().splitlines()[-1])[kind])
 
@@ -336,10 +356,13 @@ def main() -> int:
     ap.add_argument("--no-before", action="store_true", help="measure this tree only")
     ap.add_argument("--json", action="store_true", help="print the runs as JSON (used for 'before')")
     ap.add_argument("--profile", type=Path, help="py-spy flame graphs of the forwarding process into this folder")
+    ap.add_argument("--no-link-model", action="store_true",
+                    help="IB: forward without the link model (the forwarding alone; the datapath always has it)")
     ap.add_argument("--blast", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global PROFILE
+    global PROFILE, LINK_MODEL
     PROFILE = args.profile
+    LINK_MODEL = not args.no_link_model
     if args.blast:
         blast(args.blast)
         return 0
