@@ -6,7 +6,10 @@ in user space, for both user datapaths:
 
 - IB: the switches' forwarders in the agent host (``fabric/agenthost.py``), min-hop LFTs
   written straight into the switch agents (``ibemu.testing.static_routes``; no SM, every
-  cabled switch port Active), the agent host's trio loop in a thread of this process;
+  cabled switch port Active), the agent host's trio loop in a thread of this process; every
+  frame is timed through the link model (``fabric/linkplane.py``, 4x EDR cables), as the IB
+  user datapath always does. ``--no-link-model`` measures the forwarding alone (what this
+  figure was before the model): the model's work per hop is the difference;
 - RoCE: ``python -m ibemu.roce.userpath`` for the 20 routers, routes by the fabric manager,
   no line rate (frames leave as soon as they are queued).
 
@@ -31,7 +34,7 @@ what else runs than the rate does. ``--profile DIR`` records the forwarding proc
 py-spy during each window (collapsed stacks: what the README's profile findings come from).
 
 Run: sudo .venv/bin/python benchmarks/bench_user_datapath.py [--kind ib|roce|both] [--repeat 3]
-     [--seconds 3] [--offered 25000] [--before REF | --no-before]
+     [--seconds 3] [--offered 15000] [--before REF | --no-before] [--no-link-model]
 """
 
 from __future__ import annotations
