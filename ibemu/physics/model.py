@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ibemu.physics.link import LinkModel
-from ibemu.physics.qos import VL15, Arbiter, Sl2Vl, VlArb, blocks
+from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
 
 Kind = Literal["ib", "eth"]
 PRIORITIES = 8
@@ -263,6 +263,10 @@ class ClassQueue:
             raise IndexError("only the head of a class queue is visible")
         return self._sub[self._order[0]][0]
 
+    def head(self) -> Frame:
+        """The frame sent next (the queue is not empty)."""
+        return self._sub[self._order[0]][0]
+
     def popleft(self) -> Frame:
         key = self._order.popleft()
         q = self._sub[key]
@@ -310,12 +314,12 @@ class EgressPort:
 
     def _ready(self, c: int) -> bool:
         q = self.queues[c]
-        if not q:
+        if not q._n:  # (not ``len(q)``: a Python-level dunder call; this runs several times a frame)
             return False
         if self.kind == "eth":
             return c not in self.paused
         cr = self.credits[c]
-        return cr is None or cr >= blocks(q[0].size)
+        return cr is None or cr >= -(-q.head().size // CREDIT_BYTES)
 
     def pick(self) -> int | None:
         if self.kind == "eth":
@@ -563,9 +567,10 @@ class Node:
             if cr is not None:
                 p.credits[c] = cr - blocks(frame.size)
             # a VL still queued but short of credits keeps waiting
+            queues, blocked = p.queues, p.blocked_since
             for vl in range(p.vls):
-                if p.queues[vl] and vl not in p.blocked_since and not p._ready(vl):
-                    p.blocked_since[vl] = now
+                if queues[vl]._n and vl not in blocked and not p._ready(vl):
+                    blocked[vl] = now
                     p.counters.credit_stalls += 1
         end = now + p.link.frame_ns(frame.size)
         p.busy_until = end
