@@ -177,6 +177,15 @@ class Arbiter:
             return None
         if not st.started:
             st.idx, st.remaining, st.started = 0, table[0][1], True
+        if n == 1:  # the loop below for one entry (the default with one data VL), unrolled
+            vl, w = table[0]
+            if w > 0:
+                if st.remaining <= 0:
+                    st.remaining = w
+                if ready(vl):
+                    return vl
+            st.idx, st.remaining = 0, w
+            return None
         for _ in range(n + 1):
             vl, w = table[st.idx]
             if w > 0 and st.remaining > 0 and ready(vl):
