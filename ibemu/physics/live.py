@@ -54,8 +54,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
@@ -68,6 +69,8 @@ MATCH_STALE_NS = 1_000_000_000
 datapath that falls behind the clock receives frames long after the model's arrival."""
 
 Port = tuple[str, int]
+_WAKE, _RECEIVE, _CREDIT = 0, 1, 2
+"""What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
 @dataclass(slots=True)
@@ -117,7 +120,9 @@ class LivePlane:
         self.nodes: dict[str, Node] = dict(nodes)
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, int, Callable[[int], list[Action]]]] = []
+        self._events: list[tuple[int, int, int, str, Any, Any, Any]] = []
+        """(time, seq, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
+        _CREDIT (node, its port, VL, blocks). Tuples, not closures: several per frame and hop."""
         self._seq = itertools.count()
         self._wake: dict[str, int] = {}
         self._last: dict[str, int] = {}
@@ -243,11 +248,22 @@ class LivePlane:
     def run_events(self, now: int) -> None:
         """Play the model's events due by ``now`` (not the departures)."""
         ev = self._events
+        nodes = self.nodes
         while ev and ev[0][0] <= now:
-            t, _, fn = heapq.heappop(ev)
+            t, _, what, name, a, b, c = heapq.heappop(ev)
             if t > self.now:
                 self.now = t
-            self._dispatch(fn(t))
+            node = nodes[name]
+            if what == _WAKE:
+                if self._wake.get(name) == t:
+                    del self._wake[name]
+                out = node.advance(self._clamp(name, t))
+            elif what == _RECEIVE:
+                out = node.receive(a, b, self._clamp(name, t), b.dst)
+            else:
+                out = node.credit_return(a, b, c, self._clamp(name, t))
+            self._schedule_wake(name)
+            self._dispatch(out)
         if now > self.now:
             self.now = now
 
@@ -359,8 +375,8 @@ class LivePlane:
         self._last[name] = t
         return t
 
-    def _at(self, t: int, fn: Callable[[int], list[Action]]) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), fn))
+    def _at(self, t: int, what: int, name: str, a: Any = None, b: Any = None, c: Any = None) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), what, name, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
         if not actions:
@@ -378,7 +394,7 @@ class LivePlane:
                 peer = node.ports[a.port].peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
                     if peer is not None:
-                        self._at(a.arrive_ns, self._receiver(peer, a.frame))
+                        self._at(a.arrive_ns, _RECEIVE, peer[0], peer[1], a.frame)
                     continue
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
                 heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
@@ -392,7 +408,7 @@ class LivePlane:
             elif type(a) is CreditReturn:
                 peer = nodes[a.node].ports[a.port].peer
                 if peer is not None and peer[0] in nodes:
-                    self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
+                    self._at(a.at_ns, _CREDIT, peer[0], peer[1], a.vl, a.blocks)
             elif type(a) is Drop:
                 self.drops += 1
                 self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
@@ -401,24 +417,6 @@ class LivePlane:
         else:
             for name in touched:
                 self._schedule_wake(name)
-
-    def _receiver(self, peer: Port, frame: Frame) -> Callable[[int], list[Action]]:
-        node = self.nodes[peer[0]]
-
-        def receive(t: int) -> list[Action]:
-            out = node.receive(peer[1], frame, self._clamp(node.name, t), frame.dst)  # type: ignore[arg-type]
-            self._schedule_wake(node.name)
-            return out
-        return receive
-
-    def _crediter(self, peer: Port, vl: int, nblocks: int) -> Callable[[int], list[Action]]:
-        node = self.nodes[peer[0]]
-
-        def credit(t: int) -> list[Action]:
-            out = node.credit_return(peer[1], vl, nblocks, self._clamp(node.name, t))
-            self._schedule_wake(node.name)
-            return out
-        return credit
 
     def _schedule_wake(self, name: str) -> None:
         node = self.nodes[name]
@@ -434,11 +432,4 @@ class LivePlane:
         if self._wake.get(name) == t:
             return
         self._wake[name] = t
-
-        def wake(now: int) -> list[Action]:
-            if self._wake.get(name) == now:
-                del self._wake[name]
-            out = node.advance(self._clamp(name, now))
-            self._schedule_wake(name)
-            return out
-        self._at(t, wake)
+        heapq.heappush(self._events, (t, next(self._seq), _WAKE, name, None, None, None))
