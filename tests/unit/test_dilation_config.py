@@ -119,10 +119,10 @@ def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pyte
     scen = loads_scenario(TOPO + flows, "x.yaml")
     assert scen.time.auto and scen.time.where == "x.yaml:6 time.dilation"
     said: list[str] = []
-    # kernel datapath: 4000 frames/s x 2 endpoints = 8000 frame-hops/s; 10k x 50% = 5000 a second
-    assert resolve_dilation(None, scen.time, scen, say=said.append) == 2.0
-    assert said[0].startswith("dilation auto: offered load 8k frame-hops/s, capacity 10k frame-hops/s"), said
-    assert "-> N = 2" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
+    # kernel datapath: 4000 frames/s x 4 (a stream's endpoints) = 16000 frame-hops/s; 10k x 50% = 5000 a second
+    assert resolve_dilation(None, scen.time, scen, say=said.append) == 4.0
+    assert said[0].startswith("dilation auto: offered load 16k frame-hops/s, capacity 10k frame-hops/s"), said
+    assert "-> N = 4" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
     assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
     user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
     assert resolve_dilation(None, user.time, user, say=said.append) == 1.0
