@@ -134,10 +134,13 @@ def _lags(fid: dict) -> dict[str, float]:
     return {n: p["p99_us"] for n, p in fid["processes"].items()}
 
 
-MAX_FOREIGN_CPUS = 0.5
+MAX_FOREIGN_CPUS = 0.15
 """Validity is a claim about this machine's CPUs: when other jobs took more than this many
-CPUs on average while a run ran (its traffic workers run at nice 10, behind any job at nice
-0), a run that should be valid is not asserted to be, and the test says why."""
+CPUs on average while a run ran, a run that should be valid is not asserted to be, and the
+test says why. Little: the traffic workers run at nice 10, behind any job at nice 0, and one
+CPU-bound job sharing the agent host's or the SM's CPU holds it for the scheduler's slices of
+a few ms, over the 2 ms threshold at p99 (seen: 0.3-0.5 CPUs of other jobs, the agent host
+and the SM 4-5 ms late at p99, a 2 kpps probe 13 ms)."""
 
 
 def _skip_if_others_took_the_cpus(foreign: float, what: str, fid: dict) -> None:
