@@ -6,7 +6,10 @@ in user space, for both user datapaths:
 
 - IB: the switches' forwarders in the agent host (``fabric/agenthost.py``), min-hop LFTs
   written straight into the switch agents (``ibemu.testing.static_routes``; no SM, every
-  cabled switch port Active), the agent host's trio loop in a thread of this process;
+  cabled switch port Active), the agent host's trio loop in a thread of this process; every
+  frame is timed through the link model (``fabric/linkplane.py``, 4x EDR cables), as the IB
+  user datapath always does. ``--no-link-model`` measures the forwarding alone (what this
+  figure was before the model): the model's work per hop is the difference;
 - RoCE: ``python -m ibemu.roce.userpath`` for the 20 routers, routes by the fabric manager,
   no line rate (frames leave as soon as they are queued).
 
@@ -31,7 +34,7 @@ what else runs than the rate does. ``--profile DIR`` records the forwarding proc
 py-spy during each window (collapsed stacks: what the README's profile findings come from).
 
 Run: sudo .venv/bin/python benchmarks/bench_user_datapath.py [--kind ib|roce|both] [--repeat 3]
-     [--seconds 3] [--offered 25000] [--before REF | --no-before]
+     [--seconds 3] [--offered 15000] [--before REF | --no-before] [--no-link-model]
 """
 
 from __future__ import annotations
@@ -147,8 +150,26 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
 
 # ------------------------------------------------------------------ IB
 
+LINK_MODEL = True
+"""``--no-link-model``: the IB forwarding alone (see ``measure_ib``)."""
+
+
 def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     import trio
+
+    from ibemu.fabric import agenthost
+
+    if not LINK_MODEL:
+        # The IB user datapath always times its frames through the link model
+        # (``fabric.linkplane``); to measure the forwarding alone (what this figure was before
+        # the model), this process's agent host is made without it. The benchmark only.
+        init = agenthost.AgentHost.__init__
+
+        def init_without_model(self: Any, *a: Any, **k: Any) -> None:
+            init(self, *a, **k)
+            self.physics_on = False
+
+        agenthost.AgentHost.__init__ = init_without_model  # type: ignore[method-assign]
 
     from ibemu.agents.port import PortState
     from ibemu.fabric.agents import make_agents
@@ -312,6 +333,8 @@ def measure_before(kind: str, args: argparse.Namespace) -> list[dict[str, float]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         argv = [sys.executable, __file__, "--json", "--no-before", "--kind", kind, "--repeat", str(args.repeat),
                 "--seconds", str(args.seconds), "--offered", str(args.offered)]
+        if args.no_link_model:
+            argv.append("--no-link-model")
         out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, cwd=tmp).stdout
         return list(json.loads(out.strip().splitlines()[-1])[kind])
 
@@ -336,10 +359,13 @@ def main() -> int:
     ap.add_argument("--no-before", action="store_true", help="measure this tree only")
     ap.add_argument("--json", action="store_true", help="print the runs as JSON (used for 'before')")
     ap.add_argument("--profile", type=Path, help="py-spy flame graphs of the forwarding process into this folder")
+    ap.add_argument("--no-link-model", action="store_true",
+                    help="IB: forward without the link model (the forwarding alone; the datapath always has it)")
     ap.add_argument("--blast", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global PROFILE
+    global PROFILE, LINK_MODEL
     PROFILE = args.profile
+    LINK_MODEL = not args.no_link_model
     if args.blast:
         blast(args.blast)
         return 0

@@ -163,12 +163,14 @@ class LinkPlane:
         groups: dict[tuple[str, int], list[bytes]] = {}
         for d in due:
             groups.setdefault((d.switch, d.port), []).append(d.frame.meta)
+        out = []
         for (switch, port), frames in groups.items():
             sock = self._sockets(switch, port)
             if sock is None or not self._powered(switch):
                 continue
             self.sent += len(frames)
-            tx.send(sock, frames, switch, self._heads(switch, port))
+            out.append((sock, frames, switch, self._heads(switch, port)))
+        tx.send_groups(out)  # every port's frames due now in one hand-over to the sending thread
 
     async def serve(self) -> None:
         """Wake at each deadline the timer was armed for and pump."""

@@ -23,6 +23,16 @@ switch ports) and holds far fewer frames than a socket buffer: the RoCE hosts' b
 x 64 WRs) overflowed 256 slots and RC flows ran out of retries. A TX ring saved nothing (3.5
 us a frame either way) and stops ``send`` from taking a frame on its socket, which the SMA's
 own sends need. TPACKET_V3 retires blocks after a timeout of at least a millisecond: latency.
+PACKET_QDISC_BYPASS on the sending socket: 4.0-4.5 us of CPU a frame (send and receive, 1 KiB,
+``sendmmsg`` batches of 64) with it and without (a veth has no queueing discipline to skip),
+and it would hide a switch's own transmissions from a capture on its port: not used.
+
+That floor, ~4 us of kernel and copying per frame and veth, is what a hop costs before any
+decision is taken: 250,000 frame-hops/s would take one of this machine's two CPUs for it
+alone. Hops between two switches of one user datapath need no veth (both ends are in the
+process): handing those frames over in memory would leave one send and one receive per frame
+and path instead of one per hop (on a k=4 fat-tree path, 2 of 10); not done yet (captures
+and carrier changes on inter-switch cables would have to see or stop them).
 """
 
 from __future__ import annotations
@@ -118,7 +128,9 @@ class TxBatcher:
         self._free: queue.SimpleQueue[_TxBuf] = queue.SimpleQueue()
         for _ in range(TX_BUFFERS):
             self._free.put(_TxBuf())
-        self._work: queue.SimpleQueue[tuple[int, _TxBuf, int, Hashable] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[tuple[_TxBuf, list[tuple[int, int, int, Hashable]]] | None] = \
+            queue.SimpleQueue()
+        """(slots, [(fd, first slot, frames, key)]): one job, one sendmmsg per socket's run."""
         self._queued = 0  # batches handed over (written by the caller's thread only)
         self._done = 0  # batches sent (written by the worker only)
         self.dropped: Counter[Hashable] = Counter()
@@ -161,7 +173,57 @@ class TxBatcher:
                 count += 1
             self._queued += 1
             self.batches += 1
-            self._work.put((fd, buf, count, key))
+            self._work.put((buf, [(fd, 0, count, key)]))
+
+    def send_groups(self, groups: Sequence[tuple[socket.socket, Sequence[bytes | bytearray], Hashable, bytes]]) -> None:
+        """``send`` for several sockets at once: ``(sock, frames, key, head)`` each, the frames
+        of all of them packed into shared slots and handed over as one job (the worker sends
+        each socket's run with one ``sendmmsg``). For callers with a few frames for each of
+        many ports at a time (the link model's departures at a deadline), which ``send`` would
+        hand over one small batch per port, or send from the caller's thread."""
+        total = sum(len(g[1]) for g in groups)
+        if not total:
+            return
+        if total <= DIRECT_MAX and self._queued == self._done:
+            for sock, frames, key, head in groups:
+                self.send(sock, frames, key, head)
+            return
+        self.frames += total
+        buf: _TxBuf | None = None
+        runs: list[tuple[int, int, int, Hashable]] = []
+        count = 0
+        for sock, frames, key, head in groups:
+            fd, hl = sock.fileno(), len(head)
+            first = count
+            for frame in frames:
+                if buf is None:
+                    buf = self._free.get()
+                ln = len(frame)
+                if ln > TX_SLOT:
+                    self.dropped[key] += 1  # larger than any frame a port can carry
+                    continue
+                off = count * TX_SLOT
+                view = buf.view
+                view[off:off + ln] = frame
+                if hl:
+                    view[off:off + hl] = head
+                buf.iov_words[2 * count + 1] = ln
+                count += 1
+                if count == TX_BATCH:  # this buffer is full: hand it over, go on in a new one
+                    runs.append((fd, first, count - first, key))
+                    self._hand_over(buf, runs)
+                    buf, runs, count, first = None, [], 0, 0
+            if count > first:
+                runs.append((fd, first, count - first, key))
+        if buf is not None and runs:
+            self._hand_over(buf, runs)
+        elif buf is not None:
+            self._free.put(buf)
+
+    def _hand_over(self, buf: _TxBuf, runs: list[tuple[int, int, int, Hashable]]) -> None:
+        self._queued += 1
+        self.batches += 1
+        self._work.put((buf, runs))
 
     def _run(self) -> None:
         size = ctypes.sizeof(_MMsgHdr)
@@ -169,16 +231,17 @@ class TxBatcher:
             job = self._work.get()
             if job is None:
                 return
-            fd, buf, count, key = job
+            buf, runs = job
             base = ctypes.addressof(buf.msgs)
-            sent = 0
-            while sent < count:
-                r = self._sendmmsg(fd, base + sent * size, count - sent, MSG_DONTWAIT)
-                if r <= 0:
-                    self.dropped[key] += 1  # the first frame was refused: lost; go on with the rest
-                    sent += 1
-                else:
-                    sent += r
+            for fd, first, count, key in runs:
+                sent = 0
+                while sent < count:
+                    r = self._sendmmsg(fd, base + (first + sent) * size, count - sent, MSG_DONTWAIT)
+                    if r <= 0:
+                        self.dropped[key] += 1  # the first frame was refused: lost; go on with the rest
+                        sent += 1
+                    else:
+                        sent += r
             self._free.put(buf)
             self._done += 1
 

@@ -54,8 +54,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
@@ -68,11 +69,14 @@ MATCH_STALE_NS = 1_000_000_000
 datapath that falls behind the clock receives frames long after the model's arrival."""
 
 Port = tuple[str, int]
+_WAKE, _RECEIVE, _CREDIT = 0, 1, 2
+"""What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Departure:
-    """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes."""
+    """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes. (Not frozen, to be
+    treated as immutable: one is made per frame and hop; see ``model``'s actions.)"""
 
     switch: str
     port: int
@@ -116,7 +120,9 @@ class LivePlane:
         self.nodes: dict[str, Node] = dict(nodes)
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, int, Callable[[int], list[Action]]]] = []
+        self._events: list[tuple[int, int, int, str, Any, Any, Any]] = []
+        """(time, seq, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
+        _CREDIT (node, its port, VL, blocks). Tuples, not closures: several per frame and hop."""
         self._seq = itertools.count()
         self._wake: dict[str, int] = {}
         self._last: dict[str, int] = {}
@@ -242,11 +248,22 @@ class LivePlane:
     def run_events(self, now: int) -> None:
         """Play the model's events due by ``now`` (not the departures)."""
         ev = self._events
+        nodes = self.nodes
         while ev and ev[0][0] <= now:
-            t, _, fn = heapq.heappop(ev)
+            t, _, what, name, a, b, c = heapq.heappop(ev)
             if t > self.now:
                 self.now = t
-            self._dispatch(fn(t))
+            node = nodes[name]
+            if what == _WAKE:
+                if self._wake.get(name) == t:
+                    del self._wake[name]
+                out = node.advance(self._clamp(name, t))
+            elif what == _RECEIVE:
+                out = node.receive(a, b, self._clamp(name, t), b.dst)
+            else:
+                out = node.credit_return(a, b, c, self._clamp(name, t))
+            self._schedule_wake(name)
+            self._dispatch(out)
         if now > self.now:
             self.now = now
 
@@ -358,64 +375,61 @@ class LivePlane:
         self._last[name] = t
         return t
 
-    def _at(self, t: int, fn: Callable[[int], list[Action]]) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), fn))
+    def _at(self, t: int, what: int, name: str, a: Any = None, b: Any = None, c: Any = None) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), what, name, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
-        touched: set[str] = set()
+        if not actions:
+            return
+        nodes = self.nodes
+        first = actions[0].node
+        touched: set[str] | None = None  # the nodes other than the first (rare: usually one acts)
         for a in actions:
-            touched.add(a.node)
-            if isinstance(a, Transmit):
-                node = self.nodes[a.node]
+            if a.node != first:
+                if touched is None:
+                    touched = {first}
+                touched.add(a.node)
+            if type(a) is Transmit:
+                node = nodes[a.node]
                 peer = node.ports[a.port].peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
                     if peer is not None:
-                        self._at(a.arrive_ns, self._receiver(peer, a.frame))
+                        self._at(a.arrive_ns, _RECEIVE, peer[0], peer[1], a.frame)
                     continue
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
                 heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
-                if peer is not None and self.nodes.get(peer[0]) is not None and self.nodes[peer[0]].switch:
+                pnode = nodes.get(peer[0]) if peer is not None else None
+                if pnode is not None and pnode.switch:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
-                    self._flight.setdefault(peer, deque()).append((a.frame.flow, a.arrive_ns, a.vl, credited))
-            elif isinstance(a, CreditReturn):
-                peer = self.nodes[a.node].ports[a.port].peer
-                if peer is not None and peer[0] in self.nodes:
-                    self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
-            elif isinstance(a, Drop):
+                    q = self._flight.get(peer)  # type: ignore[arg-type]
+                    if q is None:
+                        q = self._flight[peer] = deque()  # type: ignore[index]
+                    q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
+            elif type(a) is CreditReturn:
+                peer = nodes[a.node].ports[a.port].peer
+                if peer is not None and peer[0] in nodes:
+                    self._at(a.at_ns, _CREDIT, peer[0], peer[1], a.vl, a.blocks)
+            elif type(a) is Drop:
                 self.drops += 1
                 self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
-        for name in touched:
-            self._schedule_wake(name)
-
-    def _receiver(self, peer: Port, frame: Frame) -> Callable[[int], list[Action]]:
-        node = self.nodes[peer[0]]
-
-        def receive(t: int) -> list[Action]:
-            out = node.receive(peer[1], frame, self._clamp(node.name, t), frame.dst)  # type: ignore[arg-type]
-            self._schedule_wake(node.name)
-            return out
-        return receive
-
-    def _crediter(self, peer: Port, vl: int, nblocks: int) -> Callable[[int], list[Action]]:
-        node = self.nodes[peer[0]]
-
-        def credit(t: int) -> list[Action]:
-            out = node.credit_return(peer[1], vl, nblocks, self._clamp(node.name, t))
-            self._schedule_wake(node.name)
-            return out
-        return credit
+        if touched is None:
+            self._schedule_wake(first)
+        else:
+            for name in touched:
+                self._schedule_wake(name)
 
     def _schedule_wake(self, name: str) -> None:
         node = self.nodes[name]
-        t = node.next_deadline()
-        if t is None or self._wake.get(name) == t:
+        busy, pipeline = node._busy, node._pipeline  # node.next_deadline(), inlined
+        if busy:
+            t = busy[0][0]
+            if pipeline and pipeline[0][0] < t:
+                t = pipeline[0][0]
+        elif pipeline:
+            t = pipeline[0][0]
+        else:
+            return
+        if self._wake.get(name) == t:
             return
         self._wake[name] = t
-
-        def wake(now: int) -> list[Action]:
-            if self._wake.get(name) == now:
-                del self._wake[name]
-            out = node.advance(self._clamp(name, now))
-            self._schedule_wake(name)
-            return out
-        self._at(t, wake)
+        heapq.heappush(self._events, (t, next(self._seq), _WAKE, name, None, None, None))

@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ibemu.physics.link import LinkModel
-from ibemu.physics.qos import VL15, Arbiter, Sl2Vl, VlArb, blocks
+from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
 
 Kind = Literal["ib", "eth"]
 PRIORITIES = 8
@@ -103,9 +103,12 @@ class Frame:
 
 
 # --- actions ------------------------------------------------------------------------------
+# Plain (not frozen) slotted dataclasses, to be treated as immutable: several are made per
+# frame and hop, and a frozen dataclass's constructor costs ~1.2 us more (it sets each field
+# through object.__setattr__), a tenth of the live datapath's model work per hop.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Transmit:
     node: str
     port: int
@@ -116,7 +119,7 @@ class Transmit:
     arrive_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CreditReturn:
     """``blocks`` credits of ``vl`` from ``node`` to the peer of its ``port``, there at ``at_ns``."""
 
@@ -127,7 +130,7 @@ class CreditReturn:
     at_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pause:
     """A PFC frame from ``node`` out of ``port``: ``xoff`` (pause) or XON for ``priority``."""
 
@@ -138,7 +141,7 @@ class Pause:
     at_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Deliver:
     node: str
     port: int
@@ -146,7 +149,7 @@ class Deliver:
     at_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Drop:
     node: str
     port: int
@@ -260,6 +263,10 @@ class ClassQueue:
             raise IndexError("only the head of a class queue is visible")
         return self._sub[self._order[0]][0]
 
+    def head(self) -> Frame:
+        """The frame sent next (the queue is not empty)."""
+        return self._sub[self._order[0]][0]
+
     def popleft(self) -> Frame:
         key = self._order.popleft()
         q = self._sub[key]
@@ -307,12 +314,12 @@ class EgressPort:
 
     def _ready(self, c: int) -> bool:
         q = self.queues[c]
-        if not q:
+        if not q._n:  # (not ``len(q)``: a Python-level dunder call; this runs several times a frame)
             return False
         if self.kind == "eth":
             return c not in self.paused
         cr = self.credits[c]
-        return cr is None or cr >= blocks(q[0].size)
+        return cr is None or cr >= -(-q.head().size // CREDIT_BYTES)
 
     def pick(self) -> int | None:
         if self.kind == "eth":
@@ -463,28 +470,41 @@ class Node:
         """Run what is due by ``now``: frames leaving the wire, frames leaving the switch
         pipeline for their egress queue, ports starting their next frame."""
         out: list[Action] = []
-        while True:
-            t = self.next_deadline()
-            if t is None or t > now:
-                break
-            if self._busy and self._busy[0][0] == t:
-                _, num = heapq.heappop(self._busy)
+        busy, pipeline, dirty = self._busy, self._pipeline, self._dirty
+        while busy or pipeline:  # next_deadline(), inlined: the busy port first on a tie
+            if busy and (not pipeline or busy[0][0] <= pipeline[0][0]):
+                t = busy[0][0]
+                if t > now:
+                    break
+                _, num = heapq.heappop(busy)
                 out += self._finish(self.ports[num], t)
-                self._dirty.add(num)
+                dirty.add(num)
             else:
-                _, _, frame, out_port = heapq.heappop(self._pipeline)
+                t = pipeline[0][0]
+                if t > now:
+                    break
+                _, _, frame, out_port = heapq.heappop(pipeline)
                 out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
-            out += self._start_dirty(t)
-        out += self._start_dirty(now)
+            if dirty:
+                out += self._start_dirty(t)
+        if dirty:
+            out += self._start_dirty(now)
         return out
 
     def _start_dirty(self, now: int) -> list[Action]:
-        if not self._dirty:
+        dirty = self._dirty
+        if not dirty:
             return []
-        out: list[Action] = []
-        for num in sorted(self._dirty):
-            out += self._start(self.ports[num], now)
-        self._dirty.clear()
+        ports = self.ports
+        if len(dirty) == 1:
+            p = ports[dirty.pop()]
+            if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
+                return []  # (``_start``'s own first test: nothing to start)
+            return self._start(p, now)
+        out = []
+        for num in sorted(dirty):
+            out += self._start(ports[num], now)
+        dirty.clear()
         return out
 
     # --- internals ------------------------------------------------------------------------
@@ -547,9 +567,10 @@ class Node:
             if cr is not None:
                 p.credits[c] = cr - blocks(frame.size)
             # a VL still queued but short of credits keeps waiting
+            queues, blocked = p.queues, p.blocked_since
             for vl in range(p.vls):
-                if p.queues[vl] and vl not in p.blocked_since and not p._ready(vl):
-                    p.blocked_since[vl] = now
+                if queues[vl]._n and vl not in blocked and not p._ready(vl):
+                    blocked[vl] = now
                     p.counters.credit_stalls += 1
         end = now + p.link.frame_ns(frame.size)
         p.busy_until = end

@@ -145,6 +145,11 @@ class Arbiter:
         self._last = None
         if ready(VL15):
             return VL15
+        if not self.arb.high:  # (``ready`` has no side effects: the low table alone decides)
+            vl = self._serve(self.arb.low, self._low, ready)
+            if vl is not None:
+                self._last = "low"
+            return vl
         low_ready = any(w > 0 and ready(vl) for vl, w in self.arb.low)
         if not self._high_spent() or not low_ready:
             vl = self._serve(self.arb.high, self._high, ready)
@@ -172,6 +177,15 @@ class Arbiter:
             return None
         if not st.started:
             st.idx, st.remaining, st.started = 0, table[0][1], True
+        if n == 1:  # the loop below for one entry (the default with one data VL), unrolled
+            vl, w = table[0]
+            if w > 0:
+                if st.remaining <= 0:
+                    st.remaining = w
+                if ready(vl):
+                    return vl
+            st.idx, st.remaining = 0, w
+            return None
         for _ in range(n + 1):
             vl, w = table[st.idx]
             if w > 0 and st.remaining > 0 and ready(vl):

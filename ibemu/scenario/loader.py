@@ -855,7 +855,9 @@ class _Loader(Reader):
         sl = integer("sl", 0, 0, 15)
         qps = integer("qps", 1, 1, 1024)
         seed = integer("seed", 0, 0, 2**32 - 1)
-        rate_pps = integer("rate_pps", 10_000, 1, 10_000_000) if "rate_pps" in entry.keys else None
+        # a stream is always paced (10,000 msg/s unless said); a bandwidth flow only when it says so
+        rate_pps = (integer("rate_pps", 10_000, 1, 10_000_000)
+                    if "rate_pps" in entry.keys and (kind == "stream" or "rate_pps" in m) else None)
         transport = "rc"
         if "transport" in m:
             transport = self.choice(m["transport"][1], f"{path}.transport", STREAM_TRANSPORTS) or "rc"

@@ -8,8 +8,9 @@ the function that runs it. The scenario loader validates through it, the runner 
 ``run_flow`` turns one flow description (the scenario's ``TrafficSpec`` as a dict, the form
 the traffic worker receives) into the generator its kind names and returns a ``FlowOutput``:
 deliveries over time (for throughput plots and blackouts) and the kind's own figures.
-Bandwidth kinds and collectives run from ``start_s`` to ``stop_s``; latency kinds run their
-iterations once; streams send at ``rate_pps`` until ``stop_s``.
+Bandwidth kinds and collectives run from ``start_s`` to ``stop_s`` (a pair's bandwidth kinds as
+fast as their window allows, or paced at ``rate_pps`` messages per second when the scenario
+says so); latency kinds run their iterations once; streams send at ``rate_pps`` until ``stop_s``.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None, *, sha
     """
     user = spec.get("datapath") == "user"  # switches forward in Python: far less to go round
     window = (USER_DATAPATH_WINDOW if user else WINDOW) // sharing
+    rate = spec.get("rate_pps")
     return PerfOptions(test=test, size=int(spec.get("size", 65536)), qps=int(spec.get("qps", 1)),
                        bidirectional=bool(spec.get("bidirectional", False)),
+                       rate_pps=float(rate) if rate and test in perftest.BW_TESTS else None,
                        duration_s=duration_s, iterations=LAT_ITERATIONS, tx_depth=16,
                        window=max(16, window),
                        timeout=BW_TIMEOUT if sharing == 1 and not user else SHARED_BW_TIMEOUT)
@@ -188,6 +191,8 @@ async def _bw(f: Flow) -> None:
     r = await _bw_pair(f.ports[f.src], f.ports[f.dst], _perf_opts(f.spec, f.kind, 1e9), f.stop, f.out)
     f.out.extra = {"peak_mbps": round(r.peak_mbps, 2), "avg_mbps": round(r.avg_mbps, 2),
                    "msg_rate_mpps": round(r.msg_rate_mpps, 6), "iterations": r.iterations}
+    if f.spec.get("rate_pps"):
+        f.out.extra["rate_pps"] = float(f.spec["rate_pps"])
 
 
 async def _pairs(f: Flow) -> None:
@@ -278,9 +283,9 @@ class TrafficKind:
 
 
 TRAFFIC_KINDS: dict[str, TrafficKind] = {
-    "write_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional"), "pair", _bw),
-    "read_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional"), "pair", _bw),
-    "send_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional"), "pair", _bw),
+    "write_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional", "rate_pps"), "pair", _bw),
+    "read_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional", "rate_pps"), "pair", _bw),
+    "send_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional", "rate_pps"), "pair", _bw),
     "write_lat": TrafficKind(("from", "to", "size"), "pair", _lat, size=64),
     "send_lat": TrafficKind(("from", "to", "size"), "pair", _lat, size=64),
     "allreduce": TrafficKind(("hosts", "size"), "group", _collective, size=1 << 20),

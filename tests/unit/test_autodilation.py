@@ -77,11 +77,13 @@ def test_offered_load_of_paced_and_unpaced_flows() -> None:
   - {name: then, kind: stream, from: h0, to: h2, size: 256, rate_pps: 500, start_s: 5}
 """, "x.yaml")
     assert offered_load(late).frame_hops_per_s == 3000
-    # the kernel datapath forwards in the kernel: each frame costs its two endpoints
+    # the kernel datapath forwards in the kernel: each frame costs its two endpoints, a stream's
+    # message (its own completion and ACK) twice that
     kernel = loads_scenario(LEAF_SPINE.replace("datapath: user", "datapath: kernel") + """traffic:
   - {name: probe, kind: stream, from: h0, to: h2, size: 256, rate_pps: 1000}
+  - {name: bulk, kind: write_bw, from: h1, to: h3, size: 4096, rate_pps: 1000}
 """, "x.yaml")
-    assert offered_load(kernel).frame_hops_per_s == 2000 and "kernel datapath" in offered_load(kernel).notes[0]
+    assert offered_load(kernel).frame_hops_per_s == 4000 + 2000 and "kernel datapath" in offered_load(kernel).notes[0]
 
 
 def test_unpaced_flows_of_one_host_share_its_cable_and_shapes_expand() -> None:
@@ -96,3 +98,23 @@ def test_unpaced_flows_of_one_host_share_its_cable_and_shapes_expand() -> None:
     assert by["a h0->h2"].frames_per_s == pytest.approx(line / 2)  # h0's cable: a and b
     assert by["a h2->h0"].frames_per_s == pytest.approx(line / 2)  # h2's: a's way back and the incast
     assert by["in h1->h3"].frames_per_s == pytest.approx(line)
+
+
+def test_a_paced_bandwidth_flow_counts_its_rate_and_the_default_scenario_is_paced() -> None:
+    """``rate_pps`` on a bandwidth kind: messages/s, counted like a stream's (frames per
+    message x rate); without it the flow stays unpaced (None, its cable's rate)."""
+    kernel = LEAF_SPINE.replace("datapath: user", "datapath: kernel")
+    scen = loads_scenario(kernel + """traffic:
+  - {name: bulk, kind: write_bw, from: h0, to: h2, size: 64KiB, qps: 2, rate_pps: 200}
+  - {name: free, kind: write_bw, from: h1, to: h3, size: 4096}
+""", "x.yaml")
+    bulk, free = scen.traffic
+    assert bulk.rate_pps == 200 and free.rate_pps is None
+    by = {f.name: f for f in offered_load(scen).flows}
+    assert by["bulk h0->h2"].frames_per_s == 200 * 16 and "200 msg/s x 16 frames" in by["bulk h0->h2"].how
+    assert "unpaced" in by["free h1->h3"].how
+    from ibemu.scenario import load_builtin
+
+    default = load_builtin()
+    assert {t.name: t.rate_pps for t in default.traffic} == {"bulk": 200, "probe": 10000}
+    assert offered_load(default).frame_hops_per_s == 200 * 16 * 2 + 10000 * 4  # kernel datapath: 2 endpoints, 4 a stream's

@@ -74,7 +74,7 @@ def scen_file(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("argv", [
     ["run", "{scen}", "--dilation", "0.5"],
-    ["run", "--dilation", "auto"],  # the default scenario's unpaced 100 Gb/s flow: beyond the cap here
+    ["run", "{unpaced}", "--dilation", "auto"],  # an unpaced 4x EDR flow (100 Gb/s): beyond the cap here
     ["compare", "{scen}", "--dilation", "zero"],
     ["up", "--topo", "single-switch,hosts=2", "--dilation", "0"],
     ["cli", "{scen}", "--dilation", "-1"],
@@ -92,7 +92,10 @@ def test_bad_dilation_on_the_command_line_exits_2(argv: list[str], scen_file: Pa
     monkeypatch.setattr(session.Session, "up", classmethod(no_build))
     monkeypatch.setattr(session, "require_root", lambda *_a: None)
     monkeypatch.setattr("ibemu.cli.fabric_cmd.require_root", lambda *_a: None)
-    argv = [a.replace("{scen}", str(scen_file)) for a in argv]
+    unpaced = tmp_path / "unpaced.yaml"
+    unpaced.write_text(TOPO + "defaults: {rate: 4x EDR}\nsm: {host: h0}\n"
+                       "traffic:\n  - {name: bulk, kind: write_bw, from: h0, to: h1}\nduration_s: 1\n")
+    argv = [a.replace("{scen}", str(scen_file)).replace("{unpaced}", str(unpaced)) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--dilation:" in err and ("expected a number >= 1" in err or "above the cap of 1000" in err), err
@@ -116,10 +119,10 @@ def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pyte
     scen = loads_scenario(TOPO + flows, "x.yaml")
     assert scen.time.auto and scen.time.where == "x.yaml:6 time.dilation"
     said: list[str] = []
-    # kernel datapath: 4000 frames/s x 2 endpoints = 8000 frame-hops/s; 10k x 50% = 5000 a second
-    assert resolve_dilation(None, scen.time, scen, say=said.append) == 2.0
-    assert said[0].startswith("dilation auto: offered load 8k frame-hops/s, capacity 10k frame-hops/s"), said
-    assert "-> N = 2" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
+    # kernel datapath: 4000 frames/s x 4 (a stream's endpoints) = 16000 frame-hops/s; 10k x 50% = 5000 a second
+    assert resolve_dilation(None, scen.time, scen, say=said.append) == 4.0
+    assert said[0].startswith("dilation auto: offered load 16k frame-hops/s, capacity 10k frame-hops/s"), said
+    assert "-> N = 4" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
     assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
     user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
     assert resolve_dilation(None, user.time, user, say=said.append) == 1.0
