@@ -42,6 +42,15 @@ What is modelled where (all the switches of the fabric live in this one plane):
 - Switch -> host: serialization at the host cable's rate; the HCA always has credits (it
   consumes at once: ``plan.build_nodes`` wires no credit limit towards a host).
 
+Ethernet (the RoCE user datapath, ``ibemu.roce.links``): the same plane with ``eth`` nodes.
+No credits; an egress port's queue drops tail beyond its buffer (a lossy priority), marks ECN
+and, per ingress port and lossless priority, sends XOFF / XON. A :class:`~ibemu.physics.model.Pause`
+is handed to the peer node in process at its ``at_ns`` (between two switches, as credits are;
+towards a host, the host node's egress queue, which stands for its NIC's send queue, stops
+for that priority). Every pause and every drop is also noted (:attr:`LivePlane.notes`, taken
+with :meth:`take_notes`) for the IO side: it puts real PFC frames on the cables and counts.
+A frame the datapath loses on a cable (``loss_pct``) leaves its record to :meth:`consume`.
+
 Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
 and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
@@ -58,7 +67,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
-from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
+from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
 from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
 
 MATCH_WINDOW = 16
@@ -129,6 +138,9 @@ class LivePlane:
         self.unmatched = 0
         self.drops = 0
         self.drop_reasons: dict[str, int] = {}
+        self.notes: list[Pause | Drop] = []
+        """Pauses sent and frames dropped since the last :meth:`take_notes` (Ethernet)."""
+        self.keep_notes = any(n.kind == "eth" for n in self.nodes.values())
         for node in self.nodes.values():
             if node.switch:
                 for num, p in node.ports.items():
@@ -189,6 +201,8 @@ class LivePlane:
             return VL15
         if peer is None or peer[0] not in self.nodes:
             return 0
+        if self.nodes[peer[0]].kind == "eth":
+            return frame.sl  # its priority; nothing is credited
         p = self.nodes[peer[0]].ports[peer[1]]
         vl = frame.sl % max(1, p.vls)
         cr = p.credits[vl]
@@ -275,6 +289,11 @@ class LivePlane:
             st.busy_real_ns += sent - st.last_sent
         st.last_due, st.last_end, st.last_sent = d.due_ns, d.end_ns, sent
 
+    def take_notes(self) -> list[Pause | Drop]:
+        """The pauses and drops noted since the last call (Ethernet)."""
+        out, self.notes = self.notes, []
+        return out
+
     def take_stats(self) -> dict[Port, LinkStats]:
         """Each egress port's stats since the last call (ports that sent nothing left out)."""
         out = {k: s for k, s in self.stats.items() if s.frames}
@@ -299,6 +318,8 @@ class LivePlane:
         ends = [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
         for a in ends:
             self._flight.pop(a, None)
+        if node.kind == "eth":
+            return  # no credits to resynchronize
         for a in ends:
             src = self.nodes[a[0]].ports[a[1]]
             b = src.peer
@@ -381,9 +402,17 @@ class LivePlane:
                 peer = self.nodes[a.node].ports[a.port].peer
                 if peer is not None and peer[0] in self.nodes:
                     self._at(a.at_ns, self._crediter(peer, a.vl, a.blocks))
+            elif isinstance(a, Pause):
+                peer = self.nodes[a.node].ports[a.port].peer
+                if peer is not None and peer[0] in self.nodes:
+                    self._at(a.at_ns, self._pauser(peer, a.priority, a.xoff))
+                if self.keep_notes:
+                    self.notes.append(a)
             elif isinstance(a, Drop):
                 self.drops += 1
                 self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
+                if self.keep_notes:
+                    self.notes.append(a)
         for name in touched:
             self._schedule_wake(name)
 
@@ -404,6 +433,22 @@ class LivePlane:
             self._schedule_wake(node.name)
             return out
         return credit
+
+    def _pauser(self, peer: Port, priority: int, xoff: bool) -> Callable[[int], list[Action]]:
+        node = self.nodes[peer[0]]
+
+        def pause(t: int) -> list[Action]:
+            out = node.pause(peer[1], priority, xoff, self._clamp(node.name, t))
+            self._schedule_wake(node.name)
+            return out
+        return pause
+
+    def pause_port(self, name: str, port: int, priority: int, xoff: bool, now: int) -> None:
+        """The peer of ``name:port`` paused (or resumed) ``priority`` from outside the model
+        (a host's own PFC frame)."""
+        self.run_events(now)
+        self._dispatch(self.nodes[name].pause(port, priority, xoff, self._clamp(name, now)))
+        self._schedule_wake(name)
 
     def _schedule_wake(self, name: str) -> None:
         node = self.nodes[name]

@@ -47,7 +47,8 @@ Where a frame is, and what it holds:
 - Ethernet: strict priority, highest first, skipping paused priorities. A frame that would
   push the egress port past its buffer is dropped unless its priority is lossless (PFC). An
   ECN-capable frame that finds more than ``ecn_mark_bytes`` queued in its priority is marked
-  CE. Per ingress port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
+  CE. Both at switches only: a host's egress queue stands for its NIC's send queue, which
+  its transport's window bounds (it neither drops nor marks; it honours pauses). Per ingress port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
   ``xon_bytes`` XON (pause frames are not timed out in the model: XOFF holds until XON).
 
 This maps onto ``ibemu.roce.queues`` (the live RoCE user datapath): ``QueueConfig.buffer_kb``
@@ -505,7 +506,7 @@ class Node:
         if c is None:  # SL mapped to VL15 or to a VL the port does not operate
             p.counters.xmit_discards += 1
             return [Drop(self.name, out_port, frame, "vl_mapping", now), *self._release(frame, now)]
-        if self.kind == "eth":
+        if self.kind == "eth" and self.switch:  # a host's queue (its NIC's send queue) neither drops nor marks
             if c not in self.eth.lossless and p.total_bytes + frame.size > self.eth.buffer_bytes:
                 p.counters.drops += 1
                 return [Drop(self.name, out_port, frame, "buffer", now), *self._release(frame, now)]

@@ -48,7 +48,7 @@ from tests.integration.roce_live import (
 
 pytestmark = pytest.mark.root
 
-LINE_GBPS = 0.2
+LINE_GBPS = 1.0
 DELAY_US = 1000.0
 
 
