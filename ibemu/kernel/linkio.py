@@ -49,8 +49,8 @@ class LiveLinks:
 
     def __init__(self, nodes: Mapping[str, Node], *, sockets: Callable[[str, int], socket.socket | None],
                  heads: Callable[[str, int], bytes] | None = None,
-                 powered: Callable[[str], bool] | None = None) -> None:
-        self.plane = LivePlane(nodes)
+                 powered: Callable[[str], bool] | None = None, tie_seed: int | None = None) -> None:
+        self.plane = LivePlane(nodes, tie_seed=tie_seed)
         self._sockets = sockets
         self._heads = heads or (lambda s, p: b"")
         self._powered = powered or (lambda s: True)

@@ -51,6 +51,12 @@ for that priority). Every pause and every drop is also noted (:attr:`LivePlane.n
 with :meth:`take_notes`) for the IO side: it puts real PFC frames on the cables and counts.
 A frame the datapath loses on a cable (``loss_pct``) leaves its record to :meth:`consume`.
 
+Ties: two frames from two hosts whose queues are paced alike reach a switch in the same ns;
+taken in the order they were scheduled, the same sender would always win the last slot of a
+drop-tail buffer (a phase effect real fabrics, with their jitter, do not show). An Ethernet
+plane therefore runs events due at the same ns in a seeded random order (``tie_seed``), as the
+reference simulator does; IB (lossless, credits) keeps the scheduled order.
+
 Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
 and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
@@ -62,6 +68,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
@@ -121,11 +128,14 @@ class LinkStats:
 class LivePlane:
     """Every node of a fabric's model (``plan.build_nodes``), driven by live frames."""
 
-    def __init__(self, nodes: Mapping[str, Node]) -> None:
+    def __init__(self, nodes: Mapping[str, Node], *, tie_seed: int | None = None) -> None:
+        """``tie_seed``: events due at the same ns run in a seeded random order (as in
+        ``physics.sim``) instead of the order they were scheduled in."""
         self.nodes: dict[str, Node] = dict(nodes)
+        self._tie = random.Random(tie_seed).random if tie_seed is not None else None
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, int, Callable[[int], list[Action]]]] = []
+        self._events: list[tuple[int, float, Callable[[int], list[Action]]]] = []
         self._seq = itertools.count()
         self._wake: dict[str, int] = {}
         self._last: dict[str, int] = {}
@@ -380,7 +390,7 @@ class LivePlane:
         return t
 
     def _at(self, t: int, fn: Callable[[int], list[Action]]) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), fn))
+        heapq.heappush(self._events, (t, self._tie() if self._tie is not None else next(self._seq), fn))
 
     def _dispatch(self, actions: list[Action]) -> None:
         touched: set[str] = set()

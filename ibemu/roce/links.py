@@ -84,7 +84,7 @@ class RoceLinks(LiveLinks):
     def __init__(self, nodes: Mapping[str, Node], *, sockets: Callable[[str, int], socket.socket | None],
                  macs: Callable[[str, int], bytes], down: Callable[[str, int], bool], loss_pct: float = 0.0,
                  seed: int = 0) -> None:
-        super().__init__(nodes, sockets=sockets)
+        super().__init__(nodes, sockets=sockets, tie_seed=seed)
         self._macs = macs
         self._down = down
         self._loss = loss_pct / 100

@@ -281,8 +281,21 @@ class UserDatapath:
                 counts: dict[str, int] = c[part]
                 for k, v in counts.items():
                     totals[k] = totals.get(k, 0) + int(v)
+        state: dict[str, Any] = {}
+        if self.links is not None:
+            lp = self.links.plane
+            queued = {f"{n.name}:{num}": p.total_bytes for n in lp.nodes.values() for num, p in n.ports.items()
+                      if p.total_bytes}
+            paused = {f"{n.name}:{num}": sorted(p.paused) for n in lp.nodes.values() for num, p in n.ports.items()
+                      if p.paused}
+            hosts = {f"{n.name}:{num}": (p.counters.paused_ns + sum(now - t for t in p.paused_since.values())) // 1000
+                     for n in lp.nodes.values() if not n.switch for num, p in n.ports.items()
+                     if p.counters.paused_ns or p.paused_since}
+            state = {"hosts_paused_us": hosts, "frames_in": lp.frames_in, "unmatched": lp.unmatched, "drops": lp.drops,
+                     "drop_reasons": dict(lp.drop_reasons), "queued_bytes": queued, "paused": paused,
+                     "sent": self.links.sent}
         return {"schema": "ibemu.roce-userpath/1", "t_ns": now, "config": self.cfg.to_dict(),
-                "totals": totals, "routers": per}
+                "totals": totals, "routers": per, "model": state}
 
     def write_counters(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
