@@ -232,7 +232,8 @@ def render(comparison: Mapping[str, Any]) -> str:
         lines.append("physics: both runs timed by the same link model (cable rates and delays, switch latency and "
                      "buffers per kind: IB credits, Ethernet drop tail / PFC / ECN)")
     fid = c.get("fidelity") or {}
-    lines.append(f"fidelity: ib {_validity(fid.get('ib'))}, roce {_validity(fid.get('roce'))}")
+    a, b = ("run A", "run B") if control else ("ib", "roce")
+    lines.append(f"fidelity: {a} {_validity(fid.get('ib'))}, {b} {_validity(fid.get('roce'))}")
     if any(f is not None and not f.get("valid") for f in fid.values()):
         lines.append("INVALID RUN: the figures of an invalid side are not to scale (it fell behind its clock)")
     imp = c.get("impairments") or {}
