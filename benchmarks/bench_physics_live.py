@@ -475,6 +475,71 @@ def print_roce_incast(r: dict[str, Any]) -> None:
           f"late p99 {f['worst_late_p99_us']} us{'; ' + str(f['behind']) if f['behind'] else ''})")
 
 
+def measure_roce_rc(rate_name: str, dilation: float, iterations: int, *, pfc_on: bool) -> dict[str, Any]:
+    """The same incast with ibemu's RC transport (RDMA WRITE of 64 KiB from h0 and from h1 to
+    h2, one QP each, ``iterations`` messages, in this process on the dilated clock): drops make
+    the receiver NAK out-of-sequence packets and the requester go back N (``retransmitted``)."""
+    import trio
+
+    from ibemu import clock
+    from ibemu.fabric.roce_fabric import RoceRun
+    from ibemu.kernel import ownership
+    from ibemu.roce.queues import QueueConfig
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+    from ibemu.traffic.perftest import PerfOptions, Side, bw_client, bw_server
+
+    clock.configure(dilation)
+    topo = generate("single-switch", hosts=3)
+    topo.defaults = dataclasses.replace(topo.defaults, rate=parse_rate(rate_name))
+    q = QueueConfig(pfc=frozenset({3}) if pfc_on else frozenset())
+    state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live-roce-rc")
+    run = RoceRun.up(topo, state, queues=q)
+    opts = PerfOptions(test="write_bw", size=65536, iterations=iterations, qps=1, tx_depth=16, timeout=8)
+    results: list[Any] = []
+    try:
+        ports = {h: run.open_port(h) for h in ("h0", "h1", "h2")}
+
+        async def main() -> None:
+            async with trio.open_nursery() as n:
+                for p in ports.values():
+                    await n.start(p.serve)
+                done = trio.Event()
+                sides = []
+                for src in ("h0", "h1"):
+                    a, b = Side.create(ports[src], opts), Side.create(ports["h2"], opts)
+                    a.connect(b.info())
+                    b.connect(a.info())
+                    sides.append(a)
+                    n.start_soon(bw_server, b, done)
+
+                async def drive(side: Side) -> None:
+                    results.append(await bw_client(side))
+                async with trio.open_nursery() as clients:
+                    for sd in sides:
+                        clients.start_soon(drive, sd)
+                done.set()
+                n.cancel_scope.cancel()
+
+        trio.run(main, clock=clock.trio_clock())
+    finally:
+        for p in locals().get("ports", {}).values():
+            p.close()
+        run.down()
+    tot = run.counters.get("totals", {})
+    return {"kind": "roce-rc", "pfc": pfc_on, "dilation": dilation, "iterations": [r.iterations for r in results],
+            "gbps": [round(r.bytes * 8 / r.seconds / 1e9, 2) for r in results],
+            "retransmitted": sum(r.retransmitted for r in results), "dropped": int(tot.get("dropped", 0)),
+            "pause_sent": int(tot.get("pause_sent", 0))}
+
+
+def print_roce_rc(r: dict[str, Any]) -> None:
+    print(f"RoCE 2:1 incast with the RC transport (64 KiB WRITEs, 1 QP each), {'PFC' if r['pfc'] else 'no PFC'}, "
+          f"dilation {r['dilation']:g}: router dropped {r['dropped']}, packets the senders went back N for "
+          f"{r['retransmitted']} (model: > 0 without PFC, 0 with), pauses {r['pause_sent']}; each sender "
+          f"{r['gbps']} Gb/s emulated (the Python transport's own pace: ibemu's CPU cost, not to scale)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child")
@@ -492,6 +557,8 @@ def main() -> int:
                     help="the 2:1 incast on the RoCE user datapath, with and without PFC")
     ap.add_argument("--roce-dilation", type=float, default=2000.0)
     ap.add_argument("--roce-only", action="store_true", help="only the RoCE rows")
+    ap.add_argument("--roce-rc", type=int, default=0, metavar="N",
+                    help="also the RoCE incast with the RC transport, N messages of 64 KiB per sender")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.child:
@@ -509,6 +576,11 @@ def main() -> int:
                 r = measure_roce_incast(rates[0], args.roce_dilation, args.seconds, Path(tmp), pfc_on=pfc_on)
             results.append(r)
             print_roce_incast(r)
+    if args.roce_rc:
+        for pfc_on in (False, True):
+            r = measure_roce_rc(rates[0], args.roce_dilation, args.roce_rc, pfc_on=pfc_on)
+            results.append(r)
+            print_roce_rc(r)
     if args.roce_only:
         args.skip_rate = args.skip_latency = True
     if not args.skip_rate:
