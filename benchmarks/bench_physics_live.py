@@ -484,6 +484,7 @@ def measure_roce_rc(rate_name: str, dilation: float, iterations: int, *, pfc_on:
     from ibemu import clock
     from ibemu.fabric.roce_fabric import RoceRun
     from ibemu.kernel import ownership
+    from ibemu.physics.link import ETH_FRAMING_BYTES, data_gbps
     from ibemu.roce.queues import QueueConfig
     from ibemu.topo import generate
     from ibemu.topo.rates import parse_rate
@@ -495,7 +496,7 @@ def measure_roce_rc(rate_name: str, dilation: float, iterations: int, *, pfc_on:
     q = QueueConfig(pfc=frozenset({3}) if pfc_on else frozenset())
     state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live-roce-rc")
     run = RoceRun.up(topo, state, queues=q)
-    opts = PerfOptions(test="write_bw", size=65536, iterations=iterations, qps=1, tx_depth=16, timeout=8)
+    opts = PerfOptions(test="write_bw", size=65536, iterations=iterations, qps=1, tx_depth=64, timeout=8)
     results: list[Any] = []
     try:
         ports = {h: run.open_port(h) for h in ("h0", "h1", "h2")}
@@ -530,14 +531,18 @@ def measure_roce_rc(rate_name: str, dilation: float, iterations: int, *, pfc_on:
     return {"kind": "roce-rc", "pfc": pfc_on, "dilation": dilation, "iterations": [r.iterations for r in results],
             "gbps": [round(r.bytes * 8 / r.seconds / 1e9, 2) for r in results],
             "retransmitted": sum(r.retransmitted for r in results), "dropped": int(tot.get("dropped", 0)),
-            "pause_sent": int(tot.get("pause_sent", 0))}
+            "pause_sent": int(tot.get("pause_sent", 0)),
+            "payload_max_gbps": data_gbps(topo.defaults.rate) * 4096 / (4096 + 78 + 4 + ETH_FRAMING_BYTES)}
 
 
 def print_roce_rc(r: dict[str, Any]) -> None:
+    g = r["gbps"]
+    share = [100 * x / max(sum(g), 1e-9) for x in g]
     print(f"RoCE 2:1 incast with the RC transport (64 KiB WRITEs, 1 QP each), {'PFC' if r['pfc'] else 'no PFC'}, "
           f"dilation {r['dilation']:g}: router dropped {r['dropped']}, packets the senders went back N for "
-          f"{r['retransmitted']} (model: > 0 without PFC, 0 with), pauses {r['pause_sent']}; each sender "
-          f"{r['gbps']} Gb/s emulated (the Python transport's own pace: ibemu's CPU cost, not to scale)")
+          f"{r['retransmitted']} (model: > 0 without PFC, 0 with), pause frames {r['pause_sent']}; each sender "
+          f"{g[0]:.1f} / {g[1]:.1f} Gb/s of payload in emulated time ({share[0]:.1f}% / {share[1]:.1f}%; "
+          f"together {sum(g):.1f}, the cable's payload rate at most {r['payload_max_gbps']:.1f})")
 
 
 def main() -> int:
