@@ -48,15 +48,15 @@ Where a frame is, and what it holds:
   push the egress port past its buffer is dropped unless its priority is lossless (PFC). An
   ECN-capable frame that finds more than ``ecn_mark_bytes`` queued in its priority is marked
   CE. Both at switches only: a host's egress queue stands for its NIC's send queue, which
-  its transport's window bounds (it neither drops nor marks; it honours pauses). Per ingress port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
+  its transport's window bounds (it neither drops nor marks; it honours pauses). Per ingress
+  port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
   ``xon_bytes`` XON (pause frames are not timed out in the model: XOFF holds until XON).
 
-This maps onto ``ibemu.roce.queues`` (the live RoCE user datapath): ``QueueConfig.buffer_kb``
-is :attr:`EthConfig.buffer_bytes`, ``ecn_mark_kb`` ``ecn_mark_bytes``, ``pfc`` ``lossless``,
-``xoff_kb``/``xon_kb`` the thresholds, ``line_gbps`` the port's :class:`LinkModel`; ``PortQueues``
-is :class:`EgressPort` (strict priority, drop tail), ``PfcIngress`` the ingress counters here.
-Differences: queues.py ages pause quanta (0xFFFF, refreshed) and rounds its byte clock to the
-caller's wake-ups; the model holds an XOFF until the XON and times every frame exactly.
+The RoCE user datapath runs on this (``ibemu.roce.links``, live through
+``ibemu.physics.live``): ``ibemu.roce.physics`` maps its ``QueueConfig`` onto :class:`EthConfig`
+(``buffer_kb`` -> ``buffer_bytes``, ``ecn_mark_kb`` -> ``ecn_mark_bytes``, ``pfc`` ->
+``lossless``, ``xoff_kb``/``xon_kb`` -> the thresholds) and a switch model; its cables are the
+topology's. Pause frames here are not aged: an XOFF holds until its XON.
 
 Deviations from IBA: no HOQLife / VLStallCount discards (a credit loop stays stuck instead of
 draining by timeouts, which is what makes a deadlock visible; real switches would eventually
