@@ -67,7 +67,7 @@ def child(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     tx = open_packet_socket(spec["tx_ns"], spec["tx_if"], 0x0003, buffer_bytes=4 << 20)
     tx.setblocking(False)
-    rx = open_packet_socket(spec["rx_ns"], spec["rx_if"], 0x88B5, buffer_bytes=64 << 20)
+    rx = open_packet_socket(spec["rx_ns"], spec["rx_if"], spec.get("rx_proto", 0x88B5), buffer_bytes=64 << 20)
     rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     rx.settimeout(0.2)
     frames = [bytes.fromhex(f) for f in spec["frames"]]
@@ -93,8 +93,9 @@ def child(spec_path: str) -> None:
                     s, ns = _TS.unpack_from(d)
                     stamp = s * 1_000_000_000 + ns
             psn = int.from_bytes(data[14 + 8 + 9:14 + 8 + 12], "big") if len(data) > 34 else -1
-            if spec.get("more"):
-                psn = int.from_bytes(data[14 + 6:14 + 8], "big")  # incast: the sender's LID instead
+            if spec.get("id_at"):  # incast: who sent it (IB: its SLID; RoCE: its source address)
+                lo, hi = spec["id_at"]
+                psn = int.from_bytes(data[lo:hi], "big") if len(data) >= hi else -1
             got.append((stamp, len(data), psn))
 
     th = threading.Thread(target=receive, daemon=True)
@@ -322,7 +323,7 @@ def measure_incast(rate_name: str, dilation: float, seconds: float, tmp: Path) -
         on_loop(lambda: host.links.report_links())
         b = rt.plan.nodes["h1"].ports[1]
         spec = {"tx_ns": rt.plan.nodes["h0"].ns, "tx_if": rt.plan.nodes["h0"].ports[1].ifname,
-                "rx_ns": rt.plan.nodes["h2"].ns, "rx_if": rt.plan.nodes["h2"].ports[1].ifname,
+                "rx_ns": rt.plan.nodes["h2"].ns, "rx_if": rt.plan.nodes["h2"].ports[1].ifname, "id_at": [20, 22],
                 "frames": f0, "more": [{"ns": rt.plan.nodes["h1"].ns, "if": b.ifname, "frames": f1}],
                 "mode": "rate", "offered": 1.05 * line_fps_real, "seconds": seconds, "drain_s": 1.0}
         out = run_child(spec, tmp)
@@ -374,6 +375,176 @@ def measure_latency(dilation: float, n: int, tmp: Path, switches: int = 3) -> di
             "fidelity": fid, "unmatched": unmatched}
 
 
+
+# ------------------------------------------------------------------ RoCE: the same model, Ethernet
+
+def roce_frames(fab: Any, src: str, dst: str, n: int) -> list[str]:
+    """RoCEv2 RDMA WRITE frames of 4 KiB from ``src`` to ``dst`` (DSCP 26, ECT(0), ICRC right)."""
+    from scapy.contrib.roce import BTH
+
+    from ibemu.wire.roce import roce_packet
+
+    hp = fab.host_port(src)
+    mac = fab.plan.nodes[src].ports[1].mac
+    reth = bytes(8) + (0x1234).to_bytes(4, "big") + PAYLOAD.to_bytes(4, "big")
+    out = []
+    for i in range(n):
+        pkt = roce_packet(fab.addrs.host_ip(src), fab.addrs.host_ip(dst), BTH(opcode=0x0A, dqpn=0x100, psn=i),
+                          payload=reth + bytes(PAYLOAD), sport=0xC000 + i % 64, tos=26 << 2 | 2,
+                          src_mac=":".join(f"{b:02x}" for b in mac),
+                          dst_mac=":".join(f"{b:02x}" for b in hp.gateway_mac))
+        out.append(bytes(pkt).hex())
+    return out
+
+
+def measure_roce_incast(rate_name: str, dilation: float, seconds: float, tmp: Path, *, pfc_on: bool) -> dict[str, Any]:
+    """The 2:1 incast on a RoCE fabric's user datapath (routers timed by the same link model):
+    h0 and h1 each offer 105% of the line rate to h2 through one router; with PFC on the data's
+    priority or without."""
+    from ibemu import clock, lagmon
+    from ibemu.fabric.roce_fabric import RoceRun
+    from ibemu.kernel import ownership
+    from ibemu.physics import expect
+    from ibemu.physics.link import ETH_FRAMING_BYTES, data_gbps
+    from ibemu.roce.physics import switch_model
+    from ibemu.roce.queues import QueueConfig
+    from ibemu.scenario.fidelity import fidelity, judge_links
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+
+    clock.configure(dilation)
+    rate = parse_rate(rate_name)
+    topo = generate("single-switch", hosts=3)
+    topo.defaults = dataclasses.replace(topo.defaults, rate=rate)
+    q = QueueConfig(pfc=frozenset({3}) if pfc_on else frozenset())
+    lag = tmp / "lag.jsonl"
+    os.environ[lagmon.ENV_LOG] = str(lag)  # the user datapath's lag and link fidelity go here
+    state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live-roce")
+    run = RoceRun.up(topo, state, queues=q)
+    try:
+        fab = run.fab
+        f0, f1 = roce_frames(fab, "h0", "h2", 16), roce_frames(fab, "h1", "h2", 16)
+        size = len(bytes.fromhex(f0[0])) + 4  # the model's size: with the FCS
+        line_fps_real = data_gbps(rate) * 1e9 / ((size + ETH_FRAMING_BYTES) * 8) / dilation
+        nodes = fab.plan.nodes
+        spec = {"tx_ns": nodes["h0"].ns, "tx_if": nodes["h0"].ports[1].ifname, "rx_ns": nodes["h2"].ns,
+                "rx_if": nodes["h2"].ports[1].ifname, "rx_proto": 0x0003, "id_at": [29, 30], "frames": f0,
+                "more": [{"ns": nodes["h1"].ns, "if": nodes["h1"].ports[1].ifname, "frames": f1}],
+                "mode": "rate", "offered": 1.05 * line_fps_real, "seconds": seconds, "drain_s": 1.5}
+        t0 = clock.now_ns()
+        out = run_child(spec, tmp)
+    finally:
+        run.down()
+        os.environ.pop(lagmon.ENV_LOG, None)
+    counters = run.counters
+    recs = [json.loads(line) for line in lag.read_text().splitlines()] if lag.exists() else []
+    fid = judge_links([r for r in recs if r.get("t_ns", 0) >= t0])  # as the IB rows: the links' verdict
+    procs = fidelity(recs, dilation=dilation, lo_ns=t0)["processes"]
+    ids = {int(fab.addrs.host_ip(h).split(".")[-1]): h for h in ("h0", "h1")}
+    got = sorted((clock.to_emulated_ns(s - out["offset"]), ids.get(src, "?")) for s, n, src in out["got"] if n > 1000)
+    lo, hi = int(len(got) * 0.2), int(len(got) * 0.9)
+    window = got[lo:hi]
+    span = max(1, window[-1][0] - window[0][0]) if len(window) > 1 else 1
+    per = {h: sum(1 for _, who in window if who == h) for h in ("h0", "h1")}
+    tot = counters.get("totals", {})
+    model = counters.get("model", {})
+    sw = switch_model(q)
+    arrived = out["sent_n"]
+    return {"kind": "roce", "pfc": pfc_on, "rate": rate_name, "dilation": dilation, "line_gbps": data_gbps(rate),
+            "frame_bytes": size, "buffer_bytes": sw.buffer_bytes, "sent": arrived, "received": len(got),
+            "total_pct": 100 * (len(window) - 1) * (size + ETH_FRAMING_BYTES) * 8 / span / data_gbps(rate),
+            "share_pct": {k: 100 * v / max(1, len(window)) for k, v in per.items()},
+            "dropped": int(tot.get("dropped", 0)), "model_drops": int(model.get("drops", 0)),
+            "expected_drops": 0 if pfc_on else expect.incast_drops(2, arrived // 2, size, sw.buffer_bytes),
+            "pause_sent": int(tot.get("pause_sent", 0)), "pause_received": int(tot.get("pause_received", 0)),
+            "paused_us": int(tot.get("paused_us", 0)), "hosts_paused_us": model.get("hosts_paused_us", {}),
+            "fidelity": fid, "processes": procs}
+
+
+def print_roce_incast(r: dict[str, Any]) -> None:
+    f = r["fidelity"]
+    sh = r["share_pct"]
+    pfc_txt = "PFC on priority 3" if r["pfc"] else "no PFC (drop tail)"
+    print(f"RoCE 2:1 incast, 4 KiB, {r['rate']} Ethernet, {pfc_txt}, at dilation {r['dilation']:g}: "
+          f"h0 {sh['h0']:.1f}% / h1 {sh['h1']:.1f}% of what reached h2 (target 50 +- 3% each), h2's cable at "
+          f"{r['total_pct']:.2f}% of its rate (model: 100%); dropped {r['dropped']} of {r['sent']} "
+          f"(model's expectation {r['expected_drops']}: half the arrivals beyond a {r['buffer_bytes'] // 1024} KiB "
+          f"buffer{'; PFC: 0' if r['pfc'] else ''}); the router sent {r['pause_sent']} pause frames (XOFF+XON), "
+          f"the senders' ports stood paused {r['hosts_paused_us']} us (emulated); fidelity "
+          f"{'valid' if f['valid'] else 'INVALID'} (worst link {f['worst_link']}: busy {f['worst_busy_pct']}%, "
+          f"late p99 {f['worst_late_p99_us']} us{'; ' + str(f['behind']) if f['behind'] else ''})")
+
+
+def measure_roce_rc(rate_name: str, dilation: float, iterations: int, *, pfc_on: bool) -> dict[str, Any]:
+    """The same incast with ibemu's RC transport (RDMA WRITE of 64 KiB from h0 and from h1 to
+    h2, one QP each, ``iterations`` messages, in this process on the dilated clock): drops make
+    the receiver NAK out-of-sequence packets and the requester go back N (``retransmitted``)."""
+    import trio
+
+    from ibemu import clock
+    from ibemu.fabric.roce_fabric import RoceRun
+    from ibemu.kernel import ownership
+    from ibemu.physics.link import ETH_FRAMING_BYTES, data_gbps
+    from ibemu.roce.queues import QueueConfig
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+    from ibemu.traffic.perftest import PerfOptions, Side, bw_client, bw_server
+
+    clock.configure(dilation)
+    topo = generate("single-switch", hosts=3)
+    topo.defaults = dataclasses.replace(topo.defaults, rate=parse_rate(rate_name))
+    q = QueueConfig(pfc=frozenset({3}) if pfc_on else frozenset())
+    state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live-roce-rc")
+    run = RoceRun.up(topo, state, queues=q)
+    opts = PerfOptions(test="write_bw", size=65536, iterations=iterations, qps=1, tx_depth=64, timeout=8)
+    results: list[Any] = []
+    try:
+        ports = {h: run.open_port(h) for h in ("h0", "h1", "h2")}
+
+        async def main() -> None:
+            async with trio.open_nursery() as n:
+                for p in ports.values():
+                    await n.start(p.serve)
+                done = trio.Event()
+                sides = []
+                for src in ("h0", "h1"):
+                    a, b = Side.create(ports[src], opts), Side.create(ports["h2"], opts)
+                    a.connect(b.info())
+                    b.connect(a.info())
+                    sides.append(a)
+                    n.start_soon(bw_server, b, done)
+
+                async def drive(side: Side) -> None:
+                    results.append(await bw_client(side))
+                async with trio.open_nursery() as clients:
+                    for sd in sides:
+                        clients.start_soon(drive, sd)
+                done.set()
+                n.cancel_scope.cancel()
+
+        trio.run(main, clock=clock.trio_clock())
+    finally:
+        for p in locals().get("ports", {}).values():
+            p.close()
+        run.down()
+    tot = run.counters.get("totals", {})
+    return {"kind": "roce-rc", "pfc": pfc_on, "dilation": dilation, "iterations": [r.iterations for r in results],
+            "gbps": [round(r.bytes * 8 / r.seconds / 1e9, 2) for r in results],
+            "retransmitted": sum(r.retransmitted for r in results), "dropped": int(tot.get("dropped", 0)),
+            "pause_sent": int(tot.get("pause_sent", 0)),
+            "payload_max_gbps": data_gbps(topo.defaults.rate) * 4096 / (4096 + 78 + 4 + ETH_FRAMING_BYTES)}
+
+
+def print_roce_rc(r: dict[str, Any]) -> None:
+    g = r["gbps"]
+    share = [100 * x / max(sum(g), 1e-9) for x in g]
+    print(f"RoCE 2:1 incast with the RC transport (64 KiB WRITEs, 1 QP each), {'PFC' if r['pfc'] else 'no PFC'}, "
+          f"dilation {r['dilation']:g}: router dropped {r['dropped']}, packets the senders went back N for "
+          f"{r['retransmitted']} (model: > 0 without PFC, 0 with), pause frames {r['pause_sent']}; each sender "
+          f"{g[0]:.1f} / {g[1]:.1f} Gb/s of payload in emulated time ({share[0]:.1f}% / {share[1]:.1f}%; "
+          f"together {sum(g):.1f}, the cable's payload rate at most {r['payload_max_gbps']:.1f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child")
@@ -387,6 +558,12 @@ def main() -> int:
     ap.add_argument("--incast", action="store_true", help="also the 2:1 incast at the first rate and dilation")
     ap.add_argument("--rate-switches", type=int, choices=(1, 3), default=1,
                     help="the rate over one switch, or three (leaf, spine, leaf: credits between switches)")
+    ap.add_argument("--roce-incast", action="store_true",
+                    help="the 2:1 incast on the RoCE user datapath, with and without PFC")
+    ap.add_argument("--roce-dilation", type=float, default=2000.0)
+    ap.add_argument("--roce-only", action="store_true", help="only the RoCE rows")
+    ap.add_argument("--roce-rc", type=int, default=0, metavar="N",
+                    help="also the RoCE incast with the RC transport, N messages of 64 KiB per sender")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.child:
@@ -398,6 +575,19 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     rates = [r.strip() for r in args.rates.split(",")]
     dils = [float(d) for d in args.dilation.split(",")]
+    if args.roce_incast or args.roce_only:
+        for pfc_on in (False, True):
+            with tempfile.TemporaryDirectory() as tmp:
+                r = measure_roce_incast(rates[0], args.roce_dilation, args.seconds, Path(tmp), pfc_on=pfc_on)
+            results.append(r)
+            print_roce_incast(r)
+    if args.roce_rc:
+        for pfc_on in (False, True):
+            r = measure_roce_rc(rates[0], args.roce_dilation, args.roce_rc, pfc_on=pfc_on)
+            results.append(r)
+            print_roce_rc(r)
+    if args.roce_only:
+        args.skip_rate = args.skip_latency = True
     if not args.skip_rate:
         for rate, d in zip(rates, dils, strict=True):
             with tempfile.TemporaryDirectory() as tmp:

@@ -8,6 +8,20 @@ each flow's blackout and throughput, collectives' time, bus bandwidth and #wrong
 ``OUT/ib.json`` and ``OUT/roce.json`` (ibemu.run/2) and ``--json FILE`` (default
 ``OUT/compare.json``: both runs and the comparison, ibemu.compare/1). Both variants are
 checked before anything is built.
+
+``--physics``: both runs on the user datapath, so both are timed by the same link model
+(``ibemu.physics``): the same cable rates and delays (the topology's: ``defaults``/links
+``rate``, ``delay_us``/``cable_m``), each kind's switch model (``fabric.switch`` where it
+names no model of the other kind: IB credits per VL input buffer, Ethernet drop tail / PFC /
+ECN per egress port). The RoCE run's ``line_gbps`` override is dropped (the topology's rates),
+its cable impairments stay (they are what is compared). A scenario on the user datapath gets
+this by itself.
+
+``--control KIND``: the fairness check of a comparison. Both runs are KIND (``ib`` or
+``roce``), on the physics the comparison would use: the same scenario twice, so every
+ratio should be 1 (within the run-to-run noise, the issue's 100 +- 3%); the table and
+``compare.json`` (``control``) say so, and each flow's ratio is printed as the control
+ratio. Files: ``OUT/KIND-a.json``, ``OUT/KIND-b.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +37,8 @@ from pathlib import Path
 from ibemu import clock
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
-from ibemu.scenario.schema import Scenario
+from ibemu.physics.link import SWITCH_MODELS
+from ibemu.scenario.schema import FabricSpec, Scenario, SwitchSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,12 +50,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="write both runs and the comparison here (default: OUT/compare.json)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--physics", action="store_true",
+                   help="both runs on the user datapath: timed by the same link model (rates, delays, buffers)")
+    p.add_argument("--control", choices=("ib", "roce"), metavar="KIND",
+                   help="the control run: the same kind (ib or roce) on both sides, whose ratios should be 1")
     add_dilation_argument(p)
     p.set_defaults(func=run)
 
 
-def variants(scen: Scenario, duration: float | None = None) -> dict[str, Scenario]:
-    """The scenario as ``ib`` and as ``roce``, each checked runnable (ConfigError otherwise)."""
+def _switch_for(f: FabricSpec, kind: str) -> SwitchSpec | None:
+    """``fabric.switch`` for a run of ``kind``: as written unless it names the other kind's model."""
+    sw = f.switch
+    if sw is None or not sw.model:
+        return sw
+    return sw if SWITCH_MODELS[sw.model].ethernet == (kind == "roce") else None
+
+
+def variants(scen: Scenario, duration: float | None = None, *, physics: bool = False,
+             control: str | None = None) -> dict[str, Scenario]:
+    """The scenario as ``ib`` and as ``roce`` (``control``: twice as that kind, keyed ``ib``
+    and ``roce`` still: run A and run B), each checked runnable (ConfigError otherwise).
+    ``physics`` (or a scenario on the user datapath): both on the user datapath, timed by the
+    same link model."""
     from ibemu.scenario.runner import check_runnable
 
     if duration is not None:
@@ -48,18 +79,23 @@ def variants(scen: Scenario, duration: float | None = None) -> dict[str, Scenari
             raise ConfigError(f"--duration {duration}: must be in (0, 86400] seconds")
         scen = dataclasses.replace(scen, duration_s=duration)
     f = scen.fabric
-    out = {
-        "ib": dataclasses.replace(scen, fabric=dataclasses.replace(
-            f, kind="ib", datapath=f.datapath if f.kind == "ib" else "kernel", loss_pct=0.0, delay_us=0.0,
-            ecn_mark_kb=0.0, ecn_line_gbps=0.0)),
-        "roce": dataclasses.replace(scen, fabric=dataclasses.replace(f, kind="roce")),
-    }
+    physics = physics or f.datapath == "user"
+    ib_dp = "user" if physics else (f.datapath if f.kind == "ib" else "kernel")
+    ib = dataclasses.replace(scen, fabric=dataclasses.replace(
+        f, kind="ib", datapath=ib_dp, loss_pct=0.0, delay_us=0.0, ecn_mark_kb=0.0, ecn_line_gbps=0.0, line_gbps=0.0,
+        buffer_kb=1024.0, pfc=(), dscp_priority=(), switch=_switch_for(f, "ib")))
+    roce = dataclasses.replace(scen, fabric=dataclasses.replace(
+        f, kind="roce", qos=None, switch=_switch_for(f, "roce"), datapath="user" if physics else f.datapath,
+        line_gbps=0.0 if physics else f.line_gbps))
+    out = {"ib": ib, "roce": roce}
+    if control is not None:
+        out = {"ib": out[control], "roce": out[control]}
     for kind, variant in out.items():
         try:
             check_runnable(variant)
         except ConfigError as exc:
-            raise ConfigError(f"{exc} (in the {kind} run; ibemu compare runs the scenario as ib and as roce)") \
-                from None
+            what = f"the control's {control} runs" if control else f"the {kind} run"
+            raise ConfigError(f"{exc} (in {what}; ibemu compare runs the scenario as ib and as roce)") from None
     return out
 
 
@@ -74,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise ConfigError(f"no scenario file {args.scenario!r}")
     scen = load_scenario(path)
-    runs = variants(scen, args.duration)  # every error before anything is built
+    runs = variants(scen, args.duration, physics=args.physics, control=args.control)  # every error before building
     dilation = resolve_dilation(args.dilation, scen.time, scen)
     if os.geteuid() != 0:
         raise ConfigError("ibemu compare needs root (network namespaces, veth, tc): use sudo")
@@ -82,26 +118,31 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json or out_dir / "compare.json"
     t0 = time.monotonic()
     results = {}
+    names = {"ib": f"{args.control}-a", "roce": f"{args.control}-b"} if args.control else {"ib": "ib", "roce": "roce"}
     for kind, variant in runs.items():
-        def progress(phase: str, text: str, kind: str = kind) -> None:
+        name = names[kind]
+
+        def progress(phase: str, text: str, name: str = name) -> None:
             if not args.quiet:
-                print(f"[{time.monotonic() - t0:6.2f}s] {kind:<4} {phase:<9} {text}", file=sys.stderr, flush=True)
+                print(f"[{time.monotonic() - t0:6.2f}s] {name:<6} {phase:<9} {text}", file=sys.stderr, flush=True)
 
         clock.configure(dilation)  # each run from its own epoch
-        result = trio.run(ScenarioRun(variant, out_dir / kind, progress=progress).run, clock=clock.trio_clock())
-        result["files"]["json"] = str(out_dir / f"{kind}.json")
-        store.dump(result, out_dir / f"{kind}.json")
+        result = trio.run(ScenarioRun(variant, out_dir / name, progress=progress).run, clock=clock.trio_clock())
+        result["files"]["json"] = str(out_dir / f"{name}.json")
+        store.dump(result, out_dir / f"{name}.json")
         results[kind] = result
         if result["interrupted"]:
             break
     if len(results) < 2:
         print("ibemu compare: interrupted before both runs were done", file=sys.stderr)
         return 130
-    impair = {"loss_pct": scen.fabric.loss_pct, "delay_us": scen.fabric.delay_us,
-              "ecn_mark_kb": scen.fabric.ecn_mark_kb, "ecn_line_gbps": scen.fabric.ecn_line_gbps}
-    doc = compare.document(results["ib"], results["roce"], impair)
+    roce_f = runs["roce"].fabric
+    impair = {"loss_pct": roce_f.loss_pct, "delay_us": roce_f.delay_us, "ecn_mark_kb": roce_f.ecn_mark_kb,
+              "ecn_line_gbps": roce_f.ecn_line_gbps} if runs["roce"].fabric.kind == "roce" else {}
+    doc = compare.document(results["ib"], results["roce"], impair, control=args.control,
+                           physics="link model" if runs["ib"].fabric.datapath == "user" else "kernel")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1) + "\n")
     print(compare.render(doc["comparison"]), end="")
-    print(f"\n  written: {out_dir / 'ib.json'}, {out_dir / 'roce.json'}, {json_path}")
+    print(f"\n  written: {out_dir / (names['ib'] + '.json')}, {out_dir / (names['roce'] + '.json')}, {json_path}")
     return 130 if any(r["interrupted"] for r in results.values()) else 0

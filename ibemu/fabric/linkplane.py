@@ -1,5 +1,9 @@
 """The IB user datapath's link physics: the thin IO adapter around ``ibemu.physics.live``.
 
+The IO both user datapaths share (departures, the timerfd, link fidelity records) is
+``ibemu.kernel.linkio.LiveLinks``; this adds IB's: frames matched by LRH and BTH, credits
+settled for frames a switch consumed, QoS tables from the agents, PMA counters, credit loops.
+
 The agent host's forwarding loop (``AgentHost._forward_batch``) decides each frame's egress
 port and hands every egress port's list to :meth:`LinkPlane.submit` instead of sending it.
 The plane (sans-IO, :class:`~ibemu.physics.live.LivePlane`) times every frame through the link
@@ -45,25 +49,20 @@ and traps) leave at once, outside the model: only the SMPs the forwarders relay 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
-import trio
-
-from ibemu import clock, lagmon
-from ibemu.events import FabricLog, Kind, append
-from ibemu.kernel.packet import take_drops
-from ibemu.kernel.ring import TxBatcher
-from ibemu.kernel.timerfd import TimerFd
+from ibemu import clock
+from ibemu.events import FabricLog, Kind
+from ibemu.kernel.linkio import LiveLinks, link_record
 from ibemu.physics.link import SwitchModel
-from ibemu.physics.live import LinkStats, LivePlane
 from ibemu.physics.model import Frame, Node
 
 log = logging.getLogger(__name__)
+
+__all__ = ["LinkPlane", "link_record", "match_key"]
 
 ETH_LEN = 14
 REPORT_S = 1.0
@@ -80,29 +79,20 @@ def match_key(frame: bytes | bytearray | memoryview) -> bytes:
     return bytes(frame[ETH_LEN + 2:ETH_LEN + 20])
 
 
-class LinkPlane:
+class LinkPlane(LiveLinks):
     """The model of every switch of the fabric, and the IO that carries it out."""
 
     def __init__(self, nodes: Mapping[str, Node], model: SwitchModel, *,
                  sockets: Callable[[str, int], socket.socket | None],
                  heads: Callable[[str, int], bytes], powered: Callable[[str], bool],
                  events: FabricLog, counts: Callable[[str, int, dict[str, int]], None]) -> None:
-        self.plane = LivePlane(nodes)
+        super().__init__(nodes, sockets=sockets, heads=heads, powered=powered)
         self.model = model
-        self._sockets = sockets
-        self._heads = heads
-        self._powered = powered
         self._counts = counts
         self.events = events
-        self.tx: TxBatcher | None = None
-        self.timer = TimerFd()
-        self._armed: int | None = None
         self._pushed: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._loops_seen: set[frozenset[tuple[str, int, int]]] = set()
-        self._since_ns = clock.now_ns()
         self._last_report = clock.monotonic()
-        self.sent = 0
-        self.lag_log = lagmon.log_path()
         self._qos_seen: dict[str, tuple[int, ...]] = {}
         self._batch: set[int] = set()
         """ids of the frames submitted since ``begin`` (what a batch forwarded)."""
@@ -141,50 +131,6 @@ class LinkPlane:
             if id(f) not in batch and len(f) > ETH_LEN + 20:
                 self.plane.consume(switch, in_port, match_key(f), now)
         self.pump()
-
-    def pump(self) -> None:
-        """Send every frame due now; arm the timer for the next deadline."""
-        now = clock.now_ns()
-        due = self.plane.run(now)
-        if due:
-            self._send(due)
-        nxt = self.plane.next_deadline()
-        if nxt != self._armed:
-            self._armed = nxt
-            if nxt is None:
-                self.timer.disarm()
-            else:
-                self.timer.arm(clock.to_real_ns(nxt))
-
-    def _send(self, due: list[Any]) -> None:
-        tx = self.tx
-        if tx is None:
-            return
-        groups: dict[tuple[str, int], list[bytes]] = {}
-        for d in due:
-            groups.setdefault((d.switch, d.port), []).append(d.frame.meta)
-        out = []
-        for (switch, port), frames in groups.items():
-            sock = self._sockets(switch, port)
-            if sock is None or not self._powered(switch):
-                continue
-            self.sent += len(frames)
-            out.append((sock, frames, switch, self._heads(switch, port)))
-        tx.send_groups(out)  # every port's frames due now in one hand-over to the sending thread
-
-    async def serve(self) -> None:
-        """Wake at each deadline the timer was armed for and pump."""
-        fd = self.timer.fd
-        while True:
-            await trio.lowlevel.wait_readable(fd)
-            self.timer.clear()
-            self._armed = None
-            self.pump()
-
-    def close(self) -> None:
-        with contextlib.suppress(RuntimeError):  # outside trio nothing can be waiting on it
-            trio.lowlevel.notify_closing(self.timer.fd)  # a task waiting on it wakes with an error
-        self.timer.close()
 
     # --- reports --------------------------------------------------------------------------
 
@@ -252,37 +198,3 @@ class LinkPlane:
                 "kind": Kind.CREDIT_LOOP, "t_ns": clock.now_ns(),
                 "hops": [{"switch": n, "port": p, "vl": vl} for n, p, vl in loop.hops],
                 "stalled_us": loop.stalled_ns // 1000})
-
-    def report_links(self, *, final: bool = False) -> list[dict[str, Any]]:
-        """The ``link_fidelity`` records of the interval since the last call (written to the
-        lag log when there is one): per switch port that sent frames or whose socket dropped
-        some it was sent (the kernel's count: the datapath did not read them in time)."""
-        stats = self.plane.take_stats()
-        drops: dict[tuple[str, int], int] = {}
-        for key, st in self.plane.stats.items():
-            sock = self._sockets(*key)
-            n = take_drops(sock) if sock is not None else 0
-            if n:
-                drops[key] = n
-                stats.setdefault(key, LinkStats(st.gbps))
-        since, self._since_ns = self._since_ns, clock.now_ns()
-        recs = [link_record(f"{sw}:{port}", st, since, final=final, rx_drops=drops.get((sw, port), 0))
-                for (sw, port), st in sorted(stats.items())]
-        if self.lag_log and recs:
-            for rec in recs:
-                try:
-                    append(Path(self.lag_log), rec)
-                except OSError:
-                    break
-        return recs
-
-
-def link_record(link: str, st: LinkStats, since_ns: int, *, final: bool = False, rx_drops: int = 0) -> dict[str, Any]:
-    """The ``Kind.LINK_FIDELITY`` record of one cable direction over an interval (``rx_drops``:
-    frames lost arriving at this port, its socket full)."""
-    late = lagmon.LagStats()
-    for ns in st.late_ns:
-        late.add(ns / 1000.0)
-    return {"kind": Kind.LINK_FIDELITY, "t_ns": clock.now_ns(), "since_ns": since_ns, "link": link,
-            "gbps": st.gbps, "frames": st.frames, "bytes": st.bytes, "busy_model_ns": st.busy_model_ns,
-            "busy_real_ns": st.busy_real_ns, "rx_drops": rx_drops, **late.summary(), "buckets": late.buckets(), "final": final}

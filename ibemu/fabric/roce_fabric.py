@@ -30,6 +30,7 @@ from ibemu.kernel import netconf, ownership
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.ecn import EcnMarker, EcnMarking
 from ibemu.kernel.impair import Impairment, impair_ports
+from ibemu.roce import physics as roce_physics
 from ibemu.roce.addressing import AddressPlan, plan_addresses
 from ibemu.roce.queues import QueueConfig
 from ibemu.roce.routes import routers
@@ -93,15 +94,32 @@ class RoceFabric:
                               for r in self.routers}}
 
     def userpath_config(self) -> dict[str, Any]:
-        """What the user datapath process reads (``userpath.json`` in the run directory)."""
+        """What the user datapath process reads (``userpath.json`` in the run directory):
+        each router's ports, the queues, and ``physics``: every node and cable of the link
+        model (``roce.physics.cables``: the topology's rates and delays)."""
         assert self.queues is not None
         hosts = {n.name for n in self.plan.cas()}
-        return {"schema": "ibemu.roce-userpath-config/1", "queues": self.queues.to_dict(),
+        topo = self.plan.topology
+        return {"schema": "ibemu.roce-userpath-config/2", "queues": self.queues.to_dict(),
                 "routers": {r: {"ns": self.plan.nodes[r].ns, "seed": netconf.multipath_seed(r),
                                 "ports": [{"ifname": pp.ifname, "mac": pp.mac.hex(), "peer_mac": pp.peer_mac.hex(),
-                                           "ip": self.addrs.port(r, pp.port).ip, "to_host": pp.peer_node in hosts}
+                                           "ip": self.addrs.port(r, pp.port).ip, "to_host": pp.peer_node in hosts,
+                                           "port": pp.port}
                                           for pp in self.plan.nodes[r].ports.values()]}
-                            for r in self.routers if self.plan.nodes[r].ports}}
+                            for r in self.routers if self.plan.nodes[r].ports},
+                "physics": {"nodes": {name: n.is_switch for name, n in topo.nodes.items()},
+                            "cables": [c.to_list() for c in roce_physics.cables(topo, self.queues)]}}
+
+    def host_gbps(self, host: str, port: int = 1) -> float:
+        """The data rate of ``host``'s cable in the link model (the user datapath's)."""
+        from ibemu.physics.link import data_gbps
+
+        q = self.queues
+        if q is not None and q.line_gbps:
+            return q.line_gbps
+        topo = self.plan.topology
+        link = topo.link_at(host, port)
+        return data_gbps(topo.rate_of(link) if link is not None else topo.defaults.rate)
 
 
 def _router_lines(plan: FabricPlan, addrs: AddressPlan, name: str) -> list[str]:
@@ -339,9 +357,9 @@ class RoceRun:
         port = RocePort.open(hp.ns, hp.ifname, hp.gateway_mac, hp.lid, ip=hp.ip, lid_ips=self.fab.addrs.lid_ips())
         q = self.fab.queues
         if q is not None and q.pfc:
-            port.enable_pfc(q.line_gbps)
+            port.enable_pfc(self.fab.host_gbps(host))
         if dcqcn and q is not None and q.ecn_mark_kb:
-            port.enable_dcqcn(DcqcnParams(line_gbps=q.line_gbps))
+            port.enable_dcqcn(DcqcnParams(line_gbps=self.fab.host_gbps(host)))
         return port
 
     def down(self) -> list[str]:

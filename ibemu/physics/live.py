@@ -42,6 +42,21 @@ What is modelled where (all the switches of the fabric live in this one plane):
 - Switch -> host: serialization at the host cable's rate; the HCA always has credits (it
   consumes at once: ``plan.build_nodes`` wires no credit limit towards a host).
 
+Ethernet (the RoCE user datapath, ``ibemu.roce.links``): the same plane with ``eth`` nodes.
+No credits; an egress port's queue drops tail beyond its buffer (a lossy priority), marks ECN
+and, per ingress port and lossless priority, sends XOFF / XON. A :class:`~ibemu.physics.model.Pause`
+is handed to the peer node in process at its ``at_ns`` (between two switches, as credits are;
+towards a host, the host node's egress queue, which stands for its NIC's send queue, stops
+for that priority). Every pause and every drop is also noted (:attr:`LivePlane.notes`, taken
+with :meth:`take_notes`) for the IO side: it puts real PFC frames on the cables and counts.
+A frame the datapath loses on a cable (``loss_pct``) leaves its record to :meth:`consume`.
+
+Ties: two frames from two hosts whose queues are paced alike reach a switch in the same ns;
+taken in the order they were scheduled, the same sender would always win the last slot of a
+drop-tail buffer (a phase effect real fabrics, with their jitter, do not show). An Ethernet
+plane therefore runs events due at the same ns in a seeded random order (``tie_seed``), as the
+reference simulator does; IB (lossless, credits) keeps the scheduled order.
+
 Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
 and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
@@ -53,13 +68,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
-from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Transmit
+from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
 from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
 
 MATCH_WINDOW = 16
@@ -69,7 +85,7 @@ MATCH_STALE_NS = 1_000_000_000
 datapath that falls behind the clock receives frames long after the model's arrival."""
 
 Port = tuple[str, int]
-_WAKE, _RECEIVE, _CREDIT = 0, 1, 2
+_WAKE, _RECEIVE, _CREDIT, _PAUSE = 0, 1, 2, 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
@@ -116,13 +132,18 @@ class LinkStats:
 class LivePlane:
     """Every node of a fabric's model (``plan.build_nodes``), driven by live frames."""
 
-    def __init__(self, nodes: Mapping[str, Node]) -> None:
+    def __init__(self, nodes: Mapping[str, Node], *, tie_seed: int | None = None) -> None:
+        """``tie_seed``: events due at the same ns run in a seeded random order (as in
+        ``physics.sim``) instead of the order they were scheduled in."""
         self.nodes: dict[str, Node] = dict(nodes)
+        self._tie = random.Random(tie_seed).random if tie_seed is not None else None
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, int, int, str, Any, Any, Any]] = []
-        """(time, seq, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
-        _CREDIT (node, its port, VL, blocks). Tuples, not closures: several per frame and hop."""
+        self._events: list[tuple[int, float, int, str, Any, Any, Any]] = []
+        """(time, order, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
+        _CREDIT (node, its port, VL, blocks), _PAUSE (node, its port, priority, XOFF). Tuples,
+        not closures: several per frame and hop. ``order``: the sequence they were scheduled
+        in, or a seeded random draw (``tie_seed``)."""
         self._seq = itertools.count()
         self._wake: dict[str, int] = {}
         self._last: dict[str, int] = {}
@@ -135,6 +156,9 @@ class LivePlane:
         self.unmatched = 0
         self.drops = 0
         self.drop_reasons: dict[str, int] = {}
+        self.notes: list[Pause | Drop] = []
+        """Pauses sent and frames dropped since the last :meth:`take_notes` (Ethernet)."""
+        self.keep_notes = any(n.kind == "eth" for n in self.nodes.values())
         for node in self.nodes.values():
             if node.switch:
                 for num, p in node.ports.items():
@@ -195,6 +219,8 @@ class LivePlane:
             return VL15
         if peer is None or peer[0] not in self.nodes:
             return 0
+        if self.nodes[peer[0]].kind == "eth":
+            return frame.sl  # its priority; nothing is credited
         p = self.nodes[peer[0]].ports[peer[1]]
         vl = frame.sl % max(1, p.vls)
         cr = p.credits[vl]
@@ -260,8 +286,10 @@ class LivePlane:
                 out = node.advance(self._clamp(name, t))
             elif what == _RECEIVE:
                 out = node.receive(a, b, self._clamp(name, t), b.dst)
-            else:
+            elif what == _CREDIT:
                 out = node.credit_return(a, b, c, self._clamp(name, t))
+            else:
+                out = node.pause(a, b, c, self._clamp(name, t))
             self._schedule_wake(name)
             self._dispatch(out)
         if now > self.now:
@@ -292,6 +320,11 @@ class LivePlane:
             st.busy_real_ns += sent - st.last_sent
         st.last_due, st.last_end, st.last_sent = d.due_ns, d.end_ns, sent
 
+    def take_notes(self) -> list[Pause | Drop]:
+        """The pauses and drops noted since the last call (Ethernet)."""
+        out, self.notes = self.notes, []
+        return out
+
     def take_stats(self) -> dict[Port, LinkStats]:
         """Each egress port's stats since the last call (ports that sent nothing left out)."""
         out = {k: s for k, s in self.stats.items() if s.frames}
@@ -316,6 +349,8 @@ class LivePlane:
         ends = [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
         for a in ends:
             self._flight.pop(a, None)
+        if node.kind == "eth":
+            return  # no credits to resynchronize
         for a in ends:
             src = self.nodes[a[0]].ports[a[1]]
             b = src.peer
@@ -375,8 +410,11 @@ class LivePlane:
         self._last[name] = t
         return t
 
+    def _order(self) -> float:
+        return self._tie() if self._tie is not None else next(self._seq)
+
     def _at(self, t: int, what: int, name: str, a: Any = None, b: Any = None, c: Any = None) -> None:
-        heapq.heappush(self._events, (t, next(self._seq), what, name, a, b, c))
+        heapq.heappush(self._events, (t, self._order(), what, name, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
         if not actions:
@@ -409,14 +447,30 @@ class LivePlane:
                 peer = nodes[a.node].ports[a.port].peer
                 if peer is not None and peer[0] in nodes:
                     self._at(a.at_ns, _CREDIT, peer[0], peer[1], a.vl, a.blocks)
+            elif type(a) is Pause:
+                peer = nodes[a.node].ports[a.port].peer
+                if peer is not None and peer[0] in nodes:
+                    self._at(a.at_ns, _PAUSE, peer[0], peer[1], a.priority, a.xoff)
+                if self.keep_notes:
+                    self.notes.append(a)
             elif type(a) is Drop:
                 self.drops += 1
                 self.drop_reasons[a.reason] = self.drop_reasons.get(a.reason, 0) + 1
+                if self.keep_notes:
+                    self.notes.append(a)
         if touched is None:
             self._schedule_wake(first)
         else:
             for name in touched:
                 self._schedule_wake(name)
+
+
+    def pause_port(self, name: str, port: int, priority: int, xoff: bool, now: int) -> None:
+        """The peer of ``name:port`` paused (or resumed) ``priority`` from outside the model
+        (a host's own PFC frame)."""
+        self.run_events(now)
+        self._dispatch(self.nodes[name].pause(port, priority, xoff, self._clamp(name, now)))
+        self._schedule_wake(name)
 
     def _schedule_wake(self, name: str) -> None:
         node = self.nodes[name]
@@ -432,4 +486,4 @@ class LivePlane:
         if self._wake.get(name) == t:
             return
         self._wake[name] = t
-        heapq.heappush(self._events, (t, next(self._seq), _WAKE, name, None, None, None))
+        heapq.heappush(self._events, (t, self._order(), _WAKE, name, None, None, None))

@@ -47,15 +47,16 @@ Where a frame is, and what it holds:
 - Ethernet: strict priority, highest first, skipping paused priorities. A frame that would
   push the egress port past its buffer is dropped unless its priority is lossless (PFC). An
   ECN-capable frame that finds more than ``ecn_mark_bytes`` queued in its priority is marked
-  CE. Per ingress port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
+  CE. Both at switches only: a host's egress queue stands for its NIC's send queue, which
+  its transport's window bounds (it neither drops nor marks; it honours pauses). Per ingress
+  port and priority, above ``xoff_bytes`` waiting the node sends XOFF, below
   ``xon_bytes`` XON (pause frames are not timed out in the model: XOFF holds until XON).
 
-This maps onto ``ibemu.roce.queues`` (the live RoCE user datapath): ``QueueConfig.buffer_kb``
-is :attr:`EthConfig.buffer_bytes`, ``ecn_mark_kb`` ``ecn_mark_bytes``, ``pfc`` ``lossless``,
-``xoff_kb``/``xon_kb`` the thresholds, ``line_gbps`` the port's :class:`LinkModel`; ``PortQueues``
-is :class:`EgressPort` (strict priority, drop tail), ``PfcIngress`` the ingress counters here.
-Differences: queues.py ages pause quanta (0xFFFF, refreshed) and rounds its byte clock to the
-caller's wake-ups; the model holds an XOFF until the XON and times every frame exactly.
+The RoCE user datapath runs on this (``ibemu.roce.links``, live through
+``ibemu.physics.live``): ``ibemu.roce.physics`` maps its ``QueueConfig`` onto :class:`EthConfig`
+(``buffer_kb`` -> ``buffer_bytes``, ``ecn_mark_kb`` -> ``ecn_mark_bytes``, ``pfc`` ->
+``lossless``, ``xoff_kb``/``xon_kb`` -> the thresholds) and a switch model; its cables are the
+topology's. Pause frames here are not aged: an XOFF holds until its XON.
 
 Deviations from IBA: no HOQLife / VLStallCount discards (a credit loop stays stuck instead of
 draining by timeouts, which is what makes a deadlock visible; real switches would eventually
@@ -525,7 +526,7 @@ class Node:
         if c is None:  # SL mapped to VL15 or to a VL the port does not operate
             p.counters.xmit_discards += 1
             return [Drop(self.name, out_port, frame, "vl_mapping", now), *self._release(frame, now)]
-        if self.kind == "eth":
+        if self.kind == "eth" and self.switch:  # a host's queue (its NIC's send queue) neither drops nor marks
             if c not in self.eth.lossless and p.total_bytes + frame.size > self.eth.buffer_bytes:
                 p.counters.drops += 1
                 return [Drop(self.name, out_port, frame, "buffer", now), *self._release(frame, now)]

@@ -24,6 +24,12 @@ Shape (``comparison`` as :func:`compare` returns it)::
 (``fidelity``: each run's verdict, null for an ibemu.run/1 result; the table's head says
 whether each side is valid, and an invalid side's figures are not to scale.)
 
+A control (``control``: ``"ib"`` or ``"roce"``) compares two runs of the same kind: the
+``ib`` / ``roce`` slots of every PAIR are then run A and run B, and every ratio should be 1;
+the table says so and prints each flow's ratio as the control ratio (target 100 +- 3%).
+``physics`` says what timed the frames: ``"link model"`` (both user datapaths, the same rates,
+delays and buffers) or ``"kernel"``.
+
 where ``PAIR`` is ``{"ib": x, "roce": y, "ratio": y/x or null}``.
 """
 
@@ -65,18 +71,20 @@ def _manager(r: Result) -> str:
     return f"{sm['impl']} SM" + (f" ({sm['engine']})" if sm.get("engine") else "")
 
 
-def _check_pair(ib: Result, roce: Result) -> None:
+def _check_pair(ib: Result, roce: Result, control: str | None = None) -> None:
     for kind, r in (("ib", ib), ("roce", roce)):
         if r.get("schema") not in READABLE_VERSIONS:
             raise ValueError(f"the {kind} result is not an ibemu.run/1 or /2 result")
-        if r["fabric"]["kind"] != kind:
-            raise ValueError(f"the {kind} result is a {r['fabric']['kind']} run")
+        want = control or kind
+        if r["fabric"]["kind"] != want:
+            raise ValueError(f"the {want} result is a {r['fabric']['kind']} run")
 
 
-def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None) -> dict[str, Any]:
+def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None, *,
+            control: str | None = None, physics: str | None = None) -> dict[str, Any]:
     """The comparison of an IB run and a RoCE run of the same scenario (``impairments``: the
-    RoCE cables' ``loss_pct`` and ``delay_us``)."""
-    _check_pair(ib, roce)
+    RoCE cables' ``loss_pct`` and ``delay_us``); ``control``: two runs of that kind instead."""
+    _check_pair(ib, roce, control)
     faults = []
     for i in range(max(len(ib["faults"]), len(roce["faults"]))):
         fi = ib["faults"][i] if i < len(ib["faults"]) else None
@@ -119,7 +127,10 @@ def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = 
     return {
         "schema": SCHEMA,
         "scenario": {"name": ib["scenario"]["name"], "file": ib["scenario"]["file"]},
-        "kinds": {"ib": _manager(ib), "roce": _manager(roce)},
+        "kinds": ({"ib": f"{control} run A: {_manager(ib)}", "roce": f"{control} run B: {_manager(roce)}"}
+                  if control else {"ib": _manager(ib), "roce": _manager(roce)}),
+        "control": control,
+        "physics": physics,
         "impairments": {"loss_pct": 0.0, "delay_us": 0.0, **(impairments or {})},
         "bringup": {k: pair(ib["bringup"][k], roce["bringup"][k]) for k in ("fabric_s", "sm_s")},
         "faults": faults,
@@ -145,10 +156,11 @@ def _validity(f: Mapping[str, Any] | None) -> str:
     return "INVALID" + (f" ({f.get('worst_process')} p99 lag {lag / 1e3:.2f} ms)" if lag is not None else "")
 
 
-def document(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None) -> dict[str, Any]:
+def document(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None, *,
+             control: str | None = None, physics: str | None = None) -> dict[str, Any]:
     """What ``ibemu compare --json`` writes: both results and their comparison."""
     return {"schema": SCHEMA, "runs": {"ib": dict(ib), "roce": dict(roce)},
-            "comparison": compare(ib, roce, impairments)}
+            "comparison": compare(ib, roce, impairments, control=control, physics=physics)}
 
 
 # ------------------------------------------------------------------ text
@@ -209,17 +221,26 @@ def render(comparison: Mapping[str, Any]) -> str:
                 rows.append(_row(f"  {t['name']} {key.replace('_', ' ')}", t[key]))
         if t["error"]["ib"] or t["error"]["roce"]:
             rows.append(_row(f"  {t['name']} error", t["error"]))
-    headers = ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"]
+    control = c.get("control")
+    headers = (["", f"A: {c['kinds']['ib']}", f"B: {c['kinds']['roce']}", "B/A"] if control else
+               ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"])
     lines = [title, "=" * len(title)]
+    if control:
+        lines.append(f"CONTROL: both sides are {control} runs of the same scenario on the same physics: every "
+                     "ratio should be 1.00 (target 100 +- 3%); a comparison is fair to the extent this holds")
+    if c.get("physics") == "link model":
+        lines.append("physics: both runs timed by the same link model (cable rates and delays, switch latency and "
+                     "buffers per kind: IB credits, Ethernet drop tail / PFC / ECN)")
     fid = c.get("fidelity") or {}
-    lines.append(f"fidelity: ib {_validity(fid.get('ib'))}, roce {_validity(fid.get('roce'))}")
+    a, b = ("run A", "run B") if control else ("ib", "roce")
+    lines.append(f"fidelity: {a} {_validity(fid.get('ib'))}, {b} {_validity(fid.get('roce'))}")
     if any(f is not None and not f.get("valid") for f in fid.values()):
         lines.append("INVALID RUN: the figures of an invalid side are not to scale (it fell behind its clock)")
     imp = c.get("impairments") or {}
-    if imp.get("loss_pct") or imp.get("delay_us"):
+    if not control and (imp.get("loss_pct") or imp.get("delay_us")):
         lines.append(f"RoCE cables: {imp.get('loss_pct', 0):g}% of frames lost and {imp.get('delay_us', 0):g} us "
                      "added, per cable and direction; IB lossless")
-    if imp.get("ecn_mark_kb"):
+    if not control and imp.get("ecn_mark_kb"):
         lines.append(f"RoCE congestion control: routers mark CE beyond {imp['ecn_mark_kb']:g} KiB queued at "
                      f"{imp.get('ecn_line_gbps', 0):g} Gb/s, hosts answer with CNPs, senders run DCQCN")
     lines.append(table(headers, rows, [False, True, True, True]))
@@ -233,6 +254,11 @@ def render(comparison: Mapping[str, Any]) -> str:
         for name, e in eff:
             kind = next(t["kind"] for t in c["traffic"] if t["name"] == name)
             what = "busbw" if kind in COLLECTIVES else "throughput"
-            lines.append(f"  {name}: RoCE {what} is {e * 100:.1f}% of IB's "
-                         f"(efficiency loss {(1 - e) * 100:.1f}%)")
+            if control:
+                ok = "within" if abs(e - 1) <= 0.03 else "OUTSIDE"
+                lines.append(f"  {name}: control ratio {e * 100:.1f}% (run B's {what} over run A's; target "
+                             f"100 +- 3%: {ok})")
+            else:
+                lines.append(f"  {name}: RoCE {what} is {e * 100:.1f}% of IB's "
+                             f"(efficiency loss {(1 - e) * 100:.1f}%)")
     return "\n".join(lines) + "\n"

@@ -1,20 +1,23 @@
 """The RoCE user datapath's queue settings in the link model's terms.
 
-``ibemu.roce.queues.QueueConfig`` (what ``fabric:`` keys give the routers today) maps onto
-``ibemu.physics``: ``buffer_kb`` -> ``EthConfig.buffer_bytes`` (per egress port, drop tail for
-lossy priorities), ``ecn_mark_kb`` -> ``ecn_mark_bytes``, ``pfc`` -> ``lossless``,
-``xoff_kb``/``xon_kb`` -> the thresholds per ingress port and priority, ``line_gbps`` -> a
-:class:`~ibemu.physics.link.LinkModel` with Ethernet framing at that data rate (None without a
-rate), ``delay_us`` -> its propagation. ``loss_pct`` (random loss on the cable) and
-``dscp_priority`` (classification) stay the datapath's: the model takes a frame's priority as
-given.
+``ibemu.roce.queues.QueueConfig`` (what ``fabric:`` keys give the routers) maps onto
+``ibemu.physics``: ``buffer_kb`` -> ``EthConfig.buffer_bytes`` and the switch model's buffer
+(per egress port, drop tail for lossy priorities), ``ecn_mark_kb`` -> ``ecn_mark_bytes``,
+``pfc`` -> ``lossless``, ``xoff_kb``/``xon_kb`` -> the thresholds per ingress port and
+priority, ``switch``/``latency_ns`` -> the :class:`~ibemu.physics.link.SwitchModel` (``eth``
+unless named). The cables (rates, propagation) are the topology's, as IB's
+(``physics.plan.cables_of``), with ``line_gbps`` overriding every rate and ``delay_us`` added
+to every propagation. ``loss_pct`` (random loss on the cable) and ``dscp_priority``
+(classification) stay the datapath's: the model takes a frame's priority as given.
 """
 
 from __future__ import annotations
 
-from ibemu.physics.link import ETH_FRAMING_BYTES, LinkModel
+from ibemu.physics.link import SWITCH_MODELS, SwitchModel
 from ibemu.physics.model import EthConfig
+from ibemu.physics.plan import Cable, cables_of
 from ibemu.roce.queues import QueueConfig
+from ibemu.topo.model import Topology
 
 
 def eth_config(cfg: QueueConfig) -> EthConfig:
@@ -23,8 +26,17 @@ def eth_config(cfg: QueueConfig) -> EthConfig:
                      ecn_mark_bytes=int(cfg.ecn_mark_kb * 1024))
 
 
-def link_model(cfg: QueueConfig) -> LinkModel | None:
-    """The routers' ports as the model's cable (None: no line rate, frames leave at once)."""
-    if not cfg.line_gbps:
-        return None
-    return LinkModel(gbps=cfg.line_gbps, propagation_ns=cfg.delay_us * 1000, framing_bytes=ETH_FRAMING_BYTES)
+def switch_model(cfg: QueueConfig) -> SwitchModel:
+    """The routers' model: ``cfg.switch`` (default ``eth``), its latency unless overridden, the
+    buffer ``cfg.buffer_kb``."""
+    base = SWITCH_MODELS[cfg.switch or "eth"]
+    if not base.ethernet:
+        raise ValueError(f"switch model {base.name} is not an Ethernet switch")
+    latency = base.latency_ns if cfg.latency_ns is None else int(cfg.latency_ns)
+    return SwitchModel(base.name, latency, int(cfg.buffer_kb * 1024), ethernet=True)
+
+
+def cables(topo: Topology, cfg: QueueConfig) -> list[Cable]:
+    """``topo``'s cables for the model: the topology's rates and delays, ``cfg.line_gbps``
+    overriding every rate, ``cfg.delay_us`` added to every delay."""
+    return cables_of(topo, gbps=cfg.line_gbps, extra_delay_us=cfg.delay_us)

@@ -9,11 +9,14 @@ ignored), a route socket in its namespace (a dump at start, then RTM_NEWROUTE/RT
 the ``Fib`` mirrors the kernel's), a link monitor (a port without carrier leaves ECMP, its
 queues are lost; the FIB is dumped again when a port comes back, since the kernel does not
 announce the routes it drops with a link). Frames go through ``RouterPlane`` (forwarding,
-queues, ECN, PFC, delay, loss); one pump task wakes on a timerfd (microsecond precision,
-trio's own timers round to milliseconds) when the next frame is due. The routers' kernels do
-not forward (``ip_forward=0``) and drop RoCE frames at ingress (the hosts' guard).
-Counters go to ``--counters`` every second and at exit; malformed frames are counted, never
-raised.
+host-side loss), then the link model (``ibemu.roce.links``: ``ibemu.physics`` with Ethernet
+nodes, the IB user datapath's model and live adapter): egress queues, line rate, switch
+latency, propagation, drop tail, ECN, PFC, on the emulated clock; one timerfd wakes the
+datapath when the next frame is due. The cables (rates, delays) come in ``userpath.json``
+(``physics``: the topology's, as ``physics.plan.cables_of`` gives them). The routers' kernels
+do not forward (``ip_forward=0``) and drop RoCE frames at ingress (the hosts' guard).
+Counters go to ``--counters`` every second and at exit, each cable direction's fidelity
+(``link_fidelity``) to the run's lag log; malformed frames are counted, never raised.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ from ibemu.kernel.fib import RouteMsg, parse_routes
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.routeevents import dump_routes, open_route_monitor
-from ibemu.kernel.timerfd import TimerFd
+from ibemu.physics.plan import Cable, nodes_from_cables
+from ibemu.roce.links import RoceLinks
+from ibemu.roce.physics import eth_config, switch_model
 from ibemu.roce.queues import QueueConfig
-from ibemu.roce.userplane import PortInfo, RouterPlane, Send
+from ibemu.roce.userplane import PortInfo, RouterPlane
 from ibemu.wire import pfc
 
 log = logging.getLogger("ibemu.roce.userpath")
@@ -63,6 +68,8 @@ class Router:
     socks: dict[int, socket.socket]
     routes: socket.socket
     links: socket.socket
+    by_port: dict[int, int]
+    """Topology port number -> ifindex."""
     route_batches: int = 0
     """Route notifications read: a dump that raced one is taken again."""
 
@@ -81,17 +88,13 @@ class UserDatapath:
         self.cfg = QueueConfig.from_dict(config["queues"])
         self.config = config
         self.routers: dict[str, Router] = {}
-        self.timer = TimerFd()
-        self.armed_at: int | None = None
-        self.active: dict[str, Router] = {}
-        """Routers with something due later (queued, on a cable, a pause to refresh): the pump
-        serves only these."""
         self.tx_errors = 0
         self.tx = TxBatcher()
         """Sends every frame (sendmmsg batches from a worker thread; refused frames counted)."""
+        self.links: RoceLinks | None = None
 
     def open(self) -> None:
-        """Sockets in every router namespace, FIBs dumped (blocking)."""
+        """Sockets in every router namespace, FIBs dumped, the link model built (blocking)."""
         for name, r in self.config["routers"].items():
             ns = r["ns"]
             by_name = {p["ifname"]: p for p in r["ports"]}
@@ -105,34 +108,47 @@ class UserDatapath:
                 ifindex = rtnl.ifindexes(ns, [ifname])[ifname]
                 socks[ifindex] = sock
                 ports[ifindex] = PortInfo(ifname, bytes.fromhex(p["mac"]), bytes.fromhex(p["peer_mac"]),
-                                          to_host=bool(p.get("to_host")))
+                                          to_host=bool(p.get("to_host")), port=int(p.get("port", 0)))
             local = frozenset(socket.inet_aton(p["ip"]) for p in r["ports"] if p.get("ip"))
             plane = RouterPlane(name, ports, self.cfg, seed=int(r.get("seed", 0)), local_ips=local)
             routes.setblocking(False)
             _replace_fib(plane, dump_routes(ns))
-            self.routers[name] = Router(plane, ns, socks, routes, links)
+            self.routers[name] = Router(plane, ns, socks, routes, links, {pi.port: i for i, pi in ports.items()})
+        self.links = self._link_model()
+        self.links.tx = self.tx
         log.info("user datapath: %d routers, %d ports, %s", len(self.routers),
                  sum(len(r.socks) for r in self.routers.values()), self.cfg)
+
+    def _link_model(self) -> RoceLinks:
+        phys = self.config["physics"]
+        nodes = nodes_from_cables({str(k): bool(v) for k, v in phys["nodes"].items()},
+                                  [Cable.from_list(c) for c in phys["cables"]], kind="eth",
+                                  switch=switch_model(self.cfg), eth=eth_config(self.cfg))
+        routers = self.routers
+
+        def sock(name: str, port: int) -> socket.socket | None:
+            r = routers.get(name)
+            i = r.by_port.get(port) if r is not None else None
+            return r.socks.get(i) if r is not None and i is not None else None
+
+        def mac(name: str, port: int) -> bytes:
+            r = routers[name]
+            return r.plane.ports[r.by_port[port]].mac
+
+        def down(name: str, port: int) -> bool:
+            r = routers.get(name)
+            return r is None or r.by_port.get(port) in r.plane.down
+
+        return RoceLinks(nodes, sockets=sock, macs=mac, down=down, loss_pct=self.cfg.loss_pct,
+                         seed=int(phys.get("seed", 0)))
 
     def close(self) -> None:
         self.tx.close()  # first: what it has queued goes out on sockets still open (no reused fd)
         for r in self.routers.values():
             for s in (*r.socks.values(), r.routes, r.links):
                 s.close()
-        self.timer.close()
-
-    # -- sending and the timer -----------------------------------------------------------
-    def send(self, r: Router, sends: list[Send]) -> None:
-        """Send ``sends`` in order, each port's frames as one batch."""
-        if len(sends) == 1:
-            ifindex, frame = sends[0]
-            self.tx.send(r.socks[ifindex], (frame,), r.plane.name)
-            return
-        out: dict[int, list[bytes | bytearray]] = {}
-        for ifindex, frame in sends:
-            out.setdefault(ifindex, []).append(frame)
-        for ifindex, q in out.items():
-            self.tx.send(r.socks[ifindex], q, r.plane.name)
+        if self.links is not None:
+            self.links.close()
 
     def sync_tx_errors(self) -> None:
         """Frames the sender could not send, into the routers' ``tx_errors`` statistics."""
@@ -143,34 +159,6 @@ class UserDatapath:
             r.plane.stats["tx_errors"] = n
         self.tx_errors = total
 
-    def rearm(self, r: Router, now: int) -> None:
-        t = r.plane.next_event(now)
-        if t is None:
-            return
-        self.active[r.plane.name] = r
-        if self.armed_at is None or t < self.armed_at:
-            self.armed_at = t
-            self.timer.arm(clock.to_real_ns(t))  # the kernel's timer runs on real time
-
-    async def pump(self) -> None:
-        """Serve every router when its next frame is due."""
-        while True:
-            await trio.lowlevel.wait_readable(self.timer.fd)
-            self.timer.clear()
-            self.armed_at = None
-            now = clock.now_ns()
-            nxt: int | None = None
-            for name, r in list(self.active.items()):
-                self.send(r, r.plane.service(now))
-                t = r.plane.next_event(now)
-                if t is None:
-                    del self.active[name]
-                elif nxt is None or t < nxt:
-                    nxt = t
-            if nxt is not None and (self.armed_at is None or nxt < self.armed_at):
-                self.armed_at = nxt
-                self.timer.arm(clock.to_real_ns(nxt))
-
     # -- tasks ---------------------------------------------------------------------------
     async def forward(self) -> None:
         """Every port of every router, in this one task: receive -> plane -> send.
@@ -178,9 +166,8 @@ class UserDatapath:
         One epoll set over the ports' sockets: one trio wake-up serves every port that has
         frames, and a port's waiting frames are taken with one ``recvmmsg``
         (``kernel.ring.RxBatcher``). The batch goes through the router's ``RouterPlane``
-        frame by frame (queues, PFC, ECN, delay and loss as before), what it gives to send is
-        gathered per egress port and handed to the ``TxBatcher`` (sendmmsg in a worker thread)
-        in one piece per port; then the router's timer is rearmed.
+        frame by frame (forwarding), its decisions per egress port into the link model
+        (``RoceLinks.submit``), which sends what is due at once and arms its timer.
         """
         ep = select.epoll()
         by_fd: dict[int, tuple[Router, int, socket.socket]] = {}
@@ -198,21 +185,32 @@ class UserDatapath:
                     frames = rx.recv_batch(sock)
                     if frames:
                         self.receive_batch(r, ifindex, frames, now)
-                        self.rearm(r, now)
         finally:
             ep.close()
 
     def receive_batch(self, r: Router, ifindex: int, frames: list[bytes], now: int) -> None:
-        """``frames`` received on ``ifindex``: through the plane, then sent, per egress port."""
-        plane = r.plane
+        """``frames`` received on ``ifindex``: through the plane, then into the link model."""
+        plane, links = r.plane, self.links
+        assert links is not None
         out: dict[int, list[bytes | bytearray]] = {}
         try:
-            plane.receive_batch(ifindex, frames, now, out)
+            missed = plane.receive_batch(ifindex, frames, now, out)
         except Exception:  # a frame must never take the datapath down (the batch's rest is lost)
             plane.stats["rx_errors"] += 1
             log.exception("%s: frames on %d", plane.name, ifindex)
-        for egress, q in out.items():
-            self.tx.send(r.socks[egress], q, r.plane.name)
+            return
+        port = plane.ports[ifindex]
+        if missed and not port.to_host:  # frames of a neighbour not forwarded: their records go
+            sent = {id(f) for q in out.values() for f in q}
+            for f in frames:
+                if id(f) not in sent and len(f) >= 54 and not pfc.is_pause(f):
+                    links.settle(plane.name, port.port, f)
+        if plane.host_pauses:
+            for i, quanta in plane.host_pauses:
+                links.host_pause(plane.name, plane.ports[i].port, quanta)
+            plane.host_pauses.clear()
+        if out:
+            links.submit(plane.name, port.port, {plane.ports[e].port: q for e, q in out.items()}, plane.prio)
 
     async def route_watch(self, r: Router) -> None:
         while True:
@@ -242,6 +240,8 @@ class UserDatapath:
                 if up == (ev.ifindex not in r.plane.down):
                     continue
                 r.plane.set_link(ev.ifindex, up, now)
+                if self.links is not None:  # the frames on the cable are gone
+                    self.links.plane.link_reset(r.plane.name, r.plane.ports[ev.ifindex].port, now)
                 came_back |= up
                 log.info("%s: port %s %s", r.plane.name, r.plane.ports[ev.ifindex].ifname, "up" if up else "down")
             if came_back:
@@ -260,35 +260,67 @@ class UserDatapath:
     def counters(self) -> dict[str, Any]:
         self.sync_tx_errors()
         now = clock.now_ns()
-        per = {name: r.plane.counters(now) for name, r in self.routers.items()}
+        per: dict[str, dict[str, Any]] = {name: r.plane.counters(now) for name, r in self.routers.items()}
+        model = self.links.port_counters(now) if self.links is not None else {}
+        for name, r in self.routers.items():
+            ports: dict[str, dict[str, dict[str, int]]] = {}
+            tot: dict[str, int] = {}
+            for port, prios in model.get(name, {}).items():
+                i = r.by_port.get(port)
+                if i is None:
+                    continue
+                ports[r.plane.ports[i].ifname] = {str(p): d for p, d in prios.items()}
+                for d in prios.values():
+                    for k, v in d.items():
+                        tot[k] = tot.get(k, 0) + v
+            per[name]["ports"] = ports
+            per[name]["totals"] = tot
         totals: dict[str, int] = {}
         for c in per.values():
             for part in ("totals", "stats"):
-                counts: dict[str, int] = c[part]  # type: ignore[assignment]
+                counts: dict[str, int] = c[part]
                 for k, v in counts.items():
                     totals[k] = totals.get(k, 0) + int(v)
+        state: dict[str, Any] = {}
+        if self.links is not None:
+            lp = self.links.plane
+            queued = {f"{n.name}:{num}": p.total_bytes for n in lp.nodes.values() for num, p in n.ports.items()
+                      if p.total_bytes}
+            paused = {f"{n.name}:{num}": sorted(p.paused) for n in lp.nodes.values() for num, p in n.ports.items()
+                      if p.paused}
+            hosts = {f"{n.name}:{num}": (p.counters.paused_ns + sum(now - t for t in p.paused_since.values())) // 1000
+                     for n in lp.nodes.values() if not n.switch for num, p in n.ports.items()
+                     if p.counters.paused_ns or p.paused_since}
+            state = {"hosts_paused_us": hosts, "frames_in": lp.frames_in, "unmatched": lp.unmatched, "drops": lp.drops,
+                     "drop_reasons": dict(lp.drop_reasons), "queued_bytes": queued, "paused": paused,
+                     "sent": self.links.sent}
         return {"schema": "ibemu.roce-userpath/1", "t_ns": now, "config": self.cfg.to_dict(),
-                "totals": totals, "routers": per}
+                "totals": totals, "routers": per, "model": state}
 
     def write_counters(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.counters()))
         tmp.replace(path)
 
-    async def counter_writer(self, path: Path) -> None:
+    async def counter_writer(self, path: Path | None) -> None:
+        """Every second: the counters (to ``path``), the links' fidelity (to the lag log)."""
         while True:
-            await trio.sleep(COUNTERS_EVERY_S)
-            self.write_counters(path)
+            await trio.sleep(clock.emulated_s(COUNTERS_EVERY_S))
+            if path is not None:
+                self.write_counters(path)
+            if self.links is not None:
+                self.links.plane.expire(clock.now_ns())
+                self.links.report_links()
 
     async def serve(self, counters: Path | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as n:
-            n.start_soon(self.pump)
+            if self.links is not None:
+                n.start_soon(self.links.serve)
             n.start_soon(self.forward)
             for r in self.routers.values():
                 n.start_soon(self.route_watch, r)
                 n.start_soon(self.link_watch, r)
-            if counters is not None:
-                n.start_soon(self.counter_writer, counters)
+            n.start_soon(self.counter_writer, counters)
             task_status.started()
 
 
@@ -311,6 +343,11 @@ async def amain(args: argparse.Namespace) -> int:
                     n.cancel_scope.cancel()
                     break
     finally:
+        if dp.links is not None:
+            try:
+                dp.links.report_links(final=True)  # the last interval's link fidelity
+            except OSError:
+                log.warning("the last link fidelity records were not written")
         if counters is not None and dp.routers:
             dp.write_counters(counters)
         dp.close()

@@ -11,7 +11,8 @@ own CPU cost and is reported as such) and judges the run:
 ``threshold_us`` is ``DEFAULT_THRESHOLD_US`` unless the scenario's ``time: {lag_threshold_us}``
 says otherwise; ``worst_lag_us`` is the highest p99 of any process (``worst_process``'s).
 
-Links (the IB user datapath, ``ibemu.fabric.linkplane``): the agent host writes a
+Links (the user datapaths: the IB agent host's ``ibemu.fabric.linkplane``, the RoCE routers'
+``ibemu.roce.links``, both through ``ibemu.kernel.linkio``): each writes a
 ``Kind.LINK_FIDELITY`` record per cable direction and interval into the same log: frames, how
 late each real departure left against the link model's time (a lag distribution), and the
 model's against the real time over back-to-back frames, and the frames its switch port's
@@ -20,7 +21,7 @@ processes', a link *fell behind* when frames were dropped arriving at it, when i
 departures were late at p99 by ``threshold_us`` or more, or when, busy for at least
 :data:`MIN_BUSY_NS`, it achieved less than :data:`MIN_BUSY_RATIO` of its configured rate; a run with such a link is invalid like one
 with a lagging process. ``worst_link`` names the link furthest behind (else the one with the
-latest departures) with its figures; null when no link reported (the kernel datapath, RoCE).
+latest departures) with its figures; null when no link reported (the kernel datapaths).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ DEFAULT_THRESHOLD_US = 2000.0
 """A process is behind when its p99 lag reaches 2 ms of emulated time. Trio's timers wake up to
 1 ms late by themselves (epoll's millisecond timeouts, rounded up), so a tighter bound would
 judge the event loop's resolution rather than the process."""
-LINK_NOTE = "no link reported (links are timed on the IB user datapath): worst_link is null"
+LINK_NOTE = "no link reported (links are timed on the user datapaths, IB and RoCE): worst_link is null"
 MIN_BUSY_RATIO = 0.97
 """A busy link achieving less than 97% of its configured rate fell behind."""
 MIN_BUSY_NS = 100_000

@@ -297,9 +297,6 @@ class _Loader(Reader):
             if "ecn_line_gbps" in m:
                 self.error(m["ecn_line_gbps"][1], "fabric.ecn_line_gbps",
                            "the user datapath has real queues: give their rate as fabric.line_gbps")
-            if "ecn_mark_kb" in m and "line_gbps" not in m:
-                self.error(m["ecn_mark_kb"][1], "fabric.ecn_mark_kb",
-                           "ECN marking needs fabric.line_gbps (queues only build below a line rate)")
         else:
             for have, other in (("ecn_mark_kb", "ecn_line_gbps"), ("ecn_line_gbps", "ecn_mark_kb")):
                 if have in m and other not in m:
@@ -326,9 +323,6 @@ class _Loader(Reader):
                 buffer_kb = self.number(m["buffer_kb"][1], "fabric.buffer_kb", 0, MAX_BUFFER_KB, lo_open=True) or 0.0
             if "pfc" in m:
                 pfc = self._pfc(m["pfc"][1], dict(dscp_prio).get(ROCE_DATA_DSCP, ROCE_DATA_DSCP >> 3))
-                if pfc and "line_gbps" not in m:
-                    self.error(m["pfc"][1], "fabric.pfc", "PFC needs fabric.line_gbps (pause quanta are bit times, "
-                               "and queues only build below a line rate)")
             if "pfc_xoff_kb" in m:
                 xoff = self.number(m["pfc_xoff_kb"][1], "fabric.pfc_xoff_kb", 0, MAX_BUFFER_KB, lo_open=True) or xoff
             if "pfc_xon_kb" in m:

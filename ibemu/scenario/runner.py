@@ -154,9 +154,12 @@ def _queues(scen: Scenario) -> QueueConfig | None:
         return None
     from ibemu.roce.queues import QueueConfig
 
-    return QueueConfig(line_gbps=f.line_gbps, buffer_kb=f.buffer_kb, ecn_mark_kb=f.ecn_mark_kb, pfc=frozenset(f.pfc),
+    sw = f.switch.resolve(scen.topology.defaults.rate, ethernet=True) if f.switch is not None else None
+    buffer_kb = sw.buffer_bytes / 1024 if sw is not None and f.switch and f.switch.buffer_kb else f.buffer_kb
+    return QueueConfig(line_gbps=f.line_gbps, buffer_kb=buffer_kb, ecn_mark_kb=f.ecn_mark_kb, pfc=frozenset(f.pfc),
                        xoff_kb=f.pfc_xoff_kb, xon_kb=f.pfc_xon_kb, delay_us=f.delay_us, loss_pct=f.loss_pct,
-                       dscp_priority=f.dscp_priority)
+                       dscp_priority=f.dscp_priority, switch=sw.name if sw is not None else "",
+                       latency_ns=sw.latency_ns if sw is not None else None)
 
 
 class ScenarioRun:
@@ -334,11 +337,13 @@ class ScenarioRun:
             hosts = {name: dataclasses.replace(host_address(self.rt.plan, name, addrs.lid(name)),
                                                ip=addrs.host_ip(name)).to_json() for name in names}
             extra["roce"] = {"lid_ips": addrs.lid_ips()}
+            # the user datapath's hosts: their cable's rate in the link model (one for all: the first's)
+            line = host.fab.host_gbps(names[0]) if scen.fabric.roce_user and names else scen.fabric.ecn_line_gbps
             if scen.fabric.ecn:  # the hosts answer CE with CNPs and react with DCQCN
-                extra["roce"]["dcqcn"] = {"line_gbps": scen.fabric.ecn_line_gbps}
+                extra["roce"]["dcqcn"] = {"line_gbps": line}
             if scen.fabric.roce_user and scen.fabric.pfc:  # the hosts honour their first hop's pauses
                 data_prio = dict(scen.fabric.dscp_priority).get(DATA_DSCP, DATA_DSCP >> 3)
-                extra["roce"]["pfc"] = {"line_gbps": scen.fabric.line_gbps, "priority": data_prio}
+                extra["roce"]["pfc"] = {"line_gbps": line, "priority": data_prio}
         else:
             hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
                      for name in names}

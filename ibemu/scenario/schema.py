@@ -79,8 +79,11 @@ VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit)."""
 QOS_VLS = (1, 2, 4, 8)
 VLARB_CAP = 8
 FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
-"""RoCE user datapath only (``ibemu.roce.userpath``): each router port's line rate (Gb/s), its
-buffer (KiB, drop tail), PFC (true: the priority of RoCE data; or a list of priorities), the
+"""RoCE user datapath only (``ibemu.roce.userpath``, timed by the link model as IB's user
+datapath is: each cable's rate and delay are the topology's, ``defaults``/links ``rate``,
+``delay_us``/``cable_m``; the switches' latency and buffer ``fabric.switch``): ``line_gbps``
+overrides every cable's data rate (Gb/s: a slow fabric a run at dilation 1 can keep), the
+ports' buffer (KiB, drop tail; ``fabric.switch.buffer_kb`` wins when both are given), PFC (true: the priority of RoCE data; or a list of priorities), the
 XOFF/XON thresholds (KiB from one ingress port waiting in the router's queues) and DSCP ->
 priority overrides ({DSCP: priority}; default DSCP >> 3: RoCE data 26 -> 3, CNPs 48 -> 6)."""
 MAX_LINE_GBPS = 1000.0
@@ -181,7 +184,7 @@ class FabricSpec:
     ecn_line_gbps: float = 0.0
     """RoCE only: the rate the virtual queues drain at, and the hosts' DCQCN line rate."""
     line_gbps: float = 0.0
-    """RoCE user datapath: the routers' ports' line rate (0: none)."""
+    """RoCE user datapath: every cable's data rate, overriding the topology's (0: the topology's)."""
     buffer_kb: float = 1024.0
     """RoCE user datapath: bytes a router port may hold (KiB)."""
     pfc: tuple[int, ...] = ()
@@ -198,7 +201,9 @@ class FabricSpec:
 
     @property
     def ecn(self) -> bool:
-        return bool(self.ecn_mark_kb and self.ecn_line_gbps)
+        """ECN marking: on the user datapath at ``ecn_mark_kb`` of the model's queues (at the
+        cables' rates); on the kernel one in a virtual queue drained at ``ecn_line_gbps``."""
+        return bool(self.ecn_mark_kb and (self.ecn_line_gbps or self.roce_user))
 
     @property
     def impaired(self) -> bool:

@@ -1,6 +1,9 @@
 """A live k=4 RoCE fat-tree on the user datapath (``ibemu.roce.userpath``).
 
-One fabric at 0.2 Gb/s with PFC for most tests, one with 1 ms cables for the delay: RDMA
+One fabric at 0.2 Gb/s with PFC for most tests (the routers timed by the link model, as IB's
+user datapath: every cable, the hosts' included, at that rate; the datapath at dilation 1 is
+no faster than these cables through five routers, so the RC transports' ACK timeout is 1 s
+where a flow crosses the core, go-back-N storms are not what these tests are about), one with 1 ms cables for the delay: RDMA
 WRITE crosses five user-space routers (TTL 64 -> 59) while the routers' kernels forward
 nothing; 16 QPs spread over the four cores; a cut cable is rerouted; an incast makes the
 routers send PFC pause frames (seen on a cable, decoded by tshark as PFC) that pause queues,
@@ -127,7 +130,7 @@ def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce:
     hp = roce.fab.host_port("h15")
     icmp_before = _snmp(hp.ns, "Icmp")["OutMsgs"]
     tap = open_packet_socket(hp.ns, hp.ifname, ETH_P_ALL)
-    opts = PerfOptions(test="write_bw", size=65536, iterations=40, qps=1)
+    opts = PerfOptions(test="write_bw", size=65536, iterations=40, qps=1, timeout=18)
     (result,), ports, _ = write_bw(roce, [("h0", "h15")], opts)
     assert result.iterations == 40
     assert ports["h15"].roce_stats.rx_bad_icrc == ports["h15"].roce_stats.rx_malformed == 0
@@ -158,7 +161,7 @@ def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce:
 
 def test_ecmp_spreads_qps_over_the_cores(roce: RoceRun) -> None:
     before = core_tx(roce)
-    opts = PerfOptions(test="write_bw", size=4096, iterations=800, qps=16, tx_depth=64)
+    opts = PerfOptions(test="write_bw", size=4096, iterations=800, qps=16, tx_depth=64, timeout=18)
     (result,), _, _ = write_bw(roce, [("h0", "h15")], opts)
     delta = {c: core_tx(roce)[c] - before[c] for c in CORES}
     assert result.iterations == 800 and sum(delta.values()) >= 800
@@ -183,10 +186,10 @@ def quiet(run: RoceRun) -> None:
 def test_reroute_after_a_core_link_failure(roce: RoceRun) -> None:
     quiet(roce)
     ns, ifname = core_cable_of(roce, lambda: write_bw(
-        roce, [("h0", "h15")], PerfOptions(test="write_bw", size=4096, iterations=100, qps=1, timeout=12)))
+        roce, [("h0", "h15")], PerfOptions(test="write_bw", size=4096, iterations=100, qps=1, timeout=18, tx_depth=32)))
     t_fault: list[int] = []
     try:
-        opts = PerfOptions(test="write_bw", size=4096, duration_s=1.5, qps=1, timeout=12, tx_depth=32)
+        opts = PerfOptions(test="write_bw", size=4096, duration_s=1.5, qps=1, timeout=14, tx_depth=32)
         (result,), _, arrivals = write_bw(roce, [("h0", "h15")], opts, during=cut_later(ns, ifname, t_fault))
         assert t_fault and result.iterations > 0
         assert len([t for t in arrivals if t > t_fault[0]]) > 50, "the flow did not resume"
@@ -203,7 +206,7 @@ def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Pa
     agg_if = agg.ports[agg_port.peer_port].ifname
     tap = open_packet_socket(agg.ns, agg_if, pfc.ETH_P_PAUSE)  # what edge0_0 sends up that cable
     before = counters(roce)["totals"]
-    opts = PerfOptions(test="write_bw", size=65536, iterations=30, qps=2)
+    opts = PerfOptions(test="write_bw", size=65536, iterations=30, qps=2, timeout=18)
     results, ports, _ = write_bw(roce, [("h4", "h0"), ("h8", "h0"), ("h12", "h0")], opts)
     assert [r.iterations for r in results] == [30, 30, 30]  # lossless: every WRITE landed
     h0 = ports["h0"].roce_stats  # ECN: marked above 32 KiB queued, answered with CNPs
@@ -264,7 +267,7 @@ def test_malformed_frames_are_counted_and_forwarding_goes_on(roce: RoceRun) -> N
     after = counters(roce)["totals"]
     assert after.get("malformed", 0) - before.get("malformed", 0) >= 20
     assert roce.userpath is not None and roce.userpath.poll() is None  # still running
-    (result,), _, _ = write_bw(roce, [("h0", "h1")], PerfOptions(test="write_bw", size=4096, iterations=20))
+    (result,), _, _ = write_bw(roce, [("h0", "h1")], PerfOptions(test="write_bw", size=4096, iterations=20, timeout=18))
     assert result.iterations == 20 and edge.name == "edge0_0"
 
 

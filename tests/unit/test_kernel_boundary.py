@@ -4,7 +4,9 @@
 ctypes, fcntl or pyroute2, creates a netlink, packet or raw socket, or names a path under
 /proc or /sys. And ``ibemu/kernel/`` reaches up to nothing: it imports only itself,
 ``ibemu.wire``, ``ibemu.errors``, ``ibemu.events`` and ``ibemu.clock`` (the bottom layer: kernel
-stamps are taken on the emulated clock).
+stamps are taken on the emulated clock), and the pure layers just below it that the live link
+model's IO needs (``ibemu.physics``, ``ibemu.lagmon``: ``kernel.linkio``, shared by both user
+datapaths).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ KERNEL_SOCKET_NAMES = frozenset({"AF_NETLINK", "AF_PACKET", "SOCK_RAW"})
 KERNEL_FAMILIES = frozenset({16, 17})  # AF_NETLINK, AF_PACKET
 SOCK_RAW = 3
 KERNEL_PATHS = ("/proc", "/sys")
-KERNEL_MAY_IMPORT = frozenset({"kernel", "wire", "errors", "events", "clock"})
+KERNEL_MAY_IMPORT = frozenset({"kernel", "wire", "errors", "events", "clock", "physics", "lagmon"})
 
 
 def _module_name(path: Path) -> str:

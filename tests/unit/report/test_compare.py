@@ -84,3 +84,23 @@ def test_runs_of_the_wrong_kind_are_refused() -> None:
     roce["schema"] = "ibemu.run/3"
     with pytest.raises(ValueError, match=r"not an ibemu\.run/1 or /2"):
         compare(ib, roce)
+
+
+def test_a_control_compares_two_runs_of_one_kind_and_says_how_fair_it_is() -> None:
+    a = result()
+    b = copy.deepcopy(a)
+    ring = next(t for t in b["traffic"] if t["name"] == "ring")
+    ring["extra"] = {**ring.get("extra", {}), "busbw_gbs": 0.0101}
+    ring_a = next(t for t in a["traffic"] if t["name"] == "ring")
+    ring_a["extra"] = {**ring_a.get("extra", {}), "busbw_gbs": 0.01}
+    next(t for t in b["traffic"] if t["name"] == "bulk")["gbps"] *= 0.9
+    with pytest.raises(ValueError, match="roce result is a ib run"):
+        compare(a, b)  # not a control: the second must be RoCE
+    c = compare(a, b, control="ib", physics="link model")
+    assert c["control"] == "ib" and c["kinds"]["ib"].startswith("ib run A") and c["efficiency"]["ring"] == 1.01
+    text = render(c)
+    assert "CONTROL: both sides are ib runs" in text and "B/A" in text and "both runs timed by the same link model" in text
+    assert "ring: control ratio 101.0% (run B's busbw over run A's; target 100 +- 3%: within)" in text
+    assert "bulk: control ratio 90.0%" in text and "OUTSIDE" in text
+    with pytest.raises(ValueError, match="roce result is a ib run"):
+        compare(a, b, control="roce")

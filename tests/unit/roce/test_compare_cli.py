@@ -63,3 +63,17 @@ def test_roce_keys_are_checked_where_they_are_written(tmp_path: Path, capsys: py
     assert scen.fabric.ecn and (scen.fabric.ecn_mark_kb, scen.fabric.ecn_line_gbps) == (64.0, 1.0)
     v = compare_cmd.variants(scen)
     assert not v["ib"].fabric.ecn and v["roce"].fabric.ecn
+
+
+def test_equal_physics_puts_both_kinds_on_the_link_model_and_a_control_repeats_one() -> None:
+    scen = load_scenario(SCENARIOS / "compare-lossy-ethernet.yaml")
+    v = compare_cmd.variants(scen, physics=True)
+    assert (v["ib"].fabric.datapath, v["roce"].fabric.datapath) == ("user", "user")
+    assert v["roce"].fabric.line_gbps == 0 and v["roce"].fabric.loss_pct == scen.fabric.loss_pct
+    assert not v["ib"].fabric.impaired and v["ib"].topology is v["roce"].topology  # the same cables
+    slow = dataclasses.replace(scen, fabric=dataclasses.replace(scen.fabric, datapath="user", line_gbps=0.5))
+    assert compare_cmd.variants(slow)["roce"].fabric.line_gbps == 0  # a user-datapath scenario: equal physics
+    c = compare_cmd.variants(scen, physics=True, control="roce")
+    assert c["ib"] == c["roce"] == v["roce"]
+    k = compare_cmd.variants(scen, control="ib")
+    assert k["ib"] == k["roce"] and k["ib"].fabric.kind == "ib" and k["ib"].fabric.datapath == "kernel"

@@ -29,6 +29,8 @@ def test_user_datapath_keys_load() -> None:
     check_runnable(s)  # the user datapath delays frames itself: no sch_fq needed
     assert loads_scenario(USER + "  line_gbps: 1\n  pfc: true\n", "x.yaml").fabric.pfc == (3,)
     assert loads_scenario(USER + "  pfc: false\n", "x.yaml").fabric.pfc == ()
+    own = loads_scenario(USER + "  pfc: true\n  ecn_mark_kb: 32\n", "x.yaml").fabric  # the cables' own rates
+    assert own.pfc == (3,) and own.ecn and own.line_gbps == 0
     assert loads_scenario(USER + "  line_gbps: 1\n  pfc: true\n  pfc_xoff_kb: 16\n", "x.yaml").fabric.pfc_xon_kb == 8
     mapped = loads_scenario(USER + "  line_gbps: 1\n  pfc: true\n  dscp_priority: {26: 5, 48: 7}\n", "x.yaml").fabric
     assert mapped.dscp_priority == ((26, 5), (48, 7)) and mapped.pfc == (5,)  # pfc: true follows RoCE data
@@ -41,14 +43,10 @@ def test_user_datapath_keys_load() -> None:
      "x.yaml:7 fabric.pfc: cable impairments and ECN apply to a RoCE fabric only (kind: roce), line rates and PFC "
      "too; an IB fabric is lossless (per-link loss and delay: defaults.loss_pct/delay_us, datapath user)"),
     (USER + "  line_gbps: -1\n", "x.yaml:7 fabric.line_gbps: expected a number > 0 and <= 1000, got -1"),
-    (USER + "  pfc: true\n", "x.yaml:7 fabric.pfc: PFC needs fabric.line_gbps (pause quanta are bit times, and "
-                             "queues only build below a line rate)"),
     (USER + "  line_gbps: 1\n  pfc: [9]\n", "x.yaml:8 fabric.pfc[]: expected an integer from 0 to 7, got 9"),
     (USER + "  line_gbps: 1\n  pfc: yes please\n", "x.yaml:8 fabric.pfc: expected true or false, got 'yes please'"),
     (USER + "  line_gbps: 1\n  ecn_line_gbps: 1\n  ecn_mark_kb: 8\n",
      "x.yaml:8 fabric.ecn_line_gbps: the user datapath has real queues: give their rate as fabric.line_gbps"),
-    (USER + "  ecn_mark_kb: 8\n", "x.yaml:7 fabric.ecn_mark_kb: ECN marking needs fabric.line_gbps (queues only "
-                                  "build below a line rate)"),
     (USER + "  line_gbps: 1\n  pfc: true\n  pfc_xoff_kb: 16\n  pfc_xon_kb: 32\n",
      "x.yaml:10 fabric.pfc_xon_kb: must not exceed pfc_xoff_kb (16)"),
     (USER + "  dscp_priority: {64: 3}\n", "x.yaml:7 fabric.dscp_priority: expected an integer from 0 to 63, got 64"),

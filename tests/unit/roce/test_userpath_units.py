@@ -1,6 +1,5 @@
-"""The RoCE user datapath's sans-IO parts: PFC frames, egress queues (line rate, ECN, drop
-tail, pauses, delay, loss), PFC ingress accounting, the FIB mirror (netlink parsing, LPM,
-ECMP) and one router's forwarding."""
+"""The RoCE user datapath's sans-IO parts: PFC frames, the FIB mirror (netlink parsing, LPM,
+ECMP) and one router's forwarding (its queues are the link model's: ``tests/unit/roce/test_links.py``)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from scapy.layers.l2 import Ether
 from ibemu.kernel import netlink
 from ibemu.kernel.fib import Fib, RouteMsg, flow_key, parse_routes
 from ibemu.kernel.netconf import RTM_DELROUTE, RTM_NEWROUTE, RouteWriter
-from ibemu.roce.queues import EgressPort, PfcIngress, QueueConfig, ip_checksum, priority
+from ibemu.roce.queues import QueueConfig, ip_checksum
 from ibemu.roce.routes import NextHop
 from ibemu.roce.userplane import PortInfo, RouterPlane
 from ibemu.wire import pfc
@@ -57,102 +56,6 @@ def test_pfc_frame_golden_bytes_and_scapy_decodes_it() -> None:
     assert pfc.quanta_ns(0xFFFF, 100.0) == round(0xFFFF * 512 / 100)  # 335.5 us at 100 Gb/s
     with pytest.raises(ValueError):
         pfc.pause_frame(MAC, {8: 1})
-
-
-# ------------------------------------------------------------------ egress queues
-
-def test_line_rate_is_a_byte_clock() -> None:
-    port = EgressPort(QueueConfig(line_gbps=1.0))  # 1000 bytes = 8 us
-    for _ in range(10):
-        assert port.enqueue(ip_frame(), 3, 1, 0)
-    out, left = port.service(40 * US)
-    assert len(left) == 6  # frames start at 0, 8, .. 40 us
-    assert len(out) == 5  # and are on the wire once serialised: 8, 16, .. 40 us
-    assert port.next_event(40 * US) == 48 * US
-    out, left = port.service(10_000 * US)  # a late wake-up: the rest at once, at their times
-    assert len(out) == 5 and len(left) == 4 and port.busy_until == 80 * US
-
-
-def test_ecn_marks_above_the_threshold_and_fixes_the_checksum() -> None:
-    port = EgressPort(QueueConfig(line_gbps=1.0, ecn_mark_kb=2))
-    marks = []
-    for _ in range(5):
-        f = ip_frame()
-        port.enqueue(f, 3, 1, 0)
-        marks.append(f[15] & 3 == 3)
-        assert checksum_ok(f)
-    assert marks == [False, False, False, True, True]  # more than 2048 bytes queued before it
-    assert port.counters[3].ecn_marked == 2
-    not_ect = ip_frame(tos=26 << 2)
-    port.enqueue(not_ect, 3, 1, 0)
-    assert not_ect[15] & 3 == 0  # Not-ECT is never marked
-
-
-def test_drop_tail_unless_lossless() -> None:
-    lossy = EgressPort(QueueConfig(line_gbps=1.0, buffer_kb=4))
-    assert [lossy.enqueue(ip_frame(), 3, 1, 0) for _ in range(6)] == [True] * 4 + [False] * 2
-    assert lossy.counters[3].dropped == 2
-    lossless = EgressPort(QueueConfig(line_gbps=1.0, buffer_kb=4, pfc=frozenset({3})))
-    assert all(lossless.enqueue(ip_frame(), 3, 1, 0) for _ in range(6))
-    assert not lossless.enqueue(ip_frame(), 0, 1, 0)  # priority 0 stays lossy
-
-
-def test_a_pause_stops_one_priority_until_its_quanta_expire_or_xon() -> None:
-    port = EgressPort(QueueConfig(line_gbps=1.0, pfc=frozenset({3})))
-    port.on_pause({3: 100}, 0)  # 100 x 512 bits at 1 Gb/s = 51.2 us
-    port.enqueue(ip_frame(), 3, 1, 0)
-    port.enqueue(ip_frame(tos=48 << 2), 6, 1, 0)
-    out, _ = port.service(8 * US)
-    assert len(out) == 1 and priority(out[0]) == 6  # the CNP class is not paused
-    assert port.next_event(8 * US) == 51_200
-    out, _ = port.service(51_199)
-    assert out == []
-    port.service(51_200)
-    out, _ = port.service(60 * US)
-    assert len(out) == 1 and priority(out[0]) == 3
-    assert port.paused_ns(3, 60 * US) == 51_200 and port.counters[3].pause_received == 1
-    port.on_pause({3: 0xFFFF}, 100 * US)
-    assert port.paused(3, 120 * US)
-    port.on_pause({3: 0}, 130 * US)  # XON
-    assert not port.paused(3, 130 * US) and port.paused_ns(3, 200 * US) == 51_200 + 30 * US
-
-
-def test_delay_holds_frames_fifo_and_loss_is_seeded() -> None:
-    port = EgressPort(QueueConfig(line_gbps=1.0, delay_us=100))
-    for i in range(3):
-        f = ip_frame()
-        f[-1] = i
-        port.enqueue(f, 3, 1, 0)
-    out, _ = port.service(50 * US)
-    assert out == [] and port.next_event(50 * US) == 108 * US
-    out, _ = port.service(124 * US)
-    assert [f[-1] for f in out] == [0, 1, 2]  # left at 8, 16, 24 us, each 100 us later, in order
-    runs = []
-    for _ in range(2):
-        lossy = EgressPort(QueueConfig(loss_pct=30), seed=7)
-        kept = []
-        for i in range(200):
-            f = ip_frame()
-            f[-1] = i & 0xFF
-            lossy.enqueue(f, 0, 1, 0)
-            out, _ = lossy.service(0)
-            kept += [f[-1] for f in out]
-        runs.append(kept)
-    assert runs[0] == runs[1] and 100 < len(runs[0]) < 180
-    assert lossy.counters[0].lost == 200 - len(runs[0])
-
-
-def test_pfc_ingress_xoff_xon_and_refresh() -> None:
-    ing = PfcIngress(QueueConfig(line_gbps=1.0, pfc=frozenset({3}), xoff_kb=4, xon_kb=2))
-    sent = [ing.add(1, 3, 1000, 0) for _ in range(5)]
-    assert sent == [None, None, None, None, 0xFFFF]  # above 4096 bytes: XOFF once
-    assert ing.add(1, 3, 1000, 0) is None
-    assert ing.add(2, 0, 10_000, 0) is None  # a lossy priority never pauses
-    every = ing.refresh_ns()
-    assert every == pfc.quanta_ns(0xFFFF, 1.0) // 2 and ing.next_refresh() == every
-    assert ing.due_refresh(every - 1) == [] and ing.due_refresh(every) == [(1, 3)]
-    assert [ing.remove(1, 3, 1000) for _ in range(4)] == [None, None, None, 0]  # below 2048: XON
-    assert ing.next_refresh() is None
 
 
 # ------------------------------------------------------------------ the FIB mirror
@@ -208,12 +111,8 @@ def plane(cfg: QueueConfig) -> RouterPlane:
 
 def test_forwarding_rewrites_ttl_checksum_and_macs() -> None:
     r = plane(QueueConfig())
-    r.express = False
-    assert r.receive(1, bytes(ip_frame()), 0) == []  # queued: leaves when served
-    out = r.service(0)
+    out = r.receive(1, bytes(ip_frame()), 0)
     assert len(out) == 1
-    r.express = True
-    assert r.receive(1, bytes(ip_frame()), 0) == [out[0]]  # an idle port without rate: at once
     egress, frame = out[0]
     assert egress in (2, 3) and frame[:12] == r.ports[egress].peer_mac + r.ports[egress].mac
     pkt = Ether(bytes(frame))[IP]
@@ -239,27 +138,17 @@ def test_dscp_maps_to_priorities() -> None:
     mapped = QueueConfig(dscp_priority=((26, 5),)).priorities()
     assert mapped[26 << 2 | 3] == 5 and mapped[48 << 2] == 6
     r = plane(QueueConfig(dscp_priority=((26, 5),)))
-    r.express = False
-    r.receive(1, bytes(ip_frame()), 0)
-    assert sum(e.qbytes[5] for e in r.egress.values()) > 0  # queued at priority 5, not 3
+    (_, frame), = r.receive(1, bytes(ip_frame()), 0)
+    assert r.prio[frame[15]] == 5  # what the link model queues it at: priority 5, not 3
     with pytest.raises(ValueError):
         QueueConfig(dscp_priority=((64, 1),))
 
 
-def test_a_congested_egress_pauses_its_ingress_and_honours_pauses() -> None:
-    cfg = QueueConfig(line_gbps=1.0, pfc=frozenset({3}), xoff_kb=4, xon_kb=2)
-    r = plane(cfg)
-    sent = []
-    for _ in range(6):
-        sent += r.receive(1, bytes(ip_frame()), 0)
-    assert len(sent) == 1 and sent[0][0] == 1  # XOFF back out of the ingress port
-    assert pfc.parse_pause(sent[0][1]) == {3: 0xFFFF} and sent[0][1][6:12] == r.ports[1].mac
-    later = r.service(1_000 * US)  # everything drained: XON
-    xon = [f for i, f in later if pfc.is_pause(f)]
-    assert len(xon) == 1 and pfc.parse_pause(xon[0]) == {3: 0}
-    assert r.egress[1].counters[3].pause_sent == 2
-    egress = next(i for i, f in later if not pfc.is_pause(f))
-    r.receive(egress, pfc.pause_frame(bytes(6), {3: 1000}), 2_000 * US)  # the next hop pauses us
-    r.receive(1, bytes(ip_frame()), 2_000 * US)
-    held = [f for i, f in r.service(2_100 * US) if i == egress]
-    assert held == [] and r.egress[egress].paused(3, 2_100 * US)
+def test_pfc_frames_from_a_host_are_for_the_model_from_a_router_only_counted() -> None:
+    r = plane(QueueConfig())
+    assert r.receive(1, pfc.pause_frame(bytes(6), {3: 0xFFFF}), 0) == []  # port 1: a host's
+    assert r.receive(2, pfc.pause_frame(bytes(6), {3: 0}), 0) == []  # a neighbour router's
+    assert r.host_pauses == [(1, {3: 0xFFFF})] and r.stats["pfc_in_model"] == 1
+    r2 = plane(QueueConfig(loss_pct=100))
+    assert r2.receive(1, bytes(ip_frame()), 0) == [] and r2.stats["lost_ingress"] == 1  # from the host: lost here
+    assert len(r2.receive(2, bytes(ip_frame(dst="198.18.0.5")), 0)) == 1  # from a router: lost as it leaves
