@@ -263,8 +263,9 @@ _SERVING: trio.lowlevel.RunVar[list[HcaPort]] = trio.lowlevel.RunVar("hca_ports_
 CATCH_UP_ROUNDS = 16
 """Passes over the process's ports before a transport timer fires: each pass can answer what
 the previous one sent to another port of this process (a SEND, then its ACK)."""
-CATCH_UP_FRAMES = 1 << 16
-"""Frames read per port per pass at most: a process that cannot keep up still fires its timers."""
+CATCH_UP_FRAMES = 1 << 14
+"""Frames read in one catch-up at most (all ports, all passes): a process that cannot keep up
+still fires its timers, and its other tasks are not held up for long."""
 
 
 def serving_ports() -> list[HcaPort]:
@@ -289,13 +290,13 @@ def catch_up() -> int:
     for _ in range(CATCH_UP_ROUNDS):
         got = 0
         for port in ports:
-            n = port._drain(CATCH_UP_FRAMES)
+            n = port._drain(CATCH_UP_FRAMES - total - got)
             if n:
                 port.caught_up += n
                 port._signal_progress()
                 got += n
         total += got
-        if not got:
+        if not got or total >= CATCH_UP_FRAMES:
             break
     if total:
         log.debug("caught up %d frames before a transport timer", total)

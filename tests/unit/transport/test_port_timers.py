@@ -16,6 +16,7 @@ import time
 import pytest
 import trio
 
+from ibemu import clock
 from ibemu.hca import nic
 from ibemu.hca.nic import HcaPort
 from ibemu.hca.transport import (
@@ -103,3 +104,27 @@ def test_a_frame_that_never_arrives_still_times_out(cable: tuple[socket.socket, 
     assert qa.stats.timeouts == 1 and qa.stats.retransmitted == 8
     assert qb.stats.rx_packets == 8 and qb.stats.duplicates == 0
     assert [wc.status for wc in qa.send_cq.poll(16)] == [WcStatus.SUCCESS] * 8
+
+
+def test_a_catch_up_is_bounded(cable: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch) -> None:
+    """More frames waiting than one catch-up reads: it stops at its bound and the timer is
+    judged on what was read (here not the ACK: the deadline still stands), so a process that
+    cannot keep up still fires its timers. (``catch_up`` is called by hand right after the
+    stall, before any other task can run.)"""
+    monkeypatch.setattr(nic, "CATCH_UP_FRAMES", 2)
+    pa, pb, qa, _qb = _ports(cable)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pa.serve)
+            await nursery.start(pb.serve)
+            _send(pa, qa, 8)
+            time.sleep(STALL_S)
+            assert nic.catch_up() == 2
+            assert pb.caught_up == 2 and pa.caught_up == 0
+            deadline = pa.hca.next_deadline()
+            assert deadline is not None and deadline < clock.now_ns()  # still due: it fires
+            assert qa.stats.acks_received == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
