@@ -14,6 +14,19 @@ transport's timers as trio tasks, and transmits what the transport asks for::
 
 Received frames are checked by the transport (length, CRCs, DLID, QPN, P_Key) and every
 drop is counted in ``hca.stats``; nothing a cable delivers can raise here.
+
+Timers against process scheduling: a real HCA takes every packet as it arrives; this one takes
+them when its process runs. On a loaded machine the process is off the CPU for longer than a
+local ACK timeout (67 ms at the streams' timeout 14), and when it runs again its timer task
+could fire before the receive tasks read the ACKs that were waiting in the sockets (or, with
+both ends of a flow in this process, the requests that draw those ACKs): a spurious timeout,
+a go-back-N of the whole window, whose duplicates kept the next stall long enough for the
+next timeout: a stream's RC QP retransmitted tens of thousands of packets without progress
+until RETRY_EXC_ERR. So before a transport timer fires, every port serving in this process
+reads what waits in its socket (``catch_up``, bounded: a process that cannot keep up still
+fires its timers), and the timer fires only if its deadline still stands. A frame the fabric
+lost never arrives, so genuine timeouts are unchanged. Deviation: the wait the timer measures
+is the fabric's (and the peer's, when the peer is another process), not this process's.
 """
 
 from __future__ import annotations
@@ -58,6 +71,8 @@ class HcaPort:
         self.tx_packets = 0
         self.tx_dropped = 0
         self.rx_frames = 0
+        self.caught_up = 0
+        """Frames read before a transport timer was judged (they had waited in the socket)."""
         self.rx_runts = 0
         self.on_frame: list[Callable[[int], None]] = []
         """Called after each received frame with its arrival time (monotonic ns): the kernel's
@@ -70,6 +85,7 @@ class HcaPort:
         self._progress = trio.Event()
         self._kick = trio.Event()
         self._timer_at: int | None = None
+        self._batches = 0
 
     @classmethod
     def open(cls, ns: str | None, ifname: str, peer_mac: bytes, lid: int, *, mtu: int = 4096,
@@ -148,10 +164,15 @@ class HcaPort:
     # -- tasks ---------------------------------------------------------------------------
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the receive path and the timers until cancelled."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._receiver)
-            nursery.start_soon(self._timers)
-            task_status.started()
+        ports = serving_ports()
+        ports.append(self)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._receiver)
+                nursery.start_soon(self._timers)
+                task_status.started()
+        finally:
+            ports.remove(self)
 
     def packet_of(self, frame: bytes) -> bytes | bytearray | memoryview | None:
         """The native packet (LRH .. VCRC) a received frame carries; None (counted) if none.
@@ -162,46 +183,52 @@ class HcaPort:
         return memoryview(frame)[ETH_LEN:]
 
     async def _receiver(self) -> None:
-        sock, hca = self.sock, self.hca
-        recv, recvmsg, receive, transmit = sock.recv, sock.recvmsg, hca.receive, self.transmit
+        sock = self.sock
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            self._drain(RECV_BATCH)
+            self._signal_progress()
+
+    def _drain(self, limit: int) -> int:
+        """Read and process up to ``limit`` frames waiting in the socket (never blocks); the
+        frames read."""
+        sock, receive, transmit = self.sock, self.hca.receive, self.transmit
+        recv, recvmsg = sock.recv, sock.recvmsg
         packet_of = self.packet_of
         frame_hooks = self.on_frame
         stamped = self.timestamps
         to_emulated = clock.to_emulated_ns  # kernel stamps are real time
-        batches = 0
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            got = 0
-            if stamped and batches % 1024 == 0:
-                self._sync_clocks()
-            batches += 1
-            for _ in range(RECV_BATCH):
-                t_ns = 0
-                try:
-                    if stamped:
-                        frame, anc, _flags, _addr = recvmsg(MAX_FRAME, CMSG_SPACE)
-                        t_ns = to_emulated(_stamp(anc) - self._real_minus_mono)
-                    else:
-                        frame = recv(MAX_FRAME)
-                except BlockingIOError:
-                    break
-                except OSError as exc:  # the interface went away (a torn-down fabric)
-                    log.debug("%s: recv: %s", self.name, exc)
-                    break
-                got += 1
-                pkt = packet_of(frame)
-                if pkt is None:
-                    continue
-                out = receive(pkt)
-                if out:
-                    transmit(out)
-                if frame_hooks:
-                    if not stamped:
-                        t_ns = clock.now_ns()
-                    for fhook in frame_hooks:
-                        fhook(t_ns)
-            self.rx_frames += got
-            self._signal_progress()
+        if stamped and self._batches % 1024 == 0:
+            self._sync_clocks()
+        self._batches += 1
+        got = 0
+        for _ in range(limit):
+            t_ns = 0
+            try:
+                if stamped:
+                    frame, anc, _flags, _addr = recvmsg(MAX_FRAME, CMSG_SPACE)
+                    t_ns = to_emulated(_stamp(anc) - self._real_minus_mono)
+                else:
+                    frame = recv(MAX_FRAME)
+            except BlockingIOError:
+                break
+            except OSError as exc:  # the interface went away (a torn-down fabric)
+                log.debug("%s: recv: %s", self.name, exc)
+                break
+            got += 1
+            pkt = packet_of(frame)
+            if pkt is None:
+                continue
+            out = receive(pkt)
+            if out:
+                transmit(out)
+            if frame_hooks:
+                if not stamped:
+                    t_ns = clock.now_ns()
+                for fhook in frame_hooks:
+                    fhook(t_ns)
+        self.rx_frames += got
+        return got
 
     async def _timers(self) -> None:
         hca = self.hca
@@ -218,11 +245,62 @@ class HcaPort:
                     await kick.wait()
                 continue
             self._timer_at = 0  # running: transmit() must not re-kick
+            # Frames that reached this process's ports while it was not running are on the
+            # HCA already (a real one would have processed them long ago): they go first, the
+            # awaited ACK may be among them. Only then is the timer judged.
+            if catch_up() and ((d := hca.next_deadline()) is None or d > clock.now_ns()):
+                self._signal_progress()
+                await trio.lowlevel.checkpoint()
+                continue
             out = hca.tick(clock.now_ns())
             if out:
                 self.transmit(out)
             self._signal_progress()
             await trio.lowlevel.checkpoint()
+
+
+_SERVING: trio.lowlevel.RunVar[list[HcaPort]] = trio.lowlevel.RunVar("hca_ports_serving")
+CATCH_UP_ROUNDS = 16
+"""Passes over the process's ports before a transport timer fires: each pass can answer what
+the previous one sent to another port of this process (a SEND, then its ACK)."""
+CATCH_UP_FRAMES = 1 << 14
+"""Frames read in one catch-up at most (all ports, all passes): a process that cannot keep up
+still fires its timers, and its other tasks are not held up for long."""
+
+
+def serving_ports() -> list[HcaPort]:
+    """The ports serving in this trio run (every ``HcaPort.serve`` in progress)."""
+    try:
+        return _SERVING.get()
+    except LookupError:
+        ports: list[HcaPort] = []
+        _SERVING.set(ports)
+        return ports
+
+
+def catch_up() -> int:
+    """Process every frame waiting on the ports of this process; the frames read.
+
+    A transport timer measures the fabric, not this process's scheduling: frames that arrived
+    while the process was off the CPU (or while another task ran) are read before a timer
+    fires, on every port, since the ACK a requester awaits may first need its responder on
+    another port here to take the request."""
+    total = 0
+    ports = serving_ports()
+    for _ in range(CATCH_UP_ROUNDS):
+        got = 0
+        for port in ports:
+            n = port._drain(CATCH_UP_FRAMES - total - got)
+            if n:
+                port.caught_up += n
+                port._signal_progress()
+                got += n
+        total += got
+        if not got or total >= CATCH_UP_FRAMES:
+            break
+    if total:
+        log.debug("caught up %d frames before a transport timer", total)
+    return total
 
 
 def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int:

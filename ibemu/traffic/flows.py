@@ -257,6 +257,8 @@ async def _stream(f: Flow) -> None:
     out.retransmitted = rec.retransmitted
     out.extra = {"sent": rec.sent, "delivered": rec.delivered, "lost": rec.lost,
                  "rate_pps": opts.rate_pps, "transport": opts.transport}
+    if rec.counters:
+        out.extra["rc"] = rec.counters
     if rec.errors:
         out.error = "; ".join(rec.errors[:3])
 

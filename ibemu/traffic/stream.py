@@ -43,6 +43,10 @@ SEND_QUEUE = RING // 2
 before they are acknowledged: a retransmission resends the same bytes)."""
 
 
+REQUESTER_COUNTERS = ("timeouts", "seq_naks_received", "rnr_naks_received", "dropped")
+RESPONDER_COUNTERS = ("seq_naks_sent", "rnr_naks_sent", "duplicates", "dropped")
+
+
 @dataclass
 class StreamOptions:
     rate_pps: float = 10_000.0
@@ -74,6 +78,10 @@ class StreamRecord:
     recv_seq: array = field(default_factory=lambda: array("q"))
     recv_t_ns: array = field(default_factory=lambda: array("q"))
     retransmitted: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    """RC: the requester's and responder's transport counters (timeouts, NAKs, duplicates...)
+    and the frames the ports read before a timer was judged (``HcaPort.caught_up``), nonzero
+    ones only: how the stream recovered, or why it did not."""
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -145,7 +153,17 @@ class Stream:
             nursery.cancel_scope.cancel()
         self.dst.on_frame.remove(self._on_frame)
         self.record.retransmitted = self.tx_qp.stats.retransmitted
+        self.record.counters = self._counters()
         return self.record
+
+    def _counters(self) -> dict[str, int]:
+        if not isinstance(self.tx_qp, RcQp):
+            return {}
+        tx, rx = self.tx_qp.stats, self.rx_qp.stats
+        got = {f"req_{k}": getattr(tx, k) for k in REQUESTER_COUNTERS}
+        got |= {f"resp_{k}": getattr(rx, k) for k in RESPONDER_COUNTERS}
+        got["caught_up"] = self.src.caught_up + self.dst.caught_up
+        return {k: v for k, v in got.items() if v}
 
     async def _sender(self, stop: trio.Event | None) -> None:
         opts, rec, buf = self.opts, self.record, self.tx_mr.buf
