@@ -55,7 +55,8 @@ def test_a_scenario_runs_end_to_end(state_dir: Path, tmp_path: Path) -> None:
     flows = {f["flow"]: f for f in fault["flows"]}
     probe = flows["probe"]
     assert probe["resume_ms"] is not None and probe["blackout_ms"] > 0
-    assert probe["retransmitted"] > 0  # RC: what the cut cable lost was sent again
+    # RC: whatever the cut cable lost was sent again (lost == 0 below). Whether anything was lost
+    # at all depends on whether the probe's sender ran in the few ms before the reroute: not asserted.
     traffic = {t["name"]: t for t in result["traffic"]}
     assert traffic["probe"]["extra"]["lost"] == 0
     assert traffic["probe"]["extra"]["delivered"] == traffic["probe"]["extra"]["sent"] > 10_000
