@@ -251,10 +251,11 @@ def main() -> None:
     for name in args.paths:
         trio.run(run, args.k, args.smps, args.window, name)
     if len(RESULTS) > 1:
-        print(f"DR SMP NodeInfo through 3 switches, k={args.k}: " + " | ".join(args.paths))
+        names = [n for n in RESULTS if n in args.paths or n not in PATH_ENV]
+        print(f"DR SMP NodeInfo through 3 switches, k={args.k}: " + " | ".join(names))
         for w in (1, args.window):
             cells = []
-            for name in args.paths:
+            for name in names:
                 med, p99, rate = RESULTS.get(name, {}).get(w, (float("nan"),) * 3)
                 cells.append(f"median {med:.3f} ms, p99 {p99:.3f} ms, {rate:,.0f}/s")
             print(f"  {w:>3} in flight: " + " | ".join(cells))
