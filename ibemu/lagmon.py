@@ -2,8 +2,8 @@
 
 Every long-running ibemu trio process of a run (the agent host, ibemu's SM, the traffic
 workers, the RoCE user datapath and fabric manager) runs ``watch_from_env(name)``: a task
-that sleeps to a fixed schedule of emulated deadlines ``PERIOD_S`` apart and records, at each
-wake-up, how late it woke in emulated time (``lag = now - deadline``). A process whose loop was
+that sleeps to a fixed schedule of deadlines ``PERIOD_S`` of real time apart (on trio's
+clock, ``PERIOD_S / N`` emulated) and records, at each wake-up, how late it woke in emulated time (``lag = now - deadline``). A process whose loop was
 busy (or descheduled) for 50 ms wakes 50 ms late; the deadlines it missed meanwhile count too,
 each as late as it was (40, 30, 20, 10 ms), so the distribution is of the time the process
 spent behind, not of its wake-ups. Lag is measured on trio's clock, which in an ibemu process
@@ -42,9 +42,10 @@ ENV_LOG = "IBEMU_LAG_LOG"
 """The run's lag log (``RUN_DIR/lag.jsonl``); unset: no monitor."""
 LOG_NAME = "lag.jsonl"
 PERIOD_S = 0.01
-"""The monitor's schedule: one wake-up every 10 ms of emulated time."""
+"""The monitor's schedule: one wake-up every 10 ms of real time (``watch_from_env``: 10 ms / N
+of emulated time at dilation N)."""
 REPORT_S = 1.0
-"""A record of the interval's distribution every second of emulated time (and at the end)."""
+"""A record of the interval's distribution every real second (and at the end)."""
 SUB = 8
 """Histogram buckets per octave of microseconds."""
 OCTAVES = 40
@@ -188,4 +189,7 @@ async def watch_from_env(name: str, *, task_status: trio.TaskStatus[None] = trio
     if path is None:
         task_status.started()
         return
-    await watch(name, file_sink(path), task_status=task_status)
+    # the schedule in real time (10 ms, a record a second) at any dilation: at N = 20,000 an
+    # emulated 10 ms period would be 200 s of real time, and a run would end unsampled
+    await watch(name, file_sink(path), period_s=clock.emulated_s(PERIOD_S), report_s=clock.emulated_s(REPORT_S),
+                task_status=task_status)

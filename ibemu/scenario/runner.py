@@ -59,14 +59,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WARMUP_S = 1.0
+"""Real seconds from writing the flows' time zero to it (the workers read it and get ready)."""
 READY_TIMEOUT_S = 60.0
 """How long traffic workers get to open their ports before time zero is set regardless."""
 TRAFFIC_NICE = 10
 """Traffic workers run at this nice level: they emulate the hosts' CPUs, while the agents
 and the SM emulate switch firmware and an SM node, separate hardware on a real fabric. On
 a machine with few cores the management plane must not queue behind saturating flows."""
-
-"""From launching the traffic worker to the flows' time zero (it imports, opens sockets)."""
 DRAIN_S = 30.0
 QPN_BASE = 0x100
 QPNS_PER_FLOW = 0x10000
@@ -270,7 +269,8 @@ class ScenarioRun:
             await self._wait_ready()
             # Time zero once every worker has its ports open: on a busy machine starting the
             # workers takes seconds, and a flow that starts after a fault has no blackout.
-            self.t0_ns = clock.now_ns() + int(WARMUP_S * 1e9)
+            # (real seconds: the workers' start-up is this machine's time, not the fabric's)
+            self.t0_ns = clock.now_ns() + int(clock.emulated_s(WARMUP_S) * 1e9)
             tmp = self._go_path.with_suffix(".tmp")
             tmp.write_text(json.dumps({"t0_ns": self.t0_ns}))
             tmp.replace(self._go_path)
@@ -320,12 +320,12 @@ class ScenarioRun:
 
     async def _wait_ready(self) -> None:
         """Until every worker has its ports open (or exited: its failure is read later)."""
-        deadline = trio.current_time() + READY_TIMEOUT_S
+        deadline = trio.current_time() + clock.emulated_s(READY_TIMEOUT_S)  # real seconds, as the polls
         while trio.current_time() < deadline:
             if all(p.poll() is not None or (self.run_dir / f"ready-{i}").exists()
                    for i, p in enumerate(self.workers)):
                 return
-            await trio.sleep(0.02)
+            await trio.sleep(clock.emulated_s(0.02))
         log.warning("traffic workers not ready after %.0f s: starting anyway", READY_TIMEOUT_S)
 
     def _worker_spec(self, host: AgentHost | RoceRun) -> dict[str, Any]:
@@ -365,9 +365,12 @@ class ScenarioRun:
             for proc in self.workers:
                 if proc.poll() is None:
                     proc.send_signal(signal.SIGTERM)
-        deadline = trio.current_time() + (5.0 if signal_first else DRAIN_S)
+        # the drain is the fabric's time (retransmissions, the last packets), bounded in real
+        # time too; the polls and the grace after a signal are real time at any dilation
+        deadline = trio.current_time() + (clock.emulated_s(5.0) if signal_first
+                                          else min(DRAIN_S, clock.emulated_s(DRAIN_S * 4)))
         while any(p.poll() is None for p in self.workers) and trio.current_time() < deadline:
-            await trio.sleep(0.05)
+            await trio.sleep(clock.emulated_s(0.05))
         for proc in self.workers:
             if proc.poll() is None:
                 log.warning("traffic worker %d still running: killing it", proc.pid)

@@ -103,7 +103,7 @@ async def time_zero(spec: dict[str, Any]) -> int:
         try:
             return int(json.loads(go.read_text())["t0_ns"])
         except FileNotFoundError:
-            await trio.sleep(0.005)
+            await trio.sleep(clock.emulated_s(0.005))  # a real-time poll at any dilation
 
 
 async def _collect(flow: dict[str, Any], ports: dict[str, HcaPort], t0: int, abort: trio.Event,
