@@ -65,7 +65,7 @@ def auto_dilation(scen: Scenario | None, where: str, say: Callable[[str], None] 
         raise ConfigError(f"auto: cannot calibrate this machine's user datapath ({exc}): give a number >= 1",
                           where) from None
     try:
-        choice = autodilation.choose(load.frame_hops_per_s, cal.frame_hops_per_s)
+        choice = autodilation.choose(load.frame_hops_per_s, cal.frame_hops_per_s, worker=load.worker)
     except ValueError as exc:
         raise ConfigError(f"auto: {exc}", where) from None
     say(choice.line(cal.note()))

@@ -28,8 +28,13 @@ flow's 4 KiB frame, completions and ACKs coalesced, costs about 2 frame-hops). R
 router's hop costs about the same Python work; not calibrated separately).
 
 The choice: the smallest integer N with ``load / N <= capacity x headroom`` (``HEADROOM``:
-the datapath shares this machine's cores with the traffic workers, the SM and the runner),
-1 when the load fits undilated, and a ``ValueError`` when N would exceed ``MAX_DILATION``
+the datapath shares this machine's cores with the traffic workers, the SM and the runner) and
+with the busiest traffic worker's own load (its flows' endpoint touches, ``ENDPOINT_TOUCHES``
+or ``STREAM_ENDPOINT_TOUCHES`` a frame, on either datapath) ``/ N <= capacity x
+WORKER_HEADROOM``: a worker is one process at nice 10 on one core, preempted for the
+scheduler's slices of a few ms by anything at nice 0, and only slack absorbs that (seen: a
+30 kpps RC stream's worker at N = 3, 0.45 of a core, 6 ms late at p99 in real time, 2 ms of
+emulated time: invalid; at 0.25 of a core it keeps up). 1 when the load fits undilated, and a ``ValueError`` when N would exceed ``MAX_DILATION``
 (the run would take more than that many times its duration: the scenario cannot be run
 validly here at a sane factor).
 """
@@ -48,6 +53,8 @@ from ibemu.traffic.flows import TRAFFIC_KINDS
 
 HEADROOM = 0.5
 """The share of the calibrated capacity a run may use."""
+WORKER_HEADROOM = 0.25
+"""The share of the calibrated capacity one traffic worker may use (see the module docstring)."""
 MAX_DILATION = 1000
 """The largest factor ``auto`` picks: beyond it a run lasts over 1000 times its duration."""
 HEADER_BYTES = 42
@@ -86,6 +93,9 @@ class Load:
     frame_bytes: int = 0
     """The largest data frame of the scenario (what the calibration measures with)."""
     notes: tuple[str, ...] = ()
+    worker: tuple[str, float] = ("", 0.0)
+    """The busiest traffic worker: its flow's name and its endpoint touches per second (in
+    frame-hops/s, the calibration's unit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,28 +123,40 @@ def _si(x: float) -> str:
     return f"{x:.3g}"
 
 
-def choose(load: float, capacity: float, headroom: float = HEADROOM, *, cap: int = MAX_DILATION) -> Choice:
-    """The smallest integer N >= 1 with ``load / N <= capacity * headroom``.
+def choose(load: float, capacity: float, headroom: float = HEADROOM, *, cap: int = MAX_DILATION,
+           worker: tuple[str, float] = ("", 0.0), worker_headroom: float = WORKER_HEADROOM) -> Choice:
+    """The smallest integer N >= 1 with ``load / N <= capacity * headroom`` and, for the
+    busiest traffic worker ``worker`` (name, endpoint touches/s), ``touches / N <= capacity *
+    worker_headroom``.
 
-    ``ValueError`` when ``capacity`` or ``headroom`` is not positive, the load is negative or
+    ``ValueError`` when ``capacity`` or a headroom is not positive, a load is negative or
     not finite, or N would exceed ``cap``."""
     if not (math.isfinite(capacity) and capacity > 0):
         raise ValueError(f"no usable calibration: capacity {capacity!r} frame-hops/s")
-    if not (0 < headroom <= 1):
-        raise ValueError(f"headroom must be in (0, 1], not {headroom!r}")
-    if not (math.isfinite(load) and load >= 0):
-        raise ValueError(f"offered load must be a finite number >= 0, not {load!r}")
-    budget = capacity * headroom
-    if load <= budget:
-        why = "no traffic" if load == 0 else f"the load fits in {_si(budget)} frame-hops/s undilated"
+    for h in (headroom, worker_headroom):
+        if not (0 < h <= 1):
+            raise ValueError(f"headroom must be in (0, 1], not {h!r}")
+    wname, wload = worker
+    for x in (load, wload):
+        if not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"offered load must be a finite number >= 0, not {x!r}")
+    budget, wbudget = capacity * headroom, capacity * worker_headroom
+    if load <= budget and wload <= wbudget:
+        why = "no traffic" if load == 0 and wload == 0 else f"the load fits in {_si(budget)} frame-hops/s undilated"
         return Choice(1, load, capacity, headroom, (why,))
-    n = math.ceil(load / budget - 1e-9)
+    n_all = math.ceil(load / budget - 1e-9) if load > budget else 1
+    n_worker = math.ceil(wload / wbudget - 1e-9) if wload > wbudget else 1
+    n = max(n_all, n_worker)
     if n > cap:
-        raise ValueError(f"offered load {_si(load)} frame-hops/s needs dilation {n} on this machine "
-                         f"(capacity {_si(capacity)} frame-hops/s x headroom {headroom:.0%}), above the cap "
-                         f"of {cap}: the scenario cannot be run validly here: pace its flows (rate_pps) or lower its link rates")
-    return Choice(n, load, capacity, headroom, (f"{_si(load)} / {n} = {_si(load / n)} <= {_si(budget)} "
-                                                f"frame-hops/s",))
+        raise ValueError(f"offered load {_si(load)} frame-hops/s (busiest worker {_si(wload)}) needs dilation {n} "
+                         f"on this machine (capacity {_si(capacity)} frame-hops/s x headroom {headroom:.0%}, "
+                         f"{worker_headroom:.0%} for one worker), above the cap of {cap}: the scenario cannot be run "
+                         "validly here: pace its flows (rate_pps) or lower its link rates")
+    reasons = [f"{_si(load)} / {n} = {_si(load / n)} <= {_si(budget)} frame-hops/s"]
+    if n_worker >= n_all:
+        reasons.append(f"worker {wname}: {_si(wload)} / {n} = {_si(wload / n)} <= {_si(wbudget)} "
+                       f"({worker_headroom:.0%} of the capacity, one process)")
+    return Choice(n, load, capacity, headroom, tuple(reasons))
 
 
 def _pairs(t: TrafficSpec) -> list[tuple[str, str]]:
@@ -196,10 +218,13 @@ def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
                 fps = gbps * 1e9 / 8 / frame
                 how = f"unpaced at {gbps:g} Gb/s, {frame} B frames"
             flows.append(FlowLoad(f"{t.name} {src}->{dst}", fps, hops, how, t.start_s, stop))
+    worker = max(((name, sum(f.frames_per_s * (STREAM_ENDPOINT_TOUCHES if kind == "stream" else ENDPOINT_TOUCHES)
+                                for f in flows if f.name.startswith(name + " ")))
+                   for name, kind in ((t.name, t.kind) for t in scen.traffic)), key=lambda w: w[1], default=("", 0.0))
     if not user and flows:
         notes.append("kernel datapath: its switch hops are the kernel's; counted: each frame's 2 endpoints "
                      f"({STREAM_ENDPOINT_TOUCHES} for a stream's: a completion and an ACK a message)")
-    return Load(_peak(flows), tuple(flows), frame_bytes, tuple(notes))
+    return Load(_peak(flows), tuple(flows), frame_bytes, tuple(notes), worker)
 
 
 def _peak(flows: Sequence[FlowLoad]) -> float:

@@ -118,3 +118,24 @@ def test_a_paced_bandwidth_flow_counts_its_rate_and_the_default_scenario_is_pace
     default = load_builtin()
     assert {t.name: t.rate_pps for t in default.traffic} == {"bulk": 200, "probe": 10000}
     assert offered_load(default).frame_hops_per_s == 200 * 16 * 2 + 10000 * 4  # kernel datapath: 2 endpoints, 4 a stream's
+
+
+def test_the_busiest_worker_bounds_the_factor_on_its_own() -> None:
+    """One traffic worker is one process on one core: its endpoint touches get a quarter of
+    the capacity, so a fast stream needs a factor the whole run's load would not ask for."""
+    kernel = LEAF_SPINE.replace("datapath: user", "datapath: kernel")
+    scen = loads_scenario(kernel + """traffic:
+  - {name: probe, kind: stream, from: h0, to: h2, size: 256, rate_pps: 30000}
+  - {name: bulk, kind: write_bw, from: h1, to: h3, size: 64KiB, rate_pps: 100}
+""", "x.yaml")
+    load = offered_load(scen)
+    assert load.worker == ("probe", 30000 * 4)
+    assert load.frame_hops_per_s == 30000 * 4 + 100 * 16 * 2
+    assert choose(load.frame_hops_per_s, 100_000).dilation == 3  # the run's load alone: 123.2k / 3 <= 50k
+    c = choose(load.frame_hops_per_s, 100_000, worker=load.worker)
+    assert c.dilation == 5 and "worker probe" in c.line()  # 120k / 5 <= 25k
+    assert choose(0.0, 100_000, worker=("w", 0.0)).dilation == 1
+    with pytest.raises(ValueError):
+        choose(1.0, 1.0, worker=("w", -1.0))
+    with pytest.raises(ValueError):
+        choose(1.0, 1.0, worker_headroom=0.0)
