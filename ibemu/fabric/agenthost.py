@@ -634,8 +634,11 @@ class AgentHost:
                     self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
-                if self.links is not None:  # link training re-initializes flow control
-                    self.links.plane.link_reset(name, port, clock.now_ns())
+                if self.links is not None:  # down: the port's queues are discarded; up: link
+                    if ev.carrier:  # training re-initializes flow control
+                        self.links.plane.link_up(name, port, clock.now_ns())
+                    else:
+                        self.links.plane.link_down(name, port, clock.now_ns())
                     self.links.pump()
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
