@@ -28,7 +28,9 @@ Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`
 - the model's congestion counters go into the switch agents' PMA counters: ``port_xmit_wait``
   (time an egress port had data queued and could send none, in ticks of one 4-byte symbol time
   of the cable: a 4x link moves 4 bytes per symbol time; IBA leaves the unit to the
-  implementation), ``port_xmit_discards`` (an SL mapped to a VL the port does not operate),
+  implementation), ``port_xmit_discards`` (an SL mapped to a VL the port does not operate;
+  what was queued for a port when its link went down, and what reached it while down:
+  ``Node.port_down``),
   ``excessive_buffer_overrun_errors`` (never, while credits are kept);
 - credit loops (``physics.deadlock.find_credit_loops``, no credit returned on a cycle of
   (switch, port, VL) for :data:`LOOP_STALL_NS` of emulated time) are logged once each as a
