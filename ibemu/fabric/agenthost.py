@@ -526,8 +526,16 @@ class AgentHost:
             if add is not None and deltas:
                 add(port, **deltas)
 
+        def decide(name: str, port: int, frame: bytes) -> tuple[int, bytes] | None:
+            rt = self.nodes[name]
+            forwarder = getattr(rt.agent, "forwarder", None)
+            if forwarder is None or not rt.powered:
+                return None
+            verdict = forwarder.decide(frame[ETH_LEN:], port, count_traffic=False)
+            return (verdict.port, rt.eth[verdict.port] + verdict.packet) if verdict.port else None
+
         return LinkPlane(nodes, self.switch_model, sockets=sock, heads=head, powered=powered,
-                         events=self.events, counts=counts)
+                         events=self.events, counts=counts, decide=decide)
 
     def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
         """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain

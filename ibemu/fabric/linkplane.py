@@ -87,8 +87,16 @@ class LinkPlane(LiveLinks):
     def __init__(self, nodes: Mapping[str, Node], model: SwitchModel, *,
                  sockets: Callable[[str, int], socket.socket | None],
                  heads: Callable[[str, int], bytes], powered: Callable[[str], bool],
-                 events: FabricLog, counts: Callable[[str, int, dict[str, int]], None]) -> None:
+                 events: FabricLog, counts: Callable[[str, int, dict[str, int]], None],
+                 decide: Callable[[str, int, bytes], tuple[int, bytes] | None] | None = None) -> None:
+        """``decide(switch, in_port, frame)``: the switch's forwarding decision for ``frame``
+        (with its Ethernet header) now: (egress port, the frame to send), None where it sends
+        it nowhere; taken again for a frame from a host whose egress port went down while the
+        frame waited in the HCA's queue (``LivePlane.redecide``)."""
         super().__init__(nodes, sockets=sockets, heads=heads, powered=powered)
+        self._decide = decide
+        if decide is not None:
+            self.plane.redecide = self._redecide
         self.model = model
         self._counts = counts
         self.events = events
@@ -115,6 +123,12 @@ class LinkPlane(LiveLinks):
                            vl15=b0 >> 4 == 15, meta=f)
                 arrive(switch, in_port, fr, now)
         self.pump()
+
+    def _redecide(self, switch: str, in_port: int, frame: Frame) -> None:
+        assert self._decide is not None
+        verdict = self._decide(switch, in_port, frame.meta)
+        if verdict is not None:  # else it stays on its dead port, where the model discards it
+            frame.dst, frame.meta = verdict
 
     def begin(self) -> None:
         """A batch of frames received on one port starts (see :meth:`settle`)."""

@@ -51,6 +51,16 @@ What is modelled where (all the switches of the fabric live in this one plane):
   the RC transport's ACK timeout). :meth:`link_up` brings both ports back with the credits
   the other end's input buffer really has free. (:meth:`link_reset` only resynchronizes
   credits, for a caller that does not say which way the link went.)
+- The forwarding decision is the datapath's, taken when the real frame is read, which for a
+  frame from a host is before the model's HCA queue, not when the frame reaches the switch
+  (where a real switch looks its LFT up). Where that matters, at a cut, a frame from a host
+  whose decided egress port is down by the time it reaches the switch in the model is decided
+  again (:attr:`LivePlane.redecide`, the datapath's forwarder, with the LFTs of that moment):
+  once the SM has rerouted, the frames still in the HCA's queue take the new route, as they
+  would on a real fabric, and draw a NAK from the destination for the ones lost at the cut
+  (without this every frame of the sender's window was lost and only the RC transport's ACK
+  timeout, 268 ms on the user datapath, recovered it). Frames already in a switch when its
+  port goes down are discarded (above).
 
 Ethernet (the RoCE user datapath, ``ibemu.roce.links``): the same plane with ``eth`` nodes.
 No credits; an egress port's queue drops tail beyond its buffer (a lossy priority), marks ECN
@@ -81,7 +91,7 @@ import itertools
 import logging
 import random
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -172,6 +182,11 @@ class LivePlane:
         self.notes: list[Pause | Drop] = []
         """Pauses sent and frames dropped since the last :meth:`take_notes` (Ethernet)."""
         self.keep_notes = any(n.kind == "eth" for n in self.nodes.values())
+        self.redecide: Callable[[str, int, Frame], None] | None = None
+        """The datapath's forwarding decision taken again (it may change ``frame.dst`` and
+        ``frame.meta``) for a frame from a host whose decided egress port went down while
+        it waited in the host's queue (see the module docstring)."""
+        self.redecided = 0
         for node in self.nodes.values():
             if node.switch:
                 for num, p in node.ports.items():
@@ -303,6 +318,9 @@ class LivePlane:
                     del self._wake[name]
                 out = node.advance(self._clamp(name, t))
             elif what == _RECEIVE:
+                if self.redecide is not None and b.dst is not None and not node.ports[b.dst].up:
+                    self.redecide(name, a, b)  # from a host: the switch looks its LFT up now
+                    self.redecided += 1
                 out = node.receive(a, b, self._clamp(name, t), b.dst)
             elif what == _CREDIT:
                 out = node.credit_return(a, b, c, self._clamp(name, t))

@@ -241,3 +241,29 @@ def test_credits_resynchronized_alone_leave_the_flows_behind_a_dead_port_blocked
         plane.arrive("leaf0", 1, frame(4, 100 + n), 10**6)
     sent = drain(plane, 2 * 10**6)
     assert not [m for _, _, m in sent if isinstance(m, int) and m >= 100]
+
+
+def test_frames_still_in_a_hosts_queue_take_the_new_route_when_their_port_went_down() -> None:
+    """A real switch looks its LFT up when a frame reaches it: the frames still in h0's HCA
+    queue at the cut are decided again (``redecide``: the datapath's forwarder, rerouted by
+    now) instead of being discarded with what leaf0 already held for the dead port."""
+    plane, nodes = _stuck_uplink()
+    leaf0 = nodes["leaf0"]
+    in_host = len(nodes["h0"].ports[1].queues[0])
+    asked: list[tuple[str, int]] = []
+
+    def redecide(switch: str, in_port: int, f: Frame) -> None:
+        asked.append((switch, in_port))
+        f.dst = 4  # the SM's new LFT: the other spine
+
+    plane.redecide = redecide
+    queued_at_leaf0 = len(leaf0.ports[3].queues[0])
+    plane.link_down("leaf0", 3, 10**6)
+    sent = drain(plane, 2 * 10**6)
+    # h0's queue moves again (the discards freed its credits); spine1 receives nothing in this
+    # test, so leaf0:4 sends what its credits allow and holds the rest
+    out4 = leaf0.ports[4].counters.xmit_frames
+    assert in_host > 0 and set(asked) == {("leaf0", 1)} and len(asked) == plane.redecided
+    assert len(asked) == out4 + len(leaf0.ports[4].queues[0]) and out4 == EDR.buffer_bytes // 64 // -(-SIZE // 64)
+    assert [m for _, _, m in sent] == sorted(m for _, _, m in sent) and len(sent) == out4  # in order
+    assert leaf0.ports[3].counters.xmit_discards == queued_at_leaf0  # none of h0's queue discarded
