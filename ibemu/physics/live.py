@@ -46,9 +46,9 @@ What is modelled where (all the switches of the fabric live in this one plane):
   counted (PortXmitDiscards), the input buffer it held is freed at once (credits back
   upstream), the frames on the cable and the departures not yet out are lost. Without this,
   frames queued for the dead port before the forwarders stopped choosing it kept their input
-  buffer (and so their upstream VL's credits) until a timeout, blocking every flow behind
-  them (in compare-physics, the hosts' own send queues for ~275 ms emulated, longer than
-  the RC transport's ACK timeout). :meth:`link_up` brings both ports back with the credits
+  buffer (and so their upstream VL's credits) until their records expired
+  (:data:`MATCH_STALE_NS`), blocking every flow behind them (in compare-physics, the hosts'
+  own queues: no traffic after the cut, a QP out of retries). :meth:`link_up` brings both ports back with the credits
   the other end's input buffer really has free. (:meth:`link_reset` only resynchronizes
   credits, for a caller that does not say which way the link went.)
 - The forwarding decision is the datapath's, taken when the real frame is read, which for a
