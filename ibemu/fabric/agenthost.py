@@ -526,8 +526,16 @@ class AgentHost:
             if add is not None and deltas:
                 add(port, **deltas)
 
+        def decide(name: str, port: int, frame: bytes) -> tuple[int, bytes] | None:
+            rt = self.nodes[name]
+            forwarder = getattr(rt.agent, "forwarder", None)
+            if forwarder is None or not rt.powered:
+                return None
+            verdict = forwarder.decide(frame[ETH_LEN:], port, count_traffic=False)
+            return (verdict.port, rt.eth[verdict.port] + verdict.packet) if verdict.port else None
+
         return LinkPlane(nodes, self.switch_model, sockets=sock, heads=head, powered=powered,
-                         events=self.events, counts=counts)
+                         events=self.events, counts=counts, decide=decide)
 
     def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
         """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain
@@ -634,8 +642,11 @@ class AgentHost:
                     self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
                                          "port": port, "up": ev.carrier})
-                if self.links is not None:  # link training re-initializes flow control
-                    self.links.plane.link_reset(name, port, clock.now_ns())
+                if self.links is not None:  # down: the port's queues are discarded; up: link
+                    if ev.carrier:  # training re-initializes flow control
+                        self.links.plane.link_up(name, port, clock.now_ns())
+                    else:
+                        self.links.plane.link_down(name, port, clock.now_ns())
                     self.links.pump()
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)

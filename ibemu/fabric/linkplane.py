@@ -28,7 +28,9 @@ Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`
 - the model's congestion counters go into the switch agents' PMA counters: ``port_xmit_wait``
   (time an egress port had data queued and could send none, in ticks of one 4-byte symbol time
   of the cable: a 4x link moves 4 bytes per symbol time; IBA leaves the unit to the
-  implementation), ``port_xmit_discards`` (an SL mapped to a VL the port does not operate),
+  implementation), ``port_xmit_discards`` (an SL mapped to a VL the port does not operate;
+  what was queued for a port when its link went down, and what reached it while down:
+  ``Node.port_down``),
   ``excessive_buffer_overrun_errors`` (never, while credits are kept);
 - credit loops (``physics.deadlock.find_credit_loops``, no credit returned on a cycle of
   (switch, port, VL) for :data:`LOOP_STALL_NS` of emulated time) are logged once each as a
@@ -85,8 +87,16 @@ class LinkPlane(LiveLinks):
     def __init__(self, nodes: Mapping[str, Node], model: SwitchModel, *,
                  sockets: Callable[[str, int], socket.socket | None],
                  heads: Callable[[str, int], bytes], powered: Callable[[str], bool],
-                 events: FabricLog, counts: Callable[[str, int, dict[str, int]], None]) -> None:
+                 events: FabricLog, counts: Callable[[str, int, dict[str, int]], None],
+                 decide: Callable[[str, int, bytes], tuple[int, bytes] | None] | None = None) -> None:
+        """``decide(switch, in_port, frame)``: the switch's forwarding decision for ``frame``
+        (with its Ethernet header) now: (egress port, the frame to send), None where it sends
+        it nowhere; taken again for a frame from a host whose egress port went down while the
+        frame waited in the HCA's queue (``LivePlane.redecide``)."""
         super().__init__(nodes, sockets=sockets, heads=heads, powered=powered)
+        self._decide = decide
+        if decide is not None:
+            self.plane.redecide = self._redecide
         self.model = model
         self._counts = counts
         self.events = events
@@ -113,6 +123,12 @@ class LinkPlane(LiveLinks):
                            vl15=b0 >> 4 == 15, meta=f)
                 arrive(switch, in_port, fr, now)
         self.pump()
+
+    def _redecide(self, switch: str, in_port: int, frame: Frame) -> None:
+        assert self._decide is not None
+        verdict = self._decide(switch, in_port, frame.meta)
+        if verdict is not None:  # else it stays on its dead port, where the model discards it
+            frame.dst, frame.meta = verdict
 
     def begin(self) -> None:
         """A batch of frames received on one port starts (see :meth:`settle`)."""

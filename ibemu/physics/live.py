@@ -41,6 +41,26 @@ What is modelled where (all the switches of the fabric live in this one plane):
   transport's window bounds it).
 - Switch -> host: serialization at the host cable's rate; the HCA always has credits (it
   consumes at once: ``plan.build_nodes`` wires no credit limit towards a host).
+- A cable that goes down (:meth:`link_down`, from the datapath's carrier events): both of its
+  ports leave LinkUp in the model (``Node.port_down``): what they had queued is discarded and
+  counted (PortXmitDiscards), the input buffer it held is freed at once (credits back
+  upstream), the frames on the cable and the departures not yet out are lost. Without this,
+  frames queued for the dead port before the forwarders stopped choosing it kept their input
+  buffer (and so their upstream VL's credits) until their records expired
+  (:data:`MATCH_STALE_NS`), blocking every flow behind them (in compare-physics, the hosts'
+  own queues: no traffic after the cut, a QP out of retries). :meth:`link_up` brings both ports back with the credits
+  the other end's input buffer really has free. (:meth:`link_reset` only resynchronizes
+  credits, for a caller that does not say which way the link went.)
+- The forwarding decision is the datapath's, taken when the real frame is read, which for a
+  frame from a host is before the model's HCA queue, not when the frame reaches the switch
+  (where a real switch looks its LFT up). Where that matters, at a cut, a frame from a host
+  whose decided egress port is down by the time it reaches the switch in the model is decided
+  again (:attr:`LivePlane.redecide`, the datapath's forwarder, with the LFTs of that moment):
+  once the SM has rerouted, the frames still in the HCA's queue take the new route, as they
+  would on a real fabric, and draw a NAK from the destination for the ones lost at the cut
+  (without this every frame of the sender's window was lost and only the RC transport's ACK
+  timeout, 268 ms on the user datapath, recovered it). Frames already in a switch when its
+  port goes down are discarded (above).
 
 Ethernet (the RoCE user datapath, ``ibemu.roce.links``): the same plane with ``eth`` nodes.
 No credits; an egress port's queue drops tail beyond its buffer (a lossy priority), marks ECN
@@ -68,15 +88,18 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import random
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
 from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
+
+log = logging.getLogger(__name__)
 
 MATCH_WINDOW = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
@@ -159,6 +182,11 @@ class LivePlane:
         self.notes: list[Pause | Drop] = []
         """Pauses sent and frames dropped since the last :meth:`take_notes` (Ethernet)."""
         self.keep_notes = any(n.kind == "eth" for n in self.nodes.values())
+        self.redecide: Callable[[str, int, Frame], None] | None = None
+        """The datapath's forwarding decision taken again (it may change ``frame.dst`` and
+        ``frame.meta``) for a frame from a host whose decided egress port went down while
+        it waited in the host's queue (see the module docstring)."""
+        self.redecided = 0
         for node in self.nodes.values():
             if node.switch:
                 for num, p in node.ports.items():
@@ -178,6 +206,11 @@ class LivePlane:
         ends, e.g. its LRH and BTH)."""
         self.run_events(now)
         self.frames_in += 1
+        port = self.nodes[switch].ports.get(in_port)
+        if port is not None and not port.up:  # a straggler on a cable the model has down: lost
+            self.drops += 1
+            self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
+            return
         peer = self.peer(switch, in_port)
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
@@ -285,6 +318,9 @@ class LivePlane:
                     del self._wake[name]
                 out = node.advance(self._clamp(name, t))
             elif what == _RECEIVE:
+                if self.redecide is not None and b.dst is not None and not node.ports[b.dst].up:
+                    self.redecide(name, a, b)  # from a host: the switch looks its LFT up now
+                    self.redecided += 1
                 out = node.receive(a, b, self._clamp(name, t), b.dst)
             elif what == _CREDIT:
                 out = node.credit_return(a, b, c, self._clamp(name, t))
@@ -335,6 +371,60 @@ class LivePlane:
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
         """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
         return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
+
+    def _ends(self, name: str, port: int) -> list[Port]:
+        """Both ends of the cable at ``name:port`` that are in the plane."""
+        node = self.nodes.get(name)
+        if node is None or port not in node.ports:
+            return []
+        peer = node.ports[port].peer
+        return [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
+
+    def link_down(self, name: str, port: int, now: int) -> None:
+        """The cable at ``name:port`` went down (either end may report it; a second report is
+        a no-op): both of its ports leave LinkUp (``Node.port_down``: their queues discarded
+        and counted, the input buffer those frames held freed at once, their credits gone),
+        the frames on the cable are lost (their records dropped) and so are the departures
+        the model had timed on it that are not out yet."""
+        ends = self._ends(name, port)
+        if not ends:
+            return
+        self.run_events(now)
+        for a in ends:
+            self._flight.pop(a, None)
+        dead = set(ends)
+        if any((d.switch, d.port) in dead for _, _, d in self._due):
+            self._due = [e for e in self._due if (e[2].switch, e[2].port) not in dead]
+            heapq.heapify(self._due)
+        for a in ends:
+            out = self.nodes[a[0]].port_down(a[1], self._clamp(a[0], now))
+            lost = sum(1 for x in out if type(x) is Drop)
+            if lost:
+                log.info("%s:%d down: %d frames queued for it discarded", a[0], a[1], lost)
+            self._dispatch(out)
+            self._schedule_wake(a[0])
+
+    def link_up(self, name: str, port: int, now: int) -> None:
+        """The cable at ``name:port`` came up: both ports are LinkUp again, each with the
+        credits the other end's input buffer really has free (link initialization)."""
+        ends = self._ends(name, port)
+        if not ends:
+            return
+        self.run_events(now)
+        for a in ends:
+            self._flight.pop(a, None)
+        for a in ends:
+            node = self.nodes[a[0]]
+            src = node.ports[a[1]]
+            free: dict[int, int] | None = None
+            b = src.peer
+            dst = self.nodes.get(b[0]) if b is not None else None
+            if node.kind == "ib" and b is not None and dst is not None and dst.switch:
+                cfg = dst.ib_config[b[1]]
+                free = {vl: cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
+                        for vl in range(min(cfg.data_vls, src.vls))}
+            self._dispatch(node.port_up(a[1], self._clamp(a[0], now), free))
+            self._schedule_wake(a[0])
 
     def link_reset(self, name: str, port: int, now: int) -> None:
         """The cable at ``name:port`` went down or came up: link training re-initializes flow

@@ -18,6 +18,9 @@ call                                 meaning
                                      ``port`` from its peer (IB)
 ``pause(port, prio, xoff, now)``     the peer of ``port`` paused / resumed ``prio`` (PFC)
 ``advance(now)``                     run everything due by ``now``; ``next_deadline()`` says when
+``port_down(port, now)``             the cable at ``port`` went down (both ends are told)
+``port_up(port, now, free)``         it came up again; ``free``: the peer's input buffer free per
+                                     VL (IB), what link initialization advertises
 ===================================  ===============================================================
 
 Actions: :class:`Transmit` (a frame starts on a port at ``start_ns``, has left at ``end_ns``,
@@ -57,6 +60,20 @@ The RoCE user datapath runs on this (``ibemu.roce.links``, live through
 (``buffer_kb`` -> ``buffer_bytes``, ``ecn_mark_kb`` -> ``ecn_mark_bytes``, ``pfc`` ->
 ``lossless``, ``xoff_kb``/``xon_kb`` -> the thresholds) and a switch model; its cables are the
 topology's. Pause frames here are not aged: an XOFF holds until its XON.
+
+A port whose link goes down (``port_down``) behaves as a switch port leaving LinkUp: every
+frame queued for it is discarded and counted (PortXmitDiscards, a :class:`Drop` with reason
+``port_down``), freeing the input buffer it held (its credits go back upstream at once, so
+the upstream VL, and every flow behind it, is not left blocked by frames that will never
+leave); a frame reaching the port while it is down (one that was already in the switch
+pipeline, or decided before the forwarding tables changed) is discarded likewise; the frame on
+the wire is lost (it still occupies the line until its last bit, then frees its buffer); a
+frame arriving on a down port (in flight on the cable when it was cut) is lost, with no credit
+returned; credit returns reaching a down port are lost too (flow control runs over the link).
+While down the port has no credits; ``port_up`` restores them from what the peer's input
+buffer has free (IBA's link initialization: the first flow-control packets carry absolute
+counts, FCTBS / FCCL, so both ends resynchronize), or the buffer it advertised at ``connect``.
+Ethernet ports flush alike (their PFC counts fall, their pauses are forgotten).
 
 Deviations from IBA: no HOQLife / VLStallCount discards (a credit loop stays stuck instead of
 draining by timeouts, which is what makes a deadlock visible; real switches would eventually
@@ -309,6 +326,10 @@ class EgressPort:
     peer: tuple[str, int] | None = None
     vls: int = VL15
     """IB: the data VLs the port operates (its queues beyond them stay empty)."""
+    up: bool = True
+    """False while the port's link is down (see ``Node.port_down``)."""
+    advertised: list[int | None] = field(default_factory=list)
+    """IB: the credits per VL the peer advertised at ``connect`` (what ``port_up`` restores by default)."""
 
     def pending(self) -> bool:
         return self.total_bytes > 0
@@ -394,6 +415,7 @@ class Node:
                     p.credits[vl] = None
                 else:
                     p.credits[vl] = peer_buffer_bytes // 64 if vl < vls else 0
+            p.advertised = list(p.credits)
 
     def set_sl2vl(self, in_port: int, out_port: int, table: Sl2Vl) -> None:
         self.sl2vl[(in_port, out_port)] = table
@@ -409,6 +431,8 @@ class Node:
         out: list[Action] = []
         p = self.ports.get(in_port)
         if p is not None:
+            if not p.up:  # in flight on the cable when it went down: lost, no credit returned
+                return [Drop(self.name, in_port, frame, "port_down", now)]
             p.counters.rcv_frames += 1
             p.counters.rcv_bytes += frame.size
         if out_port is None:  # consumed: its buffer frees at once
@@ -441,6 +465,8 @@ class Node:
 
     def credit_return(self, port: int, vl: int, nblocks: int, now: int) -> list[Action]:
         p = self.ports[port]
+        if not p.up:  # flow control runs over the link: lost (``port_up`` resynchronizes)
+            return []
         cr = p.credits[vl]
         if cr is not None:
             p.credits[vl] = cr + nblocks
@@ -450,6 +476,8 @@ class Node:
 
     def pause(self, port: int, priority: int, xoff: bool, now: int) -> list[Action]:
         p = self.ports[port]
+        if not p.up:  # a pause frame does not cross a dead link
+            return []
         p.counters.pause_received += 1
         if xoff and priority not in p.paused:
             p.paused.add(priority)
@@ -458,6 +486,52 @@ class Node:
             p.paused.discard(priority)
             p.counters.paused_ns += now - p.paused_since.pop(priority, now)
             self._dirty.add(port)
+        return self.advance(now)
+
+    def port_down(self, port: int, now: int) -> list[Action]:
+        """The link of ``port`` went down at ``now``: its queues are discarded (PortXmitDiscards),
+        their input buffer freed (credits back upstream, PFC counts down), its credits gone."""
+        p = self.ports[port]
+        if not p.up:
+            return []
+        out = self.advance(now)
+        p.up = False
+        if p.waiting_since is not None:
+            p.counters.xmit_wait_ns += now - p.waiting_since
+            p.waiting_since = None
+        p.blocked_since.clear()
+        for c, q in enumerate(p.queues):
+            while q._n:
+                frame = q.popleft()
+                p.counters.xmit_discards += 1
+                out.append(Drop(self.name, port, frame, "port_down", now))
+                out += self._release(frame, now)
+            p.queued_bytes[c] = 0
+        p.total_bytes = 0
+        if self.kind == "ib":
+            p.credits = [None if cr is None else 0 for cr in p.credits]
+        for prio in list(p.paused):  # pauses are not aged in the model: forget them
+            p.counters.paused_ns += now - p.paused_since.pop(prio, now)
+        p.paused.clear()
+        return out + self.advance(now)
+
+    def port_up(self, port: int, now: int, free: dict[int, int] | None = None) -> list[Action]:
+        """The link of ``port`` came up at ``now``. IB: its credits per data VL are ``free``
+        (the peer's input buffer free now, in 64-byte blocks), else what the peer advertised
+        at ``connect``."""
+        p = self.ports[port]
+        if p.up:
+            return []
+        p.up = True
+        if self.kind == "ib":
+            credits: list[int | None] = list(p.advertised) if p.advertised else [0] * NUM_VLS
+            if free is not None:
+                for vl, n in free.items():
+                    if credits[vl] is not None:
+                        credits[vl] = n
+            credits[VL15] = None
+            p.credits = credits
+        self._dirty.add(port)
         return self.advance(now)
 
     def next_deadline(self) -> int | None:
@@ -522,6 +596,9 @@ class Node:
 
     def _enqueue(self, out_port: int, frame: Frame, now: int, *, in_port: int) -> list[Action]:
         p = self.ports[out_port]
+        if not p.up:  # decided for a port whose link is down: discarded (PortXmitDiscards)
+            p.counters.xmit_discards += 1
+            return [Drop(self.name, out_port, frame, "port_down", now), *self._release(frame, now)]
         c = self._class_of(frame, in_port, out_port)
         if c is None:  # SL mapped to VL15 or to a VL the port does not operate
             p.counters.xmit_discards += 1

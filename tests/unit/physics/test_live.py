@@ -187,3 +187,83 @@ def test_a_cable_that_went_down_gets_its_credits_back_at_link_up() -> None:
     assert plane.unmatched == 1 and nodes["leaf0"].ports[2].credits[0] == full - 65  # debited then
     drain(plane, 10**8)
     assert nodes["leaf0"].ports[2].credits[0] == full  # and given back when it left: balanced
+
+
+def _stuck_uplink() -> tuple[LivePlane, dict]:
+    """h0 offers 30 frames to leaf0's uplink 3, whose cable then goes dead: the spine never
+    receives what leaf0 sent it, so no credit comes back. leaf0's input buffer from h0 fills
+    with frames for port 3, and h0's HCA queue holds the rest behind them."""
+    topo = generate("leaf-spine", leaves=2, spines=2, hosts_per_leaf=2)
+    nodes = build_nodes(topo, kind="ib", switch=EDR)
+    plane = LivePlane(nodes)
+    for n in range(30):
+        plane.arrive("leaf0", 1, frame(3, n), 0)
+    drain(plane, 10**6)
+    return plane, nodes
+
+
+def test_a_port_going_down_discards_its_queue_and_frees_the_flows_behind_it() -> None:
+    plane, nodes = _stuck_uplink()
+    leaf0 = nodes["leaf0"]
+    per_frame = -(-SIZE // 64)
+    assert leaf0.ports[3].credits[0] < per_frame and leaf0.ports[3].queues[0]  # stuck for credits
+    plane.link_down("leaf0", 3, 10**6)  # the cable is cut (both ends)
+    assert not leaf0.ports[3].up and not nodes["spine0"].ports[1].up
+    assert not leaf0.ports[3].pending() and leaf0.ports[3].credits[0] == 0
+    # the forwarder now picks uplink 4 (the SM rerouted): those frames leave at once, the frames
+    # still in h0's queue that were decided for port 3 being discarded when they reach it
+    for n in range(5):
+        plane.arrive("leaf0", 1, frame(4, 100 + n), 10**6)
+    sent = drain(plane, 2 * 10**6)
+    assert [m for _, _, m in sent] == [100, 101, 102, 103, 104]
+    assert sent[-1][1] < 10**6 + 50_000  # within the serialization of what h0 still had queued
+    c = leaf0.ports[3].counters
+    assert c.xmit_discards == 30 - c.xmit_frames  # everything not sent before the cut, counted
+    assert plane.drop_reasons == {"port_down": c.xmit_discards}
+    assert leaf0.ingress_blocks[(1, 0)] == 0  # h0's input buffer is free again
+    assert nodes["h0"].ports[1].credits[0] == EDR.buffer_bytes // 64  # and h0 has its credits
+    plane.arrive("spine0", 1, frame(2, 7), 2 * 10**6)  # a straggler the veth still delivered: lost
+    assert plane.drop_reasons["port_down"] == c.xmit_discards + 1 and leaf0.ports[3].credits[0] == 0
+    # the cable comes back: each end's credits are what the other's input buffer has free
+    plane.link_up("spine0", 1, 3 * 10**6)
+    assert leaf0.ports[3].up and leaf0.ports[3].credits[0] == EDR.buffer_bytes // 64
+    plane.arrive("leaf0", 1, frame(3, 200), 3 * 10**6)
+    assert [m for _, _, m in drain(plane, 4 * 10**6)] == [200]
+
+
+def test_credits_resynchronized_alone_leave_the_flows_behind_a_dead_port_blocked() -> None:
+    """What the plane did before ports went down in the model (``link_reset`` alone): the
+    frames queued for the dead port kept h0's input buffer, and h0's traffic for the other
+    uplink waited behind them (until the RC transport's timeouts, live)."""
+    plane, _ = _stuck_uplink()
+    plane.link_reset("leaf0", 3, 10**6)
+    for n in range(5):
+        plane.arrive("leaf0", 1, frame(4, 100 + n), 10**6)
+    sent = drain(plane, 2 * 10**6)
+    assert not [m for _, _, m in sent if isinstance(m, int) and m >= 100]
+
+
+def test_frames_still_in_a_hosts_queue_take_the_new_route_when_their_port_went_down() -> None:
+    """A real switch looks its LFT up when a frame reaches it: the frames still in h0's HCA
+    queue at the cut are decided again (``redecide``: the datapath's forwarder, rerouted by
+    now) instead of being discarded with what leaf0 already held for the dead port."""
+    plane, nodes = _stuck_uplink()
+    leaf0 = nodes["leaf0"]
+    in_host = len(nodes["h0"].ports[1].queues[0])
+    asked: list[tuple[str, int]] = []
+
+    def redecide(switch: str, in_port: int, f: Frame) -> None:
+        asked.append((switch, in_port))
+        f.dst = 4  # the SM's new LFT: the other spine
+
+    plane.redecide = redecide
+    queued_at_leaf0 = len(leaf0.ports[3].queues[0])
+    plane.link_down("leaf0", 3, 10**6)
+    sent = drain(plane, 2 * 10**6)
+    # h0's queue moves again (the discards freed its credits); spine1 receives nothing in this
+    # test, so leaf0:4 sends what its credits allow and holds the rest
+    out4 = leaf0.ports[4].counters.xmit_frames
+    assert in_host > 0 and set(asked) == {("leaf0", 1)} and len(asked) == plane.redecided
+    assert len(asked) == out4 + len(leaf0.ports[4].queues[0]) and out4 == EDR.buffer_bytes // 64 // -(-SIZE // 64)
+    assert [m for _, _, m in sent] == sorted(m for _, _, m in sent) and len(sent) == out4  # in order
+    assert leaf0.ports[3].counters.xmit_discards == queued_at_leaf0  # none of h0's queue discarded

@@ -12,6 +12,7 @@ from ibemu.physics.link import LinkModel
 from ibemu.physics.model import (
     CreditReturn,
     Deliver,
+    Drop,
     Frame,
     IbPortConfig,
     Node,
@@ -162,6 +163,40 @@ def test_credit_return_lets_the_head_go_and_returns_upstream() -> None:
     acts = n.advance(tx[0].end_ns)
     cr = [a for a in acts if isinstance(a, CreditReturn)]
     assert cr == [CreditReturn("s", 1, 0, blocks(2048), tx[0].end_ns + EDR.propagation)]
+
+
+def test_a_port_going_down_discards_its_queue_and_returns_the_credits_upstream() -> None:
+    """IBA: a port leaving LinkUp discards what it had queued (PortXmitDiscards); the input
+    buffer those frames held is free again, so the upstream port gets its credits back."""
+    n = Node("s", "ib", switch=True, latency_ns=100)
+    n.add_port(1, EDR)
+    n.add_port(2, EDR)
+    n.connect(1, ("up", 1), 32 * 1024)
+    n.connect(2, ("down", 1), 1024)  # room for no 2 KiB frame: the head waits for credits
+    for i in range(3):
+        n.receive(1, Frame(2048, sl=0, meta=i), 0, out_port=2)
+    n.advance(100)
+    assert n.ports[2].total_bytes == 3 * 2048 and n.ingress_blocks[(1, 0)] == 3 * 32
+    acts = n.port_down(2, 1000)
+    drops = [a for a in acts if isinstance(a, Drop)]
+    assert [(d.frame.meta, d.reason) for d in drops] == [(0, "port_down"), (1, "port_down"), (2, "port_down")]
+    cr = [a for a in acts if isinstance(a, CreditReturn)]
+    assert sum(a.blocks for a in cr) == 3 * 32 and all(a.port == 1 for a in cr)
+    p = n.ports[2]
+    assert p.counters.xmit_discards == 3 and not p.pending() and n.ingress_blocks[(1, 0)] == 0
+    assert p.counters.xmit_wait_ns == 900 and p.credits[0] == 0
+    # while down: a frame decided for it is discarded, one arriving on it is lost, credits too
+    acts = n.receive(1, Frame(64, meta="late"), 1100, out_port=2)
+    acts += n.advance(1200)
+    assert [a.reason for a in acts if isinstance(a, Drop)] == ["port_down"] and p.counters.xmit_discards == 4
+    assert [a for a in n.receive(2, Frame(64), 1300, out_port=1) if isinstance(a, Transmit)] == []
+    assert n.credit_return(2, 0, 16, 1400) == [] and p.credits[0] == 0
+    # up again: the credits the peer advertised (or what it says it has free)
+    n.port_up(2, 2000)
+    assert p.up and p.credits[0] == 1024 // 64
+    n.port_down(2, 3000)
+    n.port_up(2, 4000, {0: 5})
+    assert p.credits[0] == 5
 
 
 def test_host_consumes_and_returns_credit() -> None:
