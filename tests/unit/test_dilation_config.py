@@ -119,13 +119,16 @@ def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pyte
     scen = loads_scenario(TOPO + flows, "x.yaml")
     assert scen.time.auto and scen.time.where == "x.yaml:6 time.dilation"
     said: list[str] = []
-    # kernel datapath: 4000 frames/s x 4 (a stream's endpoints) = 16000 frame-hops/s; 10k x 50% = 5000 a second
-    assert resolve_dilation(None, scen.time, scen, say=said.append) == 4.0
+    # kernel datapath: 4000 frames/s x 4 (a stream's endpoints) = 16000 frame-hops/s; 10k x 50% = 5000 a
+    # second for the run (N = 4), 10k x 25% = 2500 for its one worker: N = 7
+    assert resolve_dilation(None, scen.time, scen, say=said.append) == 7.0
     assert said[0].startswith("dilation auto: offered load 16k frame-hops/s, capacity 10k frame-hops/s"), said
-    assert "-> N = 4" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
+    assert "-> N = 7" in said[0] and "worker probe: 16k / 7" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
     assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
     user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
-    assert resolve_dilation(None, user.time, user, say=said.append) == 1.0
+    assert resolve_dilation(None, user.time, user, say=said.append) == 7.0  # the run fits; its worker does not
+    light = loads_scenario(TOPO + flows.replace("4000", "600") + "fabric: {datapath: user}\n", "x.yaml")
+    assert resolve_dilation(None, light.time, light, say=said.append) == 1.0
     fast = loads_scenario(TOPO + flows.replace("4000", "100"), "x.yaml")
     assert resolve_dilation("auto", fast.time, fast, say=said.append) == 1.0
     unpaced = loads_scenario(TOPO + flows.replace(", rate_pps: 4000", "").replace("stream", "write_bw"), "x.yaml")

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""The seed's comparison on equal physics: IB vs RoCEv2 ring allreduce on a k=4 fat-tree at NDR.
+
+Every run is the same scenario on the user datapath's link model (4x NDR = 400 Gb/s cables,
+``cable_m`` of fibre, the switch latencies of the fabric kind's default switch model,
+the same buffers), a 16-rank ring allreduce on the emulated clock dilated ``--dilation`` times
+(an allreduce moves every byte through Python: at 400 Gb/s only a large factor keeps every
+link on schedule, and the fidelity monitor says whether it did). Four fabrics:
+
+- ``ib``: InfiniBand, credit-based flow control (lossless by construction), ibemu's SM (ftree);
+- ``roce-pfc``: RoCEv2 routers with PFC (lossless Ethernet), ECMP;
+- ``roce-lossy``: RoCEv2 without PFC: a full buffer drops, RC goes back N;
+- ``roce-ecn``: RoCEv2 without PFC with ECN marking at ``--ecn-kb`` of queue, CNPs and DCQCN.
+
+Prints, per fabric: the fidelity verdict (figures of an INVALID run are marked and not
+compared), iterations completed, time per iteration and bus bandwidth in emulated time (to
+scale: link physics and the transport's timers follow the emulated clock), busbw against IB's,
+and the RoCE routers' drops, ECN marks and pauses with the transport's retransmissions. The
+model's analytic bound beside them: a ring allreduce moves 2 (n - 1) / n of the buffer through
+each rank's cable, so busbw cannot exceed the cable's rate (50 GB/s at NDR); what is left
+below it is per-message software, window and per-hop latency on the emulated clock.
+
+Run: sudo .venv/bin/python benchmarks/bench_allreduce_physics.py [--dilation N] [--size BYTES]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ibemu.scenario import loads_scenario
+from ibemu.scenario.runner import ScenarioRun
+
+SCENARIO = """
+name: bench-allreduce-{label}
+topology: {{generator: fat-tree, k: 4}}
+defaults: {{rate: 4x NDR, cable_m: {cable_m}}}
+fabric: {fabric}
+sm: {{impl: ibemu, engine: ftree}}
+time: {{dilation: {dilation}}}
+traffic:
+  - {{name: ring, kind: allreduce, hosts: all, size: {size}}}
+duration_s: {duration}
+"""
+FABRICS = {
+    "ib": "{kind: ib, datapath: user}",
+    "roce-pfc": "{kind: roce, datapath: user, pfc: true}",
+    "roce-lossy": "{kind: roce, datapath: user}",
+    "roce-ecn": "{kind: roce, datapath: user, ecn_mark_kb: ECN}",
+}
+LINE_GBS = 400 / 8
+"""4x NDR's data rate in GB/s: the ring's busbw bound."""
+
+
+def run_one(label: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    fabric = FABRICS[label].replace("ECN", f"{args.ecn_kb:g}")
+    text = SCENARIO.format(label=label, cable_m=args.cable_m, fabric=fabric, dilation=args.dilation,
+                           size=args.size, duration=args.duration)
+    scen = loads_scenario(text, f"<{label}>")
+    t0 = time.perf_counter()
+    result: dict[str, Any] = trio.run(ScenarioRun(scen, out / label).run)
+    print(f"  {label}: {time.perf_counter() - t0:.0f} s of real time", file=sys.stderr, flush=True)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dilation", type=int, default=20000, help="time dilation factor (default 20000)")
+    ap.add_argument("--duration", type=float, default=0.002, help="emulated seconds of traffic (default 2 ms)")
+    ap.add_argument("--size", type=int, default=256 * 1024, help="allreduce buffer in bytes (default 256 KiB)")
+    ap.add_argument("--cable-m", type=float, default=2.0, help="cable length in metres (default 2)")
+    ap.add_argument("--ecn-kb", type=float, default=100.0, help="roce-ecn's marking threshold, KiB (default 100)")
+    ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=list(FABRICS))
+    args = ap.parse_args()
+    if args.dilation < 1 or args.duration <= 0 or args.size < 1:
+        ap.error("--dilation >= 1, --duration > 0 and --size >= 1")
+    rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-allreduce-") as tmp:
+        for label in args.fabrics:
+            result = run_one(label, args, Path(tmp))
+            ring = next(t for t in result["traffic"] if t["kind"] == "allreduce")
+            rows.append((label, result["fidelity"], ring))
+    print(f"Ring allreduce, 16 ranks x {args.size // 1024} KiB, k=4 fat-tree, 4x NDR, {args.cable_m:g} m cables, "
+          f"dilation {args.dilation:,} ({args.duration * 1e3:g} ms emulated per run)")
+    print("  emulated-time figures, to scale; the bound: busbw <= the cable's "
+          f"{LINE_GBS:g} GB/s (2(n-1)/n of the buffer through each rank's cable)")
+    print(f"  {'fabric':<11} {'fidelity':<9} {'iters':>5} {'us/iter':>8} {'busbw GB/s':>10} {'of line':>7} "
+          f"{'vs IB':>6} {'dropped':>7} {'marked':>6} {'pauses':>6} {'resent':>6} {'wrong':>5}")
+    ib = next((r for lab, f, r in rows if lab == "ib" and f["valid"] and not r.get("error")), None)
+    ib_bw = ib["extra"].get("busbw_gbs", 0.0) if ib else 0.0
+    for label, fid, ring in rows:
+        x = ring.get("extra", {})
+        valid = bool(fid["valid"]) and not ring.get("error")
+        mark = "valid" if valid else "INVALID"
+        bw = float(x.get("busbw_gbs", 0.0))
+        vs = f"{bw / ib_bw * 100:5.1f}%" if valid and ib_bw else "   -- "
+        print(f"  {label:<11} {mark:<9} {x.get('iterations', 0):5d} {x.get('time_us', 0.0):8.1f} "
+              f"{bw:10.2f} {bw / LINE_GBS * 100:6.1f}% {vs:>6} {x.get('router_dropped', 0):7,} "
+              f"{x.get('router_ecn_marked', 0):6,} {x.get('router_pause_sent', 0):6,} "
+              f"{x.get('retransmitted', 0):6,} {x.get('wrong', 0):5d}")
+        if not valid:
+            print(f"    INVALID: {ring.get('error') or fid['note']}")
+    print("  resent: the transport's retransmitted packets; dropped/marked/pauses: all RoCE routers' ports "
+          "together (IB drops nothing for lack of buffer: credits)")
+
+
+if __name__ == "__main__":
+    main()
