@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import trio
-
+from ibemu import clock
+from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario import loads_scenario
 from ibemu.scenario.runner import ScenarioRun
 
@@ -64,7 +64,8 @@ def run_one(label: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                            size=args.size, duration=args.duration)
     scen = loads_scenario(text, f"<{label}>")
     t0 = time.perf_counter()
-    result: dict[str, Any] = trio.run(ScenarioRun(scen, out / label).run)
+    clock.configure(scen.time.dilation)  # as `ibemu run` does: every process of the run on this clock
+    result: dict[str, Any] = run_trio(ScenarioRun(scen, out / label).run)
     print(f"  {label}: {time.perf_counter() - t0:.0f} s of real time", file=sys.stderr, flush=True)
     return result
 

@@ -166,7 +166,11 @@ def trio_clock() -> trio.abc.Clock:
 
         class EmulatedClock(trio.abc.Clock):
             """``current_time()`` is emulated seconds; a sleep to an emulated deadline lasts N
-            times its emulated length in real time."""
+            times its emulated length in real time. ``on_sleep``, when set, is told each real
+            sleep trio is about to take (``ibemu.kernel.timerfd.run_trio`` arms a timerfd
+            with it: epoll's own timeouts are whole milliseconds, rounded up)."""
+
+            on_sleep: Callable[[float], None] | None = None
 
             def start_clock(self) -> None:
                 pass
@@ -175,7 +179,10 @@ def trio_clock() -> trio.abc.Clock:
                 return now_ns() / 1e9
 
             def deadline_to_sleep_time(self, deadline: float) -> float:
-                return (deadline - now_ns() / 1e9) * _dilation
+                s = (deadline - now_ns() / 1e9) * _dilation
+                if self.on_sleep is not None:
+                    self.on_sleep(s)
+                return s
 
         _trio_clock_class = EmulatedClock
     clock: trio.abc.Clock = _trio_clock_class()

@@ -37,6 +37,7 @@ from pathlib import Path
 from ibemu import clock
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
+from ibemu.kernel.timerfd import run_trio
 from ibemu.physics.link import SWITCH_MODELS
 from ibemu.scenario.schema import FabricSpec, Scenario, SwitchSpec
 
@@ -100,7 +101,6 @@ def variants(scen: Scenario, duration: float | None = None, *, physics: bool = F
 
 
 def run(args: argparse.Namespace) -> int:
-    import trio
 
     from ibemu.report import compare, store
     from ibemu.scenario import load_scenario
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"[{time.monotonic() - t0:6.2f}s] {name:<6} {phase:<9} {text}", file=sys.stderr, flush=True)
 
         clock.configure(dilation)  # each run from its own epoch
-        result = trio.run(ScenarioRun(variant, out_dir / name, progress=progress).run, clock=clock.trio_clock())
+        result = run_trio(ScenarioRun(variant, out_dir / name, progress=progress).run)
         result["files"]["json"] = str(out_dir / f"{name}.json")
         store.dump(result, out_dir / f"{name}.json")
         results[kind] = result

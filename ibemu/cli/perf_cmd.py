@@ -21,8 +21,8 @@ from typing import Any
 
 import trio
 
-from ibemu import clock
 from ibemu.errors import ConfigError
+from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario.yamlnodes import parse_size
 
 # Also in ibemu.traffic (a unit test keeps them equal): importing it here would load the
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the server is this host ({me}): name another one")
     if args.server is not None and (args.server not in plan.nodes or plan.nodes[args.server].is_switch):
         raise ConfigError(f"no host {args.server!r} in fabric {state.run_id}")
-    return trio.run(_point_to_point, args, state, plan, me, clock=clock.trio_clock())
+    return run_trio(_point_to_point, args, state, plan, me)
 
 
 def _open(plan: Any, host: str, *, here: bool) -> Any:
@@ -195,7 +195,7 @@ def _collective(args: argparse.Namespace, state: Any, plan: Any) -> int:
         return r
 
     try:
-        r = trio.run(main, clock=clock.trio_clock())
+        r = run_trio(main)
     finally:
         close_ports(ports)
     print(f"# ibemu perf {args.test}: {len(hosts)} ranks ({', '.join(hosts[:4])}{' ...' if len(hosts) > 4 else ''})")

@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-import trio
-
 from ibemu import clock
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
+from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario.schema import Scenario
 from ibemu.sm.routing import ENGINES
 
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     clock.configure(scen.time.dilation)  # before the runner: every process of the run on it
     runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
-    result = trio.run(runner.run, clock=clock.trio_clock())
+    result = run_trio(runner.run)
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):
         try:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import trio
 
-from ibemu import clock
 from ibemu.fabric import control
 from ibemu.fabric.agents import make_agent
 from ibemu.fabric.control import serve_control
@@ -29,6 +28,7 @@ from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.session import adopt_clock, open_runtime, read_spec, request_from_spec
 from ibemu.kernel import ownership
+from ibemu.kernel.timerfd import run_trio
 
 log = logging.getLogger("ibemu.fabric.daemon")
 
@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rt = open_runtime(request_from_spec(spec), state, args.run_dir)
         if isinstance(rt, RoceRuntime):
-            trio.run(_serve_roce, rt, clock=clock.trio_clock())
+            run_trio(_serve_roce, rt)
         else:
-            trio.run(_serve, rt, clock=clock.trio_clock())
+            run_trio(_serve, rt)
     except Exception:
         log.exception("fabric daemon failed")
         return 1

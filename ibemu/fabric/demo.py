@@ -22,6 +22,7 @@ from ibemu.fabric.agents import make_agents
 from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.umad2sim import run_tool
+from ibemu.kernel.timerfd import run_trio
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def run_live_demo(topo: Topology, workdir: Path, say: Say) -> None:
                 f"{counts.links} veth cables; OpenSM on h0 reached SUBNET UP in {rt.sm_up_s:.2f} s")
             await trio.to_thread.run_sync(_after_up, rt, host, workdir, say)
 
-    trio.run(main, clock=clock.trio_clock())
+    run_trio(main)
     say("  torn down: every namespace, cable and process of the run removed")
 
 

@@ -140,7 +140,7 @@ def _fidelity(r: RunResult) -> list[str]:
     if f.worst_link:
         lines.append(f"  links: worst {f.worst_link} (see the note: {f.note.split('; ', 1)[-1]})")
     else:
-        lines.append("  links: none timed (the link model runs on the IB user datapath only)")
+        lines.append("  links: none timed (the link model runs on the user datapaths only)")
     if f.dilation != 1:
         lines.append(DILATION_NOTE)
     return lines

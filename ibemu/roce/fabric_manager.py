@@ -40,6 +40,7 @@ from ibemu.events import EventLog, Kind, Log
 from ibemu.kernel import linkevents, rtnl
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.netconf import RouteWriter
+from ibemu.kernel.timerfd import run_trio
 from ibemu.roce.addressing import AddressPlan, PortAddress
 from ibemu.roce.routes import NextHop, RouteChanges, Routes, compute, diff, local_repair
 
@@ -251,7 +252,7 @@ async def amain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return trio.run(amain, args, clock=clock.trio_clock())
+    return run_trio(amain, args)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from ibemu.kernel.fib import RouteMsg, parse_routes
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.routeevents import dump_routes, open_route_monitor
+from ibemu.kernel.timerfd import run_trio
 from ibemu.physics.plan import Cable, nodes_from_cables
 from ibemu.roce.links import RoceLinks
 from ibemu.roce.physics import eth_config, switch_model
@@ -366,7 +367,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return trio.run(amain, args, clock=clock.trio_clock())
+    return run_trio(amain, args)
 
 
 if __name__ == "__main__":

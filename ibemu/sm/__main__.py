@@ -20,9 +20,10 @@ from typing import cast
 
 import trio
 
-from ibemu import clock, lagmon
+from ibemu import lagmon
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
+from ibemu.kernel.timerfd import run_trio
 from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
 from ibemu.sm.qos import SmQos
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return trio.run(amain, args, clock=clock.trio_clock())
+    return run_trio(amain, args)
 
 
 if __name__ == "__main__":

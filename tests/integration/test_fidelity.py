@@ -150,16 +150,18 @@ def _skip_if_others_took_the_cpus(foreign: float, what: str, fid: dict) -> None:
 
 
 def test_a_default_like_run_is_judged_at_dilation_1_and_valid_at_4(tmp_path: Path) -> None:
-    """A load this machine carries (the bulk flow paced, as in ``scenarios/default.yaml``). At
-    dilation 1 every process is measured and the verdict names what fell behind, if anything
-    did: on this 2-core machine the SM, the agent host and the probe's worker wake 2-4 ms late
-    at p99 in their busiest second (trio's 1 ms timer resolution plus their own bursts), so the
-    run is not asserted valid there. At N = 4 the same run is valid (p99 lags 0.4-0.9 ms)."""
+    """A load this machine carries (the bulk flow paced and a 2 kpps probe, as in
+    ``scenarios/default.yaml``). At dilation 1 every process is measured and the verdict names
+    what fell behind, if anything did: on this 2-core machine, quiet, the 16 s default
+    scenario was valid in 3 runs of 3, but this 3 s one is at the edge (p99 lags 0.6-2.9 ms,
+    the five processes' bursts meeting on two cores), so it is not asserted valid there. At
+    N = 4 the same run is valid."""
     text = DEFAULT_LIKE.format(bulk=100, probe=2000, duration=3)
-    result, _, _ = _run_cli(tmp_path, "light1", text)
+    result, _, foreign = _run_cli(tmp_path, "light1", text)
     fid = result["fidelity"]
     assert fid["dilation"] == 1
     assert set(fid["processes"]) >= {"agent-host", "sm", "traffic bulk", "traffic probe"}, fid["processes"]
+    log.warning("dilation 1: valid=%s, p99 lags %s; other jobs took %.2f CPUs", fid["valid"], _lags(fid), foreign)
     assert fid["valid"] or "fell behind the emulated clock" in fid["note"], fid["note"]
     result, _, foreign = _run_cli(tmp_path, "light4", text, "--dilation", "4")
     fid = result["fidelity"]

@@ -116,8 +116,8 @@ def test_a_paced_bandwidth_flow_counts_its_rate_and_the_default_scenario_is_pace
     from ibemu.scenario import load_builtin
 
     default = load_builtin()
-    assert {t.name: t.rate_pps for t in default.traffic} == {"bulk": 200, "probe": 10000}
-    assert offered_load(default).frame_hops_per_s == 200 * 16 * 2 + 10000 * 4  # kernel datapath: 2 endpoints, 4 a stream's
+    assert {t.name: t.rate_pps for t in default.traffic} == {"bulk": 200, "probe": 2000}
+    assert offered_load(default).frame_hops_per_s == 200 * 16 * 2 + 2000 * 4  # kernel datapath: 2 endpoints, 4 a stream's
 
 
 def test_the_busiest_worker_bounds_the_factor_on_its_own() -> None:
