@@ -16,8 +16,8 @@ SIGTERM or SIGINT stops the flows early; what was measured is still written.
 from __future__ import annotations
 
 import argparse
-import gc
 import dataclasses
+import gc
 import json
 import logging
 import signal
