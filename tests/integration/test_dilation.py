@@ -110,8 +110,9 @@ time: {{dilation: auto}}
 
 
 def test_auto_picks_the_factor_from_the_load_and_the_calibration(tmp_path: Path) -> None:
-    """On a machine calibrated at 10k frame-hops/s, a 2000 frames/s stream on the kernel
-    datapath (a stream's endpoints: 4 a frame, 8k frame-hops/s) needs N = 2 at 50% headroom; with OpenSM
+    """On a machine calibrated at 20k frame-hops/s, a 2000 frames/s stream on the kernel
+    datapath (a stream's endpoints: 4 a frame, 8k frame-hops/s) fits the run's 50% headroom
+    but not its one worker's 25% (``autodilation.WORKER_HEADROOM``): N = 2; with OpenSM
     as the SM (when installed), it runs on that clock under libfaketime, as the result says."""
     from ibemu.fabric import calibrate, opensm
     from ibemu.fabric.umad2sim import umad2sim_path
@@ -119,7 +120,7 @@ def test_auto_picks_the_factor_from_the_load_and_the_calibration(tmp_path: Path)
 
     with_opensm = opensm.opensm_available() and umad2sim_path() is not None and faketime.library_path() is not None
     cal = tmp_path / "calibration.json"
-    cal.write_text(json.dumps({calibrate.cache_key(256 + 42): {"frame_hops_per_s": 10_000.0, "measured_at": "t"}}))
+    cal.write_text(json.dumps({calibrate.cache_key(256 + 42): {"frame_hops_per_s": 20_000.0, "measured_at": "t"}}))
     scen = tmp_path / "s.yaml"
     scen.write_text(AUTO_SCENARIO.format(sm="opensm" if with_opensm else "ibemu"))
     out, result_path = tmp_path / "o", tmp_path / "result.json"
@@ -128,8 +129,8 @@ def test_auto_picks_the_factor_from_the_load_and_the_calibration(tmp_path: Path)
                           env={**os.environ, "IBEMU_CALIBRATION": str(cal)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("dilation auto:"))
-    assert "offered load 8k frame-hops/s, capacity 10k frame-hops/s" in line and line.split(" -> ")[1].startswith(
-        "N = 2:"), line
+    assert "offered load 8k frame-hops/s, capacity 20k frame-hops/s" in line and line.split(" -> ")[1].startswith(
+        "N = 2:") and "worker probe: 8k / 2 = 4k <= 5k" in line, line
     result = json.loads(result_path.read_text())
     assert validate(result) == []
     assert result["fabric"]["dilation"] == 2
