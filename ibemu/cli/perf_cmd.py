@@ -55,7 +55,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hosts", help="collectives: comma-separated hosts (default: every host)")
     p.add_argument("--host", help="run as this host (default: the namespace ibemu exec put us in)")
     p.add_argument("--run", help="which running fabric (when several are up)")
+    p.add_argument("--out-json", "-J", dest="out_json", type=Path, metavar="FILE",
+                   help="also write the result as JSON: perftest's --out_json keys and units (client side), "
+                        "nccl-tests' -J keys for collectives")
     p.set_defaults(func=run)
+
+
+def _check_writable(path: Path) -> None:
+    """``--out-json FILE`` can be written (checked before anything runs)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"--out-json {path}: is a directory")
+    if not parent.is_dir():
+        raise ConfigError(f"--out-json {path}: no directory {parent}")
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        raise ConfigError(f"--out-json {path}: not writable")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    import json
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    print(f"# JSON written to {path}", flush=True)
 
 
 def _whoami(args: argparse.Namespace) -> tuple[Any, str | None]:
@@ -80,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, not {v}")
+    if args.out_json is not None:
+        _check_writable(args.out_json)
     state, me = _whoami(args)
     plan = _plan(state)
     if args.test in COLLECTIVES:
@@ -166,6 +191,8 @@ async def _point_to_point(args: argparse.Namespace, state: Any, plan: Any, me: s
                     result = await perftest.bw_client(side)
                     await chan.send({"done": True})
                 print(perftest.report(result))
+                if args.out_json is not None:
+                    _write_json(args.out_json, perftest.json_report(result, opts, link_type=_link_type(state)))
             await chan.aclose()
             nursery.cancel_scope.cancel()
     finally:
@@ -194,6 +221,10 @@ def _collective(args: argparse.Namespace, state: Any, plan: Any) -> int:
             nursery.cancel_scope.cancel()
         return r
 
+    import sys
+    import time
+
+    start = time.strftime("%Y-%m-%d %H:%M:%S")
     try:
         r = run_trio(main)
     finally:
@@ -201,7 +232,21 @@ def _collective(args: argparse.Namespace, state: Any, plan: Any) -> int:
     print(f"# ibemu perf {args.test}: {len(hosts)} ranks ({', '.join(hosts[:4])}{' ...' if len(hosts) > 4 else ''})")
     print(collectives.nccl_header())
     print(collectives.nccl_line(r))
-    print(f"# Avg bus bandwidth    : {r.busbw_gbs:.4f}")
+    print(collectives.nccl_footer(r))
+    if args.out_json is not None:
+        _write_json(args.out_json, collectives.nccl_json(r, args=sys.argv, start_time=start,
+                                                         end_time=time.strftime("%Y-%m-%d %H:%M:%S")))
     return 1 if r.wrong else 0
+
+
+def _link_type(state: Any) -> str:
+    """perftest's ``Link_type``: IB, or Ethernet on a RoCE fabric (the daemon's ``fabric.json``)."""
+    from ibemu.fabric.session import read_spec
+
+    try:
+        kind = read_spec(Path(state.run_dir)).get("fabric", "ib")
+    except (OSError, ValueError):
+        kind = "ib"
+    return "Ethernet" if kind == "roce" else "IB"
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -81,6 +81,31 @@ def nccl_line(r: CollectiveResult) -> str:
     redop = "sum" if r.kind == "allreduce" else "none"
     return (f"{r.size:12d}  {r.size // 4:12d}   float  {redop:>6}  {r.time_us:9.1f}  "
             f"{r.algbw_gbs:6.3f}  {r.busbw_gbs:6.3f}  {r.wrong:6d}")
+
+
+def nccl_footer(r: CollectiveResult) -> str:
+    """nccl-tests' footer lines that scripts grep."""
+    return (f"# Out of bounds values : {r.wrong} {'FAILED' if r.wrong else 'OK'}\n"
+            f"# Avg bus bandwidth    : {r.busbw_gbs:g} \n#")
+
+
+def nccl_json(r: CollectiveResult, *, args: list[str], start_time: str, end_time: str) -> dict[str, Any]:
+    """``r`` as nccl-tests' ``-J``/``--output_file FILE.json`` writes it (its keys: ``config``,
+    ``results`` with ``out_of_place`` ``time`` (us), ``alg_bw``/``bus_bw`` (GB/s),
+    ``nwrong``; ``out_of_bounds``; ``average_bus_bandwidth``). One rank per host, one size."""
+    redop = "sum" if r.kind == "allreduce" else "none"
+    return {
+        "version": 1, "start_time": start_time, "args": args,
+        "config": {"nthreads": 1, "ngpus": 1, "ranks": r.ranks, "minimum_bytes": r.size, "maximum_bytes": r.size,
+                   "iterations": r.iterations, "validation": 1},
+        "results": [{"size": r.size, "count": r.size // 4, "type": "float", "redop": redop, "root": -1,
+                     "out_of_place": {"time": round(r.time_us, 3), "alg_bw": round(r.algbw_gbs, 6),
+                                      "bus_bw": round(r.busbw_gbs, 6), "nwrong": r.wrong},
+                     "in_place": None, "actual_iterations": r.iterations, "experiment_name": r.kind}],
+        "out_of_bounds": {"count": r.wrong, "okay": r.wrong == 0},
+        "average_bus_bandwidth": {"bandwidth": round(r.busbw_gbs, 6), "okay": "unchecked"},
+        "end_time": end_time,
+    }
 
 
 class _Rank:

@@ -454,7 +454,7 @@ def _combine(results: list[BwResult]) -> BwResult:
 
 
 def bw_header() -> str:
-    return (" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")
+    return (" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]")
 
 
 def bw_line(r: BwResult) -> str:
@@ -479,6 +479,32 @@ def cpu_line(cpu: tuple[float, float], packets: int, role: str) -> str:
     n = max(packets, 1)
     return (f" # CPU per packet ({role}): {cpu[0] / n * 1e6:.2f} us user + {cpu[1] / n * 1e6:.2f} us kernel"
             f" = {(cpu[0] + cpu[1]) / n * 1e6:.2f} us")
+
+
+_TEST_NAMES = {"write_bw": "RDMA_Write_BW", "read_bw": "RDMA_Read_BW", "send_bw": "Send_BW",
+               "write_lat": "RDMA_Write_Latency", "send_lat": "Send_Latency"}
+
+
+def json_report(r: BwResult | LatResult, opts: PerfOptions, *, link_type: str = "IB") -> dict[str, Any]:
+    """``r`` as perftest's ``--out_json`` writes it: ``test_info`` (the test, QPs, transport,
+    connection type, MTU, link type) and ``results`` with perftest's keys and units (bandwidth
+    ``BW_peak``/``BW_average`` in MiB/s, ``MsgRate`` in Mpps; latency ``t_min`` ..
+    ``percentile_99.9`` in usec)."""
+    bidir = "Bidirectional_" if opts.bidirectional and not opts.is_latency else ""
+    info: dict[str, Any] = {"test": f"{_TEST_NAMES.get(r.test, r.test)}_{bidir}Test",
+                            "Dual_port": "OFF", "Device": "ibemu", "Number_of_qps": opts.qps,
+                            "Transport_type": "IB", "Connection_type": "RC", "Using_SRQ": "OFF",
+                            "Mtu": opts.mtu, "Link_type": link_type}
+    if isinstance(r, LatResult):
+        st = r.stats_us()
+        res: dict[str, Any] = {"MsgSize": r.size, "n_iterations": r.iterations,
+                               **{k: round(st[k], 2) for k in ("t_min", "t_max", "t_typical", "t_avg", "t_stdev")},
+                               "percentile_99": round(st["p99"], 2), "percentile_99.9": round(st["p999"], 2)}
+    else:
+        info["TX_depth"] = opts.tx_depth
+        res = {"MsgSize": r.size, "n_iterations": r.iterations, "BW_peak": round(r.peak_mbps, 2),
+               "BW_average": round(r.avg_mbps, 2), "MsgRate": round(r.msg_rate_mpps, 6)}
+    return {"test_info": info, "results": res}
 
 
 def report(r: BwResult | LatResult) -> str:

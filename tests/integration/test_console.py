@@ -52,7 +52,7 @@ def test_console_on_a_live_fat_tree(tmp_path: Path) -> None:
     # nodes
     assert "available nodes are: \ncore0 core1" in sections[1] and "h15" in sections[1]
     # perftest between two hosts, through the fabric
-    assert "BW average[MB/sec]" in sections[2] and "h1 (LID" in sections[2] and "-> h3" in sections[2]
+    assert "BW average[MiB/sec]" in sections[2] and "h1 (LID" in sections[2] and "-> h3" in sections[2]
     assert re.search(r"^ 65536\s+300\s+[\d.]+\s+[1-9][\d.]*", sections[2], re.M), sections[2]
     # the fault went through the daemon (stamped in its event log) and both ends lost carrier
     assert re.match(r"link_down (agg0_0:4-core1:1|core1:1-agg0_0:4): injected", sections[3]), sections[3]

@@ -82,7 +82,7 @@ def test_bandwidth_tests_move_every_byte_across_five_switches(live: Running, tes
             assert mine.buf == theirs.buf  # the READs brought the server's bytes
         else:
             assert theirs.buf == mine.buf  # WRITE and SEND delivered the client's bytes
-    assert "BW average[MB/sec]" in perftest.report(r)
+    assert "BW average[MiB/sec]" in perftest.report(r)
 
 
 @pytest.mark.parametrize("test", ["write_lat", "send_lat"])
