@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ibemu import clock
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
+from ibemu.cli.progress import Reporter
 from ibemu.errors import ConfigError
 from ibemu.kernel.timerfd import run_trio
 from ibemu.physics.link import SWITCH_MODELS
@@ -122,12 +123,10 @@ def run(args: argparse.Namespace) -> int:
     for kind, variant in runs.items():
         name = names[kind]
 
-        def progress(phase: str, text: str, name: str = name) -> None:
-            if not args.quiet:
-                print(f"[{time.monotonic() - t0:6.2f}s] {name:<6} {phase:<9} {text}", file=sys.stderr, flush=True)
-
         clock.configure(dilation)  # each run from its own epoch
-        result = run_trio(ScenarioRun(variant, out_dir / name, progress=progress).run)
+        with Reporter(quiet=args.quiet, label=name, traffic_s=variant.duration_s * dilation) as progress:
+            progress.t0 = t0  # one clock for both runs' lines
+            result = run_trio(ScenarioRun(variant, out_dir / name, progress=progress).run)
         result["files"]["json"] = str(out_dir / f"{name}.json")
         store.dump(result, out_dir / f"{name}.json")
         results[kind] = result

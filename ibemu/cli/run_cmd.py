@@ -13,12 +13,11 @@ import argparse
 import dataclasses
 import logging
 import os
-import sys
-import time
 from pathlib import Path
 
 from ibemu import clock
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
+from ibemu.cli.progress import Reporter
 from ibemu.errors import ConfigError
 from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario.schema import Scenario
@@ -97,15 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("ibemu run needs root (network namespaces, veth, tc): use sudo")
     out_dir = args.out or Path("results") / scen.name
     json_path = args.json or (scen.record.json if scen.record.json else out_dir / "result.json")
-    t0 = time.monotonic()
-
-    def progress(phase: str, text: str) -> None:
-        if not args.quiet:
-            print(f"[{time.monotonic() - t0:6.2f}s] {phase:<9} {text}", file=sys.stderr, flush=True)
-
     clock.configure(scen.time.dilation)  # before the runner: every process of the run on it
-    runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
-    result = run_trio(runner.run)
+    with Reporter(quiet=args.quiet, traffic_s=scen.duration_s * scen.time.dilation) as progress:
+        runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
+        result = run_trio(runner.run)
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):
         try:
