@@ -95,42 +95,8 @@ def check(
     lid_owner += [(lid, v, 0) for v, lid in enumerate(fab.sw_lid) if lid]
     for lid, o, oport in lid_owner:
         is_ca = lid in fab.ca_at
-        hops = [_UNK] * n
-        if lfts[o].get(lid) != oport:
-            rep.fail(f"switch {fab.guids[o]:#x} owns LID {lid} but forwards it to {lfts[o].get(lid)}, not {oport}")
-            hops[o] = _BAD
-        else:
-            hops[o] = 0
         comp = comp_of[o]
-        for v in range(n):
-            if hops[v] != _UNK:
-                continue
-            stack = []
-            x = v
-            while hops[x] == _UNK:
-                hops[x] = _BUSY
-                stack.append(x)
-                port = lfts[x].get(lid, NO_PATH)
-                nxt = peer[x].get(port)
-                if nxt is None:
-                    if comp >> x & 1:
-                        rep.blackholes += 1
-                        if rep.blackholes <= 3:
-                            rep.fail(f"switch {fab.guids[x]:#x}: LID {lid} goes to port {port}, which leads nowhere")
-                    stack.pop()
-                    hops[x] = _BAD
-                    break
-                x = nxt
-            if hops[x] == _BUSY:
-                rep.loops += 1
-                if rep.loops <= 3:
-                    rep.fail(f"forwarding loop for LID {lid} through switch {fab.guids[x]:#x}")
-                base = _BAD
-            else:
-                base = hops[x]
-            for y in reversed(stack):
-                base = base + 1 if base >= 0 else _BAD
-                hops[y] = base
+        hops = _walk_hops(fab, lfts, lid, o, oport, comp, rep)
         if not is_ca:
             continue
         dist: list[int] | None = None
@@ -186,6 +152,51 @@ def check(
     rep.elapsed_s = time.perf_counter() - t0
     log.debug("check %s: %s", routes.engine, rep.summary())
     return rep
+
+
+def _walk_hops(
+    fab: Fabric, lfts: list[dict[int, int]], lid: int, o: int, oport: int, comp: int, rep: CheckReport
+) -> list[int]:
+    """Per switch: switch hops to ``lid``'s owner ``o`` along the LFTs, or a negative value
+    (loop, black hole, wrong owner entry); failures are counted and reported in ``rep``."""
+    n = fab.n
+    peer = fab.port_peer
+    hops = [_UNK] * n
+    if lfts[o].get(lid) != oport:
+        rep.fail(f"switch {fab.guids[o]:#x} owns LID {lid} but forwards it to {lfts[o].get(lid)}, not {oport}")
+        hops[o] = _BAD
+    else:
+        hops[o] = 0
+    for v in range(n):
+        if hops[v] != _UNK:
+            continue
+        stack = []
+        x = v
+        while hops[x] == _UNK:
+            hops[x] = _BUSY
+            stack.append(x)
+            port = lfts[x].get(lid, NO_PATH)
+            nxt = peer[x].get(port)
+            if nxt is None:
+                if comp >> x & 1:
+                    rep.blackholes += 1
+                    if rep.blackholes <= 3:
+                        rep.fail(f"switch {fab.guids[x]:#x}: LID {lid} goes to port {port}, which leads nowhere")
+                stack.pop()
+                hops[x] = _BAD
+                break
+            x = nxt
+        if hops[x] == _BUSY:
+            rep.loops += 1
+            if rep.loops <= 3:
+                rep.fail(f"forwarding loop for LID {lid} through switch {fab.guids[x]:#x}")
+            base = _BAD
+        else:
+            base = hops[x]
+        for y in reversed(stack):
+            base = base + 1 if base >= 0 else _BAD
+            hops[y] = base
+    return hops
 
 
 def _find_cycle(deps: set[int]) -> list[int] | None:
