@@ -243,9 +243,14 @@ def check_alternates(graph: SubnetGraph, ar: ArRoutes) -> CheckReport:
         rep.fail(f"alternates given for LID {lid}, which no port of the fabric owns")
     sources = [v for v in range(n) if fab.ca_lids[v]]
     deps: set[int] = set()
-    for lid in sorted(alt_lids & owner.keys()):
+    # every CA LID: its primary routes take part in the channel dependency graph too
+    for lid in sorted((alt_lids & owner.keys()) | fab.ca_at.keys()):
         o, oport = owner[lid]
         comp = comp_of[o]
+        if lid in fab.ca_at:
+            _union_deps(peer, lfts, alts, lid, o, [s for s in sources if comp >> s & 1 and s != o], deps)
+        if lid not in alt_lids:
+            continue
         hops = _walk_hops(fab, lfts, lid, o, oport, comp, rep)
         for v in range(n):
             ports = alts[v].get(lid)
@@ -274,8 +279,6 @@ def check_alternates(graph: SubnetGraph, ar: ArRoutes) -> CheckReport:
                     rep.fail(f"{where}: alternate port {a} does not reach the LID")
                 elif hops[v] >= 0 and length > hops[v]:
                     rep.alt_longer += 1
-        if lid in fab.ca_at:
-            _union_deps(peer, lfts, alts, lid, o, [s for s in sources if comp >> s & 1 and s != o], deps)
     rep.cdg_edges = len(deps)
     rep.cdg_channels = len({k >> 20 for k in deps} | {k & 0xFFFFF for k in deps})
     cycle = _find_cycle(deps)
