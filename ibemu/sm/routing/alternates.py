@@ -62,6 +62,8 @@ Alternates = dict[int, dict[int, tuple[int, ...]]]
 
 
 def _state(graph: SubnetGraph, routes: Routes, base: str) -> State:
+    """The up*/down* layers behind ``routes``: their own, else recomputed (same roots when
+    the routes' state names them; the defaults otherwise)."""
     st = routes.state
     if isinstance(st, State) and st.engine == base and st.updown is not None:
         return st
