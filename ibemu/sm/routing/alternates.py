@@ -25,9 +25,9 @@ hops reaches the destination and the channel dependency graph of all of them is 
 
 Order and bound: at most ``MAX_ALTERNATES`` ports per entry. The candidates are taken in
 cyclic port order after the primary, then rotated by the rank of the LID (ascending) among
-the LIDs of that switch with the same primary port: the first alternates of the LIDs one port
-carries are spread round-robin over the other candidates, so when a port fails its load moves
-evenly (local failover) rather than onto its neighbour. Deterministic: no randomness, no
+the LIDs of that switch with the same primary port and the same candidates: the first
+alternates of the LIDs one port carries are spread round-robin over the other candidates, so
+when a port fails its load moves evenly (local failover) rather than onto its neighbour. Deterministic: no randomness, no
 dependency on dict order.
 
 Entries whose primary is not one of the engine's candidates (a minhop fallback where the
@@ -104,14 +104,15 @@ def updown_alternates(graph: SubnetGraph, routes: Routes, base: str) -> Alternat
     for v, entries in enumerate(found):
         if not entries:
             continue
-        seen: dict[int, int] = {}
+        seen: dict[tuple[int, tuple[int, ...]], int] = {}
         table: dict[int, tuple[int, ...]] = {}
         for lid in sorted(entries):
             p, ports = entries[lid]
             j = ports.index(p)
             others = ports[j + 1:] + ports[:j]
-            r = seen.get(p, 0) % len(others)
-            seen[p] = seen.get(p, 0) + 1
+            i = seen.get((p, ports), 0)
+            seen[(p, ports)] = i + 1
+            r = i % len(others)
             table[lid] = (others[r:] + others[:r])[:MAX_ALTERNATES]
         out[fab.guids[v]] = table
     return out
