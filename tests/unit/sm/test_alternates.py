@@ -87,9 +87,10 @@ def test_ftree_ar_k4_groups() -> None:
     assert rep.cdg_cycle is None and rep.cdg_edges > 0
 
 
-@pytest.mark.parametrize("engine", ["ftree_ar", "updn_ar"])
-def test_every_alternate_reaches_its_lid_at_the_primary_cost(engine: str) -> None:
-    g = topo("fat-tree-k4")
+@pytest.mark.parametrize(("name", "engine"), [("fat-tree-k4", "ftree_ar"), ("leaf-spine", "ftree_ar")]
+                         + [(t, "updn_ar") for t in ["fat-tree-k4", *UPDN_TOPOS]])
+def test_every_alternate_reaches_its_lid_at_the_primary_cost(name: str, engine: str) -> None:
+    g = topo(name)
     ar = compute_ar(g, engine)
     fab = Fabric.of(g)
     lfts = ar.primary.lfts
