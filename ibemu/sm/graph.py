@@ -105,3 +105,16 @@ class Routes:
     """Switch GUID -> (its LFT in the routes these were derived from, {LID: new port}): what
     a reroute changed, so that programming patches the old table's blocks instead of
     rebuilding them. Only a hint: a table not found here is compared in full."""
+
+
+@dataclass
+class ArRoutes:
+    """Routes with adaptive-routing groups: the primary LFTs and, per switch GUID and LID,
+    the alternate egress ports a switch may take instead of the primary (primary excluded,
+    most preferred first). Computed by ``ibemu.sm.routing.alternates``, validated by
+    ``ibemu.sm.checker.check_alternates``."""
+
+    engine: str
+    primary: Routes
+    alternates: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    compute_s: float = 0.0

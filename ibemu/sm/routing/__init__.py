@@ -15,6 +15,8 @@ uses ``SmNode.coords`` or infers them from port numbers.
 Modules: ``fabric`` (indexed bitset view of the graph), ``core`` (layers, balanced
 filling), one per engine, ``grid`` (mesh/torus coordinates), ``fromtopo`` (Topology ->
 SubnetGraph for tests and benchmarks). ``ibemu.sm.checker`` validates the result.
+``alternates`` (imported on its own: it uses the checker) computes adaptive-routing groups
+for ftree and updn (``AR_ENGINES``); they are not in ``ENGINES`` until the switches use them.
 """
 
 from __future__ import annotations
