@@ -4,7 +4,7 @@ With no scenario it runs the built-in default (a k=4 fat-tree, ftree routing, an
 uplink failing under traffic). ``--topo``, ``--fabric``, ``--datapath``, ``--sm``,
 ``--sm-engine`` and ``--duration`` override the scenario (``--fabric roce``: the same
 topology, traffic and faults on a RoCEv2 fabric). The summary goes to stdout; ``--json
-FILE`` writes the result (schema ibemu.run/2), plots go next to it (``--no-plots`` to skip).
+FILE`` writes the result (schema ibemu.run/3), plots go next to it (``--no-plots`` to skip).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sm-engine", choices=tuple(ENGINES), help="override sm.engine")
     p.add_argument("--duration", type=float, metavar="S", help="override duration_s")
     p.add_argument("--out", type=Path, help="directory for results (default: results/<scenario>)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the result here (ibemu.run/2)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the result here (ibemu.run/3)")
     p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     p.add_argument("--capture", action="append", default=[], metavar="NODE:PORT",
                    help="record a cable end to a pcap tshark decodes (repeatable)")

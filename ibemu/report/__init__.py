@@ -1,6 +1,6 @@
 """ibemu.report: what ``ibemu run`` makes of its result.
 
-``schema`` (the ``ibemu.run/2`` structures and their validator), ``store`` (JSON files),
+``schema`` (the ``ibemu.run/3`` structures and their validator), ``store`` (JSON files),
 ``summary`` (the terminal summary) and ``plots`` (throughput, reroute phases, topology).
 """
 

@@ -1,6 +1,6 @@
 """Two runs of one scenario side by side: InfiniBand (ibemu's SM) and RoCEv2 (the fabric manager).
 
-Pure: two ``ibemu.run/2`` (or ``/1``) result dicts in, a comparison (``ibemu.compare/1``) and a plain-text
+Pure: two ``ibemu.run/3`` (or ``/2``, ``/1``) result dicts in, a comparison (``ibemu.compare/1``) and a plain-text
 table out. Faults are paired by their order (the same scenario injects the same faults),
 flows by name. For every figure the comparison keeps both values and, where both are numbers
 and the IB one is not zero, ``roce / ib``. A collective's efficiency is its bus bandwidth
@@ -74,7 +74,7 @@ def _manager(r: Result) -> str:
 def _check_pair(ib: Result, roce: Result, control: str | None = None) -> None:
     for kind, r in (("ib", ib), ("roce", roce)):
         if r.get("schema") not in READABLE_VERSIONS:
-            raise ValueError(f"the {kind} result is not an ibemu.run/1 or /2 result")
+            raise ValueError(f"the {kind} result is not an ibemu.run result ({', '.join(READABLE_VERSIONS)})")
         want = control or kind
         if r["fabric"]["kind"] != want:
             raise ValueError(f"the {want} result is a {r['fabric']['kind']} run")

@@ -1,4 +1,4 @@
-"""The result of ``ibemu run`` (schema ``ibemu.run/2``): typed structures and a validator.
+"""The result of ``ibemu run`` (schema ``ibemu.run/3``): typed structures and a validator.
 
 The canonical form is a JSON object (what ``--json FILE`` writes); :class:`RunResult` and its
 parts are the typed view of it, with ``to_dict()`` / ``from_dict()``. Every object is closed:
@@ -15,6 +15,11 @@ worst_process, processes: {name: {p50_us, p99_us, max_us, samples}}, worst_link,
 An ``ibemu.run/1`` file (no ``fidelity``) still reads: its ``fidelity`` is ``None``
 (unknown), and it is written back as it was.
 
+``ibemu.run/3`` names units truly: a bandwidth flow's ``extra`` says ``peak_mibps`` and
+``avg_mibps`` (MiB/s, perftest's unit) where ``ibemu.run/2`` and ``/1`` said ``peak_mbps``
+and ``avg_mbps`` for the same MiB/s figures. Nothing else changed: ``/2`` and ``/1`` files
+still read and are written back as they were (``extra`` is open: their keys are kept).
+
 :func:`validate` reports every problem at once, located by key path
 (``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
 """
@@ -29,9 +34,10 @@ from typing import Any
 
 from ibemu.errors import IbemuError, did_you_mean
 
-SCHEMA_VERSION = "ibemu.run/2"
-READABLE_VERSIONS = ("ibemu.run/1", SCHEMA_VERSION)
-"""What ``validate`` accepts: this version, and the one before it (no ``fidelity``)."""
+SCHEMA_VERSION = "ibemu.run/3"
+READABLE_VERSIONS = ("ibemu.run/1", "ibemu.run/2", SCHEMA_VERSION)
+"""What ``validate`` accepts: this version and the ones before it (``/1``: no ``fidelity``;
+``/2``: bandwidth figures under the old key names)."""
 
 FABRIC_KINDS = ("ib", "roce")
 DATAPATHS = ("kernel", "user")
@@ -658,12 +664,13 @@ _TRAFFIC = _object(
 
 def _schema_version(v: Any, path: str, out: list[str]) -> None:
     if v not in READABLE_VERSIONS:
-        out.append(f"{path}: expected {SCHEMA_VERSION!r} (or {READABLE_VERSIONS[0]!r}), {_got(v)}")
+        older = " or ".join(repr(x) for x in READABLE_VERSIONS[:-1])
+        out.append(f"{path}: expected {SCHEMA_VERSION!r} (or {older}), {_got(v)}")
 
 
 def _fidelity_for_version(v: Mapping[str, Any], path: str, out: list[str]) -> None:
     """``fidelity`` is required from ibemu.run/2 on, and unknown to ibemu.run/1."""
-    if v.get("schema") == SCHEMA_VERSION and "fidelity" not in v:
+    if v.get("schema") in READABLE_VERSIONS[1:] and "fidelity" not in v:
         out.append("fidelity: missing")
     elif v.get("schema") == READABLE_VERSIONS[0] and "fidelity" in v:
         out.append(f"fidelity: unknown key in an {READABLE_VERSIONS[0]} result")
@@ -775,8 +782,8 @@ _RESULT = _object(
 
 
 def validate(result: Any) -> list[str]:
-    """Every problem of ``result`` (a JSON-like dict) against ``ibemu.run/2`` (or an
-    ``ibemu.run/1`` one); ``[]`` if valid."""
+    """Every problem of ``result`` (a JSON-like dict) against ``ibemu.run/3`` (or an older
+    ``ibemu.run/2`` or ``/1`` one); ``[]`` if valid."""
     out: list[str] = []
     _RESULT(result, "", out)
     return out

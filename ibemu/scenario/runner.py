@@ -4,7 +4,7 @@ Phases: ``build`` (namespaces, cables, agents), ``sm`` (to SUBNET UP), ``warm-up
 traffic worker opens the hosts' ports), ``traffic`` (flows run; faults are injected on
 schedule, each stamped at the source), ``drain`` (flows finish, the worker writes what it
 measured), ``teardown``. Ctrl-C at any point tears everything down and still returns what was
-measured (``interrupted: true``). The result follows ``ibemu.report.result`` (ibemu.run/2).
+measured (``interrupted: true``). The result follows ``ibemu.report.result`` (ibemu.run/3).
 
 Fidelity: the run names its lag log (``RUN_DIR/lag.jsonl``) in the environment
 (``ibemu.lagmon.ENV_LOG``) for its own lifetime, so every process it starts (the SM, the
@@ -447,7 +447,7 @@ class ScenarioRun:
         fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
                        threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None, hi_ns=self.t_done_ns or None)
         return {
-            "schema": "ibemu.run/2",
+            "schema": "ibemu.run/3",
             "scenario": {"name": scen.name, "file": str(scen.path) if scen.path else None,
                          "description": scen.description or None},
             "started_at": self.started_at,

@@ -203,7 +203,7 @@ class Flow:
 
 async def _bw(f: Flow) -> None:
     r = await _bw_pair(f.ports[f.src], f.ports[f.dst], _perf_opts(f.spec, f.kind, 1e9), f.stop, f.out)
-    f.out.extra = {"peak_mbps": round(r.peak_mbps, 2), "avg_mbps": round(r.avg_mbps, 2),
+    f.out.extra = {"peak_mibps": round(r.peak_mibps, 2), "avg_mibps": round(r.avg_mibps, 2),
                    "msg_rate_mpps": round(r.msg_rate_mpps, 6), "iterations": r.iterations}
     if f.spec.get("rate_pps"):
         f.out.extra["rate_pps"] = float(f.spec["rate_pps"])

@@ -178,8 +178,8 @@ class BwResult:
     iterations: int
     seconds: float
     bytes: int
-    peak_mbps: float
-    avg_mbps: float
+    peak_mibps: float
+    avg_mibps: float
     msg_rate_mpps: float
     packets: int
     retransmitted: int
@@ -217,7 +217,7 @@ PEAK_WINDOW_NS = 100_000_000
 """BW peak: the best 100 ms window of completions (perftest takes its fastest iteration)."""
 
 
-def _peak_mbps(d: Deliveries) -> float:
+def _peak_mibps(d: Deliveries) -> float:
     """The most bytes completed in any ``PEAK_WINDOW_NS`` window ending at a completion."""
     t, b = d.t_ns, d.nbytes
     if len(t) < 2:
@@ -305,7 +305,7 @@ async def bw_client(side: Side, *, stop: trio.Event | None = None,
     seconds = (clock.now_ns() - t0) / 1e9
     cpu1 = os.times()
     nbytes = done * size
-    return BwResult(opts.test, size, done, seconds, nbytes, _peak_mbps(deliveries),
+    return BwResult(opts.test, size, done, seconds, nbytes, _peak_mibps(deliveries),
                     nbytes / seconds / (1 << 20) if seconds else 0.0,
                     done / seconds / 1e6 if seconds else 0.0, done * pkts_per_msg,
                     sum(qp.stats.retransmitted for qp in side.qps), deliveries,
@@ -445,7 +445,7 @@ def _combine(results: list[BwResult]) -> BwResult:
     nbytes = sum(r.bytes for r in results)
     iters = sum(r.iterations for r in results)
     r0 = results[0]
-    return BwResult(r0.test, r0.size, iters, secs, nbytes, _peak_mbps(merged),
+    return BwResult(r0.test, r0.size, iters, secs, nbytes, _peak_mibps(merged),
                     nbytes / secs / (1 << 20) if secs else 0.0, iters / secs / 1e6 if secs else 0.0,
                     sum(r.packets for r in results), sum(r.retransmitted for r in results), merged)
 
@@ -458,7 +458,7 @@ def bw_header() -> str:
 
 
 def bw_line(r: BwResult) -> str:
-    return f" {r.size:<10d} {r.iterations:<14d} {r.peak_mbps:<18.2f} {r.avg_mbps:<20.2f} {r.msg_rate_mpps:.6f}"
+    return f" {r.size:<10d} {r.iterations:<14d} {r.peak_mibps:<18.2f} {r.avg_mibps:<20.2f} {r.msg_rate_mpps:.6f}"
 
 
 def lat_header() -> str:
@@ -502,8 +502,8 @@ def json_report(r: BwResult | LatResult, opts: PerfOptions, *, link_type: str = 
                                "percentile_99": round(st["p99"], 2), "percentile_99.9": round(st["p999"], 2)}
     else:
         info["TX_depth"] = opts.tx_depth
-        res = {"MsgSize": r.size, "n_iterations": r.iterations, "BW_peak": round(r.peak_mbps, 2),
-               "BW_average": round(r.avg_mbps, 2), "MsgRate": round(r.msg_rate_mpps, 6)}
+        res = {"MsgSize": r.size, "n_iterations": r.iterations, "BW_peak": round(r.peak_mibps, 2),
+               "BW_average": round(r.avg_mibps, 2), "MsgRate": round(r.msg_rate_mpps, 6)}
     return {"test_info": info, "results": res}
 
 

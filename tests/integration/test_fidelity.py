@@ -41,7 +41,7 @@ duration_s: 3
 
 def test_every_process_of_a_run_reports_its_lag(state_dir: Path, tmp_path: Path) -> None:
     result = trio.run(ScenarioRun(loads_scenario(SCENARIO), tmp_path / "out").run)
-    assert validate(result) == [] and result["schema"] == "ibemu.run/2"
+    assert validate(result) == [] and result["schema"] == "ibemu.run/3"
     fid = result["fidelity"]
     assert set(fid) == SHAPE and fid["worst_link"] is None and fid["dilation"] == 1
     assert set(fid["processes"]) == {"agent-host", "sm", "traffic bulk", "traffic probe", "traffic ring"}
@@ -171,7 +171,7 @@ def test_a_default_like_run_is_judged_at_dilation_1_and_valid_at_4(tmp_path: Pat
     (probe,) = [t for t in result["traffic"] if t["name"] == "probe"]
     assert probe["extra"]["lost"] == 0, probe
     (bulk,) = [t for t in result["traffic"] if t["name"] == "bulk"]
-    assert bulk["extra"]["avg_mbps"] > 0 and not bulk.get("error"), bulk
+    assert bulk["extra"]["avg_mibps"] > 0 and not bulk.get("error"), bulk
 
 
 def test_an_overloaded_run_is_invalid_at_dilation_1_and_valid_at_the_factor_auto_picks(tmp_path: Path) -> None:

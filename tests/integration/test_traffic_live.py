@@ -75,7 +75,7 @@ def test_bandwidth_tests_move_every_byte_across_five_switches(live: Running, tes
 
     a, b, r = run_on_ports(live, ["h1", "h15"], fn)
     assert isinstance(r, perftest.BwResult)
-    assert r.iterations == 300 and r.bytes == 300 * 20000 and r.avg_mbps > 0
+    assert r.iterations == 300 and r.bytes == 300 * 20000 and r.avg_mibps > 0
     assert r.packets == 300 * 5  # 20,000 B at MTU 4096
     for mine, theirs in zip(a.mrs, b.mrs, strict=True):
         if test == "read_bw":

@@ -1,4 +1,4 @@
-"""A synthetic, realistic ``ibemu.run/2`` result (k=4 fat-tree, two faults, three flows)."""
+"""A synthetic, realistic ``ibemu.run/3`` result (k=4 fat-tree, two faults, three flows)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _timeline(peak: float, dips: list[tuple[float, float]]) -> dict[str, list[fl
 def result() -> dict[str, Any]:
     """A fresh copy each call (tests mutate it)."""
     return {
-        "schema": "ibemu.run/2",
+        "schema": "ibemu.run/3",
         "scenario": {
             "name": "default",
             "file": "scenarios/default.yaml",

@@ -81,8 +81,8 @@ def test_runs_of_the_wrong_kind_are_refused() -> None:
     ib, roce = _pair()
     with pytest.raises(ValueError, match="roce result is a ib run"):
         compare(ib, ib)
-    roce["schema"] = "ibemu.run/3"
-    with pytest.raises(ValueError, match=r"not an ibemu\.run/1 or /2"):
+    roce["schema"] = "ibemu.run/4"
+    with pytest.raises(ValueError, match=r"not an ibemu\.run result \(ibemu\.run/1, ibemu\.run/2, ibemu\.run/3\)"):
         compare(ib, roce)
 
 

@@ -1,4 +1,4 @@
-"""ibemu.run/2: a good result passes; every kind of bad value is reported at its key path."""
+"""ibemu.run/3: a good result passes; every kind of bad value is reported at its key path."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def _set(d: dict[str, Any], path: str, value: Any) -> None:
         ),
         ("faults.0.at_s", None, "faults[0].at_s: expected number, got null"),
         ("faults.0.flows", {}, "faults[0].flows: expected list, got object"),
-        ("schema", "ibemu.run/3", "schema: expected 'ibemu.run/2' (or 'ibemu.run/1'), got str 'ibemu.run/3'"),
+        ("schema", "ibemu.run/4", "schema: expected 'ibemu.run/3' (or 'ibemu.run/1' or 'ibemu.run/2'), got str 'ibemu.run/4'"),
         ("started_at", "yesterday", "started_at: expected ISO-8601 timestamp, got 'yesterday'"),
         ("duration_s", "20", "duration_s: expected number, got str '20'"),
         ("interrupted", 0, "interrupted: expected true or false, got int 0"),
@@ -186,7 +186,7 @@ def test_from_dict_raises_with_every_problem() -> None:
         "fabric.kind",
         "faults[0].phases_ms.trap",
     ]
-    assert str(e.value).startswith("r.json: not a valid ibemu.run/2 result:")
+    assert str(e.value).startswith("r.json: not a valid ibemu.run/3 result:")
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
@@ -277,7 +277,23 @@ def test_readme_example_is_valid() -> None:
     import re
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme[readme.index("### Run results (ibemu.run/2)") :]
+    section = readme[readme.index("### Run results (ibemu.run/3)") :]
     block = re.search(r"```json\n(.*?)```", section, re.S)
     assert block is not None
     assert validate(json.loads(block.group(1))) == []
+
+
+def test_an_ibemu_run_2_result_still_reads_and_keeps_its_key_names() -> None:
+    """ibemu.run/3 renamed a bandwidth flow's MiB/s figures (``peak_mibps``/``avg_mibps``);
+    a /2 file with the old names still loads and is written back as it was."""
+    from ibemu.report.result import RunResult
+
+    old = result()
+    old["schema"] = "ibemu.run/2"
+    old["traffic"][0]["extra"] = {"peak_mbps": 200.0, "avg_mbps": 183.0}
+    assert validate(old) == []
+    back = RunResult.from_dict(old).to_dict()
+    assert back["schema"] == "ibemu.run/2" and back["traffic"][0]["extra"] == {"peak_mbps": 200.0, "avg_mbps": 183.0}
+    no_fidelity = dict(old)
+    del no_fidelity["fidelity"]
+    assert validate(no_fidelity) == ["fidelity: missing"]
