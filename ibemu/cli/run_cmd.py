@@ -99,14 +99,16 @@ def capture_bounds(args: argparse.Namespace) -> CaptureBounds:
     """The captures' bounds from ``--capture-snaplen/-limit/-files``; ConfigError (one line) if bad."""
     snaplen = MAX_FRAME if args.capture_snaplen is None else args.capture_snaplen
     if not 1 <= snaplen <= 262144:  # tcpdump's bound; no frame here is longer than MAX_FRAME
-        raise ConfigError(f"--capture-snaplen {args.capture_snaplen}: must be 1 to 262144 bytes "
-                          f"(a frame is at most {MAX_FRAME})")
+        raise ConfigError(f"{args.capture_snaplen}: must be 1 to 262144 bytes (a frame is at most {MAX_FRAME})",
+                          where="--capture-snaplen")
     limit_mb = DEFAULT_LIMIT_MB if args.capture_limit is None else args.capture_limit
     if not (0.001 <= limit_mb <= 1_000_000):  # also refuses nan
-        raise ConfigError(f"--capture-limit {args.capture_limit}: must be 0.001 to 1000000 MB (a file's size)")
+        raise ConfigError(f"{args.capture_limit:g}: must be 0.001 to 1000000 MB (a file's size)",
+                          where="--capture-limit")
     files = DEFAULT_FILES if args.capture_files is None else args.capture_files
     if not 1 <= files <= 1000:
-        raise ConfigError(f"--capture-files {args.capture_files}: must be 1 to 1000 (files kept per cable end)")
+        raise ConfigError(f"{args.capture_files}: must be 1 to 1000 (files kept per cable end)",
+                          where="--capture-files")
     return CaptureBounds(snaplen=snaplen, limit_bytes=int(limit_mb * 1_000_000), files=files)
 
 

@@ -167,14 +167,14 @@ def capture_end(topo: Topology, text: str) -> tuple[str, int]:
     """The cable end ``text`` (``NODE:PORT``) names in ``topo``; ConfigError (one line) if none."""
     node, sep, port = text.partition(":")
     if not sep or not node or not port.isdigit():
-        raise ConfigError(f"--capture {text}: expected a cable end NODE:PORT, e.g. leaf0:1")
+        raise ConfigError(f"{text}: expected a cable end NODE:PORT, e.g. leaf0:1", where="--capture")
     n = topo.nodes.get(node)
     if n is None:
-        raise ConfigError(f"--capture {text}: no node {node!r}{did_you_mean(node, topo.nodes)}")
+        raise ConfigError(f"{text}: no node {node!r}{did_you_mean(node, topo.nodes)}", where="--capture")
     if int(port) not in n.port_range:
-        raise ConfigError(f"--capture {text}: {node} has {n.ports_text()}")
+        raise ConfigError(f"{text}: {node} has {n.ports_text()}", where="--capture")
     if topo.link_at(node, int(port)) is None:
-        raise ConfigError(f"--capture {text}: port {port} of {node} is not cabled")
+        raise ConfigError(f"{text}: port {port} of {node} is not cabled", where="--capture")
     return node, int(port)
 
 
