@@ -5,6 +5,9 @@ uplink failing under traffic). ``--topo``, ``--fabric``, ``--datapath``, ``--sm`
 ``--sm-engine`` and ``--duration`` override the scenario (``--fabric roce``: the same
 topology, traffic and faults on a RoCEv2 fabric). The summary goes to stdout; ``--json
 FILE`` writes the result (schema ibemu.run/2), plots go next to it (``--no-plots`` to skip).
+``--capture NODE:PORT`` records a cable end to ``OUT/capture-NODE-PORT.pcap``, bounded by
+``--capture-snaplen`` (bytes a frame), ``--capture-limit`` (MB a file, then rotated to
+``.pcap.1``...) and ``--capture-files`` (files kept).
 """
 
 from __future__ import annotations
