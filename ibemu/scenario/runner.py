@@ -184,7 +184,8 @@ class ScenarioRun:
     def __init__(self, scen: Scenario, out_dir: Path, *, captures: list[str] | None = None,
                  capture_bounds: CaptureBounds | None = None, progress: Progress = _quiet) -> None:
         check_runnable(scen)
-        self.capture_ends = [capture_end(scen.topology, c) for c in captures or []]  # before anything is built
+        # checked before anything is built; one capture a cable end (one file each)
+        self.capture_ends = list(dict.fromkeys(capture_end(scen.topology, c) for c in captures or []))
         self.capture_bounds = capture_bounds or CaptureBounds()
         self.scen = scen
         self.out_dir = out_dir.resolve()  # the SM and the workers run in other directories
