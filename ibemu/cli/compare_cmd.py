@@ -5,7 +5,7 @@ the scenario's ``sm``) and as ``roce`` (IP routers, ECMP, the fabric manager, an
 scenario's cable impairments ``fabric.loss_pct`` / ``fabric.delay_us``, which apply to the
 RoCE run only: IB is lossless). Prints one table: bring-up, each fault's reroute phases,
 each flow's blackout and throughput, collectives' time, bus bandwidth and #wrong. Writes
-``OUT/ib.json`` and ``OUT/roce.json`` (ibemu.run/2) and ``--json FILE`` (default
+``OUT/ib.json`` and ``OUT/roce.json`` (ibemu.run/3) and ``--json FILE`` (default
 ``OUT/compare.json``: both runs and the comparison, ibemu.compare/1). Both variants are
 checked before anything is built.
 

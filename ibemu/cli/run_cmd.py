@@ -5,6 +5,9 @@ uplink failing under traffic). ``--topo``, ``--fabric``, ``--datapath``, ``--sm`
 ``--sm-engine`` and ``--duration`` override the scenario (``--fabric roce``: the same
 topology, traffic and faults on a RoCEv2 fabric). The summary goes to stdout; ``--json
 FILE`` writes the result (schema ibemu.run/3), plots go next to it (``--no-plots`` to skip).
+``--capture NODE:PORT`` records a cable end to ``OUT/capture-NODE-PORT.pcap``, bounded by
+``--capture-snaplen`` (bytes a frame), ``--capture-limit`` (MB a file, then rotated to
+``.pcap.1``...) and ``--capture-files`` (files kept).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ibemu.errors import ConfigError
 from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario.schema import Scenario
 from ibemu.sm.routing import ENGINES
+from ibemu.wire.capture import DEFAULT_FILES, DEFAULT_LIMIT_MB, MAX_FRAME, CaptureBounds
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, metavar="FILE", help="write the result here (ibemu.run/3)")
     p.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     p.add_argument("--capture", action="append", default=[], metavar="NODE:PORT",
-                   help="record a cable end to a pcap tshark decodes (repeatable)")
+                   help="record a cable end to out/capture-NODE-PORT.pcap, which tshark decodes (repeatable)")
+    p.add_argument("--capture-snaplen", type=int, metavar="N", default=None,
+                   help=f"bytes kept of each captured frame (default: whole frames, up to {MAX_FRAME})")
+    p.add_argument("--capture-limit", type=float, metavar="MB", default=None,
+                   help=f"rotate a capture file once it would pass MB megabytes (default {DEFAULT_LIMIT_MB})")
+    p.add_argument("--capture-files", type=int, metavar="N", default=None,
+                   help=f"capture files kept per cable end: FILE, FILE.1 .. FILE.N-1, the oldest "
+                        f"deleted (default {DEFAULT_FILES})")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_dilation_argument(p)
     p.set_defaults(func=run)
@@ -86,19 +97,39 @@ def _scenario(args: argparse.Namespace) -> Scenario:
     return scen
 
 
+def capture_bounds(args: argparse.Namespace) -> CaptureBounds:
+    """The captures' bounds from ``--capture-snaplen/-limit/-files``; ConfigError (one line) if bad."""
+    snaplen = MAX_FRAME if args.capture_snaplen is None else args.capture_snaplen
+    if not 1 <= snaplen <= 262144:  # tcpdump's bound; no frame here is longer than MAX_FRAME
+        raise ConfigError(f"{args.capture_snaplen}: must be 1 to 262144 bytes (a frame is at most {MAX_FRAME})",
+                          where="--capture-snaplen")
+    limit_mb = DEFAULT_LIMIT_MB if args.capture_limit is None else args.capture_limit
+    if not (0.001 <= limit_mb <= 1_000_000):  # also refuses nan
+        raise ConfigError(f"{args.capture_limit:g}: must be 0.001 to 1000000 MB (a file's size)",
+                          where="--capture-limit")
+    files = DEFAULT_FILES if args.capture_files is None else args.capture_files
+    if not 1 <= files <= 1000:
+        raise ConfigError(f"{args.capture_files}: must be 1 to 1000 (files kept per cable end)",
+                          where="--capture-files")
+    return CaptureBounds(snaplen=snaplen, limit_bytes=int(limit_mb * 1_000_000), files=files)
+
+
 def run(args: argparse.Namespace) -> int:
     from ibemu.report import plots, store
     from ibemu.report.summary import summary as render_summary
-    from ibemu.scenario.runner import ScenarioRun
+    from ibemu.scenario.runner import ScenarioRun, capture_end
 
     scen = _scenario(args)  # every scenario error is reported before anything is built
+    bounds = capture_bounds(args)
+    for text in args.capture:  # a cable end that is not there: said before anything is built
+        capture_end(scen.topology, text)
     if os.geteuid() != 0:
         raise ConfigError("ibemu run needs root (network namespaces, veth, tc): use sudo")
     out_dir = args.out or Path("results") / scen.name
     json_path = args.json or (scen.record.json if scen.record.json else out_dir / "result.json")
     clock.configure(scen.time.dilation)  # before the runner: every process of the run on it
     with Reporter(quiet=args.quiet, traffic_s=scen.duration_s * scen.time.dilation) as progress:
-        runner = ScenarioRun(scen, out_dir, captures=args.capture, progress=progress)
+        runner = ScenarioRun(scen, out_dir, captures=args.capture, capture_bounds=bounds, progress=progress)
         result = run_trio(runner.run)
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):

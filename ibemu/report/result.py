@@ -352,23 +352,55 @@ class Fidelity:
 
 
 @dataclass
+class CaptureFile:
+    """What one capture (``--capture NODE:PORT``) holds when the run ended."""
+
+    file: str
+    files: list[str]
+    """Its files on disk, newest first: ``file``, ``file.1``, ... (rotated at the size limit)."""
+    frames: int
+    bytes: int
+    rotations: int = 0
+    discarded: int = 0
+    """Frames in rotated files deleted (beyond ``--capture-files``)."""
+    dropped: int = 0
+    """Frames the kernel dropped before the capture read them."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "files": list(self.files), "frames": self.frames, "bytes": self.bytes,
+                "rotations": self.rotations, "discarded": self.discarded, "dropped": self.dropped}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CaptureFile:
+        return cls(d["file"], list(d["files"]), int(d["frames"]), int(d["bytes"]), int(d.get("rotations", 0)),
+                   int(d.get("discarded", 0)), int(d.get("dropped", 0)))
+
+
+@dataclass
 class Files:
     events: str | None = None
     json: str | None = None
     plots: list[str] = field(default_factory=list)
     captures: list[str] = field(default_factory=list)
+    capture_stats: list[CaptureFile] | None = None
+    """Frames and bytes of each capture (optional: absent from results before it existed)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "events": self.events,
             "json": self.json,
             "plots": list(self.plots),
             "captures": list(self.captures),
         }
+        if self.capture_stats is not None:
+            d["capture_stats"] = [c.to_dict() for c in self.capture_stats]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Files:
-        return cls(d["events"], d["json"], list(d["plots"]), list(d["captures"]))
+        stats = d.get("capture_stats")
+        return cls(d["events"], d["json"], list(d["plots"]), list(d["captures"]),
+                   None if stats is None else [CaptureFile.from_dict(c) for c in stats])
 
 
 @dataclass
@@ -730,6 +762,16 @@ def _unique_traffic_names(v: Mapping[str, Any], path: str, out: list[str]) -> No
             seen.setdefault(name, i)
 
 
+_CAPTURE_FILE = _object(
+    {
+        "file": _string(),
+        "files": _list(_string()),
+        "frames": _count,
+        "bytes": _count,
+    },
+    optional={"rotations": _count, "discarded": _count, "dropped": _count},
+)
+
 _RESULT = _object(
     {
         "schema": _schema_version,
@@ -773,7 +815,8 @@ _RESULT = _object(
                 "json": _string(nullable=True),
                 "plots": _list(_string()),
                 "captures": _list(_string()),
-            }
+            },
+            optional={"capture_stats": _list(_CAPTURE_FILE)},
         ),
     },
     _fidelity_for_version,

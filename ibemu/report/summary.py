@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ibemu.report.result import PHASES, FaultResult, Fidelity, RunResult, TrafficResult, as_result
+from ibemu.report.result import (
+    PHASES,
+    CaptureFile,
+    FaultResult,
+    Fidelity,
+    RunResult,
+    TrafficResult,
+    as_result,
+)
 
 DASH = "-"
 """What a cell shows for a value that is absent (``null``)."""
@@ -227,10 +235,30 @@ def _traffic(traffic: list[TrafficResult], mark: list[str] | None = None) -> lis
     return lines
 
 
+def _capture_line(c: CaptureFile) -> str:
+    """``out/capture-leaf0-1.pcap  12,345 frames, 4.2 MB`` and what rotated or was lost."""
+    size = f"{c.bytes / 1e6:,.1f} MB" if c.bytes >= 100_000 else f"{c.bytes / 1e3:,.1f} kB"
+    text = f"{c.file}  {_int(c.frames)} frames, {size}"
+    if len(c.files) > 1:
+        text += f" in {len(c.files)} files ({', '.join(c.files[1:])})"
+    if c.rotations:
+        text += f", rotated {_int(c.rotations)}x"
+    if c.discarded:
+        text += f", {_int(c.discarded)} older frames deleted"
+    if c.dropped:
+        text += f", {_int(c.dropped)} dropped by the kernel"
+    return text
+
+
 def _files(r: RunResult) -> list[str]:
     f = r.files
     items = [("events", [f.events] if f.events else []), ("json", [f.json] if f.json else [])]
-    items += [("plots", f.plots), ("captures", f.captures)]
+    items += [("plots", f.plots)]
+    stats = {c.file: c for c in f.capture_stats or []}
+    if stats:  # one line a capture, with its frames
+        items += [("capture", [_capture_line(stats[c])]) if c in stats else ("capture", [c]) for c in f.captures]
+    else:
+        items += [("captures", f.captures)]
     present = [(k, v) for k, v in items if v]
     if not present:
         return []

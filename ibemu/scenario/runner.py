@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ibemu import clock, lagmon
-from ibemu.errors import ConfigError
+from ibemu.errors import ConfigError, did_you_mean
 from ibemu.fabric import opensm
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent
@@ -50,8 +50,10 @@ from ibemu.kernel import cpus, faketime, ownership
 from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
+from ibemu.topo.model import Topology
 from ibemu.traffic.endpoints import host_address
 from ibemu.traffic.flows import TRAFFIC_KINDS, FlowOutput
+from ibemu.wire.capture import CaptureBounds, CaptureStats
 
 if TYPE_CHECKING:
     from ibemu.roce.queues import QueueConfig
@@ -161,12 +163,30 @@ def _queues(scen: Scenario) -> QueueConfig | None:
                        latency_ns=sw.latency_ns if sw is not None else None)
 
 
+def capture_end(topo: Topology, text: str) -> tuple[str, int]:
+    """The cable end ``text`` (``NODE:PORT``) names in ``topo``; ConfigError (one line) if none."""
+    node, sep, port = text.partition(":")
+    if not sep or not node or not port.isdigit():
+        raise ConfigError(f"{text}: expected a cable end NODE:PORT, e.g. leaf0:1", where="--capture")
+    n = topo.nodes.get(node)
+    if n is None:
+        raise ConfigError(f"{text}: no node {node!r}{did_you_mean(node, topo.nodes)}", where="--capture")
+    if int(port) not in n.port_range:
+        raise ConfigError(f"{text}: {node} has {n.ports_text()}", where="--capture")
+    if topo.link_at(node, int(port)) is None:
+        raise ConfigError(f"{text}: port {port} of {node} is not cabled", where="--capture")
+    return node, int(port)
+
+
 class ScenarioRun:
     """Runs ``scen`` once; ``await run()`` returns the result dict."""
 
     def __init__(self, scen: Scenario, out_dir: Path, *, captures: list[str] | None = None,
-                 progress: Progress = _quiet) -> None:
+                 capture_bounds: CaptureBounds | None = None, progress: Progress = _quiet) -> None:
         check_runnable(scen)
+        # checked before anything is built; one capture a cable end (one file each)
+        self.capture_ends = list(dict.fromkeys(capture_end(scen.topology, c) for c in captures or []))
+        self.capture_bounds = capture_bounds or CaptureBounds()
         self.scen = scen
         self.out_dir = out_dir.resolve()  # the SM and the workers run in other directories
         self.progress = progress
@@ -187,6 +207,8 @@ class ScenarioRun:
         self.interrupted = False
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.capture_files: list[str] = []
+        self.capture_stats: dict[str, CaptureStats] = {}
+        """Each capture's files and frames when it stopped, by its file."""
 
     # ------------------------------------------------------------------ the run
 
@@ -275,8 +297,8 @@ class ScenarioRun:
             tmp.write_text(json.dumps({"t0_ns": self.t0_ns}))
             tmp.replace(self._go_path)
             async with trio.open_nursery() as nursery:
-                for link_name in self.captures:
-                    await nursery.start(self._capture, link_name)
+                for node, port in self.capture_ends:
+                    await nursery.start(self._capture, node, port)
                 # The flows' time zero on trio's clock, for the fault schedule.
                 t0_trio = trio.current_time() + (self.t0_ns - clock.now_ns()) / 1e9
                 await nursery.start(functools.partial(injector.serve, list(scen.faults), t0=t0_trio))
@@ -351,14 +373,17 @@ class ScenarioRun:
         return {"hosts": hosts, "mtu": mtu,
                 "flows": [flow_dict(t, scen) for t in scen.traffic], **extra}
 
-    async def _capture(self, link_name: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        node, _, port = link_name.partition(":")
-        plan = self.rt.plan.nodes.get(node)
-        if plan is None or not port.isdigit() or int(port) not in plan.ports:
-            raise ConfigError(f"--capture {link_name}: no such cable end (NODE:PORT)")
+    async def _capture(self, node: str, port: int, *,
+                       task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        plan = self.rt.plan.nodes[node]
         path = self.out_dir / f"capture-{node}-{port}.pcap"
         self.capture_files.append(str(path))
-        await capture(plan.ns, plan.ports[int(port)].ifname, path, task_status=task_status)
+        b = self.capture_bounds
+        # a RoCE fabric's cables carry Ethernet frames (RoCEv2 in IPv4/UDP): kept whole, not
+        # filtered down to native IB's 0x88B5
+        await capture(plan.ns, plan.ports[port].ifname, path, kind="eth" if self.roce else "ib",
+                      snaplen=b.snaplen, limit_bytes=b.limit_bytes, files=b.files,
+                      on_stats=lambda st: self.capture_stats.__setitem__(str(path), st), task_status=task_status)
 
     async def _wait_workers(self, *, signal_first: bool = False) -> None:
         if signal_first:
@@ -467,7 +492,9 @@ class ScenarioRun:
             "fidelity": fid,
             "files": {"events": str(self.run_dir / ("fm.jsonl" if self.roce else "events.jsonl")), "json": None,
                       "plots": [],
-                      "captures": self.capture_files},
+                      "captures": self.capture_files,
+                      **({"capture_stats": [self.capture_stats[f].to_dict() for f in self.capture_files
+                                            if f in self.capture_stats]} if self.capture_files else {})},
         }
 
 
