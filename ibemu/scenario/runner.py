@@ -184,8 +184,12 @@ class ScenarioRun:
     def __init__(self, scen: Scenario, out_dir: Path, *, captures: list[str] | None = None,
                  capture_bounds: CaptureBounds | None = None, progress: Progress = _quiet) -> None:
         check_runnable(scen)
-        # checked before anything is built; one capture a cable end (one file each)
-        self.capture_ends = list(dict.fromkeys(capture_end(scen.topology, c) for c in captures or []))
+        # checked before anything is built; one capture a cable end (one file each): the
+        # command line's and the scenario's ``record.capture`` links (each at its first end,
+        # which sees both directions of the cable)
+        ends = [capture_end(scen.topology, c) for c in captures or []]
+        ends += [(lk.a.node, lk.a.port) for lk in scen.record.capture]
+        self.capture_ends = list(dict.fromkeys(ends))
         self.capture_bounds = capture_bounds or CaptureBounds()
         self.scen = scen
         self.out_dir = out_dir.resolve()  # the SM and the workers run in other directories
