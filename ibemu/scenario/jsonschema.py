@@ -42,6 +42,7 @@ from ibemu.fabric.faults import FAULT_ACTIONS
 from ibemu.scenario.schema import (
     FAULT_COMMON,
     FAULT_FIELDS,
+    FAULT_REQUIRED,
     LINK_FIELDS,
     MAX_DATA_VL,
     MAX_DSCP,
@@ -50,16 +51,16 @@ from ibemu.scenario.schema import (
     MAX_VLARB_WEIGHT,
     NODE_FIELDS,
     TOP_FIELDS,
-    TOP_REQUIRED,
     TOPOLOGY_EXPLICIT_FIELDS,
     TOPOLOGY_FILE_FIELDS,
     TOPOLOGY_GENERATOR_FIELDS,
     TRAFFIC_COMMON,
     TRAFFIC_FIELDS,
     TRAFFIC_HOSTS,
-    TRAFFIC_REQUIRED_HOSTS,
+    TRAFFIC_REQUIRED,
     VLARB_CAP,
     Field,
+    required,
 )
 from ibemu.scenario.yamlnodes import SIZE_PATTERN
 from ibemu.topo.generators import ALIASES, GENERATORS, Generator, Param
@@ -68,8 +69,6 @@ from ibemu.topo.rates import IB_MTUS, LANE_GBPS, WIDTHS
 from ibemu.traffic.flows import TRAFFIC_KINDS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMA_ID = "https://ibemu.invalid/scenario.schema.json"
-"""A stable identifier (not fetched: editors are pointed at the committed file)."""
 SCHEMA_PATH = "docs/scenario.schema.json"
 """Where the repository keeps the generated schema (relative to its root)."""
 
@@ -179,13 +178,13 @@ def _value(f: Field) -> dict[str, Any]:
                "items": {"type": "array", "prefixItems": [_vl(), _vl(MAX_VLARB_WEIGHT)],
                          "minItems": 2, "maxItems": 2, "items": False}}
     elif t == "nodes":
-        node = _object(NODE_FIELDS, required=("kind",))
+        node = _object(NODE_FIELDS)
         out = {"type": "object", "minProperties": 1,
                "propertyNames": {"pattern": NAME_PATTERN, "maxLength": MAX_NODE_NAME},
                "additionalProperties": {"anyOf": [_value(NODE_FIELDS["kind"]), node]}}
     elif t == "links":
         out = {"type": "array",
-               "items": {"anyOf": [{"$ref": "#/$defs/endpoints"}, _object(LINK_FIELDS, required=("endpoints",))]}}
+               "items": {"anyOf": [{"$ref": "#/$defs/endpoints"}, _object(LINK_FIELDS)]}}
     elif t == "topology":
         out = _topology()
     elif t == "traffic":
@@ -199,13 +198,12 @@ def _value(f: Field) -> dict[str, Any]:
     return out
 
 
-def _object(fields: Mapping[str, Field], required: Iterable[str] = (), *,
-            closed: bool = True) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "object", "properties": {k: _value(f) for k, f in fields.items()}}
-    if req := list(required):
+def _object(fields: Mapping[str, Field], also: Iterable[str] = ()) -> dict[str, Any]:
+    """A mapping of ``fields`` and no other key; its required ones, and ``also`` (a registry's)."""
+    out: dict[str, Any] = {"type": "object", "properties": {k: _value(f) for k, f in fields.items()},
+                           "additionalProperties": False}
+    if req := list(dict.fromkeys((*required(fields), *also))):
         out["required"] = req
-    if closed:
-        out["additionalProperties"] = False
     return out
 
 
@@ -233,41 +231,41 @@ def _topology() -> dict[str, Any]:
     variants = []
     for name, gen in GENERATORS.items():
         names = [name, *(a for a, target in ALIASES.items() if target == name)]
-        fields = dict(TOPOLOGY_GENERATOR_FIELDS)
-        v = _object(fields, required=("generator", *(p.name for p in gen.params if p.required)))
-        v["properties"]["generator"] = {"enum": names, "description": gen.help}
+        v = _object(TOPOLOGY_GENERATOR_FIELDS, also=(p.name for p in gen.params if p.required))
+        for key in required(TOPOLOGY_GENERATOR_FIELDS):  # the key naming it: this one
+            v["properties"][key] = {"enum": names, "description": gen.help}
         v["properties"].update({p.name: _param(gen, p) for p in gen.params})
         variants.append(v)
-    variants.append(_object(TOPOLOGY_FILE_FIELDS, required=("file",)))
-    variants.append(_object(TOPOLOGY_EXPLICIT_FIELDS, required=("nodes",)))
+    variants.append(_object(TOPOLOGY_FILE_FIELDS))
+    variants.append(_object(TOPOLOGY_EXPLICIT_FIELDS))
     return {"type": "object", "oneOf": variants}
 
 
-def _entries(tag: str, fields: Mapping[str, Field], choices: Iterable[tuple[str, dict[str, Field], tuple[str, ...]]],
-             required: tuple[str, ...]) -> dict[str, Any]:
+def _entries(tag: str, fields: Mapping[str, Field],
+             choices: Iterable[tuple[str, dict[str, Field], tuple[str, ...]]]) -> dict[str, Any]:
     """A list entry whose ``tag`` (kind, action) chooses the keys it takes: one if/then each."""
     branches = []
-    for name, keys, req in choices:
+    for name, keys, also in choices:
         branches.append({"if": {"properties": {tag: {"const": name}}, "required": [tag]},
-                         "then": _object(keys, required=req)})
-    return {"type": "object", "required": list(required),
+                         "then": _object(keys, also)})
+    return {"type": "object", "required": list(required(fields)),
             "properties": {tag: _value(fields[tag])}, "allOf": branches}
 
 
 def _traffic_entry() -> dict[str, Any]:
-    def keys(kind: str) -> tuple[dict[str, Field], tuple[str, ...]]:
-        entry = TRAFFIC_KINDS[kind]
-        hosts = TRAFFIC_HOSTS[entry.hosts]
-        return ({k: hosts[k] if k in hosts else TRAFFIC_FIELDS[k] for k in (*TRAFFIC_COMMON, *entry.keys)},
-                TRAFFIC_REQUIRED_HOSTS[entry.hosts])
+    def keys(kind: str) -> dict[str, Field]:
+        hosts = TRAFFIC_HOSTS[TRAFFIC_KINDS[kind].hosts]
+        return {k: hosts[k] if k in hosts else TRAFFIC_FIELDS[k] for k in (*TRAFFIC_COMMON, *TRAFFIC_KINDS[kind].keys)}
 
-    return _entries("kind", TRAFFIC_FIELDS, ((k, *keys(k)) for k in TRAFFIC_KINDS), ("kind",))
+    (tag,) = TRAFFIC_REQUIRED
+    return _entries(tag, TRAFFIC_FIELDS, ((k, keys(k), ()) for k in TRAFFIC_KINDS))
 
 
 def _fault_entry() -> dict[str, Any]:
-    choices = ((name, {k: FAULT_FIELDS[k] for k in (*FAULT_COMMON, *a.keys)}, ("at_s", *a.required))
+    choices = ((name, {k: FAULT_FIELDS[k] for k in (*FAULT_COMMON, *a.keys)}, a.required)
                for name, a in FAULT_ACTIONS.items())
-    return _entries("action", FAULT_FIELDS, choices, ("at_s", "action"))
+    (tag,) = (k for k in FAULT_REQUIRED if FAULT_FIELDS[k].type == "choice")
+    return _entries(tag, FAULT_FIELDS, choices)
 
 
 # --- entry points ------------------------------------------------------------------------------
@@ -275,8 +273,8 @@ def _fault_entry() -> dict[str, Any]:
 
 def scenario_schema() -> dict[str, Any]:
     """The JSON Schema of a scenario file."""
-    root = _object(TOP_FIELDS, required=TOP_REQUIRED)
-    return {"$schema": DRAFT, "$id": SCHEMA_ID, "title": "ibemu scenario",
+    root = _object(TOP_FIELDS)
+    return {"$schema": DRAFT, "title": "ibemu scenario",
             "description": "A scenario file of ibemu (generated by `ibemu schema` from "
                            "ibemu/scenario/schema.py; `ibemu validate` checks more: see "
                            "ibemu/scenario/jsonschema.py)",

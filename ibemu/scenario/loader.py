@@ -29,8 +29,10 @@ from ibemu.scenario.schema import (
     FABRIC_USER_KEYS,
     FAULT_COMMON,
     FAULT_FIELDS,
+    FAULT_REQUIRED,
     LINK_FIELDS,
     LINK_KEYS,
+    LINK_REQUIRED,
     MAX_DATA_VL,
     MAX_DSCP,
     MAX_PRIORITY,
@@ -39,6 +41,7 @@ from ibemu.scenario.schema import (
     MAX_VLARB_WEIGHT,
     NODE_FIELDS,
     NODE_KEYS,
+    NODE_REQUIRED,
     QOS_FIELDS,
     QOS_KEYS,
     QOS_VLS,
@@ -56,6 +59,7 @@ from ibemu.scenario.schema import (
     TOPOLOGY_EXPLICIT_KEYS,
     TOPOLOGY_FILE_KEYS,
     TOPOLOGY_FORMATS,
+    TOPOLOGY_GENERATOR_FIELDS,
     TOPOLOGY_SOURCES,
     TRAFFIC_COMMON,
     TRAFFIC_FIELDS,
@@ -519,14 +523,14 @@ class _Loader(Reader):
         except ConfigError as exc:
             self.error(gnode, "topology.generator", str(exc))
             return None, None
-        allowed = ["generator", "name", *(p.name for p in gen.params)]
+        allowed = [*TOPOLOGY_GENERATOR_FIELDS, *(p.name for p in gen.params)]
         m = self.mapping(node, "topology", allowed)
         if m is None:
             return None, None
         params: dict[str, Any] = {}
         bad = False
         for key, (_, vnode) in m.items():
-            if key in ("generator", "name"):
+            if key in TOPOLOGY_GENERATOR_FIELDS:
                 continue
             value = self._plain(vnode)
             param = gen.param(key)
@@ -650,7 +654,7 @@ class _Loader(Reader):
             kind = self.choice(vnode, path, kinds)
             spec: Pairs = {}
         else:
-            spec_ = self.mapping(vnode, path, NODE_KEYS, required=("kind",))
+            spec_ = self.mapping(vnode, path, NODE_KEYS, required=NODE_REQUIRED)
             if spec_ is None or "kind" not in spec_:
                 return False
             spec = spec_
@@ -687,7 +691,7 @@ class _Loader(Reader):
     ) -> tuple[Endpoint, Endpoint, dict[str, Any], str] | None:
         props: dict[str, Any] = {}
         if isinstance(item, yaml.MappingNode):
-            m = self.mapping(item, path, LINK_KEYS, required=("endpoints",))
+            m = self.mapping(item, path, LINK_KEYS, required=LINK_REQUIRED)
             if m is None or "endpoints" not in m:
                 return None
             ends_node = m["endpoints"][1]
@@ -1034,7 +1038,7 @@ class _Loader(Reader):
         if m is None:
             return None
         ok = True
-        for key in ("at_s", *entry.required):
+        for key in (*FAULT_REQUIRED, *entry.required):
             if key not in m:
                 self.error(item, path, f"missing required key {key!r} for action {action}")
                 ok = False

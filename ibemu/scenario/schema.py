@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,10 +69,21 @@ class Field:
     """``lo`` itself is excluded."""
     choices: tuple[Any, ...] = ()
     fields: Mapping[str, Field] | None = None
+    required: bool = False
+    """The key must be given (in its mapping; for an entry of a list, in every entry)."""
 
     @property
     def keys(self) -> tuple[str, ...]:
         return tuple(self.fields or ())
+
+
+def required(fields: Mapping[str, Field]) -> tuple[str, ...]:
+    """The keys of ``fields`` that must be given."""
+    return tuple(k for k, f in fields.items() if f.required)
+
+
+def _must(f: Field) -> Field:
+    return replace(f, required=True)
 
 
 def _num(help: str, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> Field:
@@ -102,34 +113,36 @@ LINK_PROPS: dict[str, Field] = {
 """What a link may say of itself, and ``defaults`` of every link."""
 DEFAULTS_FIELDS = LINK_PROPS
 LINK_FIELDS: dict[str, Field] = {
-    "endpoints": Field("endpoints", "the two ends, ['node:port', 'node:port']"),
+    "endpoints": _must(Field("endpoints", "the two ends, ['node:port', 'node:port']")),
     **LINK_PROPS,
 }
 NODE_KINDS = tuple(k.value for k in NodeKind)
 NODE_FIELDS: dict[str, Field] = {
-    "kind": _choice("node kind", NODE_KINDS),
+    "kind": _must(_choice("node kind", NODE_KINDS)),
     "ports": _int("port count (a CA: 1 or 2)", 1, MAX_PORT),
     "guid": _int("node GUID", 1, 2**64 - 1),
     "desc": Field("string", "NodeDescription"),
 }
 TOPOLOGY_FORMATS = ("ibnetdiscover",)
 TOPOLOGY_FILE_FIELDS: dict[str, Field] = {
-    "file": Field("string", "a topology file (relative paths start at the scenario's folder)"),
+    "file": _must(Field("string", "a topology file (relative paths start at the scenario's folder)")),
     "format": _choice("the file's format", TOPOLOGY_FORMATS),
     "name": Field("string", "the topology's name"),
 }
 TOPOLOGY_EXPLICIT_FIELDS: dict[str, Field] = {
-    "nodes": Field("nodes", "{name: kind} or {name: {kind, ports, guid, desc}}"),
+    "nodes": _must(Field("nodes", "{name: kind} or {name: {kind, ports, guid, desc}}")),
     "links": Field("links", "cables: [a:port, b:port] or {endpoints, rate, mtu, ...}"),
     "name": Field("string", "the topology's name"),
 }
 TOPOLOGY_GENERATOR_FIELDS: dict[str, Field] = {
-    "generator": _choice("a topology generator (ibemu.topo.generators); its parameters beside it",
-                         (*GENERATORS, *ALIASES)),
+    "generator": _must(_choice("a topology generator (ibemu.topo.generators); its parameters beside it",
+                               (*GENERATORS, *ALIASES))),
     "name": Field("string", "the topology's name"),
 }
 """A generated topology: these keys, and the generator's own parameters."""
-TOPOLOGY_SOURCES = ("generator", "file", "nodes")
+TOPOLOGY_SOURCES = (*required(TOPOLOGY_GENERATOR_FIELDS), *required(TOPOLOGY_FILE_FIELDS),
+                    *required(TOPOLOGY_EXPLICIT_FIELDS))
+"""The key that says which form a topology takes (one of them, and only one)."""
 
 MAX_SWITCH_LATENCY_NS = 100_000
 MAX_SWITCH_BUFFER_KB = 1 << 16
@@ -231,7 +244,7 @@ DEFAULT_SIZE = 65536
 MAX_SIZE = 2**31
 TRAFFIC_FIELDS: dict[str, Field] = {
     "name": Field("string", "the flow's name (default: kind and index)"),
-    "kind": _choice("traffic kind (ibemu.traffic.flows.TRAFFIC_KINDS)", TRAFFIC_KINDS),
+    "kind": _must(_choice("traffic kind (ibemu.traffic.flows.TRAFFIC_KINDS)", TRAFFIC_KINDS)),
     "start_s": _num("start (s; before duration_s)", 0),
     "stop_s": _num("stop (s; at most duration_s)", 0, lo_open=True),
     "sl": _int("service level", 0, MAX_SL),
@@ -245,13 +258,13 @@ TRAFFIC_FIELDS: dict[str, Field] = {
 """Every key of a traffic entry but the hosts it names (``TRAFFIC_HOSTS``); which a kind takes:
 ``TRAFFIC_COMMON`` and its ``keys`` in ``ibemu.traffic.flows.TRAFFIC_KINDS``."""
 TRAFFIC_HOSTS: dict[str, dict[str, Field]] = {
-    "pair": {"from": Field("host", "the sending host"), "to": Field("host", "the receiving host")},
+    "pair": {"from": _must(Field("host", "the sending host")), "to": _must(Field("host", "the receiving host"))},
     "fan_in": {"from": Field("hosts", "the sending hosts (default: all but to)"),
-               "to": Field("host", "the receiving host")},
+               "to": _must(Field("host", "the receiving host"))},
     "group": {"hosts": Field("hosts", "the hosts taking part (default: all)")},
 }
 """The hosts an entry names, by its kind's ``hosts`` (the ones without a default are required)."""
-TRAFFIC_REQUIRED_HOSTS = {"pair": ("from", "to"), "fan_in": ("to",), "group": ()}
+TRAFFIC_REQUIRED = required(TRAFFIC_FIELDS)
 #: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
 TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
 STREAM_TRANSPORTS = TRAFFIC_FIELDS["transport"].choices
@@ -259,8 +272,8 @@ STREAM_TRANSPORTS = TRAFFIC_FIELDS["transport"].choices
 DEFAULT_DURATION_S = 30.0
 MAX_DURATION_S = 86400.0
 FAULT_FIELDS: dict[str, Field] = {
-    "at_s": _num("when (s; before duration_s)", 0),
-    "action": _choice("fault action (ibemu.fabric.faults.FAULT_ACTIONS)", FAULT_ACTIONS),
+    "at_s": _must(_num("when (s; before duration_s)", 0)),
+    "action": _must(_choice("fault action (ibemu.fabric.faults.FAULT_ACTIONS)", FAULT_ACTIONS)),
     "link": Field("link", "a link: 'sw:port', 'a:port-b:port' or 'a-b'"),
     "switch": Field("string", "a switch name"),
     "period_s": _num("flap period (s)", 0, 3600, lo_open=True),
@@ -272,11 +285,13 @@ FAULT_FIELDS: dict[str, Field] = {
 ``ibemu.fabric.faults.FAULT_ACTIONS`` (``at_s`` and the action's ``required`` must be given)."""
 #: Keys every fault entry takes (the actions add theirs: ``ibemu.fabric.faults.FAULT_ACTIONS``).
 FAULT_COMMON = ("at_s", "action")
+FAULT_REQUIRED = required(FAULT_FIELDS)
+"""Keys every fault entry must give (the actions' own: ``FaultAction.required``)."""
 
 TOP_FIELDS: dict[str, Field] = {
     "name": Field("string", "the scenario's name (default: the file name)"),
     "description": Field("string", "free text"),
-    "topology": Field("topology", "{generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}"),
+    "topology": _must(Field("topology", "{generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}")),
     "defaults": _obj("defaults of every link that does not say its own", DEFAULTS_FIELDS),
     "fabric": _obj("the fabric: IB or RoCE, kernel or user datapath, and their options", FABRIC_FIELDS),
     "sm": _obj("the subnet manager (IB)", SM_FIELDS),
@@ -286,7 +301,7 @@ TOP_FIELDS: dict[str, Field] = {
     "record": _obj("what to record", RECORD_FIELDS),
     "time": _obj("the run's clock: dilation and the lag threshold", TIME_FIELDS),
 }
-TOP_REQUIRED = ("topology",)
+TOP_REQUIRED = required(TOP_FIELDS)
 
 TOP_KEYS = tuple(TOP_FIELDS)
 TOPOLOGY_FILE_KEYS = tuple(TOPOLOGY_FILE_FIELDS)
@@ -300,6 +315,8 @@ QOS_KEYS = tuple(QOS_FIELDS)
 SM_KEYS = tuple(SM_FIELDS)
 RECORD_KEYS = tuple(RECORD_FIELDS)
 TIME_KEYS = tuple(TIME_FIELDS)
+NODE_REQUIRED = required(NODE_FIELDS)
+LINK_REQUIRED = required(LINK_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,6 +157,38 @@ def test_the_loader_knows_every_key_of_the_schema(section: str, keys: tuple[str,
     problems = loader_errors(_probe(section, "bogus_key"))
     assert any("unknown key" in p for p in problems), problems
     assert schema_errors(_probe(section, "bogus_key"))
+    assert loader_accepts(_probe(section, "bogus_key")) == set(node["properties"])
+
+
+def loader_accepts(text: str) -> set[str]:
+    """The keys the loader says it accepts where ``text`` has an unknown one ("expected one of")."""
+    for problem in loader_errors(text):
+        if "expected one of: " in problem:
+            return set(problem.split("expected one of: ", 1)[1].split(", "))
+    raise AssertionError(f"no unknown-key problem: {loader_errors(text)}")
+
+
+def test_the_schema_knows_every_key_the_loader_takes() -> None:
+    """The other way round, from what the loader itself says it takes, for the mappings whose
+    keys a registry chooses (per kind, action and generator) and the topology's."""
+    traffic = _branches(SCHEMA["properties"]["traffic"]["items"], "kind")
+    for kind in TRAFFIC_KINDS:
+        assert loader_accepts(f"{FT}traffic:\n  - {{kind: {kind}, bogus_key: 1}}\n") == traffic[kind], kind
+    faults = _branches(SCHEMA["properties"]["faults"]["items"], "action")
+    for action in FAULT_ACTIONS:
+        assert loader_accepts(f"{FT}faults:\n  - {{at_s: 1, action: {action}, bogus_key: 1}}\n") == faults[action]
+    variants = SCHEMA["properties"]["topology"]["oneOf"]
+    for v in variants[:-2]:
+        gen = v["properties"]["generator"]["enum"][0]
+        assert loader_accepts(f"topology: {{generator: {gen}, bogus_key: 1}}\n") == set(v["properties"]), gen
+    assert loader_accepts("topology: {file: small-cluster.ibnd, bogus_key: 1}\n") == set(variants[-2]["properties"])
+    explicit = variants[-1]["properties"]
+    assert loader_accepts("topology: {nodes: {a: ca}, bogus_key: 1}\n") == set(explicit)
+    node = explicit["nodes"]["additionalProperties"]["anyOf"][1]["properties"]
+    assert loader_accepts("topology: {nodes: {a: {kind: ca, bogus_key: 1}}}\n") == set(node)
+    link = explicit["links"]["items"]["anyOf"][1]["properties"]
+    text = "topology:\n  nodes: {s: switch, a: ca}\n  links:\n    - {endpoints: [a:1, s:1], bogus_key: 1}\n"
+    assert loader_accepts(text) == set(link)
 
 
 def test_the_loader_knows_every_traffic_and_fault_key_of_the_schema() -> None:
