@@ -26,6 +26,9 @@ JSON Schema cannot express, or cannot express readably:
   within their bounds, link rates given in Gb/s that no IB link runs at, duplicate names;
 - warnings (rates on the kernel datapath, starved VLs).
 
+The schema is stricter in a few spellings the loader forgives: a generator's integer given as
+quoted text (``k: "8"``), a null generator parameter, leading zeros in a rate's width.
+
 So a file the schema rejects is invalid, and a file it accepts may still get located errors
 from ``ibemu validate``. YAML mapping keys that are numbers (``dscp_priority``, ``sl2vl``) are
 checked as their text, as an editor sees them.
@@ -66,6 +69,7 @@ from ibemu.scenario.yamlnodes import SIZE_PATTERN
 from ibemu.topo.generators import ALIASES, GENERATORS, Generator, Param
 from ibemu.topo.names import MAX_NODE_NAME, NAME_PATTERN
 from ibemu.topo.rates import IB_MTUS, LANE_GBPS, WIDTHS
+from ibemu.topo.refs import LINK_FORMS, LINK_PATTERN
 from ibemu.traffic.flows import TRAFFIC_KINDS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -115,8 +119,7 @@ def _defs() -> dict[str, Any]:
                             {"type": "array", "items": {"$ref": "#/$defs/host"}, "minItems": 1,
                              "uniqueItems": True}],
                   "description": "a list of hosts, or all"},
-        "link": {"type": "string", "minLength": 1,
-                 "description": "a link: 'sw:port', 'a:port-b:port' or 'a-b'"},
+        "link": {"type": "string", "pattern": LINK_PATTERN, "description": f"a link: {LINK_FORMS}"},
         "endpoints": {"type": "array", "minItems": 2, "maxItems": 2,
                       "items": {"type": "string", "pattern": r"^\s*[^\s:][^:]*:\s*[0-9]+\s*$"},
                       "description": "two endpoints ['node:port', 'node:port']"},

@@ -326,6 +326,8 @@ BAD = {
     "transport": FT + "traffic:\n  - {kind: stream, from: h0, to: h1, transport: tcp}\n",
     "node-kind": "topology:\n  nodes: {s: hub, a: ca}\n  links: [[a:1, s:1]]\n",
     "topology-format": "topology: {file: small-cluster.ibnd, format: lldp}\n",
+    "link-port-text": FT + "faults:\n  - {at_s: 1, action: link_down, link: \"edge0_0:x\"}\n",
+    "capture-link-text": FT + "record: {capture: [edge0_0]}\n",
     "size-unit": FT + "traffic:\n  - {kind: write_bw, from: h0, to: h1, size: 64 parsecs}\n",
     # missing required keys
     "no-topology": "name: x\n",
