@@ -49,4 +49,24 @@ fi
 if command -v clang >/dev/null 2>&1; then
     make -s bpf || echo "setup: the eBPF SMA did not build: management stays with the Python agents"
 fi
+# Shell completion (`ibemu completion bash`): into bash-completion's folder (IBEMU_BASH_COMPLETION_DIR)
+# when root; rewritten
+# only when it changed.
+COMPLETION_DIR=${IBEMU_BASH_COMPLETION_DIR:-/etc/bash_completion.d}
+if [ "$(id -u)" = 0 ] && [ -d "$COMPLETION_DIR" ]; then
+    tmp=$(mktemp)
+    if "$VENV/bin/ibemu" completion bash >"$tmp"; then
+        if ! cmp -s "$tmp" "$COMPLETION_DIR/ibemu"; then
+            install -m 0644 "$tmp" "$COMPLETION_DIR/ibemu"
+            echo "setup: installed bash completion in $COMPLETION_DIR/ibemu"
+        fi
+    else
+        echo "setup: could not generate the bash completion (ibemu completion bash failed)" >&2
+    fi
+    rm -f "$tmp"
+elif [ "$(id -u)" != 0 ]; then
+    echo "setup: not root, skipping the bash completion (or: $VENV/bin/ibemu completion bash >> ~/.bash_completion)" >&2
+else
+    echo "setup: no $COMPLETION_DIR, skipping the bash completion (ibemu completion bash|zsh prints it)" >&2
+fi
 echo "setup: ready ($("$VENV/bin/python" --version), venv $VENV)"

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from ibemu import clock
+from ibemu.cli.completion_cmd import scenario_files
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.cli.progress import Reporter
 from ibemu.errors import ConfigError
@@ -46,7 +47,7 @@ from ibemu.scenario.schema import FabricSpec, Scenario, SwitchSpec
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="run a scenario as InfiniBand and as RoCEv2, side by side",
                        description=__doc__.splitlines()[0])
-    p.add_argument("scenario", help="scenario file")
+    scenario_files(p.add_argument("scenario", help="scenario file"))
     p.add_argument("--duration", type=float, metavar="S", help="override duration_s (both runs)")
     p.add_argument("--out", type=Path, help="directory for results (default: results/compare-<scenario>)")
     p.add_argument("--json", type=Path, metavar="FILE",

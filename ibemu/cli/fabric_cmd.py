@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ibemu.cli.completion_cmd import scenario_files
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.errors import ConfigError
 from ibemu.fabric.session import FabricRequest, Session, require_root
@@ -190,7 +191,7 @@ def cmd_diag(args: argparse.Namespace) -> int:
 
 def add_fabric_arguments(p: argparse.ArgumentParser) -> None:
     """What ``cmd_up`` reads: a scenario or a topology shorthand, datapath and SM choices."""
-    p.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)")
+    scenario_files(p.add_argument("scenario", nargs="?", type=Path, help="scenario file (default: the built-in one)"))
     p.add_argument("--topo", help="topology shorthand instead of a scenario, e.g. fat-tree,k=4")
     p.add_argument("--datapath", choices=("kernel", "user"), help="switch forwarding plane")
     p.add_argument("--sm", choices=("ibemu", "opensm", "none"),

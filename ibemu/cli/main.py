@@ -26,6 +26,8 @@ COMMANDS = (
     "ibemu.cli.compare_cmd",
     "ibemu.cli.perf_cmd",
     "ibemu.cli.console_cmd",
+    "ibemu.cli.schema_cmd",
+    "ibemu.cli.completion_cmd",
 )
 
 log = logging.getLogger("ibemu")

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from ibemu import clock
+from ibemu.cli.completion_cmd import scenario_files
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
 from ibemu.cli.progress import Reporter
 from ibemu.errors import ConfigError
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run a scenario end to end (default: the built-in one)",
                        description=__doc__.splitlines()[0])
-    p.add_argument("scenario", nargs="?", help="scenario file (default: the built-in default)")
+    scenario_files(p.add_argument("scenario", nargs="?", help="scenario file (default: the built-in default)"))
     p.add_argument("--topo", help="override the topology: fat-tree,k=4 | leaf-spine,leaves=4,... ")
     p.add_argument("--fabric", choices=("ib", "roce"),
                    help="override fabric.kind (roce: IP routers, ECMP, RoCEv2 frames, the fabric manager)")

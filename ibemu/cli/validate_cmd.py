@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ibemu.cli.completion_cmd import scenario_files
 from ibemu.errors import ConfigError
 from ibemu.scenario import Scenario, ScenarioError, load_scenario
 
@@ -60,6 +61,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="check scenario files (schema, ranges, references) without building anything",
         description=__doc__,
     )
-    p.add_argument("files", nargs="+", metavar="SCENARIO", help="scenario .yaml files")
+    scenario_files(p.add_argument("files", nargs="+", metavar="SCENARIO", help="scenario .yaml files"))
     p.add_argument("-q", "--quiet", action="store_true", help="print only problems")
     p.set_defaults(func=_cmd)

@@ -17,46 +17,55 @@ import yaml
 
 from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
-from ibemu.physics.link import MAX_CABLE_M, SWITCH_MODELS, propagation_ns
+from ibemu.physics.link import SWITCH_MODELS, propagation_ns
 from ibemu.physics.qos import VlArb
 from ibemu.scenario.schema import (
-    DATAPATHS,
     DEFAULT_DURATION_S,
     DEFAULT_SIZE,
+    DEFAULTS_FIELDS,
     DEFAULTS_KEYS,
+    FABRIC_FIELDS,
     FABRIC_KEYS,
-    FABRIC_KINDS,
     FABRIC_USER_KEYS,
     FAULT_COMMON,
+    FAULT_FIELDS,
+    FAULT_REQUIRED,
+    LINK_FIELDS,
     LINK_KEYS,
-    MAX_BUFFER_KB,
-    MAX_DURATION_S,
-    MAX_ECN_LINE_GBPS,
-    MAX_ECN_MARK_KB,
-    MAX_FABRIC_DELAY_US,
-    MAX_FABRIC_LOSS_PCT,
-    MAX_LAG_THRESHOLD_US,
-    MAX_LINE_GBPS,
-    MAX_LINK_DELAY_US,
-    MAX_SWITCH_BUFFER_KB,
-    MAX_SWITCH_LATENCY_NS,
+    LINK_REQUIRED,
+    MAX_DATA_VL,
+    MAX_DSCP,
+    MAX_PRIORITY,
+    MAX_SIZE,
+    MAX_SL,
+    MAX_VLARB_WEIGHT,
+    NODE_FIELDS,
     NODE_KEYS,
+    NODE_REQUIRED,
+    QOS_FIELDS,
     QOS_KEYS,
     QOS_VLS,
     RECORD_KEYS,
     ROCE_DATA_DSCP,
-    SM_IMPLS,
+    SM_FIELDS,
     SM_KEYS,
-    STREAM_TRANSPORTS,
+    SWITCH_FIELDS,
     SWITCH_KEYS,
+    TIME_FIELDS,
     TIME_KEYS,
+    TOP_FIELDS,
     TOP_KEYS,
+    TOP_REQUIRED,
     TOPOLOGY_EXPLICIT_KEYS,
     TOPOLOGY_FILE_KEYS,
+    TOPOLOGY_FORMATS,
+    TOPOLOGY_GENERATOR_FIELDS,
     TOPOLOGY_SOURCES,
     TRAFFIC_COMMON,
+    TRAFFIC_FIELDS,
     VLARB_CAP,
     FabricSpec,
+    Field,
     QosSpec,
     RecordSpec,
     Scenario,
@@ -75,7 +84,6 @@ from ibemu.scenario.yamlnodes import (
     read_text,
     scalar,
 )
-from ibemu.sm.routing import ENGINES
 from ibemu.topo import analysis, ibnetdiscover, refs
 from ibemu.topo.generators import ParamError, generate, lookup
 from ibemu.topo.model import Endpoint, Link, LinkDefaults, NodeKind, Topology
@@ -120,6 +128,14 @@ class _Loader(Reader):
         where = f"{self.source}:{line} {path}" if path else f"{self.source}:{line}"
         self.warnings.append((line, f"{where}: warning: {message}"))
 
+    def value(self, node: yaml.Node, path: str, f: Field, hi: float | None = None) -> Any:
+        """A number or integer within the bounds the schema declares (``hi``: a tighter upper
+        bound known from elsewhere in the file, like ``duration_s``)."""
+        top = f.hi if hi is None else hi
+        if f.type == "integer":
+            return self.integer(node, path, None if f.lo is None else int(f.lo), None if top is None else int(top))
+        return self.number(node, path, f.lo, top, f.lo_open)
+
     def fail(self) -> ScenarioError:
         return ScenarioError(self.sorted_problems() + self.extra)
 
@@ -130,7 +146,7 @@ class _Loader(Reader):
         if root is None:
             self.error(1, "", "empty scenario: expected a mapping with at least a 'topology' key")
             raise self.fail()
-        top = self.mapping(root, "", TOP_KEYS, required=("topology",))
+        top = self.mapping(root, "", TOP_KEYS, required=TOP_REQUIRED)
         if top is None:
             raise self.fail()
 
@@ -145,7 +161,7 @@ class _Loader(Reader):
             description = self.string(n, "description", "free text") or ""
         duration = DEFAULT_DURATION_S
         if (n := opt("duration_s")) is not None:
-            duration = self.number(n, "duration_s", 0, MAX_DURATION_S, lo_open=True) or duration
+            duration = self.value(n, "duration_s", TOP_FIELDS["duration_s"]) or duration
         fabric = self.fabric(opt("fabric"))
         self.datapath = fabric.datapath
         defaults = self.defaults(opt("defaults"))
@@ -249,15 +265,15 @@ class _Loader(Reader):
         if "mtu" in m:
             mtu = self.mtu(m["mtu"][1], "defaults.mtu") or mtu
         if "delay_us" in m:
-            delay = self.number(m["delay_us"][1], "defaults.delay_us", 0, MAX_LINK_DELAY_US) or 0.0
+            delay = self.value(m["delay_us"][1], "defaults.delay_us", DEFAULTS_FIELDS["delay_us"]) or 0.0
         if "cable_m" in m:
-            cable = self.number(m["cable_m"][1], "defaults.cable_m", 0, MAX_CABLE_M) or 0.0
+            cable = self.value(m["cable_m"][1], "defaults.cable_m", DEFAULTS_FIELDS["cable_m"]) or 0.0
             if "delay_us" in m:
                 self.error(m["cable_m"][1], "defaults.cable_m", _ONE_PROPAGATION)
             else:
                 delay = propagation_ns(cable_m=cable) / 1000
         if "loss_pct" in m:
-            loss = self.number(m["loss_pct"][1], "defaults.loss_pct", 0, 100) or 0.0
+            loss = self.value(m["loss_pct"][1], "defaults.loss_pct", DEFAULTS_FIELDS["loss_pct"]) or 0.0
         for key, value in (("delay_us", delay), ("cable_m", cable), ("loss_pct", loss)):
             if value and key in m and self.datapath != "user":
                 self.error(m[key][1], f"defaults.{key}", _NEEDS_USER)
@@ -272,26 +288,25 @@ class _Loader(Reader):
         m = self.mapping(node, "fabric", FABRIC_KEYS)
         if m is None:
             return FabricSpec()
-        kind = self.choice(m["kind"][1], "fabric.kind", FABRIC_KINDS) if "kind" in m else "ib"
+        kind = self.choice(m["kind"][1], "fabric.kind", FABRIC_FIELDS["kind"].choices) if "kind" in m else "ib"
         dp = (
-            self.choice(m["datapath"][1], "fabric.datapath", DATAPATHS)
+            self.choice(m["datapath"][1], "fabric.datapath", FABRIC_FIELDS["datapath"].choices)
             if "datapath" in m
             else "kernel"
         )
         loss = delay = 0.0
         where = ""
         if "loss_pct" in m:
-            loss = self.number(m["loss_pct"][1], "fabric.loss_pct", 0, MAX_FABRIC_LOSS_PCT) or 0.0
+            loss = self.value(m["loss_pct"][1], "fabric.loss_pct", FABRIC_FIELDS["loss_pct"]) or 0.0
         if "delay_us" in m:
-            delay = self.number(m["delay_us"][1], "fabric.delay_us", 0, MAX_FABRIC_DELAY_US) or 0.0
+            delay = self.value(m["delay_us"][1], "fabric.delay_us", FABRIC_FIELDS["delay_us"]) or 0.0
             if delay:
                 where = f"{self.source}:{line_of(m['delay_us'][1])} fabric.delay_us"
         mark = line = 0.0
         if "ecn_mark_kb" in m:
-            mark = self.number(m["ecn_mark_kb"][1], "fabric.ecn_mark_kb", 0, MAX_ECN_MARK_KB, lo_open=True) or 0.0
+            mark = self.value(m["ecn_mark_kb"][1], "fabric.ecn_mark_kb", FABRIC_FIELDS["ecn_mark_kb"]) or 0.0
         if "ecn_line_gbps" in m:
-            line = self.number(m["ecn_line_gbps"][1], "fabric.ecn_line_gbps", 0, MAX_ECN_LINE_GBPS,
-                               lo_open=True) or 0.0
+            line = self.value(m["ecn_line_gbps"][1], "fabric.ecn_line_gbps", FABRIC_FIELDS["ecn_line_gbps"]) or 0.0
         user = (kind or "ib") == "roce" and dp == "user"
         if user:  # real queues: ECN marks at ecn_mark_kb of a queue drained at line_gbps
             if "ecn_line_gbps" in m:
@@ -317,16 +332,16 @@ class _Loader(Reader):
             if "dscp_priority" in m:
                 dscp_prio = self._dscp_priority(m["dscp_priority"][1])
             if "line_gbps" in m:
-                line_gbps = self.number(m["line_gbps"][1], "fabric.line_gbps", 0, MAX_LINE_GBPS, lo_open=True) or 0.0
+                line_gbps = self.value(m["line_gbps"][1], "fabric.line_gbps", FABRIC_FIELDS["line_gbps"]) or 0.0
                 line = line_gbps
             if "buffer_kb" in m:
-                buffer_kb = self.number(m["buffer_kb"][1], "fabric.buffer_kb", 0, MAX_BUFFER_KB, lo_open=True) or 0.0
+                buffer_kb = self.value(m["buffer_kb"][1], "fabric.buffer_kb", FABRIC_FIELDS["buffer_kb"]) or 0.0
             if "pfc" in m:
                 pfc = self._pfc(m["pfc"][1], dict(dscp_prio).get(ROCE_DATA_DSCP, ROCE_DATA_DSCP >> 3))
             if "pfc_xoff_kb" in m:
-                xoff = self.number(m["pfc_xoff_kb"][1], "fabric.pfc_xoff_kb", 0, MAX_BUFFER_KB, lo_open=True) or xoff
+                xoff = self.value(m["pfc_xoff_kb"][1], "fabric.pfc_xoff_kb", FABRIC_FIELDS["pfc_xoff_kb"]) or xoff
             if "pfc_xon_kb" in m:
-                xon = self.number(m["pfc_xon_kb"][1], "fabric.pfc_xon_kb", 0, MAX_BUFFER_KB, lo_open=True) or xon
+                xon = self.value(m["pfc_xon_kb"][1], "fabric.pfc_xon_kb", FABRIC_FIELDS["pfc_xon_kb"]) or xon
                 if xon > xoff:
                     self.error(m["pfc_xon_kb"][1], "fabric.pfc_xon_kb", f"must not exceed pfc_xoff_kb ({xoff:g})")
             elif xon > xoff:
@@ -361,9 +376,9 @@ class _Loader(Reader):
             model = self.choice(m["model"][1], "fabric.switch.model", fits) or ""
         latency = buffer = None
         if "latency_ns" in m:
-            latency = self.integer(m["latency_ns"][1], "fabric.switch.latency_ns", 0, MAX_SWITCH_LATENCY_NS)
+            latency = self.value(m["latency_ns"][1], "fabric.switch.latency_ns", SWITCH_FIELDS["latency_ns"])
         if "buffer_kb" in m:
-            buffer = self.number(m["buffer_kb"][1], "fabric.switch.buffer_kb", 0, MAX_SWITCH_BUFFER_KB, lo_open=True)
+            buffer = self.value(m["buffer_kb"][1], "fabric.switch.buffer_kb", SWITCH_FIELDS["buffer_kb"])
         return SwitchSpec(model=model, latency_ns=latency, buffer_kb=buffer)
 
     def _qos(self, node: yaml.Node) -> QosSpec | None:
@@ -386,7 +401,7 @@ class _Loader(Reader):
         low = self._vlarb(m["vlarb_low"][1], "fabric.qos.vlarb_low", vls) if "vlarb_low" in m else ()
         limit = 0
         if "vl_high_limit" in m:
-            limit = self.integer(m["vl_high_limit"][1], "fabric.qos.vl_high_limit", 0, 255) or 0
+            limit = self.value(m["vl_high_limit"][1], "fabric.qos.vl_high_limit", QOS_FIELDS["vl_high_limit"]) or 0
             if not high:
                 self.warn(m["vl_high_limit"][1], "fabric.qos.vl_high_limit",
                           "no vlarb_high table: the limit of high priority has nothing to limit")
@@ -405,7 +420,7 @@ class _Loader(Reader):
             pairs = [(i, n, f"fabric.qos.sl2vl[{i}]") for i, n in enumerate(node.value)]
         elif isinstance(node, yaml.MappingNode):
             for knode, vnode in node.value:
-                sl = self.integer(knode, "fabric.qos.sl2vl", 0, 15)
+                sl = self.integer(knode, "fabric.qos.sl2vl", 0, MAX_SL)
                 pairs.append((sl, vnode, f"fabric.qos.sl2vl.{scalar(knode)}"))
         else:
             self.error(node, "fabric.qos.sl2vl", "expected a list of 16 VLs or a mapping {SL: VL}")
@@ -437,8 +452,8 @@ class _Loader(Reader):
             if not isinstance(item, yaml.SequenceNode) or len(item.value) != 2:
                 self.error(item, ipath, "expected [VL, weight], like [0, 64]")
                 continue
-            vl = self.integer(item.value[0], f"{ipath}.vl", 0, 14)
-            w = self.integer(item.value[1], f"{ipath}.weight", 0, 255)
+            vl = self.integer(item.value[0], f"{ipath}.vl", 0, MAX_DATA_VL)
+            w = self.integer(item.value[1], f"{ipath}.weight", 0, MAX_VLARB_WEIGHT)
             if vl is None or w is None:
                 continue
             if vl >= vls:
@@ -454,8 +469,8 @@ class _Loader(Reader):
             return ()
         out: dict[int, int] = {}
         for knode, vnode in node.value:
-            d = self.integer(knode, "fabric.dscp_priority", 0, 63)
-            p = self.integer(vnode, f"fabric.dscp_priority.{scalar(knode)}", 0, 7)
+            d = self.integer(knode, "fabric.dscp_priority", 0, MAX_DSCP)
+            p = self.integer(vnode, f"fabric.dscp_priority.{scalar(knode)}", 0, MAX_PRIORITY)
             if d is not None and p is not None:
                 out[d] = p
         return tuple(sorted(out.items()))
@@ -463,7 +478,7 @@ class _Loader(Reader):
     def _pfc(self, node: yaml.Node, data_priority: int) -> tuple[int, ...]:
         """``pfc: true`` (the priority of RoCE data), ``false``, or a list of priorities 0..7."""
         if isinstance(node, yaml.SequenceNode):
-            prios = [self.integer(n, "fabric.pfc[]", 0, 7) for n in node.value]
+            prios = [self.integer(n, "fabric.pfc[]", 0, MAX_PRIORITY) for n in node.value]
             if not prios:
                 self.error(node, "fabric.pfc", "an empty list of priorities: say pfc: false")
             return tuple(sorted({p for p in prios if p is not None}))
@@ -508,14 +523,14 @@ class _Loader(Reader):
         except ConfigError as exc:
             self.error(gnode, "topology.generator", str(exc))
             return None, None
-        allowed = ["generator", "name", *(p.name for p in gen.params)]
+        allowed = [*TOPOLOGY_GENERATOR_FIELDS, *(p.name for p in gen.params)]
         m = self.mapping(node, "topology", allowed)
         if m is None:
             return None, None
         params: dict[str, Any] = {}
         bad = False
         for key, (_, vnode) in m.items():
-            if key in ("generator", "name"):
+            if key in TOPOLOGY_GENERATOR_FIELDS:
                 continue
             value = self._plain(vnode)
             param = gen.param(key)
@@ -551,7 +566,7 @@ class _Loader(Reader):
         if m is None:
             return None, None
         if "format" in m:
-            self.choice(m["format"][1], "topology.format", ("ibnetdiscover",))
+            self.choice(m["format"][1], "topology.format", TOPOLOGY_FORMATS)
         fnode = m["file"][1]
         fname = self.string(fnode, "topology.file", "a file name")
         if fname is None:
@@ -634,12 +649,12 @@ class _Loader(Reader):
         if problem:
             self.error(knode, path, problem)
             return False
-        kinds = [k.value for k in NodeKind]
+        kinds = NODE_FIELDS["kind"].choices
         if isinstance(vnode, yaml.ScalarNode):
             kind = self.choice(vnode, path, kinds)
             spec: Pairs = {}
         else:
-            spec_ = self.mapping(vnode, path, NODE_KEYS, required=("kind",))
+            spec_ = self.mapping(vnode, path, NODE_KEYS, required=NODE_REQUIRED)
             if spec_ is None or "kind" not in spec_:
                 return False
             spec = spec_
@@ -649,15 +664,15 @@ class _Loader(Reader):
         nk = NodeKind(kind)
         ports: int | None
         if "ports" in spec:
-            hi = 2 if nk is NodeKind.CA else 255
-            ports = self.integer(spec["ports"][1], f"{path}.ports", 1, hi)
+            hi = 2 if nk is NodeKind.CA else int(NODE_FIELDS["ports"].hi or 0)
+            ports = self.integer(spec["ports"][1], f"{path}.ports", int(NODE_FIELDS["ports"].lo or 1), hi)
             if ports is None:
                 return False
         else:
             ports = 1 if nk is NodeKind.CA else max(1, highest.get(name, 1))
         kw: dict[str, Any] = {}
         if "guid" in spec:
-            guid = self.integer(spec["guid"][1], f"{path}.guid", 1, 2**64 - 1)
+            guid = self.value(spec["guid"][1], f"{path}.guid", NODE_FIELDS["guid"])
             if guid is None:
                 return False
             kw["guid"] = guid
@@ -676,7 +691,7 @@ class _Loader(Reader):
     ) -> tuple[Endpoint, Endpoint, dict[str, Any], str] | None:
         props: dict[str, Any] = {}
         if isinstance(item, yaml.MappingNode):
-            m = self.mapping(item, path, LINK_KEYS, required=("endpoints",))
+            m = self.mapping(item, path, LINK_KEYS, required=LINK_REQUIRED)
             if m is None or "endpoints" not in m:
                 return None
             ends_node = m["endpoints"][1]
@@ -690,16 +705,16 @@ class _Loader(Reader):
             if "rate" in m:
                 self.rate_nodes.append((m["rate"][1], f"{path}.rate"))
             if "delay_us" in m:
-                props["delay_us"] = self.number(m["delay_us"][1], f"{path}.delay_us", 0, MAX_LINK_DELAY_US)
+                props["delay_us"] = self.value(m["delay_us"][1], f"{path}.delay_us", LINK_FIELDS["delay_us"])
             if "cable_m" in m:
-                props["cable_m"] = self.number(m["cable_m"][1], f"{path}.cable_m", 0, MAX_CABLE_M)
+                props["cable_m"] = self.value(m["cable_m"][1], f"{path}.cable_m", LINK_FIELDS["cable_m"])
                 if "delay_us" in m:
                     self.error(m["cable_m"][1], f"{path}.cable_m", _ONE_PROPAGATION)
                     return None
                 if props["cable_m"] is not None:
                     props["delay_us"] = propagation_ns(cable_m=props["cable_m"]) / 1000
             if "loss_pct" in m:
-                props["loss_pct"] = self.number(m["loss_pct"][1], f"{path}.loss_pct", 0, 100)
+                props["loss_pct"] = self.value(m["loss_pct"][1], f"{path}.loss_pct", LINK_FIELDS["loss_pct"])
             if any(v is None for v in props.values()):
                 return None
             for key in ("delay_us", "cable_m", "loss_pct"):
@@ -732,17 +747,17 @@ class _Loader(Reader):
         m: Pairs = {}
         if node is not None:
             m = self.mapping(node, "sm", SM_KEYS) or {}
-        impl = (self.choice(m["impl"][1], "sm.impl", SM_IMPLS) if "impl" in m else None) or "ibemu"
+        impl = (self.choice(m["impl"][1], "sm.impl", SM_FIELDS["impl"].choices) if "impl" in m else None) or "ibemu"
         engine = (
-            self.choice(m["engine"][1], "sm.engine", tuple(ENGINES)) if "engine" in m else None
+            self.choice(m["engine"][1], "sm.engine", SM_FIELDS["engine"].choices) if "engine" in m else None
         ) or "minhop"
         sweep = 10.0
         if "sweep_interval_s" in m:
-            v = self.number(m["sweep_interval_s"][1], "sm.sweep_interval_s", 0, 3600)
+            v = self.value(m["sweep_interval_s"][1], "sm.sweep_interval_s", SM_FIELDS["sweep_interval_s"])
             sweep = 10.0 if v is None else v
         lmc = 0
         if "lmc" in m:
-            lmc = self.integer(m["lmc"][1], "sm.lmc", 0, 7) or 0
+            lmc = self.value(m["lmc"][1], "sm.lmc", SM_FIELDS["lmc"]) or 0
         host = ""
         if topo is not None:
             cas = topo.cas()
@@ -808,7 +823,7 @@ class _Loader(Reader):
                 item, path, f"missing required key 'kind' (one of {', '.join(TRAFFIC_KINDS)})"
             )
             return None
-        kind = self.choice(knode, f"{path}.kind", tuple(TRAFFIC_KINDS))
+        kind = self.choice(knode, f"{path}.kind", TRAFFIC_FIELDS["kind"].choices)
         if kind is None:
             return None
         entry = TRAFFIC_KINDS[kind]
@@ -818,27 +833,27 @@ class _Loader(Reader):
             return None
         ok = True
 
-        def num(key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+        def num(key: str, default: float, hi: float) -> float:
             nonlocal ok
             if key not in m:
                 return default
-            v = self.number(m[key][1], f"{path}.{key}", lo, hi, lo_open)
+            v = self.value(m[key][1], f"{path}.{key}", TRAFFIC_FIELDS[key], hi)
             ok = ok and v is not None
             return default if v is None else v
 
-        def integer(key: str, default: int, lo: int, hi: int) -> int:
+        def integer(key: str, default: int) -> int:
             nonlocal ok
             if key not in m:
                 return default
-            v = self.integer(m[key][1], f"{path}.{key}", lo, hi)
+            v = self.value(m[key][1], f"{path}.{key}", TRAFFIC_FIELDS[key])
             ok = ok and v is not None
             return default if v is None else v
 
         name = f"{kind}{i}"
         if "name" in m:
             name = self.string(m["name"][1], f"{path}.name") or name
-        start = num("start_s", 0.0, 0, duration)
-        stop = num("stop_s", duration, 0, duration, lo_open=True)
+        start = num("start_s", 0.0, duration)
+        stop = num("stop_s", duration, duration)
         if ok and stop <= start:
             self.error(
                 m["stop_s"][1] if "stop_s" in m else item,
@@ -846,18 +861,18 @@ class _Loader(Reader):
                 f"must be after start_s ({start:g}), got {stop:g}",
             )
             ok = False
-        sl = integer("sl", 0, 0, 15)
-        qps = integer("qps", 1, 1, 1024)
-        seed = integer("seed", 0, 0, 2**32 - 1)
+        sl = integer("sl", 0)
+        qps = integer("qps", 1)
+        seed = integer("seed", 0)
         # a stream is always paced (10,000 msg/s unless said); a bandwidth flow only when it says so
-        rate_pps = (integer("rate_pps", 10_000, 1, 10_000_000)
+        rate_pps = (integer("rate_pps", 10_000)
                     if "rate_pps" in entry.keys and (kind == "stream" or "rate_pps" in m) else None)
         transport = "rc"
         if "transport" in m:
-            transport = self.choice(m["transport"][1], f"{path}.transport", STREAM_TRANSPORTS) or "rc"
+            transport = self.choice(m["transport"][1], f"{path}.transport", TRAFFIC_FIELDS["transport"].choices) or "rc"
         size = entry.size or DEFAULT_SIZE
         if "size" in m:
-            v = self.size(m["size"][1], f"{path}.size")
+            v = self.size(m["size"][1], f"{path}.size", int(TRAFFIC_FIELDS["size"].lo or 1), int(TRAFFIC_FIELDS["size"].hi or MAX_SIZE))
             ok = ok and v is not None
             size = v or size
         bidir = False
@@ -1015,7 +1030,7 @@ class _Loader(Reader):
                 item, path, f"missing required key 'action' (one of {', '.join(FAULT_ACTIONS)})"
             )
             return None
-        action = self.choice(anode, f"{path}.action", tuple(FAULT_ACTIONS))
+        action = self.choice(anode, f"{path}.action", FAULT_FIELDS["action"].choices)
         if action is None:
             return None
         entry = FAULT_ACTIONS[action]
@@ -1023,13 +1038,13 @@ class _Loader(Reader):
         if m is None:
             return None
         ok = True
-        for key in ("at_s", *entry.required):
+        for key in (*FAULT_REQUIRED, *entry.required):
             if key not in m:
                 self.error(item, path, f"missing required key {key!r} for action {action}")
                 ok = False
         at = 0.0
         if "at_s" in m:
-            v = self.number(m["at_s"][1], f"{path}.at_s", 0)
+            v = self.value(m["at_s"][1], f"{path}.at_s", FAULT_FIELDS["at_s"])
             if v is not None and v >= duration:
                 self.error(
                     m["at_s"][1],
@@ -1041,17 +1056,13 @@ class _Loader(Reader):
             at = v or 0.0
         kw: dict[str, Any] = {}
         if "period_s" in m:
-            kw["period_s"] = self.number(
-                m["period_s"][1], f"{path}.period_s", 0, 3600, lo_open=True
-            )
+            kw["period_s"] = self.value(m["period_s"][1], f"{path}.period_s", FAULT_FIELDS["period_s"])
         if "count" in m:
-            kw["count"] = self.integer(m["count"][1], f"{path}.count", 1, 100_000)
+            kw["count"] = self.value(m["count"][1], f"{path}.count", FAULT_FIELDS["count"])
         if "percent" in m:
-            kw["percent"] = self.number(m["percent"][1], f"{path}.percent", 0, 100, lo_open=True)
+            kw["percent"] = self.value(m["percent"][1], f"{path}.percent", FAULT_FIELDS["percent"])
         if "duration_s" in m:
-            kw["duration_s"] = self.number(
-                m["duration_s"][1], f"{path}.duration_s", 0, MAX_DURATION_S, lo_open=True
-            )
+            kw["duration_s"] = self.value(m["duration_s"][1], f"{path}.duration_s", FAULT_FIELDS["duration_s"])
         ok = ok and all(v is not None for v in kw.values())
         if self.datapath not in entry.datapaths:  # the kernel datapath has no delay, loss or corruption
             self.error(anode, f"{path}.action", f"{action} {_NEEDS_USER}")
@@ -1113,15 +1124,14 @@ class _Loader(Reader):
             return TimeSpec()
         threshold = None
         if "lag_threshold_us" in m:
-            threshold = self.number(m["lag_threshold_us"][1], "time.lag_threshold_us", 0, MAX_LAG_THRESHOLD_US,
-                                    lo_open=True)
+            threshold = self.value(m["lag_threshold_us"][1], "time.lag_threshold_us", TIME_FIELDS["lag_threshold_us"])
         if "dilation" not in m:
             return TimeSpec(lag_threshold_us=threshold)
         vnode = m["dilation"][1]
         where = f"{self.source}:{line_of(vnode)} time.dilation"
         if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
             return TimeSpec(where=where, lag_threshold_us=threshold, auto=True)
-        n = self.number(vnode, "time.dilation", 1)
+        n = self.number(vnode, "time.dilation", TIME_FIELDS["dilation"].lo)
         return (TimeSpec(dilation=float(n), where=where, lag_threshold_us=threshold) if n is not None
                 else TimeSpec(lag_threshold_us=threshold))
 

@@ -22,7 +22,10 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
                                 (default ``ibemu.scenario.fidelity.DEFAULT_THRESHOLD_US``)
     record                     {capture: [links] | all, json: PATH, plots: bool}
 
-The key sets below are the schema; :mod:`ibemu.scenario.loader` enforces them. The names of
+The ``*_FIELDS`` tables below are the schema: every key, and what its value may be (type,
+bounds, choices); :mod:`ibemu.scenario.loader` enforces them (the key lists ``*_KEYS`` are
+their keys) and :mod:`ibemu.scenario.jsonschema` generates the JSON Schema editors read from
+them (``ibemu schema``, ``docs/scenario.schema.json``). The names of
 the extension points, and the keys each takes, come from their one registry each: routing
 engines from ``ibemu.sm.routing.ENGINES``, traffic kinds from ``ibemu.traffic.flows.TRAFFIC_KINDS``,
 fault actions from ``ibemu.fabric.faults.FAULT_ACTIONS`` (where ``FaultSpec`` lives too).
@@ -31,53 +34,176 @@ fault actions from ``ibemu.fabric.faults.FAULT_ACTIONS`` (where ``FaultSpec`` li
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from ibemu.fabric.faults import FaultSpec
-from ibemu.physics.link import SWITCH_MODELS, SwitchModel, default_switch_model
-from ibemu.topo.model import Link, LinkDefaults, Topology
+from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
+from ibemu.physics.link import MAX_CABLE_M, SWITCH_MODELS, SwitchModel, default_switch_model
+from ibemu.sm.routing import ENGINES
+from ibemu.topo.generators import ALIASES, GENERATORS
+from ibemu.topo.model import Link, LinkDefaults, NodeKind, Topology
+from ibemu.topo.names import MAX_PORT
 from ibemu.topo.rates import LinkRate
+from ibemu.traffic.flows import TRAFFIC_KINDS
 
-TOP_KEYS = (
-    "name",
-    "description",
-    "topology",
-    "defaults",
-    "fabric",
-    "sm",
-    "traffic",
-    "faults",
-    "duration_s",
-    "record",
-    "time",
-)
-TOPOLOGY_SOURCES = ("generator", "file", "nodes")
-TOPOLOGY_FILE_KEYS = ("file", "format", "name")
-TOPOLOGY_EXPLICIT_KEYS = ("nodes", "links", "name")
-NODE_KEYS = ("kind", "ports", "guid", "desc")
-LINK_KEYS = ("endpoints", "rate", "mtu", "delay_us", "cable_m", "loss_pct")
-DEFAULTS_KEYS = ("rate", "mtu", "delay_us", "cable_m", "loss_pct")
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """What one key's value may be. The ``*_FIELDS`` tables below are the one declaration of the
+    scenario format: the loader takes its key lists (``*_KEYS``) and bounds from them, and
+    :mod:`ibemu.scenario.jsonschema` generates the JSON Schema from them."""
+
+    type: str
+    """``number``, ``integer``, ``choice`` (one of ``choices``), ``object`` (keys: ``fields``), or
+    a value of its own the JSON Schema generator knows: ``string`` (non-empty), ``text``,
+    ``bool``, ``rate``, ``mtu``, ``size``, ``host``, ``hosts``, ``link``, ``links``,
+    ``endpoints``, ``nodes``, ``topology``, ``traffic``, ``faults``, ``dilation``, ``pfc``,
+    ``dscp_priority``, ``sl2vl``, ``vlarb``, ``capture``."""
+    help: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    """Bounds (None: open); the loader may narrow them further from other keys (``at_s`` < ``duration_s``)."""
+    lo_open: bool = False
+    """``lo`` itself is excluded."""
+    choices: tuple[Any, ...] = ()
+    fields: Mapping[str, Field] | None = None
+    required: bool = False
+    """The key must be given (in its mapping; for an entry of a list, in every entry)."""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.fields or ())
+
+
+def required(fields: Mapping[str, Field]) -> tuple[str, ...]:
+    """The keys of ``fields`` that must be given."""
+    return tuple(k for k, f in fields.items() if f.required)
+
+
+def _must(f: Field) -> Field:
+    return replace(f, required=True)
+
+
+def _num(help: str, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False) -> Field:
+    return Field("number", help, lo, hi, lo_open)
+
+
+def _int(help: str, lo: int | None = None, hi: int | None = None) -> Field:
+    return Field("integer", help, lo, hi)
+
+
+def _choice(help: str, choices: Iterable[Any]) -> Field:
+    return Field("choice", help, choices=tuple(choices))
+
+
+def _obj(help: str, fields: Mapping[str, Field]) -> Field:
+    return Field("object", help, fields=fields)
+
+
 MAX_LINK_DELAY_US = 10_000_000.0
-FABRIC_KEYS = ("kind", "datapath", "loss_pct", "delay_us", "ecn_mark_kb", "ecn_line_gbps", "line_gbps", "buffer_kb",
-               "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority", "switch", "qos")
-SWITCH_KEYS = ("model", "latency_ns", "buffer_kb")
+LINK_PROPS: dict[str, Field] = {
+    "rate": Field("rate", "link rate, like '4x EDR', 'HDR' or '100G' (timed on the user datapath only)"),
+    "mtu": Field("mtu", "IB MTU in bytes"),
+    "delay_us": _num("one-way propagation delay (us; user datapath)", 0, MAX_LINK_DELAY_US),
+    "cable_m": _num("cable length (m), the propagation delay derived from it (user datapath)", 0, MAX_CABLE_M),
+    "loss_pct": _num("share of frames lost, percent (user datapath)", 0, 100),
+}
+"""What a link may say of itself, and ``defaults`` of every link."""
+DEFAULTS_FIELDS = LINK_PROPS
+LINK_FIELDS: dict[str, Field] = {
+    "endpoints": _must(Field("endpoints", "the two ends, ['node:port', 'node:port']")),
+    **LINK_PROPS,
+}
+NODE_KINDS = tuple(k.value for k in NodeKind)
+NODE_FIELDS: dict[str, Field] = {
+    "kind": _must(_choice("node kind", NODE_KINDS)),
+    "ports": _int("port count (a CA: 1 or 2)", 1, MAX_PORT),
+    "guid": _int("node GUID", 1, 2**64 - 1),
+    "desc": Field("string", "NodeDescription"),
+}
+TOPOLOGY_FORMATS = ("ibnetdiscover",)
+TOPOLOGY_FILE_FIELDS: dict[str, Field] = {
+    "file": _must(Field("string", "a topology file (relative paths start at the scenario's folder)")),
+    "format": _choice("the file's format", TOPOLOGY_FORMATS),
+    "name": Field("string", "the topology's name"),
+}
+TOPOLOGY_EXPLICIT_FIELDS: dict[str, Field] = {
+    "nodes": _must(Field("nodes", "{name: kind} or {name: {kind, ports, guid, desc}}")),
+    "links": Field("links", "cables: [a:port, b:port] or {endpoints, rate, mtu, ...}"),
+    "name": Field("string", "the topology's name"),
+}
+TOPOLOGY_GENERATOR_FIELDS: dict[str, Field] = {
+    "generator": _must(_choice("a topology generator (ibemu.topo.generators); its parameters beside it",
+                               (*GENERATORS, *ALIASES))),
+    "name": Field("string", "the topology's name"),
+}
+"""A generated topology: these keys, and the generator's own parameters."""
+TOPOLOGY_SOURCES = (*required(TOPOLOGY_GENERATOR_FIELDS), *required(TOPOLOGY_FILE_FIELDS),
+                    *required(TOPOLOGY_EXPLICIT_FIELDS))
+"""The key that says which form a topology takes (one of them, and only one)."""
+
+MAX_SWITCH_LATENCY_NS = 100_000
+MAX_SWITCH_BUFFER_KB = 1 << 16
+SWITCH_FIELDS: dict[str, Field] = {
+    "model": _choice("switch model (default by the fabric's kind and rate)", SWITCH_MODELS),
+    "latency_ns": _int("port-to-port latency (ns)", 0, MAX_SWITCH_LATENCY_NS),
+    "buffer_kb": _num("buffer (KiB: IB per input port and VL; Ethernet per egress port)", 0,
+                      MAX_SWITCH_BUFFER_KB, lo_open=True),
+}
 """``fabric.switch``: the switches' model (``ibemu.physics.link.SWITCH_MODELS``: ib-edr, ib-hdr,
 ib-ndr, eth-spectrum, eth; default by the fabric's kind and rate), and overrides of its
 port-to-port latency (ns) and buffer (KiB: IB, each input port's buffer per VL; Ethernet, each
 egress port's). User datapath only: the kernel forwards without either."""
-MAX_SWITCH_LATENCY_NS = 100_000
-MAX_SWITCH_BUFFER_KB = 1 << 16
-QOS_KEYS = ("vls", "sl2vl", "vlarb_high", "vlarb_low", "vl_high_limit")
+QOS_VLS = (1, 2, 4, 8)
+VLARB_CAP = 8
+MAX_DATA_VL = 14
+"""VL15 carries subnet management only."""
+MAX_SL = 15
+MAX_VLARB_WEIGHT = 255
+MAX_DSCP = 63
+MAX_PRIORITY = 7
+QOS_FIELDS: dict[str, Field] = {
+    "vls": _choice("data VLs every port operates", QOS_VLS),
+    "sl2vl": Field("sl2vl", "SL -> VL: a list of 16 VLs, or {SL: VL} (unnamed SLs: SL mod vls)"),
+    "vlarb_high": Field("vlarb", "high-priority VL arbitration: [[VL, weight], ...] (weight in 64-byte units)"),
+    "vlarb_low": Field("vlarb", "low-priority VL arbitration: [[VL, weight], ...] (weight in 64-byte units)"),
+    "vl_high_limit": _int("VLHighLimit (255: no limit)", 0, MAX_VLARB_WEIGHT),
+}
 """``fabric.qos`` (IB): the data VLs every port operates (1, 2, 4 or 8: the emulated ports'
 VLCap is VL0-VL7), the SL -> VL map (a list of 16 VLs, or {SL: VL}; unnamed SLs: SL mod vls),
 the VL arbitration tables (lists of [VL, weight], weight in 64-byte units, at most
 ``VLARB_CAP`` entries each: the ports' VLArbitrationHighCap/LowCap) and VLHighLimit (0..255;
 255 no limit). The SM programs them into every port after bring-up (SLtoVLMappingTable,
 VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit)."""
-QOS_VLS = (1, 2, 4, 8)
-VLARB_CAP = 8
+MAX_LINE_GBPS = 1000.0
+ROCE_DATA_DSCP = 26
+"""The DSCP of RoCE data: ``pfc: true`` makes its priority lossless (26 >> 3 = 3 by default)."""
+MAX_BUFFER_KB = 1 << 20
+MAX_FABRIC_LOSS_PCT = 50.0
+MAX_FABRIC_DELAY_US = 100_000.0
+MAX_ECN_MARK_KB = 65536.0
+MAX_ECN_LINE_GBPS = 1000.0
+FABRIC_KINDS = ("ib", "roce")
+DATAPATHS = ("kernel", "user")
+FABRIC_FIELDS: dict[str, Field] = {
+    "kind": _choice("InfiniBand or RoCEv2", FABRIC_KINDS),
+    "datapath": _choice("forwarding in the kernel (tc) or in ibemu's user datapath (timed)", DATAPATHS),
+    "loss_pct": _num("RoCE: frames each cable drops, percent", 0, MAX_FABRIC_LOSS_PCT),
+    "delay_us": _num("RoCE: one-way delay each cable adds (us)", 0, MAX_FABRIC_DELAY_US),
+    "ecn_mark_kb": _num("RoCE: mark CE beyond this many KiB queued", 0, MAX_ECN_MARK_KB, lo_open=True),
+    "ecn_line_gbps": _num("RoCE kernel datapath: the ECN virtual queues' rate (Gb/s)", 0, MAX_ECN_LINE_GBPS,
+                          lo_open=True),
+    "line_gbps": _num("RoCE user datapath: every cable's data rate (Gb/s)", 0, MAX_LINE_GBPS, lo_open=True),
+    "buffer_kb": _num("RoCE user datapath: each port's buffer (KiB)", 0, MAX_BUFFER_KB, lo_open=True),
+    "pfc": Field("pfc", "RoCE user datapath: PFC (true: RoCE data's priority; or a list of priorities)"),
+    "pfc_xoff_kb": _num("RoCE user datapath: PFC XOFF threshold (KiB)", 0, MAX_BUFFER_KB, lo_open=True),
+    "pfc_xon_kb": _num("RoCE user datapath: PFC XON threshold (KiB)", 0, MAX_BUFFER_KB, lo_open=True),
+    "dscp_priority": Field("dscp_priority", "RoCE user datapath: {DSCP: priority} overrides of DSCP >> 3"),
+    "switch": _obj("user datapath: the switches' model, latency and buffer", SWITCH_FIELDS),
+    "qos": _obj("IB: VLs, SL -> VL and VL arbitration the SM programs", QOS_FIELDS),
+}
 FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
 """RoCE user datapath only (``ibemu.roce.userpath``, timed by the link model as IB's user
 datapath is: each cable's rate and delay are the topology's, ``defaults``/links ``rate``,
@@ -86,40 +212,111 @@ overrides every cable's data rate (Gb/s: a slow fabric a run at dilation 1 can k
 ports' buffer (KiB, drop tail; ``fabric.switch.buffer_kb`` wins when both are given), PFC (true: the priority of RoCE data; or a list of priorities), the
 XOFF/XON thresholds (KiB from one ingress port waiting in the router's queues) and DSCP ->
 priority overrides ({DSCP: priority}; default DSCP >> 3: RoCE data 26 -> 3, CNPs 48 -> 6)."""
-MAX_LINE_GBPS = 1000.0
-ROCE_DATA_DSCP = 26
-"""The DSCP of RoCE data: ``pfc: true`` makes its priority lossless (26 >> 3 = 3 by default)."""
-MAX_BUFFER_KB = 1 << 20
 FABRIC_IMPAIRMENTS = ("loss_pct", "delay_us")
 """RoCE cable impairments: frames each cable drops (percent, each direction) and the one-way
 delay each cable adds (microseconds). An IB fabric is lossless: they apply to kind roce only."""
-MAX_FABRIC_LOSS_PCT = 50.0
-MAX_FABRIC_DELAY_US = 100_000.0
 FABRIC_ECN = ("ecn_mark_kb", "ecn_line_gbps")
 """RoCE congestion control: each router port marks CE on ECN-capable frames that find more
 than ecn_mark_kb KiB in a virtual queue drained at ecn_line_gbps; the hosts answer with CNPs
 and slow down (DCQCN, with ecn_line_gbps as their line rate). Both or neither."""
-MAX_ECN_MARK_KB = 65536.0
-MAX_ECN_LINE_GBPS = 1000.0
-FABRIC_KINDS = ("ib", "roce")
-DATAPATHS = ("kernel", "user")
-SM_KEYS = ("impl", "engine", "host", "sweep_interval_s", "lmc")
 SM_IMPLS = ("ibemu", "opensm")
-RECORD_KEYS = ("capture", "json", "plots")
-TIME_KEYS = ("dilation", "lag_threshold_us")
+SM_FIELDS: dict[str, Field] = {
+    "impl": _choice("the subnet manager: ibemu's or OpenSM", SM_IMPLS),
+    "engine": _choice("routing engine (ibemu.sm.routing.ENGINES)", ENGINES),
+    "host": Field("host", "the CA that runs the SM (default: the first CA)"),
+    "sweep_interval_s": _num("seconds between light sweeps", 0, 3600),
+    "lmc": _int("LID mask control: 2^lmc LIDs per port", 0, 7),
+}
+RECORD_FIELDS: dict[str, Field] = {
+    "capture": Field("capture", "links to capture: a list of links, or all"),
+    "json": Field("string", "write the results as JSON to this path"),
+    "plots": Field("bool", "draw plots"),
+}
 MAX_LAG_THRESHOLD_US = 60_000_000.0
+TIME_FIELDS: dict[str, Field] = {
+    "dilation": Field("dilation", "run N >= 1 times slower than real time, or auto", lo=1),
+    "lag_threshold_us": _num("the p99 lag (emulated us) under which a process keeps up", 0,
+                             MAX_LAG_THRESHOLD_US, lo_open=True),
+}
 
-#: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
-TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
 DEFAULT_SIZE = 65536
 """Message size of a traffic entry without one, unless its kind has its own default."""
+MAX_SIZE = 2**31
+TRAFFIC_FIELDS: dict[str, Field] = {
+    "name": Field("string", "the flow's name (default: kind and index)"),
+    "kind": _must(_choice("traffic kind (ibemu.traffic.flows.TRAFFIC_KINDS)", TRAFFIC_KINDS)),
+    "start_s": _num("start (s; before duration_s)", 0),
+    "stop_s": _num("stop (s; at most duration_s)", 0, lo_open=True),
+    "sl": _int("service level", 0, MAX_SL),
+    "size": Field("size", "message size: bytes, or like '64KiB', '1MiB'", 1, MAX_SIZE),
+    "qps": _int("queue pairs", 1, 1024),
+    "bidirectional": Field("bool", "both ways"),
+    "rate_pps": _int("messages per second (a stream: 10,000 by default)", 1, 10_000_000),
+    "transport": _choice("rc (losses retransmitted) or ud (losses stay lost)", ("rc", "ud")),
+    "seed": _int("random seed", 0, 2**32 - 1),
+}
+"""Every key of a traffic entry but the hosts it names (``TRAFFIC_HOSTS``); which a kind takes:
+``TRAFFIC_COMMON`` and its ``keys`` in ``ibemu.traffic.flows.TRAFFIC_KINDS``."""
+TRAFFIC_HOSTS: dict[str, dict[str, Field]] = {
+    "pair": {"from": _must(Field("host", "the sending host")), "to": _must(Field("host", "the receiving host"))},
+    "fan_in": {"from": Field("hosts", "the sending hosts (default: all but to)"),
+               "to": _must(Field("host", "the receiving host"))},
+    "group": {"hosts": Field("hosts", "the hosts taking part (default: all)")},
+}
+"""The hosts an entry names, by its kind's ``hosts`` (the ones without a default are required)."""
+TRAFFIC_REQUIRED = required(TRAFFIC_FIELDS)
+#: Keys every traffic entry takes (the kinds add theirs: ``ibemu.traffic.flows.TRAFFIC_KINDS``).
+TRAFFIC_COMMON = ("name", "kind", "start_s", "stop_s", "sl")
+STREAM_TRANSPORTS = TRAFFIC_FIELDS["transport"].choices
 
-#: Keys every fault entry takes (the actions add theirs: ``ibemu.fabric.faults.FAULT_ACTIONS``).
-FAULT_COMMON = ("at_s", "action")
-
-STREAM_TRANSPORTS = ("rc", "ud")
 DEFAULT_DURATION_S = 30.0
 MAX_DURATION_S = 86400.0
+FAULT_FIELDS: dict[str, Field] = {
+    "at_s": _must(_num("when (s; before duration_s)", 0)),
+    "action": _must(_choice("fault action (ibemu.fabric.faults.FAULT_ACTIONS)", FAULT_ACTIONS)),
+    "link": Field("link", "a link: 'sw:port', 'a:port-b:port' or 'a-b'"),
+    "switch": Field("string", "a switch name"),
+    "period_s": _num("flap period (s)", 0, 3600, lo_open=True),
+    "count": _int("flaps", 1, 100_000),
+    "percent": _num("share affected, percent", 0, 100, lo_open=True),
+    "duration_s": _num("how long (s)", 0, MAX_DURATION_S, lo_open=True),
+}
+"""Every key of a fault entry; which an action takes: ``FAULT_COMMON`` and its ``keys`` in
+``ibemu.fabric.faults.FAULT_ACTIONS`` (``at_s`` and the action's ``required`` must be given)."""
+#: Keys every fault entry takes (the actions add theirs: ``ibemu.fabric.faults.FAULT_ACTIONS``).
+FAULT_COMMON = ("at_s", "action")
+FAULT_REQUIRED = required(FAULT_FIELDS)
+"""Keys every fault entry must give (the actions' own: ``FaultAction.required``)."""
+
+TOP_FIELDS: dict[str, Field] = {
+    "name": Field("string", "the scenario's name (default: the file name)"),
+    "description": Field("string", "free text"),
+    "topology": _must(Field("topology", "{generator: NAME, <params>} | {file: X.ibnd} | {nodes: ..., links: ...}")),
+    "defaults": _obj("defaults of every link that does not say its own", DEFAULTS_FIELDS),
+    "fabric": _obj("the fabric: IB or RoCE, kernel or user datapath, and their options", FABRIC_FIELDS),
+    "sm": _obj("the subnet manager (IB)", SM_FIELDS),
+    "traffic": Field("traffic", "traffic generators"),
+    "faults": Field("faults", "scheduled faults"),
+    "duration_s": _num("run length (s)", 0, MAX_DURATION_S, lo_open=True),
+    "record": _obj("what to record", RECORD_FIELDS),
+    "time": _obj("the run's clock: dilation and the lag threshold", TIME_FIELDS),
+}
+TOP_REQUIRED = required(TOP_FIELDS)
+
+TOP_KEYS = tuple(TOP_FIELDS)
+TOPOLOGY_FILE_KEYS = tuple(TOPOLOGY_FILE_FIELDS)
+TOPOLOGY_EXPLICIT_KEYS = tuple(TOPOLOGY_EXPLICIT_FIELDS)
+NODE_KEYS = tuple(NODE_FIELDS)
+LINK_KEYS = tuple(LINK_FIELDS)
+DEFAULTS_KEYS = tuple(DEFAULTS_FIELDS)
+FABRIC_KEYS = tuple(FABRIC_FIELDS)
+SWITCH_KEYS = tuple(SWITCH_FIELDS)
+QOS_KEYS = tuple(QOS_FIELDS)
+SM_KEYS = tuple(SM_FIELDS)
+RECORD_KEYS = tuple(RECORD_FIELDS)
+TIME_KEYS = tuple(TIME_FIELDS)
+NODE_REQUIRED = required(NODE_FIELDS)
+LINK_REQUIRED = required(LINK_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)

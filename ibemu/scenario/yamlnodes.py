@@ -63,7 +63,9 @@ def describe(node: yaml.Node) -> str:
     return repr(value)
 
 
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B?|B)?\s*\Z", re.IGNORECASE)
+SIZE_PATTERN = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KkMmGg][Ii]?[Bb]?|[Bb])?\s*$"
+"""A size as text (portable: the scenario JSON Schema says it too): ``64KiB``, ``1.5M``, ``4096``."""
+_SIZE_RE = re.compile(SIZE_PATTERN.removesuffix("$") + r"\Z")
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "ki": 1024, "kb": 1000}
 _SIZE_UNITS |= {"m": 1024**2, "mib": 1024**2, "mi": 1024**2, "mb": 1000**2}
 _SIZE_UNITS |= {"g": 1024**3, "gib": 1024**3, "gi": 1024**3, "gb": 1000**3}

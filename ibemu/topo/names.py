@@ -17,7 +17,9 @@ IFNAME_MAX = 15
 MAX_PORT = 255
 MAX_NODE_NAME = IFNAME_MAX - 1 - len(str(MAX_PORT))  # 11
 
-_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
+"""A node name (portable: the scenario JSON Schema says it too), at most ``MAX_NODE_NAME`` long."""
+_NAME_RE = re.compile(NAME_PATTERN.removesuffix("$") + r"\Z")
 
 
 def name_problem(name: str) -> str | None:

@@ -12,6 +12,7 @@ import re
 
 from ibemu.errors import did_you_mean
 from ibemu.topo.model import Endpoint, Link, Node, NodeKind, Topology
+from ibemu.topo.names import NAME_PATTERN
 
 
 class RefError(ValueError):
@@ -19,10 +20,13 @@ class RefError(ValueError):
 
 
 LINK_FORMS = "'edge0_0:3', 'edge0_0:3-agg0_0:1' or 'edge0_0-agg0_0'"
-_EP = r"([A-Za-z][A-Za-z0-9_]*):(\d+)"
+_NAME = NAME_PATTERN.removeprefix("^").removesuffix("$")
+_EP = rf"({_NAME}):([0-9]+)"
 _ONE = re.compile(rf"{_EP}\Z")
 _TWO = re.compile(rf"{_EP}\s*-\s*{_EP}\Z")
-_PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_]*)\s*-\s*([A-Za-z][A-Za-z0-9_]*)\Z")
+_PAIR = re.compile(rf"({_NAME})\s*-\s*({_NAME})\Z")
+LINK_PATTERN = rf"^\s*({_NAME}:[0-9]+(\s*-\s*{_NAME}:[0-9]+)?|{_NAME}\s*-\s*{_NAME})\s*$"
+"""The three forms as one portable regex (the scenario JSON Schema says it too)."""
 
 
 _A_KIND = {NodeKind.SWITCH: "a switch", NodeKind.CA: "a CA (host)", NodeKind.ROUTER: "a router"}
