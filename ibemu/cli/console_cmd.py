@@ -283,12 +283,12 @@ class LiveFabric:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ibemu.cli.fabric_cmd import request_from_args, say_up
+    from ibemu.cli.fabric_cmd import request_from_args, say_up, up_with_progress
     from ibemu.fabric.session import require_root
 
     require_root("up")
     req = request_from_args(args)
-    session = Session.up(req)  # raises (leaving nothing) when the fabric does not come up
+    session = up_with_progress(req)  # raises (leaving nothing) when the fabric does not come up
     say_up(session, req)
     run_id = session.run_id
     try:

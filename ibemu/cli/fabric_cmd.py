@@ -110,8 +110,23 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
 def cmd_up(args: argparse.Namespace) -> int:
     require_root("up")
     req = request_from_args(args)
-    say_up(Session.up(req), req)
+    say_up(up_with_progress(req), req)
     return 0
+
+
+def up_with_progress(req: FabricRequest) -> Session:
+    """``Session.up(req)``, its build shown as it goes (a spinner on a terminal, a line otherwise:
+    a k=16 fabric takes seconds)."""
+    from ibemu.cli.progress import Reporter
+
+    counts = req.topology.counts()
+    sm = f", {req.sm} SM to SUBNET UP" if req.sm != "none" else ""
+    with Reporter(timed=("build",)) as progress:
+        progress("build", f"{req.name}: {counts.switches} switches, {counts.cas} hosts, {counts.links} links "
+                          f"({req.kind}, {req.datapath} datapath{sm})")
+        session = Session.up(req)
+        progress("up", f"fabric {session.run_id}")
+    return session
 
 
 def say_up(session: Session, req: FabricRequest) -> None:

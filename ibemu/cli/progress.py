@@ -44,8 +44,11 @@ class Reporter:
     """``progress(phase, text)`` for the runner; see the module docstring."""
 
     def __init__(self, *, quiet: bool = False, stream: IO[str] | None = None, label: str = "",
-                 traffic_s: float | None = None, live: bool | None = None) -> None:
+                 traffic_s: float | None = None, live: bool | None = None,
+                 timed: tuple[str, ...] = TIMED) -> None:
         self.quiet = quiet
+        self.timed = timed
+        """Phases whose lines get their duration (reported as they start, ended by the next)."""
         self.stream = stream if stream is not None else sys.stderr
         self.label = label
         self.traffic_s = traffic_s
@@ -85,7 +88,7 @@ class Reporter:
         took = time.monotonic() - self._phase_t0
         if task is not None:
             total = task.total if task.total else 1.0
-            took_s = f" [dim]({took:.2f} s)[/]" if self._phase in TIMED else ""
+            took_s = f" [dim]({took:.2f} s)[/]" if self._phase in self.timed else ""
             self._progress.update(self._task, total=total, completed=total, description=f"{task.description}{took_s}")
             self._progress.stop_task(self._task)
         self._task = None
