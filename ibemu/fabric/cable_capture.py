@@ -12,6 +12,7 @@ most, ``limit_bytes`` a file, ``files`` files, the newest in ``path``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import struct
@@ -62,6 +63,14 @@ async def capture(ns: str, ifname: str, path: Path, *, kind: str = "ib", snaplen
                     n = sock.recv_into(buf, MAX_FRAME, socket.MSG_TRUNC)  # n: the frame's whole length
                 except BlockingIOError:
                     break
+                except OSError as exc:
+                    if exc.errno == errno.ENETDOWN:  # the cable went down (a fault): said once, recorded on
+                        log.debug("capture %s/%s: %s", ns, ifname, exc)
+                        break
+                    if exc.errno in (errno.ENODEV, errno.ENXIO):  # the interface is gone (a switch removed)
+                        log.info("capture %s/%s: the interface is gone; the capture ends", ns, ifname)
+                        return
+                    raise
                 if kind == "ib" and buf[12:14] != b"\x88\xb5":
                     continue
                 writer.write(view[:min(n, MAX_FRAME, snaplen + (14 if kind == "ib" else 0))],
