@@ -74,6 +74,8 @@ class Kind(StrEnum):
     LFT_TOP = "lft_top"
     LFT_PROGRAMMED = "lft_programmed"
     LFT_ERROR = "lft_error"
+    ALT_SET = "alt_set"
+    LOCAL_FAILOVER = "local_failover"
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
@@ -149,6 +151,12 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "fabric: a switch's accepted LFT changes are in tc; SM: a programming pass ended",
         {Log.FABRIC: ("entries", "ops", "apply_us", "queued_us"),
          Log.SM: ("blocks", "failed", "abandoned", "switches", "seconds")}),
+    Kind.ALT_SET: KindInfo(
+        "a switch's SMA accepted an AlternatePorts block Set (vendor attribute 0xFF30: 16 LIDs)",
+        {Log.FABRIC: (_AGENT, "block")}),
+    Kind.LOCAL_FAILOVER: KindInfo(
+        "a switch port with alternates lost carrier: the kernel forwards its LIDs on their alternates from t_ns",
+        {Log.FABRIC: ("port", "carrier_t_ns")}),
     Kind.LFT_ERROR: KindInfo(
         "writing a switch's LFT changes to tc failed",
         {Log.FABRIC: ("entries", "error")}),

@@ -276,7 +276,7 @@ class LftProgram:
         if self.prog_fd < 0:
             raise KernelError("LFT map used after close()")
         n = len(entries) // ALT_SLOT
-        if len(entries) % ALT_SLOT or not 0 <= first_lid or first_lid + n > UNICAST_END:
+        if len(entries) % ALT_SLOT or first_lid < 0 or first_lid + n > UNICAST_END:
             raise ValueError("alternates outside the unicast LIDs, or not 4 bytes per LID")
         changed = False
         lid = first_lid
@@ -304,6 +304,15 @@ class LftProgram:
                 changed = changed or new != value
             lid = upto
         return changed
+
+    @property
+    def has_alternates(self) -> bool:
+        return bool(self._alts)
+
+    def clear_alternates(self) -> None:
+        for block in list(self._alts):
+            self.alts.delete(struct.pack("=I", block))
+            del self._alts[block]
 
     def alternates(self, lid: int) -> tuple[int, ...]:
         """The alternates the kernel map holds for ``lid``."""
@@ -393,6 +402,17 @@ class MapLft:
         if self._prog is None:
             raise RuntimeError("MapLft.set_alternates before setup()")
         return self._prog.set_alternates(first_lid, entries)
+
+    @property
+    def has_alternates(self) -> bool:
+        return self._prog is not None and self._prog.has_alternates
+
+    def clear_alternates(self) -> None:
+        if self._prog is not None:
+            self._prog.clear_alternates()
+
+    def alternates(self, lid: int) -> tuple[int, ...]:
+        return self._prog.alternates(lid) if self._prog is not None else ()
 
     def counters(self) -> dict[str, int]:
         """See ``LftProgram.counters``."""
