@@ -151,15 +151,15 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "fabric: a switch's accepted LFT changes are in tc; SM: a programming pass ended",
         {Log.FABRIC: ("entries", "ops", "apply_us", "queued_us"),
          Log.SM: ("blocks", "failed", "abandoned", "switches", "seconds")}),
+    Kind.LFT_ERROR: KindInfo(
+        "writing a switch's LFT changes to tc failed",
+        {Log.FABRIC: ("entries", "error")}),
     Kind.ALT_SET: KindInfo(
         "a switch's SMA accepted an AlternatePorts block Set (vendor attribute 0xFF30: 16 LIDs)",
         {Log.FABRIC: (_AGENT, "block")}),
     Kind.LOCAL_FAILOVER: KindInfo(
         "a switch port with alternates lost carrier: the kernel forwards its LIDs on their alternates from t_ns",
         {Log.FABRIC: ("port", "carrier_t_ns")}),
-    Kind.LFT_ERROR: KindInfo(
-        "writing a switch's LFT changes to tc failed",
-        {Log.FABRIC: ("entries", "error")}),
     Kind.TRAP_SENT: KindInfo(
         "a switch sent (or repeated) a trap to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),
