@@ -24,7 +24,14 @@ the Ethernet type and the LRH, so a frame whose LRH is not in the linear part st
 3. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
    or 0xFF -> TC_ACT_UNSPEC;
 4. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
-5. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
+5. local failover, only when ``ifindex`` carries ``PORT_DOWN`` (the agent host marks a port
+   whose carrier went down, ``set_port_up``): the LID's alternates (``alts[DLID >> 6]``,
+   4 bytes per LID) are tried in order, the first whose port is cabled and not down wins
+   (``stats[STAT_FAILOVER]`` += 1); alternates but none up -> ``stats[STAT_ALL_DOWN]`` += 1
+   and TC_ACT_UNSPEC (not forwarded); no alternates for the LID -> the primary as before
+   (the veth drops the frame), so without alternates nothing changes. Three unrolled tries:
+   no loop for the verifier;
+6. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
 
 TC_ACT_UNSPEC goes on to the next filter (the DR relay) and then up the stack to the switch
 agent's packet socket, which answers its own LID and counts the rest as the spec's
@@ -41,7 +48,14 @@ Maps, per switch (so a switch's program reads nothing of another's):
   each value up to 8 bytes, so 49,152 ifindexes would pin 384 KB per switch (123 MB for a
   k=16 fat-tree's 320 switches) where the blocks take 48 KB, and a 64-entry Set is one update.
 - ``ibemu_lft_port``: an array of 256 u32, index port number -> egress ifindex in the
-  switch's namespace (0 = no cable).
+  switch's namespace (0 = no cable), bit 31 (``PORT_DOWN``) set while the port has no
+  carrier (one map write per carrier change);
+- ``ibemu_lft_alt``: a hash (no preallocation: only blocks with alternates take memory) of
+  64-LID blocks, 4 bytes per LID: up to 3 alternate ports, preferred first, 0 after the
+  last (the vendor attribute AlternatePorts writes 16 LIDs of it per SMP,
+  ``ibemu.agents.switch.ATTR_ALTERNATES``);
+- ``ibemu_lft_stat``: two u64 counters, frames sent to an alternate and frames whose
+  primary and alternates were all down.
 
 Deviations from the userspace forwarder (``ibemu.agents.forwarder``), all shared with the u32
 LFT this replaces: the VCRC is not checked (the next receiver checks it), port states are
