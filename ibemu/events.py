@@ -158,8 +158,8 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a switch's SMA accepted an AlternatePorts block Set (vendor attribute 0xFF30: 16 LIDs)",
         {Log.FABRIC: (_AGENT, "block")}),
     Kind.LOCAL_FAILOVER: KindInfo(
-        "a switch port with alternates lost carrier: the kernel forwards its LIDs on their alternates from t_ns",
-        {Log.FABRIC: ("port", "carrier_t_ns")}),
+        "a switch port lost carrier: the kernel forwards the LIDs routed to it that have alternates on them from t_ns",
+        {Log.FABRIC: ("port", "lids", "carrier_t_ns")}),
     Kind.TRAP_SENT: KindInfo(
         "a switch sent (or repeated) a trap to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),

@@ -646,10 +646,12 @@ class AgentHost:
                 lft = self.fabric.lfts.get(name)
                 # local failover first: one map write, and the kernel forwards the port's LIDs
                 # on their alternates from the next frame (``kernel.lft_map``)
-                if isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier) and not ev.carrier \
-                        and lft.has_alternates:
-                    self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": clock.now_ns(),
-                                             "port": port, "carrier_t_ns": t_carrier})
+                if isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier) and not ev.carrier:
+                    t_failover = clock.now_ns()
+                    moved = lft.failover_lids(port) if lft.has_alternates else 0
+                    if moved:  # LIDs of this port that the kernel now sends to an alternate
+                        self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_failover,
+                                                 "port": port, "lids": moved, "carrier_t_ns": t_carrier})
                 rt.carrier[port] = ev.carrier
                 if self.dr_relay is not None and name in self._relay_ids:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)

@@ -323,6 +323,17 @@ class LftProgram:
     def has_alternates(self) -> bool:
         return bool(self._alts)
 
+    def failover_lids(self, port: int) -> int:
+        """LIDs the LFT sends to ``port`` that have alternates (what a failure of ``port``
+        moves at once): a scan of the blocks with alternates only."""
+        if self.prog_fd < 0:
+            return 0
+        table, n = self.table, 0
+        for block, value in self._alts.items():
+            base = block * LFT_BLOCK
+            n += sum(1 for i in range(LFT_BLOCK) if value[i * ALT_SLOT] and table[base + i] == port)
+        return n
+
     def clear_alternates(self) -> None:
         for block in list(self._alts):
             self.alts.delete(struct.pack("=I", block))
@@ -427,6 +438,10 @@ class MapLft:
 
     def alternates(self, lid: int) -> tuple[int, ...]:
         return self._prog.alternates(lid) if self._prog is not None else ()
+
+    def failover_lids(self, port: int) -> int:
+        """See ``LftProgram.failover_lids``."""
+        return self._prog.failover_lids(port) if self._prog is not None else 0
 
     def counters(self) -> dict[str, int]:
         """See ``LftProgram.counters``."""

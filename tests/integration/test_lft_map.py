@@ -206,6 +206,7 @@ def test_local_failover_takes_the_first_alternate_that_is_up() -> None:
         assert prog.set_alternates(40, bytes([4, 5, 6, 0]))
         assert not prog.set_alternates(40, bytes([4, 5, 6, 0]))  # unchanged
         assert prog.alternates(40) == (4, 5, 6) and prog.alternates(41) == ()
+        assert prog.failover_lids(2) == 1 and prog.failover_lids(3) == 0
         f40, f41, f100 = frame(40), frame(41), frame(100)
         assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # primary up
         assert prog.set_port_up(2, False)

@@ -95,7 +95,7 @@ def test_ftree_ar_fails_over_in_the_kernel_before_the_sm_reroutes(live: Live) ->
     t_fault, lost = _cut_under_stream(live, primary)
     rr = live.wait_for("reroute", timeout_s=20)[0]
     (lf,) = [r for r in _fabric_events(live, "local_failover", t_fault) if r["node"] == "edge0_0"]
-    assert lf["port"] == primary and t_fault <= lf["carrier_t_ns"] <= lf["t_ns"]
+    assert lf["port"] == primary and lf["lids"] > 0 and t_fault <= lf["carrier_t_ns"] <= lf["t_ns"]
     assert lf["t_ns"] < rr["t_trap"] <= rr["t_routed"] <= rr["t_programmed"]
     assert lft.counters()["failover"] > 0 and lft.read(dlid) == alternate  # rerouted since
     figures = {"local_failover_ms": (lf["t_ns"] - t_fault) / 1e6,
