@@ -74,6 +74,8 @@ class Kind(StrEnum):
     LFT_TOP = "lft_top"
     LFT_PROGRAMMED = "lft_programmed"
     LFT_ERROR = "lft_error"
+    ALT_SET = "alt_set"
+    LOCAL_FAILOVER = "local_failover"
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
@@ -152,6 +154,12 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.LFT_ERROR: KindInfo(
         "writing a switch's LFT changes to tc failed",
         {Log.FABRIC: ("entries", "error")}),
+    Kind.ALT_SET: KindInfo(
+        "a switch's SMA accepted an AlternatePorts block Set (vendor attribute 0xFF30: 16 LIDs)",
+        {Log.FABRIC: (_AGENT, "block")}),
+    Kind.LOCAL_FAILOVER: KindInfo(
+        "a switch port lost carrier: the kernel forwards the LIDs routed to it that have alternates on them from t_ns",
+        {Log.FABRIC: ("port", "lids", "carrier_t_ns")}),
     Kind.TRAP_SENT: KindInfo(
         "a switch sent (or repeated) a trap to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),

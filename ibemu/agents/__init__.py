@@ -12,6 +12,7 @@ memory for tests and benchmarks.
 from ibemu.agents.actions import (
     STATUS_UNDELIVERABLE,
     Action,
+    AltUpdate,
     DeliverMad,
     Event,
     LftUpdate,
@@ -24,6 +25,6 @@ from ibemu.agents.port import PhysState, PortState
 from ibemu.agents.traps import TrapPolicy
 
 __all__ = [
-    "STATUS_UNDELIVERABLE", "Action", "DeliverMad", "Event", "LftUpdate", "LinkRequest",
+    "STATUS_UNDELIVERABLE", "Action", "AltUpdate", "DeliverMad", "Event", "LftUpdate", "LinkRequest",
     "LinkRequestKind", "PhysState", "PortState", "PortStateChange", "Send", "TrapPolicy",
 ]

@@ -41,6 +41,17 @@ class LftUpdate:
 
 
 @dataclass(frozen=True, slots=True)
+class AltUpdate:
+    """Alternate ports for local failover (the vendor attribute ``ATTR_ALTERNATES`` of
+    ``ibemu.agents.switch``): ``entries`` holds 4 bytes per LID from ``first_lid``, up to 3
+    ports preferred first, 0 after the last; the kernel datapath writes them beside the LFT
+    (``ibemu.kernel.lft_map``)."""
+
+    first_lid: int
+    entries: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class PortStateChange:
     """``port`` is now in ``state`` / ``phys_state``; data forwarding needs ACTIVE on both ends."""
 
@@ -108,4 +119,4 @@ class Event:
                 **self.fields}
 
 
-Action = Send | LftUpdate | PortStateChange | LinkRequest | DeliverMad | Event
+Action = Send | LftUpdate | AltUpdate | PortStateChange | LinkRequest | DeliverMad | Event

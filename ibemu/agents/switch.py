@@ -13,7 +13,12 @@ LinearFDBTop, DefaultPorts, LifeTimeValue, MulticastFDBTop; PortStateChange clea
 writing 1), GUIDInfo, PortInfo per port (modifier = port; port 0 carries LID, LMC,
 MasterSMLID, CapabilityMask), P_KeyTable (modifier = port << 16 | block), SLtoVL,
 VLArbitration, LinearForwardingTable (modifier = block; a Set emits ``LftUpdate`` with
-only the effective entries that changed), MulticastForwardingTable (stored, not used).
+only the effective entries that changed), MulticastForwardingTable (stored, not used),
+and the vendor-specific AlternatePorts (``ATTR_ALTERNATES`` = 0xFF30, ibemu's own: the
+alternate egress ports of local failover; modifier = LID >> 4, a block of 16 LIDs; data =
+16 entries of 4 bytes, per LID up to 3 ports preferred first, 0 after the last, the fourth
+byte 0; a Set with a port beyond the switch's gets status 0x001C; a Set that changed the
+block emits ``AltUpdate``). OpenSM never sends it.
 SMInfo and anything else: GetResp with status 0x000C. PMA (GSI class 0x04 on QP1, to
 the switch LID): ClassPortInfo, PortCounters, PortCountersExtended (PortSelect 0xFF =
 all ports). SubnTrapRepress stops a trap's repeats.
@@ -36,6 +41,7 @@ from collections.abc import Sequence
 
 from ibemu.agents.actions import (
     Action,
+    AltUpdate,
     LftUpdate,
     LinkRequest,
     LinkRequestKind,
@@ -69,6 +75,11 @@ ATTR_NOTICE = 0x0002
 ATTR_SWITCH_INFO = 0x0012
 ATTR_LFT = 0x0019
 ATTR_MFT = 0x001B
+ATTR_ALTERNATES = 0xFF30
+"""Vendor-specific (0xFF00-0xFFFF): alternate ports per LID, 16 LIDs a block (module docstring)."""
+ALT_LIDS = 16
+ALT_SLOT = 4
+MAX_ALTERNATES = 3
 ATTR_SM_INFO = 0x0020
 TRAP_LINK_STATE_CHANGE = 128
 
@@ -129,7 +140,10 @@ class SwitchAgent(DeviceAgent):
             ATTR_SWITCH_INFO: self._attr_switch_info,
             ATTR_LFT: self._attr_lft,
             ATTR_MFT: self._attr_mft,
+            ATTR_ALTERNATES: self._attr_alternates,
         })
+        self.alternates: dict[int, bytes] = {}
+        """AlternatePorts blocks (modifier -> 64 bytes) as last Set; absent = no alternates."""
 
     # ================================================================== public
 
@@ -263,6 +277,32 @@ class SwitchAgent(DeviceAgent):
         buf[d : d + 64] = self.lft.get_block(mod)
         return ST_OK
 
+    def _attr_alternates(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        if not 0 <= mod < (self.lft.blocks * 64) // ALT_LIDS:
+            return ST_INVALID
+        if method == SET:
+            data = bytes(buf[d : d + 64])
+            norm = bytearray(64)
+            for i in range(0, 64, ALT_SLOT):
+                ports = data[i : i + MAX_ALTERNATES]
+                end = ports.find(0)
+                ports = ports[:end] if end >= 0 else ports
+                if any(p > self.num_ports for p in ports):
+                    return ST_INVALID
+                norm[i : i + len(ports)] = ports
+            old = self.alternates.get(mod, bytes(64))
+            if bytes(norm) != old:
+                if any(norm):
+                    self.alternates[mod] = bytes(norm)
+                else:
+                    self.alternates.pop(mod, None)
+                self._pending_actions += [AltUpdate(mod * ALT_LIDS, bytes(norm)),
+                                          self._event("alt_set", block=mod)]
+        elif method != GET:
+            return ST_BAD_METHOD_ATTR
+        buf[d : d + 64] = self.alternates.get(mod, bytes(64))
+        return ST_OK
+
     def _attr_mft(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
         position, block = mod >> 28, mod & 0x1FF
         if not self.mft.valid(position, block):
@@ -313,4 +353,4 @@ class SwitchAgent(DeviceAgent):
         return [Send(egress, pkt), self._event("trap_sent", **fields)]
 
 
-__all__ = ["ATTR_SM_INFO", "GET", "SET", "SwitchAgent", "TrapPolicy"]
+__all__ = ["ATTR_ALTERNATES", "ATTR_SM_INFO", "GET", "SET", "SwitchAgent", "TrapPolicy"]

@@ -37,6 +37,7 @@ import trio
 from ibemu import clock
 from ibemu.agents.actions import (
     Action,
+    AltUpdate,
     DeliverMad,
     Event,
     LftUpdate,
@@ -173,6 +174,10 @@ class AgentHost:
                 # Carrier as it is now (after the monitor exists, so no change is missed).
                 down = set(rtnl.carrier_down(ns, [pp.ifname for pp in rt.plan.ports.values()]))
             rt.carrier = {port: pp.ifname not in down for port, pp in rt.plan.ports.items()}
+            lft = self.fabric.lfts.get(name)
+            if isinstance(lft, MapLft):  # local failover: the kernel knows which ports are down
+                for port in sorted(p for p, up in rt.carrier.items() if not up):
+                    lft.set_port_up(port, False)
             self._follow_links(name, rt)
         self._opened = True
 
@@ -637,12 +642,22 @@ class AgentHost:
                 port = rt.by_ifindex.get(ev.ifindex)
                 if port is None or rt.carrier.get(port) == ev.carrier:
                     continue
+                t_carrier = clock.now_ns()
+                lft = self.fabric.lfts.get(name)
+                # local failover first: one map write, and the kernel forwards the port's LIDs
+                # on their alternates from the next frame (``kernel.lft_map``)
+                if isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier) and not ev.carrier:
+                    t_failover = clock.now_ns()
+                    moved = lft.failover_lids(port) if lft.has_alternates else 0
+                    if moved:  # LIDs of this port that the kernel now sends to an alternate
+                        self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_failover,
+                                                 "port": port, "lids": moved, "carrier_t_ns": t_carrier})
                 rt.carrier[port] = ev.carrier
                 if self.dr_relay is not None and name in self._relay_ids:
                     self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
                 if self.kernel_sma is not None and name in self._relay_ids:
                     self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
-                self.events.write(name, {"kind": Kind.CARRIER, "t_ns": clock.now_ns(),
+                self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier,
                                          "port": port, "up": ev.carrier})
                 if self.links is not None:  # down: the port's queues are discarded; up: link
                     if ev.carrier:  # training re-initializes flow control
@@ -697,6 +712,8 @@ class AgentHost:
         with self._lft_lock:
             if lft is not None and lft.installed:
                 lft.apply(dict.fromkeys(lft.installed, 0xFF))
+            if isinstance(lft, MapLft) and on and fresh_agent is not None:
+                lft.clear_alternates()  # a rebooted switch has none
         if on:
             if fresh_agent is not None:
                 rt.agent = fresh_agent
@@ -742,6 +759,8 @@ class AgentHost:
                 self.events.write(name, action.as_dict())
             elif isinstance(action, LftUpdate):
                 self._program(name, action)
+            elif isinstance(action, AltUpdate):
+                self._program_alternates(name, action)
             elif isinstance(action, DeliverMad):
                 if rt.mad_sink is not None:
                     rt.mad_sink(action)
@@ -774,6 +793,19 @@ class AgentHost:
         self.lft_ops += ops
         self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(action.changes),
                                  "ops": ops, "apply_us": (t1 - t0) // 1000, "queued_us": 0})
+
+    def _program_alternates(self, name: str, action: AltUpdate) -> None:
+        """Write alternate ports the switch's SMA accepted into the kernel's map beside the
+        LFT (local failover; the u32 fallback and the user datapath do not fail over)."""
+        lft = self.fabric.lfts.get(name)
+        if not isinstance(lft, MapLft):
+            return
+        try:
+            lft.set_alternates(action.first_lid, action.entries)
+        except (OSError, KernelError) as exc:
+            log.error("%s: alternates write failed: %s", name, exc)
+            self.events.write(name, {"kind": Kind.LFT_ERROR, "t_ns": clock.now_ns(),
+                                     "entries": len(action.entries) // 4, "error": str(exc)})
 
     async def _kernel_sma_log(self, ring: SmaLog) -> None:
         """Log the LFT Sets the kernel SMA answered, as the agent and ``_program`` would have

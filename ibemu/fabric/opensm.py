@@ -23,6 +23,9 @@ from ibemu.fabric.umad2sim import dilated_clock, tool_argv
 from ibemu.kernel import faketime
 from ibemu.kernel.ownership import RunState
 
+OPENSM_ENGINE = {"ftree_ar": "ftree", "updn_ar": "updn"}
+"""ibemu's adaptive engines -> the OpenSM engine that routes like their base."""
+
 
 def opensm_available() -> bool:
     return shutil.which("opensm") is not None or Path("/usr/sbin/opensm").exists()
@@ -33,7 +36,10 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     """OpenSM attached to the MAD socket of the host in ``ns``; log in ``workdir/opensm.log``.
 
     ``-d2`` flushes the log after each message, so its phases can be read as they happen.
+    ibemu's adaptive engines (``ftree_ar``, ``updn_ar``) run as their base engine: OpenSM
+    writes no alternates (it knows nothing of ibemu's AlternatePorts attribute).
     """
+    engine = OPENSM_ENGINE.get(engine, engine)
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / opensm_log.CLOCK_FILE).unlink(missing_ok=True)
     shared = dilated_clock(state)

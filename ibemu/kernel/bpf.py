@@ -39,6 +39,7 @@ BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
 BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
 BPF_MAP_TYPE_RINGBUF = 27
+BPF_F_NO_PREALLOC = 1
 BPF_F_MMAPABLE = 1 << 10
 BPF_PROG_TYPE_SCHED_CLS = 3
 
@@ -329,6 +330,10 @@ class Asm:
 
     def st(self, size: int, dst: int, off: int, imm: int) -> None:
         self._emit(_insn(0x62 | _SIZE[size], dst, 0, off, imm))
+
+    def atomic_add(self, size: int, dst: int, off: int, src: int) -> None:
+        """``lock *(size *)(dst + off) += src`` (BPF_ATOMIC BPF_ADD; 4 or 8 bytes)."""
+        self._emit(_insn(0xC3 | _SIZE[size], dst, src, off, 0))
 
     # control
     def jmp(self, op: str, dst: int, src_or_imm: int, target: str, *, reg: bool = False) -> None:

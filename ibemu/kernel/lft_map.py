@@ -24,7 +24,14 @@ the Ethernet type and the LRH, so a frame whose LRH is not in the linear part st
 3. ``port = blocks[DLID >> 6][DLID & 63]``; port 0 (no route, the switch's own LID, LID 0)
    or 0xFF -> TC_ACT_UNSPEC;
 4. ``ifindex = ports[port]``; 0 (a port without a cable) -> TC_ACT_UNSPEC;
-5. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
+5. local failover, only when ``ifindex`` carries ``PORT_DOWN`` (the agent host marks a port
+   whose carrier went down, ``set_port_up``): the LID's alternates (``alts[DLID >> 6]``,
+   4 bytes per LID) are tried in order, the first whose port is cabled and not down wins
+   (``stats[STAT_FAILOVER]`` += 1); alternates but none up -> ``stats[STAT_ALL_DOWN]`` += 1
+   and TC_ACT_UNSPEC (not forwarded); no alternates for the LID -> the primary as before
+   (the veth drops the frame), so without alternates nothing changes. Three unrolled tries:
+   no loop for the verifier;
+6. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
 
 TC_ACT_UNSPEC goes on to the next filter (the DR relay) and then up the stack to the switch
 agent's packet socket, which answers its own LID and counts the rest as the spec's
@@ -41,7 +48,14 @@ Maps, per switch (so a switch's program reads nothing of another's):
   each value up to 8 bytes, so 49,152 ifindexes would pin 384 KB per switch (123 MB for a
   k=16 fat-tree's 320 switches) where the blocks take 48 KB, and a 64-entry Set is one update.
 - ``ibemu_lft_port``: an array of 256 u32, index port number -> egress ifindex in the
-  switch's namespace (0 = no cable).
+  switch's namespace (0 = no cable), bit 31 (``PORT_DOWN``) set while the port has no
+  carrier (one map write per carrier change);
+- ``ibemu_lft_alt``: a hash (no preallocation: only blocks with alternates take memory) of
+  64-LID blocks, 4 bytes per LID: up to 3 alternate ports, preferred first, 0 after the
+  last (the vendor attribute AlternatePorts writes 16 LIDs of it per SMP,
+  ``ibemu.agents.switch.ATTR_ALTERNATES``);
+- ``ibemu_lft_stat``: two u64 counters, frames sent to an alternate and frames whose
+  primary and alternates were all down.
 
 Deviations from the userspace forwarder (``ibemu.agents.forwarder``), all shared with the u32
 LFT this replaces: the VCRC is not checked (the next receiver checks it), port states are
@@ -64,7 +78,7 @@ import struct
 from collections.abc import Mapping
 
 from ibemu.kernel import bpf, rtnl
-from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R5, R6, R7, R10, Asm
+from ibemu.kernel.bpf import R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, Asm
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.packet import ETH_P_IB
 from ibemu.kernel.tc import BLOCK as TC_BLOCK
@@ -82,6 +96,17 @@ FLAGS_SLOT = 0
 holds the classifier's flags."""
 FLAG_VL15_TO_SMA = 1
 """The classifier's priority on the block (the DR rule is at 1, the DR relay at 3)."""
+PORT_DOWN = 0x80000000
+"""In an ``ibemu_lft_port`` value: the port's carrier is down (the ifindex is kept)."""
+MAX_ALTERNATES = 3
+ALT_SLOT = 4
+"""Bytes per LID in ``ibemu_lft_alt``: up to 3 alternate ports, preferred first, 0 after the
+last; the fourth byte is 0."""
+ALT_VALUE = LFT_BLOCK * ALT_SLOT
+ALT_ATTR_LIDS = 16
+"""LIDs per vendor SMP block of alternates (``ATTR_ALTERNATES``: 16 x 4 bytes = 64)."""
+STAT_FAILOVER = 0
+STAT_ALL_DOWN = 1
 FN_SKB_LOAD_BYTES = 26
 SKB_CB0 = 48
 
@@ -90,8 +115,8 @@ _S_HDR = -16  # Ethernet type (2 bytes) + LRH (8 bytes)
 _S_KEY = -24
 
 
-def program(blocks_fd: int, ports_fd: int) -> bytes:
-    """The classifier, bound to one switch's two maps (see the module docstring)."""
+def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int) -> bytes:
+    """The classifier, bound to one switch's maps (see the module docstring)."""
     a = Asm()
     a.mov(R6, R1)
     a.ldx(4, R2, R6, bpf.SKB_LEN)
@@ -137,6 +162,7 @@ def program(blocks_fd: int, ports_fd: int) -> bytes:
     a.mov(R7, R3)
     a.alu64("and", R7, LFT_BLOCK - 1)
     a.alu64("rsh", R3, 6)
+    a.mov(R8, R3)  # the block survives the calls (local failover reads its alternates)
     a.stx(4, R10, _S_KEY, R3)
     a.map_lookup(blocks_fd, _S_KEY)
     a.jmp("jeq", R0, 0, "pass")
@@ -150,6 +176,8 @@ def program(blocks_fd: int, ports_fd: int) -> bytes:
     a.jmp("jeq", R0, 0, "pass")
     a.ldx(4, R1, R0, 0)
     a.jmp("jeq", R1, 0, "pass")
+    a.jmp("jset", R1, PORT_DOWN, "down")
+    a.label("redirect")
     a.stx(4, R6, SKB_CB0, R1)
     a.movi(R2, 0)
     a.call(bpf.FN_REDIRECT)
@@ -157,6 +185,48 @@ def program(blocks_fd: int, ports_fd: int) -> bytes:
     a.label("pass")
     a.movi(R0, bpf.TC_ACT_UNSPEC)
     a.exit()
+    # local failover: the primary port is down
+    a.label("down")
+    a.mov(R9, R1)  # the primary, flagged
+    a.stx(4, R10, _S_KEY, R8)  # the LFT block
+    a.map_lookup(alts_fd, _S_KEY)
+    a.jmp("jeq", R0, 0, "primary")  # no alternates in this block: as without failover
+    a.alu64("lsh", R7, 2)
+    a.alu64("add", R0, R7, reg=True)
+    a.mov(R8, R0)  # this LID's alternates (ALT_SLOT bytes)
+    a.ldx(1, R2, R8, 0)
+    a.jmp("jeq", R2, 0, "primary")  # none for this LID: as without failover
+    for i in range(MAX_ALTERNATES):
+        nxt = a.fresh("alt")
+        if i:
+            a.ldx(1, R2, R8, i)
+            a.jmp("jeq", R2, 0, "all_down")  # the list ends
+        a.stx(4, R10, _S_KEY, R2)
+        a.map_lookup(ports_fd, _S_KEY)
+        a.jmp("jeq", R0, 0, nxt)
+        a.ldx(4, R1, R0, 0)
+        a.jmp("jeq", R1, 0, nxt)
+        a.jmp("jset", R1, PORT_DOWN, nxt)
+        a.mov(R9, R1)
+        a.st(4, R10, _S_KEY, STAT_FAILOVER)
+        a.goto("count")
+        a.label(nxt)
+    a.label("all_down")
+    a.st(4, R10, _S_KEY, STAT_ALL_DOWN)
+    a.movi(R9, 0)
+    a.label("count")
+    a.map_lookup(stats_fd, _S_KEY)
+    a.jmp("jeq", R0, 0, "counted")
+    a.movi(R1, 1)
+    a.atomic_add(8, R0, 0, R1)
+    a.label("counted")
+    a.mov(R1, R9)
+    a.jmp("jeq", R1, 0, "pass")
+    a.goto("redirect")
+    a.label("primary")
+    a.mov(R1, R9)
+    a.alu64("and", R1, ~PORT_DOWN & 0xFFFFFFFF)
+    a.goto("redirect")
     return a.assemble()
 
 
@@ -168,6 +238,12 @@ class LftProgram:
         self.blocks = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, LFT_BLOCK, N_BLOCKS, "ibemu_lft",
                               flags=bpf.BPF_F_MMAPABLE)
         self.ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, MAX_PORTS, "ibemu_lft_port")
+        self.alts = bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, ALT_VALUE, N_BLOCKS, "ibemu_lft_alt",
+                            flags=bpf.BPF_F_NO_PREALLOC)
+        self.stats = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, 2, "ibemu_lft_stat")
+        self._ifindex = dict(ports)
+        self._down: set[int] = set()
+        self._alts: dict[int, bytearray] = {}
         self.prog_fd = -1
         self._mm: mmap.mmap | None = None
         self.table = memoryview(bytearray(0))
@@ -178,7 +254,8 @@ class LftProgram:
             kernel SMA (``ibemu.kernel.sma``) writes it too, on the LFT Sets it answers."""
             for port, ifindex in ports.items():
                 self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex))
-            self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd), name="ibemu_lft")
+            self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd, self.alts.fd, self.stats.fd),
+                                            name="ibemu_lft")
         except BaseException:
             self.close()
             raise
@@ -188,6 +265,96 @@ class LftProgram:
         itself with the Ethernet addresses of each cable (``ibemu.kernel.sma``), instead of
         being redirected here."""
         self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", FLAG_VL15_TO_SMA if on else 0))
+
+    def set_port_up(self, port: int, up: bool) -> bool:
+        """Mark ``port``'s carrier up or down for local failover: one map write (the ifindex
+        stays, flagged ``PORT_DOWN``). False when the port has no cable here."""
+        ifindex = self._ifindex.get(port)
+        if not ifindex or self.prog_fd < 0:
+            return False
+        if up:
+            self._down.discard(port)
+        else:
+            self._down.add(port)
+        self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex | (0 if up else PORT_DOWN)))
+        return True
+
+    @property
+    def down_ports(self) -> frozenset[int]:
+        return frozenset(self._down)
+
+    def set_alternates(self, first_lid: int, entries: bytes) -> bool:
+        """Write the alternates of ``len(entries) // 4`` LIDs from ``first_lid`` (a multiple
+        of 4 bytes per LID, as ``ibemu_lft_alt`` holds them: ports preferred first, 0 after
+        the last). Returns whether the map changed (one update of the LID's 64-LID block)."""
+        if self.prog_fd < 0:
+            raise KernelError("LFT map used after close()")
+        n = len(entries) // ALT_SLOT
+        if len(entries) % ALT_SLOT or first_lid < 0 or first_lid + n > UNICAST_END:
+            raise ValueError("alternates outside the unicast LIDs, or not 4 bytes per LID")
+        changed = False
+        lid = first_lid
+        while lid < first_lid + n:
+            block = lid // LFT_BLOCK
+            upto = min(first_lid + n, (block + 1) * LFT_BLOCK)
+            value = self._alts.get(block)
+            if value is None:
+                value = bytearray(ALT_VALUE)
+            new = bytearray(value)
+            src = entries[(lid - first_lid) * ALT_SLOT:(upto - first_lid) * ALT_SLOT]
+            at = (lid % LFT_BLOCK) * ALT_SLOT
+            new[at:at + len(src)] = src
+            for i in range(at, at + len(src), ALT_SLOT):  # nothing after the first 0; no 4th byte
+                ports = new[i:i + MAX_ALTERNATES]
+                end = ports.find(0)
+                new[i:i + ALT_SLOT] = (ports[:end] if end >= 0 else ports).ljust(ALT_SLOT, b"\0")
+            if new != value or block not in self._alts:
+                if any(new):
+                    self.alts.update(struct.pack("=I", block), bytes(new))
+                    self._alts[block] = new
+                elif block in self._alts:
+                    self.alts.delete(struct.pack("=I", block))
+                    del self._alts[block]
+                changed = changed or new != value
+            lid = upto
+        return changed
+
+    @property
+    def has_alternates(self) -> bool:
+        return bool(self._alts)
+
+    def failover_lids(self, port: int) -> int:
+        """LIDs the LFT sends to ``port`` that have alternates (what a failure of ``port``
+        moves at once): a scan of the blocks with alternates only."""
+        if self.prog_fd < 0:
+            return 0
+        table, n = self.table, 0
+        for block, value in self._alts.items():
+            base = block * LFT_BLOCK
+            n += sum(1 for i in range(LFT_BLOCK) if value[i * ALT_SLOT] and table[base + i] == port)
+        return n
+
+    def clear_alternates(self) -> None:
+        for block in list(self._alts):
+            self.alts.delete(struct.pack("=I", block))
+            del self._alts[block]
+
+    def alternates(self, lid: int) -> tuple[int, ...]:
+        """The alternates the kernel map holds for ``lid``."""
+        value = self.alts.lookup(struct.pack("=I", lid // LFT_BLOCK))
+        if value is None:
+            return ()
+        at = (lid % LFT_BLOCK) * ALT_SLOT
+        return tuple(p for p in value[at:at + MAX_ALTERNATES] if p)
+
+    def counters(self) -> dict[str, int]:
+        """Frames the classifier sent to an alternate (``failover``) and frames whose primary
+        and alternates were all down (``all_down``, not forwarded)."""
+        out = {}
+        for name, slot in (("failover", STAT_FAILOVER), ("all_down", STAT_ALL_DOWN)):
+            value = self.stats.lookup(struct.pack("=I", slot))
+            out[name] = struct.unpack("=Q", value)[0] if value is not None else 0
+        return out
 
     @property
     def installed(self) -> dict[int, int]:
@@ -227,6 +394,8 @@ class LftProgram:
             self._mm = None
         self.blocks.close()
         self.ports.close()
+        self.alts.close()
+        self.stats.close()
 
 
 class MapLft:
@@ -248,6 +417,35 @@ class MapLft:
     @property
     def installed(self) -> dict[int, int]:
         return self._prog.installed if self._prog is not None else {}
+
+    def set_port_up(self, port: int, up: bool) -> bool:
+        """See ``LftProgram.set_port_up``."""
+        return self._prog.set_port_up(port, up) if self._prog is not None else False
+
+    def set_alternates(self, first_lid: int, entries: bytes) -> bool:
+        """See ``LftProgram.set_alternates``."""
+        if self._prog is None:
+            raise RuntimeError("MapLft.set_alternates before setup()")
+        return self._prog.set_alternates(first_lid, entries)
+
+    @property
+    def has_alternates(self) -> bool:
+        return self._prog is not None and self._prog.has_alternates
+
+    def clear_alternates(self) -> None:
+        if self._prog is not None:
+            self._prog.clear_alternates()
+
+    def alternates(self, lid: int) -> tuple[int, ...]:
+        return self._prog.alternates(lid) if self._prog is not None else ()
+
+    def failover_lids(self, port: int) -> int:
+        """See ``LftProgram.failover_lids``."""
+        return self._prog.failover_lids(port) if self._prog is not None else 0
+
+    def counters(self) -> dict[str, int]:
+        """See ``LftProgram.counters``."""
+        return self._prog.counters() if self._prog is not None else {}
 
     def setup(self) -> None:
         """Maps, program, then clsact on every port, the DR rule and the classifier on the

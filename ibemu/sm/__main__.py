@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ibemu.sm", description=__doc__.split("\n\n")[0])
     p.add_argument("--ns", default=None, help="network namespace of the SM's host (default: this one)")
     p.add_argument("--sockname", default=DEFAULT_SOCKNAME, help="MAD socket base name (default %(default)s)")
-    p.add_argument("--engine", default="minhop", help="routing engine: minhop|updn|ftree|dor")
+    p.add_argument("--engine", default="minhop", help="routing engine: minhop|updn|ftree|dor|ftree_ar|updn_ar")
     p.add_argument("--events", default=None, help="JSON-lines event log file")
     p.add_argument("--sweep-interval", type=float, default=10.0, help="seconds between light sweeps")
     p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, help="SMPs in flight")

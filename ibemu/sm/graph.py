@@ -105,6 +105,9 @@ class Routes:
     """Switch GUID -> (its LFT in the routes these were derived from, {LID: new port}): what
     a reroute changed, so that programming patches the old table's blocks instead of
     rebuilding them. Only a hint: a table not found here is compared in full."""
+    alternates: dict[int, dict[int, tuple[int, ...]]] | None = field(default=None, repr=False, compare=False)
+    """An adaptive engine's alternate ports (``ArRoutes.alternates``) for the switches to
+    fail over to locally; None: the routes carry none (the switches keep what they have)."""
 
 
 @dataclass

@@ -74,6 +74,17 @@ def default_route_fn(graph: SubnetGraph, engine: str) -> Routes:
     """``ibemu.sm.routing`` (imported on first use): ``compute_with_fallback`` when it has it
     (an engine that cannot apply falls back to minhop, as OpenSM does), else ``compute``."""
     mod = importlib.import_module("ibemu.sm.routing")
+    entry = getattr(mod, "ENGINES", {}).get(engine)
+    if getattr(entry, "adaptive", False):  # the base engine's LFTs and their checked alternates
+        try:
+            ar = importlib.import_module("ibemu.sm.routing.alternates").compute_ar(graph, engine)
+        except mod.RoutingError as exc:
+            log.warning("%s: no alternates (%s); routing without them", engine, exc)
+        else:
+            primary: Routes = ar.primary
+            primary.engine, primary.alternates = engine, ar.alternates
+            primary.compute_s = ar.compute_s
+            return primary
     fn = getattr(mod, "compute_with_fallback", None) or mod.compute
     routes: Routes = fn(graph, engine)
     return routes
@@ -346,6 +357,10 @@ class SubnetManager:
                                           on_suspect=self._on_suspect)
         if early is not None:
             res = res.after(early)
+        if routes.alternates is not None and not (info is not None and self._wake.is_set()):
+            alt = await self.prog.program_alternates(self.graph, routes.alternates, self.lids.top)
+            self.stats["alt_blocks"] += alt.acked
+            self.stats["alt_blocks_failed"] += alt.failed
         self._reprogram = res.failed > 0
         self._snapshot_due = True
         self.events.emit(Kind.LFT_PROGRAMMED, blocks=res.acked, failed=res.failed, abandoned=res.abandoned,

@@ -38,8 +38,25 @@ from ibemu.wire import madcodec as mb
 log = logging.getLogger(__name__)
 
 ATTR_LFT = 0x0019
+ATTR_ALTERNATES = 0xFF30
+"""ibemu's vendor-specific AlternatePorts (``ibemu.agents.switch``): modifier = LID >> 4,
+data = 16 LIDs x 4 bytes (up to 3 alternate ports, preferred first, 0 after the last)."""
+ALT_LIDS = 16
+ALT_SLOT = 4
 BLOCK = 64
 NO_ROUTE = 0xFF
+
+
+def alt_blocks(alternates: Mapping[int, tuple[int, ...]], top: int) -> dict[int, bytes]:
+    """LID -> alternate ports as AlternatePorts blocks 0 .. top // 16, only the blocks that
+    name any (a switch starts with none)."""
+    out: dict[int, bytearray] = {}
+    for lid, ports in alternates.items():
+        if 0 < lid <= top and ports:
+            block = out.setdefault(lid // ALT_LIDS, bytearray(ALT_LIDS * ALT_SLOT))
+            at = (lid % ALT_LIDS) * ALT_SLOT
+            block[at:at + min(len(ports), ALT_SLOT - 1)] = bytes(p & 0xFF for p in ports[:ALT_SLOT - 1])
+    return {b: bytes(data) for b, data in out.items()}
 
 
 def lft_blocks(lft: Mapping[int, int], top: int) -> dict[int, bytes]:
@@ -97,6 +114,8 @@ class LftProgrammer:
     overdue_s: float = 0.02
     """A Set still unanswered this long after one sent later was acked is abandoned (see the
     module docstring)."""
+    alt_written: dict[int, dict[int, bytes]] = field(default_factory=dict)
+    """Switch GUID -> AlternatePorts blocks acknowledged (absent block: all zero)."""
     _blocks: dict[int, tuple[Mapping[int, int], int, dict[int, bytes]]] = field(default_factory=dict)
     """Switch GUID -> (the LFT mapping, top, its blocks): an incremental reroute hands the
     unchanged switches' LFTs over as the same objects (it copies the ones it changes), so
@@ -141,6 +160,7 @@ class LftProgrammer:
     def forget(self, guid: int) -> None:
         """The switch is gone (or reset): write it in full next time."""
         self.written.pop(guid, None)
+        self.alt_written.pop(guid, None)
         self._blocks.pop(guid, None)
         self.suspects.discard(guid)
 
@@ -316,4 +336,48 @@ class LftProgrammer:
                     for block, data in sorted(plan[guid].items()):
                         n.start_soon(one, guid, block, data)
             outer.cancel_scope.cancel()
+        return res
+
+    async def program_alternates(self, graph: SubnetGraph, alternates: Mapping[int, Mapping[int, tuple[int, ...]]],
+                                 top: int) -> Programmed:
+        """Write the AlternatePorts blocks (``ATTR_ALTERNATES``) that differ from what each
+        switch has (blocks it has that name alternates no longer are cleared): LID-routed
+        where the tables allow, else directed route; all in parallel within the window."""
+        plan: dict[int, dict[int, bytes]] = {}
+        for guid in set(alternates) | set(self.alt_written):
+            if guid not in graph.nodes:
+                continue
+            want = alt_blocks(alternates.get(guid, {}), top)
+            have = self.alt_written.get(guid, {})
+            zero = bytes(ALT_LIDS * ALT_SLOT)
+            diff = {b: d for b, d in want.items() if have.get(b, zero) != d}
+            diff.update((b, zero) for b in have if b not in want and have[b] != zero)
+            if diff:
+                plan[guid] = diff
+        res = Programmed(switches=len(plan), t_planned_ns=self.events.now())
+        lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in plan}
+
+        async def one(guid: int, block: int, data: bytes) -> None:
+            node = graph.nodes[guid]
+            res.sent += 1
+            r = None
+            if lid_routed.get(guid):
+                r = await self.transport.request(
+                    Request(mb.lr_smp(mb.SET, ATTR_ALTERNATES, modifier=block, data=data), dlid=node.lid), retries=0)
+            if r is None:
+                r = await self.transport.request(
+                    mb.dr_smp(mb.SET, ATTR_ALTERNATES, path=list(node.dr_path), modifier=block, data=data))
+            if r is None or not r.ok:
+                res.failed += 1
+                self.alt_written.get(guid, {}).pop(block, None)
+                log.warning("AlternatePorts block %d of %#x not acked", block, guid)
+                return
+            self.alt_written.setdefault(guid, {})[block] = data
+            res.acked += 1
+            res.t_last_ack_ns = max(res.t_last_ack_ns, self.events.now())
+
+        async with trio.open_nursery() as n:
+            for guid in sorted(plan):
+                for block, data in sorted(plan[guid].items()):
+                    n.start_soon(one, guid, block, data)
         return res

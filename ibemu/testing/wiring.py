@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from ibemu.agents.actions import (
     Action,
+    AltUpdate,
     DeliverMad,
     Event,
     LftUpdate,
@@ -77,6 +78,7 @@ class InMemoryFabric:
     wire: list[WireRecord] = field(default_factory=list)
     delivered: dict[str, list[DeliverMad]] = field(default_factory=dict)
     lft_updates: dict[str, list[LftUpdate]] = field(default_factory=dict)
+    alt_updates: dict[str, list[AltUpdate]] = field(default_factory=dict)
     state_changes: dict[str, list[PortStateChange]] = field(default_factory=dict)
     link_requests: dict[str, list[LinkRequest]] = field(default_factory=dict)
     events: list[tuple[str, Event]] = field(default_factory=list)
@@ -91,7 +93,7 @@ class InMemoryFabric:
         if name in self.agents:
             raise ValueError(f"an agent named {name!r} exists")
         self.agents[name] = agent
-        for book in (self.delivered, self.lft_updates, self.state_changes, self.link_requests):
+        for book in (self.delivered, self.lft_updates, self.alt_updates, self.state_changes, self.link_requests):
             book[name] = []
         return agent
 
@@ -188,6 +190,8 @@ class InMemoryFabric:
                 self.delivered[name].append(action)
             elif isinstance(action, LftUpdate):
                 self.lft_updates[name].append(action)
+            elif isinstance(action, AltUpdate):
+                self.alt_updates[name].append(action)
             elif isinstance(action, PortStateChange):
                 self.state_changes[name].append(action)
             elif isinstance(action, LinkRequest):

@@ -184,3 +184,71 @@ def test_maps_and_programs_go_with_the_fabric(state_dir: Path) -> None:
         assert main(["clean"]) == 0
     assert not any(netns.exists(n) for n in plan.namespaces)
     assert _lft_maps_left() == 0
+
+
+def _target(prog: lft_map.LftProgram, frame: bytes) -> tuple[int, int]:
+    ret, out, _ns = bpf.test_run(prog.prog_fd, frame, ctx=True)
+    return ret, struct.unpack_from("=I", out, len(frame) + 48)[0]
+
+
+def test_local_failover_takes_the_first_alternate_that_is_up() -> None:
+    """Primary up -> primary; primary down -> the first alternate up (counted); all down ->
+    not forwarded (counted); no alternates -> as before (the down port's ifindex: the veth
+    drops it); an alternates block that does not name the LID changes nothing."""
+    prog = lft_map.LftProgram(CABLED)
+    eth = fast.ethernet_header(b"\x02" * 6, b"\x04" * 6)
+
+    def frame(dlid: int) -> bytes:
+        return fast.NativeTemplate(slid=1, dlid=dlid, destqp=5, vl=0, eth=eth).packet(0x04, 1, bytes(64))
+
+    try:
+        prog.apply({40: 2, 41: 2, 100: 3})
+        assert prog.set_alternates(40, bytes([4, 5, 6, 0]))
+        assert not prog.set_alternates(40, bytes([4, 5, 6, 0]))  # unchanged
+        assert prog.alternates(40) == (4, 5, 6) and prog.alternates(41) == ()
+        assert prog.failover_lids(2) == 1 and prog.failover_lids(3) == 0
+        f40, f41, f100 = frame(40), frame(41), frame(100)
+        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # primary up
+        assert prog.set_port_up(2, False)
+        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[4])  # first alternate
+        assert _target(prog, f41) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # no alternates: as before
+        assert _target(prog, f100) == (bpf.TC_ACT_REDIRECT, CABLED[3])  # another block
+        prog.set_port_up(4, False)
+        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[5])
+        prog.set_port_up(5, False)
+        prog.set_port_up(6, False)
+        assert _target(prog, f40) == (bpf.TC_ACT_UNSPEC, 0)  # all down: not forwarded
+        prog.set_port_up(6, True)
+        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[6])
+        prog.set_port_up(2, True)
+        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # primary back
+        assert prog.counters() == {"failover": 3, "all_down": 1}
+        # an alternate without a cable (port 7) is skipped; a list ends at its first 0
+        prog.set_alternates(40, bytes([7, 0, 5, 0]))
+        assert prog.alternates(40) == (7,)
+        prog.set_port_up(2, False)
+        assert _target(prog, f40) == (bpf.TC_ACT_UNSPEC, 0)
+        prog.set_alternates(40, bytes(4))  # cleared: as without failover
+        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])
+        assert not prog.set_port_up(8, False)  # no cable
+    finally:
+        prog.close()
+
+
+def test_no_alternates_leaves_the_decisions_unchanged() -> None:
+    """With ports down but no alternates anywhere the classifier decides as it did before
+    local failover (the random reference run of the first test, ports marked down)."""
+    rng = random.Random(5)
+    sw = _switch()
+    prog = lft_map.LftProgram(CABLED)
+    try:
+        _random_lft(rng, sw, prog, 300)
+        for port in (1, 3):
+            prog.set_port_up(port, False)
+        for frame in _frames(rng, 300):
+            ingress = rng.choice(list(CABLED))
+            want = _reference(sw, frame, ingress)
+            assert _target(prog, frame) == ((bpf.TC_ACT_REDIRECT, want) if want else (bpf.TC_ACT_UNSPEC, 0))
+        assert prog.counters() == {"failover": 0, "all_down": 0}
+    finally:
+        prog.close()

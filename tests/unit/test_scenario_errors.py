@@ -114,7 +114,7 @@ CASES: list[tuple[str, str, str]] = [
     (
         "sm-engine",
         FT + "sm:\n  engine: ftre\n",
-        "x.yaml:5 sm.engine: expected one of minhop, updn, ftree, dor, got 'ftre' (did you mean 'ftree'?)",
+        "x.yaml:5 sm.engine: expected one of minhop, updn, ftree, dor, ftree_ar, updn_ar, got 'ftre' (did you mean 'ftree'?)",
     ),
     (
         "sm-host-switch",

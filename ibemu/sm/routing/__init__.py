@@ -16,7 +16,10 @@ Modules: ``fabric`` (indexed bitset view of the graph), ``core`` (layers, balanc
 filling), one per engine, ``grid`` (mesh/torus coordinates), ``fromtopo`` (Topology ->
 SubnetGraph for tests and benchmarks). ``ibemu.sm.checker`` validates the result.
 ``alternates`` (imported on its own: it uses the checker) computes adaptive-routing groups
-for ftree and updn (``AR_ENGINES``); they are not in ``ENGINES`` until the switches use them.
+for ftree and updn (``AR_ENGINES``). ``ftree_ar`` and ``updn_ar`` are in ``ENGINES`` too
+(``adaptive``): ``compute`` gives their base engine's LFTs; the SM adds the alternates
+(``ibemu.sm.manager.default_route_fn``) and writes them to the switches, whose kernel
+datapath fails over to them when a port goes down (``ibemu.kernel.lft_map``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class Engine:
     """Its channel dependency graph is acyclic."""
     coords: bool = False
     """It takes ``coords`` (per switch, in GUID order): from ``SmNode.coords`` unless given."""
+    adaptive: bool = False
+    """Its routes come with alternate ports per LID (``alternates.AR_ENGINES``: the SM
+    writes them to the switches, which fail over to them locally)."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -56,6 +62,9 @@ ENGINES: dict[str, Engine] = {
     "updn": Engine(updn.route, minimal=False, deadlock_free=True),
     "ftree": Engine(ftree.route, minimal=True, deadlock_free=True),
     "dor": Engine(dor.route, minimal=True, deadlock_free=False, coords=True),  # deadlock-free on a mesh only
+    # adaptive: the base engine's LFTs, plus alternates (``alternates.compute_ar``) for local failover
+    "ftree_ar": Engine(ftree.route, minimal=True, deadlock_free=True, adaptive=True),
+    "updn_ar": Engine(updn.route, minimal=False, deadlock_free=True, adaptive=True),
 }
 """Every routing engine, by name (the order errors and ``--sm-engine`` list them in)."""
 

@@ -33,10 +33,11 @@ dependency on dict order.
 Entries whose primary is not one of the engine's candidates (a minhop fallback where the
 up*/down* layers do not reach, a reroute's repair) get no alternates.
 
-Not offered in ``ENGINES`` (nor ``sm.engine``) yet: the switches' data plane does not use
-alternates, so ``ftree_ar`` would behave exactly as ``ftree``. ``AR_ENGINES`` is the
-registry for when it does (local failover). minhop and dor make no deadlock-freedom promise
-and get no alternates.
+Offered in ``ENGINES`` as ``ftree_ar`` and ``updn_ar`` (``Engine.adaptive``): the SM
+computes them with ``compute_ar`` and writes the alternates with the vendor attribute
+AlternatePorts (``ibemu.agents.switch.ATTR_ALTERNATES``); the kernel datapath fails over to
+them when a port loses carrier (``ibemu.kernel.lft_map``). minhop and dor make no
+deadlock-freedom promise and get no alternates.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ AR_ENGINES: dict[str, ArEngine] = {
     "ftree_ar": ArEngine("ftree", ftree_alternates),
     "updn_ar": ArEngine("updn", updn_alternates),
 }
-"""Adaptive engines by name; not in ``ENGINES`` until the data plane uses alternates."""
+"""Adaptive engines by name (in ``ENGINES`` too, with their base engine's routing)."""
 
 
 def compute_ar(graph: SubnetGraph, engine: str, **opts: object) -> ArRoutes:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ibemu.agents.actions import LftUpdate
+from ibemu.agents.actions import AltUpdate, LftUpdate
 from ibemu.agents.lft import NO_ROUTE, Lft
 from ibemu.wire import madcodec as mb
 
@@ -109,3 +109,28 @@ def test_bind_keeps_the_table_in_storage_another_party_shares() -> None:
     assert shared[64:128] == bytes([3] * 64)
     with pytest.raises(ValueError):
         lft.bind(memoryview(bytearray(10)))
+
+
+def test_alternate_ports_vendor_attribute_set_get_and_bad_input() -> None:
+    """AlternatePorts (0xFF30, ibemu's vendor attribute): modifier = LID >> 4, 16 LIDs of 4
+    bytes; a Set that changes the block emits ``AltUpdate`` (normalized: nothing after the
+    first 0, no fourth byte); a port beyond the switch's or a block beyond the LFT is refused."""
+    fab = chain(1)
+    sm = MiniSm(fab, "sm")
+    sm.discover()
+    assert sm.ok([1], 0xFF30, mod=2) == bytes(64)  # none yet
+    data = bytearray(64)
+    data[4:8] = bytes([3, 5, 0, 0])  # LID 33: ports 3 then 5
+    data[8:12] = bytes([4, 0, 6, 9])  # LID 34: port 4 (the rest after the 0 is ignored)
+    got = sm.ok([1], 0xFF30, mod=2, method=mb.SET, data=bytes(data))
+    want = bytearray(64)
+    want[4:6], want[8] = bytes([3, 5]), 4
+    assert got == bytes(want) and sm.ok([1], 0xFF30, mod=2) == bytes(want)
+    assert fab.alt_updates["s1"] == [AltUpdate(32, bytes(want))]
+    sm.ok([1], 0xFF30, mod=2, method=mb.SET, data=bytes(data))  # unchanged: no update
+    assert len(fab.alt_updates["s1"]) == 1
+    bad = bytearray(64)
+    bad[0] = 9  # the switch has 8 ports
+    assert mb.status(sm.query([1], 0xFF30, mod=2, method=mb.SET, data=bytes(bad)).mad) == 0x1C
+    assert mb.status(sm.query([1], 0xFF30, mod=49152 // 16).mad) == 0x1C
+    assert sm.ok([1], 0xFF30, mod=2) == bytes(want) and len(fab.alt_updates["s1"]) == 1

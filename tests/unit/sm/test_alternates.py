@@ -184,10 +184,12 @@ def test_engines_without_deadlock_freedom_offer_no_alternates(engine: str) -> No
         compute_ar(topo("mesh-4x4"), engine)
 
 
-def test_unknown_and_not_offered_as_plain_engines() -> None:
+def test_unknown_and_offered_as_adaptive_engines() -> None:
     with pytest.raises(RoutingError, match="unknown adaptive"):
         compute_ar(topo("fat-tree-k4"), "nope")
-    assert not set(AR_ENGINES) & set(ENGINES)  # the data plane does not use them yet
+    # offered as engines (the SM writes the alternates; the kernel datapath fails over to them)
+    assert all(ENGINES[n].adaptive and ENGINES[n].deadlock_free for n in AR_ENGINES)
+    assert not any(e.adaptive for n, e in ENGINES.items() if n not in AR_ENGINES)
     assert {e.base for e in AR_ENGINES.values()} <= {n for n, e in ENGINES.items() if e.deadlock_free}
 
 

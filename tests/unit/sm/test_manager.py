@@ -394,6 +394,40 @@ def test_with_the_routing_engines_bring_up_and_incremental_reroute_keep_every_ca
     run(main)
 
 
+@pytest.mark.parametrize("engine", ["ftree_ar", "updn_ar"])
+def test_an_adaptive_engine_writes_its_alternates_to_the_switches(engine: str) -> None:
+    """ftree_ar/updn_ar: the base engine's LFTs and, through the vendor attribute
+    AlternatePorts, the checked alternates in every switch agent (only what changed: a
+    second pass with the same routes writes none)."""
+    from ibemu.agents.switch import ALT_LIDS, ALT_SLOT
+    from ibemu.sm.program import alt_blocks
+    from ibemu.sm.routing.alternates import compute_ar
+
+    _topo, fab = fat_tree(4)
+    port = InMemoryPort(fab, "h0")
+    sm = SubnetManager(port, SmConfig(engine=engine))
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+            assert not unreachable_pairs(fab)
+            assert sm.routes is not None and sm.routes.engine == engine and sm.routes.alternates
+            want = compute_ar(sm.graph, engine).alternates
+            assert sm.routes.alternates == want
+            n = 0
+            for agent in fab.agents.values():
+                if isinstance(agent, SwitchAgent):
+                    blocks = alt_blocks(want.get(agent.node_guid, {}), sm.lids.top)
+                    assert agent.alternates == blocks
+                    n += sum(any(b[i:i + ALT_SLOT]) for b in blocks.values() for i in range(0, ALT_LIDS * ALT_SLOT, 4))
+            assert n > 0 and sm.stats["alt_blocks"] > 0 and not sm.stats["alt_blocks_failed"]
+            sent = sm.stats["alt_blocks"]
+            assert await sm._route_and_program(None, recompute=False)
+            assert sm.stats["alt_blocks"] == sent  # nothing changed, nothing sent
+
+    run(main)
+
+
 def test_a_dead_switch_comes_back_fresh_and_is_brought_up_again() -> None:
     topo, fab = fat_tree(4)
     sm, port = make_sm(fab, timeout_s=0.05, retries=1)

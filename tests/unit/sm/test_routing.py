@@ -159,7 +159,7 @@ def test_fallback_to_minhop_and_errors_are_ibemu_errors(caplog: pytest.LogCaptur
         compute(g, "lash")
     with pytest.raises(ValueError):
         compute(g, "lash")
-    assert set(ENGINES) == {"minhop", "updn", "ftree", "dor"}
+    assert set(ENGINES) == {"minhop", "updn", "ftree", "dor", "ftree_ar", "updn_ar"}
 
 
 def test_updn_given_roots() -> None:
