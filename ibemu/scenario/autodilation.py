@@ -30,8 +30,9 @@ router's hop costs about the same Python work; not calibrated separately).
 The choice: the smallest integer N with ``load / N <= capacity x headroom`` (``HEADROOM``:
 the datapath shares this machine's cores with the traffic workers, the SM and the runner) and
 with the busiest traffic worker's own load (its flows' endpoint touches, ``ENDPOINT_TOUCHES``
-or ``STREAM_ENDPOINT_TOUCHES`` a frame, on either datapath) ``/ N <= capacity x
-WORKER_HEADROOM``: a worker is one process at nice 10 on one core, preempted for the
+or ``STREAM_ENDPOINT_TOUCHES`` a frame, on either datapath; on the kernel datapath also
+``KERNEL_HOP_UNITS`` for each switch a frame crosses, twice that for a stream's frame and its
+ACK) ``/ N <= capacity x WORKER_HEADROOM``: a worker is one process at nice 10 on one core, preempted for the
 scheduler's slices of a few ms by anything at nice 0, and only slack absorbs that (seen: a
 30 kpps RC stream's worker at N = 3, 0.45 of a core, 6 ms late at p99 in real time, 2 ms of
 emulated time: invalid; at 0.25 of a core it keeps up). 1 when the load fits undilated, and a ``ValueError`` when N would exceed ``MAX_DILATION``
@@ -53,6 +54,12 @@ from ibemu.traffic.flows import TRAFFIC_KINDS
 
 HEADROOM = 0.5
 """The share of the calibrated capacity a run may use."""
+KERNEL_HOP_UNITS = 0.5
+"""On the kernel datapath a frame's switches forward it inside its sender's ``send`` (the veth
+chain runs in the system call): each switch crossed costs the sending worker about half a
+calibrated frame-hop (a veth hop 4-4.5 us, against 10-24 us a user-datapath frame-hop).
+Measured: an RC stream over 5 switches took 0.55-0.67 of a core at 5 kpps, 110-134 us a
+message, 11-13 units; counted here as 4 + 0.5 x 5 x 2 = 9."""
 WORKER_HEADROOM = 0.25
 """The share of the calibrated capacity one traffic worker may use (see the module docstring)."""
 MAX_DILATION = 1000
@@ -190,6 +197,7 @@ def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
             for src, _ in _pairs(t):
                 unpaced_from[src] = unpaced_from.get(src, 0) + 1
     flows: list[FlowLoad] = []
+    weights: dict[str, float] = {}  # per traffic worker (one a traffic entry): its own load
     notes: list[str] = []
     frame_bytes = 0
     for t in scen.traffic:
@@ -209,7 +217,12 @@ def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
             per_msg = max(1, math.ceil(t.size / mtu))
             frame = min(t.size, mtu) + HEADER_BYTES
             frame_bytes = max(frame_bytes, frame)
-            hops = max(0, links - 1) if user else (STREAM_ENDPOINT_TOUCHES if t.kind == "stream" else ENDPOINT_TOUCHES)
+            touches = STREAM_ENDPOINT_TOUCHES if t.kind == "stream" else ENDPOINT_TOUCHES
+            hops = max(0, links - 1) if user else touches
+            # the worker's own share: its endpoints, and on the kernel datapath the switches its
+            # frames (and a stream's ACKs) cross inside its send calls
+            crossings = 0 if user else max(0, links - 1) * (2 if t.kind == "stream" else 1)
+            weights[t.name] = weights.get(t.name, 0.0)
             if t.rate_pps is not None:
                 fps = float(t.rate_pps * per_msg)
                 how = f"{t.rate_pps} msg/s x {per_msg} frames"
@@ -218,9 +231,8 @@ def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
                 fps = gbps * 1e9 / 8 / frame
                 how = f"unpaced at {gbps:g} Gb/s, {frame} B frames"
             flows.append(FlowLoad(f"{t.name} {src}->{dst}", fps, hops, how, t.start_s, stop))
-    worker = max(((name, sum(f.frames_per_s * (STREAM_ENDPOINT_TOUCHES if kind == "stream" else ENDPOINT_TOUCHES)
-                                for f in flows if f.name.startswith(name + " ")))
-                   for name, kind in ((t.name, t.kind) for t in scen.traffic)), key=lambda w: w[1], default=("", 0.0))
+            weights[t.name] += fps * (touches + KERNEL_HOP_UNITS * crossings)
+    worker = max(weights.items(), key=lambda w: w[1], default=("", 0.0))
     if not user and flows:
         notes.append("kernel datapath: its switch hops are the kernel's; counted: each frame's 2 endpoints "
                      f"({STREAM_ENDPOINT_TOUCHES} for a stream's: a completion and an ACK a message)")

@@ -90,11 +90,7 @@ def check(
     for g in fab.guids:
         if g not in routes.lfts:
             rep.fail(f"switch {g:#x} has no LFT")
-    comp_of = [0] * n
-    for comp in fab.components():
-        for v in range(n):
-            if comp >> v & 1:
-                comp_of[v] = comp
+    comp_of = _component_of(fab)
     peer = fab.port_peer
     ncas = [len(x) for x in fab.ca_lids]
     total_cas = sum(ncas)
@@ -228,11 +224,7 @@ def check_alternates(graph: SubnetGraph, ar: ArRoutes) -> CheckReport:
     for g in ar.alternates:
         if g not in fab.index:
             rep.fail(f"alternates given for {g:#x}, which is not a switch of the fabric")
-    comp_of = [0] * n
-    for comp in fab.components():
-        for v in range(n):
-            if comp >> v & 1:
-                comp_of[v] = comp
+    comp_of = _component_of(fab)
     peer = fab.port_peer
     owner = {lid: at for lid, at in fab.ca_at.items()}
     owner.update({lid: (v, 0) for v, lid in enumerate(fab.sw_lid) if lid})
@@ -348,6 +340,16 @@ def _union_deps(
             if y not in seen:
                 seen.add(y)
                 todo.append(y)
+
+
+def _component_of(fab: Fabric) -> list[int]:
+    """Per switch index, the bitset of the connected component it is in."""
+    comp_of = [0] * fab.n
+    for comp in fab.components():
+        for v in range(fab.n):
+            if comp >> v & 1:
+                comp_of[v] = comp
+    return comp_of
 
 
 def _find_cycle(deps: set[int]) -> list[int] | None:

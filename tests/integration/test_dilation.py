@@ -112,7 +112,8 @@ time: {{dilation: auto}}
 def test_auto_picks_the_factor_from_the_load_and_the_calibration(tmp_path: Path) -> None:
     """On a machine calibrated at 20k frame-hops/s, a 2000 frames/s stream on the kernel
     datapath (a stream's endpoints: 4 a frame, 8k frame-hops/s) fits the run's 50% headroom
-    but not its one worker's 25% (``autodilation.WORKER_HEADROOM``): N = 2; with OpenSM
+    but not its one worker's 25% (``autodilation.WORKER_HEADROOM``; the worker also carries the
+    3 switches its frames and ACKs cross: 4 + 0.5 x 3 x 2 = 7 units, 14k): N = 3; with OpenSM
     as the SM (when installed), it runs on that clock under libfaketime, as the result says."""
     from ibemu.fabric import calibrate, opensm
     from ibemu.fabric.umad2sim import umad2sim_path
@@ -130,10 +131,10 @@ def test_auto_picks_the_factor_from_the_load_and_the_calibration(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("dilation auto:"))
     assert "offered load 8k frame-hops/s, capacity 20k frame-hops/s" in line and line.split(" -> ")[1].startswith(
-        "N = 2:") and "worker probe: 8k / 2 = 4k <= 5k" in line, line
+        "N = 3:") and "worker probe: 14k / 3 = 4.67k <= 5k" in line, line
     result = json.loads(result_path.read_text())
     assert validate(result) == []
-    assert result["fabric"]["dilation"] == 2
+    assert result["fabric"]["dilation"] == 3
     assert result["sm"]["clock"] == ("libfaketime" if with_opensm else "emulated")
     (probe,) = result["traffic"]
     assert 2000 * 2 * 0.85 <= probe["extra"]["sent"] <= 2000 * 2 * 1.05  # paced on the emulated clock

@@ -121,19 +121,25 @@ def test_a_paced_bandwidth_flow_counts_its_rate_and_the_default_scenario_is_pace
 
 
 def test_the_busiest_worker_bounds_the_factor_on_its_own() -> None:
-    """One traffic worker is one process on one core: its endpoint touches get a quarter of
-    the capacity, so a fast stream needs a factor the whole run's load would not ask for."""
+    """One traffic worker is one process on one core: its own load (its endpoints and, on the
+    kernel datapath, the switches its frames and a stream's ACKs cross in its send calls) gets
+    a quarter of the capacity, so a fast stream needs a factor the whole run's load would not."""
     kernel = LEAF_SPINE.replace("datapath: user", "datapath: kernel")
     scen = loads_scenario(kernel + """traffic:
   - {name: probe, kind: stream, from: h0, to: h2, size: 256, rate_pps: 30000}
   - {name: bulk, kind: write_bw, from: h1, to: h3, size: 64KiB, rate_pps: 100}
 """, "x.yaml")
     load = offered_load(scen)
-    assert load.worker == ("probe", 30000 * 4)
-    assert load.frame_hops_per_s == 30000 * 4 + 100 * 16 * 2
+    # leaf, spine, leaf: 3 switches, crossed by each message and its ACK: 4 + 0.5 x 3 x 2 = 7 units
+    assert load.worker == ("probe", 30000 * 7)
+    assert load.frame_hops_per_s == 30000 * 4 + 100 * 16 * 2  # the run's load: endpoints only
     assert choose(load.frame_hops_per_s, 100_000).dilation == 3  # the run's load alone: 123.2k / 3 <= 50k
     c = choose(load.frame_hops_per_s, 100_000, worker=load.worker)
-    assert c.dilation == 5 and "worker probe" in c.line()  # 120k / 5 <= 25k
+    assert c.dilation == 9 and "worker probe" in c.line()  # 210k / 9 <= 25k
+    user = loads_scenario(LEAF_SPINE + """traffic:
+  - {name: probe, kind: stream, from: h0, to: h2, size: 256, rate_pps: 30000}
+""", "x.yaml")
+    assert offered_load(user).worker == ("probe", 30000 * 4)  # the user datapath's hops are the agent host's
     assert choose(0.0, 100_000, worker=("w", 0.0)).dilation == 1
     with pytest.raises(ValueError):
         choose(1.0, 1.0, worker=("w", -1.0))

@@ -120,13 +120,14 @@ def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pyte
     assert scen.time.auto and scen.time.where == "x.yaml:6 time.dilation"
     said: list[str] = []
     # kernel datapath: 4000 frames/s x 4 (a stream's endpoints) = 16000 frame-hops/s; 10k x 50% = 5000 a
-    # second for the run (N = 4), 10k x 25% = 2500 for its one worker: N = 7
-    assert resolve_dilation(None, scen.time, scen, say=said.append) == 7.0
+    # second for the run (N = 4); its one worker also carries the switch its frames and ACKs cross
+    # (4 + 0.5 x 1 x 2 = 5 units a message: 20k), 10k x 25% = 2500 for it: N = 8
+    assert resolve_dilation(None, scen.time, scen, say=said.append) == 8.0
     assert said[0].startswith("dilation auto: offered load 16k frame-hops/s, capacity 10k frame-hops/s"), said
-    assert "-> N = 7" in said[0] and "worker probe: 16k / 7" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
+    assert "-> N = 8" in said[0] and "worker probe: 20k / 8" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
     assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
     user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
-    assert resolve_dilation(None, user.time, user, say=said.append) == 7.0  # the run fits; its worker does not
+    assert resolve_dilation(None, user.time, user, say=said.append) == 7.0  # the run fits; its worker (16k) does not
     light = loads_scenario(TOPO + flows.replace("4000", "600") + "fabric: {datapath: user}\n", "x.yaml")
     assert resolve_dilation(None, light.time, light, say=said.append) == 1.0
     fast = loads_scenario(TOPO + flows.replace("4000", "100"), "x.yaml")
