@@ -17,7 +17,8 @@ An ``ibemu.run/1`` file (no ``fidelity``) still reads: its ``fidelity`` is ``Non
 
 ``ibemu.run/3`` names units truly: a bandwidth flow's ``extra`` says ``peak_mibps`` and
 ``avg_mibps`` (MiB/s, perftest's unit) where ``ibemu.run/2`` and ``/1`` said ``peak_mbps``
-and ``avg_mbps`` for the same MiB/s figures. Nothing else changed: ``/2`` and ``/1`` files
+and ``avg_mbps`` for the same MiB/s figures, and a fault's ``phases_ms`` may say
+``local_failover`` (ms until a switch forwarded on alternate ports by itself). Nothing else changed: ``/2`` and ``/1`` files
 still read and are written back as they were (``extra`` is open: their keys are kept).
 
 :func:`validate` reports every problem at once, located by key path
@@ -158,13 +159,19 @@ class Phases:
     trap: float | None = None
     routed: float | None = None
     programmed: float | None = None
+    local_failover: float | None = None
+    """A switch forwarding on alternate ports, by itself (``sm.engine: ftree_ar|updn_ar`` on
+    the kernel datapath): optional, present only when it happened."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {p: getattr(self, p) for p in PHASES}
+        d = {p: getattr(self, p) for p in PHASES}
+        if self.local_failover is not None:
+            d["local_failover"] = self.local_failover
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phases:
-        return cls(*(d[p] for p in PHASES))
+        return cls(d["detect"], d["trap"], d["routed"], d["programmed"], d.get("local_failover"))
 
 
 @dataclass
@@ -673,7 +680,7 @@ _FAULT = _object(
         "action": _string(),
         "target": _string(),
         "t_fault_s": _number(minimum=None),
-        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES}),
+        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES}, optional={"local_failover": _NUM_OR_NULL}),
         "flows": _list(_FLOW),
     }
 )

@@ -196,7 +196,13 @@ def _faults(faults: list[FaultResult], mark: list[str] | None = None) -> list[st
         for i, f in enumerate(faults, 1)
     ]
     headers = ["#", "at (s)", "t (s)", "action", "target", *(f"{p} (ms)" for p in PHASES)]
-    lines.append(table(headers, rows, [True, True, True, False, False, True, True, True, True]))
+    right = [True, True, True, False, False, True, True, True, True]
+    if any(f.phases.local_failover is not None for f in faults):  # switches that failed over by themselves
+        headers.append("local failover (ms)")
+        right.append(True)
+        for row, f in zip(rows, faults, strict=True):
+            row.append(_ms(f.phases.local_failover))
+    lines.append(table(headers, rows, right))
     lines.append(
         "  (t: since traffic start; phases: ms since the fault was injected, - = did not happen)"
     )

@@ -61,8 +61,12 @@ def fault_phases(t_fault: int, window_end: int, fabric: Sequence[dict[str, Any]]
         acks = [r["t_ns"] for r in fabric if r.get("kind") == Kind.LFT_PROGRAMMED
                 and isinstance(r.get("t_ns"), int) and t_fault <= r["t_ns"] < hi]
         programmed = max(acks) if acks else None
-    return {"detect": _ms(detect, t_fault), "trap": _ms(trap, t_fault),
-            "routed": _ms(routed, t_fault), "programmed": _ms(programmed, t_fault)}
+    out = {"detect": _ms(detect, t_fault), "trap": _ms(trap, t_fault),
+           "routed": _ms(routed, t_fault), "programmed": _ms(programmed, t_fault)}
+    failover = _first(fabric, Kind.LOCAL_FAILOVER, t_fault, hi)  # a switch on its alternates
+    if failover is not None:
+        out["local_failover"] = _ms(failover, t_fault)
+    return out
 
 
 def flow_impact(flow: FlowOutput, t_fault: int, window_end: int, until_ns: int) -> dict[str, Any]:
