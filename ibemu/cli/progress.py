@@ -20,6 +20,7 @@ restored) however the run ends.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -102,12 +103,10 @@ class Reporter:
 
             console = Console(file=self.stream, stderr=self.stream is sys.stderr)
             self._progress = Progress(SpinnerColumn(finished_text="[green]✓[/]"),
-                                      TextColumn("{task.description}"), _TimeBar(),
+                                      TextColumn("{task.description}"), _time_bar(),
                                       console=console, transient=False, refresh_per_second=8)
             self._progress.start()
             # log records written meanwhile go above the display, not through it
-            import logging
-
             self._handlers = []
             for h in logging.getLogger().handlers:
                 if isinstance(h, logging.StreamHandler) and h.stream is self.stream:
@@ -124,13 +123,15 @@ class Reporter:
             self._progress = None
 
 
-def _time_bar_class() -> type:
+def _time_bar() -> Any:
+    """The traffic phase's bar column (rich is imported only when a terminal shows the display)."""
     from rich.progress import ProgressColumn
     from rich.progress_bar import ProgressBar
+    from rich.table import Table
     from rich.text import Text
 
     class TimeBar(ProgressColumn):
-        """The traffic phase's bar, advanced by time (the runner says only when it starts)."""
+        """Advanced by time: the runner says only when the phase starts."""
 
         def render(self, task: Any) -> Any:
             if not task.fields.get("bar") or not task.total:
@@ -138,18 +139,9 @@ def _time_bar_class() -> type:
             done = task.finished or not task.started
             elapsed = task.total if done else min(task.total, time.monotonic() - task.fields["t0"])
             left = max(0.0, task.total - elapsed)
-            bar = ProgressBar(total=task.total, completed=elapsed, width=30)
-            from rich.table import Table
-
             grid = Table.grid(padding=(0, 1))
-            grid.add_row(bar, Text(f"{elapsed:5.1f}/{task.total:.1f} s" + ("" if done else f", {left:.1f} s left")))
+            grid.add_row(ProgressBar(total=task.total, completed=elapsed, width=30),
+                         Text(f"{elapsed:5.1f}/{task.total:.1f} s" + ("" if done else f", {left:.1f} s left")))
             return grid
 
-    return TimeBar
-
-
-class _TimeBar:
-    """Built on first use (rich is imported only when a terminal shows the display)."""
-
-    def __new__(cls) -> Any:
-        return _time_bar_class()()
+    return TimeBar()

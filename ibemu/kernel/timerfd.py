@@ -36,6 +36,8 @@ from ibemu import clock
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_ITIMERSPEC = struct.Struct("=qqqq")
+"""struct itimerspec: it_interval (0: one shot), it_value."""
 PRECISION_S = 0.0002
 """How late a timer of a ``run_trio`` process may wake (and how close timers coalesce)."""
 
@@ -51,20 +53,22 @@ class TimerFd:
         if fd < 0:
             raise OSError(ctypes.get_errno(), "timerfd_create")
         self.fd = fd
+        # one itimerspec, rewritten in place: ``arm`` runs at every blocking wait of a
+        # ``run_trio`` process and at every frame departure of the user datapaths
+        self._spec = ctypes.create_string_buffer(_ITIMERSPEC.size)
+
+    def _settime(self, flags: int, at_ns: int) -> None:
+        _ITIMERSPEC.pack_into(self._spec, 0, 0, 0, at_ns // 1_000_000_000, at_ns % 1_000_000_000)
+        if self.libc.timerfd_settime(self.fd, flags, self._spec, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime")
 
     def arm(self, at_ns: int) -> None:
         """Fire at ``at_ns`` on the monotonic clock (``time.monotonic_ns``)."""
-        at_ns = max(at_ns, 1)
-        spec = struct.pack("=qqqq", 0, 0, at_ns // 1_000_000_000, at_ns % 1_000_000_000)
-        buf = ctypes.create_string_buffer(spec)
-        if self.libc.timerfd_settime(self.fd, self.TFD_TIMER_ABSTIME, buf, None) != 0:
-            raise OSError(ctypes.get_errno(), "timerfd_settime")
+        self._settime(self.TFD_TIMER_ABSTIME, max(at_ns, 1))
 
     def disarm(self) -> None:
         """Never fire (until armed again)."""
-        buf = ctypes.create_string_buffer(struct.pack("=qqqq", 0, 0, 0, 0))
-        if self.libc.timerfd_settime(self.fd, 0, buf, None) != 0:
-            raise OSError(ctypes.get_errno(), "timerfd_settime")
+        self._settime(0, 0)
 
     def clear(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -85,11 +89,10 @@ def run_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         log.warning("no timerfd (%s): trio's timers wake up to 1 ms late", exc)
         return trio.run(fn, *args, clock=c)
     armed = False
-    ceil_ms = math.ceil
 
     def on_sleep(s: float) -> None:
         nonlocal armed
-        if 0.0 < s < 3600.0 and ceil_ms(s * 1000.0) / 1000.0 - s > PRECISION_S:
+        if 0.0 < s < 3600.0 and math.ceil(s * 1000.0) / 1000.0 - s > PRECISION_S:
             tfd.arm(time.monotonic_ns() + int(max(s, PRECISION_S) * 1e9) + 1000)
             armed = True
         elif armed:

@@ -380,18 +380,23 @@ class LivePlane:
         peer = node.ports[port].peer
         return [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
 
+    def _cable_change(self, name: str, port: int, now: int) -> list[Port]:
+        """A cable's ends in the plane, the model brought up to ``now`` and the frames on the
+        cable dropped (down: lost with it; up: none can be, the cable was down)."""
+        ends = self._ends(name, port)
+        if ends:
+            self.run_events(now)
+            for a in ends:
+                self._flight.pop(a, None)
+        return ends
+
     def link_down(self, name: str, port: int, now: int) -> None:
         """The cable at ``name:port`` went down (either end may report it; a second report is
         a no-op): both of its ports leave LinkUp (``Node.port_down``: their queues discarded
         and counted, the input buffer those frames held freed at once, their credits gone),
         the frames on the cable are lost (their records dropped) and so are the departures
         the model had timed on it that are not out yet."""
-        ends = self._ends(name, port)
-        if not ends:
-            return
-        self.run_events(now)
-        for a in ends:
-            self._flight.pop(a, None)
+        ends = self._cable_change(name, port, now)
         dead = set(ends)
         if any((d.switch, d.port) in dead for _, _, d in self._due):
             self._due = [e for e in self._due if (e[2].switch, e[2].port) not in dead]
@@ -407,13 +412,7 @@ class LivePlane:
     def link_up(self, name: str, port: int, now: int) -> None:
         """The cable at ``name:port`` came up: both ports are LinkUp again, each with the
         credits the other end's input buffer really has free (link initialization)."""
-        ends = self._ends(name, port)
-        if not ends:
-            return
-        self.run_events(now)
-        for a in ends:
-            self._flight.pop(a, None)
-        for a in ends:
+        for a in self._cable_change(name, port, now):
             node = self.nodes[a[0]]
             src = node.ports[a[1]]
             free: dict[int, int] | None = None

@@ -222,7 +222,6 @@ def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
             # the worker's own share: its endpoints, and on the kernel datapath the switches its
             # frames (and a stream's ACKs) cross inside its send calls
             crossings = 0 if user else max(0, links - 1) * (2 if t.kind == "stream" else 1)
-            weights[t.name] = weights.get(t.name, 0.0)
             if t.rate_pps is not None:
                 fps = float(t.rate_pps * per_msg)
                 how = f"{t.rate_pps} msg/s x {per_msg} frames"
@@ -231,7 +230,7 @@ def offered_load(scen: Scenario, *, user_datapath: bool | None = None) -> Load:
                 fps = gbps * 1e9 / 8 / frame
                 how = f"unpaced at {gbps:g} Gb/s, {frame} B frames"
             flows.append(FlowLoad(f"{t.name} {src}->{dst}", fps, hops, how, t.start_s, stop))
-            weights[t.name] += fps * (touches + KERNEL_HOP_UNITS * crossings)
+            weights[t.name] = weights.get(t.name, 0.0) + fps * (touches + KERNEL_HOP_UNITS * crossings)
     worker = max(weights.items(), key=lambda w: w[1], default=("", 0.0))
     if not user and flows:
         notes.append("kernel datapath: its switch hops are the kernel's; counted: each frame's 2 endpoints "

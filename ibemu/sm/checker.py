@@ -226,7 +226,7 @@ def check_alternates(graph: SubnetGraph, ar: ArRoutes) -> CheckReport:
             rep.fail(f"alternates given for {g:#x}, which is not a switch of the fabric")
     comp_of = _component_of(fab)
     peer = fab.port_peer
-    owner = {lid: at for lid, at in fab.ca_at.items()}
+    owner = dict(fab.ca_at)
     owner.update({lid: (v, 0) for v, lid in enumerate(fab.sw_lid) if lid})
     alt_lids: set[int] = set()
     for table in alts:

@@ -13,33 +13,16 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ibemu.kernel.lft_map import MapLft
-from tests.integration.live import fabric_in_thread
-from tests.integration.test_sm_live import Live
+from tests.integration.test_sm_live import Live, live_fixture  # noqa: F401 (the fixture ``live``)
 
 pytestmark = pytest.mark.root
 
 STREAM = 6400  # ~100 ms of frames at the pacing of send_and_count
-
-
-@pytest.fixture
-def live(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
-    fab = Live(tmp_path)
-    with fabric_in_thread(fab.rt) as running:
-        fab.host, fab.token = running.host, running.token
-        try:
-            yield fab
-        finally:
-            if fab.sm is not None and fab.sm.poll() is None:
-                fab.sm.send_signal(signal.SIGCONT)
-                fab.sm.terminate()
-                fab.sm.wait(10)
 
 
 def _edge_lft(live: Live) -> MapLft:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -107,8 +108,10 @@ class Live:
         return send_and_count(self.rt.plan, src, dst, self.lid(src), self.lid(dst), n, size=size)
 
 
-@pytest.fixture
-def live(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
+@pytest.fixture(name="live")
+def live_fixture(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
+    """A ``Live`` fabric for the test, its SM (stopped or not) ended and everything torn down
+    after it (``test_local_failover`` takes it too)."""
     fab = Live(tmp_path)
     with fabric_in_thread(fab.rt) as running:
         fab.host, fab.token = running.host, running.token
@@ -116,6 +119,7 @@ def live(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
             yield fab
         finally:
             if fab.sm is not None and fab.sm.poll() is None:
+                fab.sm.send_signal(signal.SIGCONT)  # a test may have stopped it
                 fab.sm.terminate()
                 try:
                     fab.sm.wait(10)
