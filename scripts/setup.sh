@@ -12,6 +12,8 @@ APT_PACKAGES+=(mininet bridge-utils)
 # The device firmware's eBPF programs are C, built with clang -target bpf against libbpf's
 # headers (no kernel headers needed); OpenSM runs on the dilated clock under libfaketime.
 APT_PACKAGES+=(clang libbpf-dev libfaketime)
+# node_exporter reads the fabric's per-host sysfs trees (tests/integration/test_metrics_live.py).
+APT_PACKAGES+=(prometheus-node-exporter)
 VENV=${IBEMU_VENV:-.venv}
 
 want_apt=1

@@ -19,7 +19,9 @@ from pathlib import Path
 
 from ibemu.cli.completion_cmd import scenario_files
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
+from ibemu.cli.metrics_opt import add_metrics_arguments, metrics_listen
 from ibemu.errors import ConfigError
+from ibemu.fabric.metrics import listen_text
 from ibemu.fabric.session import FabricRequest, Session, require_root
 from ibemu.fabric.umad2sim import dilated_clock
 from ibemu.scenario.schema import FabricSpec, SMSpec
@@ -110,6 +112,9 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
 def cmd_up(args: argparse.Namespace) -> int:
     require_root("up")
     req = request_from_args(args)
+    listen = metrics_listen(args, req.kind)
+    if listen is not None:
+        req = dataclasses.replace(req, metrics=listen_text(*listen))
     say_up(up_with_progress(req), req)
     return 0
 
@@ -144,6 +149,9 @@ def say_up(session: Session, req: FabricRequest) -> None:
     print(f"fabric {session.run_id} up in {took:.2f} s: {counts.switches} switches, "
           f"{counts.cas} hosts, {counts.links} links ({req.datapath} datapath){sm_note} from {name}")
     print(f"  ibemu exec NODE -- CMD    e.g. ibemu exec {topo.cas()[0].name} -- ip -br link")
+    print(f"  sysfs of each node: {session.run_dir / 'sysfs'}/NODE/class/infiniband")
+    if req.metrics:
+        print(f"  Prometheus metrics: http://{req.metrics}/metrics")
     print("  ibemu status | ibemu down")
 
 
@@ -222,6 +230,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_fabric_arguments(up)
     up.add_argument("--fabric", choices=("ib", "roce"),
                     help="override fabric.kind (roce: IP routers, ECMP, RoCEv2, the fabric manager)")
+    add_metrics_arguments(up)
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="tear a running fabric down")
     down.add_argument("--run", help="run id (when several fabrics run)")

@@ -21,6 +21,7 @@ from pathlib import Path
 from ibemu import clock
 from ibemu.cli.completion_cmd import scenario_files
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
+from ibemu.cli.metrics_opt import add_metrics_arguments, metrics_listen
 from ibemu.cli.progress import Reporter
 from ibemu.errors import ConfigError
 from ibemu.kernel.timerfd import run_trio
@@ -55,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"capture files kept per cable end: FILE, FILE.1 .. FILE.N-1, the oldest "
                         f"deleted (default {DEFAULT_FILES})")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_metrics_arguments(p)
     add_dilation_argument(p)
     p.set_defaults(func=run)
 
@@ -124,13 +126,15 @@ def run(args: argparse.Namespace) -> int:
     bounds = capture_bounds(args)
     for text in args.capture:  # a cable end that is not there: said before anything is built
         capture_end(scen.topology, text)
+    listen = metrics_listen(args, scen.fabric.kind)
     if os.geteuid() != 0:
         raise ConfigError("ibemu run needs root (network namespaces, veth, tc): use sudo")
     out_dir = args.out or Path("results") / scen.name
     json_path = args.json or (scen.record.json if scen.record.json else out_dir / "result.json")
     clock.configure(scen.time.dilation)  # before the runner: every process of the run on it
     with Reporter(quiet=args.quiet, traffic_s=scen.duration_s * scen.time.dilation) as progress:
-        runner = ScenarioRun(scen, out_dir, captures=args.capture, capture_bounds=bounds, progress=progress)
+        runner = ScenarioRun(scen, out_dir, captures=args.capture, capture_bounds=bounds, progress=progress,
+                             metrics=listen)
         result = run_trio(runner.run)
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):

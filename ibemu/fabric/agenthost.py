@@ -155,6 +155,9 @@ class AgentHost:
         """The eBPF SMA of every node (``ibemu.kernel.sma``); None: the agents (and at most
         the DR relay) do it all."""
         self._sma_slots: dict[str, int] = {}
+        self.port_listeners: list[Callable[[str, int], None]] = []
+        """Called (node, port) on this thread after a port's carrier or state changed
+        (``fabric.sysfs`` rewrites its tree then)."""
 
     # ------------------------------------------------------------------ set-up (sync)
 
@@ -667,6 +670,8 @@ class AgentHost:
                     self.links.pump()
                 actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
+                for listener in self.port_listeners:
+                    listener(name, port)
 
     async def _ticker(self) -> None:
         """Timer work of the agents that keep timers (switches: trap repeats), every
@@ -770,6 +775,8 @@ class AgentHost:
                 self.events.write(name, {"kind": Kind.PORT_STATE, "t_ns": clock.now_ns(),
                                          "port": action.port, "state": action.state.name.lower(),
                                          "phys": action.phys_state.name.lower()})
+                for listener in self.port_listeners:
+                    listener(name, action.port)
 
 
     def _program(self, name: str, action: LftUpdate) -> None:

@@ -22,7 +22,7 @@ import trio
 
 from ibemu import clock, lagmon
 from ibemu.events import FabricLog
-from ibemu.fabric import ibemusm, opensm, opensm_log
+from ibemu.fabric import ibemusm, metrics, opensm, opensm_log, sysfs
 from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.mad_socket import CaMadPort, serve_mad_port
@@ -94,6 +94,11 @@ class FabricRuntime:
         """Which CPUs the agent host, the SM and traffic workers run on (``ibemu.kernel.cpus``)."""
         self.sm_started_ns: int | None = None
         """Monotonic stamp taken just before the SM process was started."""
+        self.metrics: tuple[str, int] | None = None
+        """Where ``running`` serves its Prometheus endpoint (``fabric.metrics``); None: nowhere."""
+        self.metrics_extras: list[metrics.Extra] = []
+        """Metric sources of the layers above (``ibemu run``: fidelity)."""
+        self._serving = False
 
     async def _start_sm(self) -> None:
         """The SM (the real OpenSM or ibemu's) on the SM host, owned by the run, to SUBNET UP."""
@@ -174,7 +179,18 @@ class FabricRuntime:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentHost]:
         """Build (if needed), run the agents in the background, tear down on the way out.
-        The agents run on this thread, pinned to their CPU meanwhile (``placement``)."""
+        The agents run on this thread, pinned to their CPU meanwhile (``placement``). With
+        ``metrics`` (address, port) its Prometheus endpoint listens first (``fabric.metrics``:
+        a port in use fails before anything is built)."""
+        def serving() -> AgentHost | None:
+            return self.host if self._serving else None
+
+        async with metrics.serve(self.metrics, serving, self.run_dir, self.metrics_extras), \
+                self._running() as host:
+            yield host
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[AgentHost]:
         unpinned = None
         try:
             if self.host is None:
@@ -187,6 +203,9 @@ class FabricRuntime:
                 unpinned = cpus.pin_thread(self.placement.agents)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
+                if self.run_dir is not None:  # RUN/sysfs/<node>/class/infiniband/... (fabric.sysfs)
+                    nursery.start_soon(sysfs.serve, self.host, self.run_dir / "sysfs")
+                self._serving = True
                 nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag
                 for name in self._mad_hosts():
                     self.mad_ports[name] = await nursery.start(serve_mad_port, self.host, name, 1)
@@ -201,6 +220,7 @@ class FabricRuntime:
                 yield self.host
                 nursery.cancel_scope.cancel()
         finally:
+            self._serving = False
             cpus.unpin_thread(unpinned)
             cpus.release_threads(self.placement)  # worker threads started meanwhile
             with trio.CancelScope(shield=True):

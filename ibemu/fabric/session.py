@@ -78,6 +78,8 @@ class FabricRequest:
     switch: Mapping[str, Any] = field(default_factory=dict)
     """IB user datapath: the switches' model (``name``, ``latency_ns``, ``buffer_bytes``; empty:
     the default by the fabric's rate, ``physics.link.default_switch_model``)."""
+    metrics: str = ""
+    """The daemon's Prometheus endpoint, ``ADDR:PORT`` (``ibemu.fabric.metrics``; empty: none)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -88,6 +90,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
         "switch": dict(request.switch), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
+        "metrics": request.metrics,
     }))
 
 
@@ -112,7 +115,7 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
-                         switch=dict(spec.get("switch") or {}))
+                         switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "")
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -137,9 +140,14 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
         mark, line = float(r.get("ecn_mark_kb", 0.0)), float(r.get("ecn_line_gbps", 0.0))
         return RoceRuntime(topo, state=state, run_dir=run_dir, impair=Impairment(loss, delay),
                            ecn=EcnMarking(mark, line) if mark and line else None)
-    return FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
-                         sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
-                         sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch))
+    rt = FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
+                       sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
+                       sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch))
+    if request.metrics:
+        from ibemu.fabric.metrics import parse_listen
+
+        rt.metrics = parse_listen(request.metrics, public=True)  # checked when it was asked for
+    return rt
 
 
 def switch_model_of(spec: Mapping[str, Any]) -> SwitchModel | None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ibemu import clock, lagmon
 from ibemu.errors import ConfigError, did_you_mean
@@ -182,7 +183,10 @@ class ScenarioRun:
     """Runs ``scen`` once; ``await run()`` returns the result dict."""
 
     def __init__(self, scen: Scenario, out_dir: Path, *, captures: list[str] | None = None,
-                 capture_bounds: CaptureBounds | None = None, progress: Progress = _quiet) -> None:
+                 capture_bounds: CaptureBounds | None = None, progress: Progress = _quiet,
+                 metrics: tuple[str, int] | None = None) -> None:
+        """``metrics``: where the fabric serves its Prometheus endpoint (``fabric.metrics``;
+        IB fabrics), with this run's fidelity so far beside it."""
         check_runnable(scen)
         # checked before anything is built; one capture a cable end (one file each): the
         # command line's and the scenario's ``record.capture`` links (each at its first end,
@@ -200,6 +204,9 @@ class ScenarioRun:
         self.roce = scen.fabric.kind == "roce"
         self.rt: FabricRuntime | RoceRuntime = open_runtime(fabric_request(scen), self.state, self.run_dir,
                                                               queues=_queues(scen))
+        if metrics is not None and isinstance(self.rt, FabricRuntime):
+            self.rt.metrics = metrics
+            self.rt.metrics_extras.append(self._fidelity_metrics)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.outputs: list[FlowOutput] = []
         self.t0_ns = 0
@@ -322,6 +329,17 @@ class ScenarioRun:
                     await self._wait_workers(signal_first=True)
             self.t_done_ns = clock.now_ns()
             self.outputs = self._read_workers()
+
+    def _fidelity_metrics(self) -> list[Metric]:
+        """The run's fidelity so far, judged as the result will be (from the flows' time zero)."""
+        fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
+                       threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None)
+        out: list[Metric] = [GaugeMetricFamily("ibemu_fidelity_valid", "1 when every process (and link) kept up "
+                                               "with the emulated clock so far", value=int(bool(fid["valid"])))]
+        if fid["worst_lag_us"] is not None:
+            out.append(GaugeMetricFamily("ibemu_fidelity_worst_lag_seconds", "The highest p99 lag of any process",
+                                         value=fid["worst_lag_us"] / 1e6))
+        return out
 
     @property
     def _go_path(self) -> Path:
