@@ -178,8 +178,13 @@ def test_a_cut_cable_shows_in_the_tree_and_the_endpoint(fab: Fabric) -> None:
         assert wait_until(lambda: state.read_text() == "1: DOWN\n", 2.0)
         assert time.monotonic() - t0 < 1.5  # within a second or so of the cut
         assert fab.file("h1", f"{PORT}/phys_state") == "2: Polling"
+        assert wait_until(lambda: ("ibemu_reroute_phase_seconds", (("origin", "fault"), ("phase", "programmed"),
+                                                                   ("reroute", "0"))) in scrape(fab.url))
         after = scrape(fab.url)
-        assert after[downed] > before
+        assert after[downed] > before and after[("ibemu_faults_total", (("action", "link_down"),))] == 1
+        phases = {dict(k[1])["phase"]: v for k, v in after.items() if k[0] == "ibemu_reroute_phase_seconds"
+                  and dict(k[1])["reroute"] == "0"}
+        assert 0 < phases["detect"] <= phases["trap"] <= phases["routed"] <= phases["programmed"] < 2
         assert after[("ibemu_port_state", (("guid", "0x" + fab.file("h1", "class/infiniband/ibemu0/node_guid")
                                             .replace(":", "")), ("node", "h1"), ("port", "1")))] == 1
     finally:
