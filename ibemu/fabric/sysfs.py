@@ -11,7 +11,7 @@ formats of drivers/infiniband/core/sysfs.c. Tools that take a sysfs root (node_e
 ``node_tree`` is pure: the files of one device agent as ``{relative path: content}``.
 ``TreeWriter`` writes what changed, each file to a temporary name and renamed over the old one
 (a reader never sees a partial file). ``serve`` runs in the agent host's process and thread
-(the agents are not thread-safe): every ``PERIOD_S``, and at once after a port changes state
+(the agents are not thread-safe): every ``PERIOD_S`` real seconds, and at once after a port changes state
 (``AgentHost.port_listeners``), it refreshes the kernel-carried ports' counters
 (``PortCounters.follow_link``, as a PMA query does), builds the trees and hands the writing to
 a worker thread. The tree goes when the fabric does (``FabricRuntime.running``).
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ibemu import __version__
+from ibemu import __version__, clock
 from ibemu.agents.counters import BASIC_FIELDS, PortCounters
 from ibemu.agents.port import Port
 
@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 DEVICE = "ibemu0"
 """The device name of every node's HCA (or switch) in its tree."""
 PERIOD_S = 0.5
+MIN_GAP_S = 0.05
+"""The least time between two passes (more after an expensive one: 5 times its cost)."""
 MAX_SHARE = 20
 """A refresh pass takes at most 1/MAX_SHARE of the period (the period grows on a large fabric)."""
 
@@ -256,8 +258,12 @@ async def serve(host: AgentHost, root: Path, *, period_s: float = PERIOD_S,
                 task_status.started(writer)
                 started = True
             changed = trio.Event()
-            with trio.move_on_after(period):
-                await changed.wait()
+            # changes in a burst (a sweep brings every port up) coalesce into one pass per gap
+            gap = min(period, max(MIN_GAP_S, 5 * cost))
+            await trio.sleep(clock.emulated_s(gap))  # real seconds, on a dilated loop too
+            if not changed.is_set():
+                with trio.move_on_after(clock.emulated_s(period - gap)):
+                    await changed.wait()
     finally:
         with contextlib.suppress(ValueError):
             host.port_listeners.remove(on_change)

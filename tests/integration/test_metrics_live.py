@@ -192,12 +192,12 @@ def test_a_cut_cable_shows_in_the_tree_and_the_endpoint(fab: Fabric) -> None:
     assert wait_until(lambda: state.read_text() == "4: ACTIVE\n", 10.0)
 
 
-def test_bad_metrics_values_are_refused_before_anything_is_built(fab: Fabric, tmp_path: Path) -> None:
-    """A non-local address, and the port the live fabric serves on (for up and for run)."""
+def test_a_port_in_use_is_refused_before_anything_is_built(fab: Fabric, tmp_path: Path) -> None:
+    """The port the live fabric serves on, for up and for run (the values themselves:
+    tests/unit/test_sysfs_metrics.py)."""
     scen = tmp_path / "scen.yaml"
     scen.write_text(RUN_SCENARIO)
-    for args, message in ((["up", "--topo", TOPO, "--metrics", "0.0.0.0:9"], "not a local address"),
-                          (["up", "--topo", TOPO, "--metrics", str(fab.metrics_port)], "cannot listen there"),
+    for args, message in ((["up", "--topo", TOPO, "--metrics", f"localhost:{fab.metrics_port}"], "cannot listen there"),
                           (["run", str(scen), "--metrics", str(fab.metrics_port)], "cannot listen there")):
         bad = ibemu(fab.state, *args)
         assert bad.returncode == 2 and "--metrics: " in bad.stderr and message in bad.stderr, bad.stderr
