@@ -436,8 +436,8 @@ class FabricCollector(Collector):
                 yield from extra()
             except Exception as exc:  # one source failing must not lose the scrape
                 log.warning("metrics source %s failed: %s", getattr(extra, "__name__", extra), exc)
-        yield GaugeMetricFamily("ibemu_scrape_duration_seconds", "How long this scrape took to collect",
-                                value=time.perf_counter() - t0)
+        yield GaugeMetricFamily("ibemu_scrape_duration_seconds", "This scrape so far: the fabric read and "
+                                "the exposition of every family before this one", value=time.perf_counter() - t0)
 
 
 class MetricsServer:
