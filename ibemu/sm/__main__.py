@@ -45,6 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
     p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
     p.add_argument("--state", default=None, help="JSON snapshot of LIDs, cables and LFTs (for `ibemu sm`)")
+    p.add_argument("--dump-dir", default=None, help="write OpenSM's opensm-subnet.lst, opensm-lfts.dump and "
+                   "guid2lid here after each heavy sweep and reroute (ibemu.sm.dumps)")
     p.add_argument("--direct", default=None, metavar="IFNAME=PEER_MAC",
                    help="send and receive SMPs on the HCA's own cable (a packet socket on IFNAME in --ns, "
                         "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
@@ -86,6 +88,7 @@ async def amain(args: argparse.Namespace) -> int:
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
                    retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
+                   dump_dir=args.dump_dir,
                    qos=SmQos.from_json(args.qos) if args.qos else None)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad

@@ -44,6 +44,7 @@ import trio
 from ibemu import clock
 from ibemu.events import LINK_CHANGE, EventLog, Kind
 from ibemu.sm import activate as act
+from ibemu.sm import dumps
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
@@ -109,6 +110,7 @@ class SmConfig:
     priority: int = 0
     lid_routed_activation: bool = True  # after a clean programming pass (cheaper per hop)
     state_path: str | None = None  # where to keep a JSON snapshot of LIDs, links and LFTs
+    dump_dir: str | None = None  # where to write OpenSM's dump files (ibemu.sm.dumps); None: none
     overdue_s: float = 0.02  # with a trap waiting, an LFT Set unanswered this long is abandoned
     suspect_probe_s: float = 0.05  # a suspected switch not answering NodeInfo within this is dropped
     qos: SmQos | None = None  # VLs, SL -> VL and VL arbitration to program (ibemu.sm.qos); None: leave defaults
@@ -148,6 +150,7 @@ class SubnetManager:
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, int]](self.config.outbox)
         self._sweeping = False
         self._lft_views: dict[int, tuple[dict[int, int], int, dict[str, int]]] = {}
+        self._dumps_wake = trio.Event()
         self._t_start = clock.now_ns()
 
     @property
@@ -163,6 +166,7 @@ class SubnetManager:
             await n.start(self.transport.serve)
             n.start_soon(self._outbox)
             n.start_soon(self._snapshots)
+            n.start_soon(self._dumps)
             yield self
             n.cancel_scope.cancel()
 
@@ -311,6 +315,8 @@ class SubnetManager:
                              ports=len(act.link_ends(self.disc)))
             self.up.set()
         self._end(reason, t0, before, ok=ok)
+        if ok:
+            self._dumps_wake.set()
         return ok
 
     def _compute(self, ends: list[tuple[int, int]] | None) -> Routes:
@@ -484,6 +490,42 @@ class SubnetManager:
 
             await trio.to_thread.run_sync(write)
 
+    def render_dumps(self) -> dict[str, str]:
+        """OpenSM's dump files (``ibemu.sm.dumps``) of the subnet as this SM last set it up."""
+        lfts = self.routes.lfts if self.routes else {}
+        return dumps.render(self.graph, self.disc.port_info, lfts, self.lids.by_guid, self.lids.top)
+
+    async def _dumps(self) -> None:
+        """Write ``config.dump_dir``'s files after each heavy sweep and reroute (woken by
+        them), each by an atomic rename, off the trio thread; a pass that begins meanwhile
+        (a trap waiting, a sweep running) is let finish first, its files then written once."""
+        where = self.config.dump_dir
+        if not where:
+            return
+        while True:
+            await self._dumps_wake.wait()
+            while self._sweeping or self._dirty or self._trap_unknown:
+                await trio.sleep(0.05)
+            self._dumps_wake = trio.Event()
+            texts = self.render_dumps()
+
+            def write(texts: dict[str, str] = texts) -> None:
+                os.makedirs(where, exist_ok=True)
+                for name, text in texts.items():
+                    path = os.path.join(where, name)
+                    with open(f"{path}.tmp", "w") as f:
+                        f.write(text)
+                    os.replace(f"{path}.tmp", path)
+
+            try:
+                await trio.to_thread.run_sync(write)
+            except OSError as exc:
+                log.error("cannot write OpenSM dump files in %s: %s", where, exc)
+                self.stats["dump_errors"] += 1
+                continue
+            self.stats["dumps"] += 1
+            self.events.emit(Kind.DUMPS_WRITTEN, dir=where, sweep=self.sweeps)
+
     def recompute_paths(self, avoid: set[int] | None = None) -> set[int]:
         """Re-derive directed routes (through ``avoid`` only where there is no other way);
         drop and report nodes that became unreachable."""
@@ -654,4 +696,5 @@ class SubnetManager:
             rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
                    "issuers": len(guids), "changes": len(changes), "reset": len(reset), "reason": reason}
             self.events.emit(Kind.REROUTE, **rec)
+            self._dumps_wake.set()
         self._end(reason, t0, before, changed=len(changes))
