@@ -90,6 +90,15 @@ ATTR_MLNX_EXT_PORT_INFO = 0xFF90  # Mellanox vendor attribute OpenSM reads on 0x
 PMA_CAP_ALL_PORT_SELECT = 0x0100
 PMA_CAP_EXT_WIDTH = 0x0200
 PMA_CAP_XMIT_WAIT = 0x1000
+PMA_CAP2_ADDL_PORT_COUNTERS_EXT = 0x0002
+"""ClassPortInfo CapabilityMask2 bit: PortCountersExtended carries the error counters too (IBA
+1.3). Not advertised (``PMA_CAP2``): Debian's libumad2sim (ibsim 0.10), through which the
+unmodified tools reach the emulated HCA, hands a tool only the first 224 bytes of a MAD, so
+perfquery -x and ibqueryerrors would read VL15Dropped, PortXmitWait and QP1Dropped (bytes 160+
+of the data) from stale memory: ibqueryerrors then reports bogus errors on every port. Without
+the bit they take the error counters from PortCounters, as on HCAs before ConnectX-4. The
+counters are in PortCountersExtended all the same, for a client that reads whole MADs."""
+PMA_CAP2 = 0
 
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
@@ -718,7 +727,7 @@ class DeviceAgent:
             cap = PMA_CAP_EXT_WIDTH | PMA_CAP_XMIT_WAIT
             if self.IS_SWITCH:
                 cap |= PMA_CAP_ALL_PORT_SELECT
-            buf[d : d + 192] = class_port_info(capability_mask=cap)
+            buf[d : d + 192] = class_port_info(capability_mask=cap, capability_mask2=PMA_CAP2)
             return ST_OK
         if attr not in (ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT):
             return ST_BAD_METHOD_ATTR
@@ -742,7 +751,7 @@ class DeviceAgent:
         if attr == ATTR_PORT_COUNTERS:
             buf[d : d + 192] = view.encode_basic(select, counter_select)
         else:
-            buf[d : d + 192] = view.encode_extended(select, counter_select)
+            buf[d : d + 192] = view.encode_extended(select, counter_select, int.from_bytes(data[4:8], "big"))
         return ST_OK
 
     # ================================================================== helpers
