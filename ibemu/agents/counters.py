@@ -21,6 +21,19 @@ from collections.abc import Iterable
 
 ATTR_PORT_COUNTERS = 0x0012
 ATTR_PORT_COUNTERS_EXT = 0x001D
+ATTR_PORT_RCV_ERROR_DETAILS = 0x0015
+ATTR_PORT_XMIT_DISCARD_DETAILS = 0x0016
+
+DETAIL_FIELDS: dict[int, tuple[str | None, ...]] = {
+    ATTR_PORT_RCV_ERROR_DETAILS: ("port_local_physical_errors", "port_malformed_packet_errors",
+                                  None, None, None, None),  # BufferOverrun, DLIDMapping, VLMapping, Looping
+    ATTR_PORT_XMIT_DISCARD_DETAILS: ("port_inactive_discards", None, None, None),  # NeighborMTU, SwLifetime, SwHOQ
+}
+"""PortRcvErrorDetails / PortXmitDiscardDetails: 16-bit counters from byte 4, bit i of
+CounterSelect for the i-th. None: a cause ibemu never has (its switches keep no packet
+lifetime, drop nothing for MTU, map every DLID their LFT has and loop nothing it programs),
+always 0. What they break down: PortRcvErrors (a bad CRC: LocalPhysical, a bad length or
+header: Malformed) and PortXmitDiscards (frames for a port whose link is down: Inactive)."""
 
 # PortCounters (0x12) fields: (name, byte offset, width in bits, CounterSelect bit)
 # Widths of 4 share byte 19 (LocalLinkIntegrityErrors high nibble, ExcessiveBufferOverrun low).
@@ -67,6 +80,7 @@ class PortCounters:
     __slots__ = (
         "_link_base", "_link_now", "excessive_buffer_overrun_errors", "link_downed_counter", "link_error_recovery_counter",
         "local_link_integrity_errors", "multicast_rcv_pkts", "multicast_xmit_pkts",
+        "port_inactive_discards", "port_local_physical_errors", "port_malformed_packet_errors",
         "port_rcv_constraint_errors", "port_rcv_errors", "port_rcv_remote_physical_errors",
         "port_rcv_switch_relay_errors", "port_xmit_constraint_errors", "port_xmit_discards",
         "port_xmit_wait", "qp1_dropped", "rcv_octets", "rcv_pkts", "symbol_error_counter",
@@ -83,6 +97,9 @@ class PortCounters:
         self.multicast_xmit_pkts: int = 0
         self.port_rcv_constraint_errors: int = 0
         self.port_rcv_errors: int = 0
+        self.port_inactive_discards: int = 0
+        self.port_local_physical_errors: int = 0
+        self.port_malformed_packet_errors: int = 0
         self.port_rcv_remote_physical_errors: int = 0
         self.port_rcv_switch_relay_errors: int = 0
         self.port_xmit_constraint_errors: int = 0
@@ -195,6 +212,23 @@ class PortCounters:
             self._written("rcv_pkts", rp)
         if select2 & 1:
             self.port_xmit_wait = xw
+
+    # --------------------------------------- PortRcvErrorDetails, PortXmitDiscardDetails
+
+    def encode_details(self, attr: int, port_select: int, counter_select: int = 0) -> bytes:
+        out = bytearray(192)
+        out[1] = port_select & 0xFF
+        struct.pack_into("!H", out, 2, counter_select & 0xFFFF)
+        for i, name in enumerate(DETAIL_FIELDS[attr]):
+            if name is not None:
+                struct.pack_into("!H", out, 4 + 2 * i, min(getattr(self, name), 0xFFFF))
+        return bytes(out)
+
+    def set_details(self, attr: int, data: bytes | bytearray | memoryview) -> None:
+        select = struct.unpack_from("!H", data, 2)[0]
+        for i, name in enumerate(DETAIL_FIELDS[attr]):
+            if name is not None and select & (1 << i):
+                setattr(self, name, struct.unpack_from("!H", data, 4 + 2 * i)[0])
 
     # ---------------------------------------------------------- PortCountersExtended (0x1D)
 

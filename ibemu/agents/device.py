@@ -22,9 +22,15 @@ from typing import ClassVar
 from ibemu import clock as _clock
 from ibemu.agents import dr
 from ibemu.agents.actions import Action, Event, PortStateChange, Send
-from ibemu.agents.counters import ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, PortCounters
+from ibemu.agents.counters import (
+    ATTR_PORT_COUNTERS,
+    ATTR_PORT_COUNTERS_EXT,
+    ATTR_PORT_RCV_ERROR_DETAILS,
+    ATTR_PORT_XMIT_DISCARD_DETAILS,
+    PortCounters,
+)
 from ibemu.agents.port import VL_ARB_HIGH_CAP, VL_ARB_LOW_CAP, Port, PortState
-from ibemu.errors import DecodeError
+from ibemu.errors import CrcError, DecodeError
 from ibemu.physics.qos import Sl2Vl, VlArb, vls_of_code
 from ibemu.wire.madattrs import (
     VL_ARB_BLOCK_ENTRIES,
@@ -181,6 +187,10 @@ class DeviceAgent:
             check(pkt)
         except DecodeError as exc:
             p.counters.port_rcv_errors += 1
+            if isinstance(exc, CrcError):
+                p.counters.port_local_physical_errors += 1
+            else:
+                p.counters.port_malformed_packet_errors += 1
             self.stats["rx_malformed"] += 1
             return [self._event("rx_error", port=port, error=str(exc), length=len(pkt))]
         try:
@@ -729,7 +739,8 @@ class DeviceAgent:
                 cap |= PMA_CAP_ALL_PORT_SELECT
             buf[d : d + 192] = class_port_info(capability_mask=cap, capability_mask2=PMA_CAP2)
             return ST_OK
-        if attr not in (ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT):
+        if attr not in (ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, ATTR_PORT_RCV_ERROR_DETAILS,
+                        ATTR_PORT_XMIT_DISCARD_DETAILS):
             return ST_BAD_METHOD_ATTR
         select = buf[d + 1]
         nums = self._pma_ports(select, ingress)
@@ -744,14 +755,18 @@ class DeviceAgent:
                 pc = self.ports[num].counters
                 if attr == ATTR_PORT_COUNTERS:
                     pc.set_basic(data)
-                else:
+                elif attr == ATTR_PORT_COUNTERS_EXT:
                     pc.set_extended(data)
+                else:
+                    pc.set_details(attr, data)
         pcs = [self.ports[num].counters for num in nums]
         view = pcs[0] if len(pcs) == 1 else PortCounters.total(pcs)
         if attr == ATTR_PORT_COUNTERS:
             buf[d : d + 192] = view.encode_basic(select, counter_select)
-        else:
+        elif attr == ATTR_PORT_COUNTERS_EXT:
             buf[d : d + 192] = view.encode_extended(select, counter_select, int.from_bytes(data[4:8], "big"))
+        else:
+            buf[d : d + 192] = view.encode_details(attr, select, counter_select)
         return ST_OK
 
     # ================================================================== helpers
