@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ibemu.sm.graph import NodeType, SmNode, SubnetGraph
@@ -119,47 +119,57 @@ def _link(node: SmNode, num: int, port_info: Mapping[tuple[int, int], bytes]) ->
     return f"PHY={width} LOG={_STATE.get(state, 'DWN')} SPD={speed}"
 
 
+def node_links(graph: SubnetGraph, node: SmNode, port_info: Mapping[tuple[int, int], bytes]) -> str:
+    """The ``opensm-subnet.lst`` lines of one node: each cabled port, both ends and the link."""
+    lines = []
+    for num, port in sorted(node.ports.items()):
+        if num == 0 or port.peer is None:
+            continue
+        far = graph.nodes.get(port.peer[0])
+        if far is None or port.peer[1] not in far.ports:
+            continue
+        lines.append(f"{_end(node, num, port_info, far=False)} "
+                     f"{_end(far, port.peer[1], port_info, far=True)} {_link(node, num, port_info)}\n")
+    return "".join(lines)
+
+
 def subnet_lst(graph: SubnetGraph, port_info: Mapping[tuple[int, int], bytes]) -> str:
     """``opensm-subnet.lst``: every cabled port of every node, both ends and the link."""
-    lines = []
-    for node in sorted(graph.nodes.values(), key=lambda n: map_order(n.guid)):
-        if not node.num_ports:
-            continue
-        for num, port in sorted(node.ports.items()):
-            if num == 0 or port.peer is None:
-                continue
-            far = graph.nodes.get(port.peer[0])
-            if far is None or port.peer[1] not in far.ports:
-                continue
-            lines.append(f"{_end(node, num, port_info, far=False)} "
-                         f"{_end(far, port.peer[1], port_info, far=True)} {_link(node, num, port_info)}\n")
-    return "".join(lines)
+    return "".join(node_links(graph, n, port_info) for n in in_map_order(graph.nodes.values()) if n.num_ports)
+
+
+def in_map_order(nodes: Iterable[SmNode]) -> list[SmNode]:
+    return sorted(nodes, key=lambda n: map_order(n.guid))
+
+
+def lid_labels(graph: SubnetGraph) -> dict[int, str]:
+    """LID -> what ``opensm-lfts.dump`` says after ``#`` (the same on every switch)."""
+    out = {}
+    for lid, (guid, num) in graph.lid_owners().items():
+        far = graph.nodes[guid]
+        out[lid] = (f"{_TYPE_LONG.get(far.kind, 'Unknown')} portguid 0x{far.ports[num].guid:016x}: "
+                    f"'{print_desc(far.desc)}'")
+    return out
+
+
+def switch_lft(node: SmNode, lft: Mapping[int, int], top: int, labels: Mapping[int, str]) -> str:
+    """One switch's table in ``opensm-lfts.dump``: LIDs 0..``top`` that have a port."""
+    rows = [f"Unicast lids [0-{top}] of switch Lid {node.lid} guid 0x{node.guid:016x} "
+            f"('{print_desc(node.desc)}'):\n"]
+    last = node.num_ports  # OpenSM leaves out a port >= its number of physical ports (N + 1)
+    for lid in range(top + 1):
+        port = lft.get(lid, NO_PATH)
+        if port <= last:
+            rows.append(f"0x{lid:04x} {port:03d} # {labels.get(lid, 'unknown node and type')}\n")
+    rows.append(f"{top} lids dumped\n")
+    return "".join(rows)
 
 
 def lfts_dump(graph: SubnetGraph, lfts: Mapping[int, Mapping[int, int]], top: int) -> str:
     """``opensm-lfts.dump``: every switch's unicast LFT, LIDs 0..``top``, named by owner."""
-    owners = graph.lid_owners()
-    out: list[str] = []
-    for node in sorted(graph.switches(), key=lambda n: map_order(n.guid)):
-        lft = lfts.get(node.guid)
-        if lft is None:
-            continue
-        out.append(f"Unicast lids [0-{top}] of switch Lid {node.lid} guid 0x{node.guid:016x} "
-                   f"('{print_desc(node.desc)}'):\n")
-        for lid in range(top + 1):
-            port = lft.get(lid, NO_PATH)
-            if port > node.num_ports:  # OpenSM: port >= its number of physical ports (N + 1)
-                continue
-            owner = owners.get(lid)
-            far = graph.nodes.get(owner[0]) if owner else None
-            if owner is not None and far is not None:
-                guid = far.ports[owner[1]].guid
-                what = f"{_TYPE_LONG.get(far.kind, 'Unknown')} portguid 0x{guid:016x}: '{print_desc(far.desc)}'"
-            else:
-                what = "unknown node and type"
-            out.append(f"0x{lid:04x} {port:03d} # {what}\n")
-        out.append(f"{top} lids dumped\n")
-    return "".join(out)
+    labels = lid_labels(graph)
+    return "".join(switch_lft(n, lfts[n.guid], top, labels) for n in in_map_order(graph.switches())
+                   if n.guid in lfts)
 
 
 def guid2lid(lids: Mapping[int, int]) -> str:
@@ -171,8 +181,27 @@ def render(graph: SubnetGraph, port_info: Mapping[tuple[int, int], bytes],
            lfts: Mapping[int, Mapping[int, int]], lids: Mapping[int, int], top: int) -> dict[str, str]:
     """All three files (name -> text). ``lids``: port GUID -> LID (the SM's LID table, which
     keeps the GUIDs of nodes gone, as OpenSM's cache does)."""
-    return {SUBNET_LST: subnet_lst(graph, port_info), LFTS_DUMP: lfts_dump(graph, lfts, top),
-            GUID2LID: guid2lid(lids)}
+    out: dict[str, list[str]] = {name: [] for name in FILES}
+    for name, chunk in iter_render(graph, port_info, lfts, lids, top):
+        out[name].append(chunk)
+    return {name: "".join(chunks) for name, chunks in out.items()}
+
+
+def iter_render(graph: SubnetGraph, port_info: Mapping[tuple[int, int], bytes],
+                lfts: Mapping[int, Mapping[int, int]], lids: Mapping[int, int],
+                top: int) -> Iterator[tuple[str, str]]:
+    """``render`` in pieces, (file name, text): a node's links, a switch's table, the cache.
+    On a large fabric the SM yields to its event loop between pieces (a k=8 fat-tree's tables
+    are 1.1 MB), and starts over when a pass changed its state meanwhile."""
+    for node in in_map_order(graph.nodes.values()):
+        if node.num_ports:
+            yield SUBNET_LST, node_links(graph, node, port_info)
+    labels = lid_labels(graph)
+    for node in in_map_order(graph.switches()):
+        lft = lfts.get(node.guid)
+        if lft is not None:
+            yield LFTS_DUMP, switch_lft(node, lft, top, labels)
+    yield GUID2LID, guid2lid(lids)
 
 
 # ---------------------------------------------------------------------- parsing

@@ -495,36 +495,50 @@ class SubnetManager:
         lfts = self.routes.lfts if self.routes else {}
         return dumps.render(self.graph, self.disc.port_info, lfts, self.lids.by_guid, self.lids.top)
 
+    def _pass_pending(self) -> bool:
+        return self._sweeping or bool(self._dirty) or bool(self._trap_unknown)
+
     async def _dumps(self) -> None:
         """Write ``config.dump_dir``'s files after each heavy sweep and reroute (woken by
-        them), each by an atomic rename, off the trio thread; a pass that begins meanwhile
-        (a trap waiting, a sweep running) is let finish first, its files then written once."""
+        them), each by an atomic rename, the files written off the trio thread. Built on the
+        loop a piece at a time (``dumps.iter_render``), yielding between pieces; a pass that
+        begins meanwhile (a trap, a sweep) is let finish and the files are built again after
+        it, once."""
         where = self.config.dump_dir
         if not where:
             return
         while True:
             await self._dumps_wake.wait()
-            while self._sweeping or self._dirty or self._trap_unknown:
+            while self._pass_pending():
                 await trio.sleep(0.05)
             self._dumps_wake = trio.Event()
-            texts = self.render_dumps()
+            texts: dict[str, list[str]] = {name: [] for name in dumps.FILES}
+            lfts = self.routes.lfts if self.routes else {}
+            for name, chunk in dumps.iter_render(self.graph, self.disc.port_info, lfts, self.lids.by_guid,
+                                                 self.lids.top):
+                texts[name].append(chunk)
+                await trio.sleep(0)
+                if self._pass_pending() or self._dumps_wake.is_set():
+                    self._dumps_wake.set()  # the state moved under us: again, after that pass
+                    break
+            else:
+                try:
+                    await trio.to_thread.run_sync(self._write_dumps, where, texts)
+                except OSError as exc:
+                    log.error("cannot write OpenSM dump files in %s: %s", where, exc)
+                    self.stats["dump_errors"] += 1
+                    continue
+                self.stats["dumps"] += 1
+                self.events.emit(Kind.DUMPS_WRITTEN, dir=where, sweep=self.sweeps)
 
-            def write(texts: dict[str, str] = texts) -> None:
-                os.makedirs(where, exist_ok=True)
-                for name, text in texts.items():
-                    path = os.path.join(where, name)
-                    with open(f"{path}.tmp", "w") as f:
-                        f.write(text)
-                    os.replace(f"{path}.tmp", path)
-
-            try:
-                await trio.to_thread.run_sync(write)
-            except OSError as exc:
-                log.error("cannot write OpenSM dump files in %s: %s", where, exc)
-                self.stats["dump_errors"] += 1
-                continue
-            self.stats["dumps"] += 1
-            self.events.emit(Kind.DUMPS_WRITTEN, dir=where, sweep=self.sweeps)
+    @staticmethod
+    def _write_dumps(where: str, texts: dict[str, list[str]]) -> None:
+        os.makedirs(where, exist_ok=True)
+        for name, chunks in texts.items():
+            path = os.path.join(where, name)
+            with open(f"{path}.tmp", "w") as f:
+                f.writelines(chunks)
+            os.replace(f"{path}.tmp", path)
 
     def recompute_paths(self, avoid: set[int] | None = None) -> set[int]:
         """Re-derive directed routes (through ``avoid`` only where there is no other way);
