@@ -13,6 +13,7 @@ import argparse
 import gc
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -83,6 +84,19 @@ async def _freeze_after_up(sm: SubnetManager) -> None:
     gc.freeze()
 
 
+def check_dump_dir(value: str | None) -> None:
+    """``--dump-dir``: a directory this process can write (made if missing), or a clear exit
+    before the SM attaches to anything."""
+    if not value:
+        return
+    try:
+        os.makedirs(value, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"--dump-dir {value}: {exc.strerror or exc}") from None
+    if not os.access(value, os.W_OK | os.X_OK):
+        raise SystemExit(f"--dump-dir {value}: not writable")
+
+
 async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
@@ -126,6 +140,7 @@ snapshot writer) must not hold up the event loop for milliseconds in a reroute."
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    check_dump_dir(args.dump_dir)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return run_trio(amain, args)
