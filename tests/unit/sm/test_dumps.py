@@ -152,6 +152,28 @@ def test_the_sm_writes_the_files_after_bring_up_and_after_a_reroute(tmp_path: Pa
     run(main)
 
 
+def test_the_files_wait_for_a_pass_in_progress(tmp_path: Path) -> None:
+    _topo, fab = fat_tree(4)
+    sm = SubnetManager(InMemoryPort(fab, "h0"), SmConfig(dump_dir=str(tmp_path)), route_fn=minhop)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+            with trio.fail_after(10):
+                while sm.stats["dumps"] < 1:
+                    await trio.sleep(0.01)
+            sm._dirty[sm.graph.switches()[0].guid] = 1  # a trap waits: its pass comes first
+            sm._dumps_wake.set()
+            await trio.sleep(1.0)
+            assert sm.stats["dumps"] == 1
+            sm._dirty.clear()
+            with trio.fail_after(10):
+                while sm.stats["dumps"] < 2:
+                    await trio.sleep(0.01)
+
+    run(main)
+
+
 def assert_lfts_deliver(links: list[dumps.LstLink], lfts: dict[int, dumps.SwitchLft]) -> None:
     """Walk every switch's every entry through the cables of the subnet.lst: it must end at
     the node owning the LID (the switch itself for port 0)."""
