@@ -24,6 +24,10 @@ each suspect at once: its cables are read from its neighbours and it gets one No
 down (as a heavy sweep would leave it out), and the light sweep probes its cables again.
 Directed routes avoid suspects. ``t_programmed`` is the last ack from the switches that
 answered; blocks not waited for are in ``blocks_failed`` (and ``blocks_abandoned``).
+
+With ``SmConfig.dump_dir``, OpenSM's dump files (``ibemu.sm.dumps``: opensm-subnet.lst,
+opensm-lfts.dump, guid2lid) are rewritten after each heavy sweep and each reroute, built
+between passes, never holding up one.
 """
 
 from __future__ import annotations
@@ -514,22 +518,21 @@ class SubnetManager:
             self._dumps_wake = trio.Event()
             texts: dict[str, list[str]] = {name: [] for name in dumps.FILES}
             lfts = self.routes.lfts if self.routes else {}
-            for name, chunk in dumps.iter_render(self.graph, self.disc.port_info, lfts, self.lids.by_guid,
-                                                 self.lids.top):
-                texts[name].append(chunk)
-                await trio.sleep(0)
-                if self._pass_pending() or self._dumps_wake.is_set():
-                    self._dumps_wake.set()  # the state moved under us: again, after that pass
-                    break
-            else:
-                try:
+            try:
+                for name, chunk in dumps.iter_render(self.graph, self.disc.port_info, lfts, self.lids.by_guid,
+                                                     self.lids.top):
+                    texts[name].append(chunk)
+                    await trio.sleep(0)
+                    if self._pass_pending() or self._dumps_wake.is_set():
+                        self._dumps_wake.set()  # the state moved under us: again, after that pass
+                        break
+                else:
                     await trio.to_thread.run_sync(self._write_dumps, where, texts)
-                except OSError as exc:
-                    log.error("cannot write OpenSM dump files in %s: %s", where, exc)
-                    self.stats["dump_errors"] += 1
-                    continue
-                self.stats["dumps"] += 1
-                self.events.emit(Kind.DUMPS_WRITTEN, dir=where, sweep=self.sweeps)
+                    self.stats["dumps"] += 1
+                    self.events.emit(Kind.DUMPS_WRITTEN, dir=where, sweep=self.sweeps)
+            except Exception as exc:  # the files are a view: never the SM's end
+                log.error("cannot write OpenSM dump files in %s: %r", where, exc)
+                self.stats["dump_errors"] += 1
 
     @staticmethod
     def _write_dumps(where: str, texts: dict[str, list[str]]) -> None:

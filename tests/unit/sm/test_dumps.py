@@ -174,6 +174,24 @@ def test_the_files_wait_for_a_pass_in_progress(tmp_path: Path) -> None:
     run(main)
 
 
+def test_a_dump_dir_that_fails_costs_the_files_not_the_sm(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    _topo, fab = fat_tree(4)
+    sm = SubnetManager(InMemoryPort(fab, "h0"), SmConfig(dump_dir=str(tmp_path / "afile" / "sub")),  # type: ignore[arg-type]
+                       route_fn=minhop)
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+            with trio.fail_after(10):
+                while not sm.stats["dump_errors"]:
+                    await trio.sleep(0.01)
+            await sm.light_sweep()  # still serving
+        assert sm.stats["dumps"] == 0
+
+    run(main)
+
+
 def assert_lfts_deliver(links: list[dumps.LstLink], lfts: dict[int, dumps.SwitchLft]) -> None:
     """Walk every switch's every entry through the cables of the subnet.lst: it must end at
     the node owning the LID (the switch itself for port 0)."""
