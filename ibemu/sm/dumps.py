@@ -12,8 +12,9 @@ against OpenSM's own for the same fabric, so the formats are OpenSM's, field for
   the upper 16 bits (OpenSM converts the 16-bit field with a 32-bit byte swap), the local
   end's 6 and 4 digits. A switch shows its port 0's LID; ``-SM`` follows the type of a node
   whose LID is the master SM's LID. SPD is 2.5/5/10, or the extended speed (14/25/50) when
-  the port's CapabilityMask has IsExtendedSpeedsSupported; the FDR10 flag (read by OpenSM
-  from the vendor's MLNX ExtendedPortInfo, which ibemu's agents do not have) is never shown.
+  the port's CapabilityMask has IsExtendedSpeedsSupported; FDR10 (which OpenSM reads from the
+  vendor's MLNX ExtendedPortInfo, an attribute ibemu's SM does not query) is never shown:
+  ibemu's links never run FDR10.
 - ``opensm-lfts.dump``: per switch, ``Unicast lids [0-TOP]`` then one line per LID that has
   a port (LIDs without a route are left out, as OpenSM leaves out port 255), and the
   closing line ``TOP lids dumped`` (OpenSM prints the top LID there, not a count).
@@ -22,8 +23,8 @@ against OpenSM's own for the same fabric, so the formats are OpenSM's, field for
 - ``guid2lid``: ``0xGUID 0xMIN 0xMAX`` and an empty line per port; OpenSM writes its hash
   table's order, here they are sorted by GUID (a reader must not depend on the order).
 
-The parsers (``parse_*``) read both OpenSM's files and these; they back the diff tests and
-``ibemu sm dumps``.
+The parsers (``parse_*``) read both OpenSM's files and these (the diff tests use them); each
+names the line it cannot read.
 """
 
 from __future__ import annotations
