@@ -109,6 +109,7 @@ class Kind(StrEnum):
     SUSPECT = "suspect"
     SWITCH_DROPPED = "switch_dropped"
     SM_INFO = "sm_info"
+    DUMPS_WRITTEN = "dumps_written"
     ERROR = "error"
     # the RoCE fabric manager
     FM_START = "fm_start"
@@ -264,6 +265,9 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.SM_INFO: KindInfo(
         "another SM polled this one with SMInfo",
         {Log.SM: ("from_lid", "answered")}),
+    Kind.DUMPS_WRITTEN: KindInfo(
+        "OpenSM-format dump files (opensm-subnet.lst, opensm-lfts.dump, guid2lid) rewritten",
+        {Log.SM: ("dir", "sweep")}),
     Kind.ERROR: KindInfo(
         "the SM could not go on with a step",
         {Log.SM: ("what",)}),

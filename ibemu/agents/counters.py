@@ -3,7 +3,10 @@
 One ``PortCounters`` per port. Data counters accumulate octets (LRH .. VCRC); PortCounters
 (0x12) reports octets/4 in 32-bit fields that saturate at 0xFFFFFFFF (never wrap), error
 counters saturate at their field width; PortCountersExtended (0x1D) reports the same
-accumulators as 64-bit values. A Set with CounterSelect writes the selected counters (tools
+accumulators as 64-bit values, and the error counters too, 64 bits wide from byte 72 (IBA
+1.3's additional extended counters; cleared by CounterSelect2). The PMA does not advertise
+those (see ``ibemu.agents.device.PMA_CAP2_ADDL_PORT_COUNTERS_EXT``: the tools' MAD shim cuts
+them off), so tools read the errors from PortCounters. A Set with CounterSelect writes the selected counters (tools
 write zeros: that is how counters are cleared); both views share the accumulators.
 
 A port whose frames the kernel carries without the agent (tc forwarding, an HCA transport's
@@ -18,6 +21,19 @@ from collections.abc import Iterable
 
 ATTR_PORT_COUNTERS = 0x0012
 ATTR_PORT_COUNTERS_EXT = 0x001D
+ATTR_PORT_RCV_ERROR_DETAILS = 0x0015
+ATTR_PORT_XMIT_DISCARD_DETAILS = 0x0016
+
+DETAIL_FIELDS: dict[int, tuple[str | None, ...]] = {
+    ATTR_PORT_RCV_ERROR_DETAILS: ("port_local_physical_errors", "port_malformed_packet_errors",
+                                  None, None, None, None),  # BufferOverrun, DLIDMapping, VLMapping, Looping
+    ATTR_PORT_XMIT_DISCARD_DETAILS: ("port_inactive_discards", None, None, None),  # NeighborMTU, SwLifetime, SwHOQ
+}
+"""PortRcvErrorDetails / PortXmitDiscardDetails: 16-bit counters from byte 4, bit i of
+CounterSelect for the i-th. None: a cause ibemu never has (its switches keep no packet
+lifetime, drop nothing for MTU, map every DLID their LFT has and loop nothing it programs),
+always 0. What they break down: PortRcvErrors (a bad CRC: LocalPhysical, a bad length or
+header: Malformed) and PortXmitDiscards (frames for a port whose link is down: Inactive)."""
 
 # PortCounters (0x12) fields: (name, byte offset, width in bits, CounterSelect bit)
 # Widths of 4 share byte 19 (LocalLinkIntegrityErrors high nibble, ExcessiveBufferOverrun low).
@@ -37,7 +53,17 @@ BASIC_FIELDS: tuple[tuple[str, int, int, int], ...] = (
     ("vl15_dropped", 22, 16, 11),
 )
 _DATA = struct.Struct("!IIIII")  # XmitData RcvData XmitPkts RcvPkts XmitWait at 24
-_EXT = struct.Struct("!BBH4xQQQQQQQQ")
+_EXT = struct.Struct("!BBHIQQQQQQQQ")
+EXT_ERROR_FIELDS: tuple[str, ...] = (
+    "symbol_error_counter", "link_error_recovery_counter", "link_downed_counter", "port_rcv_errors",
+    "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+    "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors", "vl15_dropped", "port_xmit_wait", "qp1_dropped",
+)
+"""PortCountersExtended's additional counters, 64 bits each from byte 72, in order; bit i of
+CounterSelect2 selects the i-th (QP1Dropped has none)."""
+_EXT_ERRORS = struct.Struct(f"!{len(EXT_ERROR_FIELDS)}Q")
+EXT_ERRORS_OFFSET = 72
 _U32_MAX = 0xFFFFFFFF
 _U64_MAX = 0xFFFFFFFFFFFFFFFF
 
@@ -54,6 +80,7 @@ class PortCounters:
     __slots__ = (
         "_link_base", "_link_now", "excessive_buffer_overrun_errors", "link_downed_counter", "link_error_recovery_counter",
         "local_link_integrity_errors", "multicast_rcv_pkts", "multicast_xmit_pkts",
+        "port_inactive_discards", "port_local_physical_errors", "port_malformed_packet_errors",
         "port_rcv_constraint_errors", "port_rcv_errors", "port_rcv_remote_physical_errors",
         "port_rcv_switch_relay_errors", "port_xmit_constraint_errors", "port_xmit_discards",
         "port_xmit_wait", "qp1_dropped", "rcv_octets", "rcv_pkts", "symbol_error_counter",
@@ -70,6 +97,9 @@ class PortCounters:
         self.multicast_xmit_pkts: int = 0
         self.port_rcv_constraint_errors: int = 0
         self.port_rcv_errors: int = 0
+        self.port_inactive_discards: int = 0
+        self.port_local_physical_errors: int = 0
+        self.port_malformed_packet_errors: int = 0
         self.port_rcv_remote_physical_errors: int = 0
         self.port_rcv_switch_relay_errors: int = 0
         self.port_xmit_constraint_errors: int = 0
@@ -183,19 +213,41 @@ class PortCounters:
         if select2 & 1:
             self.port_xmit_wait = xw
 
+    # --------------------------------------- PortRcvErrorDetails, PortXmitDiscardDetails
+
+    def encode_details(self, attr: int, port_select: int, counter_select: int = 0) -> bytes:
+        out = bytearray(192)
+        out[1] = port_select & 0xFF
+        struct.pack_into("!H", out, 2, counter_select & 0xFFFF)
+        for i, name in enumerate(DETAIL_FIELDS[attr]):
+            if name is not None:
+                struct.pack_into("!H", out, 4 + 2 * i, min(getattr(self, name), 0xFFFF))
+        return bytes(out)
+
+    def set_details(self, attr: int, data: bytes | bytearray | memoryview) -> None:
+        select = struct.unpack_from("!H", data, 2)[0]
+        for i, name in enumerate(DETAIL_FIELDS[attr]):
+            if name is not None and select & (1 << i):
+                setattr(self, name, struct.unpack_from("!H", data, 4 + 2 * i)[0])
+
     # ---------------------------------------------------------- PortCountersExtended (0x1D)
 
-    def encode_extended(self, port_select: int, counter_select: int = 0) -> bytes:
+    def encode_extended(self, port_select: int, counter_select: int = 0, counter_select2: int = 0) -> bytes:
         out = bytearray(192)
-        _EXT.pack_into(out, 0, 0, port_select & 0xFF, counter_select & 0xFFFF,
+        _EXT.pack_into(out, 0, 0, port_select & 0xFF, counter_select & 0xFFFF, counter_select2 & 0xFFFFFFFF,
                        self.xmit_octets // 4, self.rcv_octets // 4, self.xmit_pkts, self.rcv_pkts,
                        self.xmit_pkts - self.multicast_xmit_pkts,
                        self.rcv_pkts - self.multicast_rcv_pkts,
                        self.multicast_xmit_pkts, self.multicast_rcv_pkts)
+        _EXT_ERRORS.pack_into(out, EXT_ERRORS_OFFSET, *(min(getattr(self, n), _U64_MAX) for n in EXT_ERROR_FIELDS))
         return bytes(out)
 
     def set_extended(self, data: bytes | bytearray | memoryview) -> None:
-        _r, _ps, select, xd, rd, xp, rp, _ux, _ur, mx, mr = _EXT.unpack_from(data, 0)
+        _r, _ps, select, select2, xd, rd, xp, rp, _ux, _ur, mx, mr = _EXT.unpack_from(data, 0)
+        values = _EXT_ERRORS.unpack_from(data, EXT_ERRORS_OFFSET)
+        for bit, name in enumerate(EXT_ERROR_FIELDS[:-1]):  # QP1Dropped: no select bit
+            if select2 & (1 << bit):
+                setattr(self, name, values[bit])
         if select & 1:
             self._written("xmit_octets", xd * 4)
         if select & 2:

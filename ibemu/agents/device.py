@@ -22,9 +22,15 @@ from typing import ClassVar
 from ibemu import clock as _clock
 from ibemu.agents import dr
 from ibemu.agents.actions import Action, Event, PortStateChange, Send
-from ibemu.agents.counters import ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, PortCounters
+from ibemu.agents.counters import (
+    ATTR_PORT_COUNTERS,
+    ATTR_PORT_COUNTERS_EXT,
+    ATTR_PORT_RCV_ERROR_DETAILS,
+    ATTR_PORT_XMIT_DISCARD_DETAILS,
+    PortCounters,
+)
 from ibemu.agents.port import VL_ARB_HIGH_CAP, VL_ARB_LOW_CAP, Port, PortState
-from ibemu.errors import DecodeError
+from ibemu.errors import CrcError, DecodeError
 from ibemu.physics.qos import Sl2Vl, VlArb, vls_of_code
 from ibemu.wire.madattrs import (
     VL_ARB_BLOCK_ENTRIES,
@@ -90,6 +96,15 @@ ATTR_MLNX_EXT_PORT_INFO = 0xFF90  # Mellanox vendor attribute OpenSM reads on 0x
 PMA_CAP_ALL_PORT_SELECT = 0x0100
 PMA_CAP_EXT_WIDTH = 0x0200
 PMA_CAP_XMIT_WAIT = 0x1000
+PMA_CAP2_ADDL_PORT_COUNTERS_EXT = 0x0002
+"""ClassPortInfo CapabilityMask2 bit: PortCountersExtended carries the error counters too (IBA
+1.3). Not advertised (``PMA_CAP2``): Debian's libumad2sim (ibsim 0.10), through which the
+unmodified tools reach the emulated HCA, hands a tool only the first 224 bytes of a MAD, so
+perfquery -x and ibqueryerrors would read VL15Dropped, PortXmitWait and QP1Dropped (bytes 160+
+of the data) from stale memory: ibqueryerrors then reports bogus errors on every port. Without
+the bit they take the error counters from PortCounters, as on HCAs before ConnectX-4. The
+counters are in PortCountersExtended all the same, for a client that reads whole MADs."""
+PMA_CAP2 = 0
 
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
@@ -172,6 +187,10 @@ class DeviceAgent:
             check(pkt)
         except DecodeError as exc:
             p.counters.port_rcv_errors += 1
+            if isinstance(exc, CrcError):
+                p.counters.port_local_physical_errors += 1
+            else:
+                p.counters.port_malformed_packet_errors += 1
             self.stats["rx_malformed"] += 1
             return [self._event("rx_error", port=port, error=str(exc), length=len(pkt))]
         try:
@@ -718,9 +737,10 @@ class DeviceAgent:
             cap = PMA_CAP_EXT_WIDTH | PMA_CAP_XMIT_WAIT
             if self.IS_SWITCH:
                 cap |= PMA_CAP_ALL_PORT_SELECT
-            buf[d : d + 192] = class_port_info(capability_mask=cap)
+            buf[d : d + 192] = class_port_info(capability_mask=cap, capability_mask2=PMA_CAP2)
             return ST_OK
-        if attr not in (ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT):
+        if attr not in (ATTR_PORT_COUNTERS, ATTR_PORT_COUNTERS_EXT, ATTR_PORT_RCV_ERROR_DETAILS,
+                        ATTR_PORT_XMIT_DISCARD_DETAILS):
             return ST_BAD_METHOD_ATTR
         select = buf[d + 1]
         nums = self._pma_ports(select, ingress)
@@ -735,14 +755,18 @@ class DeviceAgent:
                 pc = self.ports[num].counters
                 if attr == ATTR_PORT_COUNTERS:
                     pc.set_basic(data)
-                else:
+                elif attr == ATTR_PORT_COUNTERS_EXT:
                     pc.set_extended(data)
+                else:
+                    pc.set_details(attr, data)
         pcs = [self.ports[num].counters for num in nums]
         view = pcs[0] if len(pcs) == 1 else PortCounters.total(pcs)
         if attr == ATTR_PORT_COUNTERS:
             buf[d : d + 192] = view.encode_basic(select, counter_select)
+        elif attr == ATTR_PORT_COUNTERS_EXT:
+            buf[d : d + 192] = view.encode_extended(select, counter_select, int.from_bytes(data[4:8], "big"))
         else:
-            buf[d : d + 192] = view.encode_extended(select, counter_select)
+            buf[d : d + 192] = view.encode_details(attr, select, counter_select)
         return ST_OK
 
     # ================================================================== helpers

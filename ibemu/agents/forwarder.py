@@ -123,10 +123,12 @@ class Forwarder:
             pin.counters.add_rx(n)
         if n < 10 or ((packet[4] & 7) << 8 | packet[5]) * 4 + 2 != n:
             pin.counters.port_rcv_errors += 1
+            pin.counters.port_malformed_packet_errors += 1
             self.stats[Reason.MALFORMED] += 1
             return Verdict(0, packet, Reason.MALFORMED)
         if self.verify_vcrc and _vcrc(packet[:-2]) != packet[-2] | (packet[-1] << 8):
             pin.counters.port_rcv_errors += 1
+            pin.counters.port_local_physical_errors += 1
             self.stats[Reason.BAD_VCRC] += 1
             return Verdict(0, packet, Reason.BAD_VCRC)
         dlid = (packet[2] << 8) | packet[3]

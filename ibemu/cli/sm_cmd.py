@@ -1,8 +1,10 @@
-"""`ibemu sm routes [SWITCH] | path SRC DST | events`: what ibemu's SM decided, as it wrote it.
+"""`ibemu sm routes [SWITCH] | path SRC DST | events | dumps [FILE]`: what ibemu's SM decided.
 
 Reads the snapshot the running SM keeps (``--state``, in the run directory) and its event
 log. ``routes`` prints LFTs the way ``ibroute`` does, ``path`` walks them from one host to
-another the way ``ibtracert`` does.
+another the way ``ibtracert`` does. ``dumps`` lists (or prints) the OpenSM-format files the SM
+keeps in the run directory (``ibemu.sm.dumps``: ``opensm-subnet.lst``, ``opensm-lfts.dump``,
+``guid2lid``), to diff against OpenSM's own.
 """
 
 from __future__ import annotations
@@ -115,6 +117,24 @@ def cmd_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dumps(args: argparse.Namespace) -> int:
+    from ibemu.sm import dumps
+
+    sm_dir = _run_dir(args)
+    if args.file is not None:
+        path = sm_dir / args.file
+        if not path.exists():
+            raise ConfigError(f"ibemu's SM has not written {args.file} yet (it does after SUBNET UP): try again shortly")
+        print(path.read_text(), end="")
+        return 0
+    present = [sm_dir / name for name in dumps.FILES if (sm_dir / name).exists()]
+    if not present:
+        raise ConfigError("ibemu's SM has written no dump files yet (it does after SUBNET UP): try again shortly")
+    for path in present:
+        print(path)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sm", help="what ibemu's subnet manager decided: routes, paths, events")
     p.add_argument("--run", help="run id (when several fabrics run)")
@@ -131,3 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--kind", action="append", help="only these kinds (repeatable)")
     e.add_argument("--tail", type=int, default=0, help="only the last N")
     e.set_defaults(func=cmd_events)
+    d = s.add_parser("dumps", help="OpenSM-format opensm-subnet.lst, opensm-lfts.dump, guid2lid: their paths, "
+                     "or one printed")
+    d.add_argument("file", nargs="?", choices=("opensm-subnet.lst", "opensm-lfts.dump", "guid2lid"),
+                   help="print this file instead of listing the paths")
+    d.set_defaults(func=cmd_dumps)

@@ -13,7 +13,8 @@ from ibemu.errors import IbemuError
 
 
 def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None) -> subprocess.Popen[bytes]:
-    """The SM process, attached to the MAD socket in ``ns``; events in ``workdir/events.jsonl``.
+    """The SM process, attached to the MAD socket in ``ns``; events in ``workdir/events.jsonl``,
+    OpenSM-format dumps (``opensm-subnet.lst``, ``opensm-lfts.dump``, ``guid2lid``) beside them.
 
     A previous SM's event log in ``workdir`` is set aside (``events.jsonl.prev``): its
     ``subnet_up`` must not pass for this one's. Its LID state is kept (LIDs stay stable).
@@ -23,7 +24,8 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     if events.exists():
         events.replace(workdir / "events.jsonl.prev")
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", ns, "--engine", engine,
-            "--events", str(workdir / "events.jsonl"), "--state", str(workdir / "state.json"), *(extra or [])]
+            "--events", str(workdir / "events.jsonl"), "--state", str(workdir / "state.json"),
+            "--dump-dir", str(workdir), *(extra or [])]
     return subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(workdir / "sm.err", "wb"), env=clock.child_env())
 

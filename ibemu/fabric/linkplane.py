@@ -30,7 +30,7 @@ Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`
   of the cable: a 4x link moves 4 bytes per symbol time; IBA leaves the unit to the
   implementation), ``port_xmit_discards`` (an SL mapped to a VL the port does not operate;
   what was queued for a port when its link went down, and what reached it while down:
-  ``Node.port_down``),
+  ``Node.port_down``; those also as ``port_inactive_discards``, PortXmitDiscardDetails),
   ``excessive_buffer_overrun_errors`` (never, while credits are kept);
 - credit loops (``physics.deadlock.find_credit_loops``, no credit returned on a cycle of
   (switch, port, VL) for :data:`LOOP_STALL_NS` of emulated time) are logged once each as a
@@ -100,7 +100,7 @@ class LinkPlane(LiveLinks):
         self.model = model
         self._counts = counts
         self.events = events
-        self._pushed: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._pushed: dict[tuple[str, int], tuple[int, int, int, int]] = {}
         self._loops_seen: set[frozenset[tuple[str, int, int]]] = set()
         self._last_report = clock.monotonic()
         self._qos_seen: dict[str, tuple[int, ...]] = {}
@@ -195,12 +195,13 @@ class LinkPlane(LiveLinks):
             for num, p in node.ports.items():
                 c = p.counters
                 tick_ns = SYMBOL_BYTES * p.link.byte_ns()
-                now = (c.xmit_wait_ticks(tick_ns), c.xmit_discards, c.buffer_overruns)
-                was = self._pushed.get((node.name, num), (0, 0, 0))
+                now = (c.xmit_wait_ticks(tick_ns), c.xmit_discards, c.buffer_overruns, c.inactive_discards)
+                was = self._pushed.get((node.name, num), (0, 0, 0, 0))
                 if now != was:
                     self._pushed[(node.name, num)] = now
                     deltas = {"port_xmit_wait": now[0] - was[0], "port_xmit_discards": now[1] - was[1],
-                              "excessive_buffer_overrun_errors": now[2] - was[2]}
+                              "excessive_buffer_overrun_errors": now[2] - was[2],
+                              "port_inactive_discards": now[3] - was[3]}
                     self._counts(node.name, num, {k: v for k, v in deltas.items() if v})
 
     def check_loops(self) -> None:

@@ -228,6 +228,8 @@ class PortCounters:
     xmit_wait_ns: int = 0
     """Time the port had data queued but could send none (no credits, or paused)."""
     xmit_discards: int = 0
+    inactive_discards: int = 0
+    """Of ``xmit_discards``: frames for a port whose link was down (PortInactiveDiscards)."""
     drops: int = 0
     """Ethernet: frames dropped at this egress for want of buffer."""
     ecn_marked: int = 0
@@ -504,6 +506,7 @@ class Node:
             while q._n:
                 frame = q.popleft()
                 p.counters.xmit_discards += 1
+                p.counters.inactive_discards += 1
                 out.append(Drop(self.name, port, frame, "port_down", now))
                 out += self._release(frame, now)
             p.queued_bytes[c] = 0
@@ -598,6 +601,7 @@ class Node:
         p = self.ports[out_port]
         if not p.up:  # decided for a port whose link is down: discarded (PortXmitDiscards)
             p.counters.xmit_discards += 1
+            p.counters.inactive_discards += 1
             return [Drop(self.name, out_port, frame, "port_down", now), *self._release(frame, now)]
         c = self._class_of(frame, in_port, out_port)
         if c is None:  # SL mapped to VL15 or to a VL the port does not operate

@@ -13,6 +13,7 @@ import argparse
 import gc
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -45,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
     p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
     p.add_argument("--state", default=None, help="JSON snapshot of LIDs, cables and LFTs (for `ibemu sm`)")
+    p.add_argument("--dump-dir", default=None, help="write OpenSM's opensm-subnet.lst, opensm-lfts.dump and "
+                   "guid2lid here after each heavy sweep and reroute (ibemu.sm.dumps)")
     p.add_argument("--direct", default=None, metavar="IFNAME=PEER_MAC",
                    help="send and receive SMPs on the HCA's own cable (a packet socket on IFNAME in --ns, "
                         "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
@@ -81,11 +84,25 @@ async def _freeze_after_up(sm: SubnetManager) -> None:
     gc.freeze()
 
 
+def check_dump_dir(value: str | None) -> None:
+    """``--dump-dir``: a directory this process can write (made if missing), or a clear exit
+    before the SM attaches to anything."""
+    if not value:
+        return
+    try:
+        os.makedirs(value, exist_ok=True)
+    except OSError as exc:
+        raise SystemExit(f"--dump-dir {value}: {exc.strerror or exc}") from None
+    if not os.access(value, os.W_OK | os.X_OK):
+        raise SystemExit(f"--dump-dir {value}: not writable")
+
+
 async def amain(args: argparse.Namespace) -> int:
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
                    retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
+                   dump_dir=args.dump_dir,
                    qos=SmQos.from_json(args.qos) if args.qos else None)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
@@ -123,6 +140,7 @@ snapshot writer) must not hold up the event loop for milliseconds in a reroute."
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    check_dump_dir(args.dump_dir)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return run_trio(amain, args)

@@ -122,7 +122,9 @@ class Discovery:
         new = node is None
         if node is None:
             kind = NodeType(ni.node_type) if ni.node_type in (1, 2, 3) else NodeType.CA
-            node = g.add(SmNode(ni.node_guid, kind, ni.num_ports, dr_path=path))
+            node = g.add(SmNode(ni.node_guid, kind, ni.num_ports, dr_path=path, system_guid=ni.system_image_guid,
+                                vendor_id=ni.vendor_id, device_id=ni.device_id,
+                                revision=struct.unpack_from("!I", r.data, 32)[0]))
             if kind is NodeType.SWITCH:
                 for num in range(ni.num_ports + 1):
                     node.ports[num] = SmPort(num, ni.node_guid, dr_path=path)

@@ -38,6 +38,11 @@ class SmNode:
     ports: dict[int, SmPort] = field(default_factory=dict)
     dr_path: tuple[int, ...] = ()
     """Directed route (InitialPath hops 1..n) the SM reaches this node by."""
+    system_guid: int = 0
+    vendor_id: int = 0
+    device_id: int = 0
+    revision: int = 0
+    """NodeInfo's identity fields, as discovery read them (only the dumps show them)."""
     coords: tuple[int, ...] | None = None
     """Position in a mesh/torus when known (set by the topology converter, not by discovery);
     the ``dor`` routing engine needs it."""

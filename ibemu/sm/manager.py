@@ -24,6 +24,10 @@ each suspect at once: its cables are read from its neighbours and it gets one No
 down (as a heavy sweep would leave it out), and the light sweep probes its cables again.
 Directed routes avoid suspects. ``t_programmed`` is the last ack from the switches that
 answered; blocks not waited for are in ``blocks_failed`` (and ``blocks_abandoned``).
+
+With ``SmConfig.dump_dir``, OpenSM's dump files (``ibemu.sm.dumps``: opensm-subnet.lst,
+opensm-lfts.dump, guid2lid) are rewritten after each heavy sweep and each reroute, built
+between passes, never holding up one.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import trio
 from ibemu import clock
 from ibemu.events import LINK_CHANGE, EventLog, Kind
 from ibemu.sm import activate as act
+from ibemu.sm import dumps
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
@@ -109,6 +114,7 @@ class SmConfig:
     priority: int = 0
     lid_routed_activation: bool = True  # after a clean programming pass (cheaper per hop)
     state_path: str | None = None  # where to keep a JSON snapshot of LIDs, links and LFTs
+    dump_dir: str | None = None  # where to write OpenSM's dump files (ibemu.sm.dumps); None: none
     overdue_s: float = 0.02  # with a trap waiting, an LFT Set unanswered this long is abandoned
     suspect_probe_s: float = 0.05  # a suspected switch not answering NodeInfo within this is dropped
     qos: SmQos | None = None  # VLs, SL -> VL and VL arbitration to program (ibemu.sm.qos); None: leave defaults
@@ -148,6 +154,7 @@ class SubnetManager:
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, int]](self.config.outbox)
         self._sweeping = False
         self._lft_views: dict[int, tuple[dict[int, int], int, dict[str, int]]] = {}
+        self._dumps_wake = trio.Event()
         self._t_start = clock.now_ns()
 
     @property
@@ -163,6 +170,7 @@ class SubnetManager:
             await n.start(self.transport.serve)
             n.start_soon(self._outbox)
             n.start_soon(self._snapshots)
+            n.start_soon(self._dumps)
             yield self
             n.cancel_scope.cancel()
 
@@ -311,6 +319,8 @@ class SubnetManager:
                              ports=len(act.link_ends(self.disc)))
             self.up.set()
         self._end(reason, t0, before, ok=ok)
+        if ok:
+            self._dumps_wake.set()
         return ok
 
     def _compute(self, ends: list[tuple[int, int]] | None) -> Routes:
@@ -484,6 +494,55 @@ class SubnetManager:
 
             await trio.to_thread.run_sync(write)
 
+    def render_dumps(self) -> dict[str, str]:
+        """OpenSM's dump files (``ibemu.sm.dumps``) of the subnet as this SM last set it up."""
+        lfts = self.routes.lfts if self.routes else {}
+        return dumps.render(self.graph, self.disc.port_info, lfts, self.lids.by_guid, self.lids.top)
+
+    def _pass_pending(self) -> bool:
+        return self._sweeping or bool(self._dirty) or bool(self._trap_unknown)
+
+    async def _dumps(self) -> None:
+        """Write ``config.dump_dir``'s files after each heavy sweep and reroute (woken by
+        them), each by an atomic rename, the files written off the trio thread. Built on the
+        loop a piece at a time (``dumps.iter_render``), yielding between pieces; a pass that
+        begins meanwhile (a trap, a sweep) is let finish and the files are built again after
+        it, once."""
+        where = self.config.dump_dir
+        if not where:
+            return
+        while True:
+            await self._dumps_wake.wait()
+            while self._pass_pending():
+                await trio.sleep(0.05)
+            self._dumps_wake = trio.Event()
+            texts: dict[str, list[str]] = {name: [] for name in dumps.FILES}
+            lfts = self.routes.lfts if self.routes else {}
+            try:
+                for name, chunk in dumps.iter_render(self.graph, self.disc.port_info, lfts, self.lids.by_guid,
+                                                     self.lids.top):
+                    texts[name].append(chunk)
+                    await trio.sleep(0)
+                    if self._pass_pending() or self._dumps_wake.is_set():
+                        self._dumps_wake.set()  # the state moved under us: again, after that pass
+                        break
+                else:
+                    await trio.to_thread.run_sync(self._write_dumps, where, texts)
+                    self.stats["dumps"] += 1
+                    self.events.emit(Kind.DUMPS_WRITTEN, dir=where, sweep=self.sweeps)
+            except Exception as exc:  # the files are a view: never the SM's end
+                log.error("cannot write OpenSM dump files in %s: %r", where, exc)
+                self.stats["dump_errors"] += 1
+
+    @staticmethod
+    def _write_dumps(where: str, texts: dict[str, list[str]]) -> None:
+        os.makedirs(where, exist_ok=True)
+        for name, chunks in texts.items():
+            path = os.path.join(where, name)
+            with open(f"{path}.tmp", "w") as f:
+                f.writelines(chunks)
+            os.replace(f"{path}.tmp", path)
+
     def recompute_paths(self, avoid: set[int] | None = None) -> set[int]:
         """Re-derive directed routes (through ``avoid`` only where there is no other way);
         drop and report nodes that became unreachable."""
@@ -654,4 +713,5 @@ class SubnetManager:
             rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
                    "issuers": len(guids), "changes": len(changes), "reset": len(reset), "reason": reason}
             self.events.emit(Kind.REROUTE, **rec)
+            self._dumps_wake.set()
         self._end(reason, t0, before, changed=len(changes))

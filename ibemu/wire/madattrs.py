@@ -79,9 +79,11 @@ def notice_fields(data: bytes | bytearray | memoryview) -> tuple[int, int, int]:
     return b0 >> 7, trap, issuer
 
 
-def class_port_info(*, capability_mask: int, resp_time_value: int = 18) -> bytes:
-    """ClassPortInfo for a GSI agent without redirection (72 bytes in a 192-byte area)."""
-    return struct.pack("!BBHI", 1, 1, capability_mask, resp_time_value & 0x1F).ljust(192, b"\0")
+def class_port_info(*, capability_mask: int, resp_time_value: int = 18, capability_mask2: int = 0) -> bytes:
+    """ClassPortInfo for a GSI agent without redirection (72 bytes in a 192-byte area);
+    CapabilityMask2 (27 bits) shares its 32-bit word with RespTimeValue (the low 5 bits)."""
+    word = ((capability_mask2 & 0x7FFFFFF) << 5) | (resp_time_value & 0x1F)
+    return struct.pack("!BBHI", 1, 1, capability_mask, word).ljust(192, b"\0")
 
 
 VL_ARB_BLOCK_ENTRIES = 32

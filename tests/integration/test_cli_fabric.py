@@ -95,6 +95,10 @@ def test_up_with_an_sm_then_ibtracert_across_the_fabric(tmp_path: Path, sm: str)
             assert f"{l15:#06x}" in routes.stdout and "valid lids dumped" in routes.stdout
             events = ibemu(state, "sm", "events", "--kind", "subnet_up")
             assert events.returncode == 0 and "subnet_up" in events.stdout
+            listed = ibemu(state, "sm", "dumps")  # OpenSM's files, from ibemu's SM
+            assert listed.returncode == 0 and len(listed.stdout.split()) == 3, listed.stderr
+            lfts = ibemu(state, "sm", "dumps", "opensm-lfts.dump")
+            assert lfts.returncode == 0 and f"0x{l15:04x} " in lfts.stdout and lfts.stdout.count("lids dumped") == 20
     finally:
         down = ibemu(state, "down")
     assert down.returncode == 0, down.stderr

@@ -8,7 +8,7 @@ from ibemu.agents.counters import PortCounters
 from ibemu.wire import madcodec as mb
 from ibemu.wire.mad import ClassPortInfo
 from ibemu.wire.mad import PortCounters as ScapyPortCounters
-from ibemu.wire.madpacket import PACKET_LEN
+from ibemu.wire.madpacket import PACKET_LEN, frame_mad
 
 from .fabrics import chain
 from .minism import MiniSm
@@ -130,3 +130,52 @@ def test_the_pma_asks_for_fresh_counts_before_answering() -> None:
     assert asked == [[1], [1]]
     assert second.port_xmit_pkts - first.port_xmit_pkts == 1000
     assert second.port_xmit_data - first.port_xmit_data == 1000 * 4096 // 4
+
+
+def test_extended_counters_carry_the_error_counters_and_clear_them_by_counter_select2() -> None:
+    fab, lid = setup()
+    cpi = pma_get(fab, lid["s2"], 0x01)[1]
+    # not advertised (the tools' libumad2sim would cut the last three off), but answered
+    assert not (struct.unpack_from("!I", cpi, 4)[0] >> 5) & 0x2 and cpi[7] & 0x1F == 18
+    s2 = fab.agents["s2"]
+    s2.add_counts(3, symbol_error_counter=70000, link_downed_counter=2, port_xmit_discards=5, port_xmit_wait=9,
+                  vl15_dropped=1, xmit_pkts=7)
+    data = pma_get(fab, lid["s2"], 0x1D, port_select=3)[1]
+    ext = dict(zip(("sym", "recov", "downed", "rcv_err", "remote", "relay", "discards", "xconstr", "rconstr",
+                    "lli", "ebo", "vl15", "wait", "qp1"), struct.unpack_from("!14Q", data, 72), strict=True))
+    assert ext["sym"] == 70000 and ext["downed"] == 2 and ext["discards"] == 5 and ext["wait"] == 9
+    assert ext["vl15"] == 1 and ext["rcv_err"] == 0  # 64 bits: not saturated at the 16-bit field
+    # a Set with CounterSelect2 (bits 0..12: the error counters, then XmitWait) writes zeros
+    req = bytearray(mb.port_counters_select(3))
+    struct.pack_into("!I", req, 4, 0x1FFF)
+    mad = mb.pma(mb.SET, 0x1D, tid=0x9A, data=bytes(req))
+    (resp,) = fab.send_mad("sm", 1, lid["s2"], 1, 1, mad)
+    assert mb.status(resp.mad) == 0
+    c = s2.counters(3)
+    assert c.symbol_error_counter == c.link_downed_counter == c.port_xmit_wait == c.port_xmit_discards == 0
+    assert c.xmit_pkts >= 7  # CounterSelect (data counters) was 0: left alone
+
+
+def test_rcv_error_and_xmit_discard_details_break_the_errors_down_and_clear() -> None:
+    fab, lid = setup()
+    s2 = fab.agents["s2"]
+    s2.add_counts(3, port_rcv_errors=5, port_local_physical_errors=3, port_malformed_packet_errors=2,
+                  port_xmit_discards=4, port_inactive_discards=4)
+    status, rcv = pma_get(fab, lid["s2"], 0x15, port_select=3)
+    assert status == 0 and rcv[1] == 3 and struct.unpack_from("!6H", rcv, 4) == (3, 2, 0, 0, 0, 0)
+    status, xmit = pma_get(fab, lid["s2"], 0x16, port_select=3)
+    assert status == 0 and struct.unpack_from("!4H", xmit, 4) == (4, 0, 0, 0)
+    status, _ = pma_get(fab, lid["s2"], 0x15, port_select=3, method=mb.SET, counter_select=0x3F)
+    assert status == 0 and s2.counters(3).port_local_physical_errors == s2.counters(3).port_malformed_packet_errors == 0
+    assert s2.counters(3).port_inactive_discards == 4  # the other attribute's counters stay
+
+
+def test_a_frame_with_a_bad_crc_is_a_local_physical_error() -> None:
+    fab, _lid = setup()
+    s2 = fab.agents["s2"]
+    frame = bytearray(frame_mad(mb.dr_smp(mb.GET, 0x11, path=[]), dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0,
+                                   qkey=0, vl=15))
+    frame[-1] ^= 0xFF  # VCRC
+    s2.receive(1, bytes(frame))
+    c = s2.counters(1)
+    assert c.port_rcv_errors >= 1 and c.port_local_physical_errors >= 1 and c.port_malformed_packet_errors == 0

@@ -35,3 +35,12 @@ def test_default_routing_also_reroutes_incrementally_an_injected_one_does_not() 
 def test_help_runs() -> None:
     r = subprocess.run([sys.executable, "-m", "ibemu.sm", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "--max-in-flight" in r.stdout
+
+
+def test_a_dump_dir_that_cannot_be_one_exits_before_attaching(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = subprocess.run([sys.executable, "-m", "ibemu.sm", "--ns", "no-such-ns", "--dump-dir", str(afile / "sub")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and f"--dump-dir {afile / 'sub'}: Not a directory" in r.stderr, r.stderr
+    assert parse_args(["--dump-dir", str(tmp_path)]).dump_dir == str(tmp_path)
