@@ -12,6 +12,8 @@ APT_PACKAGES+=(mininet bridge-utils)
 # The device firmware's eBPF programs are C, built with clang -target bpf against libbpf's
 # headers (no kernel headers needed); OpenSM runs on the dilated clock under libfaketime.
 APT_PACKAGES+=(clang libbpf-dev libfaketime)
+# The browser tests of the HTML report and the live page (`ibemu up --web`) drive headless Chromium.
+APT_PACKAGES+=(chromium)
 VENV=${IBEMU_VENV:-.venv}
 
 want_apt=1

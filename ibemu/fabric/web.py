@@ -293,8 +293,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, self.server.page, "text/html; charset=utf-8")
         elif path == "/state":
             self._send(200, self.server.feed.snapshot()[1].encode(), "application/json")
-        elif path == "/events" and self.command == "GET":
-            self._stream()
+        elif path == "/events":
+            if self.command == "GET":
+                self._stream()
+            else:  # HEAD: what a GET would start with
+                self._send(200, b"", "text/event-stream")
         elif path == "/favicon.ico":
             self._send(204, b"", "image/x-icon")
         else:
@@ -467,11 +470,17 @@ PAGE_JS = r"""
 """
 
 
+COUNTER_LABELS = {"xmit_octets": "xmit octets", "rcv_octets": "rcv octets", "xmit_pkts": "xmit pkts",
+                  "rcv_pkts": "rcv pkts", "symbol_error_counter": "symbol err", "link_downed_counter": "link downed",
+                  "port_rcv_errors": "rcv err", "port_xmit_discards": "xmit discards", "port_xmit_wait": "xmit wait"}
+"""Column heads (the PMA's PortCounters fields; octets, not the 4-octet words perfquery shows)."""
+
+
 def page(topo: Topology, title: str) -> str:
     """The live page of ``topo`` (static: the script fills it from ``/events``)."""
     rows = "".join(f'<tr><td>{escape(n.name)}</td><td>{"switch" if n.is_switch else "host"}</td>'
                    f'<td id="ports-{escape(n.name)}"></td></tr>' for n in topo.nodes.values())
-    heads = "".join(f"<th>{escape(c)}</th>" for c in ("port", *SHOWN_COUNTERS))
+    heads = "".join(f"<th>{escape(COUNTER_LABELS.get(c, c))}</th>" for c in ("port", *SHOWN_COUNTERS))
     c = topo.counts()
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
