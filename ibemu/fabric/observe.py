@@ -14,6 +14,7 @@ and the live page of ``ibemu up --web`` (``ibemu.fabric.web``) serves ``port_sta
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from ibemu.fabric.agenthost import AgentHost
@@ -46,21 +47,26 @@ def port_states(host: AgentHost) -> dict[str, dict[int, tuple[bool, str, str]]]:
     return out
 
 
-def refresh_counters(host: AgentHost) -> None:
-    """Bring the kernel-carried ports' counters up to date (one netlink dump per node)."""
-    for rt in host.nodes.values():
+def refresh_counters(host: AgentHost, nodes: Iterable[str] | None = None) -> None:
+    """Bring the kernel-carried ports' counters of ``nodes`` (default: all) up to date: one
+    netlink dump per node, 0.4-0.8 ms each here (a k=8 fat-tree's 208 nodes: 80-160 ms)."""
+    for name in host.nodes if nodes is None else nodes:
+        rt = host.nodes[name]
         refresh = getattr(rt.agent, "link_counters", None)
         if refresh is not None and rt.powered:
             refresh(list(rt.plan.ports))
 
 
-def port_counters(host: AgentHost, names: tuple[str, ...] = SHOWN_COUNTERS,
-                  refresh: bool = True) -> dict[str, dict[int, dict[str, int]]]:
-    """node -> port -> counter -> value (64-bit accumulators, octets not words)."""
+def port_counters(host: AgentHost, names: tuple[str, ...] = SHOWN_COUNTERS, refresh: bool = True,
+                  nodes: Iterable[str] | None = None) -> dict[str, dict[int, dict[str, int]]]:
+    """node -> port -> counter -> value (64-bit accumulators, octets not words), of ``nodes``
+    (default: all); ``refresh``: from the kernel first (``refresh_counters``)."""
+    chosen = list(host.nodes) if nodes is None else list(nodes)
     if refresh:
-        refresh_counters(host)
+        refresh_counters(host, chosen)
     out: dict[str, dict[int, dict[str, int]]] = {}
-    for name, rt in host.nodes.items():
+    for name in chosen:
+        rt = host.nodes[name]
         ports = getattr(rt.agent, "ports", {})
         out[name] = {num: {c: int(getattr(ports[num].counters, c)) for c in names}
                      for num in rt.plan.ports if num in ports}

@@ -81,6 +81,8 @@ def test_live_page_shows_the_fabric_and_a_cut_cable_turns_red(fabric: Session, b
     assert browser.wait_for("document.getElementById('ports-core0').textContent.includes('Active')")
     assert browser.wait_for("document.getElementById('counters').rows.length > 0")
     assert browser.wait_for("document.getElementById('events').textContent.includes('subnet_up')")
+    sm_port = "document.getElementById('c-h0:1').cells[1].textContent"  # the SM's port: xmit octets
+    before = browser.evaluate(sm_port)
     cable = _cable(fabric, *CUT)
     stroke = f"getComputedStyle({cable}).stroke"
     assert browser.evaluate(stroke) != RED
@@ -94,6 +96,8 @@ def test_live_page_shows_the_fabric_and_a_cut_cable_turns_red(fabric: Session, b
     assert browser.evaluate(f"{cable}.classList.contains('down')")
     # the SM's reaction reaches the page as events: the fault, the carrier, the trap at the SM
     assert browser.wait_for("document.getElementById('events').textContent.includes('link_down')")
+    # the SM's reroute went out through its port: the counters on the page moved
+    browser.wait_for(f"{sm_port} !== '{before}'", timeout_s=5.0)
 
     fabric.link([*CUT, "up"])
     browser.wait_for(f"{stroke} !== '{RED}'", timeout_s=5.0)
