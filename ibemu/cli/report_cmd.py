@@ -16,6 +16,7 @@ import os
 import sys
 from pathlib import Path
 
+from ibemu.cli.completion_cmd import any_file
 from ibemu.errors import ConfigError
 from ibemu.report.result import READABLE_VERSIONS, ResultError, RunResult
 
@@ -76,7 +77,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="show a saved run result (terminal summary, or one HTML page)",
                        description=__doc__.splitlines()[0])
-    p.add_argument("result", type=Path, help="a result file (ibemu run --json FILE)")
+    any_file(p.add_argument("result", type=Path, help="a result file (ibemu run --json FILE)"))
     p.add_argument("--html", action="store_true", help="write a self-contained HTML page instead of the summary")
-    p.add_argument("--out", type=Path, metavar="FILE", help="where --html writes (default: RESULT with .html)")
+    any_file(p.add_argument("--out", type=Path, metavar="FILE", help="where --html writes (default: RESULT with .html)"))
     p.set_defaults(func=cmd_report)

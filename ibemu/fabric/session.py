@@ -10,7 +10,9 @@ drives ibemu's own command line to get work done.
 - ``Session.up(request)`` records the run (``ibemu.kernel.ownership``), starts the fabric daemon
   (``python -m ibemu.fabric.daemon RUN_DIR``: the process that owns the namespaces and agents,
   so the fabric outlives the caller) and returns once the run is ``up``; a daemon that dies or
-  does not come up in time has everything torn down and raises with its log's tail.
+  does not come up in time has everything torn down and raises with its log's tail. With
+  ``web=(addr, port)`` it binds the live page's socket first (``ibemu.fabric.web``: a port in
+  use fails before anything exists) and the daemon serves the page on it.
 - ``Session.attach(run_id)`` finds a fabric already up (the only one, when no id is given).
 - ``command``/``exec`` run a program in a node's namespace, ``diag_command`` a libibumad tool
   attached to a host's MAD socket, ``fault`` (and ``link``/``switch``) ask the daemon's control
