@@ -14,6 +14,8 @@ APT_PACKAGES+=(mininet bridge-utils)
 APT_PACKAGES+=(clang libbpf-dev libfaketime)
 # node_exporter reads the fabric's per-host sysfs trees (tests/integration/test_metrics_live.py).
 APT_PACKAGES+=(prometheus-node-exporter)
+# The browser tests of the HTML report and the live page (`ibemu up --web`) drive headless Chromium.
+APT_PACKAGES+=(chromium)
 VENV=${IBEMU_VENV:-.venv}
 
 want_apt=1

@@ -3,7 +3,8 @@
 ``ibemu up [SCENARIO] [--topo fat-tree,k=4] [--datapath kernel|user]`` builds the fabric in a
 background daemon (it owns the namespaces and the agents) and returns once every agent
 answers; ``ibemu exec NODE -- CMD`` runs a command in a node's namespace; ``ibemu down``
-tears it down. Each is a call on ``ibemu.fabric.session.Session``; this module turns the
+tears it down. ``--web [ADDR:]PORT`` serves a live page of the fabric from its daemon
+(``ibemu.fabric.web``). Each is a call on ``ibemu.fabric.session.Session``; this module turns the
 command line (a scenario, ``--topo``, ``--sm``...) into a ``FabricRequest`` and prints.
 """
 
@@ -109,17 +110,32 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
                          dilation=dilation, sm_qos=qos)
 
 
+def web_address(args: argparse.Namespace) -> tuple[str, int] | None:
+    """``--web [ADDR:]PORT`` checked (a non-loopback address only with ``--web-remote``)."""
+    if getattr(args, "web", None) is None:
+        if getattr(args, "web_remote", False):
+            raise ConfigError("--web-remote: only with --web [ADDR:]PORT")
+        return None
+    from ibemu.fabric.web import parse_address
+
+    return parse_address(args.web, args.web_remote)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     require_root("up")
+    web = web_address(args)
     req = request_from_args(args)
     listen = metrics_listen(args, req.kind)
     if listen is not None:
         req = dataclasses.replace(req, metrics=listen_text(*listen))
-    say_up(up_with_progress(req), req)
+    if web is not None and req.kind != "ib":
+        raise ConfigError("--web: the live page shows IB fabrics (a RoCE fabric's routers have no PMA)")
+    session = up_with_progress(req, web)
+    say_up(session, req)
     return 0
 
 
-def up_with_progress(req: FabricRequest) -> Session:
+def up_with_progress(req: FabricRequest, web: tuple[str, int] | None = None) -> Session:
     """``Session.up(req)``, its build shown as it goes (a spinner on a terminal, a line otherwise:
     a k=16 fabric takes seconds)."""
     from ibemu.cli.progress import Reporter
@@ -129,7 +145,7 @@ def up_with_progress(req: FabricRequest) -> Session:
     with Reporter(timed=("build",)) as progress:
         progress("build", f"{req.name}: {counts.switches} switches, {counts.cas} hosts, {counts.links} links "
                           f"({req.kind}, {req.datapath} datapath{sm})")
-        session = Session.up(req)
+        session = Session.up(req, web=web)
         progress("up", f"fabric {session.run_id}")
     return session
 
@@ -152,6 +168,8 @@ def say_up(session: Session, req: FabricRequest) -> None:
     print(f"  sysfs of each node: {session.run_dir / 'sysfs'}/NODE/class/infiniband")
     if req.metrics:
         print(f"  Prometheus metrics: http://{req.metrics}/metrics")
+    if session.web_url:
+        print(f"  live page: {session.web_url}")
     print("  ibemu status | ibemu down")
 
 
@@ -231,6 +249,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--fabric", choices=("ib", "roce"),
                     help="override fabric.kind (roce: IP routers, ECMP, RoCEv2, the fabric manager)")
     add_metrics_arguments(up)
+    up.add_argument("--web", metavar="[ADDR:]PORT",
+                    help="serve a live page of the fabric there (read-only; address 127.0.0.1 by default)")
+    up.add_argument("--web-remote", action="store_true",
+                    help="allow --web on an address that is not loopback (the page has no authentication)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="tear a running fabric down")
     down.add_argument("--run", help="run id (when several fabrics run)")

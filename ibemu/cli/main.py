@@ -24,6 +24,7 @@ COMMANDS = (
     "ibemu.cli.validate_cmd",
     "ibemu.cli.run_cmd",
     "ibemu.cli.compare_cmd",
+    "ibemu.cli.report_cmd",
     "ibemu.cli.perf_cmd",
     "ibemu.cli.console_cmd",
     "ibemu.cli.schema_cmd",

@@ -10,7 +10,9 @@ drives ibemu's own command line to get work done.
 - ``Session.up(request)`` records the run (``ibemu.kernel.ownership``), starts the fabric daemon
   (``python -m ibemu.fabric.daemon RUN_DIR``: the process that owns the namespaces and agents,
   so the fabric outlives the caller) and returns once the run is ``up``; a daemon that dies or
-  does not come up in time has everything torn down and raises with its log's tail.
+  does not come up in time has everything torn down and raises with its log's tail. With
+  ``web=(addr, port)`` it binds the live page's socket first (``ibemu.fabric.web``: a port in
+  use fails before anything exists) and the daemon serves the page on it.
 - ``Session.attach(run_id)`` finds a fabric already up (the only one, when no id is given).
 - ``command``/``exec`` run a program in a node's namespace, ``diag_command`` a libibumad tool
   attached to a host's MAD socket, ``fault`` (and ``link``/``switch``) ask the daemon's control
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -212,6 +215,8 @@ class Session:
             adopt_clock(state.run_dir)
         self.up_s: float | None = None
         """How long ``up`` took, when this session started the fabric."""
+        self.web_url: str | None = None
+        """Where the live page is, when this session started the fabric with one."""
 
     # -------------------------------------------------------------- finding fabrics
 
@@ -249,19 +254,41 @@ class Session:
     # -------------------------------------------------------------- life cycle
 
     @classmethod
-    def up(cls, request: FabricRequest, *, timeout_s: float = UP_TIMEOUT_S) -> Session:
-        """Build ``request`` in a fabric daemon; return once it is up (nothing left if not)."""
+    def up(cls, request: FabricRequest, *, timeout_s: float = UP_TIMEOUT_S,
+           web: tuple[str, int] | None = None) -> Session:
+        """Build ``request`` in a fabric daemon; return once it is up (nothing left if not).
+
+        ``web``: (address, port) for the live page (``ibemu.fabric.web``), bound here before
+        anything is built (a port in use is an error with nothing started) and served by the
+        daemon, which inherits the socket; ``web_url`` says where."""
         require_root("up")
+        sock = None
+        if web is not None:
+            from ibemu.fabric.web import listen
+
+            if request.kind != "ib":
+                raise ConfigError("--web: the live page shows IB fabrics (a RoCE fabric's routers have no PMA)")
+            sock = listen(*web)
+        try:
+            return cls._up(request, timeout_s, sock)
+        finally:
+            if sock is not None:
+                sock.close()  # the daemon has its own copy
+
+    @classmethod
+    def _up(cls, request: FabricRequest, timeout_s: float, sock: socket.socket | None) -> Session:
         clock.configure(request.dilation)  # the daemon and every child take it from here
         state = ownership.RunState(ownership.new_run_id(), scenario=request.name)
         run_dir = state.run_dir
         state.save()
         write_spec(run_dir, state.run_id, request)
         t0 = clock.monotonic()
+        web_args = [] if sock is None else ["--web-fd", str(sock.fileno())]
         with open(run_dir / "daemon.err", "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir)],
+            proc = subprocess.Popen([sys.executable, "-m", "ibemu.fabric.daemon", str(run_dir), *web_args],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    start_new_session=True, env=clock.child_env())
+                                    start_new_session=True, env=clock.child_env(),
+                                    pass_fds=() if sock is None else (sock.fileno(),))
         while True:
             time.sleep(0.05)
             current = ownership.RunState.load(state.path) if state.path.exists() else state
@@ -274,6 +301,10 @@ class Session:
                 raise IbemuError(f"fabric daemon {reason}; nothing is left running.\n{log_tail}")
         session = cls(current, request.topology)
         session.up_s = clock.monotonic() - t0
+        if sock is not None:
+            from ibemu.fabric.web import url_of
+
+            session.web_url = url_of(sock)
         return session
 
     def down(self) -> list[str]:

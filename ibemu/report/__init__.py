@@ -1,7 +1,8 @@
 """ibemu.report: what ``ibemu run`` makes of its result.
 
 ``schema`` (the ``ibemu.run/3`` structures and their validator), ``store`` (JSON files),
-``summary`` (the terminal summary) and ``plots`` (throughput, reroute phases, topology).
+``summary`` (the terminal summary), ``plots`` (throughput, reroute phases, topology) and
+``html`` (all of it as one self-contained page: ``ibemu report RESULT --html``).
 """
 
 from ibemu.report.result import (

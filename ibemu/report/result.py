@@ -21,6 +21,12 @@ and ``avg_mbps`` for the same MiB/s figures, and a fault's ``phases_ms`` may say
 ``local_failover`` (ms until a switch forwarded on alternate ports by itself). Nothing else changed: ``/2`` and ``/1`` files
 still read and are written back as they were (``extra`` is open: their keys are kept).
 
+Optional in ``ibemu.run/3`` (absent from results before it existed): ``link_load``, the
+fabric's cables and what each carried over the run, read from the ports' PMA counters just
+before teardown: ``{nodes: {name: "switch"|"ca"|"router"}, links: [{a, b, bytes}]}`` (``a``,
+``b``: ``node:port``; ``bytes``: octets both directions, null where unknown). The HTML report
+(``ibemu.report.html``) draws the topology and the load of each cable from it.
+
 :func:`validate` reports every problem at once, located by key path
 (``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
 """
@@ -410,6 +416,40 @@ class Files:
                    None if stats is None else [CaptureFile.from_dict(c) for c in stats])
 
 
+NODE_KINDS = ("switch", "ca", "router")
+
+
+@dataclass
+class LinkLoad:
+    """One cable of the fabric and the octets it carried (both directions; None: unknown)."""
+
+    a: str
+    b: str
+    bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "bytes": self.bytes}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LinkLoad:
+        return cls(d["a"], d["b"], d["bytes"])
+
+
+@dataclass
+class FabricLoad:
+    """The fabric's nodes (name -> kind) and cables with their load (``link_load``)."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    links: list[LinkLoad] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": dict(self.nodes), "links": [lk.to_dict() for lk in self.links]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FabricLoad:
+        return cls(dict(d["nodes"]), [LinkLoad.from_dict(x) for x in d["links"]])
+
+
 @dataclass
 class RunResult:
     """One ``ibemu run``: what was built, broken and measured."""
@@ -428,6 +468,8 @@ class RunResult:
     schema: str = SCHEMA_VERSION
     fidelity: Fidelity | None = None
     """``None``: not judged (an ``ibemu.run/1`` result, or one not made by a run): unknown."""
+    link_load: FabricLoad | None = None
+    """The cables and their load (optional; ``None``: not recorded)."""
 
     @property
     def invalid(self) -> bool:
@@ -450,6 +492,8 @@ class RunResult:
         if self.fidelity is not None or self.schema != READABLE_VERSIONS[0]:
             d["fidelity"] = None if self.fidelity is None else self.fidelity.to_dict()
         d["files"] = self.files.to_dict()
+        if self.link_load is not None:
+            d["link_load"] = self.link_load.to_dict()
         return d
 
     @classmethod
@@ -471,6 +515,7 @@ class RunResult:
             Files.from_dict(d["files"]),
             d["schema"],
             Fidelity.from_dict(d["fidelity"]) if d.get("fidelity") is not None else None,
+            FabricLoad.from_dict(d["link_load"]) if d.get("link_load") is not None else None,
         )
 
 
@@ -779,6 +824,38 @@ _CAPTURE_FILE = _object(
     optional={"rotations": _count, "discarded": _count, "dropped": _count},
 )
 
+def _node_kinds(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, Mapping):
+        out.append(f"{path}: expected object, {_got(v)}")
+        return
+    for k, x in v.items():
+        _string(choices=NODE_KINDS)(x, f"{path}.{k}", out)
+
+
+def _endpoint(v: Any, path: str, out: list[str]) -> None:
+    if not isinstance(v, str) or ":" not in v or not v.rsplit(":", 1)[1].isdigit():
+        out.append(f"{path}: expected NODE:PORT, {_got(v)}")
+
+
+def _links_known(v: Mapping[str, Any], path: str, out: list[str]) -> None:
+    nodes, links = v.get("nodes"), v.get("links")
+    if not (isinstance(nodes, Mapping) and isinstance(links, list)):
+        return
+    for i, lk in enumerate(links):
+        for end in ("a", "b"):
+            e = lk.get(end) if isinstance(lk, Mapping) else None
+            if isinstance(e, str) and ":" in e and e.rsplit(":", 1)[0] not in nodes:
+                out.append(f"{path}.links[{i}].{end}: node {e.rsplit(':', 1)[0]!r} is not in {path}.nodes")
+
+
+_LINK_LOAD = _object(
+    {
+        "nodes": _node_kinds,
+        "links": _list(_object({"a": _endpoint, "b": _endpoint, "bytes": _nullable(_count)})),
+    },
+    _links_known,
+)
+
 _RESULT = _object(
     {
         "schema": _schema_version,
@@ -827,7 +904,7 @@ _RESULT = _object(
         ),
     },
     _fidelity_for_version,
-    optional={"fidelity": _nullable(_FIDELITY)},
+    optional={"fidelity": _nullable(_FIDELITY), "link_load": _nullable(_LINK_LOAD)},
 )
 
 

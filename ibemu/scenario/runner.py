@@ -43,6 +43,7 @@ from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent
 from ibemu.fabric.cable_capture import capture
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultInjector, actions_on
+from ibemu.fabric.observe import cable_loads
 from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
@@ -218,6 +219,8 @@ class ScenarioRun:
         self.interrupted = False
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.capture_files: list[str] = []
+        self.link_load: dict[str, Any] | None = None
+        """The cables and the octets each carried (``ibemu.fabric.observe.cable_loads``)."""
         self.capture_stats: dict[str, CaptureStats] = {}
         """Each capture's files and frames when it stopped, by its file."""
 
@@ -269,10 +272,19 @@ class ScenarioRun:
                             self.progress("sm", f"{scen.sm.impl} SM on {self.rt.sm_host}: SUBNET UP in "
                                                 f"{bringup['sm_s']} s")
                             await self._traffic_and_faults(host)
+                            self._record_loads(host)
                 nursery.cancel_scope.cancel()
         self.progress("teardown", ("interrupted: " if self.interrupted else "")
                       + f"torn down; {time.perf_counter() - t_start:.1f} s in all")
         return self._result(bringup, self.outputs, time.perf_counter() - t_start)
+
+    def _record_loads(self, host: AgentHost) -> None:
+        """The cables and what each carried (the result's ``link_load``), read from the ports'
+        counters before the fabric goes; a failure to read them costs only that field."""
+        try:
+            self.link_load = cable_loads(host, self.scen.topology)
+        except Exception as exc:  # the figures the run measured matter more than this one
+            log.warning("link loads not recorded: %s", exc)
 
     async def _interrupt_on(self, signals: Any, work: trio.CancelScope) -> None:
         async for sig in signals:
@@ -517,6 +529,7 @@ class ScenarioRun:
                       "captures": self.capture_files,
                       **({"capture_stats": [self.capture_stats[f].to_dict() for f in self.capture_files
                                             if f in self.capture_stats]} if self.capture_files else {})},
+            **({"link_load": self.link_load} if self.link_load is not None else {}),
         }
 
 

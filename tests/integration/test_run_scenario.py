@@ -15,6 +15,7 @@ import trio
 
 from ibemu.kernel import netns
 from ibemu.report import validate
+from ibemu.report.html import render
 from ibemu.scenario import loads_scenario
 from ibemu.scenario.runner import ScenarioRun
 
@@ -63,6 +64,13 @@ def test_a_scenario_runs_end_to_end(state_dir: Path, tmp_path: Path) -> None:
     assert traffic["bulk"]["bytes"] > 0 and traffic["bulk"]["gbps"] > 0
     assert traffic["ring"]["extra"]["wrong"] == 0 and traffic["ring"]["extra"]["iterations"] >= 1
     assert max(traffic["bulk"]["timeline"]["gbps"]) > 0
+    # The cables and what each carried, from the ports' counters (the HTML report draws them).
+    loads = {frozenset((lk["a"], lk["b"])): lk["bytes"] for lk in result["link_load"]["links"]}
+    assert len(loads) == 48 and all(b is not None for b in loads.values())
+    assert loads[frozenset(("h0:1", "edge0_0:1"))] >= traffic["bulk"]["bytes"]  # bulk's first hop: all of it
+    assert loads[frozenset(("h15:1", "edge3_1:2"))] < traffic["bulk"]["bytes"] / 100  # no flow: management only
+    page = render(result)
+    assert all(f'id="node-{n}"' in page for n in scen.topology.nodes)
 
 
 def test_scenario_errors_are_reported_before_anything_is_built(tmp_path: Path) -> None:
