@@ -93,7 +93,6 @@ class CaAgent(DeviceAgent):
                          system_image_guid=system_image_guid, partition_cap=partition_cap,
                          clock=clock, count_own_traffic=count_own_traffic)
         self.client_classes: set[int] = set()
-        self._pending_actions: list[Action] = []
 
     # ================================================================== public
 

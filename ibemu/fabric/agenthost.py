@@ -43,10 +43,10 @@ from ibemu.agents.actions import (
     LftUpdate,
     LinkRequest,
     LinkRequestKind,
+    MKeyChange,
     PortStateChange,
     Send,
 )
-from ibemu.agents.device import DeviceAgent
 from ibemu.agents.forwarder import Forwarder, Reason
 from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
@@ -88,6 +88,7 @@ class Agent(Protocol):
     def link_down(self, port: int) -> list[Action]: ...
     def link_retrained(self, port: int) -> list[Action]: ...
     def tick(self, now_ns: int | None = None) -> list[Action]: ...
+    def next_deadline(self) -> int | None: ...
 
 
 MadSink = Callable[[DeliverMad], None]
@@ -679,8 +680,8 @@ class AgentHost:
                 self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()
             for name, rt in self.nodes.items():
-                if not rt.plan.is_switch and type(rt.agent).tick is DeviceAgent.tick:
-                    continue  # no timers
+                if not rt.plan.is_switch and rt.agent.next_deadline() is None:
+                    continue  # no timers (a CA's: trap 256 repeats, an M_Key lease)
                 actions = rt.agent.tick(now)
                 if actions:
                     self.dispatch(name, rt, actions)
@@ -745,6 +746,11 @@ class AgentHost:
             changed = [a.port for a in actions if isinstance(a, PortStateChange) and a.port not in fresh]
             if changed:
                 self.sma_refresh(name, ports=changed, attrs=(0x0012, 0x0015))
+            # an M_Key state the kernel SMA checks changed (a violation, a lease): before the
+            # response too, so that the kernel hands the next SMP over as the agent would
+            keyed = [a.port for a in actions if isinstance(a, MKeyChange)]
+            if keyed:
+                self.sma_refresh(name, ports=keyed, attrs=(0x0015,))
         for action in actions:
             if isinstance(action, Send):
                 sock = rt.sockets.get(action.port)
