@@ -79,6 +79,9 @@ class Kind(StrEnum):
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
+    MKEY_VIOLATION = "mkey_violation"
+    MKEY_LEASE_STOPPED = "mkey_lease_stopped"
+    MKEY_LEASE_EXPIRED = "mkey_lease_expired"
     SMP_DISCARD = "smp_discard"
     MAD_UNDELIVERABLE = "mad_undeliverable"
     RX_BAD_PORT = "rx_bad_port"
@@ -169,6 +172,17 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.TRAP_UNROUTABLE: KindInfo(
         "a switch had a trap to send but no route to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "sm_lid")}),
+    Kind.MKEY_VIOLATION: KindInfo(
+        "an SMP failed an SMA's M_Key check and was dropped (agent); a trap 256 reached the SM (SM)",
+        {Log.FABRIC: (_AGENT, "port", "method", "attr", "modifier", "slid", "m_key", "protect", "violations",
+                      "lease_s"),
+         Log.SM: ("issuer_lid", "lidaddr", "dr_slid", "method", "attr", "modifier", "m_key")}),
+    Kind.MKEY_LEASE_STOPPED: KindInfo(
+        "an SMP with the valid M_Key stopped a port's M_Key lease countdown",
+        {Log.FABRIC: (_AGENT, "port")}),
+    Kind.MKEY_LEASE_EXPIRED: KindInfo(
+        "a port's M_Key lease ran out: its protect bits are 0 (the M_Key stays)",
+        {Log.FABRIC: (_AGENT, "port", "protect_before")}),
     Kind.SMP_DISCARD: KindInfo(
         "an SMA discarded an SMP (directed-route checks, egress down, no route)",
         {Log.FABRIC: (_AGENT, "port", "reason", "dlid")}),
