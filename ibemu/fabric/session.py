@@ -78,6 +78,8 @@ class FabricRequest:
     switch: Mapping[str, Any] = field(default_factory=dict)
     """IB user datapath: the switches' model (``name``, ``latency_ns``, ``buffer_bytes``; empty:
     the default by the fabric's rate, ``physics.link.default_switch_model``)."""
+    sm_keys: Mapping[str, int] = field(default_factory=dict)
+    """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -87,7 +89,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "run_id": run_id, "fabric": request.kind, "datapath": request.datapath, "scenario": request.name,
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
-        "switch": dict(request.switch), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
+        "switch": dict(request.switch), "sm_keys": dict(request.sm_keys), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
     }))
 
 
@@ -112,7 +114,7 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
-                         switch=dict(spec.get("switch") or {}))
+                         switch=dict(spec.get("switch") or {}), sm_keys=dict(spec.get("sm_keys") or {}))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -139,7 +141,8 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                            ecn=EcnMarking(mark, line) if mark and line else None)
     return FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
                          sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
-                         sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch))
+                         sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
+                         sm_keys=request.sm_keys)
 
 
 def switch_model_of(spec: Mapping[str, Any]) -> SwitchModel | None:
