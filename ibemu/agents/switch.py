@@ -26,7 +26,8 @@ all ports). SubnTrapRepress stops a trap's repeats.
 Traps: a port whose link goes down or comes up (or is disabled/retrained by the SM) sets
 SwitchInfo.PortStateChange and, once the SM has given port 0 a LID and a MasterSMLID,
 sends trap 128 (LID-routed SubnTrap(Notice) from the switch LID to MasterSMLID through
-the LFT), repeated per ``TrapPolicy`` until repressed.
+the LFT), repeated per ``TrapPolicy`` until repressed. An SMP failing the M_Key check sends
+trap 256 the same way (``DeviceAgent``; the switch's M_Key is port 0's).
 
 LID-routed packets that are not for the switch (VL15 or data, if the IO layer hands them
 over) are forwarded through the LFT by ``self.forwarder``; the IO layer of a userspace

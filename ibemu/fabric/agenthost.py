@@ -11,7 +11,9 @@ On the kernel datapath the common SMPs never reach it: the kernel SMA (``ibemu.k
 ``open_kernel_sma``) relays, forwards and answers them from the state each agent publishes
 (``DeviceAgent.sma_images``; the switch's raw LFT is shared memory, ``Lft.bind``). The host
 republishes what may have changed after everything an agent does that can change it: an SMP
-Set it answered, a port state change, IsSM from a MAD socket, a rebooted node.
+Set it answered, a port state change, an M_Key state change (``MKeyChange``: a violation, a
+lease started, stopped or run out), IsSM from a MAD socket, a rebooted node. CAs are ticked
+only while they have a deadline (trap repeats, an M_Key lease).
 
 One process scales: sockets are created by entering each namespace from this thread before
 trio starts; afterwards they stay bound to their namespace.

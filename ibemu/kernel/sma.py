@@ -60,7 +60,7 @@ Deviations (documented, deliberate):
   answers (protect bits 0/1 Gets, the key hidden at 1) or drops, counts, traps and starts the
   lease; it republishes the guard before anything it sends (``MKeyChange``), so the kernel
   never answers what the agent would refuse. Relayed and forwarded SMPs are not checked (only
-  the addressed SMA checks its key).
+  the addressed SMA checks its key). Cost: one hash lookup more per answered SMP.
 - The node is enabled per node, like the DR relay: powered off or with an SMP-loss fault,
   everything goes to its agent (``set_enabled``).
 """

@@ -154,6 +154,8 @@ def test_a_rogue_sm_without_the_key_changes_nothing(keyed: Running) -> None:
     while time.monotonic() < deadline and any(live.on_loop(lambda: [len(a.traps) for a in agents.values()])):
         time.sleep(0.1)
     assert not any(live.on_loop(lambda: [len(a.traps) for a in agents.values()])), "traps not repressed"
+    # the SM's TrapRepress (with the key) stopped the lease countdowns the violations started
+    assert not any(live.on_loop(lambda: [a.next_deadline() for a in agents.values()]))
 
 
 @pytest.mark.skipif(not opensm.opensm_available(), reason="opensm missing (apt-get install opensm)")

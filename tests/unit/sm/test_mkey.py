@@ -63,7 +63,8 @@ def test_bring_up_keys_every_port_and_a_rogue_smp_is_trapped() -> None:
             for _ in range(3):
                 await settle(port)
                 await trio.sleep(0.01)
-            assert not agent.traps  # the SM's TrapRepress carried the key
+            assert not agent.traps  # the SM's TrapRepress carried the key,
+            assert not agent.ports[0].m_key_lease_deadline  # and stopped the lease the violation started
             # with the key, the same Set works
             got = fab.send_mad("h15", 1, sw.ports[0].lid, 0, 0,
                                mb.lr_smp(mb.GET, 0x19, modifier=0, tid=10, m_key=KEY))
