@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ibemu.fabric import ibemusm, opensm
+from ibemu.fabric.session import read_spec, request_from_spec, write_spec
 from ibemu.scenario import ScenarioError, loads_scenario
 from ibemu.scenario.runner import fabric_request
 from ibemu.sm.__main__ import parse_args
@@ -43,6 +44,8 @@ def test_keys_reach_both_sms(tmp_path: Path) -> None:
                           "x.yaml", tmp_path)
     keys = {"m_key": 0xFEEDFACE00000001, "m_key_protect": 2, "m_key_lease_s": 30}
     assert scen.sm.keys() == keys and fabric_request(scen).sm_keys == keys
+    write_spec(tmp_path / "run", "r1", fabric_request(scen))  # what the daemon of `ibemu up` reads
+    assert request_from_spec(read_spec(tmp_path / "run")).sm_keys == keys
     args = parse_args(["--ns", "x", *ibemusm.key_args(keys)])
     assert (args.m_key, args.m_key_protect, args.m_key_lease) == (0xFEEDFACE00000001, 2, 30)
     conf = opensm.write_key_config(tmp_path, keys).read_text().splitlines()
