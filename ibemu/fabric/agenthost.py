@@ -49,6 +49,7 @@ from ibemu.agents.actions import (
     PortStateChange,
     Send,
 )
+from ibemu.agents.device import DeviceAgent
 from ibemu.agents.forwarder import Forwarder, Reason
 from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
@@ -90,7 +91,6 @@ class Agent(Protocol):
     def link_down(self, port: int) -> list[Action]: ...
     def link_retrained(self, port: int) -> list[Action]: ...
     def tick(self, now_ns: int | None = None) -> list[Action]: ...
-    def next_deadline(self) -> int | None: ...
 
 
 MadSink = Callable[[DeliverMad], None]
@@ -682,7 +682,7 @@ class AgentHost:
                 self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()
             for name, rt in self.nodes.items():
-                if not rt.plan.is_switch and rt.agent.next_deadline() is None:
+                if not rt.plan.is_switch and isinstance(rt.agent, DeviceAgent) and rt.agent.next_deadline() is None:
                     continue  # no timers (a CA's: trap 256 repeats, an M_Key lease)
                 actions = rt.agent.tick(now)
                 if actions:
