@@ -37,9 +37,9 @@ An SMP passes the check when the port's M_Key is 0 or equals the SMP's. When it 
   countdown starts (if none runs). An SMP with a valid key stops the countdown; when it
   runs out the protect bits become 0 and the M_Key stays (a new SM may read it, then Set).
 
-Levels 2 and 3 make the same check here: the SMA has nothing more that level 3 could
-withhold (ibemu does not model the later spec's extra level-3 rules for vendor and
-non-SMP access; Linux's software SMAs compare the protect bits with 2 likewise). An M_Key
+Levels 2 and 3 make the same check here, as Linux's software SMAs do (they compare the
+protect bits with 2): whatever the spec distinguishes at level 3 beyond that is not
+modelled (OpenSM never writes 3: it caps the protect bits at 2). An M_Key
 of 0 with protect bits 0, the reset state, is exactly the behaviour without a key.
 """
 

@@ -174,3 +174,14 @@ def test_opensm_with_an_m_key_keys_every_port(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         m = re.search(r"^Mkey:\.+(0x[0-9a-f]+)", r.stdout, re.M)
         assert m and int(m.group(1), 16) == 0, r.stdout
+        # a cable cut: leaf1's trap 128 is repressed by OpenSM with the key (no violation)
+        assert live.rt.fabric is not None
+        ns, ifname = live.rt.plan.nodes["leaf1"].ns, live.rt.topo.ifname("leaf1", 2)
+        live.rt.fabric.links.set_up(ns, ifname, False)
+        leaf1 = _agents(live)["leaf1"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not live.on_loop(lambda: leaf1.stats["traps_sent"])
+                                               or live.on_loop(lambda: len(leaf1.traps))):
+            time.sleep(0.1)
+        assert live.on_loop(lambda: leaf1.stats["trap_repressed"]) >= 1
+        assert all(v == 0 for _k, _p, v in _key_ports(live).values()), _key_ports(live)
