@@ -164,13 +164,13 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a switch port lost carrier: the kernel forwards the LIDs routed to it that have alternates on them from t_ns",
         {Log.FABRIC: ("port", "lids", "carrier_t_ns")}),
     Kind.TRAP_SENT: KindInfo(
-        "a switch sent (or repeated) a trap to the SM",
+        "a switch or CA sent (or repeated) a trap to the SM (128: link state, 256: bad M_Key)",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),
     Kind.TRAP_REPRESSED: KindInfo(
-        "the SM's TrapRepress reached the switch: the trap is no longer repeated",
+        "the SM's TrapRepress reached the switch or CA: the trap is no longer repeated",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "sends")}),
     Kind.TRAP_UNROUTABLE: KindInfo(
-        "a switch had a trap to send but no route to the SM",
+        "a switch or CA had a trap to send but no route to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "sm_lid")}),
     Kind.MKEY_VIOLATION: KindInfo(
         "an SMP failed an SMA's M_Key check and was dropped (agent); a trap 256 reached the SM (SM)",
