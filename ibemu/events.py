@@ -79,6 +79,9 @@ class Kind(StrEnum):
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
+    MKEY_VIOLATION = "mkey_violation"
+    MKEY_LEASE_STOPPED = "mkey_lease_stopped"
+    MKEY_LEASE_EXPIRED = "mkey_lease_expired"
     SMP_DISCARD = "smp_discard"
     MAD_UNDELIVERABLE = "mad_undeliverable"
     RX_BAD_PORT = "rx_bad_port"
@@ -162,14 +165,25 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a switch port lost carrier: the kernel forwards the LIDs routed to it that have alternates on them from t_ns",
         {Log.FABRIC: ("port", "lids", "carrier_t_ns")}),
     Kind.TRAP_SENT: KindInfo(
-        "a switch sent (or repeated) a trap to the SM",
+        "a switch or CA sent (or repeated) a trap to the SM (128: link state, 256: bad M_Key)",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),
     Kind.TRAP_REPRESSED: KindInfo(
-        "the SM's TrapRepress reached the switch: the trap is no longer repeated",
+        "the SM's TrapRepress reached the switch or CA: the trap is no longer repeated",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "sends")}),
     Kind.TRAP_UNROUTABLE: KindInfo(
-        "a switch had a trap to send but no route to the SM",
+        "a switch or CA had a trap to send but no route to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "sm_lid")}),
+    Kind.MKEY_VIOLATION: KindInfo(
+        "an SMP failed an SMA's M_Key check and was dropped (agent); a trap 256 reached the SM (SM)",
+        {Log.FABRIC: (_AGENT, "port", "method", "attr", "modifier", "slid", "m_key", "protect", "violations",
+                      "lease_s"),
+         Log.SM: ("issuer_lid", "lidaddr", "dr_slid", "method", "attr", "modifier", "m_key")}),
+    Kind.MKEY_LEASE_STOPPED: KindInfo(
+        "an SMP with the valid M_Key stopped a port's M_Key lease countdown",
+        {Log.FABRIC: (_AGENT, "port")}),
+    Kind.MKEY_LEASE_EXPIRED: KindInfo(
+        "a port's M_Key lease ran out: its protect bits are 0 (the M_Key stays)",
+        {Log.FABRIC: (_AGENT, "port", "protect_before")}),
     Kind.SMP_DISCARD: KindInfo(
         "an SMA discarded an SMP (directed-route checks, egress down, no route)",
         {Log.FABRIC: (_AGENT, "port", "reason", "dlid")}),

@@ -105,6 +105,15 @@ STATUS_UNDELIVERABLE = 110
 
 
 @dataclass(frozen=True, slots=True)
+class MKeyChange:
+    """The M_Key protection state of ``port`` (its key, protect bits, lease countdown)
+    changed outside a PortInfo Set: a violation started the lease, a valid key stopped it,
+    the lease expired. Whoever mirrors the agent's state (the kernel SMA) refreshes it."""
+
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """A JSON event-log record: ``kind`` (snake_case), monotonic time, the node, details."""
 
@@ -119,4 +128,4 @@ class Event:
                 **self.fields}
 
 
-Action = Send | LftUpdate | AltUpdate | PortStateChange | LinkRequest | DeliverMad | Event
+Action = Send | LftUpdate | AltUpdate | PortStateChange | LinkRequest | DeliverMad | MKeyChange | Event

@@ -14,6 +14,10 @@ What goes to clients (``DeliverMad``): every response (R bit), every SubnTrap/Re
 requests of classes a client registered (``register_class``), and SMInfo requests when the
 port's CapabilityMask has IsSM. Unregistered GSI Get/Set requests get status 0x0004
 (class not supported), SMInfo without an SM 0x000C.
+
+Each port has its own M_Key (``DeviceAgent``'s check, also for the SMPs of local clients
+answered by this CA itself); a refused SMP sends trap 256 from the port's LID to its
+MasterSMLID, out of that port, repeated until repressed (``tick``).
 """
 
 from __future__ import annotations
@@ -93,7 +97,6 @@ class CaAgent(DeviceAgent):
                          system_image_guid=system_image_guid, partition_cap=partition_cap,
                          clock=clock, count_own_traffic=count_own_traffic)
         self.client_classes: set[int] = set()
-        self._pending_actions: list[Action] = []
 
     # ================================================================== public
 

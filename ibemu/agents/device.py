@@ -7,6 +7,13 @@ received gets the strict check (PktLen, headers, ICRC, VCRC); failures count in 
 ingress port's PortRcvErrors and produce an ``rx_error`` Event. Responses are built from
 the request's bytes (patched and resealed), not with scapy.
 
+Every SubnGet/SubnSet/SubnTrapRepress, directed route or LID-routed, passes the M_Key check
+of ``ibemu.agents.port`` (the module docstring has the levels) before its handler: a refused
+one gets no response, counts in M_KeyViolations, sends trap 256 (``_raise_trap``: traps of
+every node repeat per ``TrapPolicy`` until repressed) and returns ``MKeyChange`` for whoever
+mirrors the M_Key state (the kernel SMA's ``mkey_guard`` image). The lease countdown runs in
+``tick``. Relayed SMPs are not checked: only the SMA they are addressed to checks its key.
+
 Subclasses (``SwitchAgent``, ``CaAgent``) provide routing of LID-routed packets, their
 node type specific attributes and what to do with MADs for local clients.
 """
@@ -21,7 +28,7 @@ from typing import ClassVar
 
 from ibemu import clock as _clock
 from ibemu.agents import dr
-from ibemu.agents.actions import Action, Event, PortStateChange, Send
+from ibemu.agents.actions import Action, Event, MKeyChange, PortStateChange, Send
 from ibemu.agents.counters import (
     ATTR_PORT_COUNTERS,
     ATTR_PORT_COUNTERS_EXT,
@@ -30,9 +37,11 @@ from ibemu.agents.counters import (
     PortCounters,
 )
 from ibemu.agents.port import VL_ARB_HIGH_CAP, VL_ARB_LOW_CAP, Port, PortState
+from ibemu.agents.traps import PendingTrap, TrapPolicy, TrapQueue
 from ibemu.errors import CrcError, DecodeError
 from ibemu.physics.qos import Sl2Vl, VlArb, vls_of_code
 from ibemu.wire.madattrs import (
+    TRAP_BAD_M_KEY,
     VL_ARB_BLOCK_ENTRIES,
     VL_ARB_HIGH_BLOCKS,
     VL_ARB_LOW_BLOCKS,
@@ -40,6 +49,8 @@ from ibemu.wire.madattrs import (
     decode_sl2vl,
     decode_vl_arb_block,
     node_info,
+    notice_fields,
+    notice_trap256,
     vl_arb_block,
 )
 from ibemu.wire.madpacket import (
@@ -51,6 +62,7 @@ from ibemu.wire.madpacket import (
     M_CLASS_VERSION,
     M_METHOD,
     M_STATUS,
+    M_TID,
     MAD_LEN,
     MAD_OFFSET,
     PERMISSIVE_LID,
@@ -92,6 +104,12 @@ ATTR_SL2VL = 0x0017
 ATTR_VL_ARB = 0x0018
 ATTR_CLASS_PORT_INFO = 0x0001
 ATTR_MLNX_EXT_PORT_INFO = 0xFF90  # Mellanox vendor attribute OpenSM reads on 0x02C9 devices
+ATTR_NOTICE = 0x0002
+ATTR_MKEY_GUARD = 0x10000 | ATTR_PORT_INFO
+"""Not an attribute (attribute IDs are 16 bits): the key under which ``sma_images`` gives the
+kernel SMA the M_Key state of a port that holds one (``mkey_guard``)."""
+SMP_M_KEY = 24
+"""Offset of the M_Key in an SMP's header."""
 
 PMA_CAP_ALL_PORT_SELECT = 0x0100
 PMA_CAP_EXT_WIDTH = 0x0200
@@ -108,6 +126,8 @@ PMA_CAP2 = 0
 
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
+_TRAP_HEAD = struct.Struct("!BBBBHHQHHI")
 _DEFAULT_SL2VL = bytes.fromhex("01234567") + bytes.fromhex("89abcde7")
 
 # handler(method, modifier, buf, data_offset, ingress) -> MAD status
@@ -134,6 +154,7 @@ class DeviceAgent:
         partition_cap: int,
         clock: Clock | None,
         count_own_traffic: bool,
+        trap_policy: TrapPolicy | None = None,
     ) -> None:
         if not 0 < node_guid < 1 << 64:
             raise ValueError(f"node GUID {node_guid:#x} is not a non-zero 64-bit value")
@@ -169,6 +190,12 @@ class DeviceAgent:
             ATTR_MLNX_EXT_PORT_INFO: self._attr_mlnx_ext_port_info,
         }
         self._mlnx_ext: dict[int, bytes] = {}
+        self.traps = TrapQueue(trap_policy or TrapPolicy())
+        self._trap_tid = 0
+        self._leases: set[int] = set()
+        """Ports whose M_Key lease countdown runs."""
+        self._pending_actions: list[Action] = []
+        """What the subclasses' ``receive`` returns after an SMP's response (its consequences)."""
         self.link_counters: Callable[[Sequence[int]], None] | None = None
         """Set by whoever runs the agent when the kernel carries frames the agent never sees:
         called with port numbers before the PMA reads or writes their counters, to bring
@@ -222,12 +249,24 @@ class DeviceAgent:
         return self._port_changed(port, p, "link_retrained")
 
     def tick(self, now_ns: int | None = None) -> list[Action]:
-        """Timer work (trap repeats); call at ``next_deadline()`` or periodically."""
-        return []
+        """Timer work (trap repeats, M_Key leases); call at ``next_deadline()`` or periodically."""
+        now = self.clock() if now_ns is None else now_ns
+        actions: list[Action] = []
+        for num in sorted(self._leases):
+            p = self.ports[num]
+            if p.m_key_lease_deadline <= now:
+                actions += self._lease_expired(num, p)
+        for trap in self.traps.due(now):
+            actions += self._send_trap(trap, now, repeat=True)
+        return actions
 
     def next_deadline(self) -> int | None:
         """Monotonic ns at which ``tick`` has work, or None."""
-        return None
+        leases = [self.ports[num].m_key_lease_deadline for num in self._leases]
+        trap = self.traps.next_deadline()
+        if trap is not None:
+            leases.append(trap)
+        return min(leases, default=None)
 
     def add_counts(self, port: int, **deltas: int) -> None:
         """Add traffic/error counts measured by the IO layer or datapath to ``port``'s PMA.
@@ -299,6 +338,8 @@ class DeviceAgent:
                 image(ATTR_NODE_INFO, 0, num, num)
             if ATTR_PORT_INFO in want:
                 image(ATTR_PORT_INFO, num, num or anyp, num)
+                if (num == 0) == self.IS_SWITCH:
+                    out[(ATTR_MKEY_GUARD, num)] = self.mkey_guard(num)
             if ATTR_PKEY_TABLE in want:
                 for block in range(self._pkey_blocks(num)):
                     if self.IS_SWITCH:
@@ -306,6 +347,13 @@ class DeviceAgent:
                     elif num in external:
                         image(ATTR_PKEY_TABLE, block, num, num << 16 | block)
         return out
+
+    def mkey_guard(self, num: int) -> bytes:
+        """The kernel SMA's view of port ``num``'s M_Key state (64 bytes): M_Key (8 bytes,
+        big-endian), protect bits, and 1 when every SMP must go to this agent (a lease
+        countdown runs: only the agent can stop it on a valid key)."""
+        p = self.ports[num]
+        return (_U64.pack(p.m_key) + bytes((p.m_key_protect, 1 if p.m_key_lease_deadline else 0))).ljust(64, b"\0")
 
     def _pkey_blocks(self, num: int) -> int:
         _p, cap = self._pkey_port_and_cap(num << 16, num)
@@ -343,8 +391,15 @@ class DeviceAgent:
         return []
 
     def _trap_repress(self, mad: bytearray) -> list[Action]:
-        self.stats["rx_trap_repress_ignored"] += 1
-        return []
+        m = MAD_OFFSET
+        attr = (mad[m + M_ATTR_ID] << 8) | mad[m + M_ATTR_ID + 1]
+        tid = struct.unpack_from("!Q", mad, m + M_TID)[0]
+        trap = self.traps.repress(tid) if attr == ATTR_NOTICE else None
+        if trap is None:
+            self.stats["trap_repress_unmatched"] += 1
+            return []
+        self.stats["trap_repressed"] += 1
+        return [self._event("trap_repressed", tid=tid, trap_number=trap.trap_number, sends=trap.sends)]
 
     def _client_smp_request(self, attr: int) -> bool:
         """True when a request for ``attr`` goes to local clients (the SM) instead of the SMA."""
@@ -467,7 +522,10 @@ class DeviceAgent:
             return self._client_mad(port, pkt, pkt[m : m + MAD_LEN])
         buf = bytearray(pkt)
         if method == TRAP_REPRESS:
-            return self._trap_repress(buf)
+            refused, _hide, key_actions = self._mkey_check(buf, m, port, dr_route=False)
+            if refused:
+                return key_actions
+            return key_actions + self._trap_repress(buf)
         actions = self._answer_smp(buf, m, port, dr_route=False)
         if actions is not None:
             return actions
@@ -491,6 +549,14 @@ class DeviceAgent:
             return [self._event("smp_discard", port=ingress, reason="response_as_request")]
         if self._client_smp_request(attr):
             return self._client_mad(ingress, bytes(buf), buf[m : m + MAD_LEN])
+        key_actions: list[Action] = []
+        hide = False
+        if method in (GET, SET):
+            refused, hide, key_actions = self._mkey_check(buf, m, ingress, dr_route=dr_route)
+            if refused:
+                return key_actions
+            if key_actions:
+                self._key_actions(key_actions)
         if buf[m + M_BASE_VERSION] != 1 or buf[m + M_CLASS_VERSION] != 1:
             status = ST_BAD_VERSION
         elif method not in (GET, SET):
@@ -502,12 +568,124 @@ class DeviceAgent:
             else:
                 mod = _U32.unpack_from(buf, m + M_ATTR_MOD)[0]
                 status = handler(method, mod, buf, m + SMP_DATA, ingress)
+                if hide and attr == ATTR_PORT_INFO:
+                    buf[m + SMP_DATA : m + SMP_DATA + 8] = bytes(8)
         if status:
             self.stats[f"smp_status_{status:#06x}"] += 1
         self.stats["smp_answered"] += 1
         buf[m + M_METHOD] = response_method(method)
         _U16.pack_into(buf, m + M_STATUS, (buf[m + M_STATUS] & 0x80) << 8 | status if dr_route else status)
         return None
+
+    # ------------------------------------------------------------------ M_Key
+
+    def _mkey_port(self, ingress: int) -> Port:
+        """The port whose M_Key guards an SMP arriving on ``ingress``: a switch has one M_Key,
+        in port 0's PortInfo; a CA port has its own."""
+        return self.ports[0] if self.IS_SWITCH else self.ports[ingress]
+
+    def _mkey_check(self, buf: bytearray, m: int, ingress: int, *,
+                    dr_route: bool) -> tuple[bool, bool, list[Action]]:
+        """The M_Key check of a SubnGet/SubnSet/SubnTrapRepress in ``buf`` (module docstring of
+        ``ibemu.agents.port``): (refused, hide the M_Key in a PortInfo answer, actions)."""
+        num = 0 if self.IS_SWITCH else ingress
+        p = self.ports[num]
+        if not p.m_key and not p.m_key_lease_deadline:
+            return False, False, []  # no key: every SMP passes (the default, at no cost)
+        actions: list[Action] = []
+        now = self.clock()
+        if p.m_key_lease_deadline and p.m_key_lease_deadline <= now:
+            actions += self._lease_expired(num, p)
+        method = buf[m + M_METHOD]
+        key = _U64.unpack_from(buf, m + SMP_M_KEY)[0]
+        if not p.m_key or key == p.m_key:
+            if p.m_key_lease_deadline:  # the key's holder is alive: the lease stops
+                p.m_key_lease_deadline = 0
+                self._leases.discard(num)
+                self.stats["mkey_lease_stopped"] += 1
+                actions += [MKeyChange(num), self._event("mkey_lease_stopped", port=num)]
+            return False, False, actions
+        if method == GET and p.m_key_protect < 2:
+            self.stats["mkey_get_open"] += 1
+            return False, p.m_key_protect == 1, actions
+        return True, False, actions + self._mkey_violation(num, p, buf, m, ingress, key, dr_route, now)
+
+    def _mkey_violation(self, num: int, p: Port, buf: bytearray, m: int, ingress: int, key: int,
+                        dr_route: bool, now: int) -> list[Action]:
+        """A request failed the M_Key check: no response; M_KeyViolations counts it, the lease
+        countdown starts (if a lease period is set and none runs), trap 256 goes to the SM."""
+        p.m_key_violations = min(p.m_key_violations + 1, 0xFFFF)
+        self.stats["mkey_violations"] += 1
+        if p.m_key_lease_period and not p.m_key_lease_deadline:
+            p.m_key_lease_deadline = now + p.m_key_lease_period * 1_000_000_000
+            self._leases.add(num)
+        method = buf[m + M_METHOD]
+        attr = (buf[m + M_ATTR_ID] << 8) | buf[m + M_ATTR_ID + 1]
+        mod = _U32.unpack_from(buf, m + M_ATTR_MOD)[0]
+        slid = (buf[6] << 8) | buf[7]
+        actions: list[Action] = [
+            MKeyChange(num),
+            self._event("mkey_violation", port=ingress, method=method, attr=attr, modifier=mod,
+                        slid=slid, m_key=f"{key:#x}", protect=p.m_key_protect,
+                        violations=p.m_key_violations, lease_s=p.m_key_lease_period)]
+        if not p.lid or not p.master_sm_lid:
+            self.stats["trap_not_configured"] += 1
+            return actions
+        hops = buf[m + 7] if dr_route else None
+        notice = notice_trap256(
+            producer=self.NODE_TYPE, issuer_lid=p.lid, lidaddr=slid,
+            dr_slid=_U16.unpack_from(buf, m + 32)[0] if dr_route else 0, method=method,
+            attr_id=attr, attr_mod=mod, m_key=key, dr_hop_count=hops,
+            dr_return_path=bytes(buf[m + 192 : m + 256]) if dr_route else b"")
+        return actions + self._raise_trap(TRAP_BAD_M_KEY, notice, num, port=ingress, why="bad_m_key")
+
+    def _lease_expired(self, num: int, p: Port) -> list[Action]:
+        """The lease ran out with no valid key seen: the protect bits go to 0 (the M_Key stays)."""
+        p.m_key_lease_deadline = 0
+        self._leases.discard(num)
+        before, p.m_key_protect = p.m_key_protect, 0
+        self.stats["mkey_lease_expired"] += 1
+        return [MKeyChange(num), self._event("mkey_lease_expired", port=num, protect_before=before)]
+
+    def _key_actions(self, actions: list[Action]) -> None:
+        """Actions of a passed M_Key check (a lease stopped or expired) while the SMP goes on
+        to its handler: queued with the handler's, after the response."""
+        self._pending_actions += actions
+
+    # ------------------------------------------------------------------ traps
+
+    def _raise_trap(self, number: int, notice: bytes, num: int, *, port: int, why: str) -> list[Action]:
+        """Send a trap from port ``num``'s LID to its MasterSMLID, repeated until repressed."""
+        self._trap_tid += 1
+        # low 32 bits unique per node (a TrapRepress may carry only those)
+        tid = (self.node_guid & 0xFFFF) << 32 | (self._trap_tid & 0xFFFFFFFF)
+        now = self.clock()
+        trap = self.traps.add(tid, number, notice, now, port=num)
+        return self._send_trap(trap, now, repeat=False, port=port, why=why)
+
+    def _send_trap(self, trap: PendingTrap, now: int, *, repeat: bool, port: int | None = None,
+                   why: str = "") -> list[Action]:
+        src = self.ports[trap.port]
+        self.traps.sent(trap, now)
+        sm_lid = src.master_sm_lid
+        egress = self._route_lid(sm_lid, trap.port, vl15=True) if src.lid and sm_lid else 0
+        if not egress:
+            self.stats["trap_no_route"] += 1
+            return [self._event("trap_unroutable", tid=trap.tid, trap_number=trap.trap_number, sm_lid=sm_lid)]
+        mad = bytearray(256)
+        _TRAP_HEAD.pack_into(mad, 0, 1, CLASS_SMP_LR, 1, TRAP, 0, 0, trap.tid, ATTR_NOTICE, 0, 0)
+        _U64.pack_into(mad, SMP_M_KEY, src.m_key)
+        mad[SMP_DATA : SMP_DATA + 64] = trap.notice
+        pkt = self._build(mad, dlid=sm_lid, slid=src.lid, dqp=0, sqp=0, vl=VL15)
+        if self.count_own_traffic:
+            self.ports[egress].counters.add_tx(len(pkt))
+        self.stats["trap_repeats" if repeat else "traps_sent"] += 1
+        _g, number, issuer = notice_fields(trap.notice)
+        fields: dict[str, object] = {"tid": trap.tid, "trap_number": number, "issuer_lid": issuer,
+                                     "sm_lid": sm_lid, "egress": egress, "repeat": repeat}
+        if port is not None:
+            fields.update(port=port, why=why)
+        return [Send(egress, pkt), self._event("trap_sent", **fields)]
 
     def _attr_node_description(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
         if method != GET:

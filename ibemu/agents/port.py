@@ -22,8 +22,25 @@ nothing changes):
   LMC, MasterSMSL, SubnetTimeOut); switch port 0 ignores the link fields and accepts any
   PortState 2..4 (it has no link). CapabilityMask is read-only to the SM.
 
-M_Key: no protection. Any M_Key is accepted on every SMP; a Set stores the M_Key and Get
-returns it (as with M_KeyProtectBits 0).
+M_Key (IBA 14.2.4; checked by ``DeviceAgent._mkey_check``, stored here). A switch has one
+M_Key, in port 0's PortInfo; each CA port has its own, and guards the SMPs arriving on it.
+An SMP passes the check when the port's M_Key is 0 or equals the SMP's. When it does not:
+
+- SubnGet with M_KeyProtectBits 0 or 1 is answered anyway; with 1, a PortInfo answer
+  carries M_Key 0 (level 0 shows the key);
+- SubnGet with protect bits 2 or 3, and every SubnSet and SubnTrapRepress at any level
+  (the spec's check applies to Sets whatever the protect bits: level 0 protects the
+  configuration, not its reading), is dropped without a response. M_KeyViolations counts it
+  (saturating at 0xFFFF), trap 256 (Bad M_Key: the requester's LID and DrSLID, method,
+  attribute, modifier, the key it carried, the directed route) goes to the port's
+  MasterSMLID, repeated until repressed, and, with a non-zero M_KeyLeasePeriod, the lease
+  countdown starts (if none runs). An SMP with a valid key stops the countdown; when it
+  runs out the protect bits become 0 and the M_Key stays (a new SM may read it, then Set).
+
+Levels 2 and 3 make the same check here, as Linux's software SMAs do (they compare the
+protect bits with 2): whatever the spec distinguishes at level 3 beyond that is not
+modelled (OpenSM never writes 3: it caps the protect bits at 2). An M_Key
+of 0 with protect bits 0, the reset state, is exactly the behaviour without a key.
 """
 
 from __future__ import annotations
@@ -151,6 +168,8 @@ class Port:
     vl_stall_count: int = 7
     partition_flags: int = 0  # PartitionEnforcementIn/Out, FilterRawIn/Out (4 bits)
     m_key_violations: int = 0
+    m_key_lease_deadline: int = 0
+    """Monotonic ns at which the M_Key lease runs out (0: no countdown; not a PortInfo field)."""
     p_key_violations: int = 0
     q_key_violations: int = 0
     client_reregister: int = 0

@@ -26,7 +26,8 @@ all ports). SubnTrapRepress stops a trap's repeats.
 Traps: a port whose link goes down or comes up (or is disabled/retrained by the SM) sets
 SwitchInfo.PortStateChange and, once the SM has given port 0 a LID and a MasterSMLID,
 sends trap 128 (LID-routed SubnTrap(Notice) from the switch LID to MasterSMLID through
-the LFT), repeated per ``TrapPolicy`` until repressed.
+the LFT), repeated per ``TrapPolicy`` until repressed. An SMP failing the M_Key check sends
+trap 256 the same way (``DeviceAgent``; the switch's M_Key is port 0's).
 
 LID-routed packets that are not for the switch (VL15 or data, if the IO layer hands them
 over) are forwarded through the LFT by ``self.forwarder``; the IO layer of a userspace
@@ -36,7 +37,6 @@ pass only ``Reason.TO_SMA`` ones to ``receive``.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 from ibemu.agents.actions import (
@@ -61,15 +61,13 @@ from ibemu.agents.device import (
 from ibemu.agents.forwarder import Forwarder
 from ibemu.agents.lft import Lft, Mft
 from ibemu.agents.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, SetOutcome
-from ibemu.agents.traps import PendingTrap, TrapPolicy, TrapQueue
+from ibemu.agents.traps import TrapPolicy
 from ibemu.wire.madattrs import (
     NODE_TYPE_SWITCH,
     SwitchInfoState,
     decode_switch_info,
-    notice_fields,
     notice_trap128,
 )
-from ibemu.wire.madpacket import M_ATTR_ID, M_TID, MAD_OFFSET, SMP_DATA, VL15
 
 ATTR_NOTICE = 0x0002
 ATTR_SWITCH_INFO = 0x0012
@@ -83,7 +81,6 @@ MAX_ALTERNATES = 3
 ATTR_SM_INFO = 0x0020
 TRAP_LINK_STATE_CHANGE = 128
 
-_TRAP_HEAD = struct.Struct("!BBBBHHQHHI")
 
 
 class SwitchAgent(DeviceAgent):
@@ -125,7 +122,7 @@ class SwitchAgent(DeviceAgent):
                          description=description or f"switch {node_guid:#018x}",
                          vendor_id=vendor_id, device_id=device_id, revision=revision,
                          system_image_guid=system_image_guid, partition_cap=partition_cap,
-                         clock=clock, count_own_traffic=count_own_traffic)
+                         clock=clock, count_own_traffic=count_own_traffic, trap_policy=trap_policy)
         self.switch_info = SwitchInfoState(linear_fdb_cap=linear_fdb_cap,
                                            partition_enforcement_cap=partition_cap)
         # links that came up at power-on are state changes the SM has not seen yet
@@ -133,9 +130,6 @@ class SwitchAgent(DeviceAgent):
         self.lft = Lft(linear_fdb_cap)
         self.mft = Mft(self.switch_info.multicast_fdb_cap, num_ports)
         self.forwarder = Forwarder(self.lft, self.ports, seed=forwarder_seed)
-        self.traps = TrapQueue(trap_policy or TrapPolicy())
-        self._trap_tid = 0
-        self._pending_actions: list[Action] = []
         self._smp_handlers.update({
             ATTR_SWITCH_INFO: self._attr_switch_info,
             ATTR_LFT: self._attr_lft,
@@ -158,16 +152,6 @@ class SwitchAgent(DeviceAgent):
             actions = [*actions, *self._pending_actions]  # after the response that caused them
             self._pending_actions = []
         return actions
-
-    def tick(self, now_ns: int | None = None) -> list[Action]:
-        now = self.clock() if now_ns is None else now_ns
-        actions: list[Action] = []
-        for trap in self.traps.due(now):
-            actions += self._send_trap(trap, now, repeat=True)
-        return actions
-
-    def next_deadline(self) -> int | None:
-        return self.traps.next_deadline()
 
     # ================================================================== hooks
 
@@ -197,17 +181,6 @@ class SwitchAgent(DeviceAgent):
             return [Send(verdict.port, verdict.packet)]
         self.stats[f"fwd_{verdict.reason}"] += 1
         return []
-
-    def _trap_repress(self, mad: bytearray) -> list[Action]:
-        m = MAD_OFFSET
-        attr = (mad[m + M_ATTR_ID] << 8) | mad[m + M_ATTR_ID + 1]
-        tid = struct.unpack_from("!Q", mad, m + M_TID)[0]
-        trap = self.traps.repress(tid) if attr == ATTR_NOTICE else None
-        if trap is None:
-            self.stats["trap_repress_unmatched"] += 1
-            return []
-        self.stats["trap_repressed"] += 1
-        return [self._event("trap_repressed", tid=tid, trap_number=trap.trap_number, sends=trap.sends)]
 
     def _port_changed(self, port: int, p: Port, why: str) -> list[Action]:
         actions = super()._port_changed(port, p, why)
@@ -321,36 +294,8 @@ class SwitchAgent(DeviceAgent):
         if not p0.lid or not p0.master_sm_lid:
             self.stats["trap_not_configured"] += 1
             return []
-        self._trap_tid += 1
-        # low 32 bits unique per switch (a TrapRepress may carry only those)
-        tid = (self.node_guid & 0xFFFF) << 32 | (self._trap_tid & 0xFFFFFFFF)
         notice = notice_trap128(issuer_lid=p0.lid, lidaddr=p0.lid)
-        now = self.clock()
-        trap = self.traps.add(tid, TRAP_LINK_STATE_CHANGE, notice, now)
-        return self._send_trap(trap, now, repeat=False, port=port, why=why)
-
-    def _send_trap(self, trap: PendingTrap, now: int, *, repeat: bool, port: int | None = None,
-                   why: str = "") -> list[Action]:
-        p0 = self.ports[0]
-        self.traps.sent(trap, now)
-        sm_lid = p0.master_sm_lid
-        egress = self._route_lid(sm_lid, 0, vl15=True) if p0.lid and sm_lid else 0
-        if not egress:
-            self.stats["trap_no_route"] += 1
-            return [self._event("trap_unroutable", tid=trap.tid, trap_number=trap.trap_number, sm_lid=sm_lid)]
-        mad = bytearray(256)
-        _TRAP_HEAD.pack_into(mad, 0, 1, 0x01, 1, 0x05, 0, 0, trap.tid, ATTR_NOTICE, 0, 0)
-        mad[SMP_DATA : SMP_DATA + 64] = trap.notice
-        pkt = self._build(mad, dlid=sm_lid, slid=p0.lid, dqp=0, sqp=0, vl=VL15)
-        if self.count_own_traffic:
-            self.ports[egress].counters.add_tx(len(pkt))
-        self.stats["trap_repeats" if repeat else "traps_sent"] += 1
-        _g, number, issuer = notice_fields(trap.notice)
-        fields: dict[str, object] = {"tid": trap.tid, "trap_number": number, "issuer_lid": issuer,
-                                     "sm_lid": sm_lid, "egress": egress, "repeat": repeat}
-        if port is not None:
-            fields.update(port=port, why=why)
-        return [Send(egress, pkt), self._event("trap_sent", **fields)]
+        return self._raise_trap(TRAP_LINK_STATE_CHANGE, notice, 0, port=port, why=why)
 
 
 __all__ = ["ATTR_ALTERNATES", "ATTR_SM_INFO", "GET", "SET", "SwitchAgent", "TrapPolicy"]

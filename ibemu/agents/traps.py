@@ -26,6 +26,7 @@ class PendingTrap:
     created_ns: int
     next_due_ns: int
     sends: int = 0  # how many times it went out (or was due and could not be routed)
+    port: int = 0  # the port whose LID and MasterSMLID it goes from/to (a switch: 0)
 
 
 class TrapQueue:
@@ -38,8 +39,8 @@ class TrapQueue:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, tid: int, trap_number: int, notice: bytes, now_ns: int) -> PendingTrap:
-        trap = PendingTrap(tid, trap_number, notice, now_ns, now_ns)
+    def add(self, tid: int, trap_number: int, notice: bytes, now_ns: int, port: int = 0) -> PendingTrap:
+        trap = PendingTrap(tid, trap_number, notice, now_ns, now_ns, port=port)
         self._pending[tid] = trap
         return trap
 

@@ -11,7 +11,9 @@ On the kernel datapath the common SMPs never reach it: the kernel SMA (``ibemu.k
 ``open_kernel_sma``) relays, forwards and answers them from the state each agent publishes
 (``DeviceAgent.sma_images``; the switch's raw LFT is shared memory, ``Lft.bind``). The host
 republishes what may have changed after everything an agent does that can change it: an SMP
-Set it answered, a port state change, IsSM from a MAD socket, a rebooted node.
+Set it answered, a port state change, an M_Key state change (``MKeyChange``: a violation, a
+lease started, stopped or run out), IsSM from a MAD socket, a rebooted node. CAs are ticked
+only while they have a deadline (trap repeats, an M_Key lease).
 
 One process scales: sockets are created by entering each namespace from this thread before
 trio starts; afterwards they stay bound to their namespace.
@@ -43,6 +45,7 @@ from ibemu.agents.actions import (
     LftUpdate,
     LinkRequest,
     LinkRequestKind,
+    MKeyChange,
     PortStateChange,
     Send,
 )
@@ -684,8 +687,8 @@ class AgentHost:
                 self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()
             for name, rt in self.nodes.items():
-                if not rt.plan.is_switch and type(rt.agent).tick is DeviceAgent.tick:
-                    continue  # no timers
+                if not rt.plan.is_switch and isinstance(rt.agent, DeviceAgent) and rt.agent.next_deadline() is None:
+                    continue  # no timers (a CA's: trap 256 repeats, an M_Key lease)
                 actions = rt.agent.tick(now)
                 if actions:
                     self.dispatch(name, rt, actions)
@@ -750,6 +753,11 @@ class AgentHost:
             changed = [a.port for a in actions if isinstance(a, PortStateChange) and a.port not in fresh]
             if changed:
                 self.sma_refresh(name, ports=changed, attrs=(0x0012, 0x0015))
+            # an M_Key state the kernel SMA checks changed (a violation, a lease): before the
+            # response too, so that the kernel hands the next SMP over as the agent would
+            keyed = [a.port for a in actions if isinstance(a, MKeyChange)]
+            if keyed:
+                self.sma_refresh(name, ports=keyed, attrs=(0x0015,))
         for action in actions:
             if isinstance(action, Send):
                 sock = rt.sockets.get(action.port)

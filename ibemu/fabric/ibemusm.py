@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ibemu import clock
@@ -28,6 +29,14 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
             "--dump-dir", str(workdir), *(extra or [])]
     return subprocess.Popen(argv, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(workdir / "sm.err", "wb"), env=clock.child_env())
+
+
+def key_args(keys: Mapping[str, int]) -> list[str]:
+    """``python -m ibemu.sm`` options for an SM's M_Key settings (``SMSpec.keys``)."""
+    if not keys.get("m_key"):
+        return []
+    return ["--m-key", f"{keys['m_key']:#x}", "--m-key-protect", str(keys.get("m_key_protect", 0)),
+            "--m-key-lease", str(keys.get("m_key_lease_s", 0))]
 
 
 def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: float = 60.0) -> float:

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ibemu import clock
@@ -31,20 +32,34 @@ def opensm_available() -> bool:
     return shutil.which("opensm") is not None or Path("/usr/sbin/opensm").exists()
 
 
+def write_key_config(workdir: Path, keys: Mapping[str, int]) -> Path:
+    """``workdir/opensm.conf`` with OpenSM's own M_Key options (``m_key``,
+    ``m_key_protection_level``, ``m_key_lease_period``; ``m_key_lookup FALSE``: one key for
+    the subnet, no guid2mkey file); every other option keeps OpenSM's default."""
+    path = workdir / "opensm.conf"
+    path.write_text(f"m_key {keys['m_key']:#018x}\n"
+                    f"m_key_protection_level {keys.get('m_key_protect', 0)}\n"
+                    f"m_key_lease_period {keys.get('m_key_lease_s', 0)}\n"
+                    "m_key_lookup FALSE\n")
+    return path
+
+
 def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None,
-          state: RunState | None = None) -> subprocess.Popen[bytes]:
+          state: RunState | None = None, keys: Mapping[str, int] | None = None) -> subprocess.Popen[bytes]:
     """OpenSM attached to the MAD socket of the host in ``ns``; log in ``workdir/opensm.log``.
 
     ``-d2`` flushes the log after each message, so its phases can be read as they happen.
     ibemu's adaptive engines (``ftree_ar``, ``updn_ar``) run as their base engine: OpenSM
-    writes no alternates (it knows nothing of ibemu's AlternatePorts attribute).
+    writes no alternates (it knows nothing of ibemu's AlternatePorts attribute). ``keys``
+    (``SMSpec.keys``) go into OpenSM's config file (``write_key_config``).
     """
     engine = OPENSM_ENGINE.get(engine, engine)
     workdir.mkdir(parents=True, exist_ok=True)
+    config = str(write_key_config(workdir, keys)) if keys and keys.get("m_key") else "/dev/null"
     (workdir / opensm_log.CLOCK_FILE).unlink(missing_ok=True)
     shared = dilated_clock(state)
     try:
-        argv = tool_argv(ns, ["opensm", "-F", "/dev/null", "-f", str(workdir / "opensm.log"), "--dump_files_dir",
+        argv = tool_argv(ns, ["opensm", "-F", config, "-f", str(workdir / "opensm.log"), "--dump_files_dir",
                               str(workdir), "-d2", "-s", "0", "-R", engine, *(extra or [])],
                          env={"OSM_TMP_DIR": str(workdir), "OSM_CACHE_DIR": str(workdir)}, faketime=shared)
         if shared is not None:

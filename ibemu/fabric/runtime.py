@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -61,7 +62,7 @@ class FabricRuntime:
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
-                 switch_model: SwitchModel | None = None) -> None:
+                 switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None) -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -76,6 +77,8 @@ class FabricRuntime:
         self.sm_host = sm_host or next((n.name for n in topo.cas()), "")
         self.sm_engine = sm_engine
         self.sm_qos = sm_qos
+        self.sm_keys = dict(sm_keys or {})
+        """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
         self.switch_model = switch_model
         """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
         """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
@@ -108,8 +111,9 @@ class FabricRuntime:
         workdir = (self.run_dir or self.state.run_dir) / self.sm
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
-        extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else [])] if impl is ibemusm else []
-        owner = {"state": self.state} if impl is opensm else {}
+        extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else []),
+                 *ibemusm.key_args(self.sm_keys)] if impl is ibemusm else []
+        owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys} if impl is opensm else {}
         proc = await trio.to_thread.run_sync(
             lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra, **owner))
         self._sm_proc = proc

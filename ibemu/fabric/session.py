@@ -83,6 +83,8 @@ class FabricRequest:
     the default by the fabric's rate, ``physics.link.default_switch_model``)."""
     metrics: str = ""
     """The daemon's Prometheus endpoint, ``ADDR:PORT`` (``ibemu.fabric.metrics``; empty: none)."""
+    sm_keys: Mapping[str, int] = field(default_factory=dict)
+    """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -92,7 +94,8 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "run_id": run_id, "fabric": request.kind, "datapath": request.datapath, "scenario": request.name,
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
-        "switch": dict(request.switch), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
+        "switch": dict(request.switch), "sm_keys": dict(request.sm_keys),
+        "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
         "metrics": request.metrics,
     }))
 
@@ -118,7 +121,8 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
-                         switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "")
+                         switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "",
+                         sm_keys=dict(spec.get("sm_keys") or {}))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -145,7 +149,8 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                            ecn=EcnMarking(mark, line) if mark and line else None)
     rt = FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
                        sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
-                       sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch))
+                       sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
+                       sm_keys=request.sm_keys)
     if request.metrics:
         from ibemu.fabric.metrics import parse_listen
 

@@ -53,7 +53,14 @@ Deviations (documented, deliberate):
   have written, stamped with the kernel's time (late in the log, never late in time).
   ``changed`` counts the entries that changed up to LinearFDBTop, as the agent's
   ``Lft.set_block``; a Set that changes none logs nothing, as in the agent.
-- M_Key: never checked (as the agents: no M_Key protection).
+- M_Key: the kernel answers only SMPs that pass the agent's M_Key check without a
+  decision: the port (a switch's port 0, a CA's ingress port) has M_Key 0, or the SMP carries
+  it, and no lease countdown runs (``DeviceAgent.mkey_guard``, published under the private
+  key ``(0x10015, port)`` with the PortInfo images). Everything else goes to the agent, which
+  answers (protect bits 0/1 Gets, the key hidden at 1) or drops, counts, traps and starts the
+  lease; it republishes the guard before anything it sends (``MKeyChange``), so the kernel
+  never answers what the agent would refuse. Relayed and forwarded SMPs are not checked (only
+  the addressed SMA checks its key). Cost: one hash lookup more per answered SMP.
 - The node is enabled per node, like the DR relay: powered off or with an SMP-loss fault,
   everything goes to its agent (``set_enabled``).
 """

@@ -758,6 +758,24 @@ class _Loader(Reader):
         lmc = 0
         if "lmc" in m:
             lmc = self.value(m["lmc"][1], "sm.lmc", SM_FIELDS["lmc"]) or 0
+        keys: dict[str, int] = {}
+        if "m_key" in m:
+            v = self.integer(m["m_key"][1], "sm.m_key")
+            if v is not None and not 0 <= v < 1 << 64:
+                self.error(m["m_key"][1], "sm.m_key", f"expected a 64-bit value (0 to 0xffffffffffffffff), got {v:#x}"
+                           if v >= 0 else f"expected a 64-bit value (0 to 0xffffffffffffffff), got {v}")
+                v = None
+            keys["m_key"] = v or 0
+        for k in ("m_key_protect", "m_key_lease_s"):
+            if k in m:
+                keys[k] = self.value(m[k][1], f"sm.{k}", SM_FIELDS[k]) or 0
+        if not keys.get("m_key"):
+            for k in ("m_key_protect", "m_key_lease_s"):
+                if keys.get(k):
+                    self.error(m[k][1], f"sm.{k}", f"{k} protects an M_Key: give sm.m_key (a non-zero 64-bit value)")
+        if impl == "opensm" and keys.get("m_key_protect", 0) > 2:
+            self.error(m["m_key_protect"][1], "sm.m_key_protect",
+                       "OpenSM sets protect bits 0-2 (it would use 2 instead of 3); use 2, or impl: ibemu")
         host = ""
         if topo is not None:
             cas = topo.cas()
@@ -781,7 +799,7 @@ class _Loader(Reader):
                     "sm.engine",
                     f"ftree routes fat-trees, and {topo.name} is not layered like one; use minhop, updn or dor",
                 )
-        return SMSpec(impl=impl, engine=engine, host=host, sweep_interval_s=sweep, lmc=lmc)
+        return SMSpec(impl=impl, engine=engine, host=host, sweep_interval_s=sweep, lmc=lmc, **keys)
 
     # --- traffic --------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
                                 roce only: loss_pct, delay_us, ecn_mark_kb, ecn_line_gbps;
                                 roce with datapath user: line_gbps, buffer_kb, pfc,
                                 pfc_xoff_kb, pfc_xon_kb}
-    sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc}
+    sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc,
+                                m_key, m_key_protect, m_key_lease_s}
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
@@ -226,6 +227,11 @@ SM_FIELDS: dict[str, Field] = {
     "host": Field("host", "the CA that runs the SM (default: the first CA)"),
     "sweep_interval_s": _num("seconds between light sweeps", 0, 3600),
     "lmc": _int("LID mask control: 2^lmc LIDs per port", 0, 7),
+    "m_key": _int("M_Key the SM gives every port and puts in every SMP (a 64-bit value; 0: none)", 0, 2**64 - 1),
+    "m_key_protect": _int("M_KeyProtectBits written with m_key: 0 Sets need the key, 1 also hides it from "
+                          "Gets, 2-3 Gets need it too (OpenSM: at most 2)", 0, 3),
+    "m_key_lease_s": _int("M_KeyLeasePeriod written with m_key: seconds after a bad key with no valid "
+                          "one before the protection lapses (0: never)", 0, 65535),
 }
 RECORD_FIELDS: dict[str, Field] = {
     "capture": Field("capture", "links to capture: a list of links, or all"),
@@ -420,6 +426,16 @@ class SMSpec:
     """CA that runs the SM (default: the first CA of the topology)."""
     sweep_interval_s: float = 10.0
     lmc: int = 0
+    m_key: int = 0
+    """The M_Key the SM writes into every port and uses in every SMP (0: none)."""
+    m_key_protect: int = 0
+    m_key_lease_s: int = 0
+
+    def keys(self) -> dict[str, int]:
+        """The SM's M_Key settings as the fabric request carries them (empty: no key)."""
+        if not self.m_key:
+            return {}
+        return {"m_key": self.m_key, "m_key_protect": self.m_key_protect, "m_key_lease_s": self.m_key_lease_s}
 
 
 @dataclass(frozen=True, slots=True)

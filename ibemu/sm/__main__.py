@@ -53,8 +53,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
     p.add_argument("--qos", default=None, help="QoS to program (JSON: vls, sl2vl, vlarb_high, vlarb_low, "
                    "vl_high_limit; ibemu.sm.qos.SmQos)")
+    p.add_argument("--m-key", type=_u64, default=0, help="M_Key for every port and SMP (0x.. or decimal; 0: none)")
+    p.add_argument("--m-key-protect", type=int, choices=range(4), default=0, metavar="0-3",
+                   help="M_KeyProtectBits written with the key")
+    p.add_argument("--m-key-lease", type=int, default=0, metavar="SECONDS",
+                   help="M_KeyLeasePeriod written with the key (0-65535; 0: never runs out)")
     p.add_argument("--log-level", default="WARNING")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0 <= args.m_key_lease <= 0xFFFF:
+        p.error(f"--m-key-lease {args.m_key_lease}: expected 0-65535 seconds")
+    return args
+
+
+def _u64(text: str) -> int:
+    """A 64-bit value, 0x.. or decimal (argparse type)."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"{text} is not a 64-bit value")
+    return value
 
 
 def parse_direct(value: str) -> tuple[str, bytes]:
@@ -103,7 +122,8 @@ async def amain(args: argparse.Namespace) -> int:
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
                    retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
                    dump_dir=args.dump_dir,
-                   qos=SmQos.from_json(args.qos) if args.qos else None)
+                   qos=SmQos.from_json(args.qos) if args.qos else None, m_key=args.m_key,
+                   m_key_protect=args.m_key_protect, m_key_lease_s=args.m_key_lease)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)

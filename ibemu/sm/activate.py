@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import trio
 
@@ -69,8 +70,23 @@ def lid_ends(disc: Discovery) -> list[End]:
     return out
 
 
-async def set_lids(disc: Discovery, sm_lid: int, ends: Iterable[End] | None = None) -> int:
-    """PortInfo Set LID / MasterSMLID where the port does not have them yet; returns Sets done."""
+class MKeys(NamedTuple):
+    """The M_Key state the SM gives every port that holds one."""
+
+    m_key: int
+    protect: int
+    lease_s: int
+
+    def held_by(self, pi: bytes) -> bool:
+        """Does PortInfo ``pi`` (read with the key) already say so?"""
+        return (struct.unpack_from("!Q", pi, 0)[0] == self.m_key and pi[34] >> 6 == self.protect
+                and struct.unpack_from("!H", pi, 26)[0] == self.lease_s)
+
+
+async def set_lids(disc: Discovery, sm_lid: int, ends: Iterable[End] | None = None, *,
+                   keys: MKeys | None = None) -> int:
+    """PortInfo Set LID / MasterSMLID (and ``keys``) where the port does not have them yet;
+    returns Sets done."""
     todo: list[tuple[End, bytes]] = []
     for end in lid_ends(disc) if ends is None else ends:
         node = disc.graph.nodes.get(end[0])
@@ -79,8 +95,12 @@ async def set_lids(disc: Discovery, sm_lid: int, ends: Iterable[End] | None = No
             continue
         want = node.ports[end[1]].lid
         have_lid, have_sm = struct.unpack_from("!HH", pi, 16)
-        if want and (have_lid != want or have_sm != sm_lid):
-            todo.append((end, mb.port_info_set(pi, lid=want, sm_lid=sm_lid)))
+        if want and (have_lid != want or have_sm != sm_lid or (keys is not None and not keys.held_by(pi))):
+            if keys is None:
+                todo.append((end, mb.port_info_set(pi, lid=want, sm_lid=sm_lid)))
+            else:
+                todo.append((end, mb.port_info_set(pi, lid=want, sm_lid=sm_lid, m_key=keys.m_key,
+                                                   m_key_protect=keys.protect, m_key_lease_s=keys.lease_s)))
     ok = 0
 
     async def one(end: End, data: bytes) -> None:

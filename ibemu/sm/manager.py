@@ -28,6 +28,14 @@ answered; blocks not waited for are in ``blocks_failed`` (and ``blocks_abandoned
 With ``SmConfig.dump_dir``, OpenSM's dump files (``ibemu.sm.dumps``: opensm-subnet.lst,
 opensm-lfts.dump, guid2lid) are rewritten after each heavy sweep and each reroute, built
 between passes, never holding up one.
+
+M_Key (``m_key``, ``m_key_protect``, ``m_key_lease_s``): the PortInfo Sets that give ports
+their LIDs write the key, protect bits and lease too (every port that holds one: CA ports,
+switch port 0), and every SMP the SM sends carries the key (``Transport.m_key``). Ports
+keyed before (by this SM or another with the same key) are left as they are. Trap 256 (Bad
+M_Key: someone sent an SMP without the key) is repressed and logged (``mkey_violation``)
+and triggers no sweep: nothing in the subnet changed. The SM does not look keys up per port
+(OpenSM's guid2mkey): one key for the subnet.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from ibemu.sm.transport import (
     Transport,
 )
 from ibemu.wire import madcodec as mb
+from ibemu.wire.madattrs import TRAP_BAD_M_KEY, decode_trap256
 from ibemu.wire.umad import SimRequest
 
 log = logging.getLogger(__name__)
@@ -118,6 +127,9 @@ class SmConfig:
     overdue_s: float = 0.02  # with a trap waiting, an LFT Set unanswered this long is abandoned
     suspect_probe_s: float = 0.05  # a suspected switch not answering NodeInfo within this is dropped
     qos: SmQos | None = None  # VLs, SL -> VL and VL arbitration to program (ibemu.sm.qos); None: leave defaults
+    m_key: int = 0  # the M_Key every port gets (and every SMP carries); 0: none
+    m_key_protect: int = 0  # M_KeyProtectBits written with it (0-3)
+    m_key_lease_s: int = 0  # M_KeyLeasePeriod written with it (seconds; 0: the lease never runs out)
 
 
 class SubnetManager:
@@ -133,7 +145,7 @@ class SubnetManager:
         self.reroute_fn = reroute_fn or (default_reroute_fn if route_fn in (None, default_route_fn) else None)
         self.transport = Transport(port, max_in_flight=self.config.max_in_flight,
                                    timeout_s=self.config.timeout_s, retries=self.config.retries,
-                                   on_unsolicited=self._on_mad)
+                                   on_unsolicited=self._on_mad, m_key=self.config.m_key)
         self.disc = Discovery(self.transport)
         self.lids = LidTable()
         self.prog = LftProgrammer(self.transport, self.events, overdue_s=self.config.overdue_s)
@@ -156,6 +168,8 @@ class SubnetManager:
         self._lft_views: dict[int, tuple[dict[int, int], int, dict[str, int]]] = {}
         self._dumps_wake = trio.Event()
         self._t_start = clock.now_ns()
+        cfg = self.config
+        self._keys = act.MKeys(cfg.m_key, cfg.m_key_protect, cfg.m_key_lease_s) if cfg.m_key else None
 
     @property
     def graph(self) -> SubnetGraph:
@@ -233,6 +247,17 @@ class SubnetManager:
         repress = bytearray(req.mad)
         repress[3] = mb.TRAP_REPRESS
         self._queue_out(bytes(repress), req.slid or issuer)
+        if trap_number == TRAP_BAD_M_KEY:
+            # someone without our key tried to read or change a port: a security event,
+            # not a change of the subnet (nothing to re-sweep)
+            d = decode_trap256(data)
+            self.stats["mkey_violations"] += 1
+            log.warning("bad M_Key at LID %d: method %#x attribute %#x from LID %d", issuer,
+                        d["method"], d["attr_id"], d["lidaddr"])
+            self.events.emit(Kind.MKEY_VIOLATION, t_ns=now, issuer_lid=issuer, lidaddr=d["lidaddr"],
+                             dr_slid=d["dr_slid"], method=d["method"], attr=d["attr_id"],
+                             modifier=d["attr_mod"], m_key=f"{d['m_key']:#x}")
+            return
         guid = self.lids.owner(issuer)
         node = self.graph.nodes.get(guid) if guid is not None else None
         if node is not None and node.is_switch:
@@ -303,7 +328,7 @@ class SubnetManager:
         self.sm_lid = g.nodes[g.sm_guid].ports[self.disc.sm_port].lid
         self.prog.sm_guid, self.prog.sm_port, self.prog.sm_lid = g.sm_guid, self.disc.sm_port, self.sm_lid
         self.events.emit(Kind.LIDS_ASSIGNED, new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
-        await act.set_lids(self.disc, self.sm_lid)
+        await act.set_lids(self.disc, self.sm_lid, keys=self._keys)
         await act.set_pkeys(self.disc)
         ok = await self._route_and_program(None)
         top = self.lids.top
@@ -659,7 +684,7 @@ class SubnetManager:
                         and self.disc.port_info.get(e, b"\0" * 64)[16:18] == b"\0\0"]
             if lost_lid:  # a CA that rebooted: its LID goes back
                 self.lids.assign(self.graph)
-                await act.set_lids(self.disc, self.sm_lid, lost_lid)
+                await act.set_lids(self.disc, self.sm_lid, lost_lid, keys=self._keys)
         info: dict[str, Any] = {}
         if structural or reset:
             # Far ends of cables found down, unless they answered this pass themselves (they
@@ -679,7 +704,7 @@ class SubnetManager:
                 self.lids.assign(self.graph)
                 # only ports whose LID is not what we gave them are written: new ports, and
                 # nodes that come back (rebooted: no LID), whose GUIDs keep their LIDs
-                await act.set_lids(self.disc, self.sm_lid)
+                await act.set_lids(self.disc, self.sm_lid, keys=self._keys)
                 await act.set_pkeys(self.disc)
             ends = [(c.guid, c.port) for c in structural]
             ends += [c.peer for c in structural if c.peer is not None]

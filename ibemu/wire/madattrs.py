@@ -18,6 +18,9 @@ _SWITCH_INFO = struct.Struct("!HHHHBBBBHHBBH")
 _NOTICE = struct.Struct("!B3sHHH")
 PRODUCER_SWITCH = 2
 NOTICE_URGENT = 1
+NOTICE_SECURITY = 2
+TRAP_BAD_M_KEY = 256
+_NTC_256 = struct.Struct("!HHHBBHIQBB")
 
 
 def node_info(*, node_type: int, num_ports: int, system_image_guid: int, node_guid: int,
@@ -71,6 +74,32 @@ def notice_trap128(*, issuer_lid: int, lidaddr: int) -> bytes:
     head = _NOTICE.pack((1 << 7) | NOTICE_URGENT, PRODUCER_SWITCH.to_bytes(3, "big"), 128,
                         issuer_lid, 0)
     return (head + struct.pack("!H", lidaddr)).ljust(64, b"\0")
+
+
+def notice_trap256(*, producer: int, issuer_lid: int, lidaddr: int, dr_slid: int, method: int,
+                   attr_id: int, attr_mod: int, m_key: int, dr_hop_count: int | None = None,
+                   dr_return_path: bytes = b"") -> bytes:
+    """Notice for trap 256 (Bad M_Key): generic, security, producer ``producer`` (the node
+    type). DataDetails: the requester's LID (LIDADDR), its DrSLID, the method, attribute ID
+    and modifier, the M_Key it carried; for a directed-route SMP the DR notice bit, the hop
+    count (bits 5:0) and up to 30 bytes of its return path (the truncated bit when longer)."""
+    head = _NOTICE.pack((1 << 7) | NOTICE_SECURITY, producer.to_bytes(3, "big"), TRAP_BAD_M_KEY,
+                        issuer_lid, 0)
+    flags = 0
+    path = b""
+    if dr_hop_count is not None:
+        path = bytes(dr_return_path[: dr_hop_count + 1])
+        flags = 0x80 | (0x40 if len(path) > 30 else 0) | (dr_hop_count & 0x3F)
+        path = path[:30]
+    details = _NTC_256.pack(0, lidaddr, dr_slid, method, 0, attr_id, attr_mod, m_key, 0, flags) + path
+    return (head + details).ljust(64, b"\0")
+
+
+def decode_trap256(data: bytes | bytearray | memoryview) -> dict[str, int]:
+    """The DataDetails of a trap 256 Notice (``notice_trap256``)."""
+    _pad, lidaddr, dr_slid, method, _p2, attr_id, attr_mod, m_key, _p3, flags = _NTC_256.unpack_from(data, 10)
+    return {"lidaddr": lidaddr, "dr_slid": dr_slid, "method": method, "attr_id": attr_id,
+            "attr_mod": attr_mod, "m_key": m_key, "dr_notice": flags >> 7, "dr_hop_count": flags & 0x3F}
 
 
 def notice_fields(data: bytes | bytearray | memoryview) -> tuple[int, int, int]:

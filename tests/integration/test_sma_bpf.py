@@ -346,3 +346,79 @@ def test_disabled_node_hands_everything_up(kernel: sma.KernelSma) -> None:
         kernel.set_carrier(3, 1, True)
     finally:
         h.close()
+
+
+KEY = 0x0123456789ABCDEF
+BAD = 0x00000000DEADBEEF
+
+
+def _keyed(make: type[SwitchAgent] | type[CaAgent], clock: object, protect: int, lease_s: int) -> DeviceAgent:
+    """A device of ``_switch``/``_ca`` whose M_Key port (a switch's port 0, the CA's port 1)
+    holds KEY at ``protect`` with a ``lease_s`` lease; time from the shared ``clock``."""
+    agent: DeviceAgent = _switch() if make is SwitchAgent else _ca()
+    agent.clock = clock  # type: ignore[assignment]
+    p = agent.ports[0 if agent.IS_SWITCH else 1]
+    p.m_key, p.m_key_protect, p.m_key_lease_period = KEY, protect, lease_s
+    p.master_sm_lid = 1
+    return agent
+
+
+@pytest.mark.parametrize("protect", [0, 1, 2, 3])
+@pytest.mark.parametrize("kind", ["switch", "ca"])
+def test_keyed_sma_matches_the_agent(kernel: sma.KernelSma, kind: str, protect: int) -> None:
+    """With an M_Key the kernel answers only SMPs carrying it (and no lease running); every
+    other one goes up unchanged and the agent answers, hides the key or drops it as the
+    reference does. A violation starts the lease: from then on everything goes up until a
+    valid key stops it; when the lease runs out the protect bits clear in both."""
+    from ibemu.testing.wiring import ManualClock
+
+    make = SwitchAgent if kind == "switch" else CaAgent
+    clock = ManualClock()
+    dev = 10 + protect + (4 if kind == "ca" else 0)
+    h = Harness(kernel, dev, _keyed(make, clock, protect, 5), _keyed(make, clock, protect, 5))
+    sw = kind == "switch"
+    own = OWN_LID if sw else 0x20
+    lft = [(0x19, 2)] if sw else []
+    try:
+        tid = 1
+        for key, mine in ((KEY, True), (BAD, False), (0, False)):
+            for attr, mod in ((0x11, 0), (0x15, 0), (0x15, 1), (0x10, 0), *lft):
+                h.run(1, _dr(GET, attr, mod, tid=tid, n=2, mkey=key), expect=mine)
+                h.run(1, _lr(GET, attr, mod, tid=tid + 1, dlid=own, slid=1, mkey=key), expect=mine)
+                tid += 2
+        # Gets with a bad key: answered by the agent below level 2 (the key hidden at 1)
+        assert h.b.stats["mkey_get_open"] == (0 if protect >= 2 else 2 * (4 + len(lft)) * 2)
+        gets_refused = 0 if protect < 2 else 2 * 2 * (4 + len(lft))
+        assert h.b.ports[0 if sw else 1].m_key_violations == gets_refused
+        if sw:  # an LFT Set with a bad key: up, dropped, counted; the LFT unchanged
+            before = h.b.lft.get_block(2)
+            h.run(1, _dr(SET, 0x19, 2, tid=tid, n=1, data=bytes([4]) * 64, mkey=BAD), expect=False)
+            assert h.b.lft.get_block(2) == before
+            tid += 1
+        else:  # a CA port without a key answers any key in the kernel
+            h.run(2, _dr(GET, 0x11, 0, tid=tid, n=1, mkey=BAD), expect=True)
+            h.run(1, _dr(SET, 0x15, 1, tid=tid + 1, n=1, data=h.b.port_info(1), mkey=BAD), expect=False)
+            tid += 2
+        mport = h.b.ports[0 if sw else 1]
+        assert mport.m_key_violations >= 1 and mport.m_key_lease_deadline  # a Set violated: lease runs
+        h.run(1, _dr(GET, 0x11, 0, tid=tid, n=1, mkey=KEY), expect=False)  # the agent stops the lease
+        assert not mport.m_key_lease_deadline
+        h.run(1, _dr(GET, 0x11, 0, tid=tid + 1, n=1, mkey=KEY), expect=True)  # the kernel's again
+        h.run(1, _dr(GET, 0x11, 0, tid=tid + 2, n=1, mkey=BAD), expect=False)
+        tid += 3
+        if sw and protect < 2:  # (at 2 and 3 the Get above started the lease again)
+            h.run(1, _dr(SET, 0x19, 2, tid=tid, n=1, data=bytes([4]) * 64, mkey=KEY), expect=True)
+            assert h.b.lft.get_block(2) == bytes([4]) * 64
+            tid += 1
+        if protect >= 2:  # the lease runs out: protect bits 0, M_Key kept, in both
+            clock.advance(6 * 1_000_000_000)
+            h.a.tick()
+            h.b.tick()
+            h.publish()
+            assert mport.m_key_protect == 0 and mport.m_key == KEY
+            h.run(1, _dr(GET, 0x15, 0, tid=tid, n=1, mkey=BAD), expect=False)  # level 0: the agent
+            assert h.b.stats["mkey_get_open"] == 1
+            h.run(1, _dr(GET, 0x15, 0, tid=tid + 1, n=1, mkey=KEY), expect=True)
+        h.assert_same_state()
+    finally:
+        h.close()

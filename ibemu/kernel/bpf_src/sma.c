@@ -14,7 +14,9 @@
  *   - answered, when it is a SubnGet of NodeDescription, NodeInfo, SwitchInfo, PortInfo,
  *     P_KeyTable or LinearForwardingTable, or a SubnSet of LinearForwardingTable, reaching
  *     its SMA directed-route (last hop, permissive DLID) or LID-routed (DLID = the port's
- *     LID): the attribute comes from the maps the Python agent publishes;
+ *     LID), and passing the M_Key check trivially (the port has no M_Key, or the SMP carries
+ *     it, and no lease countdown runs): the attribute comes from the maps the Python agent
+ *     publishes;
  * and everything else returns TC_ACT_UNSPEC: up the stack to the agent's packet socket,
  * unchanged. Built with: clang -O2 -g0 -target bpf -I/usr/include -c sma.c
  */
@@ -44,6 +46,9 @@ struct ibemu_map {
 #define ATTR_PORT_INFO 0x0015
 #define ATTR_PKEY_TABLE 0x0016
 #define ATTR_LFT 0x0019
+/* Not an attribute (IDs are 16 bits): the agent's M_Key state of a port (DeviceAgent.mkey_guard):
+ * M_Key (8 bytes, big-endian), protect bits, 1 while a lease countdown runs. */
+#define ATTR_MKEY_GUARD 0x10015
 
 #define LFT_BLOCKS_MAX 768
 #define PHYS_LINK_UP 5
@@ -376,6 +381,19 @@ int ibemu_sma(struct __sk_buff *skb)
 
 		if ((method != 1 && method != 2) || p[MAD] != 1 || p[MAD + 2] != 1)
 			return PASS;
+		/* M_Key: a key the SMP does not carry, or a lease countdown, and the agent decides
+		 * (it answers, hides the key, or drops and counts: ibemu/agents/port.py) */
+		{
+			__u8 *g = image(dev, ATTR_MKEY_GUARD, dv->is_switch ? 0 : ingress);
+			__u64 have, sent;
+
+			if (g) {
+				__builtin_memcpy(&have, g, 8);
+				__builtin_memcpy(&sent, p + MAD + 24, 8);
+				if (g[9] || (have && have != sent))
+					return PASS;
+			}
+		}
 		attr = be16(p + MAD + 16);
 		mod = be32(p + MAD + 20);
 		if (method == 2 && attr != ATTR_LFT)
