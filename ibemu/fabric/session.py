@@ -75,6 +75,8 @@ class FabricRequest:
     """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
     sm_qos: str = ""
     """QoS for ibemu's SM to program (``ibemu.sm.qos.SmQos`` as JSON; empty: none)."""
+    sm_local_failover: bool = True
+    """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings."""
     switch: Mapping[str, Any] = field(default_factory=dict)
     """IB user datapath: the switches' model (``name``, ``latency_ns``, ``buffer_bytes``; empty:
     the default by the fabric's rate, ``physics.link.default_switch_model``)."""
@@ -87,7 +89,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "run_id": run_id, "fabric": request.kind, "datapath": request.datapath, "scenario": request.name,
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
-        "switch": dict(request.switch), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
+        "sm_local_failover": request.sm_local_failover, "switch": dict(request.switch), "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
     }))
 
 
@@ -112,6 +114,7 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          datapath=spec.get("datapath", "kernel"), sm=spec.get("sm", "none"),
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
+                         sm_local_failover=bool(spec.get("sm_local_failover", True)),
                          switch=dict(spec.get("switch") or {}))
 
 
@@ -139,7 +142,8 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                            ecn=EcnMarking(mark, line) if mark and line else None)
     return FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
                          sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
-                         sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch))
+                         sm_qos=request.sm_qos, sm_local_failover=request.sm_local_failover,
+                         switch_model=switch_model_of(request.switch))
 
 
 def switch_model_of(spec: Mapping[str, Any]) -> SwitchModel | None:

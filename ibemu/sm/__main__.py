@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
     p.add_argument("--qos", default=None, help="QoS to program (JSON: vls, sl2vl, vlarb_high, vlarb_low, "
                    "vl_high_limit; ibemu.sm.qos.SmQos)")
+    p.add_argument("--no-local-failover", action="store_true",
+                   help="with an _ar engine: write no alternates or fault-notice settings (switches "
+                        "wait for the SM's reroute)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -86,7 +89,8 @@ async def amain(args: argparse.Namespace) -> int:
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
                    retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
-                   qos=SmQos.from_json(args.qos) if args.qos else None)
+                   qos=SmQos.from_json(args.qos) if args.qos else None,
+                   local_failover=not args.no_local_failover)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)
