@@ -78,6 +78,7 @@ class Kind(StrEnum):
     ALT_SET = "alt_set"
     LOCAL_FAILOVER = "local_failover"
     FAULT_NOTICE_SENT = "fault_notice_sent"
+    REPAIRS_UNDONE = "repairs_undone"
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
@@ -170,6 +171,10 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.FAULT_NOTICE_SENT: KindInfo(
         "a switch told its switch neighbours which LIDs it can no longer reach (vendor attribute 0xFF32)",
         {Log.FABRIC: (_AGENT, "lids", "ports", "exclude")}),
+    Kind.REPAIRS_UNDONE: KindInfo(
+        "the SM's new generation reached a switch: the LFT entries it had moved on fault notices "
+        "and the SM had not set since are the SM's again",
+        {Log.FABRIC: (_AGENT, "lids")}),
     Kind.TRAP_SENT: KindInfo(
         "a switch sent (or repeated) a trap to the SM",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),
