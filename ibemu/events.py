@@ -73,9 +73,12 @@ class Kind(StrEnum):
     LFT_SET = "lft_set"
     LFT_TOP = "lft_top"
     LFT_PROGRAMMED = "lft_programmed"
+    GROUPS_PROGRAMMED = "groups_programmed"
     LFT_ERROR = "lft_error"
     ALT_SET = "alt_set"
     LOCAL_FAILOVER = "local_failover"
+    FAULT_NOTICE_SENT = "fault_notice_sent"
+    REPAIRS_UNDONE = "repairs_undone"
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
@@ -155,6 +158,10 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "fabric: a switch's accepted LFT changes are in tc; SM: a programming pass ended",
         {Log.FABRIC: ("entries", "ops", "apply_us", "queued_us"),
          Log.SM: ("blocks", "failed", "abandoned", "switches", "seconds")}),
+    Kind.GROUPS_PROGRAMMED: KindInfo(
+        "ibemu's SM wrote an adaptive engine's alternates and every switch's FailoverConfig of a "
+        "new generation (the switches' own repairs end)",
+        {Log.SM: ("generation", "blocks", "failed", "switches")}),
     Kind.LFT_ERROR: KindInfo(
         "writing a switch's LFT changes to tc failed",
         {Log.FABRIC: ("entries", "error")}),
@@ -162,8 +169,16 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a switch's SMA accepted an AlternatePorts block Set (vendor attribute 0xFF30: 16 LIDs)",
         {Log.FABRIC: (_AGENT, "block")}),
     Kind.LOCAL_FAILOVER: KindInfo(
-        "a switch port lost carrier: the kernel forwards the LIDs routed to it that have alternates on them from t_ns",
-        {Log.FABRIC: ("port", "lids", "carrier_t_ns")}),
+        "a switch forwards LIDs on alternates by itself from t_ns: a port lost carrier (the kernel's "
+        "failover), or a neighbour's fault notice arrived on port (via notice)",
+        {Log.FABRIC: ("port", "lids", "carrier_t_ns", "via")}),
+    Kind.FAULT_NOTICE_SENT: KindInfo(
+        "a switch told its switch neighbours which LIDs it can no longer reach (vendor attribute 0xFF32)",
+        {Log.FABRIC: (_AGENT, "lids", "ports", "exclude")}),
+    Kind.REPAIRS_UNDONE: KindInfo(
+        "the SM's new generation reached a switch: the LFT entries it had moved on fault notices "
+        "and the SM had not set since are the SM's again",
+        {Log.FABRIC: (_AGENT, "lids")}),
     Kind.TRAP_SENT: KindInfo(
         "a switch or CA sent (or repeated) a trap to the SM (128: link state, 256: bad M_Key)",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),

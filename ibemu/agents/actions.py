@@ -38,6 +38,9 @@ class LftUpdate:
     """
 
     changes: Mapping[int, int]
+    local: bool = False
+    """The switch changed these entries itself (a neighbour's fault notice), not an SM's Set:
+    written to the datapath like any other, but not an SM programming step."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,27 @@ alternate egress ports of local failover; modifier = LID >> 4, a block of 16 LID
 16 entries of 4 bytes, per LID up to 3 ports preferred first, 0 after the last, the fourth
 byte 0; a Set with a port beyond the switch's gets status 0x001C; a Set that changed the
 block emits ``AltUpdate``). OpenSM never sends it.
+
+Fault notices between neighbours (PFRN-like, ibemu's own vendor attributes; OpenSM never
+sends them, so a fabric under OpenSM never notifies): ``ATTR_FAILOVER_CONFIG`` = 0xFF31
+(Get/Set by the SM; byte 0 bit 0 = notices on; bytes 4..7 = the SM's generation; bytes
+32..63 = a bit per port, LSB first, of the ports that face a switch) and
+``ATTR_FAULT_NOTICE`` = 0xFF32 (method Trap, directed route one hop: sent only to a
+neighbour; modifier = LID >> 9, data = a bitmap of 512 LIDs, LSB first, that the sender can
+no longer reach). When a port goes down, the LIDs routed to it that have no alternate up
+are announced on every other up port facing a switch. A switch receiving a notice on port q
+remembers q as a dead end for each listed LID that q is one of its ways to (the port in use
+or an alternate), moves each LID it routes to q now onto its first way that is up and not a
+dead end (an ``LftUpdate(local=True)`` and a ``local_failover`` event), and announces
+onwards the LIDs it cannot move: the notice travels upstream as far as needed, each LID
+announced once per switch. LIDs q is no way to are ignored (counted); a notice that is not
+a one-hop directed route, arrives on a port that does not face a switch, or reaches a
+switch with notices off is counted and ignored. A FailoverConfig with a new generation
+(the SM sends one after each programming pass and trap sweep, with the alternates) ends the
+repairs: entries the SM has not set since go back to the SM's (it sends only the blocks it
+changed, so it would never overwrite a repair it does not know of), and the dead ends and
+announcements are forgotten; an LFT Set the agent answers itself ends them for its block.
+(NVIDIA's SHIELD/PFRN has its own wire format; this one is ibemu's.)
 SMInfo and anything else: GetResp with status 0x000C. PMA (GSI class 0x04 on QP1, to
 the switch LID): ClassPortInfo, PortCounters, PortCountersExtended (PortSelect 0xFF =
 all ports). SubnTrapRepress stops a trap's repeats.
@@ -37,6 +58,7 @@ pass only ``Reason.TO_SMA`` ones to ``receive``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 from ibemu.agents.actions import (
@@ -68,6 +90,21 @@ from ibemu.wire.madattrs import (
     decode_switch_info,
     notice_trap128,
 )
+from ibemu.wire.madpacket import (
+    INITIAL_PATH,
+    M_ATTR_ID,
+    M_ATTR_MOD,
+    M_DR_SLID,
+    M_HOP_COUNT,
+    M_METHOD,
+    PERMISSIVE_LID,
+    SMP_DATA,
+    VL15,
+)
+
+_SMP_HEAD = struct.Struct("!BBBBHHQHHI")
+"""An SMP's common header: versions, class, method, status, class-specific, TID, attribute,
+reserved, modifier."""
 
 ATTR_NOTICE = 0x0002
 ATTR_SWITCH_INFO = 0x0012
@@ -78,8 +115,15 @@ ATTR_ALTERNATES = 0xFF30
 ALT_LIDS = 16
 ALT_SLOT = 4
 MAX_ALTERNATES = 3
+ATTR_FAILOVER_CONFIG = 0xFF31
+"""Vendor-specific: fault notices on/off and the ports facing switches (module docstring)."""
+ATTR_FAULT_NOTICE = 0xFF32
+"""Vendor-specific, method Trap, one-hop directed route: LIDs the sender cannot reach."""
+NOTICE_LIDS = 512
+"""LIDs per fault notice block: a 64-byte bitmap."""
 ATTR_SM_INFO = 0x0020
 TRAP_LINK_STATE_CHANGE = 128
+TRAP = 0x05
 
 
 
@@ -135,9 +179,23 @@ class SwitchAgent(DeviceAgent):
             ATTR_LFT: self._attr_lft,
             ATTR_MFT: self._attr_mft,
             ATTR_ALTERNATES: self._attr_alternates,
+            ATTR_FAILOVER_CONFIG: self._attr_failover_config,
         })
         self.alternates: dict[int, bytes] = {}
         """AlternatePorts blocks (modifier -> 64 bytes) as last Set; absent = no alternates."""
+        self.notices = False
+        """Fault notices on (``ATTR_FAILOVER_CONFIG``)."""
+        self.switch_ports: frozenset[int] = frozenset()
+        """Ports facing a switch, as the SM said: where notices go and come from."""
+        self._dead_ends: dict[int, set[int]] = {}
+        """LID -> ports a neighbour's notice said lead nowhere for it."""
+        self._announced: set[int] = set()
+        """LIDs this switch announced it cannot reach (each once, until the SM's next
+        generation: the kernel SMA answers most LFT Sets without this agent)."""
+        self._repaired: dict[int, tuple[int, int]] = {}
+        """LID -> (the SM's entry, the entry this switch wrote instead on a notice)."""
+        self._notice_tid = 0
+        self._generation = 0
 
     # ================================================================== public
 
@@ -152,6 +210,154 @@ class SwitchAgent(DeviceAgent):
             actions = [*actions, *self._pending_actions]  # after the response that caused them
             self._pending_actions = []
         return actions
+
+    def link_down(self, port: int) -> list[Action]:
+        actions = super().link_down(port)
+        if self.notices and actions:
+            top = self.lft.top
+            lids = [lid for lid in range(1, top + 1) if self.lft.raw(lid) == port]
+            lost = [lid for lid in lids if not self._egress_candidates(lid)]
+            actions += self._announce(lost, exclude=port)
+        return actions
+
+    def alternates_of(self, lid: int) -> tuple[int, ...]:
+        """The alternate ports the SM gave ``lid`` (preferred first)."""
+        block = self.alternates.get(lid // ALT_LIDS)
+        if block is None:
+            return ()
+        i = (lid % ALT_LIDS) * ALT_SLOT
+        ports = block[i : i + MAX_ALTERNATES]
+        end = ports.find(0)
+        return tuple(ports[:end] if end >= 0 else ports)
+
+    # ================================================================== fault notices
+
+    def _egress_candidates(self, lid: int) -> list[int]:
+        """Ports that may carry ``lid`` now: the primary, then its alternates, each with its
+        link up and not announced dead-ended by a neighbour."""
+        dead = self._dead_ends.get(lid, ())
+        repaired = self._repaired.get(lid)
+        out: list[int] = []
+        for p in (self.lft.raw(lid), *(repaired[:1] if repaired else ()), *self.alternates_of(lid)):
+            port = self.ports.get(p)
+            if p and port is not None and port.link_is_up and p not in dead and p not in out:
+                out.append(p)
+        return out
+
+    def _announce(self, lids: Sequence[int], *, exclude: int) -> list[Action]:
+        """Fault notices for ``lids`` (those not announced yet) on every up port facing a
+        switch but ``exclude``."""
+        fresh = sorted(set(lids) - self._announced)
+        if not fresh:
+            return []
+        self._announced.update(fresh)
+        blocks: dict[int, bytearray] = {}
+        for lid in fresh:
+            bitmap = blocks.setdefault(lid // NOTICE_LIDS, bytearray(64))
+            off = lid % NOTICE_LIDS
+            bitmap[off >> 3] |= 1 << (off & 7)
+        actions: list[Action] = []
+        sent = 0
+        for port in sorted(self.switch_ports):
+            if port == exclude or not self.ports[port].link_is_up:
+                continue
+            for block, bitmap in sorted(blocks.items()):
+                self._notice_tid = (self._notice_tid + 1) & 0xFFFFFFFF
+                mad = bytearray(256)
+                tid = (self.node_guid & 0xFFFF) << 48 | 1 << 47 | self._notice_tid
+                # DR SMP on its first link: HopPointer 1, HopCount 1, InitialPath[1] = port
+                _SMP_HEAD.pack_into(mad, 0, 1, 0x81, 1, TRAP, 0, 0x0101, tid, ATTR_FAULT_NOTICE, 0, block)
+                struct.pack_into("!HH", mad, M_DR_SLID, PERMISSIVE_LID, PERMISSIVE_LID)
+                mad[INITIAL_PATH + 1] = port
+                mad[SMP_DATA : SMP_DATA + 64] = bitmap
+                pkt = bytearray(self._build(mad, dlid=PERMISSIVE_LID, slid=PERMISSIVE_LID, dqp=0, sqp=0, vl=VL15))
+                actions += self._send_dr(pkt, port)
+                sent += 1
+        self.stats["notices_sent"] += sent
+        actions.append(self._event("fault_notice_sent", lids=len(fresh), ports=sent, exclude=exclude))
+        return actions
+
+    def _rx_fault_notice(self, buf: bytearray, m: int, ingress: int, dr_route: bool) -> list[Action]:
+        """A neighbour's fault notice (module docstring); never answered."""
+        if not dr_route or buf[m + M_HOP_COUNT] != 1:
+            self.stats["notice_not_neighbour"] += 1
+            return []
+        if not self.notices or ingress not in self.switch_ports:
+            self.stats["notice_ignored"] += 1
+            return []
+        self.stats["notices_received"] += 1
+        block = struct.unpack_from("!I", buf, m + M_ATTR_MOD)[0]
+        bitmap = bytes(buf[m + SMP_DATA : m + SMP_DATA + 64])
+        base = block * NOTICE_LIDS
+        top = self.lft.top
+        moves: dict[int, int] = {}
+        lost: list[int] = []
+        ignored = noted = 0
+        for i, byte in enumerate(bitmap):
+            while byte:
+                bit = (byte & -byte).bit_length() - 1
+                byte &= byte - 1
+                lid = base + i * 8 + bit
+                ways = self._egress_candidates(lid) if 0 < lid <= top else []
+                if ingress not in ways:
+                    ignored += 1  # the notifying neighbour is no way of ours to it
+                    continue
+                self._dead_ends.setdefault(lid, set()).add(ingress)
+                if ways[0] != ingress:  # an alternate, not the way in use: remembered only
+                    noted += 1
+                    continue
+                rest = self._egress_candidates(lid)
+                if rest:
+                    moves[lid] = rest[0]
+                else:
+                    lost.append(lid)
+        self.stats["notice_lids_ignored"] += ignored
+        self.stats["notice_lids_noted"] += noted
+        actions: list[Action] = []
+        if moves:
+            for lid, port in moves.items():
+                self._repaired[lid] = (self._repaired.get(lid, (self.lft.raw(lid), 0))[0], port)
+            changes = self._write_entries(moves)
+            self.stats["notice_lids_moved"] += len(moves)
+            actions += [LftUpdate(changes, local=True),
+                        self._event("local_failover", port=ingress, lids=len(moves), via="notice")]
+        return actions + self._announce(lost, exclude=ingress)
+
+    def _write_entries(self, entries: dict[int, int]) -> dict[int, int]:
+        """Set LFT entries by the switch itself (block by block, as a Set would)."""
+        changes: dict[int, int] = {}
+        by_block: dict[int, dict[int, int]] = {}
+        for lid, port in entries.items():
+            by_block.setdefault(lid // 64, {})[lid] = port
+        for block, items in by_block.items():
+            data = bytearray(self.lft.get_block(block))
+            for lid, port in items.items():
+                data[lid % 64] = port
+            changes.update(self.lft.set_block(block, data))
+        return changes
+
+    def _forget_repairs(self, lids: range | None = None) -> list[Action]:
+        """The SM has programmed (``lids`` by an LFT Set this agent answered, or everything
+        at a new generation): its routes replace the local repairs. Entries the SM did not
+        set since (still what this switch wrote) go back to the SM's: it sends only the
+        blocks it changed, so it never overwrites a repair it does not know of."""
+        todo = list(self._repaired) if lids is None else [lid for lid in lids if lid in self._repaired]
+        back: dict[int, int] = {}
+        for lid in todo:
+            sm_port, wrote = self._repaired.pop(lid)
+            if lids is None and self.lft.raw(lid) == wrote:
+                back[lid] = sm_port
+        if lids is None:
+            self._dead_ends.clear()
+            self._announced.clear()
+        else:
+            for lid in lids:
+                self._dead_ends.pop(lid, None)
+                self._announced.discard(lid)
+        if not back:
+            return []
+        changes = self._write_entries(back)
+        return [LftUpdate(changes, local=True), self._event("repairs_undone", lids=len(back))] if changes else []
 
     # ================================================================== hooks
 
@@ -181,6 +387,11 @@ class SwitchAgent(DeviceAgent):
             return [Send(verdict.port, verdict.packet)]
         self.stats[f"fwd_{verdict.reason}"] += 1
         return []
+
+    def _answer_smp(self, buf: bytearray, m: int, ingress: int, *, dr_route: bool) -> list[Action] | None:
+        if (buf[m + M_ATTR_ID] << 8 | buf[m + M_ATTR_ID + 1]) == ATTR_FAULT_NOTICE and buf[m + M_METHOD] == TRAP:
+            return self._rx_fault_notice(buf, m, ingress, dr_route)
+        return super()._answer_smp(buf, m, ingress, dr_route=dr_route)
 
     def _port_changed(self, port: int, p: Port, why: str) -> list[Action]:
         actions = super()._port_changed(port, p, why)
@@ -241,6 +452,8 @@ class SwitchAgent(DeviceAgent):
         if not 0 <= mod < self.lft.blocks:
             return ST_INVALID
         if method == SET:
+            if self._dead_ends or self._announced or self._repaired:
+                self._forget_repairs(range(mod * 64, mod * 64 + 64))
             changes = self.lft.set_block(mod, buf[d : d + 64])
             if changes:
                 self._pending_actions += [LftUpdate(changes),
@@ -276,6 +489,30 @@ class SwitchAgent(DeviceAgent):
         buf[d : d + 64] = self.alternates.get(mod, bytes(64))
         return ST_OK
 
+    def _attr_failover_config(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        if mod != 0:
+            return ST_INVALID
+        if method == SET:
+            data = bytes(buf[d : d + 64])
+            mask = int.from_bytes(data[32:64], "little")
+            ports = frozenset(p for p in range(1, 256) if mask >> p & 1)
+            if mask & 1 or any(p > self.num_ports for p in ports):
+                return ST_INVALID
+            self.notices = bool(data[0] & 1)
+            self.switch_ports = ports
+            generation = struct.unpack_from("!I", data, 4)[0]
+            if generation != self._generation:
+                self._generation = generation
+                self._pending_actions += self._forget_repairs()
+        elif method != GET:
+            return ST_BAD_METHOD_ATTR
+        out = bytearray(64)
+        out[0] = int(self.notices)
+        struct.pack_into("!I", out, 4, self._generation)
+        out[32:64] = sum(1 << p for p in self.switch_ports).to_bytes(32, "little")
+        buf[d : d + 64] = out
+        return ST_OK
+
     def _attr_mft(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
         position, block = mod >> 28, mod & 0x1FF
         if not self.mft.valid(position, block):
@@ -298,4 +535,4 @@ class SwitchAgent(DeviceAgent):
         return self._raise_trap(TRAP_LINK_STATE_CHANGE, notice, 0, port=port, why=why)
 
 
-__all__ = ["ATTR_ALTERNATES", "ATTR_SM_INFO", "GET", "SET", "SwitchAgent", "TrapPolicy"]
+__all__ = ["ATTR_ALTERNATES", "ATTR_FAILOVER_CONFIG", "ATTR_FAULT_NOTICE", "ATTR_SM_INFO", "GET", "SET", "SwitchAgent", "TrapPolicy"]

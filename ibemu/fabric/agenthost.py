@@ -806,6 +806,8 @@ class AgentHost:
             return
         t1 = clock.now_ns()
         self.lft_ops += ops
+        if action.local:  # the switch's own repair (a fault notice): logged by the agent
+            return
         self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t1, "entries": len(action.changes),
                                  "ops": ops, "apply_us": (t1 - t0) // 1000, "queued_us": 0})
 

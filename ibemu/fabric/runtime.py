@@ -62,6 +62,7 @@ class FabricRuntime:
                  state: ownership.RunState | None = None, run_dir: Path | None = None,
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
+                 sm_local_failover: bool = True,
                  switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None) -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
@@ -79,6 +80,9 @@ class FabricRuntime:
         self.sm_qos = sm_qos
         self.sm_keys = dict(sm_keys or {})
         """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
+        self.sm_local_failover = sm_local_failover
+        """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings
+        (False: ``--no-local-failover``, the base engine's routes only)."""
         self.switch_model = switch_model
         """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
         """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
@@ -112,7 +116,8 @@ class FabricRuntime:
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
         extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else []),
-                 *ibemusm.key_args(self.sm_keys)] if impl is ibemusm else []
+                 *ibemusm.key_args(self.sm_keys),
+                 *([] if self.sm_local_failover else ["--no-local-failover"])] if impl is ibemusm else []
         owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys} if impl is opensm else {}
         proc = await trio.to_thread.run_sync(
             lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra, **owner))

@@ -78,6 +78,8 @@ class FabricRequest:
     """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
     sm_qos: str = ""
     """QoS for ibemu's SM to program (``ibemu.sm.qos.SmQos`` as JSON; empty: none)."""
+    sm_local_failover: bool = True
+    """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings."""
     switch: Mapping[str, Any] = field(default_factory=dict)
     """IB user datapath: the switches' model (``name``, ``latency_ns``, ``buffer_bytes``; empty:
     the default by the fabric's rate, ``physics.link.default_switch_model``)."""
@@ -95,6 +97,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
         "switch": dict(request.switch), "sm_keys": dict(request.sm_keys),
+        "sm_local_failover": request.sm_local_failover,
         "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
         "metrics": request.metrics,
     }))
@@ -122,7 +125,8 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
                          switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "",
-                         sm_keys=dict(spec.get("sm_keys") or {}))
+                         sm_keys=dict(spec.get("sm_keys") or {}),
+                         sm_local_failover=bool(spec.get("sm_local_failover", True)))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -150,7 +154,7 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
     rt = FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
                        sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
                        sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
-                       sm_keys=request.sm_keys)
+                       sm_keys=request.sm_keys, sm_local_failover=request.sm_local_failover)
     if request.metrics:
         from ibemu.fabric.metrics import parse_listen
 

@@ -174,6 +174,11 @@ class _Loader(Reader):
             qn = _mapping_pairs(fn)["qos"][1]
             self.error(qn, "fabric.qos", "ibemu's SM programs fabric.qos; OpenSM's QoS options are not passed "
                        "to it yet (use sm.impl: ibemu, or OpenSM's own qos_policy file)")
+        if fabric.local_failover and (fn := opt("fabric")) is not None and (
+                sm.impl == "opensm" or not sm.engine.endswith("_ar")):
+            self.error(_mapping_pairs(fn)["local_failover"][1], "fabric.local_failover",
+                       f"needs ibemu's SM with an adaptive engine (sm.engine: ftree_ar or updn_ar), "
+                       f"not {sm.impl} {sm.engine}")
         traffic = self.traffic(opt("traffic"), topo, duration)
         self.physics_checks(fabric, topo, traffic, opt("fabric"))
         faults = self.faults(opt("faults"), topo, duration)
@@ -355,10 +360,17 @@ class _Loader(Reader):
                            "a RoCE fabric's priorities are fabric.pfc and fabric.dscp_priority")
             else:
                 qos = self._qos(m["qos"][1])
+        local_failover = None
+        if "local_failover" in m:
+            local_failover = self.boolean(m["local_failover"][1], "fabric.local_failover")
+            if (kind or "ib") != "ib":
+                self.error(m["local_failover"][1], "fabric.local_failover",
+                           "local failover is the IB switches' (alternates from ibemu's SM)")
         return FabricSpec(kind=kind or "ib", datapath=dp or "kernel", loss_pct=loss, delay_us=delay,
                           ecn_mark_kb=mark, ecn_line_gbps=line, line_gbps=line_gbps,
                           buffer_kb=buffer_kb or 1024.0, pfc=pfc, pfc_xoff_kb=xoff, pfc_xon_kb=xon,
-                          dscp_priority=dscp_prio, where=where, switch=switch, qos=qos)
+                          dscp_priority=dscp_prio, where=where, switch=switch, qos=qos,
+                          local_failover=local_failover)
 
     def _switch(self, node: yaml.Node, kind: str, datapath: str) -> SwitchSpec | None:
         """``fabric.switch: {model, latency_ns, buffer_kb}`` (user datapath)."""

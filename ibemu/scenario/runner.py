@@ -147,6 +147,7 @@ def fabric_request(scen: Scenario) -> FabricRequest:
         switch = {"name": m.name, "latency_ns": m.latency_ns, "buffer_bytes": m.buffer_bytes}
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
                          sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos,
+                         sm_local_failover=f.local_failover is not False,
                          switch=switch, sm_keys=scen.sm.keys())
 
 

@@ -204,6 +204,8 @@ FABRIC_FIELDS: dict[str, Field] = {
     "dscp_priority": Field("dscp_priority", "RoCE user datapath: {DSCP: priority} overrides of DSCP >> 3"),
     "switch": _obj("user datapath: the switches' model, latency and buffer", SWITCH_FIELDS),
     "qos": _obj("IB: VLs, SL -> VL and VL arbitration the SM programs", QOS_FIELDS),
+    "local_failover": Field("bool", "IB, sm.engine ftree_ar|updn_ar: switches fail over to alternates by "
+                            "themselves and notify their neighbours (default true with those engines)"),
 }
 FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
 """RoCE user datapath only (``ibemu.roce.userpath``, timed by the link model as IB's user
@@ -401,6 +403,9 @@ class FabricSpec:
     """User datapath: the switches' model, latency and buffer (None: defaults by kind and rate)."""
     qos: QosSpec | None = None
     """IB: VLs, SL -> VL and VL arbitration the SM programs (None: one VL, the agents' defaults)."""
+    local_failover: bool | None = None
+    """IB: switches fail over by themselves (alternates and fault notices from ibemu's SM with
+    an ``_ar`` engine); None: on exactly when the engine is adaptive."""
 
     @property
     def ecn(self) -> bool:

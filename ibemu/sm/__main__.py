@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="M_KeyProtectBits written with the key")
     p.add_argument("--m-key-lease", type=int, default=0, metavar="SECONDS",
                    help="M_KeyLeasePeriod written with the key (0-65535; 0: never runs out)")
+    p.add_argument("--no-local-failover", action="store_true",
+                   help="with an _ar engine: write no alternates or fault-notice settings (switches "
+                        "wait for the SM's reroute)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     if not 0 <= args.m_key_lease <= 0xFFFF:
@@ -123,7 +126,8 @@ async def amain(args: argparse.Namespace) -> int:
                    retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
                    dump_dir=args.dump_dir,
                    qos=SmQos.from_json(args.qos) if args.qos else None, m_key=args.m_key,
-                   m_key_protect=args.m_key_protect, m_key_lease_s=args.m_key_lease)
+                   m_key_protect=args.m_key_protect, m_key_lease_s=args.m_key_lease,
+                   local_failover=not args.no_local_failover)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)

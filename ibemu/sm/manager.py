@@ -130,6 +130,7 @@ class SmConfig:
     m_key: int = 0  # the M_Key every port gets (and every SMP carries); 0: none
     m_key_protect: int = 0  # M_KeyProtectBits written with it (0-3)
     m_key_lease_s: int = 0  # M_KeyLeasePeriod written with it (seconds; 0: the lease never runs out)
+    local_failover: bool = True  # an _ar engine's alternates and fault-notice settings go to the switches
 
 
 class SubnetManager:
@@ -140,6 +141,10 @@ class SubnetManager:
         previous routes and the changed ends). Defaults: ``ibemu.sm.routing`` and
         ``ibemu.sm.reroute``; an injected ``route_fn`` alone is used for both."""
         self.config = config or SmConfig()
+        self._generation = 0
+        self._groups_due = False
+        """The adaptive groups of the current routes are not on the switches yet."""
+        """Programming passes that wrote alternates (``FailoverConfig``'s generation)."""
         self.events = events or EventLog()
         self.route_fn = route_fn or default_route_fn
         self.reroute_fn = reroute_fn or (default_reroute_fn if route_fn in (None, default_route_fn) else None)
@@ -222,8 +227,14 @@ class SubnetManager:
         self._wake = trio.Event()
         if self._dirty or self._trap_unknown or self._check:
             await self.trap_sweep()
+            # a cable changed state: switches may have repaired routes by themselves (fault
+            # notices) even where the SM's routes need no change (a cable back before the
+            # SM looked): a new generation ends those repairs
+            self._groups_due = self._groups_due or (self.config.local_failover and self._adaptive())
         else:
             await self.light_sweep()
+        if self._groups_due and not self._wake.is_set():  # skipped while traps waited
+            await self._program_groups()
 
     # ------------------------------------------------------------------ unsolicited
 
@@ -392,10 +403,10 @@ class SubnetManager:
                                           on_suspect=self._on_suspect)
         if early is not None:
             res = res.after(early)
-        if routes.alternates is not None and not (info is not None and self._wake.is_set()):
-            alt = await self.prog.program_alternates(self.graph, routes.alternates, self.lids.top)
-            self.stats["alt_blocks"] += alt.acked
-            self.stats["alt_blocks_failed"] += alt.failed
+        if self.config.local_failover and self._adaptive():
+            self._groups_due = True
+            if not (info is not None and self._wake.is_set()):  # a trap waits: after it
+                await self._program_groups()
         self._reprogram = res.failed > 0
         self._snapshot_due = True
         self.events.emit(Kind.LFT_PROGRAMMED, blocks=res.acked, failed=res.failed, abandoned=res.abandoned,
@@ -406,6 +417,41 @@ class SubnetManager:
                         blocks=res.acked, blocks_failed=res.failed, blocks_abandoned=res.abandoned,
                         suspects=[f"{g:#018x}" for g in res.suspects])
         return res.failed == 0
+
+    async def _program_groups(self) -> None:
+        """The adaptive engine's groups for the current routes (a reroute's computed now,
+        after its LFTs), then every switch's FailoverConfig with a new generation: the
+        switches end their own repairs, these routes replace them."""
+        routes = self.routes
+        if routes is None:
+            return
+        if routes.alternates is None:
+            routes.alternates = self._refresh_alternates(routes)
+        self._generation += 1
+        alt = await self.prog.program_alternates(self.graph, routes.alternates, self.lids.top,
+                                                 generation=self._generation)
+        self._groups_due = alt.failed > 0
+        self.events.emit(Kind.GROUPS_PROGRAMMED, generation=self._generation, blocks=alt.acked,
+                         failed=alt.failed, switches=alt.switches)
+        self.stats["alt_blocks"] += alt.acked
+        self.stats["alt_blocks_failed"] += alt.failed
+
+    def _adaptive(self) -> bool:
+        """The engine writes alternates (``ftree_ar``, ``updn_ar``)."""
+        entry = getattr(importlib.import_module("ibemu.sm.routing"), "ENGINES", {}).get(self.config.engine)
+        return bool(getattr(entry, "adaptive", False))
+
+    def _refresh_alternates(self, routes: Routes) -> dict[int, dict[int, tuple[int, ...]]]:
+        """The adaptive engine's checked alternates for ``routes`` (after a reroute, which
+        computes primaries only); none when they fail the check (the old ones are cleared)."""
+        mod = importlib.import_module("ibemu.sm.routing.alternates")
+        try:
+            ar = mod.refresh_ar(self.graph, self.config.engine, routes)
+        except Exception as exc:  # RoutingError, or an engine state the rule cannot read
+            log.warning("%s: no alternates after the reroute (%s)", self.config.engine, exc)
+            return {}
+        self.stats["alt_refreshes"] += 1
+        return dict(ar.alternates)
 
     def _on_suspect(self, guid: int, why: str = "unanswered") -> None:
         """A switch did not answer (or looks dead from its neighbours): check it next pass."""

@@ -24,6 +24,7 @@ suspect. So ``t_last_ack_ns`` is the last ack of the switches that answered.
 from __future__ import annotations
 
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ ATTR_LFT = 0x0019
 ATTR_ALTERNATES = 0xFF30
 """ibemu's vendor-specific AlternatePorts (``ibemu.agents.switch``): modifier = LID >> 4,
 data = 16 LIDs x 4 bytes (up to 3 alternate ports, preferred first, 0 after the last)."""
+ATTR_FAILOVER_CONFIG = 0xFF31
+"""ibemu's vendor-specific fault-notice configuration (``ibemu.agents.switch``): byte 0 bit 0
+= notices on, bytes 4..7 = the SM's generation (a new one clears the switch's local repairs),
+bytes 32..63 = a bit per port facing a switch."""
 ALT_LIDS = 16
 ALT_SLOT = 4
 BLOCK = 64
@@ -57,6 +62,23 @@ def alt_blocks(alternates: Mapping[int, tuple[int, ...]], top: int) -> dict[int,
             at = (lid % ALT_LIDS) * ALT_SLOT
             block[at:at + min(len(ports), ALT_SLOT - 1)] = bytes(p & 0xFF for p in ports[:ALT_SLOT - 1])
     return {b: bytes(data) for b, data in out.items()}
+
+
+def failover_config(graph: SubnetGraph, guid: int, *, notices: bool = True, generation: int = 0) -> bytes:
+    """The FailoverConfig a switch gets with its alternates: notices on (or off), the SM's
+    generation (its programming pass: a new one tells the switch that the SM's routes have
+    replaced what it repaired by itself) and the ports whose cable leads to a switch (where
+    its fault notices go)."""
+    data = bytearray(64)
+    data[0] = int(notices)
+    struct.pack_into("!I", data, 4, generation & 0xFFFFFFFF)
+    mask = 0
+    for num, peer, _pp in graph.nodes[guid].neighbors():
+        node = graph.nodes.get(peer)
+        if node is not None and node.is_switch and 0 < num < 256:
+            mask |= 1 << num
+    data[32:64] = mask.to_bytes(32, "little")
+    return bytes(data)
 
 
 def lft_blocks(lft: Mapping[int, int], top: int) -> dict[int, bytes]:
@@ -116,6 +138,8 @@ class LftProgrammer:
     module docstring)."""
     alt_written: dict[int, dict[int, bytes]] = field(default_factory=dict)
     """Switch GUID -> AlternatePorts blocks acknowledged (absent block: all zero)."""
+    cfg_written: dict[int, bytes] = field(default_factory=dict)
+    """FailoverConfig as each switch acked it (``failover_config``)."""
     _blocks: dict[int, tuple[Mapping[int, int], int, dict[int, bytes]]] = field(default_factory=dict)
     """Switch GUID -> (the LFT mapping, top, its blocks): an incremental reroute hands the
     unchanged switches' LFTs over as the same objects (it copies the ones it changes), so
@@ -161,6 +185,7 @@ class LftProgrammer:
         """The switch is gone (or reset): write it in full next time."""
         self.written.pop(guid, None)
         self.alt_written.pop(guid, None)
+        self.cfg_written.pop(guid, None)
         self._blocks.pop(guid, None)
         self.suspects.discard(guid)
 
@@ -339,10 +364,12 @@ class LftProgrammer:
         return res
 
     async def program_alternates(self, graph: SubnetGraph, alternates: Mapping[int, Mapping[int, tuple[int, ...]]],
-                                 top: int) -> Programmed:
+                                 top: int, *, notices: bool = True, generation: int = 0) -> Programmed:
         """Write the AlternatePorts blocks (``ATTR_ALTERNATES``) that differ from what each
-        switch has (blocks it has that name alternates no longer are cleared): LID-routed
-        where the tables allow, else directed route; all in parallel within the window."""
+        switch has (blocks it has that name alternates no longer are cleared), and each
+        switch's FailoverConfig (fault notices on or off, the ports facing switches, the SM's
+        ``generation``: a new one each programming pass) where it changed: LID-routed where the tables allow, else directed route; all in parallel
+        within the window."""
         plan: dict[int, dict[int, bytes]] = {}
         for guid in set(alternates) | set(self.alt_written):
             if guid not in graph.nodes:
@@ -354,30 +381,42 @@ class LftProgrammer:
             diff.update((b, zero) for b in have if b not in want and have[b] != zero)
             if diff:
                 plan[guid] = diff
-        res = Programmed(switches=len(plan), t_planned_ns=self.events.now())
-        lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in plan}
+        # every switch, those without alternates too: a core must pass notices on
+        configs = {guid: cfg for guid, node in graph.nodes.items() if node.is_switch
+                   and self.cfg_written.get(guid) != (cfg := failover_config(graph, guid, notices=notices, generation=generation))}
+        res = Programmed(switches=len(set(plan) | set(configs)), t_planned_ns=self.events.now())
+        lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in set(plan) | set(configs)}
 
-        async def one(guid: int, block: int, data: bytes) -> None:
+        async def one(guid: int, attr: int, block: int, data: bytes) -> None:
             node = graph.nodes[guid]
             res.sent += 1
             r = None
             if lid_routed.get(guid):
                 r = await self.transport.request(
-                    Request(mb.lr_smp(mb.SET, ATTR_ALTERNATES, modifier=block, data=data), dlid=node.lid), retries=0)
+                    Request(mb.lr_smp(mb.SET, attr, modifier=block, data=data), dlid=node.lid), retries=0)
             if r is None:
                 r = await self.transport.request(
-                    mb.dr_smp(mb.SET, ATTR_ALTERNATES, path=list(node.dr_path), modifier=block, data=data))
+                    mb.dr_smp(mb.SET, attr, path=list(node.dr_path), modifier=block, data=data))
             if r is None or not r.ok:
                 res.failed += 1
-                self.alt_written.get(guid, {}).pop(block, None)
-                log.warning("AlternatePorts block %d of %#x not acked", block, guid)
+                if attr == ATTR_ALTERNATES:
+                    self.alt_written.get(guid, {}).pop(block, None)
+                else:
+                    self.cfg_written.pop(guid, None)
+                log.warning("%s block %d of %#x not acked",
+                            "AlternatePorts" if attr == ATTR_ALTERNATES else "FailoverConfig", block, guid)
                 return
-            self.alt_written.setdefault(guid, {})[block] = data
+            if attr == ATTR_ALTERNATES:
+                self.alt_written.setdefault(guid, {})[block] = data
+            else:
+                self.cfg_written[guid] = data
             res.acked += 1
             res.t_last_ack_ns = max(res.t_last_ack_ns, self.events.now())
 
         async with trio.open_nursery() as n:
             for guid in sorted(plan):
                 for block, data in sorted(plan[guid].items()):
-                    n.start_soon(one, guid, block, data)
+                    n.start_soon(one, guid, ATTR_ALTERNATES, block, data)
+            for guid, cfg in sorted(configs.items()):
+                n.start_soon(one, guid, ATTR_FAILOVER_CONFIG, 0, cfg)
         return res

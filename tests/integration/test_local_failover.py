@@ -58,6 +58,51 @@ def _cut_under_stream(live: Live, port: int) -> tuple[int, int]:
     return t_fault, STREAM - got[0]
 
 
+def _last_cable(live: Live, src: str, dst: str) -> tuple[str, int]:
+    """The cable the kernel LFTs take last on the way ``src`` -> ``dst``, as (switch, port) at
+    the far end: a cut there leaves the switch before it with no way down."""
+    assert live.rt.fabric is not None
+    dlid = live.lid(dst)
+    peer = live.topo.peer(src, 1)
+    assert peer is not None
+    hops: list[tuple[str, int]] = []
+    node = peer.node
+    while node != dst:
+        port = live.rt.fabric.lfts[node].read(dlid)
+        nxt = live.topo.peer(node, port)
+        assert nxt is not None
+        hops.append((node, port))
+        node = nxt.node
+    assert len(hops) >= 3
+    prev, port = hops[-2]
+    far = live.topo.peer(prev, port)
+    assert far is not None
+    return far.node, far.port
+
+
+def _groups(live: Live) -> int:
+    """The SM's groups passes so far (alternates and a new FailoverConfig generation)."""
+    return len([r for r in live.records() if r["kind"] == "groups_programmed"])
+
+
+def _restore(live: Live, node: str, port: int, *, groups_since: int | None) -> None:
+    """Cable ``node:port`` back up (the SM running); wait for every port Active, settled,
+    and (an adaptive engine) a groups pass of the SM since ``groups_since`` passes, taken
+    before the fault: the switches' own repairs of it have ended."""
+    assert live.rt.fabric is not None
+    live.rt.fabric.links.set_up(live.ns(node), live.topo.ifname(node, port), True)
+    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while live.ports_not_active() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    while live.ports_not_active() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live.ports_not_active() == []
+    if groups_since is not None:
+        live.wait_for("groups_programmed", count=groups_since + 1, timeout_s=20)
+
+
 def _up(live: Live, engine: str) -> tuple[MapLft, int, int]:
     live.start_sm("--engine", engine)
     live.wait_for("subnet_up")
@@ -75,6 +120,7 @@ def test_ftree_ar_fails_over_in_the_kernel_before_the_sm_reroutes(live: Live) ->
     alternate = 7 - primary
     assert lft.alternates(dlid) == (alternate,)  # ftree_ar: the other up-port, written by the SM
     # 1. the cut under a stream, the SM running: the kernel fails over at once, then the SM reroutes
+    groups = _groups(live)
     t_fault, lost = _cut_under_stream(live, primary)
     rr = live.wait_for("reroute", timeout_s=20)[0]
     (lf,) = [r for r in _fabric_events(live, "local_failover", t_fault) if r["node"] == "edge0_0"]
@@ -88,16 +134,12 @@ def test_ftree_ar_fails_over_in_the_kernel_before_the_sm_reroutes(live: Live) ->
     print("local failover (ftree_ar):", figures)
     assert lost < 64 * (rr["t_programmed"] - t_fault) / 1e6  # shorter than the SM's reroute
     # 2. restored; then the SM stopped: the kernel alone keeps the stream going on the alternate
-    live.rt.fabric.links.set_up(live.ns("edge0_0"), live.topo.ifname("edge0_0", primary), True)  # type: ignore[union-attr]
-    live.wait_for("reroute", count=2, timeout_s=20)
-    deadline = time.monotonic() + 10
-    while live.ports_not_active() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert live.ports_not_active() == []
+    _restore(live, "edge0_0", primary, groups_since=groups)
     now = lft.read(dlid)
     alts = lft.alternates(dlid)
     assert alts and now in (3, 4)
     assert live.sm is not None
+    groups = _groups(live)
     live.sm.send_signal(signal.SIGSTOP)
     try:
         before = lft.counters()["failover"]
@@ -106,6 +148,32 @@ def test_ftree_ar_fails_over_in_the_kernel_before_the_sm_reroutes(live: Live) ->
         assert lft.read(dlid) == now  # no SM: the LFT still says the dead port
         assert live.blast("h1", "h15", 300) == 300
         assert lft.counters()["failover"] - before >= 300
+    finally:
+        live.sm.send_signal(signal.SIGCONT)
+    # 3. restored, the SM stopped again: a cut whose near side has no alternate (the last
+    # switch before h1's edge): its fault notice moves the switches upstream
+    _restore(live, "edge0_0", now, groups_since=groups)
+    live.sm.send_signal(signal.SIGSTOP)
+    try:
+        sw, port = _last_cable(live, "h15", "h1")
+        assert live.blast("h15", "h1", 300) == 300
+        t_cut = time.monotonic_ns()
+        live.rt.fabric.links.set_up(live.ns(sw), live.topo.ifname(sw, port), False)  # type: ignore[union-attr]
+        far = live.topo.peer(sw, port)
+        assert far is not None
+        deadline = time.monotonic() + 2
+        sent: list[dict[str, Any]] = []
+        moved: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not (moved and far.node in {r["node"] for r in sent}):
+            time.sleep(0.05)
+            sent = _fabric_events(live, "fault_notice_sent", t_cut, 0)
+            moved = [r for r in _fabric_events(live, "local_failover", t_cut, 0) if r.get("via") == "notice"]
+        assert far.node in {r["node"] for r in sent}, "the far side of the cut sent no notice"
+        assert moved, "no switch moved on a fault notice"
+        deadline = time.monotonic() + 1  # the notices travel 3 switches (a few ms)
+        while live.blast("h15", "h1", 20) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert live.blast("h15", "h1", 300) == 300
     finally:
         live.sm.send_signal(signal.SIGCONT)
 
@@ -132,6 +200,15 @@ def test_without_alternates_the_cut_blackholes_until_the_sm_reroutes(live: Live)
         live.rt.fabric.links.set_up(live.ns("edge0_0"), live.topo.ifname("edge0_0", now), False)  # type: ignore[union-attr]
         time.sleep(0.05)
         assert live.blast("h1", "h15", 300) == 0
+    finally:
+        live.sm.send_signal(signal.SIGCONT)
+    _restore(live, "edge0_0", now, groups_since=None)
+    live.sm.send_signal(signal.SIGSTOP)
+    try:
+        sw, port = _last_cable(live, "h15", "h1")  # and no notices: the far side blackholes
+        live.rt.fabric.links.set_up(live.ns(sw), live.topo.ifname(sw, port), False)  # type: ignore[union-attr]
+        time.sleep(0.05)
+        assert live.blast("h15", "h1", 300) == 0
     finally:
         live.sm.send_signal(signal.SIGCONT)
 

@@ -166,5 +166,31 @@ def compute_ar(graph: SubnetGraph, engine: str, **opts: object) -> ArRoutes:
     return ar
 
 
-__all__ = ["AR_ENGINES", "MAX_ALTERNATES", "Alternates", "ArEngine", "ArRoutes", "compute_ar",
-           "ftree_alternates", "updn_alternates", "updown_alternates"]
+def refresh_ar(graph: SubnetGraph, engine: str, primary: Routes) -> ArRoutes:
+    """Checked alternates of ``engine`` for routes computed otherwise (an SM's incremental
+    reroute of ``engine``'s base): entries whose primary is not one of the engine's
+    candidates get none. RoutingError as ``compute_ar``."""
+    entry = AR_ENGINES.get(engine)
+    if entry is None:
+        raise RoutingError(f"unknown adaptive routing engine {engine!r}; choose from {', '.join(AR_ENGINES)}")
+    t0 = time.perf_counter()
+    ar = ArRoutes(engine, primary, entry.alternates(graph, primary))
+    rep = check_alternates(graph, ar)
+    if not rep.ok:
+        raise RoutingError(f"{engine}: alternates break the promise: {'; '.join(rep.errors[:3])}")
+    ar.compute_s = time.perf_counter() - t0
+    return ar
+
+
+__all__ = [
+    "AR_ENGINES",
+    "MAX_ALTERNATES",
+    "Alternates",
+    "ArEngine",
+    "ArRoutes",
+    "compute_ar",
+    "ftree_alternates",
+    "refresh_ar",
+    "updn_alternates",
+    "updown_alternates",
+]

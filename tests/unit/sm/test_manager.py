@@ -173,7 +173,7 @@ class Lossy:
 def test_ten_percent_smp_loss_still_converges_with_retries_counted() -> None:
     _topo, fab = fat_tree(4)
     lossy = Lossy(InMemoryPort(fab, "h0"), 0.10)
-    sm = SubnetManager(lossy, SmConfig(timeout_s=0.05, retries=6), route_fn=minhop)
+    sm = SubnetManager(lossy, SmConfig(timeout_s=0.05, retries=10), route_fn=minhop)
 
     async def main() -> None:
         async with sm.running():
@@ -398,7 +398,7 @@ def test_with_the_routing_engines_bring_up_and_incremental_reroute_keep_every_ca
 def test_an_adaptive_engine_writes_its_alternates_to_the_switches(engine: str) -> None:
     """ftree_ar/updn_ar: the base engine's LFTs and, through the vendor attribute
     AlternatePorts, the checked alternates in every switch agent (only what changed: a
-    second pass with the same routes writes none)."""
+    second pass with the same routes writes none but the fault-notice settings)."""
     from ibemu.agents.switch import ALT_LIDS, ALT_SLOT
     from ibemu.sm.program import alt_blocks
     from ibemu.sm.routing.alternates import compute_ar
@@ -423,7 +423,10 @@ def test_an_adaptive_engine_writes_its_alternates_to_the_switches(engine: str) -
             assert n > 0 and sm.stats["alt_blocks"] > 0 and not sm.stats["alt_blocks_failed"]
             sent = sm.stats["alt_blocks"]
             assert await sm._route_and_program(None, recompute=False)
-            assert sm.stats["alt_blocks"] == sent  # nothing changed, nothing sent
+            switches = [a for a in fab.agents.values() if isinstance(a, SwitchAgent)]
+            # no AlternatePorts block changed: only each switch's FailoverConfig of a new generation
+            assert sm.stats["alt_blocks"] == sent + len(switches)
+            assert {a._generation for a in switches} == {2} and all(a.notices for a in switches)
 
     run(main)
 
