@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,16 @@ from ibemu.sm.graph import NodeType, SmNode, SmPort, SubnetGraph
 from ibemu.sm.manager import SmConfig, SubnetManager
 from ibemu.testing.madport import InMemoryPort
 from tests.unit.sm.helpers import fat_tree, minhop, run
+
+
+async def until(cond: Callable[[], bool], real_s: float = 10.0) -> None:
+    """Poll ``cond`` on the mock clock with a real-time limit: the files are written in a
+    worker thread, and the autojumping clock races ahead while the loop waits for it (a
+    mock-time limit expired before the thread had run, one run in three)."""
+    deadline = time.monotonic() + real_s
+    while not cond():
+        assert time.monotonic() < deadline, "not within the real-time limit"
+        await trio.sleep(0.01)
 
 # Lines the real OpenSM (3.3.x, Debian 12) wrote for a k=4 fat-tree of ibemu (facts, for the format)
 OSM_LST_LINE = ("{ SW Ports:04 SystemGUID:0a1be00100000000 NodeGUID:0a1be00100000000 PortGUID:0a1be00100000000 "
@@ -114,9 +126,7 @@ def test_the_sm_writes_the_files_after_bring_up_and_after_a_reroute(tmp_path: Pa
     sm = SubnetManager(port, SmConfig(dump_dir=str(tmp_path / "sm")), route_fn=minhop)  # type: ignore[arg-type]
 
     async def written(count: int) -> None:
-        with trio.fail_after(30):
-            while sm.stats["dumps"] < count:
-                await trio.sleep(0.01)
+        await until(lambda: sm.stats["dumps"] >= count, 30.0)
 
     def read() -> tuple[list[dumps.LstLink], dict[int, dumps.SwitchLft], dict[int, int]]:
         d = tmp_path / "sm"
@@ -159,17 +169,13 @@ def test_the_files_wait_for_a_pass_in_progress(tmp_path: Path) -> None:
     async def main() -> None:
         async with sm.running():
             assert await sm.full_sweep("cold")
-            with trio.fail_after(10):
-                while sm.stats["dumps"] < 1:
-                    await trio.sleep(0.01)
+            await until(lambda: sm.stats["dumps"] >= 1)
             sm._dirty[sm.graph.switches()[0].guid] = 1  # a trap waits: its pass comes first
             sm._dumps_wake.set()
             await trio.sleep(1.0)
             assert sm.stats["dumps"] == 1
             sm._dirty.clear()
-            with trio.fail_after(10):
-                while sm.stats["dumps"] < 2:
-                    await trio.sleep(0.01)
+            await until(lambda: sm.stats["dumps"] >= 2)
 
     run(main)
 
@@ -183,9 +189,7 @@ def test_a_dump_dir_that_fails_costs_the_files_not_the_sm(tmp_path: Path) -> Non
     async def main() -> None:
         async with sm.running():
             assert await sm.full_sweep("cold")
-            with trio.fail_after(10):
-                while not sm.stats["dump_errors"]:
-                    await trio.sleep(0.01)
+            await until(lambda: bool(sm.stats["dump_errors"]))
             await sm.light_sweep()  # still serving
         assert sm.stats["dumps"] == 0
 
