@@ -24,13 +24,18 @@ failovers; the SM's sweeps (by reason; the last one's seconds), traps, reroutes,
 the phases of the last ``LAST_REROUTES`` reroutes (``ibemu_reroute_phase_seconds``: each of
 the SM's reroute stamps, and the first carrier change, counted from the last fault before the
 reroute, or from its trap when no fault precedes it); the clock's dilation and each
-monitored process's lag (``ibemu_lag_*``, where the run has a lag log: ``ibemu run``). A
-caller adds what its layer knows with ``extras`` (``ibemu run``: fidelity's verdict).
+monitored process's lag (``ibemu_lag_*``, where the run has a lag log: ``ibemu run``); and,
+under ``ibemu run``, each flow's live blackout from its traffic worker's watch
+(``flows-N.live.json``, ``ibemu.traffic.blackout.LiveGaps``): frames received, the longest
+silence between two of them so far (``ibemu_flow_longest_gap_seconds``) and the silence
+still open (``ibemu_flow_silence_seconds``). A caller adds what its layer knows with
+``extras`` (``ibemu run``: fidelity's verdict).
 
 Deviations: the exporter's ``collect_errors``/``collect_timeouts`` and PortRcvErrorDetails
-(``-E``) metrics are absent (nothing here times out; ibemu's PMA has no details attribute).
-A flow's blackout is measured from the traffic workers' receive logs at the end of a run,
-so it is in the result, not here.
+(``-E``) metrics are absent (nothing here times out). The live blackout is the longest gap
+between any frames the flow's worker received (data, and ACKs at a sender), written every
+0.25 s; the result's per-fault blackout (``traffic.blackout.analyse``, against the flow's
+own pace around each fault) is computed at the end of the run and stays in the result.
 """
 
 from __future__ import annotations
@@ -299,6 +304,8 @@ class RunEvents:
     reroute_count: int = 0
     subnet_up_s: float | None = None
     lag: dict[str, dict[str, float]] = field(default_factory=dict)
+    flows: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Flow name -> the live watch of its traffic worker (``flows-N.live.json``, ``ibemu run``)."""
     _tails: dict[str, LogTail] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -314,6 +321,14 @@ class RunEvents:
             for sm in ("ibemu", "opensm"):
                 for rec in self._tail(f"{sm}/events.jsonl").new():
                     self._sm(rec)
+            for live in sorted(self.run_dir.glob("flows-*.live.json")):
+                try:
+                    watch = json.loads(live.read_text())
+                except (OSError, ValueError):  # being replaced, or gone with the run
+                    continue
+                for name in watch.get("flows") or ():
+                    self.flows[str(name)] = {k: int(v) for k, v in watch.items()
+                                             if k != "flows" and isinstance(v, int)}
             for rec in self._tail("lag.jsonl").new():
                 if rec.get("kind") == Kind.LAG and isinstance(rec.get("process"), str):
                     worst = self.lag.setdefault(rec["process"], {"max_us": 0.0, "p99_us": 0.0})
@@ -397,6 +412,20 @@ class RunEvents:
                 for phase, s in ph.items():
                     phases.add_metric([index, origin, phase], s)
             yield phases
+            if self.flows:
+                frames = CounterMetricFamily("ibemu_flow_frames_received", "Frames the ports of a flow's "
+                                             "traffic worker received since the flows' time zero", labels=["flow"])
+                gap = GaugeMetricFamily("ibemu_flow_longest_gap_seconds", "A flow's longest silence between two "
+                                        "received frames so far: its blackout, live", labels=["flow"])
+                silence = GaugeMetricFamily("ibemu_flow_silence_seconds", "Since a flow last received a frame "
+                                            "(when last written: a blackout still open grows)", labels=["flow"])
+                for name, w in sorted(self.flows.items()):
+                    frames.add_metric([name], w.get("frames", 0))
+                    gap.add_metric([name], w.get("longest_gap_ns", 0) / 1e9)
+                    silence.add_metric([name], w.get("silence_ns", 0) / 1e9)
+                yield frames
+                yield gap
+                yield silence
             yield GaugeMetricFamily("ibemu_dilation", "The clock's dilation factor N: real seconds per "
                                     "emulated second (1: real time)", value=clock.dilation())
             if self.lag:

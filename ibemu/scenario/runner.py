@@ -206,6 +206,7 @@ class ScenarioRun:
         self.roce = scen.fabric.kind == "roce"
         self.rt: FabricRuntime | RoceRuntime = open_runtime(fabric_request(scen), self.state, self.run_dir,
                                                               queues=_queues(scen))
+        self.metrics = metrics if isinstance(self.rt, FabricRuntime) else None
         if metrics is not None and isinstance(self.rt, FabricRuntime):
             self.rt.metrics = metrics
             self.rt.metrics_extras.append(self._fidelity_metrics)
@@ -405,6 +406,8 @@ class ScenarioRun:
             hosts = {name: host_address(self.rt.plan, name, host.nodes[name].agent.lid(1)).to_json()  # type: ignore[attr-defined]
                      for name in names}
         mtu = scen.defaults.mtu or 4096
+        if self.metrics is not None:  # the workers keep a live watch of their frames for it
+            extra["live"] = True
         return {"hosts": hosts, "mtu": mtu,
                 "flows": [flow_dict(t, scen) for t in scen.traffic], **extra}
 

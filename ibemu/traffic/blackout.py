@@ -89,3 +89,37 @@ def timeline(t_ns: Sequence[int], nbytes: Sequence[int], t0_ns: int, t1_ns: int,
         if 0 <= k < nbins:
             acc[k] += n
     return [round(k * bin_s, 6) for k in range(nbins)], [round(b * 8 / bin_s / 1e9, 6) for b in acc]
+
+
+@dataclass(slots=True)
+class LiveGaps:
+    """A running watch of the frames a traffic worker's ports receive, for live metrics:
+    the longest silence between two frames since the flows' time zero, so far (the blackout
+    a fault is causing, seen while it lasts: ``silence_ns`` grows until frames come back).
+    Called with each frame's receive stamp (``HcaPort.on_frame``); one comparison a frame.
+    One worker runs one flow and the kernel gives it only its own QPs' frames, so these are
+    the flow's (its data, and its ACKs at the sender)."""
+
+    since_ns: int = 0
+    frames: int = 0
+    last_ns: int = 0
+    longest_ns: int = 0
+    longest_end_ns: int = 0
+
+    def __call__(self, t_ns: int) -> None:
+        if t_ns < self.since_ns:
+            return
+        self.frames += 1
+        if self.last_ns:
+            gap = t_ns - self.last_ns
+            if gap > self.longest_ns:
+                self.longest_ns, self.longest_end_ns = gap, t_ns
+        if t_ns > self.last_ns:
+            self.last_ns = t_ns
+
+    def as_dict(self, now_ns: int) -> dict[str, int]:
+        """The watch now: ``silence_ns`` since the last frame (the gap still open)."""
+        return {"frames": self.frames, "last_ns": self.last_ns, "longest_gap_ns": self.longest_ns,
+                "longest_gap_end_ns": self.longest_end_ns,
+                "silence_ns": max(0, now_ns - self.last_ns) if self.last_ns else 0}
+

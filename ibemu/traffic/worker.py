@@ -7,6 +7,11 @@ paths (see ``time_zero``), ``hosts``
 each host's namespace), runs every flow and writes ``OUT`` (JSON: ``flows`` [FlowOutput],
 ``ports`` {name: counters}).
 
+With ``live`` in the spec (``ibemu run --metrics``), it also rewrites ``OUT`` with suffix
+``.live.json`` every ``LIVE_PERIOD_S``: the frames its ports received since time zero and the
+longest silence between them so far (``blackout.LiveGaps``), which the metrics endpoint
+serves while the run goes on.
+
 The runner starts one worker per flow, apart from the agent host: a busy bulk flow then
 cannot delay a probe stream's sends, and management keeps its own core. Workers sharing a
 host take disjoint QP number ranges (``qpns``), so the kernel gives each only its frames.
@@ -30,6 +35,7 @@ import trio
 from ibemu import clock, lagmon
 from ibemu.hca.nic import HcaPort
 from ibemu.kernel.timerfd import run_trio
+from ibemu.traffic.blackout import LiveGaps
 from ibemu.traffic.endpoints import HostAddress, close_ports, open_ports
 from ibemu.traffic.flows import FlowOutput, run_flow
 
@@ -54,10 +60,22 @@ def port_counters(port: HcaPort) -> dict[str, int]:
 
 GRACE_S = 3.0
 """After a stop signal, how long flows get to finish what is in flight."""
+LIVE_PERIOD_S = 0.25
+"""How often (real seconds) the live watch is written, with ``live`` in the spec."""
 
 
-async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutput]:
-    """Every flow of ``spec`` on ``ports``; SIGTERM/SIGINT end them early, measured."""
+async def _write_live(path: Path, names: list[str], gaps: LiveGaps) -> None:
+    """``path`` rewritten every ``LIVE_PERIOD_S`` (write, then rename: readers see whole files)."""
+    tmp = path.with_suffix(".tmp")
+    while True:
+        tmp.write_text(json.dumps({"flows": names, **gaps.as_dict(clock.now_ns())}))
+        tmp.replace(path)
+        await trio.sleep(clock.emulated_s(LIVE_PERIOD_S))
+
+
+async def run(spec: dict[str, Any], ports: dict[str, HcaPort], live: Path | None = None) -> list[FlowOutput]:
+    """Every flow of ``spec`` on ``ports``; SIGTERM/SIGINT end them early, measured.
+    ``live``: where to keep the live watch of its frames (module docstring)."""
     outputs: list[FlowOutput] = []
     abort = trio.Event()
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -98,6 +116,11 @@ async def run(spec: dict[str, Any], ports: dict[str, HcaPort]) -> list[FlowOutpu
             gc.freeze()
             with waiting:
                 t0 = await time_zero(spec)
+            if t0 is not None and live is not None:
+                gaps = LiveGaps(since_ns=t0)
+                for p in ports.values():
+                    p.on_frame.append(gaps)
+                nursery.start_soon(_write_live, live, [str(f["name"]) for f in spec["flows"]], gaps)
             if t0 is not None:
                 with flows_scope:
                     async with trio.open_nursery() as flows:
@@ -158,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             p.enable_pfc(float(roce["pfc"]["line_gbps"]), int(roce["pfc"].get("priority", 3)))  # type: ignore[attr-defined]
     t_start = clock.now_ns()
     try:
-        outputs = run_trio(run, spec, ports)
+        live = args.out.with_suffix(".live.json") if spec.get("live") else None
+        outputs = run_trio(run, spec, ports, live)
         code = 0
     except Exception:
         log.exception("traffic worker failed")

@@ -254,6 +254,13 @@ def test_ibemu_run_serves_metrics_while_its_flows_run(tmp_path: Path) -> None:
     assert tx[-1] > tx[0] and tx == sorted(tx)  # counters: moving and never back
     last = scrapes[-1]
     assert ("ibemu_fidelity_valid", ()) in last
+    frames = [s for s in scrapes if any(k[0] == "ibemu_flow_frames_received_total" for k in s)]
+    assert len(frames) >= 2  # the flows' live watch, moving while they run
+    seen = [sum(v for k, v in s.items() if k[0] == "ibemu_flow_frames_received_total") for s in frames]
+    assert seen[-1] > seen[0]
+    gaps = {k[1]: v for k, v in frames[-1].items() if k[0] == "ibemu_flow_longest_gap_seconds"}
+    # the probe's cable was down 0.5 s: its live blackout shows it (and no more than the run)
+    assert 0.3 < gaps[(("flow", "probe"),)] < 3
     assert last.get(("ibemu_faults_total", (("action", "link_down"),)), 0) == 1
     assert last[("ibemu_carrier_changes_total", ())] >= 2
     assert not (tmp_path / "out" / "run" / "sysfs").exists()  # the tree went with the fabric
