@@ -14,10 +14,17 @@ fresh fabrics (min / median / max):
 - ``cut -> SM routed`` and ``cut -> SM programmed``: the SM's trap-driven reroute;
 - frames lost of the stream (one-way: no retransmission hides a loss).
 
-Every figure is ibemu's own time on this machine (the carrier event reaching the agent host's
-thread, the SM's Python), real time at dilation 1, not a switch ASIC's.
+With ``--cut far`` the stream runs h15 -> h1 and the cut is the last cable before h1's edge
+switch, at the edge's end: the aggregation switch above it has no alternate down, so under
+``ftree_ar`` its fault notice has to reach the cores and, through them, the aggregation and
+edge switches of the other pods (``ibemu.agents.switch``, fault notices). Printed then:
+``cut -> first notice move`` and ``cut -> last notice move`` (the first and last switch that
+moved the LIDs on a neighbour's notice), the SM's reroute and the frames lost.
 
-Run: sudo .venv/bin/python benchmarks/bench_local_failover.py [--runs 3]
+Every figure is ibemu's own time on this machine (the carrier event reaching the agent host's
+thread, the agents' Python relaying each notice), real time at dilation 1, not a switch ASIC's.
+
+Run: sudo .venv/bin/python benchmarks/bench_local_failover.py [--runs 3] [--cut near|far]
 """
 
 from __future__ import annotations
@@ -93,34 +100,59 @@ class Run:
         return int(trio.from_thread.run_sync(lambda: rt.host.nodes[host].agent.lid(1),  # type: ignore[union-attr]
                                              trio_token=self.fab.token))
 
-    def blast(self, n: int) -> int:
-        return send_and_count(self.fab.rt.plan, "h1", "h15", self.lid("h1"), self.lid("h15"), n, size=200)
+    def blast(self, n: int, src: str = "h1", dst: str = "h15") -> int:
+        return send_and_count(self.fab.rt.plan, src, dst, self.lid(src), self.lid(dst), n, size=200)
+
+    def last_cable(self, src: str, dst: str) -> tuple[str, int]:
+        """The edge switch's end of the last cable the kernel LFTs take from ``src`` to ``dst``."""
+        topo, fabric = self.fab.topo, self.fab.rt.fabric
+        assert fabric is not None
+        dlid = self.lid(dst)
+        far = topo.peer(src, 1)
+        assert far is not None
+        node, prev = far.node, ("", 0)
+        while True:
+            port = fabric.lfts[node].read(dlid)  # type: ignore[union-attr]
+            nxt = topo.peer(node, port)
+            assert nxt is not None
+            if nxt.node == dst:
+                end = topo.peer(*prev)
+                assert end is not None
+                return end.node, end.port
+            prev, node = (node, port), nxt.node
 
 
-def one(engine: str, tmp: Path) -> dict[str, float]:
+def one(engine: str, tmp: Path, cut: str = "near") -> dict[str, float]:
     topo = generate("fat-tree", k=4)
     with LiveFabric(topo, tmp, scenario="bench-local-failover") as fab:
         run = Run(fab, tmp, engine)
         try:
             run.wait_sm("subnet_up")
             assert fab.rt.fabric is not None
-            lft = fab.rt.fabric.lfts["edge0_0"]
-            primary = lft.read(run.lid("h15"))  # type: ignore[union-attr]
-            if run.blast(300) != 300:
+            src, dst = ("h1", "h15") if cut == "near" else ("h15", "h1")
+            if cut == "near":
+                sw, port = "edge0_0", fab.rt.fabric.lfts["edge0_0"].read(run.lid("h15"))  # type: ignore[union-attr]
+            else:
+                sw, port = run.last_cable("h15", "h1")
+            if run.blast(300, src, dst) != 300:
                 raise RuntimeError("the fabric does not carry the stream before the cut")
             got: list[int] = []
-            sender = threading.Thread(target=lambda: got.append(run.blast(STREAM)))
+            sender = threading.Thread(target=lambda: got.append(run.blast(STREAM, src, dst)))
             sender.start()
             time.sleep(0.03)
             t_cut = time.monotonic_ns()
-            fab.rt.fabric.links.set_up(fab.ns("edge0_0"), topo.ifname("edge0_0", primary), False)
+            fab.rt.fabric.links.set_up(fab.ns(sw), topo.ifname(sw, port), False)
             sender.join(60)
             rr = run.wait_sm("reroute", timeout_s=20)[0]
             out = {"cut_to_sm_routed_ms": (rr["t_routed"] - t_cut) / 1e6,
                    "cut_to_sm_programmed_ms": (rr["t_programmed"] - t_cut) / 1e6,
                    "frames_lost": float(STREAM - got[0])}
-            lf = [r for r in run.fabric_events("local_failover", t_cut, timeout_s=0.5 if engine == "ftree" else 2.0)
-                  if r.get("node") == "edge0_0"]
+            moves = run.fabric_events("local_failover", t_cut, timeout_s=0.5 if engine == "ftree" else 2.0)
+            lf = [r for r in moves if r.get("node") == sw and r.get("via") != "notice"]
+            by_notice = sorted(r["t_ns"] for r in moves if r.get("via") == "notice")
+            if by_notice:
+                out["cut_to_first_notice_move_ms"] = (by_notice[0] - t_cut) / 1e6
+                out["cut_to_last_notice_move_ms"] = (by_notice[-1] - t_cut) / 1e6
             if lf:
                 out["carrier_to_failover_ms"] = (lf[0]["t_ns"] - lf[0]["carrier_t_ns"]) / 1e6
                 out["cut_to_failover_ms"] = (lf[0]["t_ns"] - t_cut) / 1e6
@@ -132,6 +164,8 @@ def one(engine: str, tmp: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="fresh fabrics per engine (default 3)")
+    ap.add_argument("--cut", choices=("near", "far"), default="near",
+                    help="near: the sender's edge uplink; far: the last cable before the receiver's edge")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs >= 1")
@@ -139,13 +173,16 @@ def main() -> None:
     for i in range(args.runs):
         for engine in rows:
             with tempfile.TemporaryDirectory(prefix="bench-lfo-") as tmp:
-                rows[engine].append(one(engine, Path(tmp)))
+                rows[engine].append(one(engine, Path(tmp), args.cut))
             print(f"  run {i + 1} {engine}: {rows[engine][-1]}", file=sys.stderr, flush=True)
-    keys = ("carrier_to_failover_ms", "cut_to_failover_ms", "cut_to_sm_routed_ms", "cut_to_sm_programmed_ms",
-            "frames_lost")
-    print(f"Cable cut under a one-way stream h1 -> h15 (k=4 fat-tree, kernel datapath, {STREAM} frames, "
+    keys = ("carrier_to_failover_ms", "cut_to_failover_ms", "cut_to_first_notice_move_ms",
+            "cut_to_last_notice_move_ms", "cut_to_sm_routed_ms", "cut_to_sm_programmed_ms", "frames_lost")
+    what = ("the sender's edge uplink" if args.cut == "near"
+            else "the last cable before the receiver's edge (fault notices)")
+    flow = "h1 -> h15" if args.cut == "near" else "h15 -> h1"
+    print(f"Cable cut ({what}) under a one-way stream {flow} (k=4 fat-tree, kernel datapath, {STREAM} frames, "
           f"{args.runs} runs each): min / median / max, ibemu's own real time at dilation 1")
-    print(f"  {'figure':<26} {'ftree_ar (local failover)':>28} {'ftree (SM only)':>28}")
+    print(f"  {'figure':<28} {'ftree_ar (local failover)':>28} {'ftree (SM only)':>28}")
     for k in keys:
         cells = []
         for engine in rows:
@@ -153,7 +190,7 @@ def main() -> None:
             cells.append("-" if not vals else
                          f"{min(vals):.2f} / {statistics.median(vals):.2f} / {max(vals):.2f}" if k != "frames_lost"
                          else f"{min(vals):.0f} / {statistics.median(vals):.0f} / {max(vals):.0f}")
-        print(f"  {k:<26} {cells[0]:>28} {cells[1]:>28}")
+        print(f"  {k:<28} {cells[0]:>28} {cells[1]:>28}")
 
 
 if __name__ == "__main__":
