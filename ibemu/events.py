@@ -78,7 +78,7 @@ class Kind(StrEnum):
     ALT_SET = "alt_set"
     LOCAL_FAILOVER = "local_failover"
     FAULT_NOTICE_SENT = "fault_notice_sent"
-    REPAIRS_UNDONE = "repairs_undone"
+    REPAIRS_ENDED = "repairs_ended"
     TRAP_SENT = "trap_sent"
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
@@ -160,8 +160,8 @@ VOCABULARY: dict[Kind, KindInfo] = {
          Log.SM: ("blocks", "failed", "abandoned", "switches", "seconds")}),
     Kind.GROUPS_PROGRAMMED: KindInfo(
         "ibemu's SM wrote an adaptive engine's alternates and every switch's FailoverConfig of a "
-        "new generation (the switches' own repairs end)",
-        {Log.SM: ("generation", "blocks", "failed", "switches")}),
+        "new generation (the switches' own repairs end; the tables of those that had any rewritten)",
+        {Log.SM: ("generation", "blocks", "failed", "switches", "tables_rewritten")}),
     Kind.LFT_ERROR: KindInfo(
         "writing a switch's LFT changes to tc failed",
         {Log.FABRIC: ("entries", "error")}),
@@ -175,9 +175,9 @@ VOCABULARY: dict[Kind, KindInfo] = {
     Kind.FAULT_NOTICE_SENT: KindInfo(
         "a switch told its switch neighbours which LIDs it can no longer reach (vendor attribute 0xFF32)",
         {Log.FABRIC: (_AGENT, "lids", "ports", "exclude")}),
-    Kind.REPAIRS_UNDONE: KindInfo(
-        "the SM's new generation reached a switch: the LFT entries it had moved on fault notices "
-        "and the SM had not set since are the SM's again",
+    Kind.REPAIRS_ENDED: KindInfo(
+        "the SM's new generation reached a switch that had moved LFT entries on fault notices: "
+        "its repairs end (the SM rewrites its table)",
         {Log.FABRIC: (_AGENT, "lids")}),
     Kind.TRAP_SENT: KindInfo(
         "a switch or CA sent (or repeated) a trap to the SM (128: link state, 256: bad M_Key)",

@@ -23,7 +23,9 @@ block emits ``AltUpdate``). OpenSM never sends it.
 Fault notices between neighbours (PFRN-like, ibemu's own vendor attributes; OpenSM never
 sends them, so a fabric under OpenSM never notifies): ``ATTR_FAILOVER_CONFIG`` = 0xFF31
 (Get/Set by the SM; byte 0 bit 0 = notices on; bytes 4..7 = the SM's generation; bytes
-32..63 = a bit per port, LSB first, of the ports that face a switch) and
+8..11, read-only = the LFT entries this switch had repaired when the last new generation
+ended its repairs; bytes 32..63 = a bit per port, LSB first, of the ports that face a
+switch) and
 ``ATTR_FAULT_NOTICE`` = 0xFF32 (method Trap, directed route one hop: sent only to a
 neighbour; modifier = LID >> 9, data = a bitmap of 512 LIDs, LSB first, that the sender can
 no longer reach). When a port goes down, the LIDs routed to it that have no alternate up
@@ -36,9 +38,10 @@ announced once per switch. LIDs q is no way to are ignored (counted); a notice t
 a one-hop directed route, arrives on a port that does not face a switch, or reaches a
 switch with notices off is counted and ignored. A FailoverConfig with a new generation
 (the SM sends one after each programming pass and trap sweep, with the alternates) ends the
-repairs: entries the SM has not set since go back to the SM's (it sends only the blocks it
-changed, so it would never overwrite a repair it does not know of), and the dead ends and
-announcements are forgotten; an LFT Set the agent answers itself ends them for its block.
+repairs: dead ends and announcements are forgotten, the repaired entries stay and are
+counted in the answer, and the SM rewrites the whole table of a switch that had any (the
+switch cannot tell which entries the SM has set since: the kernel SMA answers LFT Sets); an
+LFT Set the agent answers itself ends them for its block.
 (NVIDIA's SHIELD/PFRN has its own wire format; this one is ibemu's.)
 SMInfo and anything else: GetResp with status 0x000C. PMA (GSI class 0x04 on QP1, to
 the switch LID): ClassPortInfo, PortCounters, PortCountersExtended (PortSelect 0xFF =
@@ -196,6 +199,8 @@ class SwitchAgent(DeviceAgent):
         """LID -> (the SM's entry, the entry this switch wrote instead on a notice)."""
         self._notice_tid = 0
         self._generation = 0
+        self._repairs_ended = 0
+        """LFT entries the last new generation found repaired by this switch (bytes 8..11)."""
 
     # ================================================================== public
 
@@ -338,26 +343,22 @@ class SwitchAgent(DeviceAgent):
 
     def _forget_repairs(self, lids: range | None = None) -> list[Action]:
         """The SM has programmed (``lids`` by an LFT Set this agent answered, or everything
-        at a new generation): its routes replace the local repairs. Entries the SM did not
-        set since (still what this switch wrote) go back to the SM's: it sends only the
-        blocks it changed, so it never overwrites a repair it does not know of."""
-        todo = list(self._repaired) if lids is None else [lid for lid in lids if lid in self._repaired]
-        back: dict[int, int] = {}
-        for lid in todo:
-            sm_port, wrote = self._repaired.pop(lid)
-            if lids is None and self.lft.raw(lid) == wrote:
-                back[lid] = sm_port
+        at a new generation): the local repairs end. The entries stay as they are: the
+        switch cannot tell which the SM has rewritten since (the kernel SMA answers its LFT
+        Sets), so it reports how many it repaired (FailoverConfig bytes 8..11) and the SM
+        rewrites that switch's whole table."""
         if lids is None:
+            ended = len(self._repaired)
+            self._repaired.clear()
             self._dead_ends.clear()
             self._announced.clear()
-        else:
-            for lid in lids:
-                self._dead_ends.pop(lid, None)
-                self._announced.discard(lid)
-        if not back:
-            return []
-        changes = self._write_entries(back)
-        return [LftUpdate(changes, local=True), self._event("repairs_undone", lids=len(back))] if changes else []
+            self._repairs_ended = ended
+            return [self._event("repairs_ended", lids=ended)] if ended else []
+        for lid in lids:
+            self._repaired.pop(lid, None)
+            self._dead_ends.pop(lid, None)
+            self._announced.discard(lid)
+        return []
 
     # ================================================================== hooks
 
@@ -508,7 +509,7 @@ class SwitchAgent(DeviceAgent):
             return ST_BAD_METHOD_ATTR
         out = bytearray(64)
         out[0] = int(self.notices)
-        struct.pack_into("!I", out, 4, self._generation)
+        struct.pack_into("!II", out, 4, self._generation, self._repairs_ended)
         out[32:64] = sum(1 << p for p in self.switch_ports).to_bytes(32, "little")
         buf[d : d + 64] = out
         return ST_OK

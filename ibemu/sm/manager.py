@@ -431,8 +431,15 @@ class SubnetManager:
         alt = await self.prog.program_alternates(self.graph, routes.alternates, self.lids.top,
                                                  generation=self._generation)
         self._groups_due = alt.failed > 0
+        if alt.repaired:  # their tables hold their own repairs: the SM's routes again, in full
+            for guid in alt.repaired:
+                self.prog.written.pop(guid, None)
+            redo = await self.prog.program(self.graph, Routes(engine=routes.engine, lfts={
+                g: routes.lfts[g] for g in alt.repaired if g in routes.lfts}), self.lids.top)
+            self.stats["tables_rewritten"] += len(alt.repaired)
+            self.stats["table_blocks_rewritten"] += redo.acked
         self.events.emit(Kind.GROUPS_PROGRAMMED, generation=self._generation, blocks=alt.acked,
-                         failed=alt.failed, switches=alt.switches)
+                         failed=alt.failed, switches=alt.switches, tables_rewritten=len(alt.repaired))
         self.stats["alt_blocks"] += alt.acked
         self.stats["alt_blocks_failed"] += alt.failed
 

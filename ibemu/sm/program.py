@@ -104,6 +104,8 @@ class Programmed:
     t_planned_ns: int = 0
     """When the blocks to write were known (and whether each goes LID-routed)."""
     t_last_ack_ns: int = 0
+    repaired: list[int] = field(default_factory=list)
+    """Switches whose FailoverConfig answer counted LFT entries they had repaired themselves."""
 
     def after(self, first: Programmed) -> Programmed:
         """This pass and an earlier one (``first``) as one: counts summed, planned at the first."""
@@ -410,6 +412,8 @@ class LftProgrammer:
                 self.alt_written.setdefault(guid, {})[block] = data
             else:
                 self.cfg_written[guid] = data
+                if struct.unpack_from("!I", r.data, 8)[0]:  # it had repaired entries itself
+                    res.repaired.append(guid)
             res.acked += 1
             res.t_last_ack_ns = max(res.t_last_ack_ns, self.events.now())
 
