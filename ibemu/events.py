@@ -454,3 +454,31 @@ def read_events(path: Path | None) -> list[dict[str, Any]]:
             except ValueError:
                 continue
     return out
+
+
+class LogTail:
+    """A JSON-lines log read incrementally: each ``new()`` returns the whole records added
+    since the last (a torn last line waits for its end; a missing file has none yet)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+
+    def new(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        out = []
+        for line in chunk[:end].splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out

@@ -60,7 +60,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from ibemu import clock
 from ibemu.errors import ConfigError, IbemuError
-from ibemu.events import Kind
+from ibemu.events import Kind, LogTail
 from ibemu.fabric.sysfs import CHUNK, rate_gbps, refresh_link_counters
 
 if TYPE_CHECKING:
@@ -261,31 +261,6 @@ def port_families(snap: Snapshot) -> Iterator[Metric]:
 
 
 # ------------------------------------------------------------------ the run's event logs
-
-class LogTail:
-    """A JSON-lines log read from where the last read stopped (a torn last line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-
-    def new(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return []
-        end = chunk.rfind(b"\n") + 1
-        self._offset += end
-        out = []
-        for line in chunk[:end].splitlines():
-            with contextlib.suppress(ValueError):
-                rec = json.loads(line)
-                if isinstance(rec, dict):
-                    out.append(rec)
-        return out
-
 
 @dataclass
 class RunEvents:

@@ -44,7 +44,7 @@ import trio
 
 from ibemu import clock
 from ibemu.errors import ConfigError
-from ibemu.events import Kind
+from ibemu.events import Kind, LogTail
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.observe import SHOWN_COUNTERS, port_counters, port_states
 from ibemu.topo import Topology
@@ -192,32 +192,6 @@ def _ports_json(states: dict[str, dict[int, tuple[bool, str, str]]]) -> dict[str
     return {n: {str(p): [int(up), st, ph] for p, (up, st, ph) in ports.items()} for n, ports in states.items()}
 
 
-class _LogTail:
-    """New whole lines of a JSON-lines log (read from where the last call stopped)."""
-
-    def __init__(self, path: Path, source: str) -> None:
-        self.path, self.source, self.offset = path, source, 0
-
-    def read(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
-
-
 def _shown(source: str, rec: dict[str, Any]) -> bool:
     kind = rec.get("kind")
     if source == "fabric":
@@ -227,7 +201,7 @@ def _shown(source: str, rec: dict[str, Any]) -> bool:
 
 async def watch(host: AgentHost, run_dir: Path, feed: LiveFeed) -> None:
     """Publish the fabric's state to ``feed`` until cancelled (runs on the agent thread)."""
-    tails = [_LogTail(run_dir / rel, "fabric" if rel == EVENT_LOGS[0] else rel.split("/")[0]) for rel in EVENT_LOGS]
+    tails = [("fabric" if rel == EVENT_LOGS[0] else rel.split("/")[0], LogTail(run_dir / rel)) for rel in EVENT_LOGS]
     feed.set_static(t0_ns=clock.now_ns())
     last = _ports_json(port_states(host))
     feed.publish("ports", last, "ports")
@@ -250,7 +224,7 @@ async def watch(host: AgentHost, run_dir: Path, feed: LiveFeed) -> None:
         t = trio.current_time()
         if t >= next_events:
             next_events = t + clock.emulated_s(EVENT_POLL_S)
-            records = [{"source": tail.source, **r} for tail in tails for r in tail.read() if _shown(tail.source, r)]
+            records = [{"source": source, **r} for source, tail in tails for r in tail.new() if _shown(source, r)]
             if records:
                 records.sort(key=lambda r: r.get("t_ns", 0))
                 feed.publish("events", records, "events")
