@@ -22,6 +22,16 @@ this by itself.
 ratio should be 1 (within the run-to-run noise, the issue's 100 +- 3%); the table and
 ``compare.json`` (``control``) say so, and each flow's ratio is printed as the control
 ratio. Files: ``OUT/KIND-a.json``, ``OUT/KIND-b.json``.
+
+``--variant local-failover``: two IB runs of the scenario on the kernel datapath with ibemu's
+SM and one adaptive engine (the scenario's ``ftree_ar``/``updn_ar``, or its base engine's:
+ftree -> ftree_ar, updn -> updn_ar): A with ``fabric.local_failover: true`` (the switches
+move to alternates and send fault notices by themselves), B with ``false`` (the SM writes no
+alternates: SM-only recovery). The table adds each fault's ``local_failover`` phase; the
+ratio column is B over A. Files: ``OUT/local-failover.json``, ``OUT/sm-only.json``. Refused
+before anything is built (located): a RoCE fabric, OpenSM, an engine with no adaptive
+variant, the user datapath or ``--physics`` (its forwarder ignores alternates), a scenario
+with no faults, and ``--control`` with it.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ from ibemu.cli.progress import Reporter
 from ibemu.errors import ConfigError
 from ibemu.kernel.timerfd import run_trio
 from ibemu.physics.link import SWITCH_MODELS
+from ibemu.report.compare import VARIANTS, sides
 from ibemu.scenario.schema import FabricSpec, Scenario, SwitchSpec
 
 
@@ -57,6 +68,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="both runs on the user datapath: timed by the same link model (rates, delays, buffers)")
     p.add_argument("--control", choices=("ib", "roce"), metavar="KIND",
                    help="the control run: the same kind (ib or roce) on both sides, whose ratios should be 1")
+    p.add_argument("--variant", choices=tuple(VARIANTS), metavar="NAME",
+                   help="two IB runs instead: local-failover (switches fail over by themselves) "
+                        "against SM-only recovery")
     add_dilation_argument(p)
     p.set_defaults(func=run)
 
@@ -77,10 +91,7 @@ def variants(scen: Scenario, duration: float | None = None, *, physics: bool = F
     same link model."""
     from ibemu.scenario.runner import check_runnable
 
-    if duration is not None:
-        if not 0 < duration <= 86400:
-            raise ConfigError(f"--duration {duration}: must be in (0, 86400] seconds")
-        scen = dataclasses.replace(scen, duration_s=duration)
+    scen = _with_duration(scen, duration)
     f = scen.fabric
     physics = physics or f.datapath == "user"
     ib_dp = "user" if physics else (f.datapath if f.kind == "ib" else "kernel")
@@ -102,6 +113,66 @@ def variants(scen: Scenario, duration: float | None = None, *, physics: bool = F
     return out
 
 
+def _with_duration(scen: Scenario, duration: float | None) -> Scenario:
+    if duration is None:
+        return scen
+    if not 0 < duration <= 86400:
+        raise ConfigError(f"--duration {duration}: must be in (0, 86400] seconds")
+    return dataclasses.replace(scen, duration_s=duration)
+
+
+def adaptive_engine(scen: Scenario) -> str:
+    """The adaptive engine a local-failover comparison runs: the scenario's, or its base
+    engine's ``_ar`` variant (ConfigError, located at ``sm.engine``, when there is none)."""
+    from ibemu.sm.routing.alternates import AR_ENGINES
+
+    engine = scen.sm.engine
+    if engine in AR_ENGINES:
+        return engine
+    if f"{engine}_ar" in AR_ENGINES:
+        return f"{engine}_ar"
+    offered = ", ".join(f"{a.base} -> {name}" for name, a in AR_ENGINES.items())
+    raise ConfigError(f"--variant local-failover: routing engine {engine!r} has no adaptive variant "
+                      f"({offered}): its switches get no alternate ports to fail over to",
+                      f"{scen.path or scen.name}: sm.engine")
+
+
+def failover_variants(scen: Scenario, duration: float | None = None, *, physics: bool = False) -> dict[str, Scenario]:
+    """The scenario with local failover (``local-failover``) and with SM-only recovery
+    (``sm-only``): the same IB fabric, ibemu's SM, one adaptive engine; each checked runnable.
+    Every error (ConfigError, located) is raised before anything is built."""
+    from ibemu.scenario.runner import check_runnable
+
+    scen = _with_duration(scen, duration)
+    f = scen.fabric
+    where = scen.path or scen.name
+    if f.kind != "ib":
+        raise ConfigError(f"--variant local-failover: local failover is the InfiniBand switches' (alternates "
+                          f"from ibemu's SM); this scenario's fabric is {f.kind}", f.where or f"{where}: fabric.kind")
+    if scen.sm.impl != "ibemu":
+        raise ConfigError(f"--variant local-failover: needs ibemu's SM (it writes the alternate ports), "
+                          f"not sm.impl {scen.sm.impl}", f"{where}: sm.impl")
+    if physics or f.datapath != "kernel":
+        raise ConfigError("--variant local-failover: the switches fail over on the kernel datapath only (the "
+                          "user datapath's forwarder ignores alternates)" + (", so not with --physics" if physics
+                                                                                else ""),
+                          f.where or f"{where}: fabric.datapath")
+    if not scen.faults:
+        raise ConfigError("--variant local-failover: the scenario has no faults, so nothing to fail over from "
+                          "(add a link_down or node_down under faults:)", f"{where}: faults")
+    engine = adaptive_engine(scen)
+    sm = dataclasses.replace(scen.sm, engine=engine)
+    out = {name: dataclasses.replace(scen, sm=sm, fabric=dataclasses.replace(f, local_failover=on))
+           for name, on in zip(VARIANTS["local-failover"], (True, False), strict=True)}
+    for name, variant in out.items():
+        try:
+            check_runnable(variant)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (in the {name} run; ibemu compare --variant local-failover runs the scenario "
+                              "with and without local failover)") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
 
     from ibemu.report import compare, store
@@ -111,8 +182,15 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.scenario)
     if not path.is_file():
         raise ConfigError(f"no scenario file {args.scenario!r}")
+    if args.variant and args.control:
+        raise ConfigError("--variant and --control together: a comparison is one or the other "
+                          "(--control checks an ib/roce comparison's fairness)", "ibemu compare")
     scen = load_scenario(path)
-    runs = variants(scen, args.duration, physics=args.physics, control=args.control)  # every error before building
+    if args.variant:  # every error before building
+        sides_a_b = failover_variants(scen, args.duration, physics=args.physics)
+        runs = dict(zip(("ib", "roce"), sides_a_b.values(), strict=True))
+    else:
+        runs = variants(scen, args.duration, physics=args.physics, control=args.control)
     dilation = resolve_dilation(args.dilation, scen.time, scen)
     if os.geteuid() != 0:
         raise ConfigError("ibemu compare needs root (network namespaces, veth, tc): use sudo")
@@ -120,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     json_path = args.json or out_dir / "compare.json"
     t0 = time.monotonic()
     results = {}
-    names = {"ib": f"{args.control}-a", "roce": f"{args.control}-b"} if args.control else {"ib": "ib", "roce": "roce"}
+    names = dict(zip(("ib", "roce"), sides(args.control, args.variant), strict=True))
     for kind, variant in runs.items():
         name = names[kind]
 
@@ -139,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     roce_f = runs["roce"].fabric
     impair = {"loss_pct": roce_f.loss_pct, "delay_us": roce_f.delay_us, "ecn_mark_kb": roce_f.ecn_mark_kb,
               "ecn_line_gbps": roce_f.ecn_line_gbps} if runs["roce"].fabric.kind == "roce" else {}
-    doc = compare.document(results["ib"], results["roce"], impair, control=args.control,
+    doc = compare.document(results["ib"], results["roce"], impair, control=args.control, variant=args.variant,
                            physics="link model" if runs["ib"].fabric.datapath == "user" else "kernel")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(doc, indent=1) + "\n")

@@ -30,6 +30,18 @@ the table says so and prints each flow's ratio as the control ratio (target 100 
 ``physics`` says what timed the frames: ``"link model"`` (both user datapaths, the same rates,
 delays and buffers) or ``"kernel"``.
 
+A variant (``variant``: ``"local-failover"``, :data:`VARIANTS`) compares two IB runs of the
+same scenario and engine, side A with the switches failing over by themselves (alternates and
+fault notices from ibemu's SM) and side B with SM-only recovery (``fabric.local_failover:
+false``): the ``ib`` / ``roce`` slots of every PAIR are then side A and side B (the slots keep
+their names so that readers of ibemu.compare/1 keep working), the ratio is B over A (how much
+longer SM-only recovery blacks a flow out), and every fault carries the ``local_failover``
+phase (null on side B). ``sides`` names what each slot holds (the run files' stems:
+``ib``/``roce``, ``KIND-a``/``KIND-b`` for a control, ``local-failover``/``sm-only``);
+``variant`` is null outside a variant comparison. Both keys are additions to ibemu.compare/1:
+a reader of the older files treats them as absent (an IB/RoCE comparison or a control).
+``phases_ms`` gains ``local_failover`` when either run has it (always in a variant).
+
 where ``PAIR`` is ``{"ib": x, "roce": y, "ratio": y/x or null}``.
 """
 
@@ -46,6 +58,9 @@ KINDS = ("ib", "roce")
 COLLECTIVES = ("allreduce", "alltoall")
 CC_KEYS = ("ce_received", "cnp_sent", "cnp_received", "tx_paced")
 """RoCE congestion control counters a flow may carry (with ECN in the fabric)."""
+VARIANTS: dict[str, tuple[str, str]] = {"local-failover": ("local-failover", "sm-only")}
+"""Variant comparisons by name: the names of side A and side B (their run files' stems)."""
+LOCAL_FAILOVER = "local_failover"
 
 Result = Mapping[str, Any]
 
@@ -71,20 +86,39 @@ def _manager(r: Result) -> str:
     return f"{sm['impl']} SM" + (f" ({sm['engine']})" if sm.get("engine") else "")
 
 
-def _check_pair(ib: Result, roce: Result, control: str | None = None) -> None:
-    for kind, r in (("ib", ib), ("roce", roce)):
+def sides(control: str | None = None, variant: str | None = None) -> tuple[str, str]:
+    """The names of the two runs (their files' stems): ib/roce, KIND-a/KIND-b, or a variant's."""
+    if control and variant:
+        raise ValueError("a comparison is a control or a variant, not both")
+    if variant is not None:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant {variant!r}: one of {', '.join(VARIANTS)}")
+        return VARIANTS[variant]
+    return (f"{control}-a", f"{control}-b") if control else ("ib", "roce")
+
+
+def _check_pair(ib: Result, roce: Result, control: str | None = None, variant: str | None = None) -> None:
+    names = sides(control, variant)
+    for kind, name, r in (("ib", names[0], ib), ("roce", names[1], roce)):
+        what = kind if not (control or variant) else name
         if r.get("schema") not in READABLE_VERSIONS:
-            raise ValueError(f"the {kind} result is not an ibemu.run result ({', '.join(READABLE_VERSIONS)})")
-        want = control or kind
+            raise ValueError(f"the {what} result is not an ibemu.run result ({', '.join(READABLE_VERSIONS)})")
+        want = "ib" if variant else (control or kind)
         if r["fabric"]["kind"] != want:
-            raise ValueError(f"the {want} result is a {r['fabric']['kind']} run")
+            raise ValueError(f"the {what if variant else want} result is a {r['fabric']['kind']} run"
+                             + (f" (a {variant} comparison is of two IB runs)" if variant else ""))
 
 
 def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None, *,
-            control: str | None = None, physics: str | None = None) -> dict[str, Any]:
+            control: str | None = None, physics: str | None = None,
+            variant: str | None = None) -> dict[str, Any]:
     """The comparison of an IB run and a RoCE run of the same scenario (``impairments``: the
-    RoCE cables' ``loss_pct`` and ``delay_us``); ``control``: two runs of that kind instead."""
-    _check_pair(ib, roce, control)
+    RoCE cables' ``loss_pct`` and ``delay_us``); ``control``: two runs of that kind instead;
+    ``variant``: two IB runs, side A and side B of that variant (:data:`VARIANTS`)."""
+    _check_pair(ib, roce, control, variant)
+    with_lf = variant == "local-failover" or any(
+        f["phases_ms"].get(LOCAL_FAILOVER) is not None for r in (ib, roce) for f in r["faults"])
+    phases = (*PHASES[:1], LOCAL_FAILOVER, *PHASES[1:]) if with_lf else PHASES
     faults = []
     for i in range(max(len(ib["faults"]), len(roce["faults"]))):
         fi = ib["faults"][i] if i < len(ib["faults"]) else None
@@ -98,7 +132,7 @@ def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = 
         names = list(dict.fromkeys([*flows_i, *flows_r]))
         faults.append({
             "action": ref["action"], "target": ref["target"], "at_s": ref["at_s"],
-            "phases_ms": {p: pair(ph_i.get(p), ph_r.get(p)) for p in PHASES},
+            "phases_ms": {p: pair(ph_i.get(p), ph_r.get(p)) for p in phases},
             "blackout_ms": {n: pair(flows_i.get(n, {}).get("blackout_ms"), flows_r.get(n, {}).get("blackout_ms"))
                             for n in names},
         })
@@ -124,12 +158,20 @@ def compare(ib: Result, roce: Result, impairments: Mapping[str, float] | None = 
         else:
             efficiency[name] = row["gbps"]["ratio"]
         traffic.append(row)
+    a_name, b_name = sides(control, variant)
+    if variant:
+        kinds = {"ib": f"{a_name}: {_manager(ib)}", "roce": f"{b_name}: {_manager(roce)}"}
+    elif control:
+        kinds = {"ib": f"{control} run A: {_manager(ib)}", "roce": f"{control} run B: {_manager(roce)}"}
+    else:
+        kinds = {"ib": _manager(ib), "roce": _manager(roce)}
     return {
         "schema": SCHEMA,
         "scenario": {"name": ib["scenario"]["name"], "file": ib["scenario"]["file"]},
-        "kinds": ({"ib": f"{control} run A: {_manager(ib)}", "roce": f"{control} run B: {_manager(roce)}"}
-                  if control else {"ib": _manager(ib), "roce": _manager(roce)}),
+        "kinds": kinds,
         "control": control,
+        "variant": variant,
+        "sides": {"ib": a_name, "roce": b_name},
         "physics": physics,
         "impairments": {"loss_pct": 0.0, "delay_us": 0.0, **(impairments or {})},
         "bringup": {k: pair(ib["bringup"][k], roce["bringup"][k]) for k in ("fabric_s", "sm_s")},
@@ -157,10 +199,13 @@ def _validity(f: Mapping[str, Any] | None) -> str:
 
 
 def document(ib: Result, roce: Result, impairments: Mapping[str, float] | None = None, *,
-             control: str | None = None, physics: str | None = None) -> dict[str, Any]:
-    """What ``ibemu compare --json`` writes: both results and their comparison."""
+             control: str | None = None, physics: str | None = None,
+             variant: str | None = None) -> dict[str, Any]:
+    """What ``ibemu compare --json`` writes: both results (slots ``ib`` and ``roce``: side A
+    and side B of a control or a variant, named by the comparison's ``sides``) and their
+    comparison."""
     return {"schema": SCHEMA, "runs": {"ib": dict(ib), "roce": dict(roce)},
-            "comparison": compare(ib, roce, impairments, control=control, physics=physics)}
+            "comparison": compare(ib, roce, impairments, control=control, physics=physics, variant=variant)}
 
 
 # ------------------------------------------------------------------ text
@@ -203,7 +248,7 @@ def render(comparison: Mapping[str, Any]) -> str:
     rows.append(_row("  SM / manager up (s)", c["bringup"]["sm_s"], "s"))
     for i, f in enumerate(c["faults"], 1):
         rows.append([f"fault {i}: {f['action']} {f['target']} at {f['at_s']:g} s", "", "", ""])
-        for p in PHASES:
+        for p in f["phases_ms"]:
             rows.append(_row(f"  {p} (ms)", f["phases_ms"][p], "ms"))
         for flow, p in f["blackout_ms"].items():
             rows.append(_row(f"  blackout {flow} (ms)", p, "ms"))
@@ -222,9 +267,19 @@ def render(comparison: Mapping[str, Any]) -> str:
         if t["error"]["ib"] or t["error"]["roce"]:
             rows.append(_row(f"  {t['name']} error", t["error"]))
     control = c.get("control")
-    headers = (["", f"A: {c['kinds']['ib']}", f"B: {c['kinds']['roce']}", "B/A"] if control else
-               ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"])
+    variant = c.get("variant")
+    a_name, b_name = (c.get("sides") or {}).get("ib", "A"), (c.get("sides") or {}).get("roce", "B")
+    if variant:
+        headers = ["", f"A: {c['kinds']['ib']}", f"B: {c['kinds']['roce']}", f"{b_name}/{a_name}"]
+    elif control:
+        headers = ["", f"A: {c['kinds']['ib']}", f"B: {c['kinds']['roce']}", "B/A"]
+    else:
+        headers = ["", f"ib: {c['kinds']['ib']}", f"roce: {c['kinds']['roce']}", "roce/ib"]
     lines = [title, "=" * len(title)]
+    if variant == "local-failover":
+        lines.append("VARIANT local-failover: the same IB fabric, SM and engine twice: A with the switches "
+                     "failing over by themselves (alternates, fault notices), B with SM-only recovery "
+                     "(fabric.local_failover: false); the ratio is B over A")
     if control:
         lines.append(f"CONTROL: both sides are {control} runs of the same scenario on the same physics: every "
                      "ratio should be 1.00 (target 100 +- 3%); a comparison is fair to the extent this holds")
@@ -232,7 +287,7 @@ def render(comparison: Mapping[str, Any]) -> str:
         lines.append("physics: both runs timed by the same link model (cable rates and delays, switch latency and "
                      "buffers per kind: IB credits, Ethernet drop tail / PFC / ECN)")
     fid = c.get("fidelity") or {}
-    a, b = ("run A", "run B") if control else ("ib", "roce")
+    a, b = ("run A", "run B") if control else (a_name, b_name) if variant else ("ib", "roce")
     lines.append(f"fidelity: {a} {_validity(fid.get('ib'))}, {b} {_validity(fid.get('roce'))}")
     if any(f is not None and not f.get("valid") for f in fid.values()):
         lines.append("INVALID RUN: the figures of an invalid side are not to scale (it fell behind its clock)")
@@ -254,7 +309,9 @@ def render(comparison: Mapping[str, Any]) -> str:
         for name, e in eff:
             kind = next(t["kind"] for t in c["traffic"] if t["name"] == name)
             what = "busbw" if kind in COLLECTIVES else "throughput"
-            if control:
+            if variant:
+                lines.append(f"  {name}: {b_name} {what} is {e * 100:.1f}% of {a_name}'s")
+            elif control:
                 ok = "within" if abs(e - 1) <= 0.03 else "OUTSIDE"
                 lines.append(f"  {name}: control ratio {e * 100:.1f}% (run B's {what} over run A's; target "
                              f"100 +- 3%: {ok})")

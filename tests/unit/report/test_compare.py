@@ -104,3 +104,64 @@ def test_a_control_compares_two_runs_of_one_kind_and_says_how_fair_it_is() -> No
     assert "bulk: control ratio 90.0%" in text and "OUTSIDE" in text
     with pytest.raises(ValueError, match="roce result is a ib run"):
         compare(a, b, control="roce")
+
+
+def _failover_pair() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two IB runs of one scenario: A with local failover (the phase, short blackouts), B SM-only."""
+    a = result()
+    a["sm"]["engine"] = "ftree_ar"
+    a["faults"][0]["phases_ms"]["local_failover"] = 0.56
+    a["faults"][0]["flows"][0]["blackout_ms"] = 0.8
+    b = copy.deepcopy(a)
+    del b["faults"][0]["phases_ms"]["local_failover"]
+    b["faults"][0]["flows"][0]["blackout_ms"] = 24.0
+    next(t for t in b["traffic"] if t["name"] == "bulk")["gbps"] *= 0.9
+    assert validate(a) == [] and validate(b) == []
+    return a, b
+
+
+def test_a_local_failover_variant_puts_both_ib_runs_side_by_side() -> None:
+    a, b = _failover_pair()
+    c = compare(a, b, variant="local-failover")
+    assert c["variant"] == "local-failover" and c["control"] is None
+    assert c["sides"] == {"ib": "local-failover", "roce": "sm-only"}
+    assert c["kinds"] == {"ib": "local-failover: ibemu SM (ftree_ar)", "roce": "sm-only: ibemu SM (ftree_ar)"}
+    f1, f2 = c["faults"]
+    assert list(f1["phases_ms"]) == ["detect", "local_failover", "trap", "routed", "programmed"]
+    assert f1["phases_ms"]["local_failover"] == {"ib": 0.56, "roce": None, "ratio": None}
+    assert f2["phases_ms"]["local_failover"] == {"ib": None, "roce": None, "ratio": None}  # a variant always has it
+    assert f1["blackout_ms"]["bulk"] == {"ib": 0.8, "roce": 24.0, "ratio": 30.0}  # SM-only over local failover
+    assert c["efficiency"]["bulk"] == 0.9
+    text = render(c)
+    lines = text.splitlines()
+    assert "VARIANT local-failover" in text and "CONTROL" not in text and "RoCE" not in text
+    head = next(ln for ln in lines if "A: local-failover" in ln)
+    assert "B: sm-only: ibemu SM (ftree_ar)" in head and head.split()[-1] == "sm-only/local-failover"
+    lf = next(ln for ln in lines if ln.strip().startswith("local_failover (ms)"))
+    assert lf.split()[-3:] == ["0.56", "-", "-"]
+    black = next(ln for ln in lines if "blackout bulk" in ln)
+    assert black.split()[-3:] == ["0.80", "24.0", "30.00x"]
+    assert "fidelity: local-failover valid, sm-only valid" in text
+    assert "bulk: sm-only throughput is 90.0% of local-failover's" in text
+    doc = document(a, b, variant="local-failover")
+    assert doc["runs"] == {"ib": a, "roce": b} and doc["comparison"]["variant"] == "local-failover"
+
+
+def test_a_variant_takes_ib_runs_only_and_an_ib_roce_comparison_is_unchanged() -> None:
+    a, b = _failover_pair()
+    ib, roce = _pair()
+    with pytest.raises(ValueError, match=r"the sm-only result is a roce run \(a local-failover comparison is of two IB"):
+        compare(a, roce, variant="local-failover")
+    with pytest.raises(ValueError, match="variant 'adaptive': one of local-failover"):
+        compare(a, b, variant="adaptive")
+    with pytest.raises(ValueError, match="a control or a variant, not both"):
+        compare(a, b, control="ib", variant="local-failover")
+    c = compare(ib, roce)
+    assert c["variant"] is None and c["sides"] == {"ib": "ib", "roce": "roce"}
+    assert "local_failover" not in c["faults"][0]["phases_ms"]  # neither run failed over: the old shape
+    assert "local_failover (ms)" not in render(c)
+    ib["faults"][0]["phases_ms"]["local_failover"] = 0.5  # an IB run that did: the row is there
+    c = compare(ib, roce)
+    assert c["faults"][0]["phases_ms"]["local_failover"] == {"ib": 0.5, "roce": None, "ratio": None}
+    assert "local_failover (ms)" in render(c)
+    assert compare(a, b, control="ib")["sides"] == {"ib": "ib-a", "roce": "ib-b"}
