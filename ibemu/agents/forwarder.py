@@ -10,16 +10,30 @@ impairments of the egress port with a seeded RNG. Rules:
 - Ingress must be Armed/Active, egress Active (Init ports carry only VL15).
 - No route (LFT 0xFF, DLID above LinearFDBTop, LID 0), multicast and permissive DLIDs,
   and egress == ingress: PortRcvSwitchRelayErrors on the ingress port.
-- Egress link not Active: PortXmitDiscards on the egress port.
+- Egress link not Active: PortXmitDiscards on the egress port, unless local failover
+  takes the packet (below).
 - Bad length or VCRC: PortRcvErrors on the ingress port.
 - Injected loss drops silently (lost on the wire); injected corruption flips one bit
   (the next receiver's VCRC check catches it).
+
+Local failover (``alternates``: the switch's AlternatePorts blocks, 16 LIDs of 4 bytes each,
+up to 3 ports preferred first, 0 after the last, as ``SwitchAgent.alternates`` keeps them
+from the SM's vendor SMPs): when the LFT's egress for a DLID cannot carry the packet (link not
+up, or for data not Active), the first alternate that can, other than the ingress port, takes
+it (``stats["local_failover"]`` += 1); a DLID with alternates of which none can:
+``Reason.ALTERNATES_DOWN``, PortXmitDiscards on the LFT's port (not forwarded, counted); a
+DLID without alternates: exactly as before. As the kernel classifier (``kernel.lft_map``) does,
+with two differences that follow from the rules above: the kernel fails over on carrier loss
+only (it checks no port states, so a port in Init carries data there), and it does not skip
+the ingress port (it hairpins; here egress == ingress is a relay loop, so that alternate is
+passed over).
 
 RcvPkts/RcvData count every packet taken in, XmitPkts/XmitData every packet forwarded.
 
 ``forward_run`` is the fast twin of ``decide`` for a user datapath's batches: it takes a run
 of received frames, forwards the common ones itself (a data packet, good length and VCRC, for
-a unicast LID the LFT routes elsewhere, ingress Armed/Active, egress Active, no impairment:
+a unicast LID the LFT routes elsewhere, ingress Armed/Active, egress Active or, when it is
+not, the first alternate that is, no impairment on the port used:
 the same checks in the same order, the same counter and ``stats`` updates, no object made) and stops at the first frame that is anything else, which the caller hands
 to ``decide`` (the reference) before going on. Stopping there keeps the order in which frames
 see the switch's state: an SMP handed to the SMA may change the LFT or a port before the next
@@ -48,6 +62,11 @@ from ibemu.agents.port import PhysState, Port, PortState
 from ibemu.wire import crc as _crc
 
 _vcrc = _crc.vcrc_calc
+ALT_LIDS = 16
+"""LIDs per block of alternates (the vendor attribute AlternatePorts' modifier is LID >> 4)."""
+ALT_SLOT = 4
+"""Bytes per LID in a block: up to ``MAX_ALTERNATES`` ports, preferred first, 0 after the last."""
+MAX_ALTERNATES = 3
 _RX_OK = (PortState.ARMED, PortState.ACTIVE)
 
 
@@ -62,6 +81,7 @@ class Reason(StrEnum):
     LOOP = "loop"
     EGRESS_DOWN = "egress_down"
     INJECTED_LOSS = "injected_loss"
+    ALTERNATES_DOWN = "alternates_down"
 
 
 class Verdict(NamedTuple):
@@ -90,9 +110,12 @@ class Forwarder:
     """Forwarding plane of one switch over its ``Lft`` and ``ports`` (index 0 = management)."""
 
     def __init__(self, lft: Lft, ports: Mapping[int, Port], *, seed: int = 0,
-                 verify_vcrc: bool = True) -> None:
+                 verify_vcrc: bool = True, alternates: Mapping[int, bytes] | None = None) -> None:
         self.lft = lft
         self.ports = ports
+        self.alternates: Mapping[int, bytes] = alternates if alternates is not None else {}
+        """Alternate ports per LID (block = LID >> 4 -> 64 bytes, module docstring); read,
+        never written: the switch agent's own dict."""
         self.verify_vcrc = verify_vcrc
         self.rng = random.Random(seed)
         self.impairments: dict[int, Impairment] = {}
@@ -190,8 +213,10 @@ class Forwarder:
         rx = pin.counters
         active = PortState.ACTIVE
         link_up = PhysState.LINK_UP
+        alternates = self.alternates
         i = start
         done = 0
+        failovers = 0
         while i < end:
             frame = frames[i]
             n = len(frame) - offset
@@ -208,8 +233,24 @@ class Forwarder:
             if egress in (NO_ROUTE, 0, ingress) or egress in impairments:
                 break
             pout = ports.get(egress)
-            if pout is None or pout.phys != link_up or pout.state != active:
+            if pout is None:
                 break
+            if pout.phys != link_up or pout.state != active:
+                block = alternates.get(dlid >> 4) if alternates else None
+                if block is None:
+                    break
+                j = (dlid & 15) * ALT_SLOT
+                pout = None
+                for alt in block[j : j + MAX_ALTERNATES]:
+                    if alt == 0:
+                        break
+                    palt = ports.get(alt) if alt != ingress else None
+                    if palt is not None and palt.phys == link_up and palt.state == active:
+                        egress, pout = alt, palt
+                        break
+                if pout is None or egress in impairments:
+                    break  # none up (counted by ``decide``), or an impaired one
+                failovers += 1
             rx.rcv_pkts += 1
             rx.rcv_octets += n
             tx = pout.counters
@@ -223,6 +264,8 @@ class Forwarder:
             i += 1
         if done:
             self.stats["forwarded"] += done
+            if failovers:
+                self.stats["local_failover"] += failovers
         return i
 
     def route(self, dlid: int, ingress: int, *, vl15: bool) -> tuple[int, Reason | None]:
@@ -251,8 +294,33 @@ class Forwarder:
             self.stats[Reason.LOOP] += 1
             return 0, Reason.LOOP
         pout = ports[egress]
-        if not pout.link_is_up or (not vl15 and pout.state != PortState.ACTIVE) or pout.state == PortState.DOWN:
+        if not self._can_carry(pout, vl15):
+            alts = self.alternates_of(dlid)
+            if not alts:
+                pout.counters.port_xmit_discards += 1
+                self.stats[Reason.EGRESS_DOWN] += 1
+                return 0, Reason.EGRESS_DOWN
+            for alt in alts:
+                q = ports.get(alt)
+                if alt != ingress and q is not None and self._can_carry(q, vl15):
+                    self.stats["local_failover"] += 1
+                    return alt, None
             pout.counters.port_xmit_discards += 1
-            self.stats[Reason.EGRESS_DOWN] += 1
-            return 0, Reason.EGRESS_DOWN
+            self.stats[Reason.ALTERNATES_DOWN] += 1
+            return 0, Reason.ALTERNATES_DOWN
         return egress, None
+
+    @staticmethod
+    def _can_carry(port: Port, vl15: bool) -> bool:
+        """``port``'s link is up and its state lets the packet out (data: Active; VL15: not Down)."""
+        return port.link_is_up and (port.state == PortState.ACTIVE or (vl15 and port.state != PortState.DOWN))
+
+    def alternates_of(self, dlid: int) -> tuple[int, ...]:
+        """The alternate ports of ``dlid`` (preferred first; empty: none)."""
+        block = self.alternates.get(dlid // ALT_LIDS) if self.alternates else None
+        if block is None:
+            return ()
+        i = (dlid % ALT_LIDS) * ALT_SLOT
+        ports = block[i : i + MAX_ALTERNATES]
+        end = ports.find(0)
+        return tuple(ports[:end] if end >= 0 else ports)

@@ -83,7 +83,7 @@ from ibemu.agents.device import (
     DeviceAgent,
     make_ports,
 )
-from ibemu.agents.forwarder import Forwarder
+from ibemu.agents.forwarder import ALT_LIDS, ALT_SLOT, MAX_ALTERNATES, Forwarder
 from ibemu.agents.lft import Lft, Mft
 from ibemu.agents.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, SetOutcome
 from ibemu.agents.traps import TrapPolicy
@@ -115,9 +115,6 @@ ATTR_LFT = 0x0019
 ATTR_MFT = 0x001B
 ATTR_ALTERNATES = 0xFF30
 """Vendor-specific (0xFF00-0xFFFF): alternate ports per LID, 16 LIDs a block (module docstring)."""
-ALT_LIDS = 16
-ALT_SLOT = 4
-MAX_ALTERNATES = 3
 ATTR_FAILOVER_CONFIG = 0xFF31
 """Vendor-specific: fault notices on/off and the ports facing switches (module docstring)."""
 ATTR_FAULT_NOTICE = 0xFF32
@@ -176,7 +173,10 @@ class SwitchAgent(DeviceAgent):
         self.switch_info.port_state_change = any(p.link_is_up for n, p in ports.items() if n)
         self.lft = Lft(linear_fdb_cap)
         self.mft = Mft(self.switch_info.multicast_fdb_cap, num_ports)
-        self.forwarder = Forwarder(self.lft, self.ports, seed=forwarder_seed)
+        self.alternates: dict[int, bytes] = {}
+        """AlternatePorts blocks (modifier -> 64 bytes) as last Set; absent = no alternates.
+        The forwarder reads this dict (local failover on the user datapath)."""
+        self.forwarder = Forwarder(self.lft, self.ports, seed=forwarder_seed, alternates=self.alternates)
         self._smp_handlers.update({
             ATTR_SWITCH_INFO: self._attr_switch_info,
             ATTR_LFT: self._attr_lft,
@@ -184,8 +184,6 @@ class SwitchAgent(DeviceAgent):
             ATTR_ALTERNATES: self._attr_alternates,
             ATTR_FAILOVER_CONFIG: self._attr_failover_config,
         })
-        self.alternates: dict[int, bytes] = {}
-        """AlternatePorts blocks (modifier -> 64 bytes) as last Set; absent = no alternates."""
         self.notices = False
         """Fault notices on (``ATTR_FAILOVER_CONFIG``)."""
         self.switch_ports: frozenset[int] = frozenset()
@@ -227,13 +225,22 @@ class SwitchAgent(DeviceAgent):
 
     def alternates_of(self, lid: int) -> tuple[int, ...]:
         """The alternate ports the SM gave ``lid`` (preferred first)."""
-        block = self.alternates.get(lid // ALT_LIDS)
-        if block is None:
-            return ()
-        i = (lid % ALT_LIDS) * ALT_SLOT
-        ports = block[i : i + MAX_ALTERNATES]
-        end = ports.find(0)
-        return tuple(ports[:end] if end >= 0 else ports)
+        return self.forwarder.alternates_of(lid)
+
+    def failover_lids(self, port: int) -> int:
+        """LIDs the LFT sends to ``port`` that the forwarder now sends to an alternate (what
+        a failure of ``port`` moved at once, on the user datapath): those with an alternate
+        whose link is up and Active."""
+        if not self.alternates:
+            return 0
+        moved = 0
+        for block in self.alternates:
+            for lid in range(block * ALT_LIDS, block * ALT_LIDS + ALT_LIDS):
+                if lid and lid <= self.lft.top and self.lft.raw(lid) == port and any(
+                        (q := self.ports.get(alt)) is not None and q.link_is_up and q.state == PortState.ACTIVE
+                        for alt in self.alternates_of(lid)):
+                    moved += 1
+        return moved
 
     # ================================================================== fault notices
 

@@ -665,16 +665,32 @@ class AgentHost:
                     self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
                 self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier,
                                          "port": port, "up": ev.carrier})
+                # the agent first: a frame the link model decides again below (``redecide``)
+                # sees the port down, and the user datapath's forwarder fails over from now
+                actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
+                if not ev.carrier and self.datapath == "user" and not isinstance(lft, MapLft):
+                    self._user_failover_event(name, rt, port, t_carrier)
                 if self.links is not None:  # down: the port's queues are discarded; up: link
                     if ev.carrier:  # training re-initializes flow control
                         self.links.plane.link_up(name, port, clock.now_ns())
                     else:
                         self.links.plane.link_down(name, port, clock.now_ns())
                     self.links.pump()
-                actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
                 self.dispatch(name, rt, actions)
                 for listener in self.port_listeners:
                     listener(name, port)
+
+    def _user_failover_event(self, name: str, rt: NodeRuntime, port: int, t_carrier: int) -> None:
+        """A ``local_failover`` record for the user datapath: the switch's forwarder sends the
+        LIDs its LFT routes to ``port`` on an alternate from the next frame (``forwarder``);
+        ``lids``: how many have an alternate up now. None: no record (as on the kernel path)."""
+        failover_lids = getattr(rt.agent, "failover_lids", None)
+        if failover_lids is None or getattr(rt.agent, "forwarder", None) is None:
+            return
+        moved = failover_lids(port)
+        if moved:
+            self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": clock.now_ns(), "port": port,
+                                     "lids": moved, "carrier_t_ns": t_carrier})
 
     async def _ticker(self) -> None:
         """Timer work of the agents that keep timers (switches: trap repeats), every

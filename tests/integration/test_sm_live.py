@@ -39,10 +39,11 @@ REPO = Path(__file__).resolve().parents[2]
 class Live:
     """A k=4 fabric (agents + MAD sockets) on a trio loop in a thread, and ibemu's SM."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, datapath: str = "kernel") -> None:
         self.topo = generate("fat-tree", k=4)
         self.state = ownership.RunState(ownership.new_run_id(), scenario="pytest-sm-live")
-        self.rt = FabricRuntime(self.topo, make_agents=make_agents, state=self.state, run_dir=tmp)
+        self.rt = FabricRuntime(self.topo, make_agents=make_agents, state=self.state, run_dir=tmp,
+                                datapath=datapath)
         self.tmp = tmp
         self.host: AgentHost | None = None
         self.token: trio.lowlevel.TrioToken | None = None
@@ -112,7 +113,12 @@ class Live:
 def live_fixture(state_dir: Path, tmp_path: Path) -> Iterator[Live]:
     """A ``Live`` fabric for the test, its SM (stopped or not) ended and everything torn down
     after it (``test_local_failover`` takes it too)."""
-    fab = Live(tmp_path)
+    yield from live_fabric(tmp_path)
+
+
+def live_fabric(tmp_path: Path, datapath: str = "kernel") -> Iterator[Live]:
+    """``live_fixture``'s body, on either datapath (``test_local_failover_user``)."""
+    fab = Live(tmp_path, datapath)
     with fabric_in_thread(fab.rt) as running:
         fab.host, fab.token = running.host, running.token
         try:

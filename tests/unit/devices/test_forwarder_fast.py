@@ -4,7 +4,9 @@ Two identical switches see the same generated frames: one through ``decide`` fra
 (the reference), the other through ``forward_run`` with ``decide`` for the frames it leaves,
 as the agent host runs it. Frames vary in DLID (routed, unrouted, own LID, multicast,
 permissive, above LinearFDBTop), VL (data, VL15), length and VCRC; between batches port states,
-the LFT, the LID and impairments change. Both must send the same frames to the same ports in
+the LFT, the LID, impairments and the alternate ports of local failover change (ports go
+down and come back: frames whose LFT port is down take an alternate, or are counted when
+every alternate is down too). Both must send the same frames to the same ports in
 the same order and end with the same counters, statistics and RNG state.
 """
 
@@ -59,7 +61,13 @@ def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
     lid, lmc = rng.choice([(20, 0), (20, 1), (0, 0), (33, 2)])
     loss, corrupt = rng.choice([(0.0, 0.0), (0.0, 0.0), (0.5, 0.0), (0.0, 0.5)])
     imp_port = rng.randrange(1, 7)
-    what = rng.randrange(6)
+    alt_block = rng.randrange(4)  # LIDs 0..63: 4 blocks of 16
+    alts = bytearray(64)
+    for i in range(0, 64, 4):
+        ports = rng.sample(range(1, 7), rng.choice([0, 1, 2, 3, 3]))
+        alts[i : i + len(ports)] = bytes(ports)
+    downs = rng.sample(range(1, 7), rng.randrange(1, 3))
+    what = rng.choice([0, 1, 2, 3, 4, 5, 5, 6, 6, 7])
     for sw in sws:
         if what == 0:
             sw.lft.set_block(0, block)
@@ -72,6 +80,11 @@ def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
             sw.ports[0].lid, sw.ports[0].lmc = lid, lmc
         elif what == 4:
             sw.forwarder.set_impairment(imp_port, loss=loss, corrupt=corrupt)
+        elif what == 6:
+            sw.alternates[alt_block] = bytes(alts)
+        elif what == 7:  # cables cut: the LFT's ports for many LIDs down at once
+            for n in downs:
+                sw.ports[n].phys, sw.ports[n].state = PhysState.POLLING, PortState.DOWN
         else:
             sw.forwarder.verify_vcrc = not sw.forwarder.verify_vcrc  # now and then without the check
             for n in range(1, 7):  # and everything back up
@@ -124,7 +137,7 @@ def test_fast_twin_equals_decide(seed: int) -> None:
     ref, fst = switch(seed), switch(seed)
     forwarded = 0
     TAKEN[0] = 0
-    for _ in range(60):
+    for _ in range(100):
         if rng.random() < 0.5:
             mutate(rng, (ref, fst))
         ingress = rng.choice([1, 2, 3, 4, 5, 6, 6, 0, 9])
@@ -137,6 +150,20 @@ def test_fast_twin_equals_decide(seed: int) -> None:
         assert ref.forwarder.stats == fst.forwarder.stats
         assert ref.forwarder.rng.getstate() == fst.forwarder.rng.getstate()
     assert forwarded > 100 and TAKEN[0] > forwarded // 2  # the fast path took most of them
+    FAILOVERS[0] += ref.forwarder.stats["local_failover"]
+    ALL_DOWN[0] += ref.forwarder.stats[Reason.ALTERNATES_DOWN]
+
+
+FAILOVERS = [0]
+ALL_DOWN = [0]
+
+
+def test_the_generated_cases_fail_over() -> None:
+    """The seeds above exercised local failover and all-alternates-down (they run first)."""
+    if not FAILOVERS[0]:
+        for seed in range(8):
+            test_fast_twin_equals_decide(seed)
+    assert FAILOVERS[0] > 50 and ALL_DOWN[0] > 5, (FAILOVERS[0], ALL_DOWN[0])
 
 
 def test_a_vouched_vcrc_is_not_checked_and_a_corrupting_port_is_never_vouched_for() -> None:
@@ -167,3 +194,31 @@ def test_fast_twin_takes_the_common_case_and_stops_at_the_first_other() -> None:
     assert out[2] == [data] * 2
     assert sw.forwarder.stats["forwarded"] == 2
     assert sw.counters(1).rcv_pkts == 2 and sw.counters(2).xmit_pkts == 2
+
+
+def test_local_failover_takes_the_first_alternate_that_is_up() -> None:
+    """Both twins: LFT port down -> first alternate up (the ingress skipped); all down ->
+    not forwarded, counted; no alternates -> dropped as before (EGRESS_DOWN)."""
+    for twin in ("decide", "fast"):
+        sw = switch(0)
+        block = bytearray(b"\xff" * 64)
+        block[5] = block[6] = block[7] = 2
+        sw.lft.set_block(0, block)
+        alts = bytearray(64)
+        alts[5 * 4 : 5 * 4 + 3] = bytes([3, 1, 4])  # LID 5: 3 (down), 1 (the ingress), 4
+        alts[6 * 4] = 3  # LID 6: only 3 (down)
+        sw.alternates[0] = bytes(alts)  # LID 7: none
+        for n in (2, 3):
+            sw.ports[n].phys, sw.ports[n].state = PhysState.POLLING, PortState.DOWN
+        frames = [bytes(ETH) + fast.NativeTemplate(slid=9, dlid=d, destqp=1).packet(0x04, 1, b"y" * 32)
+                  for d in (5, 6, 7, 5)]
+        sends = reference(sw, frames, 1) if twin == "decide" else fast_path(sw, frames, 1)
+        assert [p for p, _ in sends] == [4, 4], twin
+        assert sw.forwarder.stats["local_failover"] == 2
+        assert sw.forwarder.stats[Reason.ALTERNATES_DOWN] == 1
+        assert sw.forwarder.stats[Reason.EGRESS_DOWN] == 1
+        assert sw.counters(2).port_xmit_discards == 2 and sw.counters(4).xmit_pkts == 2
+        assert sw.failover_lids(2) == 1  # LID 5 has an alternate up; 6 and 7 do not
+    out: dict[int, list[bytes]] = {}
+    assert sw.forwarder.forward_run(frames, 0, 1, ETH, out) == 1  # the fast path itself fails over
+    assert out == {4: frames[:1]} and sw.forwarder.stats["local_failover"] == 3
