@@ -52,11 +52,11 @@ def test_what_cannot_fail_over_is_refused_with_its_location() -> None:
     roce = dataclasses.replace(scen, fabric=dataclasses.replace(scen.fabric, kind="roce"))
     with pytest.raises(ConfigError, match=rf"^{where}: fabric.kind: .*this scenario's fabric is roce"):
         compare_cmd.failover_variants(roce)
-    user = dataclasses.replace(scen, fabric=dataclasses.replace(scen.fabric, datapath="user"))
-    with pytest.raises(ConfigError, match="kernel datapath only"):
-        compare_cmd.failover_variants(user)
-    with pytest.raises(ConfigError, match=r"kernel datapath only .*not with --physics"):
-        compare_cmd.failover_variants(scen, physics=True)
+    for sides in (compare_cmd.failover_variants(scen, physics=True),  # the user datapath fails over too
+                  compare_cmd.failover_variants(dataclasses.replace(
+                      scen, fabric=dataclasses.replace(scen.fabric, datapath="user")))):
+        assert {s.fabric.datapath for s in sides.values()} == {"user"}
+        assert [s.fabric.local_failover for s in sides.values()] == [True, False]
     with pytest.raises(ConfigError, match=rf"^{where}: faults: .*no faults"):
         compare_cmd.failover_variants(dataclasses.replace(scen, faults=()))
     with pytest.raises(ConfigError, match=r"--duration -1"):
@@ -74,8 +74,6 @@ def test_cli_exit_2_before_building(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["compare", str(bad), "--variant", "local-failover", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "roce.yaml" in err and "this scenario's fabric is roce" in err
-    assert main(["compare", allreduce, "--variant", "local-failover", "--physics", "--out", str(out)]) == 2
-    assert "not with --physics" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["compare", allreduce, "--variant", "nope"])
     assert exc.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
