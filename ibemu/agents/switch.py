@@ -86,9 +86,11 @@ from ibemu.agents.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, Set
 from ibemu.agents.traps import TrapPolicy
 from ibemu.wire.madattrs import (
     NODE_TYPE_SWITCH,
+    TRAP_BAD_P_KEY,
     SwitchInfoState,
     decode_switch_info,
     notice_trap128,
+    notice_trap257,
 )
 from ibemu.wire.madpacket import (
     INITIAL_PATH,
@@ -123,6 +125,9 @@ NOTICE_LIDS = 512
 """LIDs per fault notice block: a 64-byte bitmap."""
 ATTR_SM_INFO = 0x0020
 TRAP_LINK_STATE_CHANGE = 128
+PKEY_TRAP_INTERVAL_NS = 1_000_000_000
+"""Trap 257 rate limit: at most one per port and direction in this time (the drops between
+are counted, ``pkey_traps_suppressed``)."""
 TRAP = 0x05
 
 
@@ -196,6 +201,8 @@ class SwitchAgent(DeviceAgent):
         """LID -> (the SM's entry, the entry this switch wrote instead on a notice)."""
         self._notice_tid = 0
         self._generation = 0
+        self._pkey_trap_at: dict[tuple[int, bool], int] = {}
+        """(port, inbound) -> when its last trap 257 went out (the rate limit)."""
 
     # ================================================================== public
 
@@ -203,6 +210,42 @@ class SwitchAgent(DeviceAgent):
     def lid(self) -> int:
         """The switch LID (port 0), 0 until the SM assigns one."""
         return self.ports[0].lid
+
+    def tick(self, now_ns: int | None = None) -> list[Action]:
+        """Timer work, and trap 257 for the partition enforcement drops since the last tick."""
+        actions = super().tick(now_ns)
+        if self.forwarder.pkey_drops:
+            actions += self._pkey_traps(self.clock() if now_ns is None else now_ns)
+        return actions
+
+    def next_deadline(self) -> int | None:
+        if self.forwarder.pkey_drops:
+            return self.clock()
+        return super().next_deadline()
+
+    def _pkey_traps(self, now: int) -> list[Action]:
+        """Trap 257 (Bad P_Key) from the switch LID to the SM for the drops queued by the
+        forwarder, one per port and direction per ``PKEY_TRAP_INTERVAL_NS``."""
+        drops = self.forwarder.pkey_drops
+        actions: list[Action] = []
+        while drops:
+            d = drops.popleft()
+            key = (d.port, d.inbound)
+            last = self._pkey_trap_at.get(key)
+            if last is not None and now - last < PKEY_TRAP_INTERVAL_NS:
+                self.stats["pkey_traps_suppressed"] += 1
+                continue
+            self._pkey_trap_at[key] = now
+            actions.append(self._event("pkey_violation", port=d.port, inbound=d.inbound, pkey=d.pkey,
+                                       slid=d.slid, dlid=d.dlid, sl=d.sl, qp=d.dest_qp))
+            p0 = self.ports[0]
+            if not p0.lid or not p0.master_sm_lid:
+                self.stats["trap_not_configured"] += 1
+                continue
+            notice = notice_trap257(producer=self.NODE_TYPE, issuer_lid=p0.lid, lid1=d.slid, lid2=d.dlid,
+                                    pkey=d.pkey, sl=d.sl, qp2=d.dest_qp)
+            actions += self._raise_trap(TRAP_BAD_P_KEY, notice, 0, port=d.port, why="bad_p_key")
+        return actions
 
     def receive(self, port: int, packet: bytes | bytearray | memoryview) -> list[Action]:
         actions = super().receive(port, packet)

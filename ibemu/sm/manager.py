@@ -70,7 +70,7 @@ from ibemu.sm.transport import (
     Transport,
 )
 from ibemu.wire import madcodec as mb
-from ibemu.wire.madattrs import TRAP_BAD_M_KEY, decode_trap256
+from ibemu.wire.madattrs import TRAP_BAD_M_KEY, TRAP_BAD_P_KEY, decode_trap256, decode_trap257
 from ibemu.wire.umad import SimRequest
 
 log = logging.getLogger(__name__)
@@ -268,6 +268,14 @@ class SubnetManager:
             self.events.emit(Kind.MKEY_VIOLATION, t_ns=now, issuer_lid=issuer, lidaddr=d["lidaddr"],
                              dr_slid=d["dr_slid"], method=d["method"], attr=d["attr_id"],
                              modifier=d["attr_mod"], m_key=f"{d['m_key']:#x}")
+            return
+        if trap_number == TRAP_BAD_P_KEY:  # a packet outside its partition: no subnet change
+            d257 = decode_trap257(data)
+            self.stats["pkey_violations"] += 1
+            log.warning("bad P_Key %#06x at LID %d: LID %d -> LID %d", d257["pkey"], issuer, d257["lid1"],
+                        d257["lid2"])
+            self.events.emit(Kind.PKEY_VIOLATION, t_ns=now, issuer_lid=issuer, lid1=d257["lid1"],
+                             lid2=d257["lid2"], pkey=d257["pkey"], sl=d257["sl"], qp2=d257["qp2"])
             return
         guid = self.lids.owner(issuer)
         node = self.graph.nodes.get(guid) if guid is not None else None

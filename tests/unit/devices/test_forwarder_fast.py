@@ -3,8 +3,9 @@
 Two identical switches see the same generated frames: one through ``decide`` frame by frame
 (the reference), the other through ``forward_run`` with ``decide`` for the frames it leaves,
 as the agent host runs it. Frames vary in DLID (routed, unrouted, own LID, multicast,
-permissive, above LinearFDBTop), VL (data, VL15), length and VCRC; between batches port states,
-the LFT, the LID and impairments change. Both must send the same frames to the same ports in
+permissive, above LinearFDBTop), VL (data, VL15), P_Key (full, limited, other partitions),
+length and VCRC; between batches port states, the LFT, the LID, impairments and the ports'
+P_KeyTables and partition enforcement bits change. Both must send the same frames to the same ports in
 the same order and end with the same counters, statistics and RNG state.
 """
 
@@ -37,7 +38,8 @@ def frame(rng: random.Random) -> bytes:
     dlid = rng.choice([rng.randrange(1, 70), rng.randrange(1, 70), 20, 21, 0, 0xC001, 0xFFFF, 100])
     vl = 15 if rng.random() < 0.1 else 0
     payload = bytes(rng.randrange(256) for _ in range(rng.choice([0, 4, 64, 256])))
-    pkt = bytearray(fast.NativeTemplate(slid=9, dlid=dlid, destqp=0x42, vl=vl).packet(
+    pkey = rng.choice([0xFFFF, 0x8001, 0x0001, 0x8002, 0x0002, 0x7FFF, 0x0000])
+    pkt = bytearray(fast.NativeTemplate(slid=9, dlid=dlid, destqp=0x42, vl=vl, pkey=pkey).packet(
         0x0A, rng.randrange(1 << 24), payload, ext=fast.reth(0, 0, len(payload))))
     r = rng.random()
     if r < 0.05:
@@ -59,7 +61,9 @@ def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
     lid, lmc = rng.choice([(20, 0), (20, 1), (0, 0), (33, 2)])
     loss, corrupt = rng.choice([(0.0, 0.0), (0.0, 0.0), (0.5, 0.0), (0.0, 0.5)])
     imp_port = rng.randrange(1, 7)
-    what = rng.randrange(6)
+    what = rng.randrange(7)
+    flags = rng.choice([0, 0, 0, 0, 8, 4, 12, 15])
+    table = rng.choice([[], [0xFFFF, 0x8001], [0x7FFF, 0x0001], [0x8002], [0xFFFF, 0x0002, 0x8001]])
     for sw in sws:
         if what == 0:
             sw.lft.set_block(0, block)
@@ -72,10 +76,14 @@ def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
             sw.ports[0].lid, sw.ports[0].lmc = lid, lmc
         elif what == 4:
             sw.forwarder.set_impairment(imp_port, loss=loss, corrupt=corrupt)
+        elif what == 6:
+            sw.ports[port].partition_flags = flags
+            sw.ports[port].pkeys = list(table)
         else:
             sw.forwarder.verify_vcrc = not sw.forwarder.verify_vcrc  # now and then without the check
             for n in range(1, 7):  # and everything back up
                 sw.ports[n].state, sw.ports[n].phys = PortState.ACTIVE, PhysState.LINK_UP
+                sw.ports[n].partition_flags = 0
 
 
 def reference(sw: SwitchAgent, frames: list[bytes], ingress: int) -> list[tuple[int, bytes | None]]:
@@ -135,8 +143,11 @@ def test_fast_twin_equals_decide(seed: int) -> None:
         for n in ref.ports:
             assert ref.ports[n].counters.snapshot() == fst.ports[n].counters.snapshot(), n
         assert ref.forwarder.stats == fst.forwarder.stats
+        assert list(ref.forwarder.pkey_drops) == list(fst.forwarder.pkey_drops)
+        assert [p.p_key_violations for p in ref.ports.values()] == [p.p_key_violations for p in fst.ports.values()]
         assert ref.forwarder.rng.getstate() == fst.forwarder.rng.getstate()
     assert forwarded > 100 and TAKEN[0] > forwarded // 2  # the fast path took most of them
+    assert ref.forwarder.stats[Reason.PKEY_INBOUND] + ref.forwarder.stats[Reason.PKEY_OUTBOUND] > 0
 
 
 def test_a_vouched_vcrc_is_not_checked_and_a_corrupting_port_is_never_vouched_for() -> None:
