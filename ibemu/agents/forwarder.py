@@ -23,9 +23,14 @@ P_Key matches no entry of that port's P_KeyTable is dropped (``Reason.PKEY_INBOU
 PortRcvConstraintErrors and P_KeyViolations of the ingress port); with
 PartitionEnforcementOutbound set on the egress port, likewise after the route is found
 (``Reason.PKEY_OUTBOUND``, PortXmitConstraintErrors of the egress port). FilterRawInbound /
-Outbound drop raw packets (LNH 0/1, no BTH) the same way. A key matches an entry when their
-low 15 bits are equal and not 0, and at least one of the two is a full member (bit 15 set):
-a limited member's packet passes only a full member's entry (``pkey_matches``). VL15
+Outbound drop raw packets (LNH 0/1, no BTH) the same way. Outbound, a key matches an entry
+when their low 15 bits are equal and not 0, and at least one of the two is a full member
+(bit 15 set): a limited member's packet passes only a full member's entry (``pkey_matches``,
+IBA 10.9.3). Inbound, the port's table is the CA's own membership (OpenSM, and ibemu's SM,
+copy the CA's table to the switch port facing it) and the key what the CA claims: the same
+partition, and a full key only where the entry is full. (Applying the outbound rule inbound
+too would drop every packet of a limited member at its own switch port, e.g. all of a stock
+OpenSM subnet's CAs, limited members of 0x7fff; this reading is ibemu's.) VL15
 (SMPs, QP0) is exempt, and so is a packet for the switch itself (its SMA/PMA, behind port 0,
 checks nothing here). Each drop is queued in ``pkey_drops`` (bounded); the switch agent
 turns them into trap 257 (Bad P_Key) on its ``tick``, rate-limited per port. An empty
@@ -95,11 +100,19 @@ def pkey_matches(entry: int, pkey: int) -> bool:
     return low != 0 and (entry & 0x7FFF) == low and bool((entry | pkey) & 0x8000)
 
 
-def table_admits(table: Sequence[int], pkey: int) -> bool:
-    """A packet with ``pkey`` passes a port whose P_KeyTable is ``table`` (empty: the default)."""
+def table_admits(table: Sequence[int], pkey: int, inbound: bool = False) -> bool:
+    """A packet with ``pkey`` passes a port whose P_KeyTable is ``table`` (empty: the default).
+
+    Outbound (and at a CA): some entry ``pkey_matches``. Inbound at a switch port facing a CA,
+    the table is the CA's own membership (the SM copies it there) and the packet's key what
+    the CA claims: the claim must not exceed it (a full key needs a full entry; a limited key
+    passes a limited or full entry)."""
     low = pkey & 0x7FFF
     if not low:
         return False
+    if inbound:
+        return any((entry & 0x7FFF) == low and (entry & 0x8000 or not pkey & 0x8000)
+                   for entry in table or _DEFAULT_TABLE)
     return any((entry & 0x7FFF) == low and (entry | pkey) & 0x8000 for entry in table or _DEFAULT_TABLE)
 
 
@@ -124,7 +137,7 @@ def pkey_refuses(p: Port, packet: bytes | bytearray | memoryview, offset: int, i
         if packet[offset + 1] & 3 >= 2:  # too short for its BTH: no key to admit it by
             return bool(flags & (ENFORCE_IN | ENFORCE_OUT))
         return bool(flags & (FILTER_RAW_IN | FILTER_RAW_OUT))
-    return bool(flags & (ENFORCE_IN | ENFORCE_OUT)) and not table_admits(p.pkeys, pkey)
+    return bool(flags & (ENFORCE_IN | ENFORCE_OUT)) and not table_admits(p.pkeys, pkey, inbound)
 
 
 class PkeyDrop(NamedTuple):

@@ -63,7 +63,8 @@ class FabricRuntime:
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
                  sm_local_failover: bool = True,
-                 switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None) -> None:
+                 switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None,
+                 sm_partitions: str = "") -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -79,6 +80,8 @@ class FabricRuntime:
         self.sm_engine = sm_engine
         self.sm_qos = sm_qos
         self.sm_keys = dict(sm_keys or {})
+        self.sm_partitions = sm_partitions
+        """Partitions (``ibemu.sm.partitions.SmPartitions`` JSON) for the SM; empty: none."""
         """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
         self.sm_local_failover = sm_local_failover
         """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings
@@ -116,6 +119,7 @@ class FabricRuntime:
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
         extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else []),
+                 *(["--partitions", self.sm_partitions] if self.sm_partitions else []),
                  *ibemusm.key_args(self.sm_keys),
                  *([] if self.sm_local_failover else ["--no-local-failover"])] if impl is ibemusm else []
         owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys} if impl is opensm else {}

@@ -69,6 +69,15 @@ def test_membership_rules(entry: int, pkey: int, ok: bool) -> None:
     assert table_admits([0x8005, entry], pkey) is ok  # another partition's entry changes nothing
 
 
+@pytest.mark.parametrize(("entry", "pkey", "ok"), [
+    (0xFFFF, 0xFFFF, True), (0xFFFF, 0x7FFF, True), (0x7FFF, 0xFFFF, False), (0x7FFF, 0x7FFF, True),
+    (0x8001, 0x0001, True), (0x0001, 0x8001, False), (0x0001, 0x0001, True), (0x8001, 0x8002, False),
+    (0x8000, 0x8000, False),
+])
+def test_inbound_a_claim_must_not_exceed_the_membership(entry: int, pkey: int, ok: bool) -> None:
+    assert table_admits([0x8005, entry], pkey, inbound=True) is ok
+
+
 def test_an_empty_table_is_the_default_partition() -> None:
     assert table_admits([], 0xFFFF) and table_admits([], 0x7FFF) and not table_admits([], 0x8001)
     assert packet_pkey(data(0x8001)) == 0x8001 and packet_pkey(raw()) is None
@@ -83,9 +92,9 @@ def test_inbound_enforcement_drops_counts_and_leaves_other_ports_alone() -> None
     p1.partition_flags = ENFORCE_IN
     assert f.decide(data(0x8001), 1).port == 2
     assert f.decide(data(0x0001), 1).port == 2  # limited packet, full entry
-    assert f.decide(data(0x8002), 1).port == 2  # full packet, limited entry
-    assert f.decide(data(0xFFFF), 1).port == 2
-    for bad in (0x0002, 0x8003, 0x7FFF, 0x0000):
+    assert f.decide(data(0x0002), 1).port == 2  # limited packet, limited entry: its own claim
+    assert f.decide(data(0x7FFF), 1).port == 2
+    for bad in (0x8002, 0x8003, 0xFFFF, 0x0000):
         v = f.decide(data(bad), 1)
         assert (v.port, v.reason) == (0, Reason.PKEY_INBOUND), hex(bad)
     assert p1.counters.port_rcv_constraint_errors == 4 and p1.p_key_violations == 4
@@ -97,19 +106,22 @@ def test_inbound_enforcement_drops_counts_and_leaves_other_ports_alone() -> None
     p1.partition_flags = ENFORCE_IN | FILTER_RAW_IN
     assert f.decide(raw(), 1).reason is Reason.PKEY_INBOUND
     assert p1.counters.port_rcv_constraint_errors == 5
-    assert [d.pkey for d in f.pkey_drops] == [0x0002, 0x8003, 0x7FFF, 0x0000, 0]
+    assert [d.pkey for d in f.pkey_drops] == [0x8002, 0x8003, 0xFFFF, 0x0000, 0]
     assert f.pkey_drops[0].slid == 9 and f.pkey_drops[0].dlid == 7 and f.pkey_drops[0].dest_qp == 0x42
 
 
 def test_outbound_enforcement_counts_on_the_egress_port() -> None:
     sw = switch()
     p2 = sw.ports[2]
-    p2.pkeys = [0x8001]
+    p2.pkeys = [0x8001, 0x0003]
     p2.partition_flags = ENFORCE_OUT
     assert sw.forwarder.decide(data(0x0001), 1).port == 2
+    assert sw.forwarder.decide(data(0x8003), 1).port == 2
+    v = sw.forwarder.decide(data(0x0003), 1)  # limited to limited
+    assert (v.port, v.reason) == (0, Reason.PKEY_OUTBOUND)
     v = sw.forwarder.decide(data(0x8002), 1)
     assert (v.port, v.reason) == (0, Reason.PKEY_OUTBOUND)
-    assert p2.counters.port_xmit_constraint_errors == 1 and p2.counters.xmit_pkts == 1
+    assert p2.counters.port_xmit_constraint_errors == 2 and p2.counters.xmit_pkts == 2
     assert sw.ports[1].counters.port_rcv_constraint_errors == 0
     assert sw.forwarder.decide(data(0x8002, dlid=8), 1).port == 3
 
