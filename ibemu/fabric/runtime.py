@@ -30,6 +30,7 @@ from ibemu.fabric.mad_socket import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, limits, ownership
 from ibemu.physics.link import SwitchModel
+from ibemu.sm.partitions import SmPartitions
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,9 @@ class FabricRuntime:
                  *ibemusm.key_args(self.sm_keys),
                  *([] if self.sm_local_failover else ["--no-local-failover"])] if impl is ibemusm else []
         owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys} if impl is opensm else {}
+        if impl is opensm and self.sm_partitions:
+            cas = {n.guid: [n.port_guid(p) for p in range(1, n.num_ports + 1)] for n in self.topo.cas()}
+            owner["partitions"] = (SmPartitions.from_json(self.sm_partitions), cas)
         proc = await trio.to_thread.run_sync(
             lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra, **owner))
         self._sm_proc = proc

@@ -836,9 +836,6 @@ class _Loader(Reader):
         if fabric.kind != "ib":
             self.error(node, "partitions", "partitions are an IB feature (fabric.kind: ib)")
             return ()
-        if sm.impl != "ibemu":
-            self.error(node, "partitions", f"partitions are programmed by ibemu's SM; {sm.impl} does not get "
-                       "them yet (use sm.impl: ibemu)")
         if fabric.datapath == "kernel":
             self.warn(node, "partitions", "the kernel datapath forwards data without checking P_Keys: the "
                       "tables are programmed, enforcement needs fabric.datapath: user")
@@ -889,6 +886,11 @@ class _Loader(Reader):
             for h in hosts:
                 per_host.setdefault(h, []).append(name)
             out.append(PartitionSpec(name, pkey, members, everyone, default_full, enforce))
+        modes = {p.enforce for p in out}
+        if sm.impl == "opensm" and len(modes) > 1:
+            self.error(node, "partitions", f"OpenSM enforces partitions one way for the subnet (part_enforce); "
+                       f"these ask for {', '.join(sorted(modes))}: give every partition the same enforce, or "
+                       "use sm.impl: ibemu")
         for host, parts in per_host.items():
             if len(parts) + 1 > SWITCH_PKEY_CAP:
                 self.error(node, "partitions", f"P_Key table overflow: host {host} is in {len(parts)} partitions; "

@@ -15,7 +15,8 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
                                 m_key, m_key_protect, m_key_lease_s}
     partitions                 [{name, pkey: 0x0001-0x7ffe, members: [host | {host, membership: full|limited}]
                                  | ALL, membership (of ALL; default full), enforce: both|in|out|off}]
-                               (IB; ibemu's SM programs them, ``ibemu.sm.partitions``)
+                               (IB; ibemu's SM programs them, ``ibemu.sm.partitions``;
+                               OpenSM gets them as partitions.conf and part_enforce)
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from ibemu.agents.switch import SwitchAgent
+from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
@@ -137,3 +138,29 @@ def test_partitions_isolate_hosts(parted: Running) -> None:
     assert r.returncode == 0, r.stderr
     m = re.search(r"^PortXmitConstraintErrors:\.+(\d+)", r.stdout, re.M)
     assert m and int(m.group(1)) == N, r.stdout
+
+
+@pytest.mark.skipif(not opensm.opensm_available() or umad2sim_path() is None,
+                    reason="needs opensm and ibsim-utils (scripts/setup.sh installs them)")
+def test_opensm_programs_the_same_partitions(tmp_path: Path) -> None:
+    """The unmodified OpenSM, given ibemu's partitions.conf and part_enforce, programs the
+    same isolation through the agents."""
+    topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=2)
+    g = {n.name: n.guid for n in topo.cas()}
+    parts = SmPartitions((Partition("a", 0x0001, ((g["h1"], True), (g["h2"], True))),
+                          Partition("b", 0x0002, ((g["h0"], True), (g["h3"], True)))))
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-pkey-opensm")
+    rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp_path, sm="opensm",
+                       sm_host="h0", sm_partitions=parts.to_json())
+    with fabric_in_thread(rt, 90) as live:
+        assert "a=0x0001" in (tmp_path / "opensm" / "partitions.conf").read_text()
+        agents = _agents(live)
+        sw, port = _facing(live, "h1")
+        deadline = time.monotonic() + 10  # OpenSM writes P_Keys after SUBNET UP's sweep may end
+        while time.monotonic() < deadline and live.on_loop(lambda: agents[sw].ports[port].partition_flags) != 12:
+            time.sleep(0.2)
+        assert live.on_loop(lambda: agents[sw].ports[port].partition_flags) == 12
+        assert 0x8001 in live.on_loop(lambda: agents["h1"].pkeys(1))
+        assert _blast(live, "h1", "h2", 0x8001) == N
+        assert _blast(live, "h1", "h3", 0x8002) == 0
+        assert _counters(live, "h1")[0] == N

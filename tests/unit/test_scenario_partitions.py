@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from ibemu.fabric import opensm
 from ibemu.fabric.session import read_spec, request_from_spec, write_spec
 from ibemu.scenario import ScenarioError, loads_scenario
 from ibemu.scenario.runner import fabric_request
@@ -49,9 +50,10 @@ BAD: list[tuple[str, str, str]] = [
     ("overflow", _parts("".join(f"  - {{name: p{i}, pkey: {i + 1}, members: ALL}}\n" for i in range(32))),
      "x.yaml:9 partitions: P_Key table overflow: host h0 is in 32 partitions; a switch port facing it holds 32 "
      "P_Keys, the default one included"),
-    ("opensm", T + "sm: {impl: opensm}\npartitions:\n  - {name: a, pkey: 1, members: ALL}\n",
-     "x.yaml:10 partitions: partitions are programmed by ibemu's SM; opensm does not get them yet "
-     "(use sm.impl: ibemu)"),
+    ("opensm-modes", T + "sm: {impl: opensm}\npartitions:\n  - {name: a, pkey: 1, members: ALL}\n"
+     "  - {name: b, pkey: 2, members: [h0], enforce: in}\n",
+     "x.yaml:10 partitions: OpenSM enforces partitions one way for the subnet (part_enforce); these ask for "
+     "both, in: give every partition the same enforce, or use sm.impl: ibemu"),
 ]
 
 
@@ -88,3 +90,22 @@ def test_the_kernel_datapath_warns_that_it_does_not_enforce(tmp_path: Path) -> N
     scen = loads_scenario(text, "x.yaml", tmp_path)
     assert any("kernel datapath" in w for w in scen.warnings), scen.warnings
     assert not fabric_request(loads_scenario(T, "x.yaml", tmp_path)).sm_partitions
+
+
+def test_opensm_gets_a_partitions_conf(tmp_path: Path) -> None:
+    scen = loads_scenario(T + "sm: {impl: opensm}\npartitions:\n"
+                          "  - {name: storage, pkey: 0x10, members: [h0, {host: h2, membership: limited}], enforce: out}\n"
+                          "  - {name: all, pkey: 0x20, members: ALL, membership: limited, enforce: out}\n",
+                          "x.yaml", tmp_path)
+    parts = SmPartitions.from_json(fabric_request(scen).sm_partitions)
+    topo = scen.topology
+    guids = {n.guid: [n.port_guid(1)] for n in topo.cas()}
+    text = opensm.partitions_conf(parts, guids)
+    h0, h2 = topo.node("h0").port_guid(1), topo.node("h2").port_guid(1)
+    assert text.splitlines()[1:] == ["Default=0x7fff : ALL=full ;",
+                                     f"storage=0x0010 : {h0:#018x}=full, {h2:#018x}=limited ;",
+                                     "all=0x0020 : ALL=limited ;"]
+    assert opensm.part_enforce(parts) == "out"
+    conf = opensm.write_config(tmp_path, None, parts)
+    assert Path(conf).read_text() == "part_enforce out\n"
+    assert opensm.write_config(tmp_path, None, None) == "/dev/null"
