@@ -67,6 +67,7 @@ from ibemu.agents.actions import (
     LftUpdate,
     LinkRequest,
     LinkRequestKind,
+    PartitionUpdate,
     PortStateChange,
     Send,
 )
@@ -202,6 +203,8 @@ class SwitchAgent(DeviceAgent):
         self._notice_tid = 0
         self._generation = 0
         self._pkey_trap_at: dict[tuple[int, bool], int] = {}
+        self._partitions_out: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """Port -> (partition bits, P_KeyTable) last announced by ``PartitionUpdate``."""
         """(port, inbound) -> when its last trap 257 went out (the rate limit)."""
 
     # ================================================================== public
@@ -441,8 +444,26 @@ class SwitchAgent(DeviceAgent):
         self.switch_info.port_state_change = True
         return actions + self._trap128(why, port)
 
+    def _partition_changed(self, num: int) -> None:
+        """Announce port ``num``'s partition bits and P_KeyTable if they changed (what a
+        datapath checking P_Keys in the kernel must know: ``PartitionUpdate``)."""
+        p = self.ports.get(num)
+        if p is None or num == 0:
+            return
+        now = (p.partition_flags, tuple(p.pkeys))
+        if self._partitions_out.get(num, (0, ())) != now:
+            self._partitions_out[num] = now
+            self._pending_actions.append(PartitionUpdate(num, now[0], now[1]))
+
+    def _attr_pkey_table(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        status = super()._attr_pkey_table(method, mod, buf, d, ingress)
+        if method == SET and status == ST_OK:
+            self._partition_changed(mod >> 16)
+        return status
+
     def _after_port_set(self, num: int, p: Port, outcome: object) -> None:
         assert isinstance(outcome, SetOutcome)
+        self._partition_changed(num)
         if num == 0:
             if outcome.lid_changed:
                 self._pending_actions.append(self._event("lid_assigned", lid=p.lid, sm_lid=p.master_sm_lid))

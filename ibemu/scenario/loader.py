@@ -836,9 +836,6 @@ class _Loader(Reader):
         if fabric.kind != "ib":
             self.error(node, "partitions", "partitions are an IB feature (fabric.kind: ib)")
             return ()
-        if fabric.datapath == "kernel":
-            self.warn(node, "partitions", "the kernel datapath forwards data without checking P_Keys: the "
-                      "tables are programmed, enforcement needs fabric.datapath: user")
         out: list[PartitionSpec] = []
         names: dict[str, int] = {}
         keys: dict[int, int] = {}

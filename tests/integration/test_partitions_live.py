@@ -1,4 +1,4 @@
-"""Partitions on a live fabric (user datapath, ibemu's SM): members of one partition reach
+"""Partitions on a live fabric (user and kernel datapaths, ibemu's SM; user, OpenSM): members of one partition reach
 each other, cross-partition frames are dropped at the switch ports facing the hosts (0
 delivered), the constraint counters move in the PMA (read by the real ``perfquery`` when
 installed) and trap 257 reaches the SM.
@@ -38,16 +38,16 @@ pytestmark = [pytest.mark.root]
 N = 40
 
 
-@pytest.fixture(scope="module")
-def parted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    tmp = tmp_path_factory.mktemp("pkey")
+@pytest.fixture(scope="module", params=["user", "kernel"])
+def parted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    tmp = tmp_path_factory.mktemp(f"pkey-{request.param}")
     topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=2)
     g = {n.name: n.guid for n in topo.cas()}
     parts = SmPartitions((Partition("a", 0x0001, ((g["h1"], True), (g["h2"], True))),
                           Partition("b", 0x0002, ((g["h0"], True), (g["h3"], True)))))
     state = ownership.RunState(ownership.new_run_id(), scenario="pytest-pkey")
-    rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp, sm="ibemu",
-                       sm_host="h0", sm_partitions=parts.to_json())
+    rt = FabricRuntime(topo, make_agents=make_agents, datapath=request.param, state=state, run_dir=tmp,
+                       sm="ibemu", sm_host="h0", sm_partitions=parts.to_json())
     with fabric_in_thread(rt, 90) as running:
         yield running
 

@@ -85,10 +85,7 @@ def test_partitions_reach_ibemus_sm(tmp_path: Path) -> None:
     assert parts.enforcement(g["h0"]) == 12 and parts.enforcement(g["h1"]) == 12
 
 
-def test_the_kernel_datapath_warns_that_it_does_not_enforce(tmp_path: Path) -> None:
-    text = T.replace("  datapath: user\n", "  datapath: kernel\n") + "partitions:\n  - {name: a, pkey: 1, members: ALL}\n"
-    scen = loads_scenario(text, "x.yaml", tmp_path)
-    assert any("kernel datapath" in w for w in scen.warnings), scen.warnings
+def test_no_partitions_nothing_for_the_sm(tmp_path: Path) -> None:
     assert not fabric_request(loads_scenario(T, "x.yaml", tmp_path)).sm_partitions
 
 

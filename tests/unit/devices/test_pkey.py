@@ -183,3 +183,31 @@ def test_counter_saturates_in_the_pma_encoding() -> None:
     assert area[17] == 255  # PortRcvConstraintErrors: an 8-bit field that saturates
     assert ENFORCE_OUT  # outbound on the ingress port changes nothing for packets arriving
     assert sw.ports[1].counters.port_xmit_constraint_errors == 0
+
+
+def test_the_switch_announces_partition_changes_for_the_kernel_datapath() -> None:
+    """A P_KeyTable Set or a PortInfo Set that changes a port's enforcement bits gives a
+    ``PartitionUpdate`` (the agent host writes it into the kernel classifier's map); a Set
+    that changes nothing gives none."""
+    import struct
+
+    from ibemu.agents.actions import PartitionUpdate
+    from ibemu.wire import madcodec as mb
+
+    sw = switch()
+
+    def smp(attr: int, mod: int, data: bytes) -> list[object]:
+        req = mb.lr_smp(mb.SET, attr, modifier=mod, data=data)
+        pkt = sw._build(req, dlid=20, slid=SM_LID, dqp=0, sqp=0, vl=15)
+        return [a for a in sw.receive(4, pkt) if isinstance(a, PartitionUpdate)]
+
+    table = struct.pack("!32H", 0xFFFF, 0x8001, *([0] * 30))
+    assert smp(0x16, 2 << 16, table) == [PartitionUpdate(2, 0, (0xFFFF, 0x8001, *([0] * 30)))]
+    assert smp(0x16, 2 << 16, table) == []
+    get = mb.lr_smp(mb.GET, 0x15, modifier=2)
+    resp = [a for a in sw.receive(4, sw._build(get, dlid=20, slid=SM_LID, dqp=0, sqp=0, vl=15))
+            if isinstance(a, Send)]
+    pi = mb.smp_data(resp[0].packet[8 + 12 + 8:-6])
+    ups = smp(0x15, 2, mb.port_info_set(pi, partition_flags=ENFORCE_IN | ENFORCE_OUT))
+    assert ups == [PartitionUpdate(2, 12, (0xFFFF, 0x8001, *([0] * 30)))]
+    assert sw.ports[2].partition_flags == 12
