@@ -110,10 +110,11 @@ def table_admits(table: Sequence[int], pkey: int, inbound: bool = False) -> bool
     low = pkey & 0x7FFF
     if not low:
         return False
-    if inbound:
-        return any((entry & 0x7FFF) == low and (entry & 0x8000 or not pkey & 0x8000)
-                   for entry in table or _DEFAULT_TABLE)
-    return any((entry & 0x7FFF) == low and (entry | pkey) & 0x8000 for entry in table or _DEFAULT_TABLE)
+    full = pkey & 0x8000
+    for entry in table or _DEFAULT_TABLE:
+        if (entry & 0x7FFF) == low and (entry & 0x8000 or (not full if inbound else full)):
+            return True
+    return False
 
 
 def packet_pkey(packet: bytes | bytearray | memoryview, offset: int = 0) -> int | None:
@@ -132,12 +133,15 @@ def pkey_refuses(p: Port, packet: bytes | bytearray | memoryview, offset: int, i
     """``p``'s partition enforcement (inbound or outbound, by its PortInfo flags) refuses the
     packet at ``offset`` (no side effect)."""
     flags = p.partition_flags & (_IN_FLAGS if inbound else _OUT_FLAGS)
-    pkey = packet_pkey(packet, offset)
-    if pkey is None:
-        if packet[offset + 1] & 3 >= 2:  # too short for its BTH: no key to admit it by
-            return bool(flags & (ENFORCE_IN | ENFORCE_OUT))
+    lnh = packet[offset + 1] & 3
+    if lnh < 2:  # raw: no BTH
         return bool(flags & (FILTER_RAW_IN | FILTER_RAW_OUT))
-    return bool(flags & (ENFORCE_IN | ENFORCE_OUT)) and not table_admits(p.pkeys, pkey, inbound)
+    if not flags & (ENFORCE_IN | ENFORCE_OUT):
+        return False
+    at = offset + (10 if lnh == 2 else 50)
+    if len(packet) < at + 2:  # too short for its BTH: no key to admit it by
+        return True
+    return not table_admits(p.pkeys, (packet[at] << 8) | packet[at + 1], inbound)
 
 
 class PkeyDrop(NamedTuple):
