@@ -158,8 +158,8 @@ def test_trap_257_goes_to_the_sm_rate_limited() -> None:
     assert sw.stats["pkey_traps_suppressed"] == 4
     assert sw.ports[1].counters.port_rcv_constraint_errors == 5
     sw.forwarder.decide(data(0x8002), 1)
-    assert not [a for a in sw.tick() if isinstance(a, Send) and a.packet[8 + 12 + 8 + 64 + 4: 8 + 12 + 8 + 64 + 6]
-                == b"\x01\x01"]  # within the interval: no new trap (repeats of the first aside)
+    sw.tick()
+    assert sw.stats["traps_sent"] == 1 and sw.stats["pkey_traps_suppressed"] == 5  # within the interval
     clock.t += PKEY_TRAP_INTERVAL_NS
     sw.forwarder.decide(data(0x8002), 1)
     new = [a for a in sw.tick() if isinstance(a, Send)]
@@ -181,8 +181,7 @@ def test_counter_saturates_in_the_pma_encoding() -> None:
     assert sw.ports[1].counters.port_rcv_constraint_errors == 300
     area = sw.ports[1].counters.encode_basic(1)
     assert area[17] == 255  # PortRcvConstraintErrors: an 8-bit field that saturates
-    assert ENFORCE_OUT  # outbound on the ingress port changes nothing for packets arriving
-    assert sw.ports[1].counters.port_xmit_constraint_errors == 0
+    assert sw.ports[1].counters.port_xmit_constraint_errors == 0  # outbound bits act on leaving packets
 
 
 def test_the_switch_announces_partition_changes_for_the_kernel_datapath() -> None:
