@@ -83,6 +83,8 @@ class Kind(StrEnum):
     TRAP_REPRESSED = "trap_repressed"
     TRAP_UNROUTABLE = "trap_unroutable"
     MKEY_VIOLATION = "mkey_violation"
+    PKEY_VIOLATION = "pkey_violation"
+    PARTITIONS_PROGRAMMED = "partitions_programmed"
     MKEY_LEASE_STOPPED = "mkey_lease_stopped"
     MKEY_LEASE_EXPIRED = "mkey_lease_expired"
     SMP_DISCARD = "smp_discard"
@@ -180,7 +182,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "its repairs end (the SM rewrites its table)",
         {Log.FABRIC: (_AGENT, "lids")}),
     Kind.TRAP_SENT: KindInfo(
-        "a switch or CA sent (or repeated) a trap to the SM (128: link state, 256: bad M_Key)",
+        "a switch or CA sent (or repeated) a trap to the SM (128: link state, 256: bad M_Key, 257: bad P_Key)",
         {Log.FABRIC: (_AGENT, "tid", "trap_number", "issuer_lid", "sm_lid", "egress", "repeat", "port", "why")}),
     Kind.TRAP_REPRESSED: KindInfo(
         "the SM's TrapRepress reached the switch or CA: the trap is no longer repeated",
@@ -193,6 +195,14 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.FABRIC: (_AGENT, "port", "method", "attr", "modifier", "slid", "m_key", "protect", "violations",
                       "lease_s"),
          Log.SM: ("issuer_lid", "lidaddr", "dr_slid", "method", "attr", "modifier", "m_key")}),
+    Kind.PKEY_VIOLATION: KindInfo(
+        "a switch port's partition enforcement dropped a packet (agent, rate-limited as trap 257); "
+        "a trap 257 reached the SM (SM)",
+        {Log.FABRIC: (_AGENT, "port", "inbound", "pkey", "slid", "dlid", "sl", "qp"),
+         Log.SM: ("issuer_lid", "lid1", "lid2", "pkey", "sl", "qp2")}),
+    Kind.PARTITIONS_PROGRAMMED: KindInfo(
+        "ibemu's SM wrote the partitions' P_KeyTables and enforcement bits",
+        {Log.SM: ("tables", "ports", "failed")}),
     Kind.MKEY_LEASE_STOPPED: KindInfo(
         "an SMP with the valid M_Key stopped a port's M_Key lease countdown",
         {Log.FABRIC: (_AGENT, "port")}),

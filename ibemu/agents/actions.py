@@ -30,6 +30,16 @@ class Send:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionUpdate:
+    """A switch port's partition enforcement bits (PortInfo) or P_KeyTable changed: for a
+    datapath that checks P_Keys itself (the kernel's LFT classifier)."""
+
+    port: int
+    flags: int
+    pkeys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LftUpdate:
     """Effective unicast forwarding changes: LID -> egress port, 0xFF = no route (drop).
 
@@ -131,4 +141,5 @@ class Event:
                 **self.fields}
 
 
-Action = Send | LftUpdate | AltUpdate | PortStateChange | LinkRequest | DeliverMad | MKeyChange | Event
+Action = (Send | LftUpdate | AltUpdate | PortStateChange | LinkRequest | DeliverMad | MKeyChange | Event
+          | PartitionUpdate)

@@ -30,6 +30,25 @@ passed over).
 
 RcvPkts/RcvData count every packet taken in, XmitPkts/XmitData every packet forwarded.
 
+Partition enforcement (IBA 10.9, switch external ports; OpenSM sets it on ports facing CAs):
+with PartitionEnforcementInbound set in the ingress port's PortInfo, a data packet whose BTH
+P_Key matches no entry of that port's P_KeyTable is dropped (``Reason.PKEY_INBOUND``,
+PortRcvConstraintErrors and P_KeyViolations of the ingress port); with
+PartitionEnforcementOutbound set on the egress port, likewise after the route is found
+(``Reason.PKEY_OUTBOUND``, PortXmitConstraintErrors of the egress port). FilterRawInbound /
+Outbound drop raw packets (LNH 0/1, no BTH) the same way. Outbound, a key matches an entry
+when their low 15 bits are equal and not 0, and at least one of the two is a full member
+(bit 15 set): a limited member's packet passes only a full member's entry (``pkey_matches``,
+IBA 10.9.3). Inbound, the port's table is the CA's own membership (OpenSM, and ibemu's SM,
+copy the CA's table to the switch port facing it) and the key what the CA claims: the same
+partition, and a full key only where the entry is full. (Applying the outbound rule inbound
+too would drop every packet of a limited member at its own switch port, e.g. all of a stock
+OpenSM subnet's CAs, limited members of 0x7fff; this reading is ibemu's.) VL15
+(SMPs, QP0) is exempt, and so is a packet for the switch itself (its SMA/PMA, behind port 0,
+checks nothing here). Each drop is queued in ``pkey_drops`` (bounded); the switch agent
+turns them into trap 257 (Bad P_Key) on its ``tick``, rate-limited per port. An empty
+P_KeyTable (never set) is the default one: 0xFFFF in entry 0.
+
 ``forward_run`` is the fast twin of ``decide`` for a user datapath's batches: it takes a run
 of received frames, forwards the common ones itself (a data packet, good length and VCRC, for
 a unicast LID the LFT routes elsewhere, ingress Armed/Active, egress Active or, when it is
@@ -51,7 +70,7 @@ written into an inter-switch cable by a tool outside ibemu would go unchecked.)
 from __future__ import annotations
 
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -82,6 +101,79 @@ class Reason(StrEnum):
     EGRESS_DOWN = "egress_down"
     INJECTED_LOSS = "injected_loss"
     ALTERNATES_DOWN = "alternates_down"
+    PKEY_INBOUND = "pkey_inbound"
+    PKEY_OUTBOUND = "pkey_outbound"
+
+
+ENFORCE_IN, ENFORCE_OUT, FILTER_RAW_IN, FILTER_RAW_OUT = 8, 4, 2, 1
+"""PortInfo PartitionEnforcementInbound/Outbound, FilterRawInbound/Outbound (``Port.partition_flags``)."""
+_IN_FLAGS = ENFORCE_IN | FILTER_RAW_IN
+_OUT_FLAGS = ENFORCE_OUT | FILTER_RAW_OUT
+_DEFAULT_TABLE = (0xFFFF,)
+MAX_PKEY_DROPS = 256
+"""Drops remembered for the agent's traps between two ticks (older ones are forgotten)."""
+
+
+def pkey_matches(entry: int, pkey: int) -> bool:
+    """IBA 10.9.3: the same partition (low 15 bits, not 0), and one of the two a full member."""
+    low = pkey & 0x7FFF
+    return low != 0 and (entry & 0x7FFF) == low and bool((entry | pkey) & 0x8000)
+
+
+def table_admits(table: Sequence[int], pkey: int, inbound: bool = False) -> bool:
+    """A packet with ``pkey`` passes a port whose P_KeyTable is ``table`` (empty: the default).
+
+    Outbound (and at a CA): some entry ``pkey_matches``. Inbound at a switch port facing a CA,
+    the table is the CA's own membership (the SM copies it there) and the packet's key what
+    the CA claims: the claim must not exceed it (a full key needs a full entry; a limited key
+    passes a limited or full entry)."""
+    low = pkey & 0x7FFF
+    if not low:
+        return False
+    full = pkey & 0x8000
+    for entry in table or _DEFAULT_TABLE:
+        if (entry & 0x7FFF) == low and (entry & 0x8000 or (not full if inbound else full)):
+            return True
+    return False
+
+
+def packet_pkey(packet: bytes | bytearray | memoryview, offset: int = 0) -> int | None:
+    """The BTH P_Key of the packet at ``offset``; None for a raw packet (LNH 0/1) or one too
+    short for its BTH."""
+    lnh = packet[offset + 1] & 3
+    if lnh < 2:
+        return None
+    at = offset + (8 if lnh == 2 else 48) + 2
+    if len(packet) < at + 2:
+        return None
+    return (packet[at] << 8) | packet[at + 1]
+
+
+def pkey_refuses(p: Port, packet: bytes | bytearray | memoryview, offset: int, inbound: bool) -> bool:
+    """``p``'s partition enforcement (inbound or outbound, by its PortInfo flags) refuses the
+    packet at ``offset`` (no side effect)."""
+    flags = p.partition_flags & (_IN_FLAGS if inbound else _OUT_FLAGS)
+    lnh = packet[offset + 1] & 3
+    if lnh < 2:  # raw: no BTH
+        return bool(flags & (FILTER_RAW_IN | FILTER_RAW_OUT))
+    if not flags & (ENFORCE_IN | ENFORCE_OUT):
+        return False
+    at = offset + (10 if lnh == 2 else 50)
+    if len(packet) < at + 2:  # too short for its BTH: no key to admit it by
+        return True
+    return not table_admits(p.pkeys, (packet[at] << 8) | packet[at + 1], inbound)
+
+
+class PkeyDrop(NamedTuple):
+    """A packet a port's partition enforcement dropped (for trap 257)."""
+
+    port: int
+    inbound: bool
+    pkey: int
+    slid: int
+    dlid: int
+    sl: int
+    dest_qp: int
 
 
 class Verdict(NamedTuple):
@@ -122,6 +214,33 @@ class Forwarder:
         self.corrupting: set[int] = set()
         """Ports that have had injected corruption at some time (what they sent may be bad)."""
         self.stats: Counter[str] = Counter()
+        self.pkey_drops: deque[PkeyDrop] = deque(maxlen=MAX_PKEY_DROPS)
+        """Partition enforcement drops not yet seen by the agent (``SwitchAgent.tick``)."""
+
+    def _pkey_refused(self, p: Port, packet: bytes | bytearray | memoryview, offset: int,
+                      inbound: bool) -> bool:
+        """``p``'s partition enforcement (inbound or outbound, per its flags) drops the
+        packet: counted in P_KeyViolations and the constraint counter, queued for trap 257."""
+        if not pkey_refuses(p, packet, offset, inbound):
+            return False
+        pkey = packet_pkey(packet, offset)
+        c = p.counters
+        if inbound:
+            c.port_rcv_constraint_errors += 1
+        else:
+            c.port_xmit_constraint_errors += 1
+        p.p_key_violations = min(p.p_key_violations + 1, 0xFFFF)
+        reason = Reason.PKEY_INBOUND if inbound else Reason.PKEY_OUTBOUND
+        self.stats[reason] += 1
+        o = offset
+        qp = 0
+        if pkey is not None:
+            bth = o + (8 if packet[o + 1] & 3 == 2 else 48)
+            qp = (packet[bth + 5] << 16) | (packet[bth + 6] << 8) | packet[bth + 7] if len(packet) >= bth + 8 else 0
+        self.pkey_drops.append(PkeyDrop(p.num, inbound, 0 if pkey is None else pkey,
+                                        (packet[o + 6] << 8) | packet[o + 7], (packet[o + 2] << 8) | packet[o + 3],
+                                        packet[o + 1] >> 4, qp))
+        return True
 
     def set_impairment(self, port: int, *, loss: float = 0.0, corrupt: float = 0.0) -> None:
         """Impair packets leaving ``port`` (both zero removes the impairment)."""
@@ -163,9 +282,14 @@ class Forwarder:
         if not vl15 and pin.state not in _RX_OK:
             self.stats[Reason.INGRESS_NOT_ACTIVE] += 1
             return Verdict(0, packet, Reason.INGRESS_NOT_ACTIVE)
+        if not vl15 and pin.partition_flags & _IN_FLAGS and self._pkey_refused(pin, packet, 0, True):
+            return Verdict(0, packet, Reason.PKEY_INBOUND)
         egress, reason = self.route(dlid, ingress, vl15=vl15)
         if reason is not None:
             return Verdict(0, packet, reason)
+        pout = ports[egress]
+        if not vl15 and pout.partition_flags & _OUT_FLAGS and self._pkey_refused(pout, packet, 0, False):
+            return Verdict(0, packet, Reason.PKEY_OUTBOUND)
         imp = self.impairments.get(egress)
         if imp is not None:
             if imp.loss and self.rng.random() < imp.loss:
@@ -229,6 +353,8 @@ class Forwarder:
             dlid = (frame[offset + 2] << 8) | frame[offset + 3]
             if dlid >= 0xC000 or (own.lid != 0 and (dlid >> own.lmc) == (own.lid >> own.lmc)):
                 break
+            if pin.partition_flags & _IN_FLAGS and pkey_refuses(pin, frame, offset, True):
+                break  # decide drops and counts it
             egress = lookup(dlid)
             if egress in (NO_ROUTE, 0, ingress) or egress in impairments:
                 break
@@ -251,6 +377,8 @@ class Forwarder:
                 if pout is None or egress in impairments:
                     break  # none up (counted by ``decide``), or an impaired one
                 failovers += 1
+            if pout.partition_flags & _OUT_FLAGS and pkey_refuses(pout, frame, offset, False):
+                break
             rx.rcv_pkts += 1
             rx.rcv_octets += n
             tx = pout.counters

@@ -70,6 +70,7 @@ from ibemu.agents.actions import (
     LftUpdate,
     LinkRequest,
     LinkRequestKind,
+    PartitionUpdate,
     PortStateChange,
     Send,
 )
@@ -89,9 +90,11 @@ from ibemu.agents.port import SWITCH_PORT0_CAPS, PhysState, Port, PortState, Set
 from ibemu.agents.traps import TrapPolicy
 from ibemu.wire.madattrs import (
     NODE_TYPE_SWITCH,
+    TRAP_BAD_P_KEY,
     SwitchInfoState,
     decode_switch_info,
     notice_trap128,
+    notice_trap257,
 )
 from ibemu.wire.madpacket import (
     INITIAL_PATH,
@@ -123,6 +126,9 @@ NOTICE_LIDS = 512
 """LIDs per fault notice block: a 64-byte bitmap."""
 ATTR_SM_INFO = 0x0020
 TRAP_LINK_STATE_CHANGE = 128
+PKEY_TRAP_INTERVAL_NS = 1_000_000_000
+"""Trap 257 rate limit: at most one per port and direction in this time (the drops between
+are counted, ``pkey_traps_suppressed``)."""
 TRAP = 0x05
 
 
@@ -199,6 +205,10 @@ class SwitchAgent(DeviceAgent):
         self._generation = 0
         self._repairs_ended = 0
         """LFT entries the last new generation found repaired by this switch (bytes 8..11)."""
+        self._pkey_trap_at: dict[tuple[int, bool], int] = {}
+        """(port, inbound) -> when its last trap 257 went out (the rate limit)."""
+        self._partitions_out: dict[int, tuple[int, tuple[int, ...]]] = {}
+        """Port -> (partition bits, P_KeyTable) last announced by ``PartitionUpdate``."""
 
     # ================================================================== public
 
@@ -206,6 +216,42 @@ class SwitchAgent(DeviceAgent):
     def lid(self) -> int:
         """The switch LID (port 0), 0 until the SM assigns one."""
         return self.ports[0].lid
+
+    def tick(self, now_ns: int | None = None) -> list[Action]:
+        """Timer work, and trap 257 for the partition enforcement drops since the last tick."""
+        actions = super().tick(now_ns)
+        if self.forwarder.pkey_drops:
+            actions += self._pkey_traps(self.clock() if now_ns is None else now_ns)
+        return actions
+
+    def next_deadline(self) -> int | None:
+        if self.forwarder.pkey_drops:
+            return self.clock()
+        return super().next_deadline()
+
+    def _pkey_traps(self, now: int) -> list[Action]:
+        """Trap 257 (Bad P_Key) from the switch LID to the SM for the drops queued by the
+        forwarder, one per port and direction per ``PKEY_TRAP_INTERVAL_NS``."""
+        drops = self.forwarder.pkey_drops
+        actions: list[Action] = []
+        while drops:
+            d = drops.popleft()
+            key = (d.port, d.inbound)
+            last = self._pkey_trap_at.get(key)
+            if last is not None and now - last < PKEY_TRAP_INTERVAL_NS:
+                self.stats["pkey_traps_suppressed"] += 1
+                continue
+            self._pkey_trap_at[key] = now
+            actions.append(self._event("pkey_violation", port=d.port, inbound=d.inbound, pkey=d.pkey,
+                                       slid=d.slid, dlid=d.dlid, sl=d.sl, qp=d.dest_qp))
+            p0 = self.ports[0]
+            if not p0.lid or not p0.master_sm_lid:
+                self.stats["trap_not_configured"] += 1
+                continue
+            notice = notice_trap257(producer=self.NODE_TYPE, issuer_lid=p0.lid, lid1=d.slid, lid2=d.dlid,
+                                    pkey=d.pkey, sl=d.sl, qp2=d.dest_qp)
+            actions += self._raise_trap(TRAP_BAD_P_KEY, notice, 0, port=d.port, why="bad_p_key")
+        return actions
 
     def receive(self, port: int, packet: bytes | bytearray | memoryview) -> list[Action]:
         actions = super().receive(port, packet)
@@ -406,8 +452,26 @@ class SwitchAgent(DeviceAgent):
         self.switch_info.port_state_change = True
         return actions + self._trap128(why, port)
 
+    def _partition_changed(self, num: int) -> None:
+        """Announce port ``num``'s partition bits and P_KeyTable if they changed (what a
+        datapath checking P_Keys in the kernel must know: ``PartitionUpdate``)."""
+        p = self.ports.get(num)
+        if p is None or num == 0:
+            return
+        now = (p.partition_flags, tuple(p.pkeys))
+        if self._partitions_out.get(num, (0, ())) != now:
+            self._partitions_out[num] = now
+            self._pending_actions.append(PartitionUpdate(num, now[0], now[1]))
+
+    def _attr_pkey_table(self, method: int, mod: int, buf: bytearray, d: int, ingress: int) -> int:
+        status = super()._attr_pkey_table(method, mod, buf, d, ingress)
+        if method == SET and status == ST_OK:
+            self._partition_changed(mod >> 16)
+        return status
+
     def _after_port_set(self, num: int, p: Port, outcome: object) -> None:
         assert isinstance(outcome, SetOutcome)
+        self._partition_changed(num)
         if num == 0:
             if outcome.lid_changed:
                 self._pending_actions.append(self._event("lid_assigned", lid=p.lid, sm_lid=p.master_sm_lid))

@@ -46,6 +46,7 @@ from ibemu.agents.actions import (
     LinkRequest,
     LinkRequestKind,
     MKeyChange,
+    PartitionUpdate,
     PortStateChange,
     Send,
 )
@@ -790,6 +791,10 @@ class AgentHost:
                 self._program(name, action)
             elif isinstance(action, AltUpdate):
                 self._program_alternates(name, action)
+            elif isinstance(action, PartitionUpdate):
+                lft = self.fabric.lfts.get(name)  # user datapath: the forwarder checks them itself
+                if isinstance(lft, MapLft):
+                    lft.set_partition(action.port, action.flags, list(action.pkeys))
             elif isinstance(action, DeliverMad):
                 if rt.mad_sink is not None:
                     rt.mad_sink(action)

@@ -14,7 +14,7 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ibemu import clock
@@ -23,6 +23,7 @@ from ibemu.fabric import opensm_log
 from ibemu.fabric.umad2sim import dilated_clock, tool_argv
 from ibemu.kernel import faketime
 from ibemu.kernel.ownership import RunState
+from ibemu.sm.partitions import SmPartitions
 
 OPENSM_ENGINE = {"ftree_ar": "ftree", "updn_ar": "updn"}
 """ibemu's adaptive engines -> the OpenSM engine that routes like their base."""
@@ -44,23 +45,69 @@ def write_key_config(workdir: Path, keys: Mapping[str, int]) -> Path:
     return path
 
 
+PARTITIONS_FILE = "partitions.conf"
+
+
+def partitions_conf(parts: SmPartitions, port_guids: Mapping[int, Sequence[int]]) -> str:
+    """``parts`` in OpenSM's partitions.conf format: the default partition first (every port
+    a full member, as ibemu's SM has it), then one line per partition, members by port GUID
+    (``port_guids``: CA node GUID -> its ports' GUIDs) or ``ALL``."""
+    lines = ["# written by ibemu from the scenario's partitions", "Default=0x7fff : ALL=full ;"]
+    for p in parts.partitions:
+        if p.everyone:
+            members = f"ALL={'full' if p.everyone_full else 'limited'}"
+        else:
+            members = ", ".join(f"{guid:#018x}={'full' if full else 'limited'}"
+                                for node, full in p.members for guid in port_guids.get(node, ()))
+        lines.append(f"{p.name}={p.pkey:#06x} : {members} ;")
+    return "\n".join(lines) + "\n"
+
+
+def part_enforce(parts: SmPartitions) -> str:
+    """OpenSM's one ``part_enforce`` for the subnet: the partitions' common mode (the loader
+    refuses partitions whose modes differ under OpenSM)."""
+    modes = {p.enforce for p in parts.partitions}
+    return modes.pop() if len(modes) == 1 else "both"
+
+
+def write_config(workdir: Path, keys: Mapping[str, int] | None, parts: SmPartitions | None) -> str:
+    """OpenSM's config file for ``keys`` (``write_key_config``) and ``parts`` (``part_enforce``);
+    ``/dev/null`` (every option at OpenSM's default) when there is neither."""
+    if not (keys and keys.get("m_key")) and not (parts and parts.partitions):
+        return "/dev/null"
+    path = workdir / "opensm.conf"
+    text = write_key_config(workdir, keys).read_text() if keys and keys.get("m_key") else ""
+    if parts and parts.partitions:
+        text += f"part_enforce {part_enforce(parts)}\n"
+    path.write_text(text)
+    return str(path)
+
+
 def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None,
-          state: RunState | None = None, keys: Mapping[str, int] | None = None) -> subprocess.Popen[bytes]:
+          state: RunState | None = None, keys: Mapping[str, int] | None = None,
+          partitions: tuple[SmPartitions, Mapping[int, Sequence[int]]] | None = None) -> subprocess.Popen[bytes]:
     """OpenSM attached to the MAD socket of the host in ``ns``; log in ``workdir/opensm.log``.
 
     ``-d2`` flushes the log after each message, so its phases can be read as they happen.
     ibemu's adaptive engines (``ftree_ar``, ``updn_ar``) run as their base engine: OpenSM
     writes no alternates (it knows nothing of ibemu's AlternatePorts attribute). ``keys``
-    (``SMSpec.keys``) go into OpenSM's config file (``write_key_config``).
+    (``SMSpec.keys``) go into OpenSM's config file (``write_key_config``). ``partitions``
+    (the partitions and the CAs' port GUIDs) go into ``workdir/partitions.conf``, passed with
+    ``-P``, and ``part_enforce`` into the config file.
     """
     engine = OPENSM_ENGINE.get(engine, engine)
     workdir.mkdir(parents=True, exist_ok=True)
-    config = str(write_key_config(workdir, keys)) if keys and keys.get("m_key") else "/dev/null"
+    config = write_config(workdir, keys, partitions[0] if partitions else None)
+    extra = list(extra or [])
+    if partitions and partitions[0].partitions:
+        pfile = workdir / PARTITIONS_FILE
+        pfile.write_text(partitions_conf(*partitions))
+        extra += ["-P", str(pfile)]
     (workdir / opensm_log.CLOCK_FILE).unlink(missing_ok=True)
     shared = dilated_clock(state)
     try:
         argv = tool_argv(ns, ["opensm", "-F", config, "-f", str(workdir / "opensm.log"), "--dump_files_dir",
-                              str(workdir), "-d2", "-s", "0", "-R", engine, *(extra or [])],
+                              str(workdir), "-d2", "-s", "0", "-R", engine, *extra],
                          env={"OSM_TMP_DIR": str(workdir), "OSM_CACHE_DIR": str(workdir)}, faketime=shared)
         if shared is not None:
             (workdir / opensm_log.CLOCK_FILE).write_text(json.dumps(shared.describe()) + "\n")

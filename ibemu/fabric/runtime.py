@@ -30,6 +30,7 @@ from ibemu.fabric.mad_socket import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, limits, ownership
 from ibemu.physics.link import SwitchModel
+from ibemu.sm.partitions import SmPartitions
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,8 @@ class FabricRuntime:
                  mad_sockets: bool | Iterable[str] = True, sm: str = "none",
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
                  sm_local_failover: bool = True,
-                 switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None) -> None:
+                 switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None,
+                 sm_partitions: str = "") -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -79,6 +81,8 @@ class FabricRuntime:
         self.sm_engine = sm_engine
         self.sm_qos = sm_qos
         self.sm_keys = dict(sm_keys or {})
+        self.sm_partitions = sm_partitions
+        """Partitions (``ibemu.sm.partitions.SmPartitions`` JSON) for the SM; empty: none."""
         """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
         self.sm_local_failover = sm_local_failover
         """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings
@@ -116,9 +120,13 @@ class FabricRuntime:
         ns = self.plan.nodes[self.sm_host].ns
         self.sm_started_ns = clock.now_ns()
         extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else []),
+                 *(["--partitions", self.sm_partitions] if self.sm_partitions else []),
                  *ibemusm.key_args(self.sm_keys),
                  *([] if self.sm_local_failover else ["--no-local-failover"])] if impl is ibemusm else []
         owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys} if impl is opensm else {}
+        if impl is opensm and self.sm_partitions:
+            cas = {n.guid: [n.port_guid(p) for p in range(1, n.num_ports + 1)] for n in self.topo.cas()}
+            owner["partitions"] = (SmPartitions.from_json(self.sm_partitions), cas)
         proc = await trio.to_thread.run_sync(
             lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra, **owner))
         self._sm_proc = proc

@@ -87,6 +87,8 @@ class FabricRequest:
     """The daemon's Prometheus endpoint, ``ADDR:PORT`` (``ibemu.fabric.metrics``; empty: none)."""
     sm_keys: Mapping[str, int] = field(default_factory=dict)
     """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
+    sm_partitions: str = ""
+    """Partitions for the SM to program (``ibemu.sm.partitions.SmPartitions`` as JSON; empty: none)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -97,6 +99,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
         "switch": dict(request.switch), "sm_keys": dict(request.sm_keys),
+        "sm_partitions": request.sm_partitions,
         "sm_local_failover": request.sm_local_failover,
         "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
         "metrics": request.metrics,
@@ -125,7 +128,7 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          sm_host=spec.get("sm_host") or "", sm_engine=spec.get("sm_engine") or "minhop",
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
                          switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "",
-                         sm_keys=dict(spec.get("sm_keys") or {}),
+                         sm_keys=dict(spec.get("sm_keys") or {}), sm_partitions=spec.get("sm_partitions") or "",
                          sm_local_failover=bool(spec.get("sm_local_failover", True)))
 
 
@@ -154,7 +157,8 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
     rt = FabricRuntime(topo, make_agents=make_agents, datapath=request.datapath, state=state, run_dir=run_dir,
                        sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
                        sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
-                       sm_keys=request.sm_keys, sm_local_failover=request.sm_local_failover)
+                       sm_keys=request.sm_keys, sm_local_failover=request.sm_local_failover,
+                       sm_partitions=request.sm_partitions)
     if request.metrics:
         from ibemu.fabric.metrics import parse_listen
 

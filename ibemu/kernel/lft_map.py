@@ -33,6 +33,15 @@ the Ethernet type and the LRH, so a frame whose LRH is not in the linear part st
    no loop for the verifier;
 6. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
 
+Partition enforcement (``ibemu.agents.forwarder``'s rules), only for data frames (not VL15)
+and only while ``FLAG_PKEY`` is set in the flags slot (some port of the switch enforces;
+otherwise one flag read per data frame is all it costs): before step 3 the ingress port's
+entry in ``ibemu_pkey`` (by ``skb->ifindex``) and, at step 6, the egress port's are checked
+(PartitionEnforcementInbound/Outbound, FilterRawInbound/Outbound, the P_KeyTable's 32
+entries unrolled); a refused frame -> TC_ACT_UNSPEC, up to the switch agent, whose forwarder
+refuses it too and counts it (PortRcv/XmitConstraintErrors, P_KeyViolations) and sends trap
+257: the kernel never drops, so the counters and traps are the agent's.
+
 TC_ACT_UNSPEC goes on to the next filter (the DR relay) and then up the stack to the switch
 agent's packet socket, which answers its own LID and counts the rest as the spec's
 PortRcvSwitchRelayErrors or PortRcvErrors, exactly as with the u32 LFT. A redirected frame
@@ -55,7 +64,10 @@ Maps, per switch (so a switch's program reads nothing of another's):
   last (the vendor attribute AlternatePorts writes 16 LIDs of it per SMP,
   ``ibemu.agents.switch.ATTR_ALTERNATES``);
 - ``ibemu_lft_stat``: two u64 counters, frames sent to an alternate and frames whose
-  primary and alternates were all down.
+  primary and alternates were all down;
+- ``ibemu_pkey``: a hash, key an ifindex of a port that enforces partitions, value its
+  partition bits (u32) and its P_KeyTable's first 32 entries (wire byte order), written by
+  ``set_partition`` from the agent's ``PartitionUpdate`` actions.
 
 Deviations from the userspace forwarder (``ibemu.agents.forwarder``), all shared with the u32
 LFT this replaces: the VCRC is not checked (the next receiver checks it), port states are
@@ -110,15 +122,83 @@ STAT_ALL_DOWN = 1
 FN_SKB_LOAD_BYTES = 26
 SKB_CB0 = 48
 
+FLAG_PKEY = 2
+"""In the flags slot: some port of this switch enforces partitions (``set_partition``): data
+frames are checked against ``ibemu_pkey``."""
+PKEY_ENTRIES = 32
+PKEY_VALUE = 4 + 2 * PKEY_ENTRIES
+ENFORCE_IN, ENFORCE_OUT, FILTER_RAW_IN, FILTER_RAW_OUT = 8, 4, 2, 1
+_FULL_LE = 0x80
+"""The membership bit of a P_Key read as a little-endian u16 from its wire bytes."""
+_BASE_LE = 0xFF7F
+
 # stack slots (offsets from r10)
 _S_HDR = -16  # Ethernet type (2 bytes) + LRH (8 bytes)
 _S_KEY = -24
+_S_PK = -32  # the BTH P_Key (wire bytes)
+_S_CHK = -40  # data frame on a switch with enforcement: check P_Keys
 
 
-def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int) -> bytes:
+def _pkey_check(a: Asm, pkey_fd: int, ifindex: int, *, inbound: bool, refused: str) -> None:
+    """Partition enforcement of the port ``ifindex`` (a register holding its ifindex) on this
+    frame, as ``ibemu.agents.forwarder.pkey_refuses``: jumps to ``refused`` when the port's
+    PortInfo bits and P_KeyTable refuse it. Uses R0-R5 and R8."""
+    done = a.fresh("pk_ok")
+    has_bth = a.fresh("pk_bth")
+    a.ldx(4, R2, R10, _S_CHK)
+    a.jmp("jeq", R2, 0, done)
+    a.stx(4, R10, _S_KEY, ifindex)
+    a.map_lookup(pkey_fd, _S_KEY)
+    a.jmp("jeq", R0, 0, done)
+    a.mov(R8, R0)
+    a.ldx(4, R5, R8, 0)  # the port's partition bits
+    a.ldx(1, R2, R10, _S_HDR + 3)  # LRH byte 1: LNH in bits 1:0
+    a.alu64("and", R2, 3)
+    a.jmp("jge", R2, 2, has_bth)
+    a.jmp("jset", R5, FILTER_RAW_IN if inbound else FILTER_RAW_OUT, refused)  # a raw packet
+    a.goto(done)
+    a.label(has_bth)
+    a.jmp("jset", R5, ENFORCE_IN if inbound else ENFORCE_OUT, f"{done}_on")
+    a.goto(done)
+    a.label(f"{done}_on")
+    a.movi(R3, ETH + 8 + 2)
+    a.jmp("jne", R2, 3, f"{done}_lrh")
+    a.movi(R3, ETH + 48 + 2)  # behind a GRH
+    a.label(f"{done}_lrh")
+    a.mov(R1, R6)
+    a.mov(R2, R3)
+    a.mov(R3, R10)
+    a.alu64("add", R3, _S_PK)
+    a.movi(R4, 2)
+    a.call(FN_SKB_LOAD_BYTES)
+    a.jmp("jne", R0, 0, refused)  # too short for its BTH: no key to admit it by
+    a.ldx(2, R2, R10, _S_PK)
+    a.mov(R3, R2)
+    a.alu64("and", R3, _BASE_LE)
+    a.jmp("jeq", R3, 0, refused)
+    for i in range(PKEY_ENTRIES):
+        nxt = a.fresh("pk_next")
+        a.ldx(2, R4, R8, 4 + 2 * i)
+        a.mov(R5, R4)
+        a.alu64("and", R5, _BASE_LE)
+        a.jmp("jne", R5, R3, nxt, reg=True)
+        if inbound:  # the claim may not exceed the entry: a full key needs a full entry
+            a.jmp("jset", R4, _FULL_LE, done)
+            a.jmp("jset", R2, _FULL_LE, nxt)
+            a.goto(done)
+        else:  # IBA 10.9.3: one of the two a full member
+            a.alu64("or", R4, R2, reg=True)
+            a.jmp("jset", R4, _FULL_LE, done)
+        a.label(nxt)
+    a.goto(refused)
+    a.label(done)
+
+
+def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int, pkey_fd: int) -> bytes:
     """The classifier, bound to one switch's maps (see the module docstring)."""
     a = Asm()
     a.mov(R6, R1)
+    a.st(4, R10, _S_CHK, 0)
     a.ldx(4, R2, R6, bpf.SKB_LEN)
     a.jmp("jlt", R2, ETH + 10, "pass")
     # Ethernet type and LRH onto the stack (works whatever part of the skb is linear)
@@ -149,6 +229,19 @@ def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int) -> bytes
     a.ldx(4, R2, R0, 0)
     a.jmp("jset", R2, FLAG_VL15_TO_SMA, "pass")
     a.label("data")
+    # a data frame on a switch where some port enforces partitions: checked (below)
+    a.ldx(1, R4, R10, _S_HDR + 2)
+    a.alu64("and", R4, 0xF0)
+    a.jmp("jeq", R4, 0xF0, "len")
+    a.st(4, R10, _S_KEY, FLAGS_SLOT)
+    a.mov(R7, R3)
+    a.map_lookup(ports_fd, _S_KEY)
+    a.mov(R3, R7)
+    a.jmp("jeq", R0, 0, "len")
+    a.ldx(4, R2, R0, 0)
+    a.alu64("and", R2, FLAG_PKEY)
+    a.stx(4, R10, _S_CHK, R2)
+    a.label("len")
     a.ldx(1, R4, R10, _S_HDR + 2 + 4)  # PktLen (11 bits, in 4-byte words, without the VCRC)
     a.alu64("and", R4, 7)
     a.alu64("lsh", R4, 8)
@@ -158,6 +251,11 @@ def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int) -> bytes
     a.alu64("add", R4, ETH + 2)
     a.ldx(4, R2, R6, bpf.SKB_LEN)
     a.jmp("jne", R2, R4, "pass", reg=True)
+    # inbound enforcement of the ingress port
+    a.mov(R7, R3)
+    a.ldx(4, R9, R6, bpf.SKB_IFINDEX)
+    _pkey_check(a, pkey_fd, R9, inbound=True, refused="pass")
+    a.mov(R3, R7)
     # port = blocks[dlid >> 6][dlid & 63]
     a.mov(R7, R3)
     a.alu64("and", R7, LFT_BLOCK - 1)
@@ -178,6 +276,9 @@ def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int) -> bytes
     a.jmp("jeq", R1, 0, "pass")
     a.jmp("jset", R1, PORT_DOWN, "down")
     a.label("redirect")
+    a.mov(R9, R1)
+    _pkey_check(a, pkey_fd, R9, inbound=False, refused="pass")  # outbound, of the egress port
+    a.mov(R1, R9)
     a.stx(4, R6, SKB_CB0, R1)
     a.movi(R2, 0)
     a.call(bpf.FN_REDIRECT)
@@ -241,6 +342,9 @@ class LftProgram:
         self.alts = bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, ALT_VALUE, N_BLOCKS, "ibemu_lft_alt",
                             flags=bpf.BPF_F_NO_PREALLOC)
         self.stats = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, 2, "ibemu_lft_stat")
+        self.pkeys = bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, PKEY_VALUE, MAX_PORTS, "ibemu_pkey")
+        self._flags = 0
+        self._enforcing: set[int] = set()
         self._ifindex = dict(ports)
         self._down: set[int] = set()
         self._alts: dict[int, bytearray] = {}
@@ -254,8 +358,8 @@ class LftProgram:
             kernel SMA (``ibemu.kernel.sma``) writes it too, on the LFT Sets it answers."""
             for port, ifindex in ports.items():
                 self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex))
-            self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd, self.alts.fd, self.stats.fd),
-                                            name="ibemu_lft")
+            self.prog_fd = bpf.load_program(program(self.blocks.fd, self.ports.fd, self.alts.fd, self.stats.fd,
+                                                    self.pkeys.fd), name="ibemu_lft")
         except BaseException:
             self.close()
             raise
@@ -264,7 +368,29 @@ class LftProgram:
         """LID-routed SMPs (VL15) go on to the next filter, the kernel SMA, which forwards them
         itself with the Ethernet addresses of each cable (``ibemu.kernel.sma``), instead of
         being redirected here."""
-        self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", FLAG_VL15_TO_SMA if on else 0))
+        self._flags = (self._flags | FLAG_VL15_TO_SMA) if on else (self._flags & ~FLAG_VL15_TO_SMA)
+        self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", self._flags))
+
+    def set_partition(self, port: int, flags: int, table: list[int]) -> bool:
+        """Port ``port``'s partition enforcement bits (PortInfo, ``ENFORCE_IN`` ...) and its
+        P_KeyTable (the first 32 entries; empty: the default, 0xFFFF) into ``ibemu_pkey``.
+        While no port has bits set the switch's data frames are not looked at (one flag).
+        False when the port has no cable here."""
+        ifindex = self._ifindex.get(port)
+        if not ifindex or self.prog_fd < 0:
+            return False
+        keys = (list(table) or [0xFFFF])[:PKEY_ENTRIES]
+        keys += [0] * (PKEY_ENTRIES - len(keys))
+        if flags & 0x0F:
+            self.pkeys.update(struct.pack("=I", ifindex), struct.pack("=I", flags & 0x0F) + struct.pack("!32H", *keys))
+            self._enforcing.add(port)
+        else:
+            if port in self._enforcing:
+                self.pkeys.delete(struct.pack("=I", ifindex))
+            self._enforcing.discard(port)
+        self._flags = (self._flags | FLAG_PKEY) if self._enforcing else (self._flags & ~FLAG_PKEY)
+        self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", self._flags))
+        return True
 
     def set_port_up(self, port: int, up: bool) -> bool:
         """Mark ``port``'s carrier up or down for local failover: one map write (the ifindex
@@ -396,6 +522,7 @@ class LftProgram:
         self.ports.close()
         self.alts.close()
         self.stats.close()
+        self.pkeys.close()
 
 
 class MapLft:
@@ -417,6 +544,10 @@ class MapLft:
     @property
     def installed(self) -> dict[int, int]:
         return self._prog.installed if self._prog is not None else {}
+
+    def set_partition(self, port: int, flags: int, table: list[int]) -> bool:
+        """See ``LftProgram.set_partition``."""
+        return self._prog.set_partition(port, flags, table) if self._prog is not None else False
 
     def set_port_up(self, port: int, up: bool) -> bool:
         """See ``LftProgram.set_port_up``."""

@@ -53,6 +53,8 @@ from ibemu.scenario.schema import (
     MAX_SL,
     MAX_VLARB_WEIGHT,
     NODE_FIELDS,
+    PARTITION_FIELDS,
+    PARTITION_MEMBER_FIELDS,
     TOP_FIELDS,
     TOPOLOGY_EXPLICIT_FIELDS,
     TOPOLOGY_FILE_FIELDS,
@@ -194,6 +196,12 @@ def _value(f: Field) -> dict[str, Any]:
         out = {"type": "array", "items": _traffic_entry()}
     elif t == "faults":
         out = {"type": "array", "items": _fault_entry()}
+    elif t == "partitions":
+        out = {"type": "array", "items": _object(PARTITION_FIELDS)}
+    elif t == "members":
+        out = {"anyOf": [{"enum": ["ALL", "all"]},
+                         {"type": "array", "minItems": 1,
+                          "items": {"anyOf": [{"$ref": "#/$defs/host"}, _object(PARTITION_MEMBER_FIELDS)]}}]}
     else:
         raise ValueError(f"no JSON Schema for a value of type {t!r}")
     if f.help:

@@ -42,6 +42,10 @@ from ibemu.scenario.schema import (
     NODE_FIELDS,
     NODE_KEYS,
     NODE_REQUIRED,
+    PARTITION_FIELDS,
+    PARTITION_KEYS,
+    PARTITION_MEMBER_KEYS,
+    PARTITION_REQUIRED,
     QOS_FIELDS,
     QOS_KEYS,
     QOS_VLS,
@@ -51,6 +55,7 @@ from ibemu.scenario.schema import (
     SM_KEYS,
     SWITCH_FIELDS,
     SWITCH_KEYS,
+    SWITCH_PKEY_CAP,
     TIME_FIELDS,
     TIME_KEYS,
     TOP_FIELDS,
@@ -66,6 +71,7 @@ from ibemu.scenario.schema import (
     VLARB_CAP,
     FabricSpec,
     Field,
+    PartitionSpec,
     QosSpec,
     RecordSpec,
     Scenario,
@@ -79,6 +85,7 @@ from ibemu.scenario.yamlnodes import (
     Reader,
     ScenarioError,
     compose,
+    describe,
     did_you_mean,
     line_of,
     read_text,
@@ -179,6 +186,7 @@ class _Loader(Reader):
             self.error(_mapping_pairs(fn)["local_failover"][1], "fabric.local_failover",
                        f"needs ibemu's SM with an adaptive engine (sm.engine: ftree_ar or updn_ar), "
                        f"not {sm.impl} {sm.engine}")
+        partitions = self.partitions(opt("partitions"), topo, fabric, sm)
         traffic = self.traffic(opt("traffic"), topo, duration)
         self.physics_checks(fabric, topo, traffic, opt("fabric"))
         faults = self.faults(opt("faults"), topo, duration)
@@ -195,6 +203,7 @@ class _Loader(Reader):
             defaults=defaults,
             fabric=fabric,
             sm=sm,
+            partitions=partitions,
             traffic=traffic,
             faults=faults,
             duration_s=duration,
@@ -812,6 +821,127 @@ class _Loader(Reader):
                     f"ftree routes fat-trees, and {topo.name} is not layered like one; use minhop, updn or dor",
                 )
         return SMSpec(impl=impl, engine=engine, host=host, sweep_interval_s=sweep, lmc=lmc, **keys)
+
+    # --- partitions -----------------------------------------------------------------------
+
+    def partitions(self, node: yaml.Node | None, topo: Topology | None, fabric: FabricSpec,
+                   sm: SMSpec) -> tuple[PartitionSpec, ...]:
+        """``partitions:``: names and keys unique, members known hosts named once each, and
+        no host in more partitions than a switch port's P_Key table holds."""
+        if node is None:
+            return ()
+        items = self.sequence(node, "partitions")
+        if items is None:
+            return ()
+        if fabric.kind != "ib":
+            self.error(node, "partitions", "partitions are an IB feature (fabric.kind: ib)")
+            return ()
+        out: list[PartitionSpec] = []
+        names: dict[str, int] = {}
+        keys: dict[int, int] = {}
+        per_host: dict[str, list[str]] = {}
+        for i, item in enumerate(items):
+            path = f"partitions[{i}]"
+            m = self.mapping(item, path, PARTITION_KEYS, required=PARTITION_REQUIRED)
+            if m is None or any(k not in m for k in PARTITION_REQUIRED):
+                continue
+            name = self.string(m["name"][1], f"{path}.name", "a partition name")
+            pkey = self.integer(m["pkey"][1], f"{path}.pkey")
+            if name is not None:
+                if name in names:
+                    self.error(m["name"][1], f"{path}.name", f"partition {name!r} is named twice (first at line "
+                               f"{names[name]})")
+                names.setdefault(name, line_of(m["name"][1]))
+            if pkey is not None:
+                f = PARTITION_FIELDS["pkey"]
+                if pkey == 0x7FFF or pkey == 0xFFFF:
+                    self.error(m["pkey"][1], f"{path}.pkey", "0x7fff is the default partition's key (every port "
+                               "is a full member of it); give 0x0001-0x7ffe")
+                    pkey = None
+                elif not f.lo <= pkey <= f.hi:  # type: ignore[operator]
+                    self.error(m["pkey"][1], f"{path}.pkey", f"expected a P_Key 0x0001-0x7ffe (bit 15, the "
+                               f"membership, is given per member), got {pkey:#x}" if pkey >= 0 else
+                               f"expected a P_Key 0x0001-0x7ffe, got {pkey}")
+                    pkey = None
+                elif pkey in keys:
+                    self.error(m["pkey"][1], f"{path}.pkey", f"P_Key {pkey:#06x} is used twice (first at line "
+                               f"{keys[pkey]})")
+                else:
+                    keys[pkey] = line_of(m["pkey"][1])
+            default_full = True
+            if "membership" in m:
+                default_full = self.choice(m["membership"][1], f"{path}.membership",
+                                           PARTITION_FIELDS["membership"].choices) != "limited"
+            enforce = "both"
+            if "enforce" in m:
+                enforce = self.choice(m["enforce"][1], f"{path}.enforce",
+                                      PARTITION_FIELDS["enforce"].choices) or "both"
+            members, everyone = self._members(m["members"][1], f"{path}.members", topo, default_full)
+            if name is None or pkey is None or members is None:
+                continue
+            hosts = [c.name for c in topo.cas()] if everyone and topo is not None else [h for h, _ in members]
+            for h in hosts:
+                per_host.setdefault(h, []).append(name)
+            out.append(PartitionSpec(name, pkey, members, everyone, default_full, enforce))
+        modes = {p.enforce for p in out}
+        if sm.impl == "opensm" and len(modes) > 1:
+            self.error(node, "partitions", f"OpenSM enforces partitions one way for the subnet (part_enforce); "
+                       f"these ask for {', '.join(sorted(modes))}: give every partition the same enforce, or "
+                       "use sm.impl: ibemu")
+        for host, parts in per_host.items():
+            if len(parts) + 1 > SWITCH_PKEY_CAP:
+                self.error(node, "partitions", f"P_Key table overflow: host {host} is in {len(parts)} partitions; "
+                           f"a switch port facing it holds {SWITCH_PKEY_CAP} P_Keys, the default one included")
+        return tuple(out)
+
+    def _members(self, node: yaml.Node, path: str, topo: Topology | None,
+                 default_full: bool) -> tuple[tuple[tuple[str, bool], ...] | None, bool]:
+        """(members, every CA) of one partition; (None, False) after an error."""
+        if isinstance(node, yaml.ScalarNode):
+            if scalar(node) in ("ALL", "all"):
+                return (), True
+            self.error(node, path, f"expected a list of hosts or ALL, got {describe(node)}")
+            return None, False
+        items = self.sequence(node, path)
+        if items is None:
+            return None, False
+        if not items:
+            self.error(node, path, "a partition needs members (a list of hosts, or ALL)")
+            return None, False
+        out: list[tuple[str, bool]] = []
+        seen: dict[str, int] = {}
+        ok = True
+        for j, item in enumerate(items):
+            ipath = f"{path}[{j}]"
+            full = default_full
+            hnode: yaml.Node = item
+            if isinstance(item, yaml.MappingNode):
+                mm = self.mapping(item, ipath, PARTITION_MEMBER_KEYS, required=("host",))
+                if mm is None or "host" not in mm:
+                    ok = False
+                    continue
+                hnode = mm["host"][1]
+                if "membership" in mm:
+                    full = self.choice(mm["membership"][1], f"{ipath}.membership",
+                                       PARTITION_FIELDS["membership"].choices) != "limited"
+            name = self.string(hnode, f"{ipath}.host" if hnode is not item else ipath, "a host (CA) name")
+            if name is None:
+                ok = False
+                continue
+            if topo is not None:
+                try:
+                    name = refs.host(topo, name)
+                except refs.RefError as exc:
+                    self.error(hnode, ipath, str(exc))
+                    ok = False
+                    continue
+            if name in seen:
+                self.error(hnode, ipath, f"member {name} is named twice (first at line {seen[name]})")
+                ok = False
+                continue
+            seen[name] = line_of(hnode)
+            out.append((name, full))
+        return (tuple(out) if ok else None), False
 
     # --- traffic --------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from ibemu.kernel import cpus, faketime, ownership
 from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
+from ibemu.sm.partitions import Partition, SmPartitions
 from ibemu.topo.model import Topology
 from ibemu.traffic.endpoints import host_address
 from ibemu.traffic.flows import TRAFFIC_KINDS, FlowOutput
@@ -148,7 +149,18 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
                          sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos,
                          sm_local_failover=f.local_failover is not False,
-                         switch=switch, sm_keys=scen.sm.keys())
+                         switch=switch, sm_keys=scen.sm.keys(), sm_partitions=sm_partitions(scen))
+
+
+def sm_partitions(scen: Scenario) -> str:
+    """The scenario's partitions as ibemu's SM takes them (``SmPartitions`` JSON, members by
+    node GUID; empty: none)."""
+    if not scen.partitions:
+        return ""
+    topo = scen.topology
+    parts = tuple(Partition(p.name, p.pkey, tuple((topo.node(h).guid, full) for h, full in p.members),
+                            p.everyone, p.everyone_full, p.enforce) for p in scen.partitions)
+    return SmPartitions(parts).to_json()
 
 
 def _queues(scen: Scenario) -> QueueConfig | None:

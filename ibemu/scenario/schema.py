@@ -13,6 +13,10 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
                                 pfc_xoff_kb, pfc_xon_kb}
     sm                         {impl: ibemu|opensm, engine: minhop|updn|ftree|dor, host, sweep_interval_s, lmc,
                                 m_key, m_key_protect, m_key_lease_s}
+    partitions                 [{name, pkey: 0x0001-0x7ffe, members: [host | {host, membership: full|limited}]
+                                 | ALL, membership (of ALL; default full), enforce: both|in|out|off}]
+                               (IB; ibemu's SM programs them, ``ibemu.sm.partitions``;
+                               OpenSM gets them as partitions.conf and part_enforce)
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
@@ -296,6 +300,25 @@ FAULT_COMMON = ("at_s", "action")
 FAULT_REQUIRED = required(FAULT_FIELDS)
 """Keys every fault entry must give (the actions' own: ``FaultAction.required``)."""
 
+MEMBERSHIPS = ("full", "limited")
+PARTITION_ENFORCE = ("both", "in", "out", "off")
+MAX_PKEY = 0x7FFE
+"""Partition keys 0x0001..0x7FFE: 0x7FFF is the default partition's (every port a full member)."""
+SWITCH_PKEY_CAP = 32
+"""P_Key entries of a switch port facing a CA: the default key and 31 partitions per host."""
+PARTITION_MEMBER_FIELDS: dict[str, Field] = {
+    "host": _must(Field("host", "a member host (CA)")),
+    "membership": _choice("full (talks to every member) or limited (to full members only)", MEMBERSHIPS),
+}
+PARTITION_FIELDS: dict[str, Field] = {
+    "name": _must(Field("string", "the partition's name (unique)")),
+    "pkey": _must(_int("its P_Key, 0x0001-0x7ffe (bit 15, the membership, is added per member)", 1, MAX_PKEY)),
+    "members": _must(Field("members", "hosts (names, or {host, membership}), or ALL")),
+    "membership": _choice("membership of members given without one (default full)", MEMBERSHIPS),
+    "enforce": _choice("switch ports facing the members check P_Keys: both (default), in, out or off "
+                       "(OpenSM's part_enforce)", PARTITION_ENFORCE),
+}
+
 TOP_FIELDS: dict[str, Field] = {
     "name": Field("string", "the scenario's name (default: the file name)"),
     "description": Field("string", "free text"),
@@ -303,6 +326,7 @@ TOP_FIELDS: dict[str, Field] = {
     "defaults": _obj("defaults of every link that does not say its own", DEFAULTS_FIELDS),
     "fabric": _obj("the fabric: IB or RoCE, kernel or user datapath, and their options", FABRIC_FIELDS),
     "sm": _obj("the subnet manager (IB)", SM_FIELDS),
+    "partitions": Field("partitions", "IB partitions: [{name, pkey, members, membership, enforce}]"),
     "traffic": Field("traffic", "traffic generators"),
     "faults": Field("faults", "scheduled faults"),
     "duration_s": _num("run length (s)", 0, MAX_DURATION_S, lo_open=True),
@@ -321,6 +345,9 @@ FABRIC_KEYS = tuple(FABRIC_FIELDS)
 SWITCH_KEYS = tuple(SWITCH_FIELDS)
 QOS_KEYS = tuple(QOS_FIELDS)
 SM_KEYS = tuple(SM_FIELDS)
+PARTITION_KEYS = tuple(PARTITION_FIELDS)
+PARTITION_REQUIRED = required(PARTITION_FIELDS)
+PARTITION_MEMBER_KEYS = tuple(PARTITION_MEMBER_FIELDS)
 RECORD_KEYS = tuple(RECORD_FIELDS)
 TIME_KEYS = tuple(TIME_FIELDS)
 NODE_REQUIRED = required(NODE_FIELDS)
@@ -444,6 +471,19 @@ class SMSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionSpec:
+    """One partition of ``partitions:``."""
+
+    name: str
+    pkey: int
+    members: tuple[tuple[str, bool], ...] = ()
+    """(host, full member); empty with ``everyone``."""
+    everyone: bool = False
+    everyone_full: bool = True
+    enforce: str = "both"
+
+
+@dataclass(frozen=True, slots=True)
 class TrafficSpec:
     """One traffic generator (implemented elsewhere; parameters checked here)."""
 
@@ -496,6 +536,7 @@ class Scenario:
     defaults: LinkDefaults = field(default_factory=LinkDefaults)
     fabric: FabricSpec = field(default_factory=FabricSpec)
     sm: SMSpec = field(default_factory=SMSpec)
+    partitions: tuple[PartitionSpec, ...] = ()
     traffic: tuple[TrafficSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     duration_s: float = DEFAULT_DURATION_S

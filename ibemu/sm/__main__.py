@@ -27,6 +27,7 @@ from ibemu.hca.umad_client import UmadClient
 from ibemu.kernel.timerfd import run_trio
 from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
+from ibemu.sm.partitions import SmPartitions
 from ibemu.sm.qos import SmQos
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
 from ibemu.wire.umad import DEFAULT_SOCKNAME
@@ -53,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "whose far end has PEER_MAC), the MAD socket for the rest (ibemu.sm.directport)")
     p.add_argument("--qos", default=None, help="QoS to program (JSON: vls, sl2vl, vlarb_high, vlarb_low, "
                    "vl_high_limit; ibemu.sm.qos.SmQos)")
+    p.add_argument("--partitions", default=None, help="partitions to program (JSON list of name, pkey, "
+                   "members [[node GUID, full]], everyone, everyone_full, enforce; ibemu.sm.partitions)")
     p.add_argument("--m-key", type=_u64, default=0, help="M_Key for every port and SMP (0x.. or decimal; 0: none)")
     p.add_argument("--m-key-protect", type=int, choices=range(4), default=0, metavar="0-3",
                    help="M_KeyProtectBits written with the key")
@@ -127,6 +130,7 @@ async def amain(args: argparse.Namespace) -> int:
                    dump_dir=args.dump_dir,
                    qos=SmQos.from_json(args.qos) if args.qos else None, m_key=args.m_key,
                    m_key_protect=args.m_key_protect, m_key_lease_s=args.m_key_lease,
+                   partitions=SmPartitions.from_json(args.partitions) if args.partitions else None,
                    local_failover=not args.no_local_failover)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad

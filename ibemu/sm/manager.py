@@ -60,6 +60,7 @@ from ibemu.sm import dumps
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
+from ibemu.sm.partitions import SmPartitions, program_partitions
 from ibemu.sm.program import LftProgrammer
 from ibemu.sm.qos import SmQos, program_qos
 from ibemu.sm.transport import (
@@ -70,7 +71,7 @@ from ibemu.sm.transport import (
     Transport,
 )
 from ibemu.wire import madcodec as mb
-from ibemu.wire.madattrs import TRAP_BAD_M_KEY, decode_trap256
+from ibemu.wire.madattrs import TRAP_BAD_M_KEY, TRAP_BAD_P_KEY, decode_trap256, decode_trap257
 from ibemu.wire.umad import SimRequest
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class SmConfig:
     m_key: int = 0  # the M_Key every port gets (and every SMP carries); 0: none
     m_key_protect: int = 0  # M_KeyProtectBits written with it (0-3)
     m_key_lease_s: int = 0  # M_KeyLeasePeriod written with it (seconds; 0: the lease never runs out)
+    partitions: SmPartitions | None = None  # P_KeyTables and enforcement to program (ibemu.sm.partitions)
     local_failover: bool = True  # an _ar engine's alternates and fault-notice settings go to the switches
 
 
@@ -175,6 +177,8 @@ class SubnetManager:
         self._t_start = clock.now_ns()
         cfg = self.config
         self._keys = act.MKeys(cfg.m_key, cfg.m_key_protect, cfg.m_key_lease_s) if cfg.m_key else None
+        self._pkeys_written: dict[Any, bytes] = {}
+        """What ``program_partitions`` wrote (per port and block), so that a pass writes only changes."""
 
     @property
     def graph(self) -> SubnetGraph:
@@ -269,6 +273,14 @@ class SubnetManager:
                              dr_slid=d["dr_slid"], method=d["method"], attr=d["attr_id"],
                              modifier=d["attr_mod"], m_key=f"{d['m_key']:#x}")
             return
+        if trap_number == TRAP_BAD_P_KEY:  # a packet outside its partition: no subnet change
+            d257 = decode_trap257(data)
+            self.stats["pkey_violations"] += 1
+            log.warning("bad P_Key %#06x at LID %d: LID %d -> LID %d", d257["pkey"], issuer, d257["lid1"],
+                        d257["lid2"])
+            self.events.emit(Kind.PKEY_VIOLATION, t_ns=now, issuer_lid=issuer, lid1=d257["lid1"],
+                             lid2=d257["lid2"], pkey=d257["pkey"], sl=d257["sl"], qp2=d257["qp2"])
+            return
         guid = self.lids.owner(issuer)
         node = self.graph.nodes.get(guid) if guid is not None else None
         if node is not None and node.is_switch:
@@ -341,6 +353,8 @@ class SubnetManager:
         self.events.emit(Kind.LIDS_ASSIGNED, new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
         await act.set_lids(self.disc, self.sm_lid, keys=self._keys)
         await act.set_pkeys(self.disc)
+        self._pkeys_written.clear()  # a heavy sweep writes every table again
+        await self._program_partitions()
         ok = await self._route_and_program(None)
         top = self.lids.top
         await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
@@ -358,6 +372,18 @@ class SubnetManager:
         if ok:
             self._dumps_wake.set()
         return ok
+
+    async def _program_partitions(self) -> None:
+        """The partitions' P_KeyTables and enforcement bits (``ibemu.sm.partitions``), where
+        they differ from what was written before."""
+        parts = self.config.partitions
+        if parts is None or not parts.partitions:
+            return
+        counts = await program_partitions(self.disc, parts, self._pkeys_written)
+        self.stats.update({f"partition_{k}": v for k, v in counts.items()})
+        if counts["tables"] or counts["ports"] or counts["failed"]:
+            self.events.emit(Kind.PARTITIONS_PROGRAMMED, tables=counts["tables"], ports=counts["ports"],
+                             failed=counts["failed"])
 
     def _compute(self, ends: list[tuple[int, int]] | None) -> Routes:
         if ends is not None and self.routes is not None and self.reroute_fn is not None:
@@ -759,6 +785,10 @@ class SubnetManager:
                 # nodes that come back (rebooted: no LID), whose GUIDs keep their LIDs
                 await act.set_lids(self.disc, self.sm_lid, keys=self._keys)
                 await act.set_pkeys(self.disc)
+                again = reset | (set(self.graph.nodes) - known)  # rebooted or new: tables empty
+                for k in [k for k in self._pkeys_written if k[0][0] in again]:
+                    del self._pkeys_written[k]
+                await self._program_partitions()
             ends = [(c.guid, c.port) for c in structural]
             ends += [c.peer for c in structural if c.peer is not None]
             top = self.lids.top

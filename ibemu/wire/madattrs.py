@@ -20,7 +20,10 @@ PRODUCER_SWITCH = 2
 NOTICE_URGENT = 1
 NOTICE_SECURITY = 2
 TRAP_BAD_M_KEY = 256
+TRAP_BAD_P_KEY = 257
 _NTC_256 = struct.Struct("!HHHBBHIQBB")
+_NTC_257 = struct.Struct("!HHHIII16s16s")
+"""Trap 257/258 DataDetails: reserved, LID1, LID2, key, SL (bits 31:28) + QP1, QP2, GID1, GID2."""
 
 
 def node_info(*, node_type: int, num_ports: int, system_image_guid: int, node_guid: int,
@@ -55,7 +58,7 @@ class SwitchInfoState:
             self.default_port, self.default_mcast_primary_port, self.default_mcast_not_primary_port,
             (self.life_time_value << 3) | (int(self.port_state_change) << 2),
             self.lids_per_port, self.partition_enforcement_cap,
-            0,  # InboundEnf/OutboundEnf/FilterRaw caps, EnhancedPort0: none
+            0xF0,  # InboundEnf/OutboundEnf/FilterRawInbound/Outbound caps; EnhancedPort0: none
             0, self.multicast_fdb_top,
         ).ljust(64, b"\0")
 
@@ -100,6 +103,25 @@ def decode_trap256(data: bytes | bytearray | memoryview) -> dict[str, int]:
     _pad, lidaddr, dr_slid, method, _p2, attr_id, attr_mod, m_key, _p3, flags = _NTC_256.unpack_from(data, 10)
     return {"lidaddr": lidaddr, "dr_slid": dr_slid, "method": method, "attr_id": attr_id,
             "attr_mod": attr_mod, "m_key": m_key, "dr_notice": flags >> 7, "dr_hop_count": flags & 0x3F}
+
+
+def notice_trap257(*, producer: int, issuer_lid: int, lid1: int, lid2: int, pkey: int, sl: int,
+                   qp1: int = 0, qp2: int = 0) -> bytes:
+    """Notice for trap 257 (Bad P_Key): generic, security, producer ``producer``. DataDetails:
+    the packet's SLID (LID1) and DLID (LID2), its P_Key, SL, source QP (QP1; 0 when the
+    reporter does not know it) and destination QP (QP2); no GIDs."""
+    head = _NOTICE.pack((1 << 7) | NOTICE_SECURITY, producer.to_bytes(3, "big"), TRAP_BAD_P_KEY,
+                        issuer_lid, 0)
+    details = _NTC_257.pack(0, lid1, lid2, pkey, ((sl & 0xF) << 28) | (qp1 & 0xFFFFFF), qp2 & 0xFFFFFF,
+                            bytes(16), bytes(16))
+    return (head + details).ljust(64, b"\0")
+
+
+def decode_trap257(data: bytes | bytearray | memoryview) -> dict[str, int]:
+    """The DataDetails of a trap 257 Notice (``notice_trap257``)."""
+    _r, lid1, lid2, key, sl_qp1, qp2, _g1, _g2 = _NTC_257.unpack_from(data, 10)
+    return {"lid1": lid1, "lid2": lid2, "pkey": key & 0xFFFF, "sl": sl_qp1 >> 28,
+            "qp1": sl_qp1 & 0xFFFFFF, "qp2": qp2 & 0xFFFFFF}
 
 
 def notice_fields(data: bytes | bytearray | memoryview) -> tuple[int, int, int]:

@@ -151,12 +151,14 @@ def port_info_set(pi: bytes, *, lid: int | None = None, sm_lid: int | None = Non
                   port_state: int | None = None, phys_state: int | None = None,
                   lmc: int | None = None, operational_vls: int | None = None,
                   vl_high_limit: int | None = None, m_key: int | None = None,
-                  m_key_protect: int | None = None, m_key_lease_s: int | None = None) -> bytes:
+                  m_key_protect: int | None = None, m_key_lease_s: int | None = None,
+                  partition_flags: int | None = None) -> bytes:
     """PortInfo data for a Set: a Get's contents with some fields replaced.
 
     As an SM does, the state fields default to "no change" (0) unless given; so does
     OperationalVLs (byte 43 [7:4], a VLCap code: 1 = VL0 .. 4 = VL0-7), VLHighLimit is byte 38.
-    M_Key is bytes 0-7, M_KeyLeasePeriod bytes 26-27, M_KeyProtectBits byte 34 [7:6].
+    M_Key is bytes 0-7, M_KeyLeasePeriod bytes 26-27, M_KeyProtectBits byte 34 [7:6];
+    PartitionEnforcementInbound/Outbound and FilterRawInbound/Outbound byte 43 [3:0].
     """
     out = bytearray(pi[:64])
     if m_key is not None:
@@ -166,6 +168,8 @@ def port_info_set(pi: bytes, *, lid: int | None = None, sm_lid: int | None = Non
     if m_key_protect is not None:
         out[34] = (out[34] & 0x3F) | ((m_key_protect & 3) << 6)
     out[43] = (out[43] & 0x0F) | ((operational_vls or 0) << 4)
+    if partition_flags is not None:
+        out[43] = (out[43] & 0xF0) | (partition_flags & 0x0F)
     if vl_high_limit is not None:
         out[38] = vl_high_limit
     if lid is not None:

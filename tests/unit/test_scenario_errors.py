@@ -26,7 +26,7 @@ CASES: list[tuple[str, str, str]] = [
         "unknown-top-key",
         FT + "durration_s: 5\n",
         "x.yaml:4 durration_s: unknown key (did you mean 'duration_s'?); expected one of: name, description, "
-        "topology, defaults, fabric, sm, traffic, faults, duration_s, record, time",
+        "topology, defaults, fabric, sm, partitions, traffic, faults, duration_s, record, time",
     ),
     ("duplicate-key", FT + "  k: 6\n", "x.yaml:4 topology.k: duplicate key (first at line 3)"),
     (

@@ -3,10 +3,11 @@
 Two identical switches see the same generated frames: one through ``decide`` frame by frame
 (the reference), the other through ``forward_run`` with ``decide`` for the frames it leaves,
 as the agent host runs it. Frames vary in DLID (routed, unrouted, own LID, multicast,
-permissive, above LinearFDBTop), VL (data, VL15), length and VCRC; between batches port states,
-the LFT, the LID, impairments and the alternate ports of local failover change (ports go
-down and come back: frames whose LFT port is down take an alternate, or are counted when
-every alternate is down too). Both must send the same frames to the same ports in
+permissive, above LinearFDBTop), VL (data, VL15), P_Key (full, limited, other partitions),
+length and VCRC; between batches port states, the LFT, the LID, impairments, the ports'
+P_KeyTables and partition enforcement bits, and the alternate ports of local failover change
+(ports go down and come back: frames whose LFT port is down take an alternate, or are counted
+when every alternate is down too). Both must send the same frames to the same ports in
 the same order and end with the same counters, statistics and RNG state.
 """
 
@@ -39,7 +40,8 @@ def frame(rng: random.Random) -> bytes:
     dlid = rng.choice([rng.randrange(1, 70), rng.randrange(1, 70), 20, 21, 0, 0xC001, 0xFFFF, 100])
     vl = 15 if rng.random() < 0.1 else 0
     payload = bytes(rng.randrange(256) for _ in range(rng.choice([0, 4, 64, 256])))
-    pkt = bytearray(fast.NativeTemplate(slid=9, dlid=dlid, destqp=0x42, vl=vl).packet(
+    pkey = rng.choice([0xFFFF, 0x8001, 0x0001, 0x8002, 0x0002, 0x7FFF, 0x0000])
+    pkt = bytearray(fast.NativeTemplate(slid=9, dlid=dlid, destqp=0x42, vl=vl, pkey=pkey).packet(
         0x0A, rng.randrange(1 << 24), payload, ext=fast.reth(0, 0, len(payload))))
     r = rng.random()
     if r < 0.05:
@@ -67,7 +69,9 @@ def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
         ports = rng.sample(range(1, 7), rng.choice([0, 1, 2, 3, 3]))
         alts[i : i + len(ports)] = bytes(ports)
     downs = rng.sample(range(1, 7), rng.randrange(1, 3))
-    what = rng.choice([0, 1, 2, 3, 4, 5, 5, 6, 6, 7])
+    what = rng.choice([0, 1, 2, 3, 4, 5, 5, 6, 6, 7, 8])
+    flags = rng.choice([0, 0, 0, 0, 8, 4, 12, 15])
+    table = rng.choice([[], [0xFFFF, 0x8001], [0x7FFF, 0x0001], [0x8002], [0xFFFF, 0x0002, 0x8001]])
     for sw in sws:
         if what == 0:
             sw.lft.set_block(0, block)
@@ -85,10 +89,14 @@ def mutate(rng: random.Random, sws: tuple[SwitchAgent, SwitchAgent]) -> None:
         elif what == 7:  # cables cut: the LFT's ports for many LIDs down at once
             for n in downs:
                 sw.ports[n].phys, sw.ports[n].state = PhysState.POLLING, PortState.DOWN
+        elif what == 8:
+            sw.ports[port].partition_flags = flags
+            sw.ports[port].pkeys = list(table)
         else:
             sw.forwarder.verify_vcrc = not sw.forwarder.verify_vcrc  # now and then without the check
             for n in range(1, 7):  # and everything back up
                 sw.ports[n].state, sw.ports[n].phys = PortState.ACTIVE, PhysState.LINK_UP
+                sw.ports[n].partition_flags = 0
 
 
 def reference(sw: SwitchAgent, frames: list[bytes], ingress: int) -> list[tuple[int, bytes | None]]:
@@ -148,22 +156,28 @@ def test_fast_twin_equals_decide(seed: int) -> None:
         for n in ref.ports:
             assert ref.ports[n].counters.snapshot() == fst.ports[n].counters.snapshot(), n
         assert ref.forwarder.stats == fst.forwarder.stats
+        assert list(ref.forwarder.pkey_drops) == list(fst.forwarder.pkey_drops)
+        assert [p.p_key_violations for p in ref.ports.values()] == [p.p_key_violations for p in fst.ports.values()]
         assert ref.forwarder.rng.getstate() == fst.forwarder.rng.getstate()
-    assert forwarded > 100 and TAKEN[0] > forwarded // 2  # the fast path took most of them
+    # the fast path took a good share (the generated partitions, cuts and failovers send many to decide)
+    assert forwarded > 100 and TAKEN[0] > forwarded // 4
     FAILOVERS[0] += ref.forwarder.stats["local_failover"]
     ALL_DOWN[0] += ref.forwarder.stats[Reason.ALTERNATES_DOWN]
+    PKEY_DROPS[0] += ref.forwarder.stats[Reason.PKEY_INBOUND] + ref.forwarder.stats[Reason.PKEY_OUTBOUND]
 
 
 FAILOVERS = [0]
 ALL_DOWN = [0]
+PKEY_DROPS = [0]
 
 
-def test_the_generated_cases_fail_over() -> None:
-    """The seeds above exercised local failover and all-alternates-down (they run first)."""
+def test_the_generated_cases_fail_over_and_enforce_partitions() -> None:
+    """The seeds above exercised local failover, all-alternates-down and partition drops
+    (they run first)."""
     if not FAILOVERS[0]:
         for seed in range(8):
             test_fast_twin_equals_decide(seed)
-    assert FAILOVERS[0] > 50 and ALL_DOWN[0] > 5, (FAILOVERS[0], ALL_DOWN[0])
+    assert FAILOVERS[0] > 50 and ALL_DOWN[0] > 5 and PKEY_DROPS[0] > 0, (FAILOVERS[0], ALL_DOWN[0], PKEY_DROPS[0])
 
 
 def test_a_vouched_vcrc_is_not_checked_and_a_corrupting_port_is_never_vouched_for() -> None:
