@@ -85,6 +85,19 @@ class Discovery:
             return None
         return r
 
+    async def set_attr(self, what: str, path: list[int], attr: int, mod: int, data: bytes, *,
+                  end: tuple[int, int] | None = None) -> Reply | None:
+        """A directed-route SubnSet of ``what`` (for the log); None, logged, when it timed out
+        or failed. ``end``: the (GUID, port) whose PortInfo the answer is, stored."""
+        r = await self.transport.request(mb.dr_smp(mb.SET, attr, path=path, modifier=mod, data=data))
+        if r is None or not r.ok:
+            log.warning("%s Set %s modifier %#x failed (%s)", what, path, mod,
+                        "timeout" if r is None else f"status {r.status:#x}")
+            return None
+        if end is not None:
+            self.store_port_info(self.graph.nodes[end[0]], end[1], r.data)
+        return r
+
     def store_port_info(self, node: SmNode, num: int, data: bytes) -> None:
         self.port_info[(node.guid, num)] = data
         p = node.ports[num]

@@ -27,7 +27,6 @@ port), not single port GUIDs.
 from __future__ import annotations
 
 import json
-import logging
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,8 +36,6 @@ import trio
 
 from ibemu.sm.discovery import ATTR_PKEY_TABLE, ATTR_PORT_INFO, Discovery, End
 from ibemu.wire import madcodec as mb
-
-log = logging.getLogger(__name__)
 
 DEFAULT_PKEY = 0xFFFF
 FULL = 0x8000
@@ -143,18 +140,14 @@ async def program_partitions(disc: Discovery, parts: SmPartitions, written: dict
 
     async def smp(what: str, key: tuple[End, int], path: list[int], attr: int, mod: int, data: bytes,
                   end: End | None = None) -> None:
-        r = await disc.transport.request(mb.dr_smp(mb.SET, attr, path=path, modifier=mod, data=data))
-        if r is None or not r.ok:
+        r = await disc.set_attr(f"partitions: {what}", path, attr, mod, data, end=end)
+        if r is None:
             counts["failed"] += 1
-            log.warning("partitions: %s Set %s modifier %#x failed (%s)", what, path, mod,
-                        "timeout" if r is None else f"status {r.status:#x}")
             return
         written[key] = bytes([data[43] & 0x0F]) if attr == ATTR_PORT_INFO else data
         if attr == ATTR_PKEY_TABLE and mod == 0 and not disc.graph.nodes[key[0][0]].is_switch:
             disc.pkeys[key[0]] = r.data  # entry 0 is 0xFFFF: set_pkeys leaves it be
         counts["tables" if attr == ATTR_PKEY_TABLE else "ports"] += 1
-        if end is not None:
-            disc.store_port_info(disc.graph.nodes[end[0]], end[1], r.data)
 
     async with trio.open_nursery() as n:
         for (ca, cnum), (sw, snum) in _ca_ends(disc):

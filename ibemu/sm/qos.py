@@ -19,7 +19,6 @@ its defaults until the next full sweep).
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,8 +28,6 @@ from ibemu.physics.qos import NUM_SLS, VlArb, code_of_vls
 from ibemu.sm.discovery import ATTR_PORT_INFO, Discovery, End
 from ibemu.wire import madcodec as mb
 from ibemu.wire.madattrs import sl2vl_table, vl_arb_block
-
-log = logging.getLogger(__name__)
 
 ATTR_SL2VL = 0x0017
 ATTR_VL_ARB = 0x0018
@@ -91,15 +88,8 @@ async def program_qos(disc: Discovery, qos: SmQos) -> dict[str, int]:
     opvls = code_of_vls(qos.vls)
 
     async def smp(kind: str, path: list[int], attr: int, mod: int, data: bytes, end: End | None = None) -> None:
-        r = await disc.transport.request(mb.dr_smp(mb.SET, attr, path=path, modifier=mod, data=data))
-        if r is None or not r.ok:
-            counts["failed"] += 1
-            log.warning("QoS %s Set %s modifier %#x failed (%s)", kind, path, mod,
-                        "timeout" if r is None else f"status {r.status:#x}")
-            return
-        counts[kind] += 1
-        if end is not None:
-            disc.store_port_info(disc.graph.nodes[end[0]], end[1], r.data)
+        ok = await disc.set_attr(f"QoS {kind}", path, attr, mod, data, end=end) is not None
+        counts[kind if ok else "failed"] += 1
 
     async with trio.open_nursery() as n:
         for guid, ports in _live_ports(disc).items():
