@@ -6,24 +6,28 @@ import time
 
 from ibemu import clock
 from ibemu.fabric.plan import FabricPlan
+from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.wire import fast
 
 
 def send_and_count(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: int, n: int, *,
-                   size: int = 200, rdma_write: bool = False, wait_s: float = 3.0) -> int:
+                   size: int = 200, rdma_write: bool = False, wait_s: float = 3.0,
+                   pkey: int | None = None) -> int:
     """Send ``n`` frames (SEND Only, or RDMA WRITE Only) from ``src`` to ``dst``; how many arrive.
 
     Raw sockets on the two hosts' cables, beside their agents: the frames cross the switches
     exactly as traffic from the hosts would. Paced (1 ms per 64 frames) to stay below what
-    one Python forwarder of the user datapath can take.
+    one Python forwarder of the user datapath can take. ``pkey``: the frames carry it, and
+    only data frames with it are counted (partition tests: nothing else may pass for them).
     """
     sp, dp = plan.nodes[src], plan.nodes[dst]
     out = open_packet_socket(sp.ns, sp.ports[1].ifname)
-    inp = open_packet_socket(dp.ns, dp.ports[1].ifname)
+    inp = open_packet_socket(dp.ns, dp.ports[1].ifname, bpf=None if pkey is None else sockfilter.DATA_ONLY)
     try:
         tmpl = fast.NativeTemplate(slid=src_lid, dlid=dst_lid, destqp=0x42,
-                                   eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
+                                   eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac),
+                                   pkey=0xFFFF if pkey is None else pkey)
         payload = b"\xa5" * size
         for psn in range(n):
             if rdma_write:
@@ -36,8 +40,9 @@ def send_and_count(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: 
         while got < n and clock.monotonic() < deadline:
             try:
                 while True:
-                    inp.recv(9000)
-                    got += 1
+                    frame = inp.recv(9000)
+                    if pkey is None or fast.peek(frame, 14).pkey == pkey:
+                        got += 1
             except BlockingIOError:
                 time.sleep(0.01)
         return got

@@ -24,13 +24,12 @@ import pytest
 from ibemu.agents.switch import SwitchAgent
 from ibemu.fabric import opensm
 from ibemu.fabric.agents import make_agents
+from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
-from ibemu.kernel import ownership, sockfilter
-from ibemu.kernel.packet import open_packet_socket
+from ibemu.kernel import ownership
 from ibemu.sm.partitions import Partition, SmPartitions
 from ibemu.topo import generate
-from ibemu.wire import fast
 from tests.integration.live import Running, fabric_in_thread
 
 pytestmark = [pytest.mark.root]
@@ -67,27 +66,7 @@ def _blast(live: Running, src: str, dst: str, pkey: int, n: int = N) -> int:
     """Send ``n`` data frames with ``pkey`` from ``src`` to ``dst``; how many arrive."""
     agents = _agents(live)
     slid, dlid = live.on_loop(lambda: (agents[src].lid(1), agents[dst].lid(1)))
-    sp, dp = live.rt.plan.nodes[src], live.rt.plan.nodes[dst]
-    out = open_packet_socket(sp.ns, sp.ports[1].ifname)
-    inp = open_packet_socket(dp.ns, dp.ports[1].ifname, bpf=sockfilter.DATA_ONLY)
-    try:
-        tmpl = fast.NativeTemplate(slid=slid, dlid=dlid, destqp=0x42, pkey=pkey,
-                                   eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
-        for psn in range(n):
-            out.send(tmpl.packet(0x04, psn, b"\x5a" * 64))
-        got, deadline = 0, time.monotonic() + 1.0
-        while time.monotonic() < deadline and got < n:
-            try:
-                while True:
-                    f = inp.recv(9000)
-                    if fast.peek(f, 14).pkey == pkey:
-                        got += 1
-            except BlockingIOError:
-                time.sleep(0.01)
-        return got
-    finally:
-        out.close()
-        inp.close()
+    return send_and_count(live.rt.plan, src, dst, slid, dlid, n, size=64, wait_s=1.0, pkey=pkey)
 
 
 def _counters(live: Running, host: str) -> tuple[int, int]:
