@@ -26,3 +26,17 @@ def run_state(state_dir: Path) -> Iterator[ownership.RunState]:
     finally:
         problems = ownership.teardown(state)
         assert not problems, problems
+
+
+@pytest.fixture
+def run_ids(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The run ids this test's runs take, in order (to check each was torn down)."""
+    ids: list[str] = []
+    new_run_id = ownership.new_run_id
+
+    def recorded() -> str:
+        ids.append(new_run_id())
+        return ids[-1]
+
+    monkeypatch.setattr(ownership, "new_run_id", recorded)
+    return ids

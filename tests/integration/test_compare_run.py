@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ibemu.cli.main import main
-from ibemu.kernel import netns, ownership
+from ibemu.kernel import netns
 from ibemu.report import validate
 
 pytestmark = pytest.mark.root
@@ -29,18 +29,10 @@ duration_s: 3
 
 
 def test_compare_runs_both_kinds(state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                 run_ids: list[str]) -> None:
     path = tmp_path / "tiny.yaml"
     path.write_text(SCENARIO)
     out = tmp_path / "out"
-    ids: list[str] = []
-    new_run_id = ownership.new_run_id
-
-    def recorded() -> str:
-        ids.append(new_run_id())
-        return ids[-1]
-
-    monkeypatch.setattr(ownership, "new_run_id", recorded)
     assert main(["compare", str(path), "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "ibemu compare: tiny-compare" in text and "roce: fabric manager (ECMP)" in text
@@ -61,5 +53,5 @@ def test_compare_runs_both_kinds(state_dir: Path, tmp_path: Path, capsys: pytest
     assert fault["phases_ms"]["trap"]["ib"] is not None and fault["phases_ms"]["trap"]["roce"] is None
     assert fault["phases_ms"]["detect"]["ib"] is not None and fault["phases_ms"]["detect"]["roce"] is not None
     assert c["efficiency"]["ring"] is not None and c["efficiency"]["ring"] > 0
-    assert len(ids) == 2  # two runs, both torn down
-    assert not [n for n in netns.list_names() if any(n.startswith(f"ibemu-{i}-") for i in ids)]
+    assert len(run_ids) == 2  # two runs, both torn down
+    assert not [n for n in netns.list_names() if any(n.startswith(f"ibemu-{i}-") for i in run_ids)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ibemu.cli.main import main
-from ibemu.kernel import netns, ownership
+from ibemu.kernel import netns
 from ibemu.report import validate
 
 pytestmark = pytest.mark.root
@@ -36,18 +36,10 @@ duration_s: 3
 
 def test_compare_local_failover_against_sm_only(state_dir: Path, tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+                                                run_ids: list[str]) -> None:
     path = tmp_path / "tiny.yaml"
     path.write_text(SCENARIO)
     out = tmp_path / "out"
-    ids: list[str] = []
-    new_run_id = ownership.new_run_id
-
-    def recorded() -> str:
-        ids.append(new_run_id())
-        return ids[-1]
-
-    monkeypatch.setattr(ownership, "new_run_id", recorded)
     assert main(["compare", str(path), "--variant", "local-failover", "--out", str(out), "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "VARIANT local-failover" in text
@@ -73,5 +65,5 @@ def test_compare_local_failover_against_sm_only(state_dir: Path, tmp_path: Path,
     # per flow the blackout of each side: the cut cable carried one of the streams (or its ACKs)
     both = [f for f, p in fault["blackout_ms"].items() if p["ib"] is not None and p["roce"] is not None]
     assert both and all(f"blackout {f} (ms)" in text for f in both), fault["blackout_ms"]
-    assert len(ids) == 2  # two runs, both torn down
-    assert not [n for n in netns.list_names() if any(n.startswith(f"ibemu-{i}-") for i in ids)]
+    assert len(run_ids) == 2  # two runs, both torn down
+    assert not [n for n in netns.list_names() if any(n.startswith(f"ibemu-{i}-") for i in run_ids)]
