@@ -28,6 +28,21 @@ only (it checks no port states, so a port in Init carries data there), and it do
 the ingress port (it hairpins; here egress == ingress is a relay loop, so that alternate is
 passed over).
 
+Adaptive routing (``adaptive``, an :class:`AdaptiveRouting`; ``fabric.adaptive_routing``):
+a data packet whose DLID has alternates may leave by any port of its group (the LFT's port
+and its alternates, the ports the SM proved together free of credit loops), not only the
+LFT's. ``adapt`` takes the decision when the packet reaches the switch in the link model
+(``physics.live``: the IB user datapath), not when the real frame is read (for a frame from a
+host that is before the HCA's queue): the group's port that can carry it (not the ingress)
+with the least load, as the model says (``load(port)``: bytes queued, on the wire and in the
+pipeline for it, and held in the next switch's input buffer, i.e. credits in use); ties go
+to the LFT's port, then the alternates in their order. Per packet (every packet chooses) or
+per flowlet (a flow, SLID + DLID + destination QP, keeps its port while its packets follow
+each other within ``flowlet_gap_ns``; a longer gap, or its port unable to carry, and it
+chooses again). What ``forward_run``/``decide`` counted on the LFT's port moves to the port
+chosen (XmitPkts/XmitData); ``stats``: ``ar_decisions``, ``ar_moved`` (left by another port
+than the one the frame was decided for). VL15 is never moved.
+
 RcvPkts/RcvData count every packet taken in, XmitPkts/XmitData every packet forwarded.
 
 Partition enforcement (IBA 10.9, switch external ports; OpenSM sets it on ports facing CAs):
@@ -71,7 +86,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
@@ -87,6 +102,33 @@ ALT_SLOT = 4
 """Bytes per LID in a block: up to ``MAX_ALTERNATES`` ports, preferred first, 0 after the last."""
 MAX_ALTERNATES = 3
 _RX_OK = (PortState.ARMED, PortState.ACTIVE)
+AR_MODES = ("packet", "flowlet")
+DEFAULT_FLOWLET_GAP_NS = 2_000
+"""A flowlet ends after this much emulated silence: longer than the delay differences of a
+fat-tree's equal paths under light load, so a new flowlet rarely overtakes the last one."""
+MAX_FLOWLETS = 4096
+"""Flows remembered per switch; beyond it, those idle longer than the gap are forgotten."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveRouting:
+    """How a switch spreads a destination's packets over its group (module docstring)."""
+
+    mode: str = "packet"
+    flowlet_gap_ns: int = DEFAULT_FLOWLET_GAP_NS
+
+    def __post_init__(self) -> None:
+        if self.mode not in AR_MODES:
+            raise ValueError(f"adaptive routing mode must be one of {', '.join(AR_MODES)}, not {self.mode!r}")
+        if self.flowlet_gap_ns < 0:
+            raise ValueError(f"flowlet gap must be >= 0 ns, not {self.flowlet_gap_ns}")
+
+    def to_json(self) -> dict[str, object]:
+        return {"mode": self.mode, "flowlet_gap_ns": self.flowlet_gap_ns}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, object]) -> AdaptiveRouting:
+        return cls(str(d.get("mode", "packet")), int(d.get("flowlet_gap_ns", DEFAULT_FLOWLET_GAP_NS)))  # type: ignore[call-overload]
 
 
 class Reason(StrEnum):
@@ -216,6 +258,10 @@ class Forwarder:
         self.stats: Counter[str] = Counter()
         self.pkey_drops: deque[PkeyDrop] = deque(maxlen=MAX_PKEY_DROPS)
         """Partition enforcement drops not yet seen by the agent (``SwitchAgent.tick``)."""
+        self.adaptive: AdaptiveRouting | None = None
+        """Adaptive routing over the alternates' groups (None: the LFT's port only)."""
+        self._flowlets: dict[tuple[int, int, int], tuple[int, int]] = {}
+        """(SLID, DLID, destination QP) -> (port, emulated ns of its last packet)."""
 
     def _pkey_refused(self, p: Port, packet: bytes | bytearray | memoryview, offset: int,
                       inbound: bool) -> bool:
@@ -452,3 +498,67 @@ class Forwarder:
         ports = block[i : i + MAX_ALTERNATES]
         end = ports.find(0)
         return tuple(ports[:end] if end >= 0 else ports)
+
+    def adapt(self, packet: bytes | bytearray | memoryview, offset: int, ingress: int, egress: int,
+              now_ns: int, load: Callable[[int], int]) -> int:
+        """Adaptive routing (module docstring): the port of the DLID's group that ``packet``
+        (``offset`` bytes of framing, then LRH ..), decided for ``egress``, leaves by at
+        ``now_ns`` (emulated). ``egress`` itself when adaptive routing is off, the packet is
+        VL15, the DLID has no alternates, or ``egress`` is not in its group (a relay the
+        group does not cover)."""
+        ar = self.adaptive
+        if ar is None or not self.alternates or len(packet) < offset + 20 or packet[offset] >> 4 == 15:
+            return egress
+        dlid = (packet[offset + 2] << 8) | packet[offset + 3]
+        alts = self.alternates_of(dlid)
+        if not alts:
+            return egress
+        primary = self.lft.lookup(dlid)
+        group = (primary, *alts)
+        if egress not in group:
+            return egress
+        ports = self.ports
+        key = (0, 0, 0)
+        flowlet = ar.mode == "flowlet"
+        if flowlet:
+            o = offset + (8 if packet[offset + 1] & 3 == 2 else 48)
+            key = ((packet[offset + 6] << 8) | packet[offset + 7], dlid,
+                   (packet[o + 5] << 16) | (packet[o + 6] << 8) | packet[o + 7])
+            last = self._flowlets.get(key)
+            if last is not None and now_ns - last[1] <= ar.flowlet_gap_ns:
+                q = ports.get(last[0])
+                if q is not None and last[0] != ingress and self._can_carry(q, False):
+                    self._flowlets[key] = (last[0], now_ns)
+                    return self._moved(packet, offset, egress, last[0])
+        best, best_load = 0, -1
+        for p in group:
+            q = ports.get(p)
+            if p == ingress or q is None or not self._can_carry(q, False):
+                continue
+            lp = load(p)
+            if best_load < 0 or lp < best_load:
+                best, best_load = p, lp
+        if not best:
+            return egress  # none can carry it: the model discards it on its port
+        self.stats["ar_decisions"] += 1
+        if flowlet:
+            flows = self._flowlets
+            if len(flows) >= MAX_FLOWLETS:
+                for k in [k for k, v in flows.items() if now_ns - v[1] > ar.flowlet_gap_ns]:
+                    del flows[k]
+                if len(flows) >= MAX_FLOWLETS:
+                    flows.clear()
+            flows[key] = (best, now_ns)
+        return self._moved(packet, offset, egress, best)
+
+    def _moved(self, packet: bytes | bytearray | memoryview, offset: int, egress: int, port: int) -> int:
+        """``port`` takes the packet decided for ``egress``: the transmit count moves with it."""
+        if port != egress:
+            n = len(packet) - offset
+            a, b = self.ports[egress].counters, self.ports[port].counters
+            a.xmit_pkts = max(0, a.xmit_pkts - 1)
+            a.xmit_octets = max(0, a.xmit_octets - n)
+            b.xmit_pkts += 1
+            b.xmit_octets += n
+            self.stats["ar_moved"] += 1
+        return port

@@ -51,7 +51,7 @@ from ibemu.agents.actions import (
     Send,
 )
 from ibemu.agents.device import DeviceAgent
-from ibemu.agents.forwarder import Forwarder, Reason
+from ibemu.agents.forwarder import AdaptiveRouting, Forwarder, Reason
 from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.linkplane import LinkPlane
@@ -127,7 +127,8 @@ class AgentHost:
 
     def __init__(self, fabric: BuiltFabric, agents: Mapping[str, Agent], *,
                  events: FabricLog | None = None, datapath: str = "kernel",
-                 switch_model: SwitchModel | None = None) -> None:
+                 switch_model: SwitchModel | None = None,
+                 adaptive: AdaptiveRouting | None = None) -> None:
         """``datapath`` "user": switches forward in this process (their agent's forwarder),
         their egress ports timed by the link model (``fabric.linkplane``; ``switch_model``:
         latency and buffers, default by the fabric's rate). Every IB cable has a rate (4x EDR
@@ -153,6 +154,9 @@ class AgentHost:
         """(switch, port) -> the neighbour switch's runtime and port, on the user datapath."""
         self.switch_model = switch_model or default_switch_model(fabric.plan.topology.defaults.rate, ethernet=False)
         self.physics_on = datapath == "user"
+        self.adaptive = adaptive if datapath == "user" else None
+        """Adaptive routing over the SM's groups (``Forwarder.adapt``, decided in the link
+        model); None: the LFTs' ports (and local failover) only."""
         self.links: LinkPlane | None = None
         """The user datapath's link model and its IO (``fabric.linkplane``)."""
         self.kernel_sma: KernelSma | None = None
@@ -548,8 +552,19 @@ class AgentHost:
             verdict = forwarder.decide(frame[ETH_LEN:], port, count_traffic=False)
             return (verdict.port, rt.eth[verdict.port] + verdict.packet) if verdict.port else None
 
+        def adapt(name: str, port: int, frame: bytes, egress: int, now: int, load: Callable[[int], int]) -> int:
+            rt = self.nodes[name]
+            forwarder = getattr(rt.agent, "forwarder", None)
+            if forwarder is None or not rt.powered:
+                return egress
+            if forwarder.adaptive is not self.adaptive:  # a rebooted switch's new forwarder
+                forwarder.adaptive = self.adaptive
+            moved: int = forwarder.adapt(frame, ETH_LEN, port, egress, now, load)
+            return moved
+
         return LinkPlane(nodes, self.switch_model, sockets=sock, heads=head, powered=powered,
-                         events=self.events, counts=counts, decide=decide)
+                         events=self.events, counts=counts, decide=decide,
+                         adapt=adapt if self.adaptive is not None else None)
 
     def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
         """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain

@@ -45,6 +45,11 @@ QoS: the model starts with one data VL and the default tables; every ``REPORT_S`
 (``sync_qos``) it re-reads the SL -> VL maps, VL arbitration tables and OperationalVLs of the
 agents whose tables the SM changed (``DeviceAgent.qos_version``), CAs' included.
 
+Adaptive routing (``fabric.adaptive_routing``): with ``adapt`` given, the plane offers each
+data frame reaching a switch in the model to it (``LivePlane.adapt``) with the load of that
+switch's egress ports (``physics.live.egress_load``); ``adapt`` is the switch's
+``Forwarder.adapt``, which picks the group's least-loaded port.
+
 Deviations: VL15 frames the SMAs send themselves (``Send`` actions, answers
 and traps) leave at once, outside the model: only the SMPs the forwarders relay are timed.
 """
@@ -60,6 +65,7 @@ from ibemu import clock
 from ibemu.events import FabricLog, Kind
 from ibemu.kernel.linkio import LiveLinks, link_record
 from ibemu.physics.link import SwitchModel
+from ibemu.physics.live import egress_load
 from ibemu.physics.model import Frame, Node
 
 log = logging.getLogger(__name__)
@@ -88,7 +94,8 @@ class LinkPlane(LiveLinks):
                  sockets: Callable[[str, int], socket.socket | None],
                  heads: Callable[[str, int], bytes], powered: Callable[[str], bool],
                  events: FabricLog, counts: Callable[[str, int, dict[str, int]], None],
-                 decide: Callable[[str, int, bytes], tuple[int, bytes] | None] | None = None) -> None:
+                 decide: Callable[[str, int, bytes], tuple[int, bytes] | None] | None = None,
+                 adapt: Callable[[str, int, bytes, int, int, Callable[[int], int]], int] | None = None) -> None:
         """``decide(switch, in_port, frame)``: the switch's forwarding decision for ``frame``
         (with its Ethernet header) now: (egress port, the frame to send), None where it sends
         it nowhere; taken again for a frame from a host whose egress port went down while the
@@ -97,6 +104,9 @@ class LinkPlane(LiveLinks):
         self._decide = decide
         if decide is not None:
             self.plane.redecide = self._redecide
+        self._adapt = adapt
+        if adapt is not None:
+            self.plane.adapt = self._adapt_frame
         self.model = model
         self._counts = counts
         self.events = events
@@ -129,6 +139,13 @@ class LinkPlane(LiveLinks):
         verdict = self._decide(switch, in_port, frame.meta)
         if verdict is not None:  # else it stays on its dead port, where the model discards it
             frame.dst, frame.meta = verdict
+
+    def _adapt_frame(self, switch: str, in_port: int, frame: Frame, now: int) -> None:
+        """``adapt(switch, in_port, frame bytes, decided port, now, load)``: the port it takes."""
+        assert self._adapt is not None
+        node = self.plane.nodes[switch]
+        frame.dst = self._adapt(switch, in_port, frame.meta, frame.dst, now,  # type: ignore[arg-type]
+                                lambda port: egress_load(node, port))
 
     def begin(self) -> None:
         """A batch of frames received on one port starts (see :meth:`settle`)."""

@@ -22,6 +22,7 @@ from typing import Any
 import trio
 
 from ibemu import clock, lagmon
+from ibemu.agents.forwarder import AdaptiveRouting
 from ibemu.events import FabricLog
 from ibemu.fabric import ibemusm, metrics, opensm, opensm_log, sysfs
 from ibemu.fabric.agenthost import Agent, AgentHost
@@ -65,7 +66,7 @@ class FabricRuntime:
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
                  sm_local_failover: bool = True,
                  switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None,
-                 sm_partitions: str = "") -> None:
+                 sm_partitions: str = "", adaptive: AdaptiveRouting | None = None) -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -88,6 +89,8 @@ class FabricRuntime:
         """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings
         (False: ``--no-local-failover``, the base engine's routes only)."""
         self.switch_model = switch_model
+        self.adaptive = adaptive
+        """IB user datapath: adaptive routing over the SM's groups (``Forwarder.adapt``)."""
         """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
         """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
         self.sm_up_s: float | None = None
@@ -171,7 +174,8 @@ class FabricRuntime:
         try:
             events = FabricLog(self.run_dir / "events.jsonl" if self.run_dir else None)
             self.host = AgentHost(self.fabric, self.make_agents(self.plan), events=events,
-                                  datapath=self.datapath, switch_model=self.switch_model)
+                                  datapath=self.datapath, switch_model=self.switch_model,
+                                  adaptive=self.adaptive)
             self.host.open()
             # The build's netlink sockets (one per namespace) reopen lazily when needed:
             # file descriptors are the scarce resource of a large fabric.

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ibemu import clock
+from ibemu.agents.forwarder import AdaptiveRouting
 from ibemu.errors import ConfigError, IbemuError
 from ibemu.fabric import control
 from ibemu.kernel import netns, ownership
@@ -89,6 +90,8 @@ class FabricRequest:
     """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
     sm_partitions: str = ""
     """Partitions for the SM to program (``ibemu.sm.partitions.SmPartitions`` as JSON; empty: none)."""
+    adaptive_routing: Mapping[str, Any] = field(default_factory=dict)
+    """IB user datapath: adaptive routing (``AdaptiveRouting.to_json``; empty: off)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -101,6 +104,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "switch": dict(request.switch), "sm_keys": dict(request.sm_keys),
         "sm_partitions": request.sm_partitions,
         "sm_local_failover": request.sm_local_failover,
+        "adaptive_routing": dict(request.adaptive_routing),
         "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
         "metrics": request.metrics,
     }))
@@ -129,7 +133,8 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
                          switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "",
                          sm_keys=dict(spec.get("sm_keys") or {}), sm_partitions=spec.get("sm_partitions") or "",
-                         sm_local_failover=bool(spec.get("sm_local_failover", True)))
+                         sm_local_failover=bool(spec.get("sm_local_failover", True)),
+                         adaptive_routing=dict(spec.get("adaptive_routing") or {}))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -158,7 +163,8 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                        sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
                        sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
                        sm_keys=request.sm_keys, sm_local_failover=request.sm_local_failover,
-                       sm_partitions=request.sm_partitions)
+                       sm_partitions=request.sm_partitions,
+                       adaptive=AdaptiveRouting.from_json(request.adaptive_routing) if request.adaptive_routing else None)
     if request.metrics:
         from ibemu.fabric.metrics import parse_listen
 

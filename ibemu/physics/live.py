@@ -77,6 +77,13 @@ drop-tail buffer (a phase effect real fabrics, with their jitter, do not show). 
 plane therefore runs events due at the same ns in a seeded random order (``tie_seed``), as the
 reference simulator does; IB (lossless, credits) keeps the scheduled order.
 
+Adaptive routing (:attr:`LivePlane.adapt`): when set, every data frame reaching a switch in
+the model (from a host when it has crossed the host's cable, from a switch at its matched
+arrival) is offered to the datapath's adaptive choice just before the switch takes it, with
+the emulated time and :func:`egress_load` of the switch's ports, so the choice sees the
+queues of that instant, as a switch's adaptive routing does on arrival; it may change
+``frame.dst`` (``Forwarder.adapt``).
+
 Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
 and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
@@ -187,6 +194,9 @@ class LivePlane:
         ``frame.meta``) for a frame from a host whose decided egress port went down while
         it waited in the host's queue (see the module docstring)."""
         self.redecided = 0
+        self.adapt: Callable[[str, int, Frame, int], None] | None = None
+        """Adaptive routing (module docstring): ``adapt(switch, in_port, frame, now)`` may
+        change ``frame.dst`` to another port of the frame's group."""
         for node in self.nodes.values():
             if node.switch:
                 for num, p in node.ports.items():
@@ -227,7 +237,10 @@ class LivePlane:
             vl = self._debit(peer, frame)
         frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
         node = self.nodes[switch]
-        self._dispatch(node.receive(in_port, frame, self._clamp(switch, t), frame.dst))  # type: ignore[arg-type]
+        t = self._clamp(switch, t)
+        if self.adapt is not None and not frame.vl15:
+            self.adapt(switch, in_port, frame, t)
+        self._dispatch(node.receive(in_port, frame, t, frame.dst))  # type: ignore[arg-type]
         self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
@@ -321,7 +334,10 @@ class LivePlane:
                 if self.redecide is not None and b.dst is not None and not node.ports[b.dst].up:
                     self.redecide(name, a, b)  # from a host: the switch looks its LFT up now
                     self.redecided += 1
-                out = node.receive(a, b, self._clamp(name, t), b.dst)
+                tn = self._clamp(name, t)
+                if self.adapt is not None and not b.vl15:
+                    self.adapt(name, a, b, tn)
+                out = node.receive(a, b, tn, b.dst)
             elif what == _CREDIT:
                 out = node.credit_return(a, b, c, self._clamp(name, t))
             else:
@@ -576,3 +592,24 @@ class LivePlane:
             return
         self._wake[name] = t
         heapq.heappush(self._events, (t, self._order(), _WAKE, name, None, None, None))
+
+
+def egress_load(node: Node, port: int) -> int:
+    """How loaded ``node``'s egress ``port`` is now, in bytes, for adaptive routing: queued,
+    on the wire, in the switch's pipeline for it, and (IB) held in the next switch's input
+    buffer (credits in use: congestion one hop on); a port that is down or unknown: -1 is
+    never returned, a large figure is."""
+    p = node.ports.get(port)
+    if p is None or not p.up:
+        return 1 << 62
+    load = p.total_bytes
+    if p.in_flight is not None:
+        load += p.in_flight[0].size
+    for _, _, f, out in node._pipeline:
+        if out == port:
+            load += f.size
+    for vl, adv in enumerate(p.advertised):
+        cr = p.credits[vl] if vl < len(p.credits) else None
+        if adv is not None and cr is not None and vl != VL15:
+            load += max(0, adv - cr) * 64
+    return load

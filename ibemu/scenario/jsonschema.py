@@ -43,6 +43,7 @@ from typing import Any
 
 from ibemu.fabric.faults import FAULT_ACTIONS
 from ibemu.scenario.schema import (
+    AR_FIELDS,
     FAULT_COMMON,
     FAULT_FIELDS,
     FAULT_REQUIRED,
@@ -169,6 +170,8 @@ def _value(f: Field) -> dict[str, Any]:
         out = {"anyOf": [{"const": "all"}, {"type": "array", "items": {"$ref": "#/$defs/link"}}]}
     elif t == "dilation":
         out = {"anyOf": [_bounded("number", f), {"const": "auto"}]}
+    elif t == "adaptive_routing":
+        out = {"anyOf": [{"type": "boolean"}, _object(AR_FIELDS)]}
     elif t == "pfc":
         out = {"anyOf": [{"type": "boolean"},
                          {"type": "array", "items": _vl(MAX_PRIORITY), "minItems": 1}]}

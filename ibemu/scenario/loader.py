@@ -15,11 +15,13 @@ from typing import Any
 
 import yaml
 
+from ibemu.agents.forwarder import DEFAULT_FLOWLET_GAP_NS, AdaptiveRouting
 from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
 from ibemu.physics.link import SWITCH_MODELS, propagation_ns
 from ibemu.physics.qos import VlArb
 from ibemu.scenario.schema import (
+    AR_FIELDS,
     DEFAULT_DURATION_S,
     DEFAULT_SIZE,
     DEFAULTS_FIELDS,
@@ -186,6 +188,13 @@ class _Loader(Reader):
             self.error(_mapping_pairs(fn)["local_failover"][1], "fabric.local_failover",
                        f"needs ibemu's SM with an adaptive engine (sm.engine: ftree_ar or updn_ar), "
                        f"not {sm.impl} {sm.engine}")
+        if fabric.adaptive_routing and (fn := opt("fabric")) is not None and (
+                sm.impl == "opensm" or not sm.engine.endswith("_ar") or fabric.local_failover is False):
+            why = ("fabric.local_failover: false (the SM then writes no groups)" if fabric.local_failover is False
+                   else f"{sm.impl} {sm.engine}")
+            self.error(_mapping_pairs(fn)["adaptive_routing"][1], "fabric.adaptive_routing",
+                       f"needs ibemu's SM with an adaptive engine (sm.engine: ftree_ar or updn_ar), "
+                       f"which writes the groups, not {why}")
         partitions = self.partitions(opt("partitions"), topo, fabric, sm)
         traffic = self.traffic(opt("traffic"), topo, duration)
         self.physics_checks(fabric, topo, traffic, opt("fabric"))
@@ -369,6 +378,8 @@ class _Loader(Reader):
                            "a RoCE fabric's priorities are fabric.pfc and fabric.dscp_priority")
             else:
                 qos = self._qos(m["qos"][1])
+        adaptive = self._adaptive(m["adaptive_routing"][1], kind or "ib", dp or "kernel") \
+            if "adaptive_routing" in m else None
         local_failover = None
         if "local_failover" in m:
             local_failover = self.boolean(m["local_failover"][1], "fabric.local_failover")
@@ -379,7 +390,32 @@ class _Loader(Reader):
                           ecn_mark_kb=mark, ecn_line_gbps=line, line_gbps=line_gbps,
                           buffer_kb=buffer_kb or 1024.0, pfc=pfc, pfc_xoff_kb=xoff, pfc_xon_kb=xon,
                           dscp_priority=dscp_prio, where=where, switch=switch, qos=qos,
-                          local_failover=local_failover)
+                          local_failover=local_failover, adaptive_routing=adaptive)
+
+    def _adaptive(self, node: yaml.Node, kind: str, datapath: str) -> AdaptiveRouting | None:
+        """``fabric.adaptive_routing: true|false|{mode: packet|flowlet, flowlet_gap_us}``."""
+        path = "fabric.adaptive_routing"
+        if isinstance(node, yaml.MappingNode):
+            m = self.mapping(node, path, tuple(AR_FIELDS))
+            if m is None:
+                return None
+            mode = self.choice(m["mode"][1], f"{path}.mode", AR_FIELDS["mode"].choices) if "mode" in m else "packet"
+            gap_us = DEFAULT_FLOWLET_GAP_NS / 1000
+            if "flowlet_gap_us" in m:
+                gap = self.value(m["flowlet_gap_us"][1], f"{path}.flowlet_gap_us", AR_FIELDS["flowlet_gap_us"])
+                gap_us = gap if gap is not None else gap_us
+                if mode != "flowlet":
+                    self.error(m["flowlet_gap_us"][1], f"{path}.flowlet_gap_us", "applies to mode: flowlet only")
+            ar: AdaptiveRouting | None = AdaptiveRouting(mode or "packet", round(gap_us * 1000))
+        else:
+            ar = AdaptiveRouting() if self.boolean(node, path) else None
+        if ar is not None and kind != "ib":
+            self.error(node, path, "adaptive routing is the IB switches' (groups from ibemu's SM); "
+                       "a RoCE fabric's routers hash flows over ECMP next hops")
+        elif ar is not None and datapath != "user":
+            self.error(node, path, "needs fabric.datapath: user (the switches choose by the link model's "
+                       "queues; the kernel datapath has none)")
+        return ar
 
     def _switch(self, node: yaml.Node, kind: str, datapath: str) -> SwitchSpec | None:
         """``fabric.switch: {model, latency_ns, buffer_kb}`` (user datapath)."""

@@ -149,6 +149,7 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
                          sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos,
                          sm_local_failover=f.local_failover is not False,
+                         adaptive_routing=f.adaptive_routing.to_json() if f.adaptive_routing else {},
                          switch=switch, sm_keys=scen.sm.keys(), sm_partitions=sm_partitions(scen))
 
 

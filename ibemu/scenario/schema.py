@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from ibemu.agents.forwarder import AdaptiveRouting
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
 from ibemu.physics.link import MAX_CABLE_M, SWITCH_MODELS, SwitchModel, default_switch_model
 from ibemu.sm.routing import ENGINES
@@ -188,6 +189,7 @@ ROCE_DATA_DSCP = 26
 MAX_BUFFER_KB = 1 << 20
 MAX_FABRIC_LOSS_PCT = 50.0
 MAX_FABRIC_DELAY_US = 100_000.0
+MAX_FLOWLET_GAP_US = 1_000_000.0
 MAX_ECN_MARK_KB = 65536.0
 MAX_ECN_LINE_GBPS = 1000.0
 FABRIC_KINDS = ("ib", "roce")
@@ -210,7 +212,15 @@ FABRIC_FIELDS: dict[str, Field] = {
     "qos": _obj("IB: VLs, SL -> VL and VL arbitration the SM programs", QOS_FIELDS),
     "local_failover": Field("bool", "IB, sm.engine ftree_ar|updn_ar: switches fail over to alternates by "
                             "themselves and notify their neighbours (default true with those engines)"),
+    "adaptive_routing": Field("adaptive_routing", "IB user datapath, sm.engine ftree_ar|updn_ar: switches "
+                              "send each packet (or flowlet) by the least-loaded port of its group"),
 }
+AR_FIELDS: dict[str, Field] = {
+    "mode": _choice("choose a port per packet, or per flowlet (a flow's burst keeps its port)", ("packet", "flowlet")),
+    "flowlet_gap_us": _num("flowlet mode: emulated silence (us) after which a flow may change port", 0,
+                           MAX_FLOWLET_GAP_US),
+}
+"""``fabric.adaptive_routing``: ``true`` (per packet), or ``{mode, flowlet_gap_us}``."""
 FABRIC_USER_KEYS = ("line_gbps", "buffer_kb", "pfc", "pfc_xoff_kb", "pfc_xon_kb", "dscp_priority")
 """RoCE user datapath only (``ibemu.roce.userpath``, timed by the link model as IB's user
 datapath is: each cable's rate and delay are the topology's, ``defaults``/links ``rate``,
@@ -433,6 +443,8 @@ class FabricSpec:
     local_failover: bool | None = None
     """IB: switches fail over by themselves (alternates and fault notices from ibemu's SM with
     an ``_ar`` engine); None: on exactly when the engine is adaptive."""
+    adaptive_routing: AdaptiveRouting | None = None
+    """IB user datapath: adaptive routing over the SM's groups (``Forwarder.adapt``); None: off."""
 
     @property
     def ecn(self) -> bool:
