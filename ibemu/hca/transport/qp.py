@@ -71,6 +71,7 @@ class QpStats:
     access_naks_sent: int = 0
     inv_req_naks_sent: int = 0
     duplicates: int = 0
+    out_of_order: int = 0  # requests that arrived ahead of the expected PSN (reordered or after a loss)
     dropped: int = 0  # out of sequence while a NAK is outstanding, stale responses, ...
     no_recv_drops: int = 0  # UD datagrams without a posted receive
     qkey_violations: int = 0

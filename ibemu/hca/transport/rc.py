@@ -10,7 +10,7 @@ from ibemu.hca.transport.cq import CompletionQueue, WcStatus
 from ibemu.hca.transport.qp import PathRecord, QpInfo, QpState, QpStateError, QpType, QueuePair
 from ibemu.hca.transport.rc_requester import RcRequester
 from ibemu.hca.transport.rc_responder import RcResponder
-from ibemu.hca.transport.segment import PSN_MASK, check_mtu
+from ibemu.hca.transport.segment import PSN_HALF, PSN_MASK, check_mtu
 from ibemu.hca.transport.timers import ack_timeout_ns
 from ibemu.hca.transport.wr import SendWr
 from ibemu.wire.fast import NativeTemplate
@@ -43,8 +43,12 @@ class RcQp(QueuePair):
 
     # -- state machine -------------------------------------------------------------------
     def modify_to_rtr(self, remote: QpInfo | Mapping[str, int], path: PathRecord | None = None, *,
-                      min_rnr_timer: int = 1) -> None:
-        """INIT -> RTR: remote QPN and starting PSN, the path (DLID, SL, MTU) to it."""
+                      min_rnr_timer: int = 1, reorder_window: int = 0) -> None:
+        """INIT -> RTR: remote QPN and starting PSN, the path (DLID, SL, MTU) to it.
+        ``reorder_window``: requests up to that many PSNs ahead are held, not NAKed
+        (``rc_responder``; for paths under adaptive routing)."""
+        if not 0 <= reorder_window <= PSN_HALF:
+            raise ValueError(f"reorder window must be within 0..{PSN_HALF}, not {reorder_window}")
         self._need(QpState.INIT)
         info = remote if isinstance(remote, QpInfo) else QpInfo(remote["qpn"], remote["psn"], remote["lid"])
         path = path or PathRecord(dlid=info.lid)
@@ -56,6 +60,7 @@ class RcQp(QueuePair):
                                    sl=path.sl, vl=path.sl if path.vl is None else path.vl)
         self.resp.epsn = info.psn & PSN_MASK
         self.resp.min_rnr_timer = min_rnr_timer & 0x1F
+        self.resp.reorder_window = reorder_window
         self.state = QpState.RTR
 
     def modify_to_rts(self, *, timeout: int = 14, retry_cnt: int = 7, rnr_retry: int = 7,
@@ -88,11 +93,12 @@ class RcQp(QueuePair):
 
     def connect(self, remote: QpInfo | Mapping[str, int], path: PathRecord | None = None, *,
                 pkey_index: int = 0, min_rnr_timer: int = 1, timeout: int = 14, retry_cnt: int = 7,
-                rnr_retry: int = 7, ack_every: int = 16, max_inflight: int = 4096) -> None:
+                rnr_retry: int = 7, ack_every: int = 16, max_inflight: int = 4096,
+                reorder_window: int = 0) -> None:
         """RESET -> INIT -> RTR -> RTS in one call, with ``remote`` = the peer's ``info()``."""
         if self.state is QpState.RESET:
             self.modify_to_init(pkey_index=pkey_index)
-        self.modify_to_rtr(remote, path, min_rnr_timer=min_rnr_timer)
+        self.modify_to_rtr(remote, path, min_rnr_timer=min_rnr_timer, reorder_window=reorder_window)
         self.modify_to_rts(timeout=timeout, retry_cnt=retry_cnt, rnr_retry=rnr_retry,
                            ack_every=ack_every, max_inflight=max_inflight)
 

@@ -1,4 +1,17 @@
-"""RC responder: PSN checking, placement into receives and MRs, READ responses, ACK/NAK."""
+"""RC responder: PSN checking, placement into receives and MRs, READ responses, ACK/NAK.
+
+Out-of-order arrivals (adaptive routing sprays a QP's packets over several paths): by
+default the responder is IBA's, in order: a request PSN ahead of ePSN is a sequence error,
+NAKed once (``seq_naks_sent``), and the requester goes back N. With a reorder window
+(``reorder_window`` > 0, ``RcQp.modify_to_rtr(reorder_window=N)``: what an HCA offers for
+QPs on adaptively routed paths) a request up to N - 1 PSNs ahead is held, not NAKed, and
+executed in PSN order once the gap is filled, so placement, completions and ACKs stay those
+of in-order delivery; a request beyond the window, or one arriving with the window full,
+is a sequence error as before (a lost packet then costs a NAK, not the ACK timeout). Held
+packets are copies (the caller's buffer is reused). Either way ``out_of_order`` counts the
+requests that arrived ahead of ePSN (outside a NAK already outstanding): the reordering the
+fabric caused, per QP.
+"""
 
 from __future__ import annotations
 
@@ -53,6 +66,10 @@ class RcResponder:
         self._woff = 0
         self._wleft = 0
         self._wlen = 0
+        self.reorder_window = 0
+        """Requests held up to this many PSNs ahead of ePSN (0: in order only; module docstring)."""
+        self._held: dict[int, tuple[bytes, int, int, int, int]] = {}
+        """PSN -> (packet, opcode, BTH byte 1, AckReq, length) of requests held for a gap."""
 
     def _reply(self, syndrome: int, psn: int, out: list[Send]) -> None:
         qp = self.qp
@@ -79,6 +96,20 @@ class RcResponder:
 
     def on_request(self, pkt: bytes | bytearray | memoryview, mv: memoryview, op: int, b1bth: int,
                    ackreq: int, psn: int, n: int, out: list[Send]) -> None:
+        self._on_request(pkt, mv, op, b1bth, ackreq, psn, n, out)
+        held = self._held
+        while held:  # the gap before them filled: the held requests in PSN order
+            nxt = held.pop(self.epsn, None)
+            if nxt is None:
+                epsn = self.epsn
+                for k in [k for k in held if (k - epsn) & PSN_MASK >= PSN_HALF]:
+                    del held[k]  # passed (a retransmission was executed instead)
+                break
+            b, op2, b1, ack2, n2 = nxt
+            self._on_request(b, memoryview(b), op2, b1, ack2, self.epsn, n2, out)
+
+    def _on_request(self, pkt: bytes | bytearray | memoryview, mv: memoryview, op: int, b1bth: int,
+                    ackreq: int, psn: int, n: int, out: list[Send]) -> None:
         qp = self.qp
         d = (psn - self.epsn) & PSN_MASK
         if d:
@@ -89,6 +120,12 @@ class RcResponder:
                 elif ackreq:
                     self._reply(CREDITS_UNLIMITED, (self.epsn - 1) & PSN_MASK, out)
                     qp.stats.acks_sent += 1
+                return
+            if not self.nak_pending:
+                qp.stats.out_of_order += 1
+            if d < self.reorder_window and len(self._held) < self.reorder_window - 1:
+                if psn not in self._held:
+                    self._held[psn] = (bytes(pkt), op, b1bth, ackreq, n)
                 return
             if self.nak_pending:
                 qp.stats.dropped += 1
