@@ -49,3 +49,50 @@ def send_and_count(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: 
     finally:
         out.close()
         inp.close()
+
+
+def send_bursts(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: int, bursts: int, burst: int, *,
+                size: int = 2048, gap_s: float = 0.005, wait_s: float = 3.0) -> dict[str, int]:
+    """``bursts`` bursts of ``burst`` RDMA WRITE Only frames, back to back, PSNs in order,
+    ``gap_s`` (real) apart, from ``src`` to ``dst``: ``received`` and ``out_of_order`` (frames
+    that arrived after a frame with a later PSN: the reordering the fabric caused, as a
+    receiver of one QP sees it)."""
+    sp, dp = plan.nodes[src], plan.nodes[dst]
+    out = open_packet_socket(sp.ns, sp.ports[1].ifname)
+    inp = open_packet_socket(dp.ns, dp.ports[1].ifname, bpf=sockfilter.DATA_ONLY)
+    try:
+        tmpl = fast.NativeTemplate(slid=src_lid, dlid=dst_lid, destqp=0x42,
+                                   eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
+        payload = b"\xa5" * size
+        got = late = 0
+        top = -1
+        n = bursts * burst
+
+        def drain() -> None:
+            nonlocal got, late, top
+            try:
+                while True:
+                    frame = inp.recv(9000)
+                    psn = fast.peek(frame, 14).psn
+                    got += 1
+                    if psn < top:
+                        late += 1
+                    else:
+                        top = psn
+            except BlockingIOError:
+                pass
+
+        for b in range(bursts):
+            for i in range(burst):
+                psn = b * burst + i
+                out.send(tmpl.packet(0x0A, psn, payload, ext=fast.reth(0x1000, 0x77, size)))
+            time.sleep(gap_s)
+            drain()
+        deadline = time.monotonic() + wait_s  # real seconds, whatever the dilation
+        while got < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+            drain()
+        return {"received": got, "out_of_order": late}
+    finally:
+        out.close()
+        inp.close()

@@ -36,6 +36,7 @@ from ibemu.roce import routes as roce_routes
 from ibemu.roce.addressing import plan_addresses
 from ibemu.scenario.runner import QPN_BASE, QPNS_PER_FLOW
 from ibemu.sm.routing import compute
+from ibemu.sm.routing.alternates import AR_ENGINES, compute_ar
 from ibemu.testing.fromtopo import graph_of
 from ibemu.topo.model import Topology
 from ibemu.wire.roce import ROCEV2_UDP_PORT
@@ -46,11 +47,27 @@ class IbRouting:
     """Paths by the LFTs of one of ibemu's routing engines (see the module docstring)."""
 
     def __init__(self, topo: Topology, engine: str = "ftree") -> None:
+        """``engine`` ``ftree_ar``/``updn_ar``: the base engine's LFTs and the checked
+        alternates its SM would write (``compute_ar``), as ``alternates`` and ``group``."""
         self.topo = topo
         graph = graph_of(topo)
-        self.routes = compute(graph, engine)
+        alts: dict[int, dict[int, tuple[int, ...]]] = {}
+        if engine in AR_ENGINES:
+            ar = compute_ar(graph, engine)
+            self.routes, alts = ar.primary, ar.alternates
+        else:
+            self.routes = compute(graph, engine)
         self.lfts = {n: self.routes.lfts[node.guid] for n, node in topo.nodes.items() if node.is_switch}
         self.lids = {n: graph.nodes[node.guid].ports[1].lid for n, node in topo.nodes.items() if node.is_ca}
+        self.switch_lids = {n: graph.nodes[node.guid].ports[0].lid for n, node in topo.nodes.items()
+                            if node.is_switch}
+        self.alternates: dict[str, dict[int, tuple[int, ...]]] = {
+            n: dict(alts.get(node.guid, {})) for n, node in topo.nodes.items() if node.is_switch}
+        """Switch name -> LID -> alternate ports (empty without an ``_ar`` engine)."""
+
+    def group(self, switch: str, lid: int) -> tuple[int, ...]:
+        """The ports ``switch`` may send ``lid`` by: its LFT's, then the alternates."""
+        return (self.lfts[switch][lid], *self.alternates[switch].get(lid, ()))
 
     def path(self, src: str, dst: str, index: int = 0) -> Path:
         lid = self.lids[dst]

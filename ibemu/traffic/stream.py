@@ -46,7 +46,7 @@ before they are acknowledged: a retransmission resends the same bytes)."""
 
 
 REQUESTER_COUNTERS = ("timeouts", "seq_naks_received", "rnr_naks_received", "dropped")
-RESPONDER_COUNTERS = ("seq_naks_sent", "rnr_naks_sent", "duplicates", "dropped")
+RESPONDER_COUNTERS = ("seq_naks_sent", "rnr_naks_sent", "duplicates", "dropped", "out_of_order")
 
 
 @dataclass
