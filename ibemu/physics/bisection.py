@@ -34,6 +34,15 @@ fabric manager's ECMP routes and the user datapath's hash for RoCE); here:
   per flow within 0.3 points; k=8 random permutations match on the mean within ~1.5 points,
   single flows differ by up to ~40.
 
+Adaptive routing (``simulate(..., groups=...)``): a switch takes each frame, when it reaches
+it, by the least-loaded port of the group of the frame's destination (``groups(switch,
+destination)``: the LFT's port first, then the alternates ibemu's SM computes, ``ftree_ar``),
+the load as the live datapath's adaptive routing reads it (``physics.live.egress_load``:
+bytes queued, on the wire and in the pipeline for the port, and credits in use at the next
+switch), ties to the LFT's port; per packet, or per flowlet (``flowlet_gap_ns``: a flow keeps
+its port while its frames follow each other within the gap). The same choice as
+``Forwarder.adapt`` on the live datapath. Reordering is counted per flow (``SimResult.reordered``).
+
 Deviation: every link of a fat-tree has one rate here (``capacity`` may say otherwise per
 link); a flow is a saturating sender (infinite demand), as in the published figures.
 """
@@ -47,6 +56,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ibemu.physics.link import SwitchModel, default_switch_model
+from ibemu.physics.live import egress_load
 from ibemu.physics.model import EthConfig, Frame, Kind
 from ibemu.physics.plan import build_nodes
 from ibemu.physics.sim import Flow, Simulator
@@ -210,16 +220,27 @@ class SimResult:
     """Each flow's frame bytes delivered in the window over what one flow alone delivers."""
     events: int
     drops: int
+    reordered: list[int] = dataclasses.field(default_factory=list)
+    """Per flow, frames delivered after a later one of the same flow (whole run)."""
+    delivered: list[int] = dataclasses.field(default_factory=list)
+    """Per flow, frames delivered (whole run)."""
+    ports_used: dict[tuple[str, Hashable], set[int]] = dataclasses.field(default_factory=dict)
+    """Adaptive routing: (switch, destination) -> the ports frames took."""
+
+
+Groups = Callable[[str, Hashable], Sequence[int]]
+"""(switch, destination host) -> its ports for it, the LFT's first (adaptive routing)."""
 
 
 def simulate(topo: Topology, flows: Sequence[tuple[str, str, Path]], *, kind: Kind = "ib",
              switch: SwitchModel | None = None, eth: EthConfig | None = None, size: int = 4122,
              warmup_ns: int = 50_000, window_ns: int = 200_000, backlog: int = 8,
-             seed: int = 0) -> SimResult:
+             seed: int = 0, groups: Groups | None = None, flowlet_gap_ns: int | None = None) -> SimResult:
     """``flows`` (source host, destination host, path) as saturating senders of ``size``-byte
     frames through the model (:func:`ibemu.physics.plan.build_nodes` on ``topo``), every switch
     forwarding a flow's frames by its path (a per-flow static route: what the LFTs or the ECMP
-    hash decided). Rates are measured from ``warmup_ns`` for ``window_ns``."""
+    hash decided), or with ``groups`` by adaptive routing (module docstring; per packet, or
+    per flowlet with ``flowlet_gap_ns``). Rates are measured from ``warmup_ns`` for ``window_ns``."""
     if switch is None:
         switch = default_switch_model(topo.defaults.rate, ethernet=kind == "eth")
         if kind == "ib":  # room for a few frames in flight per VL whatever the frame size
@@ -229,10 +250,30 @@ def simulate(topo: Topology, flows: Sequence[tuple[str, str, Path]], *, kind: Ki
     for i, (_s, _d, path) in enumerate(flows):
         table[str(i)] = dict(path[1:])
 
+    used: dict[tuple[str, Hashable], set[int]] = {}
+    flowlets: dict[tuple[str, str], tuple[int, int]] = {}
+
     def route(sw: str, frame: Frame) -> int:
         fl = frame.flow
         assert isinstance(fl, Flow)
-        return table[fl.name][sw]
+        if groups is None:
+            return table[fl.name][sw]
+        node = nodes[sw]
+        now = sim.now
+        if flowlet_gap_ns is not None:
+            last = flowlets.get((sw, fl.name))
+            if last is not None and now - last[1] <= flowlet_gap_ns:
+                flowlets[(sw, fl.name)] = (last[0], now)
+                return last[0]
+        best, best_load = 0, -1
+        for p in groups(sw, fl.dst):
+            load = egress_load(node, p)
+            if best_load < 0 or load < best_load:
+                best, best_load = p, load
+        if flowlet_gap_ns is not None:
+            flowlets[(sw, fl.name)] = (best, now)
+        used.setdefault((sw, fl.dst), set()).add(best)
+        return best
 
     sim = Simulator(kind, route, seed=seed)
     sim.adopt(nodes)
@@ -244,4 +285,4 @@ def simulate(topo: Topology, flows: Sequence[tuple[str, str, Path]], *, kind: Ki
     link = nodes[flows[0][0]].ports[flows[0][2][0][1]].link if flows else None
     full = size * 8 / link.frame_ns(size) if link else 1.0  # Gb/s of one flow alone
     rates = [(f.delivered_bytes - b) * 8 / window_ns / full for f, b in zip(fls, before, strict=True)]
-    return SimResult(rates, sim.events, sim.drops)
+    return SimResult(rates, sim.events, sim.drops, [f.reordered for f in fls], [f.delivered for f in fls], used)

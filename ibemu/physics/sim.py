@@ -67,6 +67,10 @@ class Flow:
     first_ns: int | None = None
     last_ns: int | None = None
     latencies: list[int] = field(default_factory=list)
+    reordered: int = 0
+    """Frames delivered after a later frame of the flow (``meta``, the frame's number, lower
+    than the highest delivered): what a receiver of the flow sees as out of order."""
+    top: int = -1
 
     def rate_gbps(self) -> float:
         """Delivered frame bytes over the time from the flow's start to its last delivery."""
@@ -180,6 +184,12 @@ class Simulator:
                     fl.first_ns = fl.first_ns if fl.first_ns is not None else a.at_ns
                     fl.last_ns = a.at_ns
                     fl.latencies.append(a.at_ns - a.frame.born_ns)
+                    n = a.frame.meta
+                    if isinstance(n, int):
+                        if n < fl.top:
+                            fl.reordered += 1
+                        else:
+                            fl.top = n
             elif isinstance(a, Drop):
                 self.drops += 1
                 fl = a.frame.flow
