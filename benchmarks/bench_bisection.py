@@ -36,6 +36,7 @@ permutation. ``--ar-seeds N`` (default 3) permutations on k=8 (~1 min each on th
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -159,7 +160,8 @@ def adaptive(k: int, seeds: int) -> None:
               f"{spread} (switch, destination) pairs used 2+ ports; drops {ar.drops} "
               f"({time.perf_counter() - t0:.1f} s)")
     print(f"  adaptive / static: x{min(ratios):.2f} - x{max(ratios):.2f} (target >= x1.5 on k=8); "
-          f"fluid bound (flows split over every shortest path): 100%")
+          f"fluid bound (flows split over every shortest path): 100%; load average "
+          f"{os.getloadavg()[0]:.1f} (the figures are the model's, in emulated time: load changes only the run time)")
 
 
 def main() -> int:
