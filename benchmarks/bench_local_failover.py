@@ -24,7 +24,24 @@ moved the LIDs on a neighbour's notice), the SM's reroute and the frames lost.
 Every figure is ibemu's own time on this machine (the carrier event reaching the agent host's
 thread, the agents' Python relaying each notice), real time at dilation 1, not a switch ASIC's.
 
+With ``--datapath user --dilation N`` the same near cut on the IB user datapath (the
+switches forward in the agent host, every cable timed by the link model) at dilation N, and
+the figure is in emulated time: a probe stream h1 -> h15 of RDMA WRITE frames, one every
+``--spacing-us`` emulated microseconds (default 1; N times that in real time), received on a
+raw socket at h15 with kernel stamps put on the emulated clock. ``blackout`` is the longest
+silence at the receiver (emulated us) from the cut on, less the stream's spacing; ``frames
+lost`` counts the stream's frames that never arrived. Both engines are ibemu's SM on the same
+dilated clock (``clock.child_env``): ``ftree_ar`` (the edge's forwarder fails over on the
+carrier loss) and ``ftree`` (the stream waits for the SM's reroute). Each run's fidelity
+comes from its lag log (``scenario.fidelity``: processes and links, over the stream); only
+runs marked valid count in the figures, the others are listed. To scale: the blackout with
+local failover is the agent host's reaction to a carrier loss divided by N (a switch ASIC
+reacts in hardware: ibemu's figure is an upper bound); SM-only is the SM's real CPU time
+divided by N too, so it is N times shorter than the same SM on a real fabric would take: not
+to scale (the kernel datapath's figures above are the real-time ones).
+
 Run: sudo .venv/bin/python benchmarks/bench_local_failover.py [--runs 3] [--cut near|far]
+     sudo .venv/bin/python benchmarks/bench_local_failover.py --datapath user --dilation 2000 [--runs 3]
 """
 
 from __future__ import annotations
@@ -32,7 +49,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -44,8 +63,12 @@ from typing import Any
 import trio
 from harness import LiveFabric
 
+from ibemu import clock, lagmon
 from ibemu.fabric.probe import send_and_count
+from ibemu.kernel.packet import open_packet_socket
+from ibemu.scenario.fidelity import fidelity
 from ibemu.topo import generate
+from ibemu.wire import fast
 
 REPO = Path(__file__).resolve().parents[1]
 STREAM = 6400
@@ -61,7 +84,7 @@ class Run:
         self.sm = subprocess.Popen(
             [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(self.events),
              "--sweep-interval", "2", "--engine", engine],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+            cwd=REPO, env={**clock.child_env(), "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
             stderr=open(tmp / f"sm-{engine}.stderr", "wb"))  # noqa: SIM115
 
     def close(self) -> None:
@@ -161,14 +184,154 @@ def one(engine: str, tmp: Path, cut: str = "near") -> dict[str, float]:
             run.close()
 
 
+SO_TIMESTAMPNS = 35
+
+
+def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us: float,
+                 cut_at: int, cut: Any) -> tuple[list[tuple[int, int]], int]:
+    """``n`` RDMA WRITE frames h1 -> h15, one every ``spacing_us`` emulated us, ``cut()`` called
+    before frame ``cut_at``; (PSN, emulated arrival ns) of each frame received, and the
+    emulated ns of the cut."""
+    plan = fab.rt.plan
+    sp, dp = plan.nodes["h1"], plan.nodes["h15"]
+    tx = open_packet_socket(sp.ns, sp.ports[1].ifname, 0x0003)
+    rx = open_packet_socket(dp.ns, dp.ports[1].ifname, 0x88B5, buffer_bytes=8 << 20)
+    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    tpl = fast.NativeTemplate(slid=src_lid, dlid=dst_lid, destqp=0x100,
+                              eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
+    got: list[tuple[int, int]] = []
+    offset = clock.realtime_offset_ns()
+
+    def drain() -> None:
+        while True:
+            try:
+                data, anc, _, _ = rx.recvmsg(9216, 64)
+            except BlockingIOError:
+                return
+            for level, kind, d in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) > 100:
+                    s_, ns = struct.unpack_from("qq", d)
+                    got.append((fast.peek(data, 14).psn, clock.realtime_to_emulated_ns(s_ * 1_000_000_000 + ns, offset)))
+
+    t_cut = 0
+    step = spacing_us * 1000  # emulated ns
+    t0 = clock.now_ns()
+    try:
+        for i in range(n):
+            due = t0 + i * step
+            while clock.now_ns() < due:
+                drain()
+                time.sleep(max(0.0, min(0.002, (due - clock.now_ns()) * clock.dilation() / 1e9)))
+            if i == cut_at:
+                t_cut = clock.now_ns()
+                cut()
+            tx.send(tpl.packet(0x0A, i, bytes(256), ext=fast.reth(0, 0, 256)))
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            drain()
+            time.sleep(0.01)
+    finally:
+        tx.close()
+        rx.close()
+    return got, t_cut
+
+
+def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames: int) -> dict[str, Any]:
+    """The near cut on the user datapath at ``dilation`` (module docstring); emulated figures."""
+    topo = generate("fat-tree", k=4)
+    lag = tmp / "lag.jsonl"
+    os.environ[lagmon.ENV_LOG] = str(lag)
+    clock.configure(dilation)
+    try:
+        with LiveFabric(topo, tmp, scenario="bench-local-failover-user", datapath="user") as fab:
+            run = Run(fab, tmp, engine)
+            try:
+                run.wait_sm("subnet_up", timeout_s=300)
+                assert fab.rt.fabric is not None
+                dlid = run.lid("h15")
+                port = trio.from_thread.run_sync(
+                    lambda: fab.rt.host.nodes["edge0_0"].agent.lft.lookup(dlid),  # type: ignore[union-attr]
+                    trio_token=fab.token)
+                if engine.endswith("_ar"):  # the SM writes the alternates after the LFTs: wait for them
+                    deadline = time.monotonic() + 30
+                    while not trio.from_thread.run_sync(
+                            lambda: fab.rt.host.nodes["edge0_0"].agent.alternates_of(dlid),  # type: ignore[union-attr]
+                            trio_token=fab.token):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the SM wrote no alternates")
+                        time.sleep(0.05)
+                fabric = fab.rt.fabric
+                t_start = clock.now_ns()
+                got, t_cut = probe_stream(fab, run.lid("h1"), dlid, frames, spacing_us, frames // 4,
+                                          lambda: fabric.links.set_up(fab.ns("edge0_0"), topo.ifname("edge0_0", port), False))
+                t_end = clock.now_ns()
+                rr = run.wait_sm("reroute", timeout_s=60)[0]
+                trio.from_thread.run_sync(lambda: fab.rt.host.links.report_links(final=True),  # type: ignore[union-attr]
+                                          trio_token=fab.token)
+            finally:
+                run.close()
+        recs = [json.loads(x) for x in lag.read_text().splitlines()] if lag.exists() else []
+        fid = fidelity(recs, dilation=dilation, lo_ns=t_start, hi_ns=t_end)
+    finally:
+        clock.configure(1)
+        os.environ.pop(lagmon.ENV_LOG, None)
+    arrivals = sorted(t for _, t in got)
+    after = [t for t in arrivals if t >= t_cut]
+    before = [t for t in arrivals if t < t_cut]
+    gaps = [b - a for a, b in zip(([before[-1]] if before else []) + after, after, strict=False)]
+    blackout = max(0.0, (max(gaps, default=0) - spacing_us * 1000) / 1000)
+    return {"blackout_us": blackout, "frames_lost": float(frames - len({p for p, _ in got})),
+            "cut_to_sm_programmed_us": (rr["t_programmed"] - t_cut) / 1000,
+            "valid": fid["valid"], "note": fid["note"]}
+
+
+def main_user(args: argparse.Namespace) -> None:
+    rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
+    for i in range(args.runs):
+        for engine in rows:
+            with tempfile.TemporaryDirectory(prefix="bench-lfo-user-") as tmp:
+                r = one_user(engine, Path(tmp), args.dilation, args.spacing_us, args.frames)
+            rows[engine].append(r)
+            print(f"  run {i + 1} {engine}: {r}", file=sys.stderr, flush=True)
+    print(f"Cable cut (the sender's edge uplink) under a probe stream h1 -> h15 (k=4 fat-tree, IB user datapath, "
+          f"dilation {args.dilation:g}, a frame every {args.spacing_us:g} us emulated, {args.frames} frames; "
+          f"load average {os.getloadavg()[0]:.1f}): min / median / max over the runs the fidelity monitor marked valid")
+    print(f"  {'figure (emulated)':<28} {'ftree_ar (local failover)':>28} {'ftree (SM only)':>28}")
+    for k in ("blackout_us", "cut_to_sm_programmed_us", "frames_lost"):
+        cells = []
+        for engine in rows:
+            vals = [r[k] for r in rows[engine] if r["valid"]]
+            fmt = "{:.0f}" if k == "frames_lost" else "{:.1f}"
+            cells.append("-" if not vals else " / ".join(fmt.format(v) for v in
+                                                         (min(vals), statistics.median(vals), max(vals))))
+        print(f"  {k:<28} {cells[0]:>28} {cells[1]:>28}")
+    for engine in rows:
+        bad = [r for r in rows[engine] if not r["valid"]]
+        print(f"  {engine}: {len(rows[engine]) - len(bad)} of {len(rows[engine])} runs valid"
+              + "".join(f"\n    invalid: blackout {r['blackout_us']:.1f} us; {r['note']}" for r in bad))
+    print("  (to scale: the local failover blackout, an upper bound of a switch's; not to scale: the SM's "
+          "reroute, whose real CPU time dilation divides by N)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="fresh fabrics per engine (default 3)")
     ap.add_argument("--cut", choices=("near", "far"), default="near",
                     help="near: the sender's edge uplink; far: the last cable before the receiver's edge")
+    ap.add_argument("--datapath", choices=("kernel", "user"), default="kernel")
+    ap.add_argument("--dilation", type=float, default=0.0, help="user datapath: the dilation factor (required)")
+    ap.add_argument("--spacing-us", type=float, default=1.0, help="user datapath: the probe stream's spacing (emulated us)")
+    ap.add_argument("--frames", type=int, default=400, help="user datapath: the probe stream's frames")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs >= 1")
+    if args.datapath == "user":
+        if args.dilation < 1 or args.cut != "near" or args.spacing_us <= 0 or args.frames < 8:
+            ap.error("--datapath user needs --dilation N >= 1, --cut near, --spacing-us > 0, --frames >= 8")
+        main_user(args)
+        return
+    if args.dilation:
+        ap.error("--dilation applies to --datapath user")
     rows: dict[str, list[dict[str, float]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
