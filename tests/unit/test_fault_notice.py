@@ -205,3 +205,31 @@ def test_a_new_generation_ends_the_repairs_and_reports_them() -> None:
     fab.link_up(edge, port)
     cut_edge_uplink(fab, edge_of, hosts[-1])  # a second fault after the repairs ended
     assert unreachable(fab, lids, edge_of) == []
+
+
+def test_a_notice_from_a_switch_the_sm_did_not_list_is_counted_and_ignored() -> None:
+    """Every switch that would hear the aggregation switch's notice has that port struck off
+    its FailoverConfig (a neighbour unknown to the SM, e.g. cabled since): each counts the
+    notice as ignored and keeps its LFT; the pod's other hosts stay cut off from the far side."""
+    fab, lids, edge_of = build()
+    host = sorted(lids)[0]
+    edge = edge_of[host]
+    agg = next(p[0] for n in sorted(fab.agents[edge].ports) if n and (p := fab.peer(edge, n)) is not None
+               and isinstance(fab.agents[p[0]], SwitchAgent))
+    listeners = {}
+    for n in sorted(fab.agents[agg].ports):
+        p = fab.peer(agg, n) if n else None
+        if p is not None and p[0] != edge and isinstance(fab.agents[p[0]], SwitchAgent):
+            sw = fab.agents[p[0]]
+            assert isinstance(sw, SwitchAgent)
+            sw.switch_ports = sw.switch_ports - {p[1]}
+            listeners[p[0]] = {lid: sw.lft.raw(lid) for lid in lids.values()}
+    assert listeners
+    cut_edge_uplink(fab, edge_of, host)
+    assert fab.agents[agg].stats["notices_sent"] >= 1
+    for name, before in listeners.items():
+        sw = fab.agents[name]
+        assert isinstance(sw, SwitchAgent)
+        assert sw.stats["notice_ignored"] >= 1, name
+        assert {lid: sw.lft.raw(lid) for lid in lids.values()} == before
+    assert unreachable(fab, lids, edge_of)  # nobody upstream moved: the far side blackholes
