@@ -35,8 +35,10 @@ LFT's. ``adapt`` takes the decision when the packet reaches the switch in the li
 (``physics.live``: the IB user datapath), not when the real frame is read (for a frame from a
 host that is before the HCA's queue): the group's port that can carry it (not the ingress)
 with the least load, as the model says (``load(port)``: bytes queued, on the wire and in the
-pipeline for it, and held in the next switch's input buffer, i.e. credits in use); ties go
-to the LFT's port, then the alternates in their order. Per packet (every packet chooses) or
+pipeline for it, and held in the next switch's input buffer, i.e. credits in use); ties are
+broken round robin (a pointer per switch, advanced at every decision, says which port of the
+group is looked at first: idle ports share the packets instead of the LFT's port taking them
+all; in the packet-level model this lifted a k=8 random permutation from 92.3% to 94.4%). Per packet (every packet chooses) or
 per flowlet (a flow, SLID + DLID + destination QP, keeps its port while its packets follow
 each other within ``flowlet_gap_ns``; a longer gap, or its port unable to carry, and it
 chooses again). What ``forward_run``/``decide`` counted on the LFT's port moves to the port
@@ -260,6 +262,8 @@ class Forwarder:
         """Partition enforcement drops not yet seen by the agent (``SwitchAgent.tick``)."""
         self.adaptive: AdaptiveRouting | None = None
         """Adaptive routing over the alternates' groups (None: the LFT's port only)."""
+        self._ar_turn = 0
+        """Adaptive routing's round-robin pointer for ties."""
         self._flowlets: dict[tuple[int, int, int], tuple[int, int]] = {}
         """(SLID, DLID, destination QP) -> (port, emulated ns of its last packet)."""
 
@@ -531,7 +535,9 @@ class Forwarder:
                     self._flowlets[key] = (last[0], now_ns)
                     return self._moved(packet, offset, egress, last[0])
         best, best_load = 0, -1
-        for p in group:
+        turn = self._ar_turn % len(group)
+        self._ar_turn += 1
+        for p in group[turn:] + group[:turn]:
             q = ports.get(p)
             if p == ingress or q is None or not self._can_carry(q, False):
                 continue

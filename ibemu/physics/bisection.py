@@ -39,7 +39,7 @@ it, by the least-loaded port of the group of the frame's destination (``groups(s
 destination)``: the LFT's port first, then the alternates ibemu's SM computes, ``ftree_ar``),
 the load as the live datapath's adaptive routing reads it (``physics.live.egress_load``:
 bytes queued, on the wire and in the pipeline for the port, and credits in use at the next
-switch), ties to the LFT's port; per packet, or per flowlet (``flowlet_gap_ns``: a flow keeps
+switch), ties broken round robin (a pointer per switch); per packet, or per flowlet (``flowlet_gap_ns``: a flow keeps
 its port while its frames follow each other within the gap). The same choice as
 ``Forwarder.adapt`` on the live datapath. Reordering is counted per flow (``SimResult.reordered``).
 
@@ -252,6 +252,7 @@ def simulate(topo: Topology, flows: Sequence[tuple[str, str, Path]], *, kind: Ki
 
     used: dict[tuple[str, Hashable], set[int]] = {}
     flowlets: dict[tuple[str, str], tuple[int, int]] = {}
+    turns: dict[str, int] = {}
 
     def route(sw: str, frame: Frame) -> int:
         fl = frame.flow
@@ -266,7 +267,11 @@ def simulate(topo: Topology, flows: Sequence[tuple[str, str, Path]], *, kind: Ki
                 flowlets[(sw, fl.name)] = (last[0], now)
                 return last[0]
         best, best_load = 0, -1
-        for p in groups(sw, fl.dst):
+        group = tuple(groups(sw, fl.dst))
+        turn = turns.get(sw, 0)
+        turns[sw] = turn + 1
+        turn %= len(group)
+        for p in group[turn:] + group[:turn]:
             load = egress_load(node, p)
             if best_load < 0 or load < best_load:
                 best, best_load = p, load

@@ -35,16 +35,16 @@ def loads(**by_port: int):  # noqa: ANN201
     return lambda p: by_port.get(f"p{p}", 0)
 
 
-def test_least_loaded_port_of_the_group_ties_to_the_lft_port() -> None:
+def test_least_loaded_port_of_the_group_ties_round_robin() -> None:
     sw = switch()
     f = sw.forwarder
     p = pkt()
     f.ports[3].counters.add_tx(len(p))  # what forward_run counted on the decided port
-    assert f.adapt(p, 0, 1, 3, 0, loads()) == 3  # all idle: the LFT's port
-    assert f.adapt(p, 0, 1, 3, 0, loads(p3=5000, p4=100, p5=100)) == 4  # tie among alternates: their order
+    assert f.adapt(p, 0, 1, 3, 0, loads(p3=5000, p4=100, p5=100)) == 4  # least loaded; tie: 4 looked at first
     assert f.ports[3].counters.xmit_pkts == 0 and f.ports[4].counters.xmit_pkts == 1  # the count moved
     assert f.adapt(p, 0, 1, 3, 0, loads(p3=5000, p4=200, p5=100)) == 5
-    assert f.stats["ar_decisions"] == 3 and f.stats["ar_moved"] == 2
+    assert [f.adapt(p, 0, 1, 3, 0, loads()) for _ in range(6)] == [5, 3, 4, 5, 3, 4]  # all idle: in turn (third decision)
+    assert f.stats["ar_decisions"] == 8 and f.stats["ar_moved"] == 6
 
 
 def test_ingress_and_ports_that_cannot_carry_are_passed_over() -> None:
@@ -53,7 +53,7 @@ def test_ingress_and_ports_that_cannot_carry_are_passed_over() -> None:
     p = pkt()
     assert f.adapt(p, 0, 4, 3, 0, loads(p3=5000, p4=0, p5=100)) == 5  # 4 is the ingress
     sw.ports[5].phys = PhysState.DISABLED
-    assert f.adapt(p, 0, 4, 3, 0, loads(p3=5000, p4=0, p5=0)) == 3
+    assert f.adapt(p, 0, 4, 3, 0, loads(p3=0, p4=0, p5=0)) == 3  # the only one left
     sw.ports[3].state = PortState.INIT
     assert f.adapt(p, 0, 4, 3, 0, loads()) == 3  # none can carry it: left where it was decided
 
@@ -81,9 +81,9 @@ def test_flowlets_keep_their_port_within_the_gap() -> None:
     a, b = pkt(qp=0x42), pkt(qp=0x43)
     assert f.adapt(a, 0, 1, 3, 0, loads(p3=100)) == 4
     assert f.adapt(a, 0, 1, 3, 900, loads(p4=500)) == 4  # same flowlet: stays, though 4 is loaded now
-    assert f.adapt(b, 0, 1, 3, 900, loads(p4=500)) == 3  # another QP: a flow of its own
+    assert f.adapt(b, 0, 1, 3, 900, loads(p4=500, p5=500)) == 3  # another QP: a flow of its own
     assert f.adapt(a, 0, 1, 3, 1800, loads(p4=500)) == 4  # 900 ns after its last packet: still one flowlet
-    assert f.adapt(a, 0, 1, 3, 2900, loads(p4=500)) == 3  # a gap of 1100 ns: a new flowlet chooses again
+    assert f.adapt(a, 0, 1, 3, 2900, loads(p4=500, p5=500)) == 3  # a gap of 1100 ns: a new flowlet chooses again
     sw.ports[3].phys = PhysState.DISABLED
     assert f.adapt(a, 0, 1, 4, 3000, loads(p4=500)) == 5  # its port cannot carry: chooses again (5 idle)
     assert f.stats["ar_decisions"] == 4  # the two packets kept by their flowlet chose nothing
