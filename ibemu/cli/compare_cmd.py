@@ -31,6 +31,13 @@ alternates: SM-only recovery). The table adds each fault's ``local_failover`` ph
 ratio column is B over A. Files: ``OUT/local-failover.json``, ``OUT/sm-only.json``. Refused
 before anything is built (located): a RoCE fabric, OpenSM, an engine with no adaptive
 variant, a scenario with no faults, and ``--control`` with it.
+
+``--variant adaptive-routing``: two IB runs on the user datapath (adaptive routing reads the
+link model's queues) with ibemu's SM and one adaptive engine, as above: A with
+``fabric.adaptive_routing`` (the scenario's setting, or per packet), B without (the LFTs'
+ports; local failover as the scenario says). Files: ``OUT/adaptive-routing.json``,
+``OUT/static.json``. Refused before anything is built (located): a RoCE fabric, OpenSM, an
+engine with no adaptive variant, ``fabric.local_failover: false``, and ``--control`` with it.
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the control run: the same kind (ib or roce) on both sides, whose ratios should be 1")
     p.add_argument("--variant", choices=tuple(VARIANTS), metavar="NAME",
                    help="two IB runs instead: local-failover (switches fail over by themselves) "
-                        "against SM-only recovery")
+                        "against SM-only recovery, or adaptive-routing (user datapath) against static routes")
     add_dilation_argument(p)
     p.set_defaults(func=run)
 
@@ -120,7 +127,42 @@ def _with_duration(scen: Scenario, duration: float | None) -> Scenario:
     return dataclasses.replace(scen, duration_s=duration)
 
 
-def adaptive_engine(scen: Scenario) -> str:
+def ar_variants(scen: Scenario, duration: float | None = None) -> dict[str, Scenario]:
+    """The scenario with adaptive routing (``adaptive-routing``) and without (``static``): the
+    same IB fabric on the user datapath, ibemu's SM, one adaptive engine; each checked runnable.
+    Every error (ConfigError, located) is raised before anything is built."""
+    from ibemu.agents.forwarder import AdaptiveRouting
+    from ibemu.scenario.runner import check_runnable
+
+    scen = _with_duration(scen, duration)
+    f = scen.fabric
+    where = scen.path or scen.name
+    what = "--variant adaptive-routing"
+    if f.kind != "ib":
+        raise ConfigError(f"{what}: adaptive routing is the InfiniBand switches' (groups from ibemu's SM); "
+                          f"this scenario's fabric is {f.kind}", f.where or f"{where}: fabric.kind")
+    if scen.sm.impl != "ibemu":
+        raise ConfigError(f"{what}: needs ibemu's SM (it writes the groups), not sm.impl {scen.sm.impl}",
+                          f"{where}: sm.impl")
+    if f.local_failover is False:
+        raise ConfigError(f"{what}: fabric.local_failover: false makes the SM write no groups",
+                          f"{where}: fabric.local_failover")
+    engine = adaptive_engine(scen, what)
+    sm = dataclasses.replace(scen.sm, engine=engine)
+    f = dataclasses.replace(f, datapath="user")
+    ar = f.adaptive_routing or AdaptiveRouting()
+    out = {name: dataclasses.replace(scen, sm=sm, fabric=dataclasses.replace(f, adaptive_routing=a))
+           for name, a in zip(VARIANTS["adaptive-routing"], (ar, None), strict=True)}
+    for name, variant in out.items():
+        try:
+            check_runnable(variant)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (in the {name} run; ibemu compare {what} runs the scenario "
+                              "with and without adaptive routing)") from None
+    return out
+
+
+def adaptive_engine(scen: Scenario, what: str = "--variant local-failover") -> str:
     """The adaptive engine a local-failover comparison runs: the scenario's, or its base
     engine's ``_ar`` variant (ConfigError, located at ``sm.engine``, when there is none)."""
     from ibemu.sm.routing.alternates import AR_ENGINES
@@ -131,8 +173,8 @@ def adaptive_engine(scen: Scenario) -> str:
     if f"{engine}_ar" in AR_ENGINES:
         return f"{engine}_ar"
     offered = ", ".join(f"{a.base} -> {name}" for name, a in AR_ENGINES.items())
-    raise ConfigError(f"--variant local-failover: routing engine {engine!r} has no adaptive variant "
-                      f"({offered}): its switches get no alternate ports to fail over to",
+    raise ConfigError(f"{what}: routing engine {engine!r} has no adaptive variant "
+                      f"({offered}): its switches get no alternate ports",
                       f"{scen.path or scen.name}: sm.engine")
 
 
@@ -182,7 +224,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--variant and --control together: a comparison is one or the other "
                           "(--control checks an ib/roce comparison's fairness)", "ibemu compare")
     scen = load_scenario(path)
-    if args.variant:  # every error before building
+    if args.variant == "adaptive-routing":  # every error before building
+        sides_a_b = ar_variants(scen, args.duration)
+        runs = dict(zip(("ib", "roce"), sides_a_b.values(), strict=True))
+    elif args.variant:
         sides_a_b = failover_variants(scen, args.duration, physics=args.physics)
         runs = dict(zip(("ib", "roce"), sides_a_b.values(), strict=True))
     else:

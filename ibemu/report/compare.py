@@ -30,13 +30,14 @@ the table says so and prints each flow's ratio as the control ratio (target 100 
 ``physics`` says what timed the frames: ``"link model"`` (both user datapaths, the same rates,
 delays and buffers) or ``"kernel"``.
 
-A variant (``variant``: ``"local-failover"``, :data:`VARIANTS`) compares two IB runs of the
+A variant (``variant``: ``"local-failover"`` or ``"adaptive-routing"``, :data:`VARIANTS`) compares two IB runs of the
 same scenario and engine, side A with the switches failing over by themselves (alternates and
 fault notices from ibemu's SM) and side B with SM-only recovery (``fabric.local_failover:
 false``): the ``ib`` / ``roce`` slots of every PAIR are then side A and side B (the slots keep
 their names so that readers of ibemu.compare/1 keep working), the ratio is B over A (how much
 longer SM-only recovery blacks a flow out), and every fault carries the ``local_failover``
-phase (null on side B). ``sides`` names what each slot holds (the run files' stems:
+phase (null on side B). ``adaptive-routing``: side A with adaptive routing on the user
+datapath (``fabric.adaptive_routing``), side B static (the LFTs' ports), ratio B over A. ``sides`` names what each slot holds (the run files' stems:
 ``ib``/``roce``, ``KIND-a``/``KIND-b`` for a control, ``local-failover``/``sm-only``);
 ``variant`` is null outside a variant comparison. Both keys are additions to ibemu.compare/1:
 a reader of the older files treats them as absent (an IB/RoCE comparison or a control).
@@ -58,7 +59,8 @@ KINDS = ("ib", "roce")
 COLLECTIVES = ("allreduce", "alltoall")
 CC_KEYS = ("ce_received", "cnp_sent", "cnp_received", "tx_paced")
 """RoCE congestion control counters a flow may carry (with ECN in the fabric)."""
-VARIANTS: dict[str, tuple[str, str]] = {"local-failover": ("local-failover", "sm-only")}
+VARIANTS: dict[str, tuple[str, str]] = {"local-failover": ("local-failover", "sm-only"),
+                                         "adaptive-routing": ("adaptive-routing", "static")}
 """Variant comparisons by name: the names of side A and side B (their run files' stems)."""
 LOCAL_FAILOVER = "local_failover"
 
@@ -280,6 +282,10 @@ def render(comparison: Mapping[str, Any]) -> str:
         lines.append("VARIANT local-failover: the same IB fabric, SM and engine twice: A with the switches "
                      "failing over by themselves (alternates, fault notices), B with SM-only recovery "
                      "(fabric.local_failover: false); the ratio is B over A")
+    if variant == "adaptive-routing":
+        lines.append("VARIANT adaptive-routing: the same IB fabric (user datapath), SM and engine twice: A with "
+                     "the switches choosing the least-loaded port of each group (fabric.adaptive_routing), B with "
+                     "the LFTs' ports only; the ratio is B over A")
     if control:
         lines.append(f"CONTROL: both sides are {control} runs of the same scenario on the same physics: every "
                      "ratio should be 1.00 (target 100 +- 3%); a comparison is fair to the extent this holds")

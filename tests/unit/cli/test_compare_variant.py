@@ -78,3 +78,27 @@ def test_cli_exit_2_before_building(tmp_path: Path, capsys: pytest.CaptureFixtur
         main(["compare", allreduce, "--variant", "nope"])
     assert exc.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
     assert not out.exists()  # nothing started
+
+
+def test_adaptive_routing_variant_plans_two_user_datapath_runs_and_refuses_what_has_no_groups() -> None:
+    from ibemu.agents.forwarder import AdaptiveRouting
+
+    scen = _scen()
+    v = compare_cmd.ar_variants(scen, 5.0)
+    assert list(v) == ["adaptive-routing", "static"]
+    assert v["adaptive-routing"].fabric.adaptive_routing == AdaptiveRouting()
+    assert v["static"].fabric.adaptive_routing is None
+    for s in v.values():
+        assert (s.fabric.kind, s.fabric.datapath, s.sm.engine) == ("ib", "user", "ftree_ar")
+        assert s.duration_s == 5.0 and s.traffic == scen.traffic and s.faults == scen.faults
+    flowlet = dataclasses.replace(scen, fabric=dataclasses.replace(
+        scen.fabric, datapath="user", adaptive_routing=AdaptiveRouting("flowlet", 3000)))
+    assert compare_cmd.ar_variants(flowlet)["adaptive-routing"].fabric.adaptive_routing == AdaptiveRouting("flowlet", 3000)
+    where = re.escape(str(scen.path))
+    with pytest.raises(ConfigError, match=rf"^{where}: sm.engine: --variant adaptive-routing: routing engine 'minhop'"):
+        compare_cmd.ar_variants(_scen(engine="minhop"))
+    with pytest.raises(ConfigError, match=rf"^{where}: sm.impl: --variant adaptive-routing: needs ibemu's SM"):
+        compare_cmd.ar_variants(_scen(impl="opensm"))
+    off = dataclasses.replace(scen, fabric=dataclasses.replace(scen.fabric, local_failover=False))
+    with pytest.raises(ConfigError, match=rf"^{where}: fabric.local_failover: .*no groups"):
+        compare_cmd.ar_variants(off)
