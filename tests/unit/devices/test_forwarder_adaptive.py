@@ -3,6 +3,8 @@ alternates), sans-IO, with the load of each port given."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from ibemu.agents.forwarder import AdaptiveRouting
@@ -31,7 +33,7 @@ def pkt(*, dlid: int = DLID, qp: int = 0x42, slid: int = 9, vl: int = 0) -> byte
     return fast.NativeTemplate(slid=slid, dlid=dlid, destqp=qp, vl=vl).packet(0x04, 0, b"x" * 64)
 
 
-def loads(**by_port: int):  # noqa: ANN201
+def loads(**by_port: int) -> Callable[[int], int]:
     return lambda p: by_port.get(f"p{p}", 0)
 
 
