@@ -249,6 +249,11 @@ def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us
     return got, t_cut
 
 
+class NotReady(RuntimeError):
+    """The fabric did not come up fit for the measurement (under load, some of the SM's SMPs
+    timed out: ports left unactivated, groups not written); the run is tried afresh."""
+
+
 def judge_user(recs: list[dict[str, Any]], dilation: float, lo: int, hi: int) -> dict[str, Any]:
     """The run's fidelity over the stream: the links as ``scenario.fidelity`` judges them, and
     the agent host's loop lag, which its monitor measured on the real clock here (this loop is
@@ -287,7 +292,7 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
                 deadline = time.monotonic() + 90
                 while engine.endswith("_ar") and not edge(lambda a: a.alternates_of(dlid)):
                     if time.monotonic() > deadline:  # the SM writes the alternates after the LFTs
-                        raise RuntimeError("the SM wrote no alternates for h15 at edge0_0")
+                        raise NotReady("the SM wrote no alternates for h15 at edge0_0")
                     time.sleep(0.05)
                 for _ in range(10):  # the SM's last passes (groups, FailoverConfig) may still be under way
                     got_n = run.blast(100)
@@ -295,7 +300,7 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
                         break
                     time.sleep(0.5)
                 else:
-                    raise RuntimeError(f"the fabric does not carry the stream before the cut ({got_n} of 100)")
+                    raise NotReady(f"the fabric does not carry the stream before the cut ({got_n} of 100)")
                 fabric = fab.rt.fabric
                 # from here on the run's clock is dilated; the emulated clock goes on from this
                 # instant (epoch = now: both clocks agree there), so the model's past stays put
@@ -311,6 +316,7 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
                 recs = [json.loads(x) for x in lag.read_text().splitlines()] if lag.exists() else []
                 fid = judge_user(recs, dilation, t_start, t_end)
                 programmed = clock.to_emulated_ns(rr["t_programmed"])
+                reroutes = [(clock.to_emulated_ns(r["t_programmed"]) - t_cut) / 1000 for r in run.sm_events("reroute")]
             finally:
                 run.close()
                 clock.configure(1)
@@ -321,7 +327,10 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
     before = [t for t in arrivals if t < t_cut]
     gaps = [b - a for a, b in zip(([before[-1]] if before else []) + after, after, strict=False)]
     blackout = max(0.0, (max(gaps, default=0) - spacing_us * 1000) / 1000)
-    return {"blackout_us": blackout, "frames_lost": float(frames - len({p for p, _ in got})),
+    resumed = next((b for a, b in zip(([before[-1]] if before else []) + after, after, strict=False)
+                    if b - a == max(gaps, default=-1)), None)
+    return {"blackout_us": blackout, "resumed_us": None if resumed is None else (resumed - t_cut) / 1000,
+            "reroutes_programmed_us": reroutes, "frames_lost": float(frames - len({p for p, _ in got})),
             "cut_to_sm_programmed_us": (programmed - t_cut) / 1000,
             "valid": fid["valid"], "note": fid["note"]}
 
@@ -330,8 +339,16 @@ def main_user(args: argparse.Namespace) -> None:
     rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
-            with tempfile.TemporaryDirectory(prefix="bench-lfo-user-") as tmp:
-                r = one_user(engine, Path(tmp), args.dilation, args.spacing_us, args.frames)
+            for attempt in range(3):
+                try:
+                    with tempfile.TemporaryDirectory(prefix="bench-lfo-user-") as tmp:
+                        r = one_user(engine, Path(tmp), args.dilation, args.spacing_us, args.frames)
+                    break
+                except NotReady as exc:
+                    print(f"  run {i + 1} {engine}: not ready ({exc}), attempt {attempt + 1} of 3",
+                          file=sys.stderr, flush=True)
+            else:
+                raise SystemExit(f"{engine}: the fabric never came up fit for the measurement")
             rows[engine].append(r)
             print(f"  run {i + 1} {engine}: {r}", file=sys.stderr, flush=True)
     print(f"Cable cut (the sender's edge uplink) under a probe stream h1 -> h15 (k=4 fat-tree, IB user datapath, "
