@@ -299,6 +299,28 @@ CASES: list[tuple[str, str, str]] = [
         FT + "record:\n  plots: yes please\n",
         "x.yaml:5 record.plots: expected true or false, got 'yes please'",
     ),
+    (
+        "adaptive-routing-kernel",
+        FT + "fabric:\n  adaptive_routing: true\nsm:\n  engine: ftree_ar\n",
+        "x.yaml:5 fabric.adaptive_routing: needs fabric.datapath: user (the switches choose by the link "
+        "model's queues; the kernel datapath has none)",
+    ),
+    (
+        "adaptive-routing-no-groups",
+        FT + "fabric:\n  datapath: user\n  adaptive_routing: true\nsm:\n  engine: ftree\n",
+        "x.yaml:6 fabric.adaptive_routing: needs ibemu's SM with an adaptive engine (sm.engine: ftree_ar or "
+        "updn_ar), which writes the groups, not ibemu ftree",
+    ),
+    (
+        "adaptive-routing-mode",
+        FT + "fabric:\n  datapath: user\n  adaptive_routing: {mode: sprinkle}\nsm:\n  engine: ftree_ar\n",
+        "x.yaml:6 fabric.adaptive_routing.mode: expected one of packet, flowlet, got 'sprinkle'",
+    ),
+    (
+        "adaptive-routing-gap-per-packet",
+        FT + "fabric:\n  datapath: user\n  adaptive_routing: {flowlet_gap_us: 3}\nsm:\n  engine: ftree_ar\n",
+        "x.yaml:6 fabric.adaptive_routing.flowlet_gap_us: applies to mode: flowlet only",
+    ),
 ]
 
 
