@@ -28,9 +28,11 @@ With ``--datapath user --dilation N`` the same near cut on the IB user datapath 
 switches forward in the agent host, every cable timed by the link model) at dilation N, and
 the figure is in emulated time: a probe stream h1 -> h15 of RDMA WRITE frames, one every
 ``--spacing-us`` emulated microseconds (default 1; N times that in real time), received on a
-raw socket at h15 with kernel stamps put on the emulated clock. ``blackout`` is the longest
-silence at the receiver (emulated us) from the cut on, less the stream's spacing; ``frames
-lost`` counts the stream's frames that never arrived. Both engines are ibemu's SM:
+raw socket at h15 with kernel stamps put on the emulated clock. ``blackout`` is the silence at
+the cut (emulated us): from the arrival before the first frame sent after the cut that arrived
+to that frame, less the stream's spacing; ``longest silence`` the longest anywhere after the
+cut (it includes the datapath's own stalls: an upper bound); ``first after cut`` when that
+first frame arrived; ``frames lost`` the stream's frames that never arrived. Both engines are ibemu's SM:
 ``ftree_ar`` (the edge's forwarder fails over on the carrier loss) and ``ftree`` (the stream
 waits for the SM's reroute). Deviations: the fabric comes up, and the SM brings it up, at
 dilation 1; the clock is dilated (``clock.configure(N, epoch=now)``: the emulated clock goes
@@ -326,11 +328,16 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
     after = [t for t in arrivals if t >= t_cut]
     before = [t for t in arrivals if t < t_cut]
     gaps = [b - a for a, b in zip(([before[-1]] if before else []) + after, after, strict=False)]
-    blackout = max(0.0, (max(gaps, default=0) - spacing_us * 1000) / 1000)
-    resumed = next((b for a, b in zip(([before[-1]] if before else []) + after, after, strict=False)
-                    if b - a == max(gaps, default=-1)), None)
-    return {"blackout_us": blackout, "resumed_us": None if resumed is None else (resumed - t_cut) / 1000,
-            "reroutes_programmed_us": reroutes, "frames_lost": float(frames - len({p for p, _ in got})),
+    longest = max(0.0, (max(gaps, default=0) - spacing_us * 1000) / 1000)
+    # at the cut: the first frame sent after the cut that arrived, against the arrival before it
+    cut_at = frames // 4
+    first = min((t for p, t in got if p >= cut_at), default=None)
+    prior = max((t for t in arrivals if first is not None and t < first), default=None)
+    at_cut = None if first is None or prior is None else max(0.0, (first - prior - spacing_us * 1000) / 1000)
+    return {"blackout_us": at_cut, "longest_silence_us": longest,
+            "first_after_cut_us": None if first is None else (first - t_cut) / 1000,
+            "reroutes_programmed_us": reroutes,
+            "frames_lost": float(frames - len({p for p, _ in got})),
             "cut_to_sm_programmed_us": (programmed - t_cut) / 1000,
             "valid": fid["valid"], "note": fid["note"]}
 
@@ -355,10 +362,10 @@ def main_user(args: argparse.Namespace) -> None:
           f"dilation {args.dilation:g}, a frame every {args.spacing_us:g} us emulated, {args.frames} frames; "
           f"load average {os.getloadavg()[0]:.1f}): min / median / max over the runs the fidelity monitor marked valid")
     print(f"  {'figure (emulated)':<28} {'ftree_ar (local failover)':>28} {'ftree (SM only)':>28}")
-    for k in ("blackout_us", "cut_to_sm_programmed_us", "frames_lost"):
+    for k in ("blackout_us", "longest_silence_us", "first_after_cut_us", "cut_to_sm_programmed_us", "frames_lost"):
         cells = []
         for engine in rows:
-            vals = [r[k] for r in rows[engine] if r["valid"]]
+            vals = [r[k] for r in rows[engine] if r["valid"] and r[k] is not None]
             fmt = "{:.0f}" if k == "frames_lost" else "{:.1f}"
             cells.append("-" if not vals else " / ".join(fmt.format(v) for v in
                                                          (min(vals), statistics.median(vals), max(vals))))
@@ -366,7 +373,7 @@ def main_user(args: argparse.Namespace) -> None:
     for engine in rows:
         bad = [r for r in rows[engine] if not r["valid"]]
         print(f"  {engine}: {len(rows[engine]) - len(bad)} of {len(rows[engine])} runs valid"
-              + "".join(f"\n    invalid: blackout {r['blackout_us']:.1f} us; {r['note']}" for r in bad))
+              + "".join(f"\n    invalid: {r['note']}" for r in bad))
     print("  (to scale: the local failover blackout, an upper bound of a switch's; not to scale: the SM's "
           "reroute, whose real CPU time dilation divides by N)")
 
