@@ -290,7 +290,6 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
                     return trio.from_thread.run_sync(lambda: fn(fab.rt.host.nodes["edge0_0"].agent),  # type: ignore[union-attr]
                                                      trio_token=fab.token)
 
-                port = edge(lambda a: a.lft.lookup(dlid))
                 deadline = time.monotonic() + 90
                 while engine.endswith("_ar") and not edge(lambda a: a.alternates_of(dlid)):
                     if time.monotonic() > deadline:  # the SM writes the alternates after the LFTs
@@ -303,6 +302,9 @@ def one_user(engine: str, tmp: Path, dilation: float, spacing_us: float, frames:
                     time.sleep(0.5)
                 else:
                     raise NotReady(f"the fabric does not carry the stream before the cut ({got_n} of 100)")
+                port = edge(lambda a: a.lft.lookup(dlid))
+                if port not in (3, 4):  # an up-port of the edge (h15 is in another pod)
+                    raise NotReady(f"edge0_0 routes h15 by port {port}")
                 fabric = fab.rt.fabric
                 # from here on the run's clock is dilated; the emulated clock goes on from this
                 # instant (epoch = now: both clocks agree there), so the model's past stays put
