@@ -310,9 +310,9 @@ class SubnetManager:
         async def one(i: int, guid: int) -> None:
             infos[i] = await self._get_sm_info(guid)
             info = infos[i]
-            self.events.emit(Kind.SM_FOUND, guid=f"{guid:#018x}", answered=info is not None,
-                             **({"priority": info.priority, "state": info.state.name.lower(),
-                                 "act_count": info.act_count} if info is not None else {}))
+            fields: dict[str, Any] = {} if info is None else {
+                "priority": info.priority, "state": info.state.name.lower(), "act_count": info.act_count}
+            self.events.emit(Kind.SM_FOUND, guid=f"{guid:#018x}", answered=info is not None, **fields)
 
         async with trio.open_nursery() as n:
             for i, guid in enumerate(guids):
