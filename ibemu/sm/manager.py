@@ -196,6 +196,7 @@ class SubnetManager:
         """Other SMs' ports found by the last heavy sweep: port GUID -> (node GUID, port, directed route)."""
         self._state_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._lost_master = 0
         self._takeover_due = False
         """The election made this SM a candidate master (master lost, a HANDOVER): its next
         heavy sweep is a takeover (every table written again, whatever this SM wrote before)."""
@@ -308,7 +309,8 @@ class SubnetManager:
         infos: list[el.SmInfo | None] = [None] * len(guids)
 
         async def one(i: int, guid: int) -> None:
-            infos[i] = await self._get_sm_info(guid)
+            # the master we just gave up on gets one try: it is most likely dead
+            infos[i] = await self._get_sm_info(guid, retries=0 if guid == self._lost_master else None)
             info = infos[i]
             fields: dict[str, Any] = {} if info is None else {
                 "priority": info.priority, "state": info.state.name.lower(), "act_count": info.act_count}
@@ -334,6 +336,7 @@ class SubnetManager:
                 t_first = self.events.now() - (_trio_ns() - a.first_failed_ns)
                 self.events.emit(Kind.SM_MASTER_LOST, master=f"{a.guid:#018x}", failed=a.failed,
                                  t_first_failed=t_first)
+                self._lost_master = a.guid
             elif isinstance(a, el.Takeover):
                 self._takeover_due = True
             elif isinstance(a, el.SendSet):
