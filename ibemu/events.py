@@ -311,7 +311,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.SM: ("from_lid", "answered", "method", "modifier", "state", "dr")}),
     Kind.SM_STATE: KindInfo(
         "the SM's SMInfo state changed (election, takeover, handover; ibemu.sm.election)",
-        {Log.SM: ("old", "new", "reason", "master")}),
+        {Log.SM: ("old", "new", "reason", "master"), Log.OPENSM: ("new",)}),
     Kind.SM_FOUND: KindInfo(
         "a sweep found another SM's port (CapabilityMask IsSM) and read its SMInfo",
         {Log.SM: ("guid", "priority", "state", "act_count", "answered")}),

@@ -32,8 +32,9 @@ Deviations from OpenSM (3.3.23): OpenSM's standby counts a poll as answered when
 master says MASTER (its ActCount is not compared); ibemu's also wants ActCount to move, as
 the spec intends. OpenSM declares the master lost once more than ``polling_retry_number``
 polls went unanswered (retries + 2 intervals after the last answer); ibemu after
-``poll_retries`` failed polls (retries intervals). No SM_Key checks (every SM_Key is 0, as
-OpenSM's default), and no trap 144 on a priority change.
+``poll_retries`` failed polls (retries intervals). SM_Key: one for the subnet (ibemu's SM
+answers with OpenSM's default, 1; a peer answering with another key is ignored, as OpenSM
+ignores it); no trap 144 on a priority change.
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ class Election:
     handover_to: int = 0
     """A MASTER that sent HANDOVER: to whom (its ACKNOWLEDGE makes this SM STANDBY)."""
     history: list[StateChange] = field(default_factory=list)
+    sm_key: int = 0
+    """SMInfo SM_Key this SM answers with (the adapter ignores peers whose key differs)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.priority <= 15:
@@ -249,7 +252,7 @@ class Election:
 
     def on_get(self, act_count: int) -> SmInfo:
         """What this SM answers a SubnGet(SMInfo) with."""
-        return SmInfo(self.guid, self.priority, self.state, act_count)
+        return SmInfo(self.guid, self.priority, self.state, act_count, self.sm_key)
 
     def on_set(self, modifier: int, sender: int, now_ns: int = 0) -> list[Action]:
         """A SubnSet(SMInfo) from the SM ``sender``; unknown modifiers change nothing."""

@@ -143,6 +143,7 @@ class SmConfig:
     local_failover: bool = True  # an _ar engine's alternates and fault-notice settings go to the switches
     poll_interval_s: float = 1.0  # a standby polls its master's SMInfo this often (OpenSM: sminfo_polling_timeout)
     poll_retries: int = 3  # failed polls in a row before a standby takes over (OpenSM: polling_retry_number)
+    sm_key: int = 1  # SMInfo SM_Key (OpenSM's default too: OpenSM ignores an SM whose key differs)
 
 
 class SubnetManager:
@@ -190,7 +191,7 @@ class SubnetManager:
         self._pkeys_written: dict[Any, bytes] = {}
         """What ``program_partitions`` wrote (per port and block), so that a pass writes only changes."""
         self.election = el.Election(0, priority=cfg.priority, poll_interval_ns=int(cfg.poll_interval_s * 1e9),
-                                    poll_retries=cfg.poll_retries)
+                                    poll_retries=cfg.poll_retries, sm_key=cfg.sm_key)
         """This SM among the others (``ibemu.sm.election``); its GUID is our port's, set by discovery."""
         self.sm_peers: dict[int, tuple[int, int, tuple[int, ...]]] = {}
         """Other SMs' ports found by the last heavy sweep: port GUID -> (node GUID, port, directed route)."""
@@ -295,10 +296,15 @@ class SubnetManager:
         if r is None or not r.ok:
             return None
         try:
-            return el.SmInfo.unpack(r.data)
+            info = el.SmInfo.unpack(r.data)
         except ValueError:
             self.stats["sm_info_malformed"] += 1
             return None
+        if self.config.sm_key and info.sm_key != self.config.sm_key:  # not of our subnet: ignored, as OpenSM does
+            self.stats["sm_key_mismatch"] += 1
+            log.warning("SM %#018x answers with SM_Key %#x, not ours: ignored", info.guid, info.sm_key)
+            return None
+        return info
 
     async def _elect(self) -> bool:
         """After discovery: read every other SM's SMInfo and run the election. True when this
