@@ -84,6 +84,7 @@ CLASS_SUBN_LID = 0x01
 ATTR_NOTICE = 0x0002
 ATTR_SM_INFO = 0x0020
 CAP_IS_SM = 1 << 1  # PortInfo CapabilityMask.IsSM
+TRAP_SM_PRIORITY = 144  # "local changes" trap; OpenSM's standby sends it when it outranks the master
 PERMISSIVE_LID = 0xFFFF
 
 
@@ -198,6 +199,8 @@ class SubnetManager:
         self._state_changed = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._lost_master = 0
+        self._peer_check_due = False
+        self._peer_check_next = 0.0
         self._takeover_due = False
         """The election made this SM a candidate master (master lost, a HANDOVER): its next
         heavy sweep is a takeover (every table written again, whatever this SM wrote before)."""
@@ -328,6 +331,25 @@ class SubnetManager:
         await self._act(self.election.discovered(infos, _trio_ns()))
         return self.election.state is el.SmState.MASTER
 
+    def _note_peer(self) -> None:
+        """Another SM showed itself to this master: look at the SMs of the subnet in the next
+        step, at most once per ``sweep_interval_s``."""
+        if not self._peer_check_due and trio.current_time() >= self._peer_check_next:
+            self._peer_check_due = True
+            self._wake.set()
+
+    async def _check_peers(self) -> None:
+        """A master's look at the other SMs between heavy sweeps: the CA ports' PortInfo again
+        (IsSM), the SMInfo of those that have it, and the election (a higher standby gets the
+        subnet: HANDOVER)."""
+        self._peer_check_due = False
+        self._peer_check_next = trio.current_time() + self.config.sweep_interval_s
+        own = (self.graph.sm_guid, self.disc.sm_port)
+        await self.disc.read_ends([(n.guid, num) for n in self.graph.cas() for num in n.ports
+                                   if (n.guid, num) != own])
+        self.stats["peer_checks"] += 1
+        await self._elect()
+
     async def _act(self, actions: list[el.Action]) -> None:
         """Carry out what the election asked for."""
         for a in actions:
@@ -394,6 +416,8 @@ class SubnetManager:
             await self.light_sweep()
         if self._groups_due and not self._wake.is_set():  # skipped while traps waited
             await self._program_groups()
+        if self._peer_check_due and self.election.state is el.SmState.MASTER:
+            await self._check_peers()
 
     # ------------------------------------------------------------------ unsolicited
 
@@ -428,6 +452,9 @@ class SubnetManager:
                              dr_slid=d["dr_slid"], method=d["method"], attr=d["attr_id"],
                              modifier=d["attr_mod"], m_key=f"{d['m_key']:#x}")
             return
+        if trap_number == TRAP_SM_PRIORITY:  # a standby says it outranks us (OpenSM's trap 144)
+            self._note_peer()
+            return
         if trap_number == TRAP_BAD_P_KEY:  # a packet outside its partition: no subnet change
             d257 = decode_trap257(data)
             self.stats["pkey_violations"] += 1
@@ -455,6 +482,8 @@ class SubnetManager:
         if not dr and (not req.slid or req.slid == 0xFFFF):
             self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=False, method=method, dr=dr)
             return
+        if method == mb.GET and self.election.state is el.SmState.MASTER:
+            self._note_peer()  # an SM polls us: it may outrank us (then we hand the subnet over)
         if method == mb.SET:
             try:
                 sender = el.SmInfo.unpack(mb.smp_data(req.mad)).guid

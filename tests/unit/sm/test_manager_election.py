@@ -98,8 +98,7 @@ def test_higher_priority_standby_gets_the_subnet_by_handover() -> None:
             n.start_soon(high.serve)
             # the newcomer finds a master and stands by, whatever its priority
             await until(lambda: high.election.state is SmState.STANDBY)
-            # the master's next heavy sweep sees a higher standby and hands over
-            await low.full_sweep("recover")
+            # its polls make the master look at the SMs of the subnet: a higher standby gets a HANDOVER
             await until(lambda: high.election.state is SmState.MASTER and high.up.is_set())
             await until(lambda: low.election.state is SmState.STANDBY)
             assert low.election.master == high.election.guid
@@ -107,6 +106,7 @@ def test_higher_priority_standby_gets_the_subnet_by_handover() -> None:
             assert [e["modifier"] for e in high.events.of("sm_handover")] == ["acknowledge"]
             assert master_sm_lids(fab) == {high.sm_lid}
             assert not unreachable_pairs(fab)
+            assert low.stats["peer_checks"] >= 1
             n.cancel_scope.cancel()
 
     run(main)
