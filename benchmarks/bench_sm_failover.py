@@ -120,10 +120,12 @@ def main() -> int:
                       file=sys.stderr, flush=True)
             rows.append((f"{master} -> {standby}", got))
             loads.append(load())
-    floor = (args.retries - 1) * args.poll_ms
+    lo, hi = (args.retries - 2) * args.poll_ms, args.retries * args.poll_ms + min(200, args.poll_ms)
     print(f"\nSM takeover, {args.runs} runs per pairing, poll {args.poll_ms} ms x {args.retries} retries "
-          f"(a standby gives up {floor}-{args.retries * args.poll_ms} ms after the master's first missed poll, "
-          f"by configuration); load average (1/5/15 min) over the runs: {', '.join(loads)}\n")
+          f"(by configuration a standby gives up {lo}-{hi} ms after the kill: its last failed poll goes out "
+          f"{(args.retries - 1) * args.poll_ms} ms after the first that the master missed, which went out "
+          f"within one interval of the kill, and waits up to its timeout); load average (1/5/15 min) over the "
+          f"runs: {', '.join(loads)}\n")
     print("| master -> standby | silent | noticed | master | swept | configured polling | stream blackout at the "
           "kill ms (lost) | restarted master ends as | cut after takeover: trap / programmed ms | runs valid |")
     print("|---|---|---|---|---|---|---|---|---|---|")

@@ -79,3 +79,20 @@ def test_a_standby_defaults_to_the_masters_impl(tmp_path: Path) -> None:
     scen = loads_scenario(FT + "sm:\n  impl: opensm\n  standby: {host: h2}\n", "x.yaml", tmp_path)
     assert scen.sm.standby == StandbySpec("h2", 0, "opensm")
     assert "standby" not in loads_scenario(FT, "x.yaml", tmp_path).sm.election()
+
+
+def test_ibemu_up_carries_the_election(tmp_path: Path) -> None:
+    import argparse
+
+    from ibemu.cli.fabric_cmd import request_from_args
+    from ibemu.errors import ConfigError
+
+    path = tmp_path / "e.yaml"
+    path.write_text(FT + "sm:\n  priority: 3\n  standby: {host: h5}\n")
+    args = argparse.Namespace(topo=None, scenario=path, datapath=None, fabric=None, dilation=None,
+                              sm=None, sm_host=None, sm_engine=None)
+    req = request_from_args(args)
+    assert req.sm_election["priority"] == 3 and req.sm_election["standby"]["host"] == "h5"
+    args.sm_host = "h5"
+    with pytest.raises(ConfigError, match=r"standby SM runs there"):
+        request_from_args(args)
