@@ -96,3 +96,33 @@ def test_ibemu_up_carries_the_election(tmp_path: Path) -> None:
     args.sm_host = "h5"
     with pytest.raises(ConfigError, match=r"standby SM runs there"):
         request_from_args(args)
+
+
+def test_takeover_phases_from_the_standby_log() -> None:
+    from ibemu.report.result import FaultResult
+    from ibemu.scenario.measure import fault_phases
+
+    ms = 1_000_000
+    t0 = 10_000 * ms
+    standby = [
+        {"kind": "sm_poll_failed", "t_ns": t0 - 50 * ms},  # before the fault: not this one's
+        {"kind": "sm_poll_failed", "t_ns": t0 + 200 * ms},
+        {"kind": "sm_poll_failed", "t_ns": t0 + 400 * ms},
+        {"kind": "sm_master_lost", "t_ns": t0 + 600 * ms},
+        {"kind": "sm_state", "t_ns": t0 + 600 * ms, "new": "discovering"},
+        {"kind": "sm_state", "t_ns": t0 + 630 * ms, "new": "master"},
+        {"kind": "sweep_end", "t_ns": t0 + 631 * ms, "reason": "cold", "ok": True},  # not the takeover's
+        {"kind": "sweep_end", "t_ns": t0 + 660 * ms, "reason": "takeover", "ok": True},
+    ]
+    ph = fault_phases(t0, t0 + 60_000 * ms, [], standby)
+    assert {k: ph[k] for k in ("sm_silent", "sm_noticed", "sm_master", "sm_swept")} == {
+        "sm_silent": 200.0, "sm_noticed": 600.0, "sm_master": 630.0, "sm_swept": 660.0}
+    # OpenSM: no polls in its log, its SUBNET UP as master ends the sweep
+    osm = [{"kind": "sm_state", "t_ns": t0 + 900 * ms, "new": "master"}, {"kind": "subnet_up", "t_ns": t0 + 990 * ms}]
+    ph = fault_phases(t0, t0 + 60_000 * ms, [], osm)
+    assert (ph["sm_silent"], ph["sm_master"], ph["sm_swept"]) == (None, 900.0, 990.0)
+    assert "sm_master" not in fault_phases(t0, t0 + 60_000 * ms, [], [])  # no takeover: no such phases
+    # the result keeps them (optional keys of phases_ms) and reads them back
+    f = FaultResult.from_dict({"at_s": 1.0, "action": "sm_down", "target": "sm", "t_fault_s": 1.0,
+                               "phases_ms": ph, "flows": []})
+    assert f.to_dict()["phases_ms"] == ph
