@@ -36,6 +36,16 @@ keyed before (by this SM or another with the same key) are left as they are. Tra
 M_Key: someone sent an SMP without the key) is repressed and logged (``mkey_violation``)
 and triggers no sweep: nothing in the subnet changed. The SM does not look keys up per port
 (OpenSM's guid2mkey): one key for the subnet.
+
+Election (``ibemu.sm.election``, the state machine; this class carries out its actions): each
+heavy sweep's discovery is followed by a SubnGet(SMInfo) to every other CA port with IsSM,
+and the sweep goes on only if this SM is master. A standby runs ``_standby``: it polls its
+master on the election's timer (trio's clock) and, when the master is lost, sweeps as a
+candidate master (``full_sweep("takeover")``: nothing it wrote before is trusted). SMInfo
+requests reach this SM as unsolicited MADs (its HCA port hands them over: IsSM) and are
+answered by ``_on_sm_info``; a Set's modifier (HANDOVER, ACKNOWLEDGE, ...) goes to the
+election. A master polled by another SM (or sent trap 144) looks at the subnet's SMs again
+(``_check_peers``, at most once per ``sweep_interval_s``) and hands over to a higher standby.
 """
 
 from __future__ import annotations
