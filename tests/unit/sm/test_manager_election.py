@@ -110,3 +110,22 @@ def test_higher_priority_standby_gets_the_subnet_by_handover() -> None:
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_an_sm_of_another_sm_key_is_ignored() -> None:
+    _topo, fab = fat_tree(4)
+    a, pa = make(fab, "h0", priority=5)
+    b, pb = make(fab, "h15", priority=1, sm_key=2)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(pump, [pa, pb])
+            n.start_soon(a.serve)
+            await until(a.up.is_set)
+            async with b.running():
+                await b.full_sweep("cold")  # a answers with SM_Key 1: not of b's subnet
+            assert b.stats["sm_key_mismatch"] == 1 and b.election.state is SmState.MASTER
+            assert [e["answered"] for e in b.events.of("sm_found")] == [False]
+            n.cancel_scope.cancel()
+
+    run(main)
