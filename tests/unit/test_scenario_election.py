@@ -126,3 +126,28 @@ def test_takeover_phases_from_the_standby_log() -> None:
     f = FaultResult.from_dict({"at_s": 1.0, "action": "sm_down", "target": "sm", "t_fault_s": 1.0,
                                "phases_ms": ph, "flows": []})
     assert f.to_dict()["phases_ms"] == ph
+
+
+def test_ibemu_up_carries_the_scenarios_keys_and_partitions(tmp_path: Path) -> None:
+    """``ibemu up SCENARIO`` asks the SM for what ``ibemu run`` would: its M_Key and partitions
+    (and the switches' local failover), not only the election."""
+    import argparse
+
+    from ibemu.cli.fabric_cmd import request_from_args
+    from ibemu.scenario import load_scenario
+    from ibemu.scenario.runner import fabric_request
+
+    path = tmp_path / "k.yaml"
+    path.write_text(FT + "sm:\n  m_key: 0x1234\n  m_key_protect: 2\n"
+                    "partitions:\n  - {name: red, pkey: 0x0010, members: [h0, h1]}\n"
+                    "fabric:\n  local_failover: false\n")
+    args = argparse.Namespace(topo=None, scenario=path, datapath=None, fabric=None, dilation=None,
+                              sm=None, sm_host=None, sm_engine=None)
+    req = request_from_args(args)
+    want = fabric_request(load_scenario(path))
+    assert req.sm_keys == want.sm_keys and req.sm_keys["m_key"] == 0x1234
+    assert req.sm_partitions == want.sm_partitions and "red" in req.sm_partitions
+    assert req.sm_local_failover is False
+    args.sm = "none"  # no SM: nothing for it to program
+    req = request_from_args(args)
+    assert not req.sm_keys and not req.sm_partitions
