@@ -148,7 +148,6 @@ def test_ibemu_up_carries_qos_and_says_the_rate_line(tmp_path, capsys) -> None: 
     import argparse
 
     from ibemu.cli.fabric_cmd import request_from_args
-    from ibemu.errors import ConfigError
 
     path = tmp_path / "q.yaml"
     path.write_text(SS + "defaults:\n  rate: NDR\nfabric:\n  qos: {vls: 2}\n")
