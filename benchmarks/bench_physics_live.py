@@ -29,11 +29,23 @@ ICRC/VCRC) from h0 to h1 on a raw socket and receives them at h1 with kernel rec
   h2 (target 50 +- 3%), h2's cable's rate, the model's drops (IB: 0) and how long the
   senders' ports waited for credits.
 
+- **head-of-line blocking** (``--hol``): ``testing.livephysics.hol_topology`` (two leaves,
+  one spine; hosts at the first of ``--hol-rates``, leaf-spine cables at the second): the hot
+  flow h0 -> h3 and h4 -> h3 share h3's port 2:1, the victim h1 -> h5 shares the hot flow's
+  upstream ports only; with the victim on SL0 (the hot flow's VL0), then on SL1 (VL1, from the
+  QoS keys of ``HOL_SCENARIO``): each flow's rate, PortXmitWait upstream, the model's
+  expectation (``physics.sim`` on the same nodes).
+- **deadlock** (``--deadlock``): all-to-all on a ring of 5 under updn, then minhop (and with
+  ``--deadlock-fat-tree`` ftree on a k=4 fat-tree): what was delivered, whether it still flowed
+  at the end, the credit loop the link plane detected (its ports and VLs, as the result's
+  ``credit_loops``), the model's expectation.
+
 Each run prints the link fidelity the agent host judged (``scenario.fidelity.judge_links``).
 The 2 cores are shared with other work: the load average is printed.
 
 Run: sudo .venv/bin/python benchmarks/bench_physics_live.py [--rates "4x EDR,4x NDR"]
      [--dilation 500,2000] [--seconds 4] [--latency-dilation 5000] [--skip-latency]
+     [--hol [--hol-dilation 20000]] [--deadlock [--deadlock-fat-tree]] [--only]
 """
 
 from __future__ import annotations
@@ -513,7 +525,10 @@ def measure_hol(host_rate: str, switch_rate: str, dilation: float, seconds: floa
                 w = st[len(st) // 5: len(st) * 4 // 5]
                 rates[name] = 100 * (len(w) - 1) * bits / (w[-1] - w[0]) / host_link.gbps if len(w) > 2 else 0.0
             expect = simulate_hol(topo, victim_sl=sl, qos=qos, switch=model)
+            tick_ns = 4 * LinkModel.of(topo.rate_of(topo.link_at("leaf0", 4))).byte_ns()  # PortXmitWait's tick
             out.append({"kind": "hol", "victim_sl": sl, "victim_vl": qos.sl_to_vl()[sl], "dilation": dilation,
+                        "xmit_wait_us": {k: (after[k] - before[k]) * tick_ns / 1000 for k in pma},
+                        "phase_us": (seconds + 1.0) * 1e6 / dilation,
                         "host_rate": host_rate, "switch_rate": switch_rate, "rates_pct": rates,
                         "model_pct": {k: 100 * v for k, v in expect.items()},
                         "xmit_wait": {k: after[k] - before[k] for k in pma}, "fidelity": fid,
@@ -529,11 +544,13 @@ def print_hol(r: dict[str, Any]) -> None:
           f"-> VL{r['victim_vl']} ({where}): victim {rt['victim']:.1f}% of its line (model {m['victim']:.1f}%), "
           f"hot {rt['hot']:.1f}% (model {m['hot']:.1f}%), local {rt['local']:.1f}% (model {m['local']:.1f}%); "
           f"PortXmitWait upstream leaf0:4 +{r['xmit_wait']['leaf0:4']:,}, spine0:2 +{r['xmit_wait']['spine0:2']:,} "
-          f"(ticks); model drops {r['drops']}; fidelity {'valid' if f['valid'] else 'INVALID'} (worst link "
+          f"ticks (= {r['xmit_wait_us']['leaf0:4']:.0f} / {r['xmit_wait_us']['spine0:2']:.0f} us waiting of the "
+          f"phase's {r['phase_us']:.0f} us, drain included); model drops {r['drops']}; fidelity {'valid' if f['valid'] else 'INVALID'} (worst link "
           f"{f['worst_link']}: busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us)")
 
 
-def measure_deadlock(dilation: float, seconds: float, tmp: Path, *, offer: float = 0.4) -> list[dict[str, Any]]:
+def measure_deadlock(dilation: float, seconds: float, tmp: Path, *, offer: float = 0.4,
+                     fat_tree: bool = False) -> list[dict[str, Any]]:
     """All-to-all on a ring of 5 switches with 2 hosts each (1x SDR cables, 4 KiB input buffer
     per VL, 2 KiB frames: the model's reference case of ``bench_physics.py`` at a rate the
     datapath carries), each host offering ``offer`` of its line rate (more than the ring
@@ -542,7 +559,8 @@ def measure_deadlock(dilation: float, seconds: float, tmp: Path, *, offer: float
     (``LinkPlane.check_loops``: what the agent host's ticker runs every 50 ms of emulated time,
     called here because at this dilation that is 50 s of real time) logs what it finds in the
     fabric log; the result's ``credit_loops`` as ``ibemu run`` writes it comes from that log.
-    Beside it, the model's expectation: the same fabric and traffic in ``physics.sim``."""
+    Beside it, the model's expectation: the same fabric and traffic in ``physics.sim``.
+    ``fat_tree``: also ftree on a k=4 fat-tree (16 hosts), the same traffic and buffers."""
     from ibemu import clock
     from ibemu.physics.link import LinkModel, default_switch_model
     from ibemu.physics.sim import Flow
@@ -556,13 +574,15 @@ def measure_deadlock(dilation: float, seconds: float, tmp: Path, *, offer: float
     clock.configure(dilation)
     size = 2048
     out = []
-    for engine in ("updn", "minhop"):
-        topo = generate("ring", switches=5, hosts_per_switch=2)
+    cases = [("ring", "updn"), ("ring", "minhop")] + ([("fat-tree", "ftree")] if fat_tree else [])
+    for shape, engine in cases:
+        topo = (generate("ring", switches=5, hosts_per_switch=2) if shape == "ring"
+                else generate("fat-tree", k=4))
         topo.defaults = dataclasses.replace(topo.defaults, rate=parse_rate("1x SDR"))
         model = dataclasses.replace(default_switch_model(topo.defaults.rate, ethernet=False), buffer_bytes=4096)
         link = LinkModel.of(topo.defaults.rate)
         hosts = [n.name for n in topo.cas()]
-        run_dir = tmp / engine
+        run_dir = tmp / f"{shape}-{engine}"
         run_dir.mkdir()
         with live_fabric(topo, run_dir, engine=engine, switch_model=model) as (rt, host, on_loop, lids):
             links = host.links
@@ -590,7 +610,7 @@ def measure_deadlock(dilation: float, seconds: float, tmp: Path, *, offer: float
                 if s != d:
                     sim.add_flow(Flow(s, slids[d], size=size + 42, backlog=4))
         sim_loops = sim.run(span, check_deadlock_ns=100_000, stall_ns=100_000)
-        out.append({"kind": "deadlock", "engine": engine, "dilation": dilation, "emulated_us": span / 1000,
+        out.append({"kind": "deadlock", "shape": shape, "hosts": len(hosts), "engine": engine, "dilation": dilation, "emulated_us": span / 1000,
                     "delivered": len(stamps), "last_quarter": last_quarter,
                     "last_delivery_us": stamps[-1] / 1000 if stamps else None, "credit_loops": loops,
                     "described": [CreditLoopRecord.from_dict(c).describe() for c in loops], "fidelity": fid,
@@ -603,7 +623,8 @@ def print_deadlock(r: dict[str, Any]) -> None:
     f = r["fidelity"]
     found = "; ".join(r["described"]) or "no credit loop"
     model = "; ".join(r["model_loops"]) or "no loop"
-    print(f"deadlock, ring of 5 (2 hosts each), all-to-all 2 KiB at 1x SDR, {r['engine']}, dilation {r['dilation']:g}, "
+    shape = "ring of 5 (2 hosts each)" if r["shape"] == "ring" else f"k=4 fat-tree ({r['hosts']} hosts)"
+    print(f"deadlock, {shape}, all-to-all 2 KiB at 1x SDR, {r['engine']}, dilation {r['dilation']:g}, "
           f"{r['emulated_us']:.0f} us emulated: {r['delivered']} frames delivered, {r['last_quarter']} in the last "
           f"quarter of the sending (the last {r['last_delivery_us']:.0f} us after the first); detected: {found} (model: {model}, "
           f"{r['model_delivered']} delivered{', found at ' + format(r['model_stopped_us'], '.0f') + ' us' if r['model_loops'] else ''}); "
@@ -812,6 +833,7 @@ def main() -> int:
                     help="also the credit loop: all-to-all on a ring of 5, updn then minhop")
     ap.add_argument("--deadlock-dilation", type=float, default=1000.0)
     ap.add_argument("--deadlock-seconds", type=float, default=4.0)
+    ap.add_argument("--deadlock-fat-tree", action="store_true", help="with --deadlock: also ftree on a k=4 fat-tree")
     ap.add_argument("--only", action="store_true", help="only the rows asked for with --hol / --deadlock")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -832,7 +854,8 @@ def main() -> int:
                 print_hol(r)
     if args.deadlock:
         with tempfile.TemporaryDirectory() as tmp:
-            for r in measure_deadlock(args.deadlock_dilation, args.deadlock_seconds, Path(tmp)):
+            for r in measure_deadlock(args.deadlock_dilation, args.deadlock_seconds, Path(tmp),
+                                      fat_tree=args.deadlock_fat_tree):
                 results.append(r)
                 print_deadlock(r)
     if args.only:
