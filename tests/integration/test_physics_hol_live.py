@@ -91,7 +91,7 @@ def test_a_victim_slows_behind_a_congested_port_on_one_vl_and_not_on_its_own(sta
                                   "fps": fps / DILATION})
                 before = waits()
                 out = run_traffic(flows, [{"ns": plan.nodes["h5"].ns, "if": plan.nodes["h5"].ports[1].ifname}],
-                                  seconds=1.2, drain_s=0.5, workdir=tmp_path)
+                                  seconds=1.0, drain_s=0.4, workdir=tmp_path)
                 after = waits()
                 moved[sl] = (after[0] - before[0], after[1] - before[1])
                 stamps = sorted(clock.to_emulated_ns(s - out["offset"]) for s, slid, _ in out["got"][0]
