@@ -233,6 +233,9 @@ def live_fabric(topo: Any, tmp: Path, *, engine: str | None = None, switch_model
                 box["host"] = host
                 await trio.sleep(clock.emulated_s(0.5))  # every carrier seen: ports Init
                 program(host)
+                if host.links is not None:  # the agents' QoS (eight VLs from the start) into the model now,
+                    # not at the ticker's first report (50 ms of emulated time: minutes of real time here)
+                    host.links.sync_qos({name: n.agent for name, n in host.nodes.items()})
                 ready.set()
                 await stop.wait()
 
