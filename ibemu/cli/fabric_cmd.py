@@ -103,8 +103,11 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
                              roce=_roce_settings(fabric), dilation=dilation)
     sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
     qos = fabric.qos.sm_json() if fabric.qos is not None and sm in ("ibemu", "opensm") else ""
+    election = sm_spec.election() if sm_spec is not None and sm != "none" else {}
+    if (election.get("standby") or {}).get("host") == sm_host:  # --sm-host moved the master onto it
+        raise ConfigError(f"--sm-host {sm_host}: the scenario's standby SM runs there (sm.standby.host)")
     return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine,
-                         dilation=dilation, sm_qos=qos)
+                         dilation=dilation, sm_qos=qos, sm_election=election)
 
 
 def web_address(args: argparse.Namespace) -> tuple[str, int] | None:

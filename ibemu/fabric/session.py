@@ -90,6 +90,9 @@ class FabricRequest:
     """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
     sm_partitions: str = ""
     """Partitions for the SM to program (``ibemu.sm.partitions.SmPartitions`` as JSON; empty: none)."""
+    sm_election: Mapping[str, Any] = field(default_factory=dict)
+    """The SM's election settings (``SMSpec.election``: priority, poll_interval_ms, poll_retries,
+    standby {host, priority, impl}; empty: one SM at priority 0)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -100,7 +103,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
         "switch": dict(request.switch), "sm_keys": dict(request.sm_keys),
-        "sm_partitions": request.sm_partitions,
+        "sm_partitions": request.sm_partitions, "sm_election": dict(request.sm_election),
         "sm_local_failover": request.sm_local_failover,
         "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
         "metrics": request.metrics,
@@ -130,7 +133,8 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
                          switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "",
                          sm_keys=dict(spec.get("sm_keys") or {}), sm_partitions=spec.get("sm_partitions") or "",
-                         sm_local_failover=bool(spec.get("sm_local_failover", True)))
+                         sm_local_failover=bool(spec.get("sm_local_failover", True)),
+                         sm_election=dict(spec.get("sm_election") or {}))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -159,7 +163,7 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                        sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
                        sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
                        sm_keys=request.sm_keys, sm_local_failover=request.sm_local_failover,
-                       sm_partitions=request.sm_partitions)
+                       sm_partitions=request.sm_partitions, sm_election=request.sm_election)
     if request.metrics:
         from ibemu.fabric.metrics import parse_listen
 

@@ -56,6 +56,10 @@ DATAPATHS = ("kernel", "user")
 SM_IMPLS = ("ibemu", "opensm", "none")
 PHASES = ("detect", "trap", "routed", "programmed")
 """Reroute phases in order, each in ms since the fault was injected."""
+TAKEOVER_PHASES = ("sm_silent", "sm_noticed", "sm_master", "sm_swept")
+"""A standby SM taking over (``sm_down``), in order, ms since the fault: its first poll the
+master did not answer, it gave up on the master, it became master, its takeover sweep ended.
+Optional: present when a standby took over."""
 
 
 class ResultError(IbemuError):
@@ -173,16 +177,21 @@ class Phases:
     local_failover: float | None = None
     """A switch forwarding on alternate ports, by itself (``sm.engine: ftree_ar|updn_ar`` on
     the kernel datapath): optional, present only when it happened."""
+    takeover: dict[str, float | None] | None = None
+    """``TAKEOVER_PHASES`` when a standby SM took over (optional)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = {p: getattr(self, p) for p in PHASES}
         if self.local_failover is not None:
             d["local_failover"] = self.local_failover
+        if self.takeover is not None:
+            d.update({p: self.takeover.get(p) for p in TAKEOVER_PHASES})
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phases:
-        return cls(d["detect"], d["trap"], d["routed"], d["programmed"], d.get("local_failover"))
+        takeover = {p: d.get(p) for p in TAKEOVER_PHASES} if any(p in d for p in TAKEOVER_PHASES) else None
+        return cls(d["detect"], d["trap"], d["routed"], d["programmed"], d.get("local_failover"), takeover)
 
 
 @dataclass
@@ -757,7 +766,8 @@ _FAULT = _object(
         "action": _string(),
         "target": _string(),
         "t_fault_s": _number(minimum=None),
-        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES}, optional={"local_failover": _NUM_OR_NULL}),
+        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES},
+                             optional={"local_failover": _NUM_OR_NULL, **{p: _NUM_OR_NULL for p in TAKEOVER_PHASES}}),
         "flows": _list(_FLOW),
     }
 )

@@ -12,6 +12,7 @@ from typing import Any
 
 from ibemu.report.result import (
     PHASES,
+    TAKEOVER_PHASES,
     CaptureFile,
     FaultResult,
     Fidelity,
@@ -206,6 +207,13 @@ def _faults(faults: list[FaultResult], mark: list[str] | None = None) -> list[st
     lines.append(
         "  (t: since traffic start; phases: ms since the fault was injected, - = did not happen)"
     )
+    took = [(i, f) for i, f in enumerate(faults, 1) if f.phases.takeover is not None]
+    if took:  # a standby SM took over: master silent -> standby notices -> master -> fabric re-swept
+        lines += ["", "  SM takeover (ms since the fault):"]
+        trows = [[str(i), f.action, *(_ms((f.phases.takeover or {}).get(p)) for p in TAKEOVER_PHASES)]
+                 for i, f in took]
+        lines.append(table(["#", "action", "first poll unanswered", "standby gives up", "standby is master",
+                            "fabric re-swept"], trows, [True, False, True, True, True, True]))
     for i, f in enumerate(faults, 1):
         if not f.flows:
             continue

@@ -149,7 +149,8 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
                          sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos,
                          sm_local_failover=f.local_failover is not False,
-                         switch=switch, sm_keys=scen.sm.keys(), sm_partitions=sm_partitions(scen))
+                         switch=switch, sm_keys=scen.sm.keys(), sm_partitions=sm_partitions(scen),
+                         sm_election=scen.sm.election())
 
 
 def sm_partitions(scen: Scenario) -> str:
@@ -316,7 +317,8 @@ class ScenarioRun:
         if isinstance(host, RoceRun):
             injector = RoceFaultInjector(host, self.run_dir / "faults.jsonl")
         else:
-            injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
+            injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)),
+                                     sm_power=self.rt.sm_power if isinstance(self.rt, FabricRuntime) else None)
         finished = False
         try:
             for i, flow in enumerate(spec["flows"]):
@@ -496,6 +498,10 @@ class ScenarioRun:
         else:
             fabric_events = read_events(self.run_dir / "events.jsonl")
             sm_events = read_events(self.run_dir / scen.sm.impl / "events.jsonl")
+            if scen.sm.standby is not None:  # the standby's: its polls, takeover, and what it did as master
+                sm_events = sorted([*sm_events, *read_events(self.run_dir / f"{scen.sm.standby.impl}-standby"
+                                                             / "events.jsonl")],
+                                   key=lambda r: r["t_ns"] if isinstance(r.get("t_ns"), int) else 0)
         t_end = self.t_end_ns or clock.now_ns()
         order = {t.name: i for i, t in enumerate(scen.traffic)}
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))

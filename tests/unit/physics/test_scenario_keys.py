@@ -131,7 +131,7 @@ def test_qos_reaches_ibemus_sm_and_opensms_options(tmp_path: Path) -> None:
     text = SS + ("fabric:\n  qos: {vls: 4, sl2vl: {1: 1, 2: 3}, vlarb_low: [[0, 16], [1, 8], [3, 4]],"
                  " vl_high_limit: 2}\nsm:\n  impl: opensm\n")
     oq = SmQos.from_json(fabric_request(loads_scenario(text, "x.yaml")).sm_qos)
-    conf = Path(opensm.write_config(tmp_path, None, None, oq)).read_text().splitlines()
+    conf = Path(opensm.write_config(tmp_path, None, None, qos=oq)).read_text().splitlines()
     assert conf == ["qos TRUE", "max_op_vls 3", "qos_high_limit 2", "qos_vlarb_high 0:0",
                     "qos_vlarb_low 0:16,1:8,3:4", "qos_sl2vl 0,1,3,3,0,1,2,3,0,1,2,3,0,1,2,3"]
     # neither table given: every operated VL once in the low table, as ibemu's SM writes it
