@@ -105,10 +105,7 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
         return FabricRequest(topo, name, kind="roce", datapath="kernel", sm="none", sm_host="", sm_engine="",
                              roce=_roce_settings(fabric), dilation=dilation)
     sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
-    if fabric.qos is not None and sm == "opensm":
-        raise ConfigError("--sm opensm: the scenario's fabric.qos is programmed by ibemu's SM; OpenSM's QoS "
-                          "options are not passed to it yet", fabric.qos.where)
-    qos = fabric.qos.sm_json() if fabric.qos is not None and sm == "ibemu" else ""
+    qos = fabric.qos.sm_json() if fabric.qos is not None and sm in ("ibemu", "opensm") else ""
     election = sm_spec.election() if sm_spec is not None and sm != "none" else {}
     if (election.get("standby") or {}).get("host") == sm_host:  # --sm-host moved the master onto it
         raise ConfigError(f"--sm-host {sm_host}: the scenario's standby SM runs there (sm.standby.host)")

@@ -31,6 +31,7 @@ from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, limits, ownership
 from ibemu.physics.link import SwitchModel
 from ibemu.sm.partitions import SmPartitions
+from ibemu.sm.qos import SmQos
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ class FabricRuntime:
         (False: ``--no-local-failover``, the base engine's routes only)."""
         self.switch_model = switch_model
         """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
-        """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
+        """QoS (``ibemu.sm.qos.SmQos`` JSON) for the SM: ibemu's programs it, OpenSM gets it as its own
+        QoS options (``opensm.qos_options``); empty: none."""
         self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
         self.make_agents = make_agents
@@ -149,6 +151,8 @@ class FabricRuntime:
                 owner["partitions"] = (SmPartitions.from_json(self.sm_partitions), cas)
             if self.sm_election:
                 owner["election"] = {"priority": priority, "poll_interval_ms": poll_ms, "poll_retries": retries}
+            if self.sm_qos:
+                owner["qos"] = SmQos.from_json(self.sm_qos)
             proc = opensm.start(ns, workdir, engine=self.sm_engine, **owner)
         cpus.pin_process(proc.pid, self.placement.sm)
         self.state.claim_process(proc.pid, f"sm-{impl_name}" + ("-standby" if role == "standby" else ""))

@@ -77,7 +77,8 @@ class FabricRequest:
     dilation: float = 1.0
     """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
     sm_qos: str = ""
-    """QoS for ibemu's SM to program (``ibemu.sm.qos.SmQos`` as JSON; empty: none)."""
+    """QoS for the SM (``ibemu.sm.qos.SmQos`` as JSON; ibemu's SM programs it, OpenSM gets its own QoS
+    options; empty: none)."""
     sm_local_failover: bool = True
     """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings."""
     switch: Mapping[str, Any] = field(default_factory=dict)

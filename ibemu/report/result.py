@@ -25,7 +25,12 @@ Optional in ``ibemu.run/3`` (absent from results before it existed): ``link_load
 fabric's cables and what each carried over the run, read from the ports' PMA counters just
 before teardown: ``{nodes: {name: "switch"|"ca"|"router"}, links: [{a, b, bytes}]}`` (``a``,
 ``b``: ``node:port``; ``bytes``: octets both directions, null where unknown). The HTML report
-(``ibemu.report.html``) draws the topology and the load of each cable from it.
+(``ibemu.report.html``) draws the topology and the load of each cable from it. ``credit_loops``:
+the deadlocks the IB user datapath's link model found (``credit_loop`` events of the fabric
+log), ``[{t_s, hops: [{switch, port, vl}], stalled_us}]``: when (seconds since traffic start),
+the cycle of egress ports and VLs each waiting for credits the next one holds, and how long the
+youngest had waited then; ``[]``: the run was watched for them and had none (absent: not
+watched, e.g. the kernel datapath).
 
 :func:`validate` reports every problem at once, located by key path
 (``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
@@ -460,6 +465,28 @@ class FabricLoad:
 
 
 @dataclass
+class CreditLoopRecord:
+    """A credit loop the link model found (``credit_loops``): a deadlock."""
+
+    t_s: float
+    hops: list[tuple[str, int, int]]
+    """(switch, egress port, VL), each waiting on credits the next one holds."""
+    stalled_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t_s": self.t_s, "hops": [{"switch": n, "port": p, "vl": vl} for n, p, vl in self.hops],
+                "stalled_us": self.stalled_us}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CreditLoopRecord:
+        return cls(d["t_s"], [(h["switch"], h["port"], h["vl"]) for h in d["hops"]], d["stalled_us"])
+
+    def describe(self) -> str:
+        path = " -> ".join(f"{n}:{p}/VL{vl}" for n, p, vl in self.hops)
+        return f"{path} -> (back)"
+
+
+@dataclass
 class RunResult:
     """One ``ibemu run``: what was built, broken and measured."""
 
@@ -479,6 +506,8 @@ class RunResult:
     """``None``: not judged (an ``ibemu.run/1`` result, or one not made by a run): unknown."""
     link_load: FabricLoad | None = None
     """The cables and their load (optional; ``None``: not recorded)."""
+    credit_loops: list[CreditLoopRecord] | None = None
+    """Deadlocks the link model found (optional; ``None``: not watched)."""
 
     @property
     def invalid(self) -> bool:
@@ -503,6 +532,8 @@ class RunResult:
         d["files"] = self.files.to_dict()
         if self.link_load is not None:
             d["link_load"] = self.link_load.to_dict()
+        if self.credit_loops is not None:
+            d["credit_loops"] = [c.to_dict() for c in self.credit_loops]
         return d
 
     @classmethod
@@ -525,6 +556,7 @@ class RunResult:
             d["schema"],
             Fidelity.from_dict(d["fidelity"]) if d.get("fidelity") is not None else None,
             FabricLoad.from_dict(d["link_load"]) if d.get("link_load") is not None else None,
+            [CreditLoopRecord.from_dict(c) for c in d["credit_loops"]] if d.get("credit_loops") is not None else None,
         )
 
 
@@ -866,6 +898,14 @@ _LINK_LOAD = _object(
     _links_known,
 )
 
+_CREDIT_LOOP = _object(
+    {
+        "t_s": _number(minimum=None),
+        "hops": _list(_object({"switch": _string(), "port": _count, "vl": _count})),
+        "stalled_us": _NUM,
+    },
+)
+
 _RESULT = _object(
     {
         "schema": _schema_version,
@@ -914,7 +954,8 @@ _RESULT = _object(
         ),
     },
     _fidelity_for_version,
-    optional={"fidelity": _nullable(_FIDELITY), "link_load": _nullable(_LINK_LOAD)},
+    optional={"fidelity": _nullable(_FIDELITY), "link_load": _nullable(_LINK_LOAD),
+              "credit_loops": _list(_CREDIT_LOOP)},
 )
 
 

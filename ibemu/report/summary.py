@@ -287,5 +287,16 @@ def summary(result: RunResult | Mapping[str, Any]) -> str:
     files."""
     r = as_result(result)
     mark = _mark(r)
-    lines = _header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark) + _files(r)
+    lines = (_header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark)
+             + _credit_loops(r) + _files(r))
     return "\n".join(lines) + "\n"
+
+
+def _credit_loops(r: RunResult) -> list[str]:
+    """The deadlocks the link model found, one line each (nothing when none or not watched)."""
+    if not r.credit_loops:
+        return []
+    lines = ["", f"Credit loops (deadlocks): {len(r.credit_loops)}"]
+    lines += [f"  at {c.t_s:.3f} s, {len(c.hops)} ports stuck {c.stalled_us:,.0f} us: {c.describe()}"
+              for c in r.credit_loops]
+    return lines

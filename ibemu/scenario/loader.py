@@ -180,10 +180,6 @@ class _Loader(Reader):
             topo.defaults = defaults
             self.apply_defaults(topo, defaults)
         sm = self.sm(opt("sm"), topo)
-        if fabric.qos is not None and sm.impl == "opensm" and (fn := opt("fabric")) is not None:
-            qn = _mapping_pairs(fn)["qos"][1]
-            self.error(qn, "fabric.qos", "ibemu's SM programs fabric.qos; OpenSM's QoS options are not passed "
-                       "to it yet (use sm.impl: ibemu, or OpenSM's own qos_policy file)")
         if fabric.local_failover and (fn := opt("fabric")) is not None and (
                 sm.impl == "opensm" or not sm.engine.endswith("_ar")):
             self.error(_mapping_pairs(fn)["local_failover"][1], "fabric.local_failover",

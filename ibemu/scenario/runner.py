@@ -552,7 +552,18 @@ class ScenarioRun:
                       **({"capture_stats": [self.capture_stats[f].to_dict() for f in self.capture_files
                                             if f in self.capture_stats]} if self.capture_files else {})},
             **({"link_load": self.link_load} if self.link_load is not None else {}),
+            **({"credit_loops": credit_loops(fabric_events, self.t0_ns)}
+               if not self.roce and scen.fabric.datapath == "user" else {}),
         }
+
+
+def credit_loops(events: list[dict[str, Any]], t0_ns: int) -> list[dict[str, Any]]:
+    """The result's ``credit_loops``: the IB user datapath's ``credit_loop`` events (its link
+    model's deadlock detection, ``fabric.linkplane``), seconds since traffic start."""
+    return [{"t_s": round((int(e["t_ns"]) - t0_ns) / 1e9, 6),
+             "hops": [{"switch": str(h["switch"]), "port": int(h["port"]), "vl": int(h["vl"])} for h in e["hops"]],
+             "stalled_us": float(e.get("stalled_us", 0))}
+            for e in events if e.get("kind") == "credit_loop" and isinstance(e.get("t_ns"), int)]
 
 
 def _describe_topology(scen: Scenario) -> str:

@@ -181,7 +181,9 @@ VLCap is VL0-VL7), the SL -> VL map (a list of 16 VLs, or {SL: VL}; unnamed SLs:
 the VL arbitration tables (lists of [VL, weight], weight in 64-byte units, at most
 ``VLARB_CAP`` entries each: the ports' VLArbitrationHighCap/LowCap) and VLHighLimit (0..255;
 255 no limit). The SM programs them into every port after bring-up (SLtoVLMappingTable,
-VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit)."""
+VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit): ibemu's SM itself, OpenSM through its
+own options (``qos TRUE``, ``max_op_vls``, ``qos_sl2vl``, ``qos_vlarb_high/low``,
+``qos_high_limit``: ``ibemu.fabric.opensm.qos_options``)."""
 MAX_LINE_GBPS = 1000.0
 ROCE_DATA_DSCP = 26
 """The DSCP of RoCE data: ``pfc: true`` makes its priority lossless (26 >> 3 = 3 by default)."""
