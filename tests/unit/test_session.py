@@ -65,3 +65,21 @@ def test_the_request_round_trips_through_the_daemon_spec(tmp_path: Path, state_d
         st.run_id, "ib", "user", "ibemu", "h3", "ftree")
     topo2 = Session(st).topology
     assert sorted(topo2.nodes) == sorted(topo.nodes) and len(topo2.links) == len(topo.links)
+
+
+def test_adaptive_routing_round_trips_from_the_scenario_to_the_runtime(tmp_path: Path, state_dir: Path) -> None:
+    from ibemu.agents.forwarder import AdaptiveRouting
+    from ibemu.fabric.session import request_from_spec
+    from ibemu.scenario import loads_scenario
+    from ibemu.scenario.runner import fabric_request
+
+    scen = loads_scenario("topology: {generator: fat-tree, k: 4}\nsm: {engine: ftree_ar}\nfabric:\n  datapath: user\n"
+                          "  adaptive_routing: {mode: flowlet, flowlet_gap_us: 3.5}\n", "x.yaml")
+    req = fabric_request(scen)
+    assert req.adaptive_routing == {"mode": "flowlet", "flowlet_gap_ns": 3500}
+    st = _run("up")
+    write_spec(st.run_dir, st.run_id, req)
+    back = request_from_spec(read_spec(st.run_dir))
+    assert AdaptiveRouting.from_json(back.adaptive_routing) == AdaptiveRouting("flowlet", 3500)
+    off = fabric_request(loads_scenario("topology: {generator: fat-tree, k: 4}\n", "y.yaml"))
+    assert off.adaptive_routing == {}
