@@ -12,7 +12,6 @@ from typing import Any
 
 import trio
 
-from ibemu import clock
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
@@ -46,13 +45,11 @@ class LiveFabric:
     more ``FabricRuntime`` arguments (``sm="opensm"``, ``datapath``, ...)."""
 
     def __init__(self, topo: Topology, tmp: Path, *, scenario: str, ready_s: float = 120.0,
-                 emulated_clock: bool = False, **runtime: Any) -> None:
+                 **runtime: Any) -> None:
         self.topo = topo
         self.state = ownership.RunState(ownership.new_run_id(), scenario=scenario)
         self.rt = FabricRuntime(topo, make_agents=make_agents, state=self.state, run_dir=tmp, **runtime)
         self.ready_s = ready_s
-        self.emulated_clock = emulated_clock
-        """The loop runs on ``ibemu.clock`` (``clock.trio_clock``), as a run's agent host does."""
         self.build_s = 0.0
         self.token: trio.lowlevel.TrioToken | None = None
         self.stop: trio.Event | None = None
@@ -69,7 +66,7 @@ class LiveFabric:
                 await self.stop.wait()
 
         try:
-            trio.run(main, clock=clock.trio_clock() if self.emulated_clock else None)
+            trio.run(main)
         except BaseException as exc:
             self.errors.append(exc)
         finally:
