@@ -37,9 +37,9 @@ first frame arrived; ``frames lost`` the stream's frames that never arrived. Bot
 waits for the SM's reroute). Deviations: the fabric comes up, and the SM brings it up, at
 dilation 1; the clock is dilated (``clock.configure(N, epoch=now)``: the emulated clock goes
 on from that instant, N times slower) once the subnet is up and carries a first stream, and
-the SM stays on the real clock (under a dilated clock from the start its sweep did not
-finish, nor did it with the real clock against a fabric dilated from the start: its own
-port's answers timed out). Its stamps are put on the emulated clock
+the SM stays on the real clock (under a clock dilated from the start its first sweep had
+not finished after two minutes at dilation 2000; on the real clock against a fabric dilated
+from the start, its own port's answers timed out). Its stamps are put on the emulated clock
 (``clock.to_emulated_ns``), so ``cut -> SM programmed`` is emulated; the SM's lag is not
 part of the run's fidelity (it is not on the run's clock). The agent host's loop runs on the
 real clock (``harness.LiveFabric``, as in the other benchmarks), so its lag monitor measures
