@@ -122,12 +122,20 @@ def check_runnable(scen: Scenario) -> None:
 
 
 def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
-    """A ``traffic:`` entry as the worker takes it (with the fabric's datapath)."""
+    """A ``traffic:`` entry as the worker takes it (with the fabric's datapath, and under
+    adaptive routing the RC responders' reorder window, ``RC_REORDER_WINDOW``)."""
     duration_s = scen.duration_s
+    ar = scen.fabric.adaptive_routing is not None and scen.fabric.datapath == "user"
     return {"name": t.name, "kind": t.kind, "hosts": list(t.hosts), "src": t.src, "dst": t.dst,
             "size": t.size, "qps": t.qps, "start_s": t.start_s, "stop_s": min(t.stop_s, duration_s),
             "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl,
-            "transport": t.transport, "datapath": scen.fabric.datapath}
+            "transport": t.transport, "datapath": scen.fabric.datapath,
+            **({"reorder_window": RC_REORDER_WINDOW} if ar else {})}
+
+
+RC_REORDER_WINDOW = 512
+"""Under ``fabric.adaptive_routing`` the RC QPs of bandwidth and stream flows hold requests up
+to this many PSNs ahead (``hca.transport.rc_responder``): a user-datapath window's worth."""
 
 
 DATA_DSCP = 26

@@ -89,7 +89,7 @@ def _perf_opts(spec: dict[str, Any], test: str, duration_s: float | None, *, sha
                        bidirectional=bool(spec.get("bidirectional", False)),
                        rate_pps=float(rate) if rate and test in perftest.BW_TESTS else None,
                        duration_s=duration_s, iterations=LAT_ITERATIONS, tx_depth=16,
-                       window=max(16, window),
+                       window=max(16, window), reorder_window=int(spec.get("reorder_window", 0)),
                        timeout=BW_TIMEOUT if sharing == 1 and not user else SHARED_BW_TIMEOUT)
 
 
@@ -259,7 +259,8 @@ async def _collective(f: Flow) -> None:
 async def _stream(f: Flow) -> None:
     out, size = f.out, f.size
     opts = stream.StreamOptions(rate_pps=float(f.spec.get("rate_pps") or 1000), size=size,
-                                transport=str(f.spec.get("transport", "rc")))
+                                transport=str(f.spec.get("transport", "rc")),
+                                reorder_window=int(f.spec.get("reorder_window", 0)))
     s = stream.Stream(f.ports[f.src], f.ports[f.dst], opts)
     rec = await s.run(stop=f.stop)
     f.drained.set()

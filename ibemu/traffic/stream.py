@@ -60,6 +60,8 @@ class StreamOptions:
     """RC local ACK timeout exponent: 4.096 us x 2^14 = 67 ms (7 retries: ~0.5 s of path
     loss before the QP gives up). A lost packet followed by others is NAKed at once."""
     retry_cnt: int = 7
+    reorder_window: int = 0
+    """RC: the receiver holds requests up to this many PSNs ahead (adaptive routing)."""
 
     def __post_init__(self) -> None:
         if self.transport not in ("rc", "ud"):
@@ -115,7 +117,7 @@ class Stream:
             a.connect(QpInfo(b.qpn, b.sq_psn, dst.hca.lid), path_ab, timeout=opts.timeout,
                       retry_cnt=opts.retry_cnt, max_inflight=RING // 2)
             b.connect(QpInfo(a.qpn, a.sq_psn, src.hca.lid), path_ba, timeout=opts.timeout,
-                      retry_cnt=opts.retry_cnt)
+                      retry_cnt=opts.retry_cnt, reorder_window=opts.reorder_window)
             self.tx_qp, self.rx_qp = a, b
         else:
             u, v = src.hca.create_ud_qp(self.tx_cq), dst.hca.create_ud_qp(self.rx_cq)

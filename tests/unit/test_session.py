@@ -83,3 +83,18 @@ def test_adaptive_routing_round_trips_from_the_scenario_to_the_runtime(tmp_path:
     assert AdaptiveRouting.from_json(back.adaptive_routing) == AdaptiveRouting("flowlet", 3500)
     off = fabric_request(loads_scenario("topology: {generator: fat-tree, k: 4}\n", "y.yaml"))
     assert off.adaptive_routing == {}
+
+
+def test_under_adaptive_routing_rc_flows_get_a_reorder_window() -> None:
+    from ibemu.scenario import loads_scenario
+    from ibemu.scenario.runner import RC_REORDER_WINDOW, flow_dict
+    from ibemu.traffic.flows import _perf_opts
+
+    text = ("topology: {generator: fat-tree, k: 4}\nsm: {engine: ftree_ar}\nfabric:\n  datapath: user\n{ar}"
+            "traffic:\n  - {name: a, kind: write_bw, from: h0, to: h15}\n")
+    on = loads_scenario(text.replace("{ar}", "  adaptive_routing: true\n"), "x.yaml")
+    off = loads_scenario(text.replace("{ar}", ""), "y.yaml")
+    spec_on, spec_off = flow_dict(on.traffic[0], on), flow_dict(off.traffic[0], off)
+    assert spec_on["reorder_window"] == RC_REORDER_WINDOW and "reorder_window" not in spec_off
+    assert _perf_opts(spec_on, "write_bw", 1.0).reorder_window == RC_REORDER_WINDOW
+    assert _perf_opts(spec_off, "write_bw", 1.0).reorder_window == 0
