@@ -127,7 +127,8 @@ def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
     return {"name": t.name, "kind": t.kind, "hosts": list(t.hosts), "src": t.src, "dst": t.dst,
             "size": t.size, "qps": t.qps, "start_s": t.start_s, "stop_s": min(t.stop_s, duration_s),
             "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl,
-            "transport": t.transport, "datapath": scen.fabric.datapath}
+            "transport": t.transport, "datapath": scen.fabric.datapath,
+            **({"training": t.training.to_json(), "mtu": scen.defaults.mtu or 4096} if t.training else {})}
 
 
 DATA_DSCP = 26

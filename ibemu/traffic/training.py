@@ -362,11 +362,6 @@ class JobPlan:
         return model_step(self.job, self.cluster)
 
     @property
-    def scaled_comm(self) -> AllreduceTime:
-        """The model's allreduce of the scaled gradient."""
-        return allreduce_time(self.job.algorithm, self.job.grad_bytes / self.scale, self.job.servers, self.cluster)
-
-    @property
     def forward_s(self) -> float:
         return self.model.compute_s / 3 / self.scale
 
@@ -376,13 +371,20 @@ class JobPlan:
 
     @property
     def nvlink_s(self) -> float:
-        """The NVLink phases of the scaled step (modelled: they do not cross the fabric)."""
-        return self.scaled_comm.nvlink_s
+        """The NVLink phases of the scaled step: the full step's / scale (modelled, latency
+        included: they do not cross the fabric, so the scale model scales them whole)."""
+        return self.model.comm.nvlink_s / self.scale
+
+    @property
+    def scaled_fabric_s(self) -> float:
+        """The model's fabric part for the scaled gradient (bandwidth and per-step latency)."""
+        return allreduce_time(self.job.algorithm, self.job.grad_bytes / self.scale, self.job.servers,
+                              self.cluster).fabric_s
 
     @property
     def scaled_step_s(self) -> float:
         """The model's scaled step: what the run's measured step is compared with."""
-        return step_time(self.model.compute_s / self.scale, self.scaled_comm.total_s, self.job.overlap)
+        return step_time(self.model.compute_s / self.scale, self.nvlink_s + self.scaled_fabric_s, self.job.overlap)
 
     @property
     def rail_bytes(self) -> int:
@@ -411,17 +413,22 @@ class StepMeasure:
 def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
     """A job's figures from its measured steps, beside the model's (for ``traffic[].extra``).
 
-    Measured (emulated time, the scaled step): ``step_s``, ``fabric_s``, ``comm_share`` (exposed
-    communication over the step), ``efficiency`` (compute over the step). Projected to full
-    size: the model's compute and NVLink time with the measured fabric time times ``scale``
-    (the fabric part taken as bandwidth-bound), and the time to train from that step.
+    Measured (emulated time, the scaled step): ``step_s``, ``fabric_s``, ``fabric_busbw_gbs``
+    (each rail's ring: 2(s-1)/s of its bytes over the time, against one rail's ``rail_gbs``),
+    ``comm_share`` (exposed communication over the step), ``efficiency`` (compute over the
+    step). Projected to full size: the model's compute and NVLink time with the measured fabric
+    time times ``scale``, and the time to train from that step. The projection takes the fabric
+    part as bandwidth-bound: it holds where ``fabric_busbw_gbs`` is close to ``rail_gbs``, and
+    overstates the fabric's time where per-step latency dominated the scaled ring.
     """
     m = plan.model
+    c, s = plan.cluster, plan.job.servers
     out: dict[str, Any] = {
         "model": plan.job.model, "gpu": plan.cluster.gpu, "gpus": m.gpus, "servers": plan.job.servers,
         "rails": plan.cluster.rails, "algorithm": plan.job.algorithm, "overlap": plan.job.overlap,
         "scale": plan.scale, "rail_bytes": plan.rail_bytes,
         "model_scaled_step_s": round(plan.scaled_step_s, 9),
+        "model_scaled_fabric_s": round(plan.scaled_fabric_s, 9), "rail_gbs": round(c.rail_bps / 1e9, 3),
         "model_step_s": round(m.step_s, 6), "model_compute_s": round(m.compute_s, 6),
         "model_comm_s": round(m.comm_s, 6), "model_efficiency": round(m.efficiency, 4),
         "model_comm_share": round(m.comm_share, 4),
@@ -435,9 +442,47 @@ def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
     full = step_time(m.compute_s, m.comm.nvlink_s + fabric * plan.scale, plan.job.overlap)
     out.update({
         "step_s": round(step, 9), "fabric_s": round(fabric, 9), "nvlink_s": round(plan.nvlink_s, 9),
+        "fabric_busbw_gbs": round(2 * (s - 1) / s * plan.rail_bytes / fabric / 1e9, 3) if fabric else 0.0,
         "compute_s": round(compute, 9), "comm_share": round(max(0.0, step - compute) / step, 4),
         "efficiency": round(min(1.0, compute / step), 4),
         "projected_step_s": round(full, 6), "projected_efficiency": round(m.compute_s / full, 4),
         "projected_time_to_train_days": round(plan.job.total_tokens / plan.job.tokens * full / 86400, 3),
     })
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPool:
+    """A fabric's GPU servers: the cluster's figures and each server's CAs (one per rail, in rail
+    order), taken from the topology's CAs in order, ``rails`` at a time."""
+
+    cluster: GpuCluster
+    servers: tuple[tuple[str, ...], ...]
+    where: str = ""
+
+    @classmethod
+    def of(cls, cluster: GpuCluster, cas: list[str], where: str = "") -> GpuPool:
+        r = cluster.rails
+        if len(cas) % r:
+            raise ValueError(f"the topology's {len(cas)} CAs do not make servers of {r} rails (HCA ports) each")
+        return cls(cluster, tuple(tuple(cas[i:i + r]) for i in range(0, len(cas), r)), where)
+
+    def server_of(self, ca: str) -> int:
+        for i, s in enumerate(self.servers):
+            if ca in s:
+                return i
+        raise KeyError(ca)
+
+    def whole_servers(self, hosts: list[str]) -> list[int]:
+        """The servers ``hosts`` make up, in order; ValueError when a server is only partly there."""
+        seen: list[int] = []
+        for h in hosts:
+            i = self.server_of(h)
+            if i not in seen:
+                seen.append(i)
+        for i in seen:
+            missing = [c for c in self.servers[i] if c not in hosts]
+            if missing:
+                raise ValueError(f"a job takes whole servers: server {i} is {', '.join(self.servers[i])}, "
+                                 f"{', '.join(missing)} missing")
+        return seen

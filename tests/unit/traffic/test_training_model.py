@@ -96,10 +96,14 @@ def test_plan_scales_compute_and_bytes() -> None:
     assert plan.forward_s + plan.backward_s == pytest.approx(t_c / 1e5)
     assert plan.rail_bytes == 14e9 // 1e5 // 4 * 4
     comm = allreduce_time("hierarchical", 14e9 / 1e5, 2, NDR)
-    assert plan.scaled_step_s == pytest.approx(step_time(t_c / 1e5, comm.total_s, 0.5))
+    full = allreduce_time("hierarchical", 14e9, 2, NDR)
+    assert plan.nvlink_s == pytest.approx(full.nvlink_s / 1e5)  # NVLink's latency scaled with the rest
+    assert plan.scaled_fabric_s == pytest.approx(comm.fabric_s)  # the fabric's latency is what it is
+    assert plan.scaled_step_s == pytest.approx(step_time(t_c / 1e5, full.nvlink_s / 1e5 + comm.fabric_s, 0.5))
     assert JobPlan.from_json(plan.to_json()) == plan
     f = measured_figures(plan, [StepMeasure(plan.scaled_step_s * 2, comm.fabric_s * 3)] * 2)
     assert f["steps"] == 2
+    assert f["fabric_busbw_gbs"] == pytest.approx(plan.rail_bytes / (comm.fabric_s * 3) / 1e9, rel=1e-3)
     assert f["efficiency"] == pytest.approx(t_c / 1e5 / (2 * plan.scaled_step_s), rel=1e-3)
     full = step_time(t_c, plan.model.comm.nvlink_s + comm.fabric_s * 3 * 1e5, 0.5)
     assert f["projected_step_s"] == pytest.approx(full, rel=1e-5)
