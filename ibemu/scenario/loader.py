@@ -19,6 +19,7 @@ from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
 from ibemu.physics.link import SWITCH_MODELS, propagation_ns
 from ibemu.physics.qos import VlArb
+from ibemu.scenario import gpus
 from ibemu.scenario.schema import (
     DEFAULT_DURATION_S,
     DEFAULT_SIZE,
@@ -81,7 +82,6 @@ from ibemu.scenario.schema import (
     TopologySpec,
     TrafficSpec,
 )
-from ibemu.scenario import gpus
 from ibemu.scenario.yamlnodes import (
     Reader,
     ScenarioError,

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Training steps on the emulated fabric against the step-time model (``ibemu.traffic.training``).
+
+One data-parallel job on GPU servers wired rail-optimized (``gpu-rails``: ``--servers`` servers
+of 8 H100s, ``--rails`` 4x NDR ports each), on the user datapath's link model at dilation
+``--dilation``, for each fabric (IB with credits, RoCE with PFC) and allreduce algorithm
+(hierarchical, ring). A step is a 1/``--scale`` model of the real one: compute time and gradient
+bytes both divided, so the fabric part stays bandwidth-bound where the scale leaves enough bytes
+per rail. Prints, per run: the fidelity verdict, the steps measured, the step and its fabric
+part measured (emulated time, to scale: link rates and delays, transport timers) beside the
+model's for the same scaled step, the rails' bus bandwidth against a rail's line rate, the
+communication share and the scaling efficiency, measured and modelled, and the full-size
+projection (the model's compute and NVLink with the measured fabric time x scale) beside the
+model's full-size step and time to train.
+
+The model's network latency per ring step is NCCL's (9.6 us, ``tuning.cc``); pass
+``--net-latency-us`` to give the model the emulated fabric's instead. The NVLink phases are the
+model's (they do not cross the fabric), so where they dominate the measured step follows the
+model by construction: the figure that tests the fabric is ``fabric us``.
+
+Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ibemu import clock
+from ibemu.kernel.timerfd import run_trio
+from ibemu.scenario import loads_scenario
+from ibemu.scenario.runner import ScenarioRun
+
+SCENARIO = """
+name: bench-training-{label}
+topology: {{generator: gpu-rails, servers: {servers}, rails: {rails}, spines: 1}}
+defaults: {{rate: 4x NDR, cable_m: 2}}
+fabric: {fabric}
+{sm}gpus: {{model: H100, per_server: 8, rails: {rails}{net}}}
+time: {{dilation: {dilation}}}
+traffic:
+  - {{name: job, kind: training, hosts: all, model: {model}, tokens_per_step: {tokens}, algorithm: {algorithm},
+     overlap: {overlap}, scale: {scale}}}
+duration_s: {duration}
+"""
+FABRICS = {"ib": "{kind: ib, datapath: user}", "roce": "{kind: roce, datapath: user, pfc: true}"}
+
+
+def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    net = f", net_latency_us: {args.net_latency_us:g}" if args.net_latency_us is not None else ""
+    sm = "sm: {impl: ibemu, engine: updn}\n" if fabric == "ib" else ""  # RoCE: a fabric manager, no SM
+    text = SCENARIO.format(label=label, servers=args.servers, rails=args.rails, fabric=FABRICS[fabric], sm=sm, net=net,
+                           dilation=args.dilation, model=args.model, tokens=f"{args.tokens:.6e}",
+                           algorithm=algorithm, overlap=args.overlap, scale=f"{args.scale:.6e}",
+                           duration=args.duration)
+    scen = loads_scenario(text, f"<{label}>")
+    t0 = time.perf_counter()
+    clock.configure(scen.time.dilation)  # as `ibemu run` does: every process of the run on this clock
+    result: dict[str, Any] = run_trio(ScenarioRun(scen, out / label).run)
+    print(f"  {label}: {time.perf_counter() - t0:.0f} s of real time", file=sys.stderr, flush=True)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dilation", type=int, default=20000, help="time dilation (default 20000)")
+    ap.add_argument("--duration", type=float, default=0.0006, help="emulated seconds of training (default 0.6 ms)")
+    ap.add_argument("--servers", type=int, default=4, help="GPU servers (default 4)")
+    ap.add_argument("--rails", type=int, default=2, help="4x NDR rails per server (default 2)")
+    ap.add_argument("--model", default="llama2-7b", help="model preset (default llama2-7b)")
+    ap.add_argument("--tokens", type=float, default=2.5e5, help="tokens per step (default 250k)")
+    ap.add_argument("--overlap", type=float, default=0.0, help="overlap (default 0: every byte exposed)")
+    ap.add_argument("--scale", type=float, default=1e4, help="scale-down of the step (default 1e4)")
+    ap.add_argument("--net-latency-us", type=float, default=None, help="the model's network step latency")
+    ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=list(FABRICS))
+    ap.add_argument("--algorithms", nargs="+", choices=["hierarchical", "ring"], default=["hierarchical", "ring"])
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
+        for fabric in args.fabrics:
+            for alg in args.algorithms:
+                label = f"{fabric}-{alg}"
+                result = run_one(label, fabric, alg, args, Path(tmp))
+                job = next(t for t in result["traffic"] if t["kind"] == "training")
+                rows.append((label, result["fidelity"], job))
+    load = os.getloadavg()
+    x0 = rows[0][2]["extra"]
+    print(f"Training: {args.model}, {args.tokens:,.0f} tokens/step, {x0['gpus']} H100 on {args.servers} servers x "
+          f"{args.rails} rails of 4x NDR (gpu-rails), overlap {args.overlap:g}, scale 1/{args.scale:g}, "
+          f"dilation {args.dilation:,}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print("  emulated time, to scale (link rates, delays, transport timers); us of the scaled step")
+    print(f"  {'run':<18} {'fidelity':<8} {'steps':>5} {'step us':>8} {'model':>8} {'fabric us':>9} {'model':>8} "
+          f"{'busbw/rail':>10} {'comm':>6} {'model':>6} {'effic.':>6} {'model':>6} {'proj. step s':>12} "
+          f"{'model s':>8} {'proj. days':>10} {'model':>8}")
+    for label, fid, job in rows:
+        x = job["extra"]
+        valid = bool(fid["valid"]) and not job.get("error")
+        if "step_s" not in x:
+            print(f"  {label:<18} {'valid' if valid else 'INVALID':<8} no step completed {job.get('error') or ''}")
+            continue
+        model_comm = 1 - x["compute_s"] / x["model_scaled_step_s"]
+        print(f"  {label:<18} {'valid' if valid else 'INVALID':<8} {x['steps']:5d} {x['step_s'] * 1e6:8.1f} "
+              f"{x['model_scaled_step_s'] * 1e6:8.1f} {x['fabric_s'] * 1e6:9.1f} {x['model_scaled_fabric_s'] * 1e6:8.1f} "
+              f"{x['fabric_busbw_gbs']:5.1f}/{x['rail_gbs']:<4g} {x['comm_share'] * 100:5.1f}% {model_comm * 100:5.1f}% "
+              f"{x['efficiency'] * 100:5.1f}% {(1 - model_comm) * 100:5.1f}% {x['projected_step_s']:12.3f} "
+              f"{x['model_step_s']:8.3f} {x['projected_time_to_train_days']:10.1f} {x['model_time_to_train_days']:8.1f}")
+        if not valid:
+            print(f"    INVALID: {job.get('error') or fid['note']}")
+
+
+if __name__ == "__main__":
+    main()
