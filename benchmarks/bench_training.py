@@ -18,12 +18,18 @@ The model's network latency per ring step is NCCL's (9.6 us, ``tuning.cc``); pas
 model's (they do not cross the fabric), so where they dominate the measured step follows the
 model by construction: the figure that tests the fabric is ``fabric us``.
 
+With ``--pool [POLICY ...]``: ``scenarios/gpu-pool.yaml`` (three jobs on eight servers, two
+leaves) under each placement policy, and every job alone on the servers it got; prints each
+job's step and fabric time in the pool and alone, and the slowdown (pool / alone).
+
 Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
+     sudo .venv/bin/python benchmarks/bench_training.py --pool [topology packed spread]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -35,6 +41,9 @@ from ibemu import clock
 from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario import loads_scenario
 from ibemu.scenario.runner import ScenarioRun
+from ibemu.scenario.schema import Scenario
+
+POOL = Path(__file__).resolve().parents[1] / "scenarios" / "gpu-pool.yaml"
 
 SCENARIO = """
 name: bench-training-{label}
@@ -66,6 +75,51 @@ def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, o
     return result
 
 
+def run_scenario(label: str, scen: Scenario, out: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    clock.configure(scen.time.dilation)
+    result: dict[str, Any] = run_trio(ScenarioRun(scen, out / label).run)
+    print(f"  {label}: {time.perf_counter() - t0:.0f} s of real time", file=sys.stderr, flush=True)
+    return result
+
+
+def pool(args: argparse.Namespace) -> None:
+    """``scenarios/gpu-pool.yaml`` under each placement, and each job alone on the same servers."""
+    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool]] = []
+    alone: dict[tuple[str, tuple[str, ...]], tuple[dict[str, Any], bool]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
+        for policy in args.pool:
+            text = POOL.read_text().replace("placement: topology", f"placement: {policy}")
+            text = text.replace("dilation: 20000", f"dilation: {args.dilation}")
+            scen = loads_scenario(text, f"<pool-{policy}>")
+            res = run_scenario(f"pool-{policy}", scen, Path(tmp))
+            valid = bool(res["fidelity"]["valid"])
+            for t, out in zip(scen.traffic, res["traffic"], strict=True):
+                key = (t.name, t.hosts)
+                if key not in alone:
+                    one = dataclasses.replace(scen, traffic=(t,))
+                    r1 = run_scenario(f"alone-{t.name}-{'-'.join(t.hosts)}", one, Path(tmp))
+                    alone[key] = (r1["traffic"][0], bool(r1["fidelity"]["valid"]) and not r1["traffic"][0].get("error"))
+                a, a_ok = alone[key]
+                rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error")))
+    load = os.getloadavg()
+    print(f"GPU pool ({POOL.name}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; dilation {args.dilation:,}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print("  emulated time, to scale; slowdown = the job's step (fabric part) in the pool over alone on the same servers")
+    print(f"  {'placement':<9} {'job':<3} {'servers':<24} {'leaves':>6} {'step us':>8} {'alone':>8} {'slowdown':>8} "
+          f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8}")
+    for policy, name, hosts, out, a, ok in rows:
+        x, y = out.get("extra", {}), a.get("extra", {})
+        if "step_s" not in x or "step_s" not in y:
+            print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured {out.get('error') or ''}")
+            continue
+        leaves = len({int(h.split("_")[0][1:]) // 4 for h in hosts})
+        print(f"  {policy:<9} {name:<3} {','.join(h.split('_')[0] for h in hosts):<24} {leaves:6d} "
+              f"{x['step_s'] * 1e6:8.1f} {y['step_s'] * 1e6:8.1f} {x['step_s'] / y['step_s']:7.2f}x "
+              f"{x['fabric_s'] * 1e6:9.1f} {y['fabric_s'] * 1e6:8.1f} {x['fabric_s'] / y['fabric_s']:7.2f}x "
+              f"{'valid' if ok else 'INVALID':<8}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dilation", type=int, default=20000, help="time dilation (default 20000)")
@@ -79,7 +133,13 @@ def main() -> None:
     ap.add_argument("--net-latency-us", type=float, default=None, help="the model's network step latency")
     ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=list(FABRICS))
     ap.add_argument("--algorithms", nargs="+", choices=["hierarchical", "ring"], default=["hierarchical", "ring"])
+    ap.add_argument("--pool", nargs="*", choices=["topology", "packed", "spread"], default=None,
+                    help="run scenarios/gpu-pool.yaml under these placements (none given: all three) instead")
     args = ap.parse_args()
+    if args.pool is not None:
+        args.pool = args.pool or ["topology", "packed", "spread"]
+        pool(args)
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:
         for fabric in args.fabrics:

@@ -132,6 +132,7 @@ class _Loader(Reader):
         self.rate_nodes: list[tuple[yaml.Node, str]] = []  # where the scenario states a rate
         self.stated: dict[str, set[str]] = {}  # explicit link origin -> the keys it states
         self.gpu_pool: GpuPool | None = None  # gpus: the GPU servers (training jobs)
+        self.gpu_taken: set[int] = set()  # servers the jobs so far run on
 
     def warn(self, node: yaml.Node | int, path: str, message: str) -> None:
         line = node if isinstance(node, int) else line_of(node)
@@ -1093,10 +1094,9 @@ class _Loader(Reader):
             return None
         job = None
         if kind == "training":
-            job = gpus.read_job(self, m, item, path, hosts, self.gpu_pool)
-            if job is None or self.gpu_pool is None:
+            job, hosts = gpus.read_job(self, m, item, path, hosts, self.gpu_pool, self.gpu_taken)
+            if job is None:
                 return None
-            hosts = gpus.job_hosts(self.gpu_pool, hosts)
         return TrafficSpec(
             name=name, kind=kind, hosts=hosts, training=job, src=src, dst=dst, size=size, qps=qps,
             start_s=start, stop_s=stop, sl=sl, bidirectional=bidir, seed=seed,

@@ -54,7 +54,15 @@ from ibemu.topo.model import Link, LinkDefaults, NodeKind, Topology
 from ibemu.topo.names import MAX_PORT
 from ibemu.topo.rates import LinkRate
 from ibemu.traffic.flows import TRAFFIC_KINDS
-from ibemu.traffic.training import EMULATED_ALGORITHMS, GPUS, MODELS, NVLINKS, GpuPool, JobPlan
+from ibemu.traffic.training import (
+    EMULATED_ALGORITHMS,
+    GPUS,
+    MODELS,
+    NVLINKS,
+    PLACEMENTS,
+    GpuPool,
+    JobPlan,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +285,7 @@ TRAFFIC_FIELDS: dict[str, Field] = {
     "overlap": _num("training: share of the backward pass the allreduce overlaps (0..1, default 0)", 0, 1),
     "scale": _num("training: each step's gradient bytes and compute time divided by this", 1, 1e15),
     "train_tokens": _num("training: tokens to train on (default: the model's)", 0, 1e18, lo_open=True),
+    "servers": _int("training: servers the pool places the job on (instead of hosts)", 1, 1 << 16),
 }
 """Every key of a traffic entry but the hosts it names (``TRAFFIC_HOSTS``); which a kind takes:
 ``TRAFFIC_COMMON`` and its ``keys`` in ``ibemu.traffic.flows.TRAFFIC_KINDS``."""
@@ -341,6 +350,7 @@ GPUS_FIELDS: dict[str, Field] = {
     "nvlink_gbs": _num("overrides NVLink's GB/s per GPU and direction", 0, 1e5, lo_open=True),
     "nvlink_us": _num("NVLink latency per ring step (us)", 0, 1e6),
     "net_latency_us": _num("network latency per ring step in the model (us)", 0, 1e6),
+    "placement": _choice("where jobs asking for a number of servers go (default topology)", PLACEMENTS),
 }
 """``gpus``: every CA of the topology is a GPU server's HCA port, ``rails`` consecutive CAs a
 server (``ibemu.traffic.training.GpuPool``); the training traffic kind runs jobs on them."""

@@ -362,6 +362,6 @@ TRAFFIC_KINDS: dict[str, TrafficKind] = {
     "stream": TrafficKind(("from", "to", "size", "rate_pps", "transport"), "pair", _stream, size=256,
                           timestamps=True),
     "training": TrafficKind(("hosts", "model", "tokens_per_step", "mfu", "algorithm", "overlap", "scale",
-                             "train_tokens"), "group", _training),
+                             "train_tokens", "servers"), "group", _training),
 }
 """Every traffic kind, by name (the order scenario errors list them in)."""

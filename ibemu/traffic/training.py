@@ -451,21 +451,72 @@ def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
     return out
 
 
+PLACEMENTS = ("packed", "spread", "topology")
+"""How a pool places a job that asks for a number of servers: ``packed``, the first free servers
+in the topology's order; ``spread``, one server from each leaf group in turn (as many leaves as
+it can: a scheduler balancing load, or one placing at random); ``topology``, inside one leaf
+group where one has room (the one with the least room that fits: best fit), else over the
+groups with the most room first (the fewest leaves and spine crossings)."""
+
+
+def place(policy: str, free: list[int], groups: list[int], n: int) -> list[int]:
+    """``n`` of the ``free`` servers by ``policy``; ``groups[i]`` is server i's leaf group."""
+    if n > len(free):
+        raise ValueError(f"{n} servers do not fit: {len(free)} of the pool's {len(groups)} are free")
+    by_group: dict[int, list[int]] = {}
+    for i in free:
+        by_group.setdefault(groups[i], []).append(i)
+    if policy == "packed":
+        return free[:n]
+    if policy == "spread":
+        out: list[int] = []
+        queues = [list(q) for q in by_group.values()]
+        while len(out) < n:
+            for q in queues:
+                if q and len(out) < n:
+                    out.append(q.pop(0))
+        return out
+    if policy == "topology":
+        fits = [q for q in by_group.values() if len(q) >= n]
+        if fits:
+            return min(fits, key=len)[:n]
+        out = []
+        for q in sorted(by_group.values(), key=len, reverse=True):
+            out += q[:n - len(out)]
+        return out
+    raise ValueError(f"unknown placement {policy!r} (one of {', '.join(PLACEMENTS)})")
+
+
 @dataclass(frozen=True, slots=True)
 class GpuPool:
     """A fabric's GPU servers: the cluster's figures and each server's CAs (one per rail, in rail
-    order), taken from the topology's CAs in order, ``rails`` at a time."""
+    order), taken from the topology's CAs in order, ``rails`` at a time; each server's leaf
+    group (the switch its first CA is cabled to) and the pool's placement policy."""
 
     cluster: GpuCluster
     servers: tuple[tuple[str, ...], ...]
     where: str = ""
+    groups: tuple[int, ...] = ()
+    placement: str = "topology"
 
     @classmethod
-    def of(cls, cluster: GpuCluster, cas: list[str], where: str = "") -> GpuPool:
+    def of(cls, cluster: GpuCluster, cas: list[str], where: str = "", *, leaves: dict[str, str] | None = None,
+           placement: str = "topology") -> GpuPool:
+        """``leaves``: each CA's switch (default: one group)."""
         r = cluster.rails
         if len(cas) % r:
             raise ValueError(f"the topology's {len(cas)} CAs do not make servers of {r} rails (HCA ports) each")
-        return cls(cluster, tuple(tuple(cas[i:i + r]) for i in range(0, len(cas), r)), where)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r} (one of {', '.join(PLACEMENTS)})")
+        servers = tuple(tuple(cas[i:i + r]) for i in range(0, len(cas), r))
+        order: dict[str, int] = {}
+        groups = tuple(order.setdefault((leaves or {}).get(s[0], ""), len(order)) for s in servers)
+        return cls(cluster, servers, where, groups, placement)
+
+    def place(self, n: int, taken: set[int]) -> list[int]:
+        """``n`` servers not in ``taken``, by the pool's policy."""
+        free = [i for i in range(len(self.servers)) if i not in taken]
+        return place(self.placement, free, list(self.groups or [0] * len(self.servers)), n)
 
     def server_of(self, ca: str) -> int:
         for i, s in enumerate(self.servers):

@@ -54,7 +54,7 @@ CASES: list[tuple[str, str, str]] = [
         "unknown-generator",
         "topology:\n  generator: fat-tee\n",
         "x.yaml:2 topology.generator: unknown generator 'fat-tee' (did you mean 'fat-tree'?); known: fat-tree, "
-        "leaf-spine, torus, mesh, dragonfly, ring, single-switch",
+        "leaf-spine, torus, mesh, dragonfly, ring, single-switch, gpu-rails",
     ),
     (
         "two-sources",

@@ -35,7 +35,34 @@ def test_servers_and_job() -> None:
     assert plan.rail_bytes == int(140e3 / 2 * 15 / 16 * 2) // 4 * 4
 
 
+POOL = ("topology: {generator: gpu-rails, servers: 6, rails: 1, servers_per_leaf: 2}\n"
+        "gpus: {placement: PLACEMENT}\ntraffic:\n")
+
+
+@pytest.mark.parametrize(("placement", "want"), [
+    ("spread", [("s0_r0", "s2_r0"), ("s1_r0", "s3_r0"), ("s4_r0", "s5_r0")]),
+    ("topology", [("s0_r0", "s1_r0"), ("s2_r0", "s3_r0"), ("s4_r0", "s5_r0")]),
+])
+def test_pool_places_jobs_in_order(placement: str, want: list[tuple[str, ...]]) -> None:
+    jobs = "".join(f"  - {{name: j{i}, kind: training, servers: 2, scale: 1000000}}\n" for i in range(3))
+    scen = loads_scenario(POOL.replace("PLACEMENT", placement) + jobs, "x.yaml")
+    assert scen.gpus is not None and scen.gpus.groups == (0, 0, 1, 1, 2, 2)
+    assert [t.hosts for t in scen.traffic] == want
+
+
+def test_pool_jobs_that_do_not_fit() -> None:
+    jobs = ("  - {name: a, kind: training, hosts: [s0_r0, s1_r0, s2_r0], scale: 1000000}\n"
+            "  - {name: b, kind: training, servers: 4, scale: 1000000}\n")
+    with pytest.raises(ScenarioError) as exc:
+        loads_scenario(POOL.replace("PLACEMENT", "packed") + jobs, "x.yaml")
+    assert str(exc.value).splitlines()[0] == (
+        "x.yaml:5 traffic[1].servers: 4 servers do not fit: 3 of the pool's 6 are free (3 taken by the jobs "
+        "before it)")
+
+
 @pytest.mark.parametrize(("gpus", "job", "message"), [
+    ("gpus: {placement: random}\n", TRAIN + "}", "x.yaml:3 gpus.placement: expected one of packed, spread, topology"),
+    ("gpus: {}\n", TRAIN + ", servers: 2}", "x.yaml:5 traffic[0].servers: give hosts (the job's CAs) or servers"),
     ("gpus: {model: H1000}\n", TRAIN + "}",
      "x.yaml:3 gpus.model: expected one of A100, H100, H200, B200, got 'H1000'"),
     ("gpus: {nvlink: nvlink7}\n", TRAIN + "}", "x.yaml:3 gpus.nvlink: expected one of nvlink2"),
@@ -57,3 +84,20 @@ def test_bad_gpus_and_jobs(gpus: str, job: str, message: str) -> None:
     with pytest.raises(ScenarioError) as exc:
         load(gpus, job)
     assert str(exc.value).splitlines()[0].startswith(message), str(exc.value)
+
+
+def test_gpu_rails_is_rail_optimized() -> None:
+    from ibemu.topo.generators import ParamError, generate
+
+    t = generate("gpu-rails", servers=5, rails=2, servers_per_leaf=2, spines=2)
+    assert t.validate() == []
+    assert [n.name for n in t.cas()][:4] == ["s0_r0", "s0_r1", "s1_r0", "s1_r1"]  # server by server
+    for sv in range(5):
+        for r in range(2):
+            ((_, peer),) = t.neighbors(f"s{sv}_r{r}")
+            assert peer.node == f"leaf{sv // 2}_{r}"  # rail r of every server of a group on one leaf
+    for grp in range(3):
+        for r in range(2):  # every leaf up to every spine
+            assert {p.node for _, p in t.neighbors(f"leaf{grp}_{r}")} >= {"spine0", "spine1"}
+    with pytest.raises(ParamError, match="servers_per_leaf"):
+        generate("gpu-rails", servers=300, rails=1, servers_per_leaf=300)

@@ -14,6 +14,7 @@ from ibemu.traffic.training import (
     fabric_bytes_per_rail,
     measured_figures,
     model_step,
+    place,
     step_time,
 )
 
@@ -131,3 +132,28 @@ def test_bad_cluster(kwargs: dict[str, object], message: str) -> None:
 def test_bad_job(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainingJob(**kwargs)  # type: ignore[arg-type]
+
+
+GROUPS = [0, 0, 1, 1, 2, 2]  # six servers, two a leaf
+
+
+@pytest.mark.parametrize(("policy", "taken", "n", "want"), [
+    ("packed", set(), 3, [0, 1, 2]),
+    ("spread", set(), 3, [0, 2, 4]),
+    ("spread", set(), 4, [0, 2, 4, 1]),
+    ("topology", set(), 2, [0, 1]),
+    ("topology", {0}, 2, [2, 3]),  # leaf 0 has one free: the first leaf with two
+    ("topology", {0}, 1, [1]),  # best fit: the leaf with the least room that fits
+    ("topology", set(), 3, [0, 1, 2]),  # no leaf holds three: the fullest leaves first
+    ("packed", {0, 1}, 2, [2, 3]),
+])
+def test_placement(policy: str, taken: set[int], n: int, want: list[int]) -> None:
+    free = [i for i in range(6) if i not in taken]
+    assert place(policy, free, GROUPS, n) == want
+
+
+def test_placement_that_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="7 servers do not fit: 6 of the pool's 6 are free"):
+        place("packed", list(range(6)), GROUPS, 7)
+    with pytest.raises(ValueError, match="unknown placement"):
+        place("random", list(range(6)), GROUPS, 2)
