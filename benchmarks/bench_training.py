@@ -75,6 +75,13 @@ def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, o
     return result
 
 
+def worker_lag(fidelity: dict[str, Any]) -> float:
+    """The traffic workers' worst p99 lag behind the clock (emulated us): ibemu's own CPU, which a
+    step's times carry; the verdict's 2 ms bound is far above the tens of us measured here."""
+    return max((p["p99_us"] for name, p in fidelity.get("processes", {}).items() if name.startswith("traffic")),
+               default=0.0)
+
+
 def run_scenario(label: str, scen: Scenario, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     clock.configure(scen.time.dilation)
@@ -85,8 +92,8 @@ def run_scenario(label: str, scen: Scenario, out: Path) -> dict[str, Any]:
 
 def pool(args: argparse.Namespace) -> None:
     """``scenarios/gpu-pool.yaml`` under each placement, and each job alone on the same servers."""
-    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool]] = []
-    alone: dict[tuple[str, tuple[str, ...]], tuple[dict[str, Any], bool]] = {}
+    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool, float, float]] = []
+    alone: dict[tuple[str, tuple[str, ...]], tuple[dict[str, Any], bool, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
         for policy in args.pool:
             text = POOL.read_text().replace("placement: topology", f"placement: {policy}")
@@ -99,16 +106,19 @@ def pool(args: argparse.Namespace) -> None:
                 if key not in alone:
                     one = dataclasses.replace(scen, traffic=(t,))
                     r1 = run_scenario(f"alone-{t.name}-{'-'.join(t.hosts)}", one, Path(tmp))
-                    alone[key] = (r1["traffic"][0], bool(r1["fidelity"]["valid"]) and not r1["traffic"][0].get("error"))
-                a, a_ok = alone[key]
-                rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error")))
+                    alone[key] = (r1["traffic"][0], bool(r1["fidelity"]["valid"]) and not r1["traffic"][0].get("error"),
+                                  worker_lag(r1["fidelity"]))
+                a, a_ok, a_lag = alone[key]
+                rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error"),
+                             worker_lag(res["fidelity"]), a_lag))
     load = os.getloadavg()
     print(f"GPU pool ({POOL.name}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; dilation {args.dilation:,}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print("  emulated time, to scale; slowdown = the job's step (fabric part) in the pool over alone on the same servers")
+    print("  emulated time, to scale; slowdown = the job's step (fabric part) in the pool over alone on the same servers;")
+    print("  lag: the traffic workers' worst p99 lag behind the clock (emulated us; the pool run's, alone's)")
     print(f"  {'placement':<9} {'job':<3} {'servers':<24} {'leaves':>6} {'step us':>8} {'alone':>8} {'slowdown':>8} "
-          f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8}")
-    for policy, name, hosts, out, a, ok in rows:
+          f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8} {'lag us':>6} {'alone':>6}")
+    for policy, name, hosts, out, a, ok, lag, a_lag in rows:
         x, y = out.get("extra", {}), a.get("extra", {})
         if "step_s" not in x or "step_s" not in y:
             print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured {out.get('error') or ''}")
@@ -117,7 +127,7 @@ def pool(args: argparse.Namespace) -> None:
         print(f"  {policy:<9} {name:<3} {','.join(h.split('_')[0] for h in hosts):<24} {leaves:6d} "
               f"{x['step_s'] * 1e6:8.1f} {y['step_s'] * 1e6:8.1f} {x['step_s'] / y['step_s']:7.2f}x "
               f"{x['fabric_s'] * 1e6:9.1f} {y['fabric_s'] * 1e6:8.1f} {x['fabric_s'] / y['fabric_s']:7.2f}x "
-              f"{'valid' if ok else 'INVALID':<8}")
+              f"{'valid' if ok else 'INVALID':<8} {lag:6.1f} {a_lag:6.1f}")
 
 
 def main() -> None:
@@ -153,10 +163,11 @@ def main() -> None:
     print(f"Training: {args.model}, {args.tokens:,.0f} tokens/step, {x0['gpus']} H100 on {args.servers} servers x "
           f"{args.rails} rails of 4x NDR (gpu-rails), overlap {args.overlap:g}, scale 1/{args.scale:g}, "
           f"dilation {args.dilation:,}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    print("  emulated time, to scale (link rates, delays, transport timers); us of the scaled step")
+    print("  emulated time, to scale (link rates, delays, transport timers); us of the scaled step; lag: the traffic")
+    print("  worker's p99 lag behind the clock (emulated us: ibemu's own CPU, which the measured step carries)")
     print(f"  {'run':<18} {'fidelity':<8} {'steps':>5} {'step us':>8} {'model':>8} {'fabric us':>9} {'model':>8} "
           f"{'busbw/rail':>10} {'comm':>6} {'model':>6} {'effic.':>6} {'model':>6} {'proj. step s':>12} "
-          f"{'model s':>8} {'proj. days':>10} {'model':>8}")
+          f"{'model s':>8} {'proj. days':>10} {'model':>8} {'lag us':>6}")
     for label, fid, job in rows:
         x = job["extra"]
         valid = bool(fid["valid"]) and not job.get("error")
@@ -168,7 +179,8 @@ def main() -> None:
               f"{x['model_scaled_step_s'] * 1e6:8.1f} {x['fabric_s'] * 1e6:9.1f} {x['model_scaled_fabric_s'] * 1e6:8.1f} "
               f"{x['fabric_busbw_gbs']:5.1f}/{x['rail_gbs']:<4g} {x['comm_share'] * 100:5.1f}% {model_comm * 100:5.1f}% "
               f"{x['efficiency'] * 100:5.1f}% {(1 - model_comm) * 100:5.1f}% {x['projected_step_s']:12.3f} "
-              f"{x['model_step_s']:8.3f} {x['projected_time_to_train_days']:10.1f} {x['model_time_to_train_days']:8.1f}")
+              f"{x['model_step_s']:8.3f} {x['projected_time_to_train_days']:10.1f} {x['model_time_to_train_days']:8.1f} "
+              f"{worker_lag(fid):6.1f}")
         if not valid:
             print(f"    INVALID: {job.get('error') or fid['note']}")
 

@@ -10,7 +10,8 @@ the traffic worker receives) into the generator its kind names and returns a ``F
 deliveries over time (for throughput plots and blackouts) and the kind's own figures.
 Bandwidth kinds and collectives run from ``start_s`` to ``stop_s`` (a pair's bandwidth kinds as
 fast as their window allows, or paced at ``rate_pps`` messages per second when the scenario
-says so); latency kinds run their iterations once; streams send at ``rate_pps`` until ``stop_s``.
+says so); latency kinds run their iterations once; streams send at ``rate_pps`` until ``stop_s``;
+training jobs (``ibemu.traffic.training``) run whole steps until ``stop_s`` (a step under way ends).
 """
 
 from __future__ import annotations
