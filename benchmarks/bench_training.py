@@ -19,7 +19,8 @@ model's (they do not cross the fabric), so where they dominate the measured step
 model by construction: the figure that tests the fabric is ``fabric us``.
 
 With ``--pool [POLICY ...]``: ``scenarios/gpu-pool.yaml`` (three jobs on eight servers, two
-leaves) under each placement policy, and every job alone on the servers it got; prints each
+leaves) under each placement policy, and every job alone on the servers it got, on the first of
+``--fabrics`` (ib, roce with PFC, roce-lossy); prints each
 job's step and fabric time in the pool and alone, and the slowdown (pool / alone).
 
 Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
@@ -57,7 +58,8 @@ traffic:
      overlap: {overlap}, scale: {scale}}}
 duration_s: {duration}
 """
-FABRICS = {"ib": "{kind: ib, datapath: user}", "roce": "{kind: roce, datapath: user, pfc: true}"}
+FABRICS = {"ib": "{kind: ib, datapath: user}", "roce": "{kind: roce, datapath: user, pfc: true}",
+           "roce-lossy": "{kind: roce, datapath: user}"}
 
 
 def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -98,6 +100,9 @@ def pool(args: argparse.Namespace) -> None:
         for policy in args.pool:
             text = POOL.read_text().replace("placement: topology", f"placement: {policy}")
             text = text.replace("dilation: 20000", f"dilation: {args.dilation}")
+            if args.fabrics[0] != "ib":  # RoCE: routers and a fabric manager, no SM
+                text = text.replace("fabric: {kind: ib, datapath: user}", f"fabric: {FABRICS[args.fabrics[0]]}")
+                text = text.replace("sm: {impl: ibemu, engine: updn}\n", "")
             scen = loads_scenario(text, f"<pool-{policy}>")
             res = run_scenario(f"pool-{policy}", scen, Path(tmp))
             valid = bool(res["fidelity"]["valid"])
@@ -112,12 +117,15 @@ def pool(args: argparse.Namespace) -> None:
                 rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error"),
                              worker_lag(res["fidelity"]), a_lag))
     load = os.getloadavg()
-    print(f"GPU pool ({POOL.name}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; dilation {args.dilation:,}; "
+    print(f"GPU pool ({POOL.name}, fabric {args.fabrics[0]}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; "
+          f"dilation {args.dilation:,}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("  emulated time, to scale; slowdown = the job's step (fabric part) in the pool over alone on the same servers;")
-    print("  lag: the traffic workers' worst p99 lag behind the clock (emulated us; the pool run's, alone's)")
+    print("  lag: the traffic workers' worst p99 lag behind the clock (emulated us; the pool run's, alone's);")
+    print("  resent: the job's retransmitted packets in the pool; dropped, pauses: RoCE routers' (the whole pool run)")
     print(f"  {'placement':<9} {'job':<3} {'servers':<24} {'leaves':>6} {'step us':>8} {'alone':>8} {'slowdown':>8} "
-          f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8} {'lag us':>6} {'alone':>6}")
+          f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8} {'lag us':>6} {'alone':>6} {'resent':>6} "
+          f"{'dropped':>7} {'pauses':>6}")
     for policy, name, hosts, out, a, ok, lag, a_lag in rows:
         x, y = out.get("extra", {}), a.get("extra", {})
         if "step_s" not in x or "step_s" not in y:
@@ -127,7 +135,8 @@ def pool(args: argparse.Namespace) -> None:
         print(f"  {policy:<9} {name:<3} {','.join(h.split('_')[0] for h in hosts):<24} {leaves:6d} "
               f"{x['step_s'] * 1e6:8.1f} {y['step_s'] * 1e6:8.1f} {x['step_s'] / y['step_s']:7.2f}x "
               f"{x['fabric_s'] * 1e6:9.1f} {y['fabric_s'] * 1e6:8.1f} {x['fabric_s'] / y['fabric_s']:7.2f}x "
-              f"{'valid' if ok else 'INVALID':<8} {lag:6.1f} {a_lag:6.1f}")
+              f"{'valid' if ok else 'INVALID':<8} {lag:6.1f} {a_lag:6.1f} {x.get('retransmitted', 0):6,} "
+              f"{x.get('router_dropped', 0):7,} {x.get('router_pause_sent', 0):6,}")
 
 
 def main() -> None:
@@ -141,7 +150,7 @@ def main() -> None:
     ap.add_argument("--overlap", type=float, default=0.0, help="overlap (default 0: every byte exposed)")
     ap.add_argument("--scale", type=float, default=1e4, help="scale-down of the step (default 1e4)")
     ap.add_argument("--net-latency-us", type=float, default=None, help="the model's network step latency")
-    ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=list(FABRICS))
+    ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=["ib", "roce"])
     ap.add_argument("--algorithms", nargs="+", choices=["hierarchical", "ring"], default=["hierarchical", "ring"])
     ap.add_argument("--pool", nargs="*", choices=["topology", "packed", "spread"], default=None,
                     help="run scenarios/gpu-pool.yaml under these placements (none given: all three) instead")
