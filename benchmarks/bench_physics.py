@@ -138,7 +138,7 @@ def deadlock() -> None:
 
 def main() -> None:
     print("Link physics: the model (ibemu/physics) driven by its reference event simulator, in")
-    print("emulated time. NOT measured on the live datapath (the forwarders do not use the model yet).")
+    print("emulated time (the live datapath on the same model: benchmarks/bench_physics_live.py).")
     print(f"  {'figure':<44} {'model':>18}   {'analytic':>18}")
     for case in (one_flow, incast, latency, deadlock):
         t0 = time.perf_counter()

@@ -29,11 +29,23 @@ ICRC/VCRC) from h0 to h1 on a raw socket and receives them at h1 with kernel rec
   h2 (target 50 +- 3%), h2's cable's rate, the model's drops (IB: 0) and how long the
   senders' ports waited for credits.
 
+- **head-of-line blocking** (``--hol``): ``testing.livephysics.hol_topology`` (two leaves,
+  one spine; hosts at the first of ``--hol-rates``, leaf-spine cables at the second): the hot
+  flow h0 -> h3 and h4 -> h3 share h3's port 2:1, the victim h1 -> h5 shares the hot flow's
+  upstream ports only; with the victim on SL0 (the hot flow's VL0), then on SL1 (VL1, from the
+  QoS keys of ``HOL_SCENARIO``): each flow's rate, PortXmitWait upstream, the model's
+  expectation (``physics.sim`` on the same nodes).
+- **deadlock** (``--deadlock``): all-to-all on a ring of 5 under updn, then minhop (and with
+  ``--deadlock-fat-tree`` ftree on a k=4 fat-tree): what was delivered, whether it still flowed
+  at the end, the credit loop the link plane detected (its ports and VLs, as the result's
+  ``credit_loops``), the model's expectation.
+
 Each run prints the link fidelity the agent host judged (``scenario.fidelity.judge_links``).
 The 2 cores are shared with other work: the load average is printed.
 
 Run: sudo .venv/bin/python benchmarks/bench_physics_live.py [--rates "4x EDR,4x NDR"]
      [--dilation 500,2000] [--seconds 4] [--latency-dilation 5000] [--skip-latency]
+     [--hol [--hol-dilation 20000]] [--deadlock [--deadlock-fat-tree]] [--only]
 """
 
 from __future__ import annotations
@@ -170,8 +182,10 @@ def run_child(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ a live fabric
 
-def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
-    """Build ``topo`` on the user datapath (this process's clock), routes written in; yields
+def live_fabric(topo: Any, tmp: Path, *, engine: str | None = None, switch_model: Any = None):  # type: ignore[no-untyped-def]
+    """Build ``topo`` on the user datapath (this process's clock), routes written in (static
+    min-hop, or ``engine``'s as ibemu's SM computes them: ``testing.livephysics.routes``);
+    ``switch_model``: the switches' latency and buffers (default: by the rate); yields
     (runtime, host, on_loop, lids)."""
     import contextlib
 
@@ -188,9 +202,13 @@ def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
     def cm():  # type: ignore[no-untyped-def]
         state = ownership.RunState(ownership.new_run_id(), scenario="bench-physics-live")
         rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp,
-                           mad_sockets=False)
-        lids = assign_lids(topo)
-        lfts = minhop_lfts(topo, lids)
+                           mad_sockets=False, switch_model=switch_model)
+        if engine is not None:
+            from ibemu.testing.livephysics import routes
+            lids, lfts = routes(topo, engine)
+        else:
+            lids = assign_lids(topo)
+            lfts = minhop_lfts(topo, lids)
         box: dict[str, Any] = {}
         ready = threading.Event()
 
@@ -215,6 +233,9 @@ def live_fabric(topo: Any, tmp: Path):  # type: ignore[no-untyped-def]
                 box["host"] = host
                 await trio.sleep(clock.emulated_s(0.5))  # every carrier seen: ports Init
                 program(host)
+                if host.links is not None:  # the agents' QoS (eight VLs from the start) into the model now,
+                    # not at the ticker's first report (50 ms of emulated time: minutes of real time here)
+                    host.links.sync_qos({name: n.agent for name, n in host.nodes.items()})
                 ready.set()
                 await stop.wait()
 
@@ -431,6 +452,191 @@ def measure_write_lat(dilation: float, iterations: int, tmp: Path, size: int = 8
             "model_ns": model, "err_pct": 100 * (typ - model) / model, "fidelity": fid}
 
 
+# ------------------------------------------------------------------ head-of-line blocking, credit loops
+
+HOL_SCENARIO = """
+topology: {generator: single-switch, hosts: 2}
+fabric:
+  datapath: user
+  qos: {vls: 2, sl2vl: {1: 1}}
+"""
+"""The QoS keys of the HOL runs (taken through the scenario loader): SL1 rides VL1, the rest VL0."""
+
+
+def measure_hol(host_rate: str, switch_rate: str, dilation: float, seconds: float, tmp: Path) -> list[dict[str, Any]]:
+    """Congestion spreading (``testing.livephysics.HOL_FLOWS`` on ``hol_topology``): the hot
+    flow h0 -> h3 and the local flow h4 -> h3 share h3's port 2:1, the victim h1 -> h5 shares
+    only the hot flow's leaf0 -> spine -> leaf1 ports (which run at ``switch_rate``, twice the
+    hosts'); each offers 105% of its host cable. Once with the victim on SL0 (VL0, with the hot
+    flow), once on SL1 (VL1: ``fabric.qos`` maps it there), in one fabric with the scenario's QoS
+    programmed through the agents' SMA. Per phase: each flow's rate at its receiver (kernel
+    stamps, emulated time, the middle 60%), PortXmitWait on the upstream ports leaf0:4 and
+    spine0:2 (the agents' PMA), the fidelity verdict, and the model's expectation
+    (``simulate_hol``: the same nodes in ``physics.sim``)."""
+    from ibemu import clock
+    from ibemu.physics.link import LinkModel, default_switch_model
+    from ibemu.scenario import loads_scenario
+    from ibemu.sm.qos import SmQos
+    from ibemu.testing.livephysics import (
+        HOL_FLOWS,
+        hol_topology,
+        native_frames,
+        program_qos,
+        run_traffic,
+        simulate_hol,
+        wire_bytes,
+    )
+
+    clock.configure(dilation)
+    spec = loads_scenario(HOL_SCENARIO, "hol.yaml").fabric.qos
+    assert spec is not None
+    qos = SmQos.from_json(spec.sm_json())
+    topo = hol_topology(host_rate, switch_rate)
+    host_link = LinkModel.of(topo.defaults.rate)
+    model = default_switch_model(topo.defaults.rate, ethernet=False)
+    out: list[dict[str, Any]] = []
+    with live_fabric(topo, tmp, engine="minhop") as (rt, host, on_loop, lids):
+        links = host.links
+        every = {name: n.agent for name, n in host.nodes.items()}
+        on_loop(program_qos, host, qos)
+        on_loop(links.sync_qos, every)  # (the ticker's, every 50 ms of emulated time)
+        plan = rt.plan
+        pma = {"leaf0:4": ("leaf0", 4), "spine0:2": ("spine0", 2)}
+
+        def waits() -> dict[str, int]:
+            on_loop(links.push_counters)
+            return on_loop(lambda: {k: host.nodes[n].agent.counters(p).port_xmit_wait for k, (n, p) in pma.items()})
+
+        for sl in (0, 1):
+            flows = []
+            for name, (src, dst) in HOL_FLOWS.items():
+                frames = native_frames(plan, lids, src, [dst], sl=sl if name == "victim" else 0, n=64)
+                fps = 1.05 * host_link.gbps * 1e9 / ((wire_bytes(frames[0]) + host_link.framing_bytes) * 8)
+                flows.append({"ns": plan.nodes[src].ns, "if": plan.nodes[src].ports[1].ifname, "frames": frames,
+                              "fps": fps / dilation})
+            on_loop(lambda: links.report_links())  # start the fidelity interval here
+            before = waits()
+            got = run_traffic(flows, [{"ns": plan.nodes[h].ns, "if": plan.nodes[h].ports[1].ifname}
+                                      for h in ("h3", "h5")], seconds=seconds, drain_s=1.0, workdir=tmp)
+            fid = fidelity_of(host, on_loop)
+            after = waits()
+            bits = (wire_bytes(flows[0]["frames"][0]) + host_link.framing_bytes) * 8
+            rates = {}
+            for name, (src, dst) in HOL_FLOWS.items():
+                rx = got["got"][0 if dst == "h3" else 1]
+                st = sorted(clock.to_emulated_ns(t - got["offset"]) for t, slid, _ in rx if slid == lids[src])
+                w = st[len(st) // 5: len(st) * 4 // 5]
+                rates[name] = 100 * (len(w) - 1) * bits / (w[-1] - w[0]) / host_link.gbps if len(w) > 2 else 0.0
+            expect = simulate_hol(topo, victim_sl=sl, qos=qos, switch=model)
+            tick_ns = 4 * LinkModel.of(topo.rate_of(topo.link_at("leaf0", 4))).byte_ns()  # PortXmitWait's tick
+            out.append({"kind": "hol", "victim_sl": sl, "victim_vl": qos.sl_to_vl()[sl], "dilation": dilation,
+                        "xmit_wait_us": {k: (after[k] - before[k]) * tick_ns / 1000 for k in pma},
+                        "phase_us": (seconds + 1.0) * 1e6 / dilation,
+                        "host_rate": host_rate, "switch_rate": switch_rate, "rates_pct": rates,
+                        "model_pct": {k: 100 * v for k, v in expect.items()},
+                        "xmit_wait": {k: after[k] - before[k] for k in pma}, "fidelity": fid,
+                        "sent": got["sent"], "drops": links.plane.drops})
+    return out
+
+
+def print_hol(r: dict[str, Any]) -> None:
+    f = r["fidelity"]
+    rt, m = r["rates_pct"], r["model_pct"]
+    where = "with the hot flow" if r["victim_vl"] == 0 else "apart"
+    print(f"HOL, {r['host_rate']} hosts, {r['switch_rate']} leaf-spine, dilation {r['dilation']:g}, victim on SL{r['victim_sl']} "
+          f"-> VL{r['victim_vl']} ({where}): victim {rt['victim']:.1f}% of its line (model {m['victim']:.1f}%), "
+          f"hot {rt['hot']:.1f}% (model {m['hot']:.1f}%), local {rt['local']:.1f}% (model {m['local']:.1f}%); "
+          f"PortXmitWait upstream leaf0:4 +{r['xmit_wait']['leaf0:4']:,}, spine0:2 +{r['xmit_wait']['spine0:2']:,} "
+          f"ticks (= {r['xmit_wait_us']['leaf0:4']:.0f} / {r['xmit_wait_us']['spine0:2']:.0f} us waiting of the "
+          f"phase's {r['phase_us']:.0f} us, drain included); model drops {r['drops']}; fidelity {'valid' if f['valid'] else 'INVALID'} (worst link "
+          f"{f['worst_link']}: busy {f['worst_busy_pct']}%, late p99 {f['worst_late_p99_us']} us)")
+
+
+def measure_deadlock(dilation: float, seconds: float, tmp: Path, *, offer: float = 0.4,
+                     fat_tree: bool = False) -> list[dict[str, Any]]:
+    """All-to-all on a ring of 5 switches with 2 hosts each (1x SDR cables, 4 KiB input buffer
+    per VL, 2 KiB frames: the model's reference case of ``bench_physics.py`` at a rate the
+    datapath carries), each host offering ``offer`` of its line rate (more than the ring
+    carries under all-to-all, so the hosts' queues never run dry), routed by updn, then by
+    minhop, each in a fresh fabric. After the traffic the link plane's credit-loop check
+    (``LinkPlane.check_loops``: what the agent host's ticker runs every 50 ms of emulated time,
+    called here because at this dilation that is 50 s of real time) logs what it finds in the
+    fabric log; the result's ``credit_loops`` as ``ibemu run`` writes it comes from that log.
+    Beside it, the model's expectation: the same fabric and traffic in ``physics.sim``.
+    ``fat_tree``: also ftree on a k=4 fat-tree (16 hosts), the same traffic and buffers."""
+    from ibemu import clock
+    from ibemu.physics.link import LinkModel, default_switch_model
+    from ibemu.physics.sim import Flow
+    from ibemu.report.result import CreditLoopRecord
+    from ibemu.scenario.runner import credit_loops
+    from ibemu.testing.livephysics import native_frames, run_traffic, wire_bytes
+    from ibemu.testing.physics import fabric_sim
+    from ibemu.topo import generate
+    from ibemu.topo.rates import parse_rate
+
+    clock.configure(dilation)
+    size = 2048
+    out = []
+    cases = [("ring", "updn"), ("ring", "minhop")] + ([("fat-tree", "ftree")] if fat_tree else [])
+    for shape, engine in cases:
+        topo = (generate("ring", switches=5, hosts_per_switch=2) if shape == "ring"
+                else generate("fat-tree", k=4))
+        topo.defaults = dataclasses.replace(topo.defaults, rate=parse_rate("1x SDR"))
+        model = dataclasses.replace(default_switch_model(topo.defaults.rate, ethernet=False), buffer_bytes=4096)
+        link = LinkModel.of(topo.defaults.rate)
+        hosts = [n.name for n in topo.cas()]
+        run_dir = tmp / f"{shape}-{engine}"
+        run_dir.mkdir()
+        with live_fabric(topo, run_dir, engine=engine, switch_model=model) as (rt, host, on_loop, lids):
+            links = host.links
+            flows = []
+            for h in hosts:
+                frames = native_frames(rt.plan, lids, h, [d for d in hosts if d != h], n=63, payload=size)
+                fps = link.gbps * 1e9 / ((wire_bytes(frames[0]) + link.framing_bytes) * 8)
+                flows.append({"ns": rt.plan.nodes[h].ns, "if": rt.plan.nodes[h].ports[1].ifname, "frames": frames,
+                              "fps": offer * fps / dilation})
+            on_loop(links.report_links)
+            t0 = clock.now_ns()
+            got = run_traffic(flows, [{"ns": rt.plan.nodes[h].ns, "if": rt.plan.nodes[h].ports[1].ifname}
+                                      for h in hosts], seconds=seconds, drain_s=0.5, workdir=run_dir)
+            fid = fidelity_of(host, on_loop)
+            on_loop(links.check_loops)
+        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if x.strip()]
+        loops = credit_loops(events, t0)
+        stamps = sorted(clock.to_emulated_ns(t - got["offset"]) for rx in got["got"] for t, _, n in rx if n > size)
+        stamps = [t - stamps[0] for t in stamps] if stamps else []  # from the first delivery
+        span = int(seconds * 1e9 / dilation)  # the sending, in emulated ns
+        last_quarter = sum(1 for t in stamps if span * 3 // 4 < t <= span)
+        sim, slids = fabric_sim(topo, engine, buffer_bytes=4096)
+        for s in slids:
+            for d in slids:
+                if s != d:
+                    sim.add_flow(Flow(s, slids[d], size=size + 42, backlog=4))
+        sim_loops = sim.run(span, check_deadlock_ns=100_000, stall_ns=100_000)
+        out.append({"kind": "deadlock", "shape": shape, "hosts": len(hosts), "engine": engine, "dilation": dilation, "emulated_us": span / 1000,
+                    "delivered": len(stamps), "last_quarter": last_quarter,
+                    "last_delivery_us": stamps[-1] / 1000 if stamps else None, "credit_loops": loops,
+                    "described": [CreditLoopRecord.from_dict(c).describe() for c in loops], "fidelity": fid,
+                    "sent": sum(got["sent"]), "model_loops": [lp.describe() for lp in sim_loops],
+                    "model_delivered": sum(f.delivered for f in sim.flows), "model_stopped_us": sim.now / 1000})
+    return out
+
+
+def print_deadlock(r: dict[str, Any]) -> None:
+    f = r["fidelity"]
+    found = "; ".join(r["described"]) or "no credit loop"
+    model = "; ".join(r["model_loops"]) or "no loop"
+    shape = "ring of 5 (2 hosts each)" if r["shape"] == "ring" else f"k=4 fat-tree ({r['hosts']} hosts)"
+    print(f"deadlock, {shape}, all-to-all 2 KiB at 1x SDR, {r['engine']}, dilation {r['dilation']:g}, "
+          f"{r['emulated_us']:.0f} us emulated: {r['delivered']} frames delivered, {r['last_quarter']} in the last "
+          f"quarter of the sending (the last {r['last_delivery_us']:.0f} us after the first); detected: {found} (model: {model}, "
+          f"{r['model_delivered']} delivered{', found at ' + format(r['model_stopped_us'], '.0f') + ' us' if r['model_loops'] else ''}); "
+          f"fidelity {'valid' if f['valid'] else 'INVALID'} (worst link {f['worst_link']}: busy {f['worst_busy_pct']}%, "
+          f"late p99 {f['worst_late_p99_us']} us)")
+    if r["credit_loops"]:
+        print(f"  the result's credit_loops: {json.dumps(r['credit_loops'])}")
+
+
 # ------------------------------------------------------------------ RoCE: the same model, Ethernet
 
 def roce_frames(fab: Any, src: str, dst: str, n: int) -> list[str]:
@@ -622,6 +828,16 @@ def main() -> int:
     ap.add_argument("--write-lat", type=int, default=0, metavar="N",
                     help="also perftest's write_lat (N iterations, 8 B) over 3 switches with the RC transport")
     ap.add_argument("--write-lat-dilation", type=float, default=20000.0)
+    ap.add_argument("--hol", action="store_true",
+                    help="also head-of-line blocking: a victim on the hot flow's VL, then on its own (QoS keys)")
+    ap.add_argument("--hol-rates", default="4x EDR,4x HDR", help="the hosts' and the leaf-spine cables' rates")
+    ap.add_argument("--hol-dilation", type=float, default=5000.0)
+    ap.add_argument("--deadlock", action="store_true",
+                    help="also the credit loop: all-to-all on a ring of 5, updn then minhop")
+    ap.add_argument("--deadlock-dilation", type=float, default=1000.0)
+    ap.add_argument("--deadlock-seconds", type=float, default=4.0)
+    ap.add_argument("--deadlock-fat-tree", action="store_true", help="with --deadlock: also ftree on a k=4 fat-tree")
+    ap.add_argument("--only", action="store_true", help="only the rows asked for with --hol / --deadlock")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.child:
@@ -633,6 +849,20 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     rates = [r.strip() for r in args.rates.split(",")]
     dils = [float(d) for d in args.dilation.split(",")]
+    if args.hol:
+        hr, sr = (x.strip() for x in args.hol_rates.split(","))
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in measure_hol(hr, sr, args.hol_dilation, args.seconds, Path(tmp)):
+                results.append(r)
+                print_hol(r)
+    if args.deadlock:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in measure_deadlock(args.deadlock_dilation, args.deadlock_seconds, Path(tmp),
+                                      fat_tree=args.deadlock_fat_tree):
+                results.append(r)
+                print_deadlock(r)
+    if args.only:
+        args.skip_rate = args.skip_latency = True
     if args.roce_incast or args.roce_only:
         for pfc_on in (False, True):
             with tempfile.TemporaryDirectory() as tmp:

@@ -117,6 +117,11 @@ class Kind(StrEnum):
     SUSPECT = "suspect"
     SWITCH_DROPPED = "switch_dropped"
     SM_INFO = "sm_info"
+    SM_STATE = "sm_state"
+    SM_FOUND = "sm_found"
+    SM_POLL_FAILED = "sm_poll_failed"
+    SM_MASTER_LOST = "sm_master_lost"
+    SM_HANDOVER = "sm_handover"
     DUMPS_WRITTEN = "dumps_written"
     ERROR = "error"
     # the RoCE fabric manager
@@ -237,7 +242,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.FABRIC: ("hops", "stalled_us")}),
     Kind.SM_START: KindInfo(
         "the SM started",
-        {Log.SM: ("engine", "max_in_flight")}),
+        {Log.SM: ("engine", "max_in_flight", "priority")}),
     Kind.SM_STOP: KindInfo(
         "the SM stopped",
         {Log.SM: ("sweeps", "smps", "stats", "port")}),
@@ -246,7 +251,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.SM: ("sweep", "reason")}),
     Kind.SWEEP_END: KindInfo(
         "a sweep ended, with the SMPs it took (sent, answered, timeouts, retries, ...)",
-        {Log.SM: ("sweep", "reason", "seconds", "nodes", "smps", "ok", "changed", "deferred")}),
+        {Log.SM: ("sweep", "reason", "seconds", "nodes", "smps", "ok", "changed", "deferred", "state")}),
     Kind.DISCOVERED: KindInfo(
         "a full discovery ended",
         {Log.SM: ("switches", "cas", "links", "seconds")}),
@@ -268,7 +273,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.SM: ("sets", "ports")}),
     Kind.SUBNET_UP: KindInfo(
         "the subnet is up: the SM's \"SUBNET UP\" (seconds of the cold sweep)",
-        {Log.SM: ("seconds", "nodes", "ports"), Log.OPENSM: ()}),
+        {Log.SM: ("seconds", "nodes", "ports", "reason"), Log.OPENSM: ()}),
     Kind.TRAP: KindInfo(
         "the SM received a trap (its TrapRepress goes out at once): t_trap",
         {Log.SM: ("issuer_lid", "trap_number", "tid", "slid"), Log.OPENSM: ("trap_number", "issuer_lid", "tid")}),
@@ -302,8 +307,23 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a suspect did not answer: taken out of the subnet as if all its cables were down",
         {Log.SM: ("guid", "desc")}),
     Kind.SM_INFO: KindInfo(
-        "another SM polled this one with SMInfo",
-        {Log.SM: ("from_lid", "answered")}),
+        "another SM sent this one a SubnGet/SubnSet(SMInfo), answered with its state",
+        {Log.SM: ("from_lid", "answered", "method", "modifier", "state", "dr")}),
+    Kind.SM_STATE: KindInfo(
+        "the SM's SMInfo state changed (election, takeover, handover; ibemu.sm.election)",
+        {Log.SM: ("old", "new", "reason", "master"), Log.OPENSM: ("new",)}),
+    Kind.SM_FOUND: KindInfo(
+        "a sweep found another SM's port (CapabilityMask IsSM) and read its SMInfo",
+        {Log.SM: ("guid", "priority", "state", "act_count", "answered")}),
+    Kind.SM_POLL_FAILED: KindInfo(
+        "a standby's poll of its master failed (unanswered, not master, or ActCount still)",
+        {Log.SM: ("master", "failed", "why")}),
+    Kind.SM_MASTER_LOST: KindInfo(
+        "a standby gave up on its master after poll_retries failed polls: t_first_failed",
+        {Log.SM: ("master", "failed", "t_first_failed")}),
+    Kind.SM_HANDOVER: KindInfo(
+        "SubnSet(SMInfo) HANDOVER or ACKNOWLEDGE sent to another SM",
+        {Log.SM: ("to", "modifier", "answered")}),
     Kind.DUMPS_WRITTEN: KindInfo(
         "OpenSM-format dump files (opensm-subnet.lst, opensm-lfts.dump, guid2lid) rewritten",
         {Log.SM: ("dir", "sweep")}),

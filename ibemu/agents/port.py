@@ -18,6 +18,11 @@ nothing changes):
 - LID must be unicast (< 0xC000); NeighborMTU 1..MTUCap; OperationalVLs 0 (no change) or
   1..VLCap; LinkWidthEnabled/LinkSpeedEnabled 0 (no change), all-ones (= supported) or a
   subset of the supported set.
+- OperationalVLs starts at VLCap (VL0-VL7), as real ports do (qib and hfi1 set their operational
+  VLs to the supported ones at init) and as ibsim's do (``op_vls = VLCap`` when it cables a
+  port). An SM reads it before it changes it: OpenSM masks every SL -> VL and VL arbitration
+  entry it writes by the OperationalVLs it last read, and programs QoS in its first sweep,
+  before its own PortInfo Sets; a port that started at VL0 only read back all zeros there.
 - Switch external ports ignore the port-0-only fields (M_Key, GIDPrefix, LID, MasterSMLID,
   LMC, MasterSMSL, SubnetTimeOut); switch port 0 ignores the link fields and accepts any
   PortState 2..4 (it has no link). CapabilityMask is read-only to the SM.
@@ -162,7 +167,9 @@ class Port:
     link_speed_enabled: int = SPEED_SUPPORTED
     link_speed_ext_enabled: int = 0
     neighbor_mtu: int = 0
-    operational_vls: int = 1
+    operational_vls: int = 0
+    """PortInfo.OperationalVLs (a VLCap code); 0 at construction: VLCap, as real ports and ibsim's
+    start (the SM may lower it while the port is Init)."""
     vl_high_limit: int = 0
     hoq_life: int = 0x10
     vl_stall_count: int = 7
@@ -189,6 +196,8 @@ class Port:
             self.link_width_enabled = WIDTH_CODES[self.width]
         if not self.neighbor_mtu:
             self.neighbor_mtu = MTU_CODES[self.mtu]
+        if not self.operational_vls:
+            self.operational_vls = self.vl_cap
         if not self.link_speed_ext_enabled:
             self.link_speed_ext_enabled = ext_speeds_supported(self.speed)
 

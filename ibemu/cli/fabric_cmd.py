@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ibemu.cli.completion_cmd import scenario_files
 from ibemu.cli.dilation import add_dilation_argument, resolve_dilation
@@ -25,18 +26,20 @@ from ibemu.errors import ConfigError
 from ibemu.fabric.metrics import listen_text
 from ibemu.fabric.session import FabricRequest, Session, require_root
 from ibemu.fabric.umad2sim import dilated_clock
-from ibemu.scenario.schema import FabricSpec, SMSpec
+from ibemu.scenario.schema import FabricSpec, Scenario, SMSpec
 from ibemu.topo import Topology, parse_topo_spec
 
 
-def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None, FabricSpec, float]:
+def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | None, FabricSpec, float,
+                                              Scenario | None]:
     """(topology, datapath, description, the scenario's SM, its fabric with ``--fabric`` over
-    the kind, the dilation) from a scenario and/or overrides (a plain IB fabric for ``--topo``)."""
+    the kind, the dilation, the scenario) from a scenario and/or overrides (a plain IB fabric,
+    and no scenario, for ``--topo``)."""
     datapath = args.datapath
     kind = getattr(args, "fabric", None)
     if args.topo:
         return (parse_topo_spec(args.topo), datapath or "kernel", args.topo, None, FabricSpec(kind=kind or "ib"),
-                resolve_dilation(getattr(args, "dilation", None)))
+                resolve_dilation(getattr(args, "dilation", None)), None)
     if args.scenario:
         from ibemu.scenario import load_scenario
         from ibemu.scenario.loader import RATES_USER_ONLY
@@ -51,7 +54,7 @@ def _resolve(args: argparse.Namespace) -> tuple[Topology, str, str, SMSpec | Non
         scen, name = load_builtin("default"), "built-in default"
     fabric = dataclasses.replace(scen.fabric, kind=kind) if kind else scen.fabric
     return (scen.topology, datapath or scen.fabric.datapath, name, scen.sm, fabric,
-            resolve_dilation(getattr(args, "dilation", None), scen.time, scen))
+            resolve_dilation(getattr(args, "dilation", None), scen.time, scen), scen)
 
 
 def _sm_choice(args: argparse.Namespace, topo: Topology, spec: SMSpec | None) -> tuple[str, str, str]:
@@ -87,7 +90,7 @@ def _roce_settings(spec: FabricSpec) -> dict[str, float]:
 
 def request_from_args(args: argparse.Namespace) -> FabricRequest:
     """What ``ibemu up`` (and ``ibemu cli``) asks for: every check made before anything is built."""
-    topo, datapath, name, sm_spec, fabric, dilation = _resolve(args)
+    topo, datapath, name, sm_spec, fabric, dilation, scen = _resolve(args)
     topo.check()
     kind = fabric.kind
     if kind == "roce":  # its fabric manager routes it; its routers forward in the kernel
@@ -102,12 +105,22 @@ def request_from_args(args: argparse.Namespace) -> FabricRequest:
         return FabricRequest(topo, name, kind="roce", datapath="kernel", sm="none", sm_host="", sm_engine="",
                              roce=_roce_settings(fabric), dilation=dilation)
     sm, sm_host, engine = _sm_choice(args, topo, sm_spec)
-    if fabric.qos is not None and sm == "opensm":
-        raise ConfigError("--sm opensm: the scenario's fabric.qos is programmed by ibemu's SM; OpenSM's QoS "
-                          "options are not passed to it yet", fabric.qos.where)
-    qos = fabric.qos.sm_json() if fabric.qos is not None and sm == "ibemu" else ""
+    qos = fabric.qos.sm_json() if fabric.qos is not None and sm in ("ibemu", "opensm") else ""
+    election = sm_spec.election() if sm_spec is not None and sm != "none" else {}
+    if (election.get("standby") or {}).get("host") == sm_host:  # --sm-host moved the master onto it
+        raise ConfigError(f"--sm-host {sm_host}: the scenario's standby SM runs there (sm.standby.host)")
+    # The rest of what the scenario asks of its SM and switches, as `ibemu run` builds it
+    # (scenario.runner.fabric_request): its M_Key, partitions, local failover, switch model.
+    from ibemu.scenario.runner import fabric_request
+
+    from_scen = fabric_request(scen) if scen is not None else None
+    extra: dict[str, Any] = {}
+    if from_scen is not None:
+        extra = {"switch": from_scen.switch, "sm_local_failover": from_scen.sm_local_failover}
+        if sm != "none":
+            extra |= {"sm_keys": from_scen.sm_keys, "sm_partitions": from_scen.sm_partitions}
     return FabricRequest(topo, name, kind=kind, datapath=datapath, sm=sm, sm_host=sm_host, sm_engine=engine,
-                         dilation=dilation, sm_qos=qos)
+                         dilation=dilation, sm_qos=qos, sm_election=election, **extra)
 
 
 def web_address(args: argparse.Namespace) -> tuple[str, int] | None:

@@ -41,7 +41,8 @@ async def _serve(rt: FabricRuntime, web_sock: socket.socket | None = None) -> No
             log.info("fabric %s up: %s", rt.state.run_id, rt.timings_s)
             run_dir = rt.run_dir or rt.state.run_dir
             # Faults on demand (``ibemu cli``), stamped by the same injector as scheduled ones.
-            injector = FaultInjector(host, lambda name: make_agent(rt.plan, rt.topo.node(name)))
+            injector = FaultInjector(host, lambda name: make_agent(rt.plan, rt.topo.node(name)),
+                                     sm_power=rt.sm_power)
             await nursery.start(serve_control, control.socket_path(run_dir), injector)
             server = None
             if web_sock is not None:  # the live page (``ibemu up --web``): read-only

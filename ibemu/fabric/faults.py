@@ -22,6 +22,9 @@ and LFT acknowledgements.
 - ``port_flap``: ``count`` down/up cycles of ``period_s``.
 - ``smp_loss``: a share of the management frames reaching the agents is lost.
 - ``corrupt``: a share of the frames a switch sends on a link gets a flipped bit (user datapath).
+- ``sm_down``/``sm_up``: the master SM's process is killed (SIGKILL: its host died, no goodbye),
+  or started again on its host (it finds the standby become master and stands by). The SM
+  control is the fabric runtime's (``FabricRuntime.sm_power``), given to the injector.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ class FaultSpec:
     duration_s: float | None = None
     where: str = ""
 
+    @property
+    def sm(self) -> str | None:
+        """The target of ``sm_down``/``sm_up`` (the master SM), for their down/up alternation."""
+        return "master" if self.action in ("sm_down", "sm_up") else None
+
 
 class Injector(Protocol):
     """What a fault action needs of a fabric's injector: its primitives, each stamped and
@@ -74,6 +82,7 @@ class Injector(Protocol):
     def switch(self, name: str, up: bool) -> int: ...
     def smp_loss(self, percent: float, switch: str | None = None) -> int: ...
     def corrupt(self, link: Link, percent: float) -> int: ...
+    def sm(self, up: bool) -> int: ...
 
 
 class Request(Protocol):
@@ -159,6 +168,18 @@ async def _corrupt(inj: Injector, f: FaultSpec) -> None:
         inj.corrupt(f.link, 0.0)
 
 
+def _set_sm(up: bool) -> Run:
+    async def run(inj: Injector, f: FaultSpec) -> None:
+        await trio.to_thread.run_sync(inj.sm, up)
+    return run
+
+
+def _sm_now(up: bool) -> OnDemand:
+    def now(inj: Injector, req: Request) -> dict[str, Any]:
+        return {"t_fault_ns": inj.sm(up)}
+    return now
+
+
 def _link_now(up: bool) -> OnDemand:
     def now(inj: Injector, req: Request) -> dict[str, Any]:
         link = req.link()
@@ -196,6 +217,10 @@ FAULT_ACTIONS: dict[str, FaultAction] = {
     "corrupt": FaultAction(("percent", "link", "duration_s"), ("percent",), _corrupt, _corrupt_now,
                            fabrics=("ib",), datapaths=("user",),
                            refusal="frame corruption is a fault of the IB user datapath"),
+    "sm_down": FaultAction((), (), _set_sm(False), _sm_now(False), fabrics=("ib",),
+                           refusal="a RoCE fabric has no subnet manager", sets=("sm", False)),
+    "sm_up": FaultAction((), (), _set_sm(True), _sm_now(True), fabrics=("ib",),
+                         refusal="a RoCE fabric has no subnet manager", sets=("sm", True)),
 }
 """Every fault action, by name (the order scenario errors list them in)."""
 
@@ -216,9 +241,13 @@ class FaultInjector:
 
     fabric_kind = "ib"
 
-    def __init__(self, host: AgentHost, make_agent: AgentMaker) -> None:
+    def __init__(self, host: AgentHost, make_agent: AgentMaker,
+                 sm_power: Callable[[bool], int] | None = None) -> None:
+        """``sm_power(up)``: stop (kill) or start the master SM, returning the act's stamp
+        (``FabricRuntime.sm_power``); None: the faults on the SM are refused."""
         self.host = host
         self.make_agent = make_agent
+        self.sm_power = sm_power
         self.topo = host.fabric.plan.topology
         self.injected: list[dict[str, object]] = []
 
@@ -265,6 +294,13 @@ class FaultInjector:
             if self.topo.node(ep.node).is_switch:
                 self.host.impair(ep.node, ep.port, corrupt_pct=percent)
         return t
+
+    def sm(self, up: bool) -> int:
+        """Kill the master SM's process (``up=False``) or start it again; returns t_fault."""
+        if self.sm_power is None:
+            raise ValueError("this fabric's SM cannot be stopped or started here")
+        t = self.sm_power(up)
+        return self._stamp("sm_up" if up else "sm_down", "sm", t=t)
 
     # ------------------------------------------------------------------ async, scheduled
 

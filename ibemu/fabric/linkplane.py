@@ -43,7 +43,9 @@ Every :data:`REPORT_S` (real seconds, from the agent host's ticker, :meth:`tick`
 
 QoS: the model starts with one data VL and the default tables; every ``REPORT_S``
 (``sync_qos``) it re-reads the SL -> VL maps, VL arbitration tables and OperationalVLs of the
-agents whose tables the SM changed (``DeviceAgent.qos_version``), CAs' included.
+agents whose tables changed (``DeviceAgent.qos_version``), CAs' included: at the first report
+the agents' own (their ports start at OperationalVLs = VLCap, eight VLs, SL n on VL n), then
+what the SM set.
 
 Deviations: VL15 frames the SMAs send themselves (``Send`` actions, answers
 and traps) leave at once, outside the model: only the SMPs the forwarders relay are timed.

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ibemu import clock
 from ibemu.errors import IbemuError
@@ -23,7 +24,9 @@ from ibemu.fabric import opensm_log
 from ibemu.fabric.umad2sim import dilated_clock, tool_argv
 from ibemu.kernel import faketime
 from ibemu.kernel.ownership import RunState
+from ibemu.physics.qos import code_of_vls
 from ibemu.sm.partitions import SmPartitions
+from ibemu.sm.qos import SmQos
 
 OPENSM_ENGINE = {"ftree_ar": "ftree", "updn_ar": "updn"}
 """ibemu's adaptive engines -> the OpenSM engine that routes like their base."""
@@ -70,22 +73,66 @@ def part_enforce(parts: SmPartitions) -> str:
     return modes.pop() if len(modes) == 1 else "both"
 
 
-def write_config(workdir: Path, keys: Mapping[str, int] | None, parts: SmPartitions | None) -> str:
-    """OpenSM's config file for ``keys`` (``write_key_config``) and ``parts`` (``part_enforce``);
-    ``/dev/null`` (every option at OpenSM's default) when there is neither."""
-    if not (keys and keys.get("m_key")) and not (parts and parts.partitions):
+def qos_options(qos: SmQos) -> str:
+    """A scenario's ``fabric.qos`` as OpenSM's own options (one set for every port: CAs, switch
+    port 0 and external ports take the ``qos_*`` defaults, as ibemu's SM programs one map and
+    one pair of tables everywhere):
+
+    - ``qos TRUE``; ``max_op_vls``: the VLCap code of ``vls`` (OpenSM sets each port's
+      OperationalVLs to the smaller of both ends' VLCap and this; ``qos_max_vls`` only serves
+      its torus engine);
+    - ``qos_sl2vl``: the 16 VLs; ``qos_vlarb_high`` / ``qos_vlarb_low``: ``VL:weight`` lists
+      (an empty table as ``0:0``: OpenSM would otherwise put its own default there, VL0 at
+      weight 4 in the high table); ``qos_high_limit``: VLHighLimit.
+    """
+    high, low = qos.tables()
+
+    def table(entries: tuple[tuple[int, int], ...]) -> str:
+        return ",".join(f"{vl}:{w}" for vl, w in entries) or "0:0"
+
+    return ("qos TRUE\n"
+            f"max_op_vls {code_of_vls(qos.vls)}\n"
+            f"qos_high_limit {qos.vl_high_limit}\n"
+            f"qos_vlarb_high {table(high)}\n"
+            f"qos_vlarb_low {table(low)}\n"
+            f"qos_sl2vl {','.join(str(vl) for vl in qos.sl_to_vl())}\n")
+
+
+def election_config(election: Mapping[str, Any]) -> str:
+    """OpenSM's options for ``election`` (``SMSpec.election`` of one SM): ``sm_priority``,
+    ``sminfo_polling_timeout`` (ms) and ``polling_retry_number``. OpenSM takes over once more
+    than ``polling_retry_number`` polls went unanswered; ibemu's standby after ``poll_retries``
+    failed polls: the number written is ``poll_retries - 1``, so both give up after as many
+    unanswered polls (OpenSM one interval later: it looks at its count on the next tick)."""
+    return (f"sm_priority {int(election.get('priority', 0))}\n"
+            f"sminfo_polling_timeout {int(election.get('poll_interval_ms', 10000))}\n"
+            f"polling_retry_number {max(0, int(election.get('poll_retries', 4)) - 1)}\n")
+
+
+def write_config(workdir: Path, keys: Mapping[str, int] | None, parts: SmPartitions | None,
+                 election: Mapping[str, Any] | None = None, qos: SmQos | None = None) -> str:
+    """OpenSM's config file for ``keys`` (``write_key_config``), ``parts`` (``part_enforce``),
+    ``election`` (``election_config``) and ``qos`` (``qos_options``); ``/dev/null`` (every
+    option at OpenSM's default) when there is none of them."""
+    if not (keys and keys.get("m_key")) and not (parts and parts.partitions) and not election and qos is None:
         return "/dev/null"
     path = workdir / "opensm.conf"
     text = write_key_config(workdir, keys).read_text() if keys and keys.get("m_key") else ""
     if parts and parts.partitions:
         text += f"part_enforce {part_enforce(parts)}\n"
+    if election:
+        text += election_config(election)
+    if qos is not None:
+        text += qos_options(qos)
     path.write_text(text)
     return str(path)
 
 
 def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | None = None,
           state: RunState | None = None, keys: Mapping[str, int] | None = None,
-          partitions: tuple[SmPartitions, Mapping[int, Sequence[int]]] | None = None) -> subprocess.Popen[bytes]:
+          partitions: tuple[SmPartitions, Mapping[int, Sequence[int]]] | None = None,
+          election: Mapping[str, Any] | None = None,
+          qos: SmQos | None = None) -> subprocess.Popen[bytes]:
     """OpenSM attached to the MAD socket of the host in ``ns``; log in ``workdir/opensm.log``.
 
     ``-d2`` flushes the log after each message, so its phases can be read as they happen.
@@ -93,11 +140,13 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     writes no alternates (it knows nothing of ibemu's AlternatePorts attribute). ``keys``
     (``SMSpec.keys``) go into OpenSM's config file (``write_key_config``). ``partitions``
     (the partitions and the CAs' port GUIDs) go into ``workdir/partitions.conf``, passed with
-    ``-P``, and ``part_enforce`` into the config file.
+    ``-P``, and ``part_enforce`` into the config file. ``election`` (priority, poll interval
+    and retries: ``election_config``) goes into the config file too, and ``qos`` (a scenario's ``fabric.qos``) as OpenSM's QoS
+    options (``qos_options``).
     """
     engine = OPENSM_ENGINE.get(engine, engine)
     workdir.mkdir(parents=True, exist_ok=True)
-    config = write_config(workdir, keys, partitions[0] if partitions else None)
+    config = write_config(workdir, keys, partitions[0] if partitions else None, election, qos)
     extra = list(extra or [])
     if partitions and partitions[0].partitions:
         pfile = workdir / PARTITIONS_FILE
@@ -172,6 +221,25 @@ def wait_subnet_up(proc: subprocess.Popen[bytes], workdir: Path, timeout_s: floa
             raise IbemuError(f"opensm exited ({proc.returncode}) before SUBNET UP:\n{text[-2000:]}")
         if clock.monotonic() - t0 > timeout_s:
             raise IbemuError(f"no SUBNET UP from opensm in {timeout_s:.0f} s:\n{text[-2000:]}")
+        time.sleep(0.05)
+
+
+def wait_state(proc: subprocess.Popen[bytes], workdir: Path, state: str, timeout_s: float = 60.0) -> None:
+    """Until OpenSM logs ``Entering STATE state`` (``standby``, ``master``)."""
+    log = workdir / "opensm.log"
+    want = f"Entering {state.upper()} state"
+    t0 = clock.monotonic()
+    while True:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if text:
+            release_clock(workdir)
+        if want in text:
+            return
+        if proc.poll() is not None:
+            release_clock(workdir)
+            raise IbemuError(f"opensm exited ({proc.returncode}) before {want!r}:\n{text[-2000:]}")
+        if clock.monotonic() - t0 > timeout_s:
+            raise IbemuError(f"no {want!r} from opensm in {timeout_s:.0f} s:\n{text[-2000:]}")
         time.sleep(0.05)
 
 

@@ -18,6 +18,8 @@ Recognised lines (OpenSM 3.3.23, default log level):
 - ``ucast_mgr_route: <engine>: cannot build ...`` -> ``routing_fallback`` (OpenSM then
   routes with minhop, e.g. ftree on a fat-tree that lost a cable)
 - ``SUBNET UP`` -> ``subnet_up``
+- ``Entering MASTER state`` (STANDBY, DISCOVERING, NOT ACTIVE) -> ``sm_state`` (``new``: the
+  state in lower case; the election, a takeover)
 
 and one ``reroute`` per trap-triggered sweep: ``t_trap`` (the first trap after the previous
 SUBNET UP), ``t_routed`` (its tables configured), ``t_subnet_up``. OpenSM logs no LFT ack,
@@ -42,6 +44,7 @@ _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun",
 _TRAP = re.compile(r"Received Generic Notice type:\d+ num:(\d+) .*from LID:(\d+) TID:(0x[0-9a-fA-F]+)")
 _ROUTED = re.compile(r"osm_ucast_mgr_process: (\S+) tables configured")
 _FALLBACK = re.compile(r"ucast_mgr_route: (\S+): cannot build")
+_STATE = re.compile(r"Entering (MASTER|STANDBY|DISCOVERING|NOT ?ACTIVE) state")
 
 
 def wall_to_monotonic_offset_ns() -> int:
@@ -114,6 +117,9 @@ def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | No
             if pending is not None and pending["t_routed"] is None:
                 pending["t_routed"] = t_ns
                 pending["engine"] = m.group(1)
+        elif m := _STATE.search(text):
+            events.append({"kind": Kind.SM_STATE, "t_ns": t_ns,
+                           "new": m.group(1).lower().replace(" ", "_").replace("notactive", "not_active")})
         elif m := _FALLBACK.search(text):
             events.append({"kind": Kind.ROUTING_FALLBACK, "t_ns": t_ns, "engine": m.group(1), "what": text})
         elif text.strip() == "SUBNET UP":

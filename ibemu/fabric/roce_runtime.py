@@ -125,6 +125,10 @@ class RoceFaultInjector:
     def corrupt(self, link: Link, percent: float) -> int:
         raise ConfigError(f"corrupt: {FAULT_ACTIONS['corrupt'].refusal}")
 
+    def sm(self, up: bool) -> int:
+        action = "sm_up" if up else "sm_down"
+        raise ConfigError(f"{action}: {FAULT_ACTIONS[action].refusal}")
+
     async def apply(self, fault: FaultSpec) -> None:
         action = FAULT_ACTIONS.get(fault.action)
         if action is None or self.fabric_kind not in action.fabrics:

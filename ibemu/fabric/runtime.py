@@ -31,6 +31,7 @@ from ibemu.fabric.plan import FabricPlan, plan_fabric
 from ibemu.kernel import cpus, limits, ownership
 from ibemu.physics.link import SwitchModel
 from ibemu.sm.partitions import SmPartitions
+from ibemu.sm.qos import SmQos
 from ibemu.topo import Topology
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class FabricRuntime:
                  sm_host: str | None = None, sm_engine: str = "minhop", sm_qos: str = "",
                  sm_local_failover: bool = True,
                  switch_model: SwitchModel | None = None, sm_keys: Mapping[str, int] | None = None,
-                 sm_partitions: str = "") -> None:
+                 sm_partitions: str = "", sm_election: Mapping[str, Any] | None = None) -> None:
         """``mad_sockets``: hosts that serve a MAD socket (ibsim's protocol) on port 1.
 
         True = every host, except that beyond ``MAD_SOCKET_LIMIT`` hosts only the first
@@ -85,11 +86,15 @@ class FabricRuntime:
         """Partitions (``ibemu.sm.partitions.SmPartitions`` JSON) for the SM; empty: none."""
         """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
         self.sm_local_failover = sm_local_failover
+        self.sm_election = dict(sm_election or {})
+        """Election settings (``SMSpec.election``): priority, poll_interval_ms, poll_retries, standby."""
+        self._standby_proc: subprocess.Popen[bytes] | None = None
         """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings
         (False: ``--no-local-failover``, the base engine's routes only)."""
         self.switch_model = switch_model
         """IB user datapath: the switches' latency and buffers (None: by the fabric's rate)."""
-        """QoS (``ibemu.sm.qos.SmQos`` JSON) for ibemu's SM to program; empty: none."""
+        """QoS (``ibemu.sm.qos.SmQos`` JSON) for the SM: ibemu's programs it, OpenSM gets it as its own
+        QoS options (``opensm.qos_options``); empty: none."""
         self.sm_up_s: float | None = None
         self.mad_ports: dict[str, CaMadPort] = {}
         self.make_agents = make_agents
@@ -111,38 +116,91 @@ class FabricRuntime:
         """Metric sources of the layers above (``ibemu run``: fidelity)."""
         self._serving = False
 
-    async def _start_sm(self) -> None:
-        """The SM (the real OpenSM or ibemu's) on the SM host, owned by the run, to SUBNET UP."""
-        if self.sm_host not in self.mad_ports:
-            raise ValueError(f"the SM host {self.sm_host!r} has no MAD socket")
-        impl = opensm if self.sm == "opensm" else ibemusm
-        workdir = (self.run_dir or self.state.run_dir) / self.sm
-        ns = self.plan.nodes[self.sm_host].ns
-        self.sm_started_ns = clock.now_ns()
-        extra = [*self.sm_direct_args(), *(["--qos", self.sm_qos] if self.sm_qos else []),
-                 *(["--partitions", self.sm_partitions] if self.sm_partitions else []),
-                 *ibemusm.key_args(self.sm_keys),
-                 *([] if self.sm_local_failover else ["--no-local-failover"])] if impl is ibemusm else []
-        owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys} if impl is opensm else {}
-        if impl is opensm and self.sm_partitions:
-            cas = {n.guid: [n.port_guid(p) for p in range(1, n.num_ports + 1)] for n in self.topo.cas()}
-            owner["partitions"] = (SmPartitions.from_json(self.sm_partitions), cas)
-        proc = await trio.to_thread.run_sync(
-            lambda: impl.start(ns, workdir, engine=self.sm_engine, extra=extra, **owner))
-        self._sm_proc = proc
+    def sm_role(self, role: str) -> tuple[str, str, int, Path]:
+        """(impl, host, priority, workdir) of the ``master`` SM or the ``standby``
+        (``sm_election``); the standby's files are in ``RUN/<impl>-standby``."""
+        run_dir = self.run_dir or self.state.run_dir
+        if role == "master":
+            return self.sm, self.sm_host, int(self.sm_election.get("priority", 0)), run_dir / self.sm
+        sb = self.sm_election.get("standby") or {}
+        if not sb:
+            raise ValueError("no standby SM configured (sm.standby)")
+        impl = str(sb.get("impl") or self.sm)
+        return impl, str(sb["host"]), int(sb.get("priority", 0)), run_dir / f"{impl}-standby"
+
+    def _launch_sm(self, role: str, *, restart: bool = False) -> subprocess.Popen[bytes]:
+        """Start the SM of ``role`` (blocking: call in a thread), owned by the run."""
+        impl_name, host, priority, workdir = self.sm_role(role)
+        if host not in self.mad_ports:
+            raise ValueError(f"the SM host {host!r} has no MAD socket")
+        impl = opensm if impl_name == "opensm" else ibemusm
+        ns = self.plan.nodes[host].ns
+        poll_ms = int(self.sm_election.get("poll_interval_ms", 1000))
+        retries = int(self.sm_election.get("poll_retries", 3))
+        if impl is ibemusm:
+            extra = [*self.sm_direct_args(host), *(["--qos", self.sm_qos] if self.sm_qos else []),
+                     *(["--partitions", self.sm_partitions] if self.sm_partitions else []),
+                     *ibemusm.key_args(self.sm_keys),
+                     *([] if self.sm_local_failover else ["--no-local-failover"]),
+                     *ibemusm.election_args(priority, poll_ms, retries)]
+            proc = ibemusm.start(ns, workdir, engine=self.sm_engine, extra=extra, keep_events=restart)
+        else:
+            owner: dict[str, Any] = {"state": self.state, "keys": self.sm_keys}
+            if self.sm_partitions:
+                cas = {n.guid: [n.port_guid(p) for p in range(1, n.num_ports + 1)] for n in self.topo.cas()}
+                owner["partitions"] = (SmPartitions.from_json(self.sm_partitions), cas)
+            if self.sm_election:
+                owner["election"] = {"priority": priority, "poll_interval_ms": poll_ms, "poll_retries": retries}
+            if self.sm_qos:
+                owner["qos"] = SmQos.from_json(self.sm_qos)
+            proc = opensm.start(ns, workdir, engine=self.sm_engine, **owner)
         cpus.pin_process(proc.pid, self.placement.sm)
-        self.state.claim_process(proc.pid, f"sm-{self.sm}")
-        if impl is opensm:
+        self.state.claim_process(proc.pid, f"sm-{impl_name}" + ("-standby" if role == "standby" else ""))
+        return proc
+
+    async def _start_sm(self) -> None:
+        """The SM (the real OpenSM or ibemu's) on the SM host, owned by the run, to SUBNET UP;
+        then the standby (``sm.standby``), to its STANDBY state."""
+        workdir = self.sm_role("master")[3]
+        self.sm_started_ns = clock.now_ns()
+        proc = await trio.to_thread.run_sync(self._launch_sm, "master")
+        self._sm_proc = proc
+        if self.sm == "opensm":
             self.sm_up_s = await trio.to_thread.run_sync(
                 functools.partial(opensm.wait_subnet_up, proc, workdir, started_ns=self.sm_started_ns))
         else:
-            self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
+            self.sm_up_s = await trio.to_thread.run_sync(ibemusm.wait_subnet_up, proc, workdir)
         log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
+        if self.sm_election.get("standby"):
+            impl, host, _prio, sworkdir = self.sm_role("standby")
+            self._standby_proc = await trio.to_thread.run_sync(self._launch_sm, "standby")
+            wait = opensm.wait_state if impl == "opensm" else ibemusm.wait_state
+            await trio.to_thread.run_sync(wait, self._standby_proc, sworkdir, "standby")
+            log.info("%s standby SM on %s", impl, host)
 
-    def sm_direct_args(self) -> list[str]:
+    def sm_power(self, up: bool) -> int:
+        """Fault ``sm_down`` / ``sm_up`` (blocking): SIGKILL the master SM's process, as when its
+        host dies (no goodbye: its port keeps IsSM until its MAD socket finds it gone), or start
+        it again on its host, not waited for (with a master on the subnet it stands by). Returns
+        the monotonic stamp of the act."""
+        if not up:
+            proc, self._sm_proc = self._sm_proc, None
+            if proc is None or proc.poll() is not None:
+                raise ValueError("the master SM is not running")
+            t = clock.now_ns()
+            proc.kill()
+            proc.wait(5)
+            return t
+        if self._sm_proc is not None and self._sm_proc.poll() is None:
+            raise ValueError("the master SM is running")
+        t = clock.now_ns()
+        self._sm_proc = self._launch_sm("master", restart=True)
+        return t
+
+    def sm_direct_args(self, host: str | None = None) -> list[str]:
         """ibemu's SM takes its own port's SMPs off the cable (``ibemu.sm.directport``), as a
         real SM does through its HCA, unless IBEMU_SM_DIRECT=0."""
-        pp = self.plan.nodes[self.sm_host].ports.get(1)
+        pp = self.plan.nodes[host or self.sm_host].ports.get(1)
         if pp is None or os.environ.get("IBEMU_SM_DIRECT") == "0":
             return []
         return ["--direct", f"{pp.ifname}={pp.peer_mac.hex(':')}"]
@@ -241,12 +299,21 @@ class FabricRuntime:
             cpus.unpin_thread(unpinned)
             cpus.release_threads(self.placement)  # worker threads started meanwhile
             with trio.CancelScope(shield=True):
+                if self._standby_proc is not None:
+                    await trio.to_thread.run_sync(opensm.stop, self._standby_proc)
+                    self._standby_proc = None
+                    impl, _host, _prio, sworkdir = self.sm_role("standby")
+                    if impl == "opensm":
+                        opensm.release_clock(sworkdir)
+                        opensm_log.write_events(sworkdir)
                 if self._sm_proc is not None:
                     await trio.to_thread.run_sync(opensm.stop, self._sm_proc)
                     self._sm_proc = None
-                    if self.sm == "opensm":  # its phases, in the event vocabulary of ibemu's SM
-                        opensm.release_clock((self.run_dir or self.state.run_dir) / self.sm)
-                        opensm_log.write_events((self.run_dir or self.state.run_dir) / self.sm)
+                master_dir = (self.run_dir or self.state.run_dir) / self.sm
+                if self.sm == "opensm" and (master_dir / "opensm.log").exists():
+                    # its phases (also of a master killed by sm_down), in the vocabulary of ibemu's SM
+                    opensm.release_clock(master_dir)
+                    opensm_log.write_events(master_dir)
                 problems = await trio.to_thread.run_sync(self.teardown)
                 gc.unfreeze()  # what the fabric held is garbage now (tests build many fabrics)
             if problems:

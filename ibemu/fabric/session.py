@@ -77,7 +77,8 @@ class FabricRequest:
     dilation: float = 1.0
     """The fabric's clock (``ibemu.clock``): ``Session.up`` runs this process and the daemon on it."""
     sm_qos: str = ""
-    """QoS for ibemu's SM to program (``ibemu.sm.qos.SmQos`` as JSON; empty: none)."""
+    """QoS for the SM (``ibemu.sm.qos.SmQos`` as JSON; ibemu's SM programs it, OpenSM gets its own QoS
+    options; empty: none)."""
     sm_local_failover: bool = True
     """ibemu's SM with an ``_ar`` engine writes alternates and fault-notice settings."""
     switch: Mapping[str, Any] = field(default_factory=dict)
@@ -89,6 +90,9 @@ class FabricRequest:
     """The SM's M_Key settings (``m_key``, ``m_key_protect``, ``m_key_lease_s``; empty: none)."""
     sm_partitions: str = ""
     """Partitions for the SM to program (``ibemu.sm.partitions.SmPartitions`` as JSON; empty: none)."""
+    sm_election: Mapping[str, Any] = field(default_factory=dict)
+    """The SM's election settings (``SMSpec.election``: priority, poll_interval_ms, poll_retries,
+    standby {host, priority, impl}; empty: one SM at priority 0)."""
 
 
 def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
@@ -99,7 +103,7 @@ def write_spec(run_dir: Path, run_id: str, request: FabricRequest) -> None:
         "topology": dumps_ibnetdiscover(request.topology), "sm": request.sm, "sm_host": request.sm_host,
         "sm_engine": request.sm_engine, "roce": dict(request.roce), "sm_qos": request.sm_qos,
         "switch": dict(request.switch), "sm_keys": dict(request.sm_keys),
-        "sm_partitions": request.sm_partitions,
+        "sm_partitions": request.sm_partitions, "sm_election": dict(request.sm_election),
         "sm_local_failover": request.sm_local_failover,
         "clock": {"dilation": clock.dilation(), "epoch_ns": clock.epoch_ns()},
         "metrics": request.metrics,
@@ -129,7 +133,8 @@ def request_from_spec(spec: Mapping[str, Any]) -> FabricRequest:
                          roce=dict(spec.get("roce") or {}), sm_qos=spec.get("sm_qos") or "",
                          switch=dict(spec.get("switch") or {}), metrics=spec.get("metrics") or "",
                          sm_keys=dict(spec.get("sm_keys") or {}), sm_partitions=spec.get("sm_partitions") or "",
-                         sm_local_failover=bool(spec.get("sm_local_failover", True)))
+                         sm_local_failover=bool(spec.get("sm_local_failover", True)),
+                         sm_election=dict(spec.get("sm_election") or {}))
 
 
 def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Path, *,
@@ -158,7 +163,7 @@ def open_runtime(request: FabricRequest, state: ownership.RunState, run_dir: Pat
                        sm=request.sm, sm_host=request.sm_host or None, sm_engine=request.sm_engine,
                        sm_qos=request.sm_qos, switch_model=switch_model_of(request.switch),
                        sm_keys=request.sm_keys, sm_local_failover=request.sm_local_failover,
-                       sm_partitions=request.sm_partitions)
+                       sm_partitions=request.sm_partitions, sm_election=request.sm_election)
     if request.metrics:
         from ibemu.fabric.metrics import parse_listen
 

@@ -133,8 +133,11 @@ class UmadServer:
                 await trio.lowlevel.checkpoint()
 
     def _handle_ctl(self, sock: socket.socket, data: bytes, addr: object) -> None:
-        if len(data) == CTL_LEN and data[8] == 1 and self.session.clients.full():
-            self.reap()  # a CONNECT while full: make room from dead clients first
+        if len(data) == CTL_LEN and data[8] == 1 and (self.session.clients.full()
+                                                       or self.session.clients.sm_client() is not None):
+            # a CONNECT while full, or while an SM is attached (a new SM after one was killed):
+            # make room from dead clients first
+            self.reap()
         outcome = self.session.on_ctl(data, addr)
         reply = outcome.reply
         attach = outcome.attach

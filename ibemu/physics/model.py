@@ -332,6 +332,9 @@ class EgressPort:
     """False while the port's link is down (see ``Node.port_down``)."""
     advertised: list[int | None] = field(default_factory=list)
     """IB: the credits per VL the peer advertised at ``connect`` (what ``port_up`` restores by default)."""
+    queued: int = 0
+    """A bit per class whose queue holds frames (with eight VLs operated and one busy, the
+    arbiter and the credit-wait bookkeeping skip the empty ones without looking)."""
 
     def pending(self) -> bool:
         return self.total_bytes > 0
@@ -352,7 +355,7 @@ class EgressPort:
                     return c
             return None
         assert self.arbiter is not None
-        return self.arbiter.pick(self._ready)
+        return self.arbiter.pick(self._ready, self.queued)
 
 
 class Node:
@@ -511,6 +514,7 @@ class Node:
                 out += self._release(frame, now)
             p.queued_bytes[c] = 0
         p.total_bytes = 0
+        p.queued = 0
         if self.kind == "ib":
             p.credits = [None if cr is None else 0 for cr in p.credits]
         for prio in list(p.paused):  # pauses are not aged in the model: forget them
@@ -616,6 +620,7 @@ class Node:
                 p.counters.ecn_marked += 1
         frame.vl = c
         p.queues[c].append(frame, in_port)
+        p.queued |= 1 << c
         p.queued_bytes[c] += frame.size
         p.total_bytes += frame.size
         p.counters.max_queue_bytes = max(p.counters.max_queue_bytes, p.total_bytes)
@@ -638,7 +643,10 @@ class Node:
         if p.waiting_since is not None:
             p.counters.xmit_wait_ns += now - p.waiting_since
             p.waiting_since = None
-        frame = p.queues[c].popleft()
+        q = p.queues[c]
+        frame = q.popleft()
+        if not q._n:
+            p.queued &= ~(1 << c)
         p.queued_bytes[c] -= frame.size
         p.total_bytes -= frame.size
         p.blocked_since.pop(c, None)
@@ -649,9 +657,12 @@ class Node:
             if cr is not None:
                 p.credits[c] = cr - blocks(frame.size)
             # a VL still queued but short of credits keeps waiting
-            queues, blocked = p.queues, p.blocked_since
-            for vl in range(p.vls):
-                if queues[vl]._n and vl not in blocked and not p._ready(vl):
+            blocked = p.blocked_since
+            m = p.queued & ((1 << p.vls) - 1)  # the data VLs holding frames
+            while m:
+                vl = (m & -m).bit_length() - 1
+                m &= m - 1
+                if vl not in blocked and not p._ready(vl):
                     blocked[vl] = now
                     p.counters.credit_stalls += 1
         end = now + p.link.frame_ns(frame.size)

@@ -139,24 +139,26 @@ class Arbiter:
     _high_pkts: int = 0
     _last: str | None = None
 
-    def pick(self, ready: Callable[[int], bool]) -> int | None:
+    def pick(self, ready: Callable[[int], bool], queued: int = -1) -> int | None:
         """The VL to send from next; ``ready(vl)``: the VL has a packet it may send now
-        (queued, and credits for it). Call :meth:`sent` once it is sent."""
+        (queued, and credits for it). ``queued``: a bit per VL that may hold packets (the
+        others are skipped without asking ``ready``: the same choice, fewer calls with several
+        VLs operated and one busy). Call :meth:`sent` once it is sent."""
         self._last = None
-        if ready(VL15):
+        if queued >> VL15 & 1 and ready(VL15):
             return VL15
         if not self.arb.high:  # (``ready`` has no side effects: the low table alone decides)
-            vl = self._serve(self.arb.low, self._low, ready)
+            vl = self._serve(self.arb.low, self._low, ready, queued)
             if vl is not None:
                 self._last = "low"
             return vl
-        low_ready = any(w > 0 and ready(vl) for vl, w in self.arb.low)
+        low_ready = any(w > 0 and queued >> vl & 1 and ready(vl) for vl, w in self.arb.low)
         if not self._high_spent() or not low_ready:
-            vl = self._serve(self.arb.high, self._high, ready)
+            vl = self._serve(self.arb.high, self._high, ready, queued)
             if vl is not None:
                 self._last = "high"
                 return vl
-        vl = self._serve(self.arb.low, self._low, ready)
+        vl = self._serve(self.arb.low, self._low, ready, queued)
         if vl is not None:
             self._last = "low"
         return vl
@@ -171,7 +173,7 @@ class Arbiter:
 
     @staticmethod
     def _serve(table: tuple[tuple[int, int], ...], st: _TableState,
-               ready: Callable[[int], bool]) -> int | None:
+               ready: Callable[[int], bool], queued: int = -1) -> int | None:
         n = len(table)
         if not n:
             return None
@@ -182,13 +184,13 @@ class Arbiter:
             if w > 0:
                 if st.remaining <= 0:
                     st.remaining = w
-                if ready(vl):
+                if queued >> vl & 1 and ready(vl):
                     return vl
             st.idx, st.remaining = 0, w
             return None
         for _ in range(n + 1):
             vl, w = table[st.idx]
-            if w > 0 and st.remaining > 0 and ready(vl):
+            if w > 0 and st.remaining > 0 and queued >> vl & 1 and ready(vl):
                 return vl
             st.idx = (st.idx + 1) % n
             st.remaining = table[st.idx][1]

@@ -320,6 +320,17 @@ def _traffic_table(r: RunResult) -> str:
                   [False, False, False, True, True, True, False])
 
 
+def _credit_loops(r: RunResult) -> str:
+    """The deadlocks the IB user datapath's link model found (``credit_loops``), one row each."""
+    if not r.credit_loops:
+        return ""
+    rows = [[f"{c.t_s:.3f}", str(len(c.hops)), f"{c.stalled_us:,.0f}", c.describe()] for c in r.credit_loops]
+    table = _table(["at s", "ports", "stuck us", "egress port / VL, each waiting on the next"], rows,
+                   [True, True, True, False])
+    return _figure(r, "Credit loops (deadlocks)", table,
+                   "a cycle of egress ports, each waiting for credits the next one holds: traffic on it stopped")
+
+
 def render(result: RunResult | Mapping[str, Any]) -> str:
     """The whole page for ``result`` (an ``ibemu.run/1..3`` result, typed or as JSON)."""
     r = as_result(result)
@@ -345,6 +356,7 @@ def render(result: RunResult | Mapping[str, Any]) -> str:
         _throughput(r),
         "<h2>Flows</h2>", INVALID_MARK.join(["<p class=invalid-mark>", "</p>"]) if r.invalid else "",
         _traffic_table(r) or "<p>none</p>",
+        _credit_loops(r),
         f"<script>{PAGE_JS}</script>",
         "</body></html>",
     ]

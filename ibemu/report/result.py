@@ -25,7 +25,12 @@ Optional in ``ibemu.run/3`` (absent from results before it existed): ``link_load
 fabric's cables and what each carried over the run, read from the ports' PMA counters just
 before teardown: ``{nodes: {name: "switch"|"ca"|"router"}, links: [{a, b, bytes}]}`` (``a``,
 ``b``: ``node:port``; ``bytes``: octets both directions, null where unknown). The HTML report
-(``ibemu.report.html``) draws the topology and the load of each cable from it.
+(``ibemu.report.html``) draws the topology and the load of each cable from it. ``credit_loops``:
+the deadlocks the IB user datapath's link model found (``credit_loop`` events of the fabric
+log), ``[{t_s, hops: [{switch, port, vl}], stalled_us}]``: when (seconds since traffic start),
+the cycle of egress ports and VLs each waiting for credits the next one holds, and how long the
+youngest had waited then; ``[]``: the run was watched for them and had none (absent: not
+watched, e.g. the kernel datapath).
 
 :func:`validate` reports every problem at once, located by key path
 (``faults[0].phases_ms.trap: expected number or null, got str 'fast'``).
@@ -51,6 +56,10 @@ DATAPATHS = ("kernel", "user")
 SM_IMPLS = ("ibemu", "opensm", "none")
 PHASES = ("detect", "trap", "routed", "programmed")
 """Reroute phases in order, each in ms since the fault was injected."""
+TAKEOVER_PHASES = ("sm_silent", "sm_noticed", "sm_master", "sm_swept")
+"""A standby SM taking over (``sm_down``), in order, ms since the fault: its first poll the
+master did not answer, it gave up on the master, it became master, its takeover sweep ended.
+Optional: present when a standby took over."""
 
 
 class ResultError(IbemuError):
@@ -168,16 +177,21 @@ class Phases:
     local_failover: float | None = None
     """A switch forwarding on alternate ports, by itself (``sm.engine: ftree_ar|updn_ar`` on
     the kernel datapath): optional, present only when it happened."""
+    takeover: dict[str, float | None] | None = None
+    """``TAKEOVER_PHASES`` when a standby SM took over (optional)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = {p: getattr(self, p) for p in PHASES}
         if self.local_failover is not None:
             d["local_failover"] = self.local_failover
+        if self.takeover is not None:
+            d.update({p: self.takeover.get(p) for p in TAKEOVER_PHASES})
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Phases:
-        return cls(d["detect"], d["trap"], d["routed"], d["programmed"], d.get("local_failover"))
+        takeover = {p: d.get(p) for p in TAKEOVER_PHASES} if any(p in d for p in TAKEOVER_PHASES) else None
+        return cls(d["detect"], d["trap"], d["routed"], d["programmed"], d.get("local_failover"), takeover)
 
 
 @dataclass
@@ -451,6 +465,28 @@ class FabricLoad:
 
 
 @dataclass
+class CreditLoopRecord:
+    """A credit loop the link model found (``credit_loops``): a deadlock."""
+
+    t_s: float
+    hops: list[tuple[str, int, int]]
+    """(switch, egress port, VL), each waiting on credits the next one holds."""
+    stalled_us: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t_s": self.t_s, "hops": [{"switch": n, "port": p, "vl": vl} for n, p, vl in self.hops],
+                "stalled_us": self.stalled_us}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CreditLoopRecord:
+        return cls(d["t_s"], [(h["switch"], h["port"], h["vl"]) for h in d["hops"]], d["stalled_us"])
+
+    def describe(self) -> str:
+        path = " -> ".join(f"{n}:{p}/VL{vl}" for n, p, vl in self.hops)
+        return f"{path} -> (back)"
+
+
+@dataclass
 class RunResult:
     """One ``ibemu run``: what was built, broken and measured."""
 
@@ -470,6 +506,8 @@ class RunResult:
     """``None``: not judged (an ``ibemu.run/1`` result, or one not made by a run): unknown."""
     link_load: FabricLoad | None = None
     """The cables and their load (optional; ``None``: not recorded)."""
+    credit_loops: list[CreditLoopRecord] | None = None
+    """Deadlocks the link model found (optional; ``None``: not watched)."""
 
     @property
     def invalid(self) -> bool:
@@ -494,6 +532,8 @@ class RunResult:
         d["files"] = self.files.to_dict()
         if self.link_load is not None:
             d["link_load"] = self.link_load.to_dict()
+        if self.credit_loops is not None:
+            d["credit_loops"] = [c.to_dict() for c in self.credit_loops]
         return d
 
     @classmethod
@@ -516,6 +556,7 @@ class RunResult:
             d["schema"],
             Fidelity.from_dict(d["fidelity"]) if d.get("fidelity") is not None else None,
             FabricLoad.from_dict(d["link_load"]) if d.get("link_load") is not None else None,
+            [CreditLoopRecord.from_dict(c) for c in d["credit_loops"]] if d.get("credit_loops") is not None else None,
         )
 
 
@@ -725,7 +766,8 @@ _FAULT = _object(
         "action": _string(),
         "target": _string(),
         "t_fault_s": _number(minimum=None),
-        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES}, optional={"local_failover": _NUM_OR_NULL}),
+        "phases_ms": _object({p: _NUM_OR_NULL for p in PHASES},
+                             optional={"local_failover": _NUM_OR_NULL, **{p: _NUM_OR_NULL for p in TAKEOVER_PHASES}}),
         "flows": _list(_FLOW),
     }
 )
@@ -856,6 +898,14 @@ _LINK_LOAD = _object(
     _links_known,
 )
 
+_CREDIT_LOOP = _object(
+    {
+        "t_s": _number(minimum=None),
+        "hops": _list(_object({"switch": _string(), "port": _count, "vl": _count})),
+        "stalled_us": _NUM,
+    },
+)
+
 _RESULT = _object(
     {
         "schema": _schema_version,
@@ -904,7 +954,8 @@ _RESULT = _object(
         ),
     },
     _fidelity_for_version,
-    optional={"fidelity": _nullable(_FIDELITY), "link_load": _nullable(_LINK_LOAD)},
+    optional={"fidelity": _nullable(_FIDELITY), "link_load": _nullable(_LINK_LOAD),
+              "credit_loops": _list(_CREDIT_LOOP)},
 )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from ibemu.report.result import (
     PHASES,
+    TAKEOVER_PHASES,
     CaptureFile,
     FaultResult,
     Fidelity,
@@ -206,6 +207,13 @@ def _faults(faults: list[FaultResult], mark: list[str] | None = None) -> list[st
     lines.append(
         "  (t: since traffic start; phases: ms since the fault was injected, - = did not happen)"
     )
+    took = [(i, f) for i, f in enumerate(faults, 1) if f.phases.takeover is not None]
+    if took:  # a standby SM took over: master silent -> standby notices -> master -> fabric re-swept
+        lines += ["", "  SM takeover (ms since the fault):"]
+        trows = [[str(i), f.action, *(_ms((f.phases.takeover or {}).get(p)) for p in TAKEOVER_PHASES)]
+                 for i, f in took]
+        lines.append(table(["#", "action", "first poll unanswered", "standby gives up", "standby is master",
+                            "fabric re-swept"], trows, [True, False, True, True, True, True]))
     for i, f in enumerate(faults, 1):
         if not f.flows:
             continue
@@ -314,6 +322,16 @@ def summary(result: RunResult | Mapping[str, Any]) -> str:
     files."""
     r = as_result(result)
     mark = _mark(r)
-    lines = _header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark)
-    lines += _training(r.traffic, mark) + _files(r)
+    lines = (_header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark)
+             + _training(r.traffic, mark) + _credit_loops(r) + _files(r))
     return "\n".join(lines) + "\n"
+
+
+def _credit_loops(r: RunResult) -> list[str]:
+    """The deadlocks the link model found, one line each (nothing when none or not watched)."""
+    if not r.credit_loops:
+        return []
+    lines = ["", f"Credit loops (deadlocks): {len(r.credit_loops)}"]
+    lines += [f"  at {c.t_s:.3f} s, {len(c.hops)} ports stuck {c.stalled_us:,.0f} us: {c.describe()}"
+              for c in r.credit_loops]
+    return lines

@@ -54,6 +54,8 @@ from ibemu.scenario.schema import (
     ROCE_DATA_DSCP,
     SM_FIELDS,
     SM_KEYS,
+    SM_STANDBY_FIELDS,
+    SM_STANDBY_KEYS,
     SWITCH_FIELDS,
     SWITCH_KEYS,
     SWITCH_PKEY_CAP,
@@ -77,6 +79,7 @@ from ibemu.scenario.schema import (
     RecordSpec,
     Scenario,
     SMSpec,
+    StandbySpec,
     SwitchSpec,
     TimeSpec,
     TopologySpec,
@@ -181,10 +184,6 @@ class _Loader(Reader):
             topo.defaults = defaults
             self.apply_defaults(topo, defaults)
         sm = self.sm(opt("sm"), topo)
-        if fabric.qos is not None and sm.impl == "opensm" and (fn := opt("fabric")) is not None:
-            qn = _mapping_pairs(fn)["qos"][1]
-            self.error(qn, "fabric.qos", "ibemu's SM programs fabric.qos; OpenSM's QoS options are not passed "
-                       "to it yet (use sm.impl: ibemu, or OpenSM's own qos_policy file)")
         if fabric.local_failover and (fn := opt("fabric")) is not None and (
                 sm.impl == "opensm" or not sm.engine.endswith("_ar")):
             self.error(_mapping_pairs(fn)["local_failover"][1], "fabric.local_failover",
@@ -826,7 +825,48 @@ class _Loader(Reader):
                     "sm.engine",
                     f"ftree routes fat-trees, and {topo.name} is not layered like one; use minhop, updn or dor",
                 )
-        return SMSpec(impl=impl, engine=engine, host=host, sweep_interval_s=sweep, lmc=lmc, **keys)
+        election = self.sm_election(m, impl, host, topo)
+        return SMSpec(impl=impl, engine=engine, host=host, sweep_interval_s=sweep, lmc=lmc, **keys,  # type: ignore[arg-type]
+                      **election)
+
+    def sm_election(self, m: Pairs, impl: str, host: str, topo: Topology | None) -> dict[str, Any]:
+        """``sm.priority``, ``sm.poll_interval_ms``, ``sm.poll_retries`` and ``sm.standby``
+        (``ibemu.sm.election``): a standby on a known CA other than the master's."""
+        out: dict[str, Any] = {}
+        for k in ("priority", "poll_interval_ms", "poll_retries"):
+            if k in m:
+                v = self.value(m[k][1], f"sm.{k}", SM_FIELDS[k])
+                if v is not None:
+                    out[k] = v
+        if "standby" not in m:
+            return out
+        snode = m["standby"][1]
+        sm_ = self.mapping(snode, "sm.standby", SM_STANDBY_KEYS)
+        if sm_ is None:
+            return out
+        if "host" not in sm_:
+            self.error(snode, "sm.standby", "give the standby's host (a CA other than the master's)")
+            return out
+        s_impl = impl
+        if "impl" in sm_:
+            s_impl = self.choice(sm_["impl"][1], "sm.standby.impl", SM_STANDBY_FIELDS["impl"].choices) or impl
+        prio = 0
+        if "priority" in sm_:
+            prio = self.value(sm_["priority"][1], "sm.standby.priority", SM_STANDBY_FIELDS["priority"]) or 0
+        s_host = ""
+        hnode = sm_["host"][1]
+        name = self.string(hnode, "sm.standby.host", "a host (CA) name")
+        if name is not None and topo is not None:
+            try:
+                s_host = refs.host(topo, name)
+            except refs.RefError as exc:
+                self.error(hnode, "sm.standby.host", str(exc))
+            else:
+                if s_host == host:
+                    self.error(hnode, "sm.standby.host",
+                               f"{s_host} runs the master SM; a standby runs on another host (one SM per port)")
+        out["standby"] = StandbySpec(host=s_host, priority=prio, impl=s_impl)
+        return out
 
     # --- partitions -----------------------------------------------------------------------
 

@@ -13,6 +13,12 @@ differences of stamps taken where things happened (no runner latency in them):
 
 Each phase is milliseconds since the fault was injected. A fault's window ends at the next
 fault (or the end of the run).
+
+A takeover (``sm_down`` with a standby SM, ``sm.standby``) has phases of its own, from the
+standby's log: ``sm_silent`` (its first poll the master did not answer), ``sm_noticed`` (it
+gave up on the master: ``sm_master_lost``), ``sm_master`` (it entered the MASTER state) and
+``sm_swept`` (its takeover sweep ended: every LFT written again; OpenSM: its SUBNET UP). They
+are looked for up to ``TAKEOVER_SETTLE_NS`` after the fault (the polling takes seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from ibemu.traffic.flows import FlowOutput
 
 SETTLE_NS = 5_000_000_000
 """How long after a fault its consequences are looked for, at most."""
+TAKEOVER_SETTLE_NS = 120_000_000_000
+"""The same for a takeover's phases (a standby polls for seconds before it takes over)."""
+TAKEOVER_PHASES = ("sm_silent", "sm_noticed", "sm_master", "sm_swept")
 
 
 def _first(records: Iterable[dict[str, Any]], kind: str, lo: int, hi: int, key: str = "t_ns") -> int | None:
@@ -66,7 +75,25 @@ def fault_phases(t_fault: int, window_end: int, fabric: Sequence[dict[str, Any]]
     failover = _first(fabric, Kind.LOCAL_FAILOVER, t_fault, hi)  # a switch on its alternates
     if failover is not None:
         out["local_failover"] = _ms(failover, t_fault)
+    out.update(takeover_phases(t_fault, min(window_end, t_fault + TAKEOVER_SETTLE_NS), sm))
     return out
+
+
+def takeover_phases(t_fault: int, hi: int, sm: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """A standby taking over after ``t_fault`` (module docstring); {} when no SM became master
+    in the window."""
+    master = next((r["t_ns"] for r in sm if r.get("kind") == Kind.SM_STATE and r.get("new") == "master"
+                   and isinstance(r.get("t_ns"), int) and t_fault <= r["t_ns"] < hi), None)
+    if master is None:
+        return {}
+    silent = _first(sm, Kind.SM_POLL_FAILED, t_fault, master + 1)
+    noticed = _first(sm, Kind.SM_MASTER_LOST, t_fault, master + 1)
+    swept = next((r["t_ns"] for r in sm if r.get("kind") == Kind.SWEEP_END and r.get("reason") == "takeover"
+                  and r.get("ok") and isinstance(r.get("t_ns"), int) and master <= r["t_ns"] < hi), None)
+    if swept is None:  # OpenSM: its SUBNET UP as master
+        swept = _first(sm, Kind.SUBNET_UP, master, hi)
+    return {"sm_silent": _ms(silent, t_fault), "sm_noticed": _ms(noticed, t_fault),
+            "sm_master": _ms(master, t_fault), "sm_swept": _ms(swept, t_fault)}
 
 
 def flow_impact(flow: FlowOutput, t_fault: int, window_end: int, until_ns: int) -> dict[str, Any]:

@@ -150,7 +150,8 @@ def fabric_request(scen: Scenario) -> FabricRequest:
     return FabricRequest(scen.topology, scen.name, kind=f.kind, datapath=f.datapath, sm=scen.sm.impl,
                          sm_host=scen.sm.host, sm_engine=scen.sm.engine, roce=roce, sm_qos=sm_qos,
                          sm_local_failover=f.local_failover is not False,
-                         switch=switch, sm_keys=scen.sm.keys(), sm_partitions=sm_partitions(scen))
+                         switch=switch, sm_keys=scen.sm.keys(), sm_partitions=sm_partitions(scen),
+                         sm_election=scen.sm.election())
 
 
 def sm_partitions(scen: Scenario) -> str:
@@ -317,7 +318,8 @@ class ScenarioRun:
         if isinstance(host, RoceRun):
             injector = RoceFaultInjector(host, self.run_dir / "faults.jsonl")
         else:
-            injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)))
+            injector = FaultInjector(host, lambda name: make_agent(self.rt.plan, scen.topology.node(name)),
+                                     sm_power=self.rt.sm_power if isinstance(self.rt, FabricRuntime) else None)
         finished = False
         try:
             for i, flow in enumerate(spec["flows"]):
@@ -497,6 +499,10 @@ class ScenarioRun:
         else:
             fabric_events = read_events(self.run_dir / "events.jsonl")
             sm_events = read_events(self.run_dir / scen.sm.impl / "events.jsonl")
+            if scen.sm.standby is not None:  # the standby's: its polls, takeover, and what it did as master
+                sm_events = sorted([*sm_events, *read_events(self.run_dir / f"{scen.sm.standby.impl}-standby"
+                                                             / "events.jsonl")],
+                                   key=lambda r: r["t_ns"] if isinstance(r.get("t_ns"), int) else 0)
         t_end = self.t_end_ns or clock.now_ns()
         order = {t.name: i for i, t in enumerate(scen.traffic)}
         outputs.sort(key=lambda o: order.get(o.name, 1 << 30))
@@ -547,7 +553,18 @@ class ScenarioRun:
                       **({"capture_stats": [self.capture_stats[f].to_dict() for f in self.capture_files
                                             if f in self.capture_stats]} if self.capture_files else {})},
             **({"link_load": self.link_load} if self.link_load is not None else {}),
+            **({"credit_loops": credit_loops(fabric_events, self.t0_ns)}
+               if not self.roce and scen.fabric.datapath == "user" else {}),
         }
+
+
+def credit_loops(events: list[dict[str, Any]], t0_ns: int) -> list[dict[str, Any]]:
+    """The result's ``credit_loops``: the IB user datapath's ``credit_loop`` events (its link
+    model's deadlock detection, ``fabric.linkplane``), seconds since traffic start."""
+    return [{"t_s": round((int(e["t_ns"]) - t0_ns) / 1e9, 6),
+             "hops": [{"switch": str(h["switch"]), "port": int(h["port"]), "vl": int(h["vl"])} for h in e["hops"]],
+             "stalled_us": float(e.get("stalled_us", 0))}
+            for e in events if e.get("kind") == "credit_loop" and isinstance(e.get("t_ns"), int)]
 
 
 def _describe_topology(scen: Scenario) -> str:

@@ -192,7 +192,9 @@ VLCap is VL0-VL7), the SL -> VL map (a list of 16 VLs, or {SL: VL}; unnamed SLs:
 the VL arbitration tables (lists of [VL, weight], weight in 64-byte units, at most
 ``VLARB_CAP`` entries each: the ports' VLArbitrationHighCap/LowCap) and VLHighLimit (0..255;
 255 no limit). The SM programs them into every port after bring-up (SLtoVLMappingTable,
-VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit)."""
+VLArbitrationTable, PortInfo.OperationalVLs/VLHighLimit): ibemu's SM itself, OpenSM through its
+own options (``qos TRUE``, ``max_op_vls``, ``qos_sl2vl``, ``qos_vlarb_high/low``,
+``qos_high_limit``: ``ibemu.fabric.opensm.qos_options``)."""
 MAX_LINE_GBPS = 1000.0
 ROCE_DATA_DSCP = 26
 """The DSCP of RoCE data: ``pfc: true`` makes its priority lossless (26 >> 3 = 3 by default)."""
@@ -238,6 +240,11 @@ FABRIC_ECN = ("ecn_mark_kb", "ecn_line_gbps")
 than ecn_mark_kb KiB in a virtual queue drained at ecn_line_gbps; the hosts answer with CNPs
 and slow down (DCQCN, with ecn_line_gbps as their line rate). Both or neither."""
 SM_IMPLS = ("ibemu", "opensm")
+SM_STANDBY_FIELDS: dict[str, Field] = {
+    "host": _must(Field("host", "the CA that runs the standby SM (not the master's)")),
+    "priority": _int("its SMInfo priority (0-15; the master's is sm.priority)", 0, 15),
+    "impl": _choice("the standby: ibemu's SM or OpenSM (default: sm.impl)", ("ibemu", "opensm")),
+}
 SM_FIELDS: dict[str, Field] = {
     "impl": _choice("the subnet manager: ibemu's or OpenSM", SM_IMPLS),
     "engine": _choice("routing engine (ibemu.sm.routing.ENGINES)", ENGINES),
@@ -249,6 +256,13 @@ SM_FIELDS: dict[str, Field] = {
                           "Gets, 2-3 Gets need it too (OpenSM: at most 2)", 0, 3),
     "m_key_lease_s": _int("M_KeyLeasePeriod written with m_key: seconds after a bad key with no valid "
                           "one before the protection lapses (0: never)", 0, 65535),
+    "priority": _int("SMInfo priority of the SM in the election: higher wins, then the lower port GUID", 0, 15),
+    "standby": _obj("a standby SM on another host: it polls the master and takes over when it stops "
+                    "answering (faults sm_down / sm_up)", SM_STANDBY_FIELDS),
+    "poll_interval_ms": _int("a standby polls its master's SMInfo this often (OpenSM: sminfo_polling_timeout)",
+                             10, 600_000),
+    "poll_retries": _int("failed polls in a row before a standby takes over (OpenSM: polling_retry_number)",
+                         1, 100),
 }
 RECORD_FIELDS: dict[str, Field] = {
     "capture": Field("capture", "links to capture: a list of links, or all"),
@@ -382,6 +396,7 @@ FABRIC_KEYS = tuple(FABRIC_FIELDS)
 SWITCH_KEYS = tuple(SWITCH_FIELDS)
 QOS_KEYS = tuple(QOS_FIELDS)
 SM_KEYS = tuple(SM_FIELDS)
+SM_STANDBY_KEYS = tuple(SM_STANDBY_FIELDS)
 PARTITION_KEYS = tuple(PARTITION_FIELDS)
 PARTITION_REQUIRED = required(PARTITION_FIELDS)
 PARTITION_MEMBER_KEYS = tuple(PARTITION_MEMBER_FIELDS)
@@ -489,6 +504,15 @@ class FabricSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StandbySpec:
+    """``sm.standby``: a second SM that stands by (``ibemu.sm.election``)."""
+
+    host: str
+    priority: int = 0
+    impl: str = "ibemu"
+
+
+@dataclass(frozen=True, slots=True)
 class SMSpec:
     impl: str = "ibemu"
     engine: str = "minhop"
@@ -500,6 +524,20 @@ class SMSpec:
     """The M_Key the SM writes into every port and uses in every SMP (0: none)."""
     m_key_protect: int = 0
     m_key_lease_s: int = 0
+    priority: int = 0
+    """SMInfo priority of the master in the election (``ibemu.sm.election``)."""
+    standby: StandbySpec | None = None
+    poll_interval_ms: int = 1000
+    poll_retries: int = 3
+
+    def election(self) -> dict[str, Any]:
+        """The election settings as the fabric request carries them (``FabricRequest.sm_election``)."""
+        out: dict[str, Any] = {"priority": self.priority, "poll_interval_ms": self.poll_interval_ms,
+                               "poll_retries": self.poll_retries}
+        if self.standby is not None:
+            out["standby"] = {"host": self.standby.host, "priority": self.standby.priority,
+                              "impl": self.standby.impl}
+        return out
 
     def keys(self) -> dict[str, int]:
         """The SM's M_Key settings as the fabric request carries them (empty: no key)."""

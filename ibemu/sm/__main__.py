@@ -64,10 +64,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-local-failover", action="store_true",
                    help="with an _ar engine: write no alternates or fault-notice settings (switches "
                         "wait for the SM's reroute)")
+    p.add_argument("--priority", type=int, choices=range(16), default=0, metavar="0-15",
+                   help="SMInfo priority in the election (higher wins, then the lower port GUID)")
+    p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="a standby polls its master's SMInfo this often (OpenSM: sminfo_polling_timeout)")
+    p.add_argument("--poll-retries", type=int, default=3, metavar="N",
+                   help="failed polls in a row before a standby takes over (OpenSM: polling_retry_number)")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     if not 0 <= args.m_key_lease <= 0xFFFF:
         p.error(f"--m-key-lease {args.m_key_lease}: expected 0-65535 seconds")
+    if not 0 < args.poll_interval <= 3600:
+        p.error(f"--poll-interval {args.poll_interval}: expected 0 < seconds <= 3600")
+    if not 1 <= args.poll_retries <= 100:
+        p.error(f"--poll-retries {args.poll_retries}: expected 1-100")
     return args
 
 
@@ -131,7 +141,8 @@ async def amain(args: argparse.Namespace) -> int:
                    qos=SmQos.from_json(args.qos) if args.qos else None, m_key=args.m_key,
                    m_key_protect=args.m_key_protect, m_key_lease_s=args.m_key_lease,
                    partitions=SmPartitions.from_json(args.partitions) if args.partitions else None,
-                   local_failover=not args.no_local_failover)
+                   local_failover=not args.no_local_failover, priority=args.priority,
+                   poll_interval_s=args.poll_interval, poll_retries=args.poll_retries)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)

@@ -36,6 +36,16 @@ keyed before (by this SM or another with the same key) are left as they are. Tra
 M_Key: someone sent an SMP without the key) is repressed and logged (``mkey_violation``)
 and triggers no sweep: nothing in the subnet changed. The SM does not look keys up per port
 (OpenSM's guid2mkey): one key for the subnet.
+
+Election (``ibemu.sm.election``, the state machine; this class carries out its actions): each
+heavy sweep's discovery is followed by a SubnGet(SMInfo) to every other CA port with IsSM,
+and the sweep goes on only if this SM is master. A standby runs ``_standby``: it polls its
+master on the election's timer (trio's clock) and, when the master is lost, sweeps as a
+candidate master (``full_sweep("takeover")``: nothing it wrote before is trusted). SMInfo
+requests reach this SM as unsolicited MADs (its HCA port hands them over: IsSM) and are
+answered by ``_on_sm_info``; a Set's modifier (HANDOVER, ACKNOWLEDGE, ...) goes to the
+election. A master polled by another SM (or sent trap 144) looks at the subnet's SMs again
+(``_check_peers``, at most once per ``sweep_interval_s``) and hands over to a higher standby.
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from ibemu import clock
 from ibemu.events import LINK_CHANGE, EventLog, Kind
 from ibemu.sm import activate as act
 from ibemu.sm import dumps
+from ibemu.sm import election as el
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
@@ -82,7 +93,15 @@ RerouteFn = Callable[[SubnetGraph, Routes, list[tuple[int, int]]], Routes]
 CLASS_SUBN_LID = 0x01
 ATTR_NOTICE = 0x0002
 ATTR_SM_INFO = 0x0020
-SM_STATE_MASTER = 3
+CAP_IS_SM = 1 << 1  # PortInfo CapabilityMask.IsSM
+TRAP_SM_PRIORITY = 144  # "local changes" trap; OpenSM's standby sends it when it outranks the master
+PERMISSIVE_LID = 0xFFFF
+
+
+def _trio_ns() -> int:
+    """The election's timers run on trio's clock (the run's emulated clock in the SM process,
+    a mock clock in tests)."""
+    return int(trio.current_time() * 1e9)
 
 
 def default_route_fn(graph: SubnetGraph, engine: str) -> Routes:
@@ -133,6 +152,9 @@ class SmConfig:
     m_key_lease_s: int = 0  # M_KeyLeasePeriod written with it (seconds; 0: the lease never runs out)
     partitions: SmPartitions | None = None  # P_KeyTables and enforcement to program (ibemu.sm.partitions)
     local_failover: bool = True  # an _ar engine's alternates and fault-notice settings go to the switches
+    poll_interval_s: float = 1.0  # a standby polls its master's SMInfo this often (OpenSM: sminfo_polling_timeout)
+    poll_retries: int = 3  # failed polls in a row before a standby takes over (OpenSM: polling_retry_number)
+    sm_key: int = 1  # SMInfo SM_Key (OpenSM's default too: OpenSM ignores an SM whose key differs)
 
 
 class SubnetManager:
@@ -179,6 +201,19 @@ class SubnetManager:
         self._keys = act.MKeys(cfg.m_key, cfg.m_key_protect, cfg.m_key_lease_s) if cfg.m_key else None
         self._pkeys_written: dict[Any, bytes] = {}
         """What ``program_partitions`` wrote (per port and block), so that a pass writes only changes."""
+        self.election = el.Election(0, priority=cfg.priority, poll_interval_ns=int(cfg.poll_interval_s * 1e9),
+                                    poll_retries=cfg.poll_retries, sm_key=cfg.sm_key)
+        """This SM among the others (``ibemu.sm.election``); its GUID is our port's, set by discovery."""
+        self.sm_peers: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        """Other SMs' ports found by the last heavy sweep: port GUID -> (node GUID, port, directed route)."""
+        self._state_changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._lost_master = 0
+        self._peer_check_due = False
+        self._peer_check_next = 0.0
+        self._takeover_due = False
+        """The election made this SM a candidate master (master lost, a HANDOVER): its next
+        heavy sweep is a takeover (every table written again, whatever this SM wrote before)."""
 
     @property
     def graph(self) -> SubnetGraph:
@@ -191,6 +226,7 @@ class SubnetManager:
         """The transport and the outbox run; sweeps are the caller's (tests drive them)."""
         async with trio.open_nursery() as n:
             await n.start(self.transport.serve)
+            self._nursery = n
             n.start_soon(self._outbox)
             n.start_soon(self._snapshots)
             n.start_soon(self._dumps)
@@ -199,15 +235,26 @@ class SubnetManager:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Cold sweep, then traps and light sweeps until cancelled."""
-        self.events.emit(Kind.SM_START, engine=self.config.engine, max_in_flight=self.config.max_in_flight)
+        self.events.emit(Kind.SM_START, engine=self.config.engine, max_in_flight=self.config.max_in_flight,
+                         priority=self.config.priority)
         self.warm_up()
         async with self.running():
             task_status.started()
-            while not self.up.is_set():
-                await self.full_sweep("cold")
-                if not self.up.is_set():
-                    await trio.sleep(min(1.0, self.config.sweep_interval_s))
-            await self._after_up()
+            while True:
+                state = self.election.state
+                if state is el.SmState.MASTER and self.up.is_set() and not self._takeover_due:
+                    await self._after_up()
+                elif state is el.SmState.STANDBY:
+                    await self._standby()
+                elif state is el.SmState.NOT_ACTIVE:
+                    await self._state_changed.wait()
+                else:  # DISCOVERING, or master by a handover before a sweep of our own
+                    reason = "takeover" if self._takeover_due else "cold"
+                    self._takeover_due = False
+                    await self.full_sweep(reason)
+                    if self.election.state is el.SmState.DISCOVERING or (
+                            self.election.state is el.SmState.MASTER and not self.up.is_set()):
+                        await trio.sleep(min(1.0, self.config.sweep_interval_s))
 
     def warm_up(self) -> None:
         """Import the routing modules now: a first import costs ~8 ms of a reroute."""
@@ -220,11 +267,151 @@ class SubnetManager:
                     log.warning("cannot import %s: %s", name, exc)
 
     async def _after_up(self) -> None:
-        """The event loop after SUBNET UP: trap sweeps and periodic light sweeps."""
-        while True:
+        """The master's loop after SUBNET UP: trap sweeps and periodic light sweeps, until this
+        SM is no longer master (it handed the subnet over)."""
+        while self.election.state is el.SmState.MASTER:
             with trio.move_on_after(self.config.sweep_interval_s):
                 await self._wake.wait()
+            if self.election.state is not el.SmState.MASTER:
+                return
             await self.step()
+
+    # ------------------------------------------------------------------ election
+
+    def act_count(self) -> int:
+        """SMInfo ActCount: the SMPs this SM has sent (the heartbeat a standby watches)."""
+        return (self.transport.stats["sent"] + self.transport.stats["sent_unacked"]) & 0xFFFFFFFF
+
+    def _own_port_guid(self) -> int:
+        node = self.graph.nodes.get(self.graph.sm_guid)
+        port = node.ports.get(self.disc.sm_port) if node is not None else None
+        return port.guid if port is not None else self.graph.sm_guid
+
+    def _find_sm_ports(self) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+        """Every CA port but ours whose PortInfo CapabilityMask has IsSM."""
+        out: dict[int, tuple[int, int, tuple[int, ...]]] = {}
+        for node in self.graph.cas():
+            for num, port in node.ports.items():
+                pi = self.disc.port_info.get((node.guid, num))
+                if pi is None or (node.guid, num) == (self.graph.sm_guid, self.disc.sm_port):
+                    continue
+                if struct.unpack_from("!I", pi, 20)[0] & CAP_IS_SM:
+                    out[port.guid] = (node.guid, num, port.dr_path)
+        return out
+
+    async def _get_sm_info(self, guid: int, *, timeout_s: float | None = None,
+                           retries: int | None = None) -> el.SmInfo | None:
+        peer = self.sm_peers.get(guid)
+        if peer is None:
+            return None
+        r = await self.transport.request(mb.dr_smp(mb.GET, ATTR_SM_INFO, path=list(peer[2])),
+                                         timeout_s=timeout_s, retries=retries)
+        if r is None or not r.ok:
+            return None
+        try:
+            info = el.SmInfo.unpack(r.data)
+        except ValueError:
+            self.stats["sm_info_malformed"] += 1
+            return None
+        if self.config.sm_key and info.sm_key != self.config.sm_key:  # not of our subnet: ignored, as OpenSM does
+            self.stats["sm_key_mismatch"] += 1
+            log.warning("SM %#018x answers with SM_Key %#x, not ours: ignored", info.guid, info.sm_key)
+            return None
+        return info
+
+    async def _elect(self) -> bool:
+        """After discovery: read every other SM's SMInfo and run the election. True when this
+        SM is (still) master and goes on with the sweep."""
+        self.election.guid = self._own_port_guid()
+        self.sm_peers = self._find_sm_ports()
+        guids = sorted(self.sm_peers)
+        infos: list[el.SmInfo | None] = [None] * len(guids)
+
+        async def one(i: int, guid: int) -> None:
+            # the master we just gave up on gets one try: it is most likely dead
+            infos[i] = await self._get_sm_info(guid, retries=0 if guid == self._lost_master else None)
+            info = infos[i]
+            fields: dict[str, Any] = {} if info is None else {
+                "priority": info.priority, "state": info.state.name.lower(), "act_count": info.act_count}
+            self.events.emit(Kind.SM_FOUND, guid=f"{guid:#018x}", answered=info is not None, **fields)
+
+        async with trio.open_nursery() as n:
+            for i, guid in enumerate(guids):
+                n.start_soon(one, i, guid)
+        await self._act(self.election.discovered(infos, _trio_ns()))
+        return self.election.state is el.SmState.MASTER
+
+    def _note_peer(self) -> None:
+        """Another SM showed itself to this master: look at the SMs of the subnet in the next
+        step, at most once per ``sweep_interval_s``."""
+        if not self._peer_check_due and trio.current_time() >= self._peer_check_next:
+            self._peer_check_due = True
+            self._wake.set()
+
+    async def _check_peers(self) -> None:
+        """A master's look at the other SMs between heavy sweeps: the CA ports' PortInfo again
+        (IsSM), the SMInfo of those that have it, and the election (a higher standby gets the
+        subnet: HANDOVER)."""
+        self._peer_check_due = False
+        self._peer_check_next = trio.current_time() + self.config.sweep_interval_s
+        own = (self.graph.sm_guid, self.disc.sm_port)
+        await self.disc.read_ends([(n.guid, num) for n in self.graph.cas() for num in n.ports
+                                   if (n.guid, num) != own])
+        self.stats["peer_checks"] += 1
+        await self._elect()
+
+    async def _act(self, actions: list[el.Action]) -> None:
+        """Carry out what the election asked for."""
+        for a in actions:
+            if isinstance(a, el.StateChange):
+                log.warning("SM %s -> %s (%s)", a.old.name, a.new.name, a.reason)
+                self.events.emit(Kind.SM_STATE, old=a.old.name.lower(), new=a.new.name.lower(), reason=a.reason,
+                                 master=f"{a.master:#018x}" if a.master else None)
+                self._state_changed.set()
+                self._state_changed = trio.Event()
+                self._wake.set()  # a master's loop looks at its state again
+            elif isinstance(a, el.MasterLost):  # the election's stamps are trio's: moved onto the log's clock
+                t_first = self.events.now() - (_trio_ns() - a.first_failed_ns)
+                self.events.emit(Kind.SM_MASTER_LOST, master=f"{a.guid:#018x}", failed=a.failed,
+                                 t_first_failed=t_first)
+                self._lost_master = a.guid
+            elif isinstance(a, el.Takeover):
+                self._takeover_due = True
+            elif isinstance(a, el.SendSet):
+                peer = self.sm_peers.get(a.guid)
+                r = None
+                if peer is not None:
+                    data = self.election.on_get(self.act_count()).pack()
+                    r = await self.transport.request(mb.dr_smp(mb.SET, ATTR_SM_INFO, path=list(peer[2]),
+                                                               modifier=int(a.modifier), data=data))
+                self.events.emit(Kind.SM_HANDOVER, to=f"{a.guid:#018x}", modifier=a.modifier.name.lower(),
+                                 answered=r is not None and r.ok)
+                if a.modifier is el.SmInfoMod.HANDOVER and (r is None or not r.ok):
+                    self.election.handover_failed()
+
+    async def _standby(self) -> None:
+        """A standby's loop: poll the master's SMInfo on the election's timer until the
+        state changes (master lost: a takeover sweep follows; a HANDOVER: master)."""
+        e = self.election
+        while e.state is el.SmState.STANDBY:
+            for a in e.poll_due(_trio_ns()):
+                if not isinstance(a, el.Poll):
+                    continue
+                timeout = min(self.config.timeout_s, self.config.poll_interval_s)
+                info = await self._get_sm_info(a.guid, timeout_s=timeout, retries=0)
+                before = e.failed
+                acts = e.poll_result(info, _trio_ns())
+                if e.failed > before or any(isinstance(x, el.MasterLost) for x in acts):
+                    why = ("unanswered" if info is None else f"state {info.state.name.lower()}"
+                           if info.state is not el.SmState.MASTER else "act_count still")
+                    self.events.emit(Kind.SM_POLL_FAILED, master=f"{a.guid:#018x}", failed=e.failed or before + 1,
+                                     why=why)
+                await self._act(acts)
+            if e.state is not el.SmState.STANDBY:
+                return
+            delay = max(0, e.next_poll_ns - _trio_ns()) / 1e9
+            with trio.move_on_after(delay):
+                await self._state_changed.wait()
 
     async def step(self) -> None:
         """One pass: handle pending traps (and suspects), else a light sweep."""
@@ -239,6 +426,8 @@ class SubnetManager:
             await self.light_sweep()
         if self._groups_due and not self._wake.is_set():  # skipped while traps waited
             await self._program_groups()
+        if self._peer_check_due and self.election.state is el.SmState.MASTER:
+            await self._check_peers()
 
     # ------------------------------------------------------------------ unsolicited
 
@@ -247,7 +436,7 @@ class SubnetManager:
         attr = struct.unpack_from("!H", mad, 16)[0]
         if req.mgmt_class == CLASS_SUBN_LID and req.method == mb.TRAP and attr == ATTR_NOTICE:
             self._on_trap(req)
-        elif req.mgmt_class in (0x01, 0x81) and req.method == mb.GET and attr == ATTR_SM_INFO:
+        elif req.mgmt_class in (0x01, 0x81) and req.method in (mb.GET, mb.SET) and attr == ATTR_SM_INFO:
             self._on_sm_info(req)
         else:
             self.stats["unsolicited_ignored"] += 1
@@ -273,6 +462,9 @@ class SubnetManager:
                              dr_slid=d["dr_slid"], method=d["method"], attr=d["attr_id"],
                              modifier=d["attr_mod"], m_key=f"{d['m_key']:#x}")
             return
+        if trap_number == TRAP_SM_PRIORITY:  # a standby says it outranks us (OpenSM's trap 144)
+            self._note_peer()
+            return
         if trap_number == TRAP_BAD_P_KEY:  # a packet outside its partition: no subnet change
             d257 = decode_trap257(data)
             self.stats["pkey_violations"] += 1
@@ -290,17 +482,35 @@ class SubnetManager:
         self._wake.set()
 
     def _on_sm_info(self, req: SimRequest) -> None:
-        """Another SM polls us: answer a LID-routed SMInfo Get as the master."""
+        """Another SM's SubnGet/SubnSet(SMInfo), handed to us by our HCA port (IsSM): a Set's
+        AttributeModifier goes to the election (HANDOVER, ACKNOWLEDGE, ...); both are answered
+        with our SMInfo, directed route back along the request's path or LID-routed."""
         self.stats["sm_info"] += 1
-        if req.mgmt_class != CLASS_SUBN_LID or not req.slid or req.slid == 0xFFFF:
-            self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=False)
+        dr = req.mgmt_class == 0x81
+        method = req.method
+        modifier = struct.unpack_from("!I", req.mad, 20)[0]
+        if not dr and (not req.slid or req.slid == 0xFFFF):
+            self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=False, method=method, dr=dr)
             return
+        if method == mb.GET and self.election.state is el.SmState.MASTER:
+            self._note_peer()  # an SM polls us: it may outrank us (then we hand the subnet over)
+        if method == mb.SET:
+            try:
+                sender = el.SmInfo.unpack(mb.smp_data(req.mad)).guid
+            except ValueError:
+                sender = 0
+            acts = self.election.on_set(modifier, sender, _trio_ns())
+            if acts and self._nursery is not None:
+                self._nursery.start_soon(self._act, acts)
         resp = bytearray(req.mad)
         resp[3] = mb.GET_RESP
-        struct.pack_into("!QQIB", resp, 64, self.graph.sm_guid, 0, self.sweeps,
-                         (self.config.priority << 4) | SM_STATE_MASTER)
-        self._queue_out(bytes(resp), req.slid)
-        self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=True)
+        if dr:
+            resp[4] |= 0x80  # direction: returning, along the request's return path
+        info = self.election.on_get(self.act_count())
+        resp[64:64 + el.SM_INFO_LEN] = info.pack()
+        self._queue_out(bytes(resp), PERMISSIVE_LID if dr else req.slid)
+        self.events.emit(Kind.SM_INFO, from_lid=req.slid, answered=True, method=method, modifier=modifier,
+                         state=info.state.name.lower(), dr=dr)
 
     def _queue_out(self, mad: bytes, dlid: int) -> None:
         try:
@@ -335,6 +545,11 @@ class SubnetManager:
         known = set(self.graph.nodes)
         self.prog.suspects.clear()
         self._check.clear()
+        if reason == "takeover":  # another SM wrote the tables since: nothing we wrote is known
+            for guid in known:
+                self.prog.forget(guid)
+            self._pkeys_written.clear()
+            self.routes = None
         await self.disc.discover()
         g = self.graph
         for guid in set(g.nodes) - known:
@@ -345,6 +560,9 @@ class SubnetManager:
         if g.sm_guid not in g.nodes:
             self.events.emit(Kind.ERROR, what="the SM's own port did not answer")
             self._end(reason, t0, before, ok=False)
+            return False
+        if not await self._elect():  # another SM is (or is to be) master: we stand by
+            self._end(reason, t0, before, ok=False, state=self.election.state.name.lower())
             return False
         self.recompute_paths()
         new = self.lids.assign(g)
@@ -364,9 +582,9 @@ class SubnetManager:
             self.stats.update({f"qos_{k}": v for k, v in counts.items()})
         n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
         self.events.emit(Kind.PORTS_ACTIVE, sets=n, ports=len(act.link_ends(self.disc)))
-        if ok and reason == "cold" and not self.up.is_set():
+        if ok and reason in ("cold", "takeover") and not self.up.is_set():
             self.events.emit(Kind.SUBNET_UP, seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
-                             ports=len(act.link_ends(self.disc)))
+                             ports=len(act.link_ends(self.disc)), reason=reason)
             self.up.set()
         self._end(reason, t0, before, ok=ok)
         if ok:

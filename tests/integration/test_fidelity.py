@@ -92,7 +92,7 @@ traffic:
   - {{name: bulk, kind: write_bw, from: h0, to: h5, size: 64KiB, qps: 2, rate_pps: {bulk}}}
   - {{name: probe, kind: stream, from: h1, to: h5, size: 256, rate_pps: {probe}}}
 faults:
-  - {{at_s: 1, action: link_down, link: "leaf0:5"}}
+  - {{at_s: {cut}, action: link_down, link: "leaf0:5"}}
 duration_s: {duration}
 """
 """The default scenario's shape (a paced bulk RDMA WRITE flow and an RC probe stream across
@@ -153,10 +153,10 @@ def test_a_default_like_run_is_judged_at_dilation_1_and_valid_at_4(tmp_path: Pat
     """A load this machine carries (the bulk flow paced and a 2 kpps probe, as in
     ``scenarios/default.yaml``). At dilation 1 every process is measured and the verdict names
     what fell behind, if anything did: on this 2-core machine, quiet, the 16 s default
-    scenario was valid in 3 runs of 3, but this 3 s one is at the edge (p99 lags 0.6-2.9 ms,
+    scenario was valid in 3 runs of 3, but this 2 s one is at the edge (p99 lags 0.6-2.9 ms,
     the five processes' bursts meeting on two cores), so it is not asserted valid there. At
     N = 4 the same run is valid."""
-    text = DEFAULT_LIKE.format(bulk=100, probe=2000, duration=3)
+    text = DEFAULT_LIKE.format(bulk=100, probe=2000, duration=2, cut=1)
     result, _, foreign = _run_cli(tmp_path, "light1", text)
     fid = result["fidelity"]
     assert fid["dilation"] == 1
@@ -178,7 +178,7 @@ def test_an_overloaded_run_is_invalid_at_dilation_1_and_valid_at_the_factor_auto
     """The same scenario with a probe stream no Python endpoint here carries undilated: at
     dilation 1 its traffic worker falls behind and the run is INVALID; ``--dilation auto``
     (a fresh calibration of this machine) picks N > 1, and at N the same run is valid."""
-    text = DEFAULT_LIKE.format(bulk=100, probe=30000, duration=2)
+    text = DEFAULT_LIKE.format(bulk=100, probe=30000, duration=1.2, cut=0.6)
     result, _, _ = _run_cli(tmp_path, "over1", text, "--dilation", "1")
     fid = result["fidelity"]
     assert fid["dilation"] == 1 and fid["valid"] is False, fid["note"]

@@ -24,9 +24,10 @@ def run(state: Path, *args: str, timeout: float = 120) -> subprocess.CompletedPr
                           check=False)
 
 
-@pytest.fixture
-def fabric(tmp_path: Path):  # type: ignore[no-untyped-def]
-    state = tmp_path / "state"
+@pytest.fixture(scope="module")
+def fabric(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One fabric for the module's tests: each runs its own processes on it, one after another."""
+    state = tmp_path_factory.mktemp("perf") / "state"
     up = run(state, "up", "--topo", "fat-tree,k=4", "--sm", "ibemu")
     try:
         assert up.returncode == 0, up.stderr

@@ -83,3 +83,15 @@ def test_a_log_on_the_dilated_clock_moves_by_the_recorded_offset_alone(tmp_path:
     assert opensm_log.log_clock(tmp_path) == {"clock": "libfaketime", "realtime_offset_ns": 123}
     (up, *_) = (e for e in opensm_log.parse_workdir(tmp_path) if e["kind"] == "subnet_up")
     assert up["t_ns"] == int(_at((2026, 12, 3, 7, 55, 28))) * 10**9 + 796_201_000 - 123
+
+
+def test_state_changes_of_a_standby_that_takes_over() -> None:
+    lines = ["Dec 04 18:04:32 871547 [F7] 0x80 -> Entering DISCOVERING state",
+             "Dec 04 18:04:32 970905 [F4] 0x80 -> Entering STANDBY state",
+             "Dec 04 18:04:38 231662 [F4] 0x80 -> Entering MASTER state",
+             "Dec 04 18:04:38 347960 [F4] 0x02 -> SUBNET UP"]
+    now = time.mktime((2026, 12, 4, 18, 5, 0, 0, 0, -1))
+    events = opensm_log.parse(lines, offset_ns=0, now=now)
+    assert [(e["kind"], e.get("new")) for e in events] == [
+        ("sm_state", "discovering"), ("sm_state", "standby"), ("sm_state", "master"), ("subnet_up", None)]
+    assert events[3]["t_ns"] - events[2]["t_ns"] == 116_298_000

@@ -241,7 +241,7 @@ CASES: list[tuple[str, str, str]] = [
         "fault-action",
         FT + "faults:\n  - at_s: 1\n    action: unplug\n",
         "x.yaml:6 faults[0].action: expected one of link_down, link_up, switch_down, switch_up, port_flap, "
-        "smp_loss, corrupt, got 'unplug'",
+        "smp_loss, corrupt, sm_down, sm_up, got 'unplug'",
     ),
     (
         "fault-after-end",

@@ -80,7 +80,7 @@ def test_switch_port_info_per_port(sw: SwitchAgent) -> None:
     p5 = ask(sw, 0x15, mod=5, ingress=4)[PortInfo]
     assert (p5.local_port_num, p5.port_state, p5.port_phys_state) == (4, 2, 5)
     assert p5.link_width_active == 2 and p5.link_speed_ext_active == 2  # 4x EDR
-    assert p5.neighbor_mtu == 5 and p5.mtu_cap == 5 and p5.operational_vls == 1 and p5.lid == 0
+    assert p5.neighbor_mtu == 5 and p5.mtu_cap == 5 and p5.operational_vls == 4 and p5.lid == 0
     p9 = ask(sw, 0x15, mod=9)[PortInfo]
     assert (p9.port_state, p9.port_phys_state, p9.link_width_active) == (1, 2, 0)
     p0 = ask(sw, 0x15, mod=0)[PortInfo]

@@ -64,7 +64,7 @@ def test_ca_sl2vl_is_the_ingress_port() -> None:
 def test_vl_arbitration_blocks_caps_and_the_model_view(sw: SwitchAgent) -> None:
     pi = ask(sw, 0x15, mod=5)[PortInfo]
     assert (pi.vl_arbitration_high_cap, pi.vl_arbitration_low_cap) == (VL_ARB_HIGH_CAP, VL_ARB_LOW_CAP)
-    assert sw.vl_arbitration(5) == VlArb.default(1)  # never set: the model's round robin
+    assert sw.vl_arbitration(5) == VlArb.default(8)  # never set: round robin over OperationalVLs (VLCap)
     low = [(0, 32), (1, 0), (2, 16)] + [(3, 9)] * 7  # ten entries: two beyond the cap of 8
     assert ask(sw, 0x18, method=mb.SET, mod=(1 << 16) | 5, data=vl_arb_block(low)).status == 0
     assert ask(sw, 0x18, method=mb.SET, mod=(3 << 16) | 5, data=vl_arb_block([(1, 64)])).status == 0
@@ -93,4 +93,4 @@ def test_ca_vl_arbitration_is_the_ingress_port() -> None:
     ca = CaAgent(node_guid=GUID, num_ports=2, link_up=[True, True])
     assert ask(ca, 0x18, method=mb.SET, mod=(1 << 16) | 7, data=vl_arb_block([(0, 8)]), ingress=1).status == 0
     assert ca.vl_arbitration(1).low == ((0, 8),)
-    assert ca.vl_arbitration(2) == VlArb.default(1)
+    assert ca.vl_arbitration(2) == VlArb.default(8)

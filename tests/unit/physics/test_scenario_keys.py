@@ -3,6 +3,8 @@ warnings; rates on the kernel datapath said in one line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ibemu.physics.link import NS_PER_METRE
@@ -121,11 +123,19 @@ def test_switch_spec_resolves_to_a_model() -> None:
     assert (m.name, m.latency_ns) == ("eth", 700)
 
 
-def test_qos_with_opensm_is_refused_and_reaches_ibemus_sm() -> None:
-    text = SS + "fabric:\n  qos: {vls: 2}\nsm:\n  impl: opensm\n"
-    assert _problems(text)[0].startswith("x.yaml:5 fabric.qos: ibemu's SM programs fabric.qos; OpenSM's QoS")
+def test_qos_reaches_ibemus_sm_and_opensms_options(tmp_path: Path) -> None:
+    from ibemu.fabric import opensm
     from ibemu.scenario.runner import fabric_request
     from ibemu.sm.qos import SmQos
+
+    text = SS + ("fabric:\n  qos: {vls: 4, sl2vl: {1: 1, 2: 3}, vlarb_low: [[0, 16], [1, 8], [3, 4]],"
+                 " vl_high_limit: 2}\nsm:\n  impl: opensm\n")
+    oq = SmQos.from_json(fabric_request(loads_scenario(text, "x.yaml")).sm_qos)
+    conf = Path(opensm.write_config(tmp_path, None, None, qos=oq)).read_text().splitlines()
+    assert conf == ["qos TRUE", "max_op_vls 3", "qos_high_limit 2", "qos_vlarb_high 0:0",
+                    "qos_vlarb_low 0:16,1:8,3:4", "qos_sl2vl 0,1,3,3,0,1,2,3,0,1,2,3,0,1,2,3"]
+    # neither table given: every operated VL once in the low table, as ibemu's SM writes it
+    assert "qos_vlarb_low 0:1,1:1\n" in opensm.qos_options(SmQos(vls=2))
 
     s = loads_scenario(SS + "fabric:\n  qos: {vls: 2, vlarb_low: [[0, 4], [1, 2]]}\n", "x.yaml")
     req = fabric_request(s)
@@ -138,7 +148,6 @@ def test_ibemu_up_carries_qos_and_says_the_rate_line(tmp_path, capsys) -> None: 
     import argparse
 
     from ibemu.cli.fabric_cmd import request_from_args
-    from ibemu.errors import ConfigError
 
     path = tmp_path / "q.yaml"
     path.write_text(SS + "defaults:\n  rate: NDR\nfabric:\n  qos: {vls: 2}\n")
@@ -152,5 +161,4 @@ def test_ibemu_up_carries_qos_and_says_the_rate_line(tmp_path, capsys) -> None: 
     request_from_args(args)
     assert "rates apply" not in capsys.readouterr().err
     args.sm = "opensm"
-    with pytest.raises(ConfigError, match=r"fabric\.qos is programmed by ibemu's SM"):
-        request_from_args(args)
+    assert '"vls": 2' in request_from_args(args).sm_qos  # OpenSM gets it as its own options

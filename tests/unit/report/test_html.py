@@ -188,3 +188,14 @@ def test_cli_bad_input_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert err.startswith(f"ibemu: error: {src}") and message in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.json"]
+
+
+def test_credit_loops_get_a_figure() -> None:
+    d = synthetic()
+    assert "Credit loops" not in render(d)
+    d["credit_loops"] = [{"t_s": 0.13, "hops": [{"switch": f"sw{i}", "port": 3, "vl": 0} for i in range(5)],
+                          "stalled_us": 59245.0}]
+    page = render(d)
+    assert "<h2>Credit loops (deadlocks)</h2>" in page
+    assert "sw0:3/VL0 -&gt; sw1:3/VL0 -&gt; sw2:3/VL0 -&gt; sw3:3/VL0 -&gt; sw4:3/VL0 -&gt; (back)" in page
+    assert "59,245" in page

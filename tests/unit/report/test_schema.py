@@ -297,3 +297,26 @@ def test_an_ibemu_run_2_result_still_reads_and_keeps_its_key_names() -> None:
     no_fidelity = dict(old)
     del no_fidelity["fidelity"]
     assert validate(no_fidelity) == ["fidelity: missing"]
+
+
+def test_credit_loops_optional_round_trip_and_summary() -> None:
+    from ibemu.report import summary
+    from ibemu.scenario.runner import credit_loops
+
+    events = [{"kind": "credit_loop", "t_ns": 3_500_000_000, "stalled_us": 9318,
+               "hops": [{"switch": f"sw{i}", "port": 3, "vl": 0} for i in range(5)]},
+              {"kind": "fault", "t_ns": 1}]
+    d = result()
+    assert "credit_loops" not in RunResult.from_dict(d).to_dict()  # absent: not watched
+    d["credit_loops"] = credit_loops(events, 1_000_000_000)
+    assert validate(d) == []
+    r = RunResult.from_dict(d)
+    assert r.credit_loops is not None and r.credit_loops[0].hops[4] == ("sw4", 3, 0)
+    assert r.to_dict()["credit_loops"] == d["credit_loops"] and d["credit_loops"][0]["t_s"] == 2.5
+    text = summary(r)
+    assert "Credit loops (deadlocks): 1" in text
+    assert "at 2.500 s, 5 ports stuck 9,318 us: sw0:3/VL0 -> sw1:3/VL0" in text
+    d["credit_loops"] = []
+    assert validate(d) == [] and "Credit loops" not in summary(RunResult.from_dict(d))
+    d["credit_loops"] = [{"t_s": 1.0, "hops": [{"switch": "sw0", "port": -1, "vl": 0}], "stalled_us": 1}]
+    assert validate(d) == ["credit_loops[0].hops[0].port: must be >= 0, got -1"]

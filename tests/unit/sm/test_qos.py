@@ -57,7 +57,7 @@ def test_without_qos_nothing_is_written() -> None:
 
     run(main)
     assert "qos_sl2vl" not in sm.stats
-    assert fab.agents["sw0"].data_vls(1) == 1
+    assert fab.agents["sw0"].data_vls(1) == 8  # OperationalVLs as the port started: VLCap
 
 
 def test_smqos_checks() -> None:
