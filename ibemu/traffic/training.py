@@ -416,7 +416,8 @@ def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
     Measured (emulated time, the scaled step): ``step_s``, ``fabric_s``, ``fabric_busbw_gbs``
     (each rail's ring: 2(s-1)/s of its bytes over the time, against one rail's ``rail_gbs``),
     ``comm_share`` (exposed communication over the step), ``efficiency`` (compute over the
-    step). Projected to full size: the model's compute and NVLink time with the measured fabric
+    step), and every step's time in order (``step_us``: a fault's stall and the slower steps after
+    it). Projected to full size: the model's compute and NVLink time with the measured fabric
     time times ``scale``, and the time to train from that step. The projection takes the fabric
     part as bandwidth-bound: it holds where ``fabric_busbw_gbs`` is close to ``rail_gbs``, and
     overstates the fabric's time where per-step latency dominated the scaled ring.
@@ -447,6 +448,7 @@ def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
         "efficiency": round(min(1.0, compute / step), 4),
         "projected_step_s": round(full, 6), "projected_efficiency": round(m.compute_s / full, 4),
         "projected_time_to_train_days": round(plan.job.total_tokens / plan.job.tokens * full / 86400, 3),
+        "step_us": [round(x.step_s * 1e6, 3) for x in steps],
     })
     return out
 

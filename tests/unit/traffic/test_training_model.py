@@ -104,6 +104,7 @@ def test_plan_scales_compute_and_bytes() -> None:
     assert JobPlan.from_json(plan.to_json()) == plan
     f = measured_figures(plan, [StepMeasure(plan.scaled_step_s * 2, comm.fabric_s * 3)] * 2)
     assert f["steps"] == 2
+    assert f["step_us"] == [pytest.approx(plan.scaled_step_s * 2e6, abs=1e-3)] * 2
     assert f["fabric_busbw_gbs"] == pytest.approx(plan.rail_bytes / (comm.fabric_s * 3) / 1e9, rel=1e-3)
     assert f["efficiency"] == pytest.approx(t_c / 1e5 / (2 * plan.scaled_step_s), rel=1e-3)
     full = step_time(t_c, plan.model.comm.nvlink_s + comm.fabric_s * 3 * 1e5, 0.5)
