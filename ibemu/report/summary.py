@@ -249,6 +249,41 @@ def _traffic(traffic: list[TrafficResult], mark: list[str] | None = None) -> lis
     return lines
 
 
+def _training(traffic: list[TrafficResult], mark: list[str] | None = None) -> list[str]:
+    """Training jobs (``kind: training``): the measured step of the 1/scale model beside the
+    model's, and the full-size projections (``ibemu.traffic.training.measured_figures``)."""
+    jobs = [t for t in traffic if t.kind == "training" and "model_step_s" in t.extra]
+    if not jobs:
+        return []
+    rows = []
+    for t in jobs:
+        x = t.extra
+        measured = "step_s" in x
+
+        def us(key: str, x: Mapping[str, Any] = x) -> str:
+            return f"{x[key] * 1e6:,.1f}" if key in x else "-"
+
+        def pct(key: str, x: Mapping[str, Any] = x) -> str:
+            return f"{x[key] * 100:.1f}%" if key in x else "-"
+
+        rows.append([
+            t.name, f"{x['gpus']} {x['gpu']}", str(x["model"]), f"{x['algorithm']} o={x['overlap']:g}",
+            f"{x['scale']:g}", str(x.get("steps", 0)), us("step_s"), us("model_scaled_step_s"), us("fabric_s"),
+            f"{x['fabric_busbw_gbs']:.2f}/{x['rail_gbs']:g}" if measured else "-", pct("comm_share"),
+            pct("efficiency"), f"{x['projected_step_s']:.2f}" if measured else "-",
+            f"{x['model_step_s']:.2f}",
+            f"{x['projected_time_to_train_days']:,.1f}" if measured else "-",
+            f"{x['model_time_to_train_days']:,.1f}",
+        ])
+    headers = ["job", "GPUs", "model", "allreduce", "scale", "steps", "step us", "model us", "fabric us",
+               "busbw/rail GB/s", "comm", "effic.", "proj. step s", "model step s", "proj. days", "model days"]
+    return ["", f"Training jobs ({len(jobs)})", *(mark or []),
+            "  measured: the 1/scale step in emulated time (compute and gradient bytes / scale); proj.: full size,",
+            "  the model's compute and NVLink with the measured fabric time x scale (bandwidth-bound assumption)",
+            table(headers, rows, [False, False, False, False, True, True, True, True, True, True, True, True, True,
+                                  True, True, True])]
+
+
 def _capture_line(c: CaptureFile) -> str:
     """``out/capture-leaf0-1.pcap  12,345 frames, 4.2 MB`` and what rotated or was lost."""
     size = f"{c.bytes / 1e6:,.1f} MB" if c.bytes >= 100_000 else f"{c.bytes / 1e3:,.1f} kB"
@@ -288,7 +323,7 @@ def summary(result: RunResult | Mapping[str, Any]) -> str:
     r = as_result(result)
     mark = _mark(r)
     lines = (_header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark)
-             + _credit_loops(r) + _files(r))
+             + _training(r.traffic, mark) + _credit_loops(r) + _files(r))
     return "\n".join(lines) + "\n"
 
 

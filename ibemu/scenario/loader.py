@@ -20,6 +20,7 @@ from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec
 from ibemu.physics.link import SWITCH_MODELS, propagation_ns
 from ibemu.physics.qos import VlArb
+from ibemu.scenario import gpus
 from ibemu.scenario.schema import (
     AR_FIELDS,
     DEFAULT_DURATION_S,
@@ -102,6 +103,7 @@ from ibemu.topo.model import Endpoint, Link, LinkDefaults, NodeKind, Topology
 from ibemu.topo.names import name_problem
 from ibemu.topo.rates import check_mtu, parse_rate
 from ibemu.traffic.flows import TRAFFIC_KINDS
+from ibemu.traffic.training import GpuPool
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,8 @@ class _Loader(Reader):
         self.warnings: list[tuple[int, str]] = []
         self.rate_nodes: list[tuple[yaml.Node, str]] = []  # where the scenario states a rate
         self.stated: dict[str, set[str]] = {}  # explicit link origin -> the keys it states
+        self.gpu_pool: GpuPool | None = None  # gpus: the GPU servers (training jobs)
+        self.gpu_taken: set[int] = set()  # servers the jobs so far run on
 
     def warn(self, node: yaml.Node | int, path: str, message: str) -> None:
         line = node if isinstance(node, int) else line_of(node)
@@ -195,6 +199,7 @@ class _Loader(Reader):
                        f"needs ibemu's SM with an adaptive engine (sm.engine: ftree_ar or updn_ar), "
                        f"which writes the groups, not {why}")
         partitions = self.partitions(opt("partitions"), topo, fabric, sm)
+        self.gpu_pool = gpus.read_gpus(self, opt("gpus"), topo, fabric)
         traffic = self.traffic(opt("traffic"), topo, duration)
         self.physics_checks(fabric, topo, traffic, opt("fabric"))
         faults = self.faults(opt("faults"), topo, duration)
@@ -217,6 +222,7 @@ class _Loader(Reader):
             duration_s=duration,
             record=record,
             time=time_spec,
+            gpus=self.gpu_pool,
             warnings=tuple(msg for _, msg in sorted(self.warnings, key=lambda w: w[0])),
         )
 
@@ -1162,8 +1168,13 @@ class _Loader(Reader):
                 hosts = group
         if not ok:
             return None
+        job = None
+        if kind == "training":
+            job, hosts = gpus.read_job(self, m, item, path, hosts, self.gpu_pool, self.gpu_taken)
+            if job is None:
+                return None
         return TrafficSpec(
-            name=name, kind=kind, hosts=hosts, src=src, dst=dst, size=size, qps=qps,
+            name=name, kind=kind, hosts=hosts, training=job, src=src, dst=dst, size=size, qps=qps,
             start_s=start, stop_s=stop, sl=sl, bidirectional=bidir, seed=seed,
             rate_pps=rate_pps, transport=transport, where=f"{self.source}:{line_of(item)} {path}",
         )  # fmt: skip

@@ -130,6 +130,7 @@ def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
             "size": t.size, "qps": t.qps, "start_s": t.start_s, "stop_s": min(t.stop_s, duration_s),
             "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl,
             "transport": t.transport, "datapath": scen.fabric.datapath,
+            **({"training": t.training.to_json(), "mtu": scen.defaults.mtu or 4096} if t.training else {}),
             **({"reorder_window": RC_REORDER_WINDOW} if ar else {})}
 
 

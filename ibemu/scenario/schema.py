@@ -20,6 +20,8 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     traffic                    [{name, kind, from, to | hosts, size, qps, start_s, stop_s, ...}]
     faults                     [{at_s, action, link | switch, period_s, count, percent, duration_s}]
     duration_s                 run length in seconds
+    gpus                       {model, per_server, nvlink, rails, tflops, nvlink_gbs, nvlink_us,
+                                net_latency_us}: the CAs as GPU servers (training jobs)
     time                       {dilation: N | auto, lag_threshold_us: T}: run on a clock N times slower
                                 than real time (N >= 1, default 1; ``auto``: chosen from the offered
                                 load and this machine's calibration, ``ibemu.scenario.autodilation``); the run
@@ -53,6 +55,15 @@ from ibemu.topo.model import Link, LinkDefaults, NodeKind, Topology
 from ibemu.topo.names import MAX_PORT
 from ibemu.topo.rates import LinkRate
 from ibemu.traffic.flows import TRAFFIC_KINDS
+from ibemu.traffic.training import (
+    EMULATED_ALGORITHMS,
+    GPUS,
+    MODELS,
+    NVLINKS,
+    PLACEMENTS,
+    GpuPool,
+    JobPlan,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +301,15 @@ TRAFFIC_FIELDS: dict[str, Field] = {
     "rate_pps": _int("messages per second (a stream: 10,000 by default)", 1, 10_000_000),
     "transport": _choice("rc (losses retransmitted) or ud (losses stay lost)", ("rc", "ud")),
     "seed": _int("random seed", 0, 2**32 - 1),
+    "model": _choice("training: the model (ibemu.traffic.training.MODELS)", MODELS),
+    "tokens_per_step": _num("training: tokens per step over all GPUs (default: the model's)", 0, 1e15,
+                            lo_open=True),
+    "mfu": _num("training: model FLOPs utilization (default 0.4)", 0, 1, lo_open=True),
+    "algorithm": _choice("training: the gradient allreduce (tree: model only)", EMULATED_ALGORITHMS),
+    "overlap": _num("training: share of the backward pass the allreduce overlaps (0..1, default 0)", 0, 1),
+    "scale": _num("training: each step's gradient bytes and compute time divided by this", 1, 1e15),
+    "train_tokens": _num("training: tokens to train on (default: the model's)", 0, 1e18, lo_open=True),
+    "servers": _int("training: servers the pool places the job on (instead of hosts)", 1, 1 << 16),
 }
 """Every key of a traffic entry but the hosts it names (``TRAFFIC_HOSTS``); which a kind takes:
 ``TRAFFIC_COMMON`` and its ``keys`` in ``ibemu.traffic.flows.TRAFFIC_KINDS``."""
@@ -343,6 +363,22 @@ PARTITION_FIELDS: dict[str, Field] = {
                        "(OpenSM's part_enforce)", PARTITION_ENFORCE),
 }
 
+MAX_GPUS_PER_SERVER = 64
+GPUS_FIELDS: dict[str, Field] = {
+    "model": _choice("the GPU (ibemu.traffic.training.GPUS)", GPUS),
+    "per_server": _int("GPUs per server (default 8)", 1, MAX_GPUS_PER_SERVER),
+    "nvlink": _choice("NVLink generation (default: the GPU's)", NVLINKS),
+    "rails": _int("HCA ports per server, each a CA of the topology (divides per_server; default 1)", 1,
+                  MAX_GPUS_PER_SERVER),
+    "tflops": _num("overrides the GPU's dense BF16 TFLOP/s", 0, 1e6, lo_open=True),
+    "nvlink_gbs": _num("overrides NVLink's GB/s per GPU and direction", 0, 1e5, lo_open=True),
+    "nvlink_us": _num("NVLink latency per ring step (us)", 0, 1e6),
+    "net_latency_us": _num("network latency per ring step in the model (us)", 0, 1e6),
+    "placement": _choice("where jobs asking for a number of servers go (default topology)", PLACEMENTS),
+}
+"""``gpus``: every CA of the topology is a GPU server's HCA port, ``rails`` consecutive CAs a
+server (``ibemu.traffic.training.GpuPool``); the training traffic kind runs jobs on them."""
+
 TOP_FIELDS: dict[str, Field] = {
     "name": Field("string", "the scenario's name (default: the file name)"),
     "description": Field("string", "free text"),
@@ -356,6 +392,7 @@ TOP_FIELDS: dict[str, Field] = {
     "duration_s": _num("run length (s)", 0, MAX_DURATION_S, lo_open=True),
     "record": _obj("what to record", RECORD_FIELDS),
     "time": _obj("the run's clock: dilation and the lag threshold", TIME_FIELDS),
+    "gpus": _obj("GPU servers: the topology's CAs, rails at a time (training jobs)", GPUS_FIELDS),
 }
 TOP_REQUIRED = required(TOP_FIELDS)
 
@@ -375,6 +412,7 @@ PARTITION_REQUIRED = required(PARTITION_FIELDS)
 PARTITION_MEMBER_KEYS = tuple(PARTITION_MEMBER_FIELDS)
 RECORD_KEYS = tuple(RECORD_FIELDS)
 TIME_KEYS = tuple(TIME_FIELDS)
+GPUS_KEYS = tuple(GPUS_FIELDS)
 NODE_REQUIRED = required(NODE_FIELDS)
 LINK_REQUIRED = required(LINK_FIELDS)
 
@@ -554,6 +592,8 @@ class TrafficSpec:
     transport: str = "rc"
     """Streams: rc (losses retransmitted) or ud (losses stay lost)."""
     where: str = ""
+    training: JobPlan | None = None
+    """A training job: its model, servers and scale (``hosts`` are its servers' CAs, rail by rail)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,6 +632,8 @@ class Scenario:
     duration_s: float = DEFAULT_DURATION_S
     record: RecordSpec = field(default_factory=RecordSpec)
     time: TimeSpec = field(default_factory=TimeSpec)
+    gpus: GpuPool | None = None
+    """The GPU servers (``gpus:``), if the scenario declares them."""
     warnings: tuple[str, ...] = ()
     """Located warnings: things the scenario says that will not do what it may think
     (``ibemu validate`` prints them; the runner logs them)."""

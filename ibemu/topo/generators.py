@@ -491,6 +491,42 @@ def single_switch(hosts: int = 2, ports: int | None = None) -> Topology:
     return t
 
 
+@_register(
+    "gpu-rails",
+    "rail-optimized GPU cluster: servers of `rails` single-port HCAs (CAs sN_rR), rail R of every server on "
+    "leaf R of its group, every leaf up to every spine",
+    Param("servers", "int", 4, "GPU servers", min=1, max=4096),
+    Param("rails", "int", 2, "HCA ports (CAs) per server, one per rail", min=1, max=64),
+    Param("servers_per_leaf", "int", None, "servers per group: one leaf per rail per group (default: all)",
+          min=1, max=MAX_PORT - 1),
+    Param("spines", "int", 1, "spine switches (joining the rails and the groups)", min=1, max=255),
+)
+def gpu_rails(servers: int, rails: int, servers_per_leaf: int | None = None, spines: int = 1) -> Topology:
+    """CAs are added server by server, rails in order (``s0_r0, s0_r1, s1_r0, ...``), so a
+    scenario's ``gpus: {rails: R}`` takes each server's R CAs together."""
+    g = "gpu-rails"
+    per = servers if servers_per_leaf is None else min(servers_per_leaf, servers)
+    groups = -(-servers // per)
+    _check_ports(g, "servers_per_leaf", "a leaf", per + spines)
+    _check_ports(g, "servers", "a spine", groups * rails)
+    t = Topology(f"gpu-rails-{servers}x{rails}")
+    for j in range(spines):
+        t.add_switch(f"spine{j}", groups * rails, level=2)
+    for grp in range(groups):
+        for r in range(rails):
+            leaf = f"leaf{grp}_{r}"
+            t.add_switch(leaf, per + spines, level=1, group=grp * rails + r)
+            for j in range(spines):
+                t.connect(leaf, per + 1 + j, f"spine{j}", grp * rails + r + 1)
+    for sv in range(servers):
+        grp, slot = divmod(sv, per)
+        for r in range(rails):
+            ca = f"s{sv}_r{r}"
+            t.add_ca(ca, level=0, group=grp * rails + r)
+            t.connect(ca, 1, f"leaf{grp}_{r}", slot + 1)
+    return t
+
+
 def with_defaults(topo: Topology, defaults: LinkDefaults) -> Topology:
     """Set a topology's link defaults (rates/MTU of links without their own)."""
     topo.defaults = defaults

@@ -233,45 +233,71 @@ async def _alltoall(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
     await r.wait_imm(imm, n - 1)
 
 
+class CollectiveGroup:
+    """The ranks of one collective over ``ports``, connected once, run as often as wanted.
+
+    ``await group.run(it)`` is one iteration (fill, run, check): it returns its time in
+    seconds on the emulated clock (the collective alone) and counts wrong elements in
+    ``wrong``. ``close()`` destroys the QPs.
+    """
+
+    def __init__(self, kind: str, ports: Sequence[HcaPort], size: int, *, mtu: int = 4096) -> None:
+        if kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}: one of {', '.join(COLLECTIVES)}")
+        n = len(ports)
+        if n < 2:
+            raise ValueError("a collective needs at least 2 hosts")
+        self.kind = kind
+        self.count = max(n, size // 4 // n * n)
+        self.size = self.count * 4
+        # allreduce: one chunk-sized slot per step (2(n-1) of them, about 2x the vector in all);
+        # alltoall: the vector, each peer's chunk at its own offset
+        staging = 2 * (n - 1) * _chunk_slot(self.count, n) * 4 if kind == "allreduce" else self.size
+        self.ranks = [_Rank(i, p, self.size, staging) for i, p in enumerate(ports)]
+        ranks = self.ranks
+        if kind == "allreduce":
+            for i in range(n):
+                _connect(ranks[i], ranks[(i + 1) % n], mtu)
+        else:
+            for a in ranks:
+                for b in ranks:
+                    if a is not b:
+                        _connect(a, b, mtu)
+        self.wrong = 0
+
+    async def run(self, it: int) -> float:
+        expected = _fill(self.ranks, self.count)
+        t0 = clock.now_ns()
+        async with trio.open_nursery() as nursery:
+            for r in self.ranks:
+                nursery.start_soon(_ring_allreduce if self.kind == "allreduce" else _alltoall, r, self.ranks,
+                                   self.count, it)
+        seconds = (clock.now_ns() - t0) / 1e9
+        self.wrong += _check(self.kind, self.ranks, self.count, expected)
+        return seconds
+
+    @property
+    def retransmitted(self) -> int:
+        return sum(q.stats.retransmitted for r in self.ranks for q in r.tx.values())
+
+    def close(self) -> None:
+        for r in self.ranks:
+            for qp in (*r.tx.values(), *r.rx.values()):
+                r.port.hca.destroy_qp(qp)
+
+
 async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iterations: int = 5,
                          warmup: int = 1, mtu: int = 4096) -> CollectiveResult:
     """``kind`` ("allreduce" or "alltoall") over ``ports`` (their serve tasks running)."""
-    if kind not in COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}: one of {', '.join(COLLECTIVES)}")
-    n = len(ports)
-    if n < 2:
-        raise ValueError("a collective needs at least 2 hosts")
-    count = max(n, size // 4 // n * n)
-    size = count * 4
-    # allreduce: one chunk-sized slot per step (2(n-1) of them, about 2x the vector in all);
-    # alltoall: the vector, each peer's chunk at its own offset
-    staging = 2 * (n - 1) * _chunk_slot(count, n) * 4 if kind == "allreduce" else size
-    ranks = [_Rank(i, p, size, staging) for i, p in enumerate(ports)]
-    if kind == "allreduce":
-        for i in range(n):
-            _connect(ranks[i], ranks[(i + 1) % n], mtu)
-    else:
-        for a in ranks:
-            for b in ranks:
-                if a is not b:
-                    _connect(a, b, mtu)
+    group = CollectiveGroup(kind, ports, size, mtu=mtu)
     seconds: list[float] = []
-    wrong = 0
     for it in range(warmup + iterations):
-        expected = _fill(ranks, count)
-        t0 = clock.now_ns()
-        async with trio.open_nursery() as nursery:
-            for r in ranks:
-                nursery.start_soon(_ring_allreduce if kind == "allreduce" else _alltoall, r, ranks,
-                                   count, it)
+        t = await group.run(it)
         if it >= warmup:
-            seconds.append((clock.now_ns() - t0) / 1e9)
-        wrong += _check(kind, ranks, count, expected)
-    for r in ranks:
-        for qp in (*r.tx.values(), *r.rx.values()):
-            r.port.hca.destroy_qp(qp)
-    retrans = sum(q.stats.retransmitted for r in ranks for q in r.tx.values())
-    return CollectiveResult(kind, n, size, iterations, seconds, wrong, retrans)
+            seconds.append(t)
+    retrans = group.retransmitted
+    group.close()
+    return CollectiveResult(kind, len(ports), group.size, iterations, seconds, group.wrong, retrans)
 
 
 def _check(kind: str, ranks: list[_Rank], count: int, expected: np.ndarray) -> int:

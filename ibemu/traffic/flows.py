@@ -10,7 +10,8 @@ the traffic worker receives) into the generator its kind names and returns a ``F
 deliveries over time (for throughput plots and blackouts) and the kind's own figures.
 Bandwidth kinds and collectives run from ``start_s`` to ``stop_s`` (a pair's bandwidth kinds as
 fast as their window allows, or paced at ``rate_pps`` messages per second when the scenario
-says so); latency kinds run their iterations once; streams send at ``rate_pps`` until ``stop_s``.
+says so); latency kinds run their iterations once; streams send at ``rate_pps`` until ``stop_s``;
+training jobs (``ibemu.traffic.training``) run whole steps until ``stop_s`` (a step under way ends).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import trio
 from ibemu import clock
 from ibemu.errors import leaves
 from ibemu.hca.nic import HcaPort
-from ibemu.traffic import collectives, perftest, stream
+from ibemu.traffic import collectives, perftest, stream, training
 from ibemu.traffic.perftest import BwResult, Deliveries, LatResult, PerfOptions
 
 log = logging.getLogger(__name__)
@@ -256,6 +257,56 @@ async def _collective(f: Flow) -> None:
                      "retransmitted": summary.retransmitted}
 
 
+async def _training(f: Flow) -> None:
+    """A data-parallel training job (``training.JobPlan``, scaled down by its ``scale``): each step
+    computes (forward, then backward) in emulated time, and once a share ``1 - overlap`` of the
+    backward pass has run, allreduces its gradients: the NVLink reduce-scatter and all-gather
+    as their modelled time, between them one ring allreduce per rail over RDMA (the rail's CA
+    of every server), all rails at once. ``hosts`` are the job's servers' CAs, rail by rail."""
+    out = f.out
+    plan = training.JobPlan.from_json(f.spec["training"])
+    rails = plan.cluster.rails
+    servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]
+    groups = [collectives.CollectiveGroup("allreduce", [f.ports[s[r]] for s in servers], plan.rail_bytes,
+                                          mtu=int(f.spec.get("mtu", 4096)))
+              for r in range(rails)]
+    o = plan.job.overlap
+    steps: list[training.StepMeasure] = []
+    try:
+        it = 0
+        while not f.stop.is_set():
+            fabric_ns = 0
+
+            async def _allreduce(i: int) -> None:
+                nonlocal fabric_ns
+                await trio.sleep(plan.nvlink_s / 2)  # NVLink reduce-scatter inside each server
+                t = clock.now_ns()
+                async with trio.open_nursery() as rails_n:
+                    for g in groups:
+                        rails_n.start_soon(g.run, i)
+                fabric_ns = clock.now_ns() - t
+                await trio.sleep(plan.nvlink_s / 2)  # NVLink all-gather
+
+            t0 = clock.now_ns()
+            await trio.sleep(plan.forward_s + (1 - o) * plan.backward_s)
+            async with trio.open_nursery() as n:
+                n.start_soon(trio.sleep, o * plan.backward_s)
+                n.start_soon(_allreduce, it)
+            t1 = clock.now_ns()
+            steps.append(training.StepMeasure((t1 - t0) / 1e9, fabric_ns / 1e9))
+            out.t_ns.append(t1)
+            out.nbytes.append(sum(g.size for g in groups))
+            it += 1
+    finally:
+        f.drained.set()
+        out.retransmitted = sum(g.retransmitted for g in groups)
+        out.packets = sum(out.nbytes) // max(1, int(f.spec.get("mtu", 4096)))
+        out.extra = {**training.measured_figures(plan, steps), "wrong": sum(g.wrong for g in groups),
+                     "retransmitted": out.retransmitted}
+        for g in groups:
+            g.close()
+
+
 async def _stream(f: Flow) -> None:
     out, size = f.out, f.size
     opts = stream.StreamOptions(rate_pps=float(f.spec.get("rate_pps") or 1000), size=size,
@@ -312,5 +363,7 @@ TRAFFIC_KINDS: dict[str, TrafficKind] = {
     "permutation": TrafficKind(("hosts", "size", "qps", "seed"), "group", _pairs),
     "stream": TrafficKind(("from", "to", "size", "rate_pps", "transport"), "pair", _stream, size=256,
                           timestamps=True),
+    "training": TrafficKind(("hosts", "model", "tokens_per_step", "mfu", "algorithm", "overlap", "scale",
+                             "train_tokens", "servers"), "group", _training),
 }
 """Every traffic kind, by name (the order scenario errors list them in)."""

@@ -200,7 +200,7 @@ def _read(path: Path, tree: ast.Module) -> Iterator[tuple[str, str]]:
                 yield where, kind
 
 
-NOT_EVENTS = {"stream", "allreduce", "roce", "ib"}
+NOT_EVENTS = {"stream", "allreduce", "training", "roce", "ib"}
 """``["kind"]`` of things that are not events (traffic flows, fabrics) compared where records
 are too."""
 

@@ -26,7 +26,7 @@ CASES: list[tuple[str, str, str]] = [
         "unknown-top-key",
         FT + "durration_s: 5\n",
         "x.yaml:4 durration_s: unknown key (did you mean 'duration_s'?); expected one of: name, description, "
-        "topology, defaults, fabric, sm, partitions, traffic, faults, duration_s, record, time",
+        "topology, defaults, fabric, sm, partitions, traffic, faults, duration_s, record, time, gpus",
     ),
     ("duplicate-key", FT + "  k: 6\n", "x.yaml:4 topology.k: duplicate key (first at line 3)"),
     (
@@ -54,7 +54,7 @@ CASES: list[tuple[str, str, str]] = [
         "unknown-generator",
         "topology:\n  generator: fat-tee\n",
         "x.yaml:2 topology.generator: unknown generator 'fat-tee' (did you mean 'fat-tree'?); known: fat-tree, "
-        "leaf-spine, torus, mesh, dragonfly, ring, single-switch",
+        "leaf-spine, torus, mesh, dragonfly, ring, single-switch, gpu-rails",
     ),
     (
         "two-sources",
@@ -140,13 +140,13 @@ CASES: list[tuple[str, str, str]] = [
         "traffic-kind",
         FT + "traffic:\n  - kind: write_bandwidth\n",
         "x.yaml:5 traffic[0].kind: expected one of write_bw, read_bw, send_bw, write_lat, send_lat, allreduce, "
-        "alltoall, incast, permutation, stream, got 'write_bandwidth' (did you mean 'write_bw'?)",
+        "alltoall, incast, permutation, stream, training, got 'write_bandwidth' (did you mean 'write_bw'?)",
     ),
     (
         "traffic-no-kind",
         FT + "traffic:\n  - from: h0\n",
         "x.yaml:5 traffic[0]: missing required key 'kind' (one of write_bw, read_bw, send_bw, write_lat, "
-        "send_lat, allreduce, alltoall, incast, permutation, stream)",
+        "send_lat, allreduce, alltoall, incast, permutation, stream, training)",
     ),
     (
         "traffic-unknown-host",

@@ -18,10 +18,12 @@ def test_each_kind_is_complete_and_loads_with_its_hosts(name: str) -> None:
     kind = TRAFFIC_KINDS[name]
     assert kind.hosts in HOSTS and callable(kind.run)
     assert len(set(kind.keys)) == len(kind.keys)
-    assert "size" in kind.keys and (kind.size is None or kind.size > 0)
+    # a training job's sizes come from its model (its gradients), not a size key
+    assert ("size" in kind.keys) != (name == "training") and (kind.size is None or kind.size > 0)
     takes = {"pair": {"from", "to"}, "fan_in": {"from", "to"}, "group": {"hosts"}}[kind.hosts]
     assert takes <= set(kind.keys)
-    scen = loads_scenario(FT + f"traffic:\n  - kind: {name}\n" + HOSTS[kind.hosts], "x.yaml")
+    gpus = "gpus: {}\n" if name == "training" else ""  # the GPU servers a job runs on
+    scen = loads_scenario(FT + gpus + f"traffic:\n  - kind: {name}\n" + HOSTS[kind.hosts], "x.yaml")
     (t,) = scen.traffic
     assert t.kind == name and t.size == (kind.size or 65536)
     check_runnable(scen)
@@ -33,4 +35,4 @@ def test_the_schema_takes_exactly_the_registered_kinds() -> None:
     assert str(exc.value).splitlines()[0] == (
         f"x.yaml:5 traffic[0].kind: expected one of {', '.join(TRAFFIC_KINDS)}, got 'iperf'")
     assert list(TRAFFIC_KINDS) == ["write_bw", "read_bw", "send_bw", "write_lat", "send_lat", "allreduce",
-                                   "alltoall", "incast", "permutation", "stream"]
+                                   "alltoall", "incast", "permutation", "stream", "training"]
