@@ -38,7 +38,8 @@ with the least load, as the model says (``load(port)``: bytes queued, on the wir
 pipeline for it, and held in the next switch's input buffer, i.e. credits in use); ties are
 broken round robin (a pointer per switch, advanced at every decision, says which port of the
 group is looked at first: idle ports share the packets instead of the LFT's port taking them
-all; in the packet-level model this lifted a k=8 random permutation from 92.3% to 94.4%). Per packet (every packet chooses) or
+all; in the packet-level model this lifted a k=8 random permutation from 92.3% to 94.0%:
+``benchmarks/bench_bisection.py``). Per packet (every packet chooses) or
 per flowlet (a flow, SLID + DLID + destination QP, keeps its port while its packets follow
 each other within ``flowlet_gap_ns``; a longer gap, or its port unable to carry, and it
 chooses again). What ``forward_run``/``decide`` counted on the LFT's port moves to the port
