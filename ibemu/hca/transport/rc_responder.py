@@ -3,12 +3,15 @@
 Out-of-order arrivals (adaptive routing sprays a QP's packets over several paths): by
 default the responder is IBA's, in order: a request PSN ahead of ePSN is a sequence error,
 NAKed once (``seq_naks_sent``), and the requester goes back N. With a reorder window
-(``reorder_window`` > 0, ``RcQp.modify_to_rtr(reorder_window=N)``: what an HCA offers for
+(``reorder_window`` > 0, ``RcQp.modify_to_rtr(reorder_window=N)``, for
 QPs on adaptively routed paths) a request up to N - 1 PSNs ahead is held, not NAKed, and
 executed in PSN order once the gap is filled, so placement, completions and ACKs stay those
 of in-order delivery; a request beyond the window, or one arriving with the window full,
-is a sequence error as before (a lost packet then costs a NAK, not the ACK timeout). Held
-packets are copies (the caller's buffer is reused). Either way ``out_of_order`` counts the
+is a sequence error as before: a lost packet costs a NAK once the window fills behind it,
+or the requester's ACK timeout when too few packets follow it (IBA's responder NAKs at the
+first packet after the gap). Held packets are copies (the caller's buffer is reused). Only
+requests are held: READ responses and ACKs reaching the requester out of order are handled
+as before (a response ahead of the expected PSN re-requests the rest). Either way ``out_of_order`` counts the
 requests that arrived ahead of ePSN (outside a NAK already outstanding): the reordering the
 fabric caused, per QP.
 """
