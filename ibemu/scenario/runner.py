@@ -517,7 +517,9 @@ class ScenarioRun:
                 "phases_ms": fault_phases(t_f, window_end, fabric_events, sm_events),
                 "flows": [flow_impact(o, t_f, window_end, t_end) for o in outputs if o.t_ns],
             })
-        traffic = [traffic_entry(o, self.t0_ns, t_end, TIMELINE_BIN_S) for o in outputs]
+        # Interrupted before the flows' time zero (warm-up): no timeline, rather than one from
+        # the clock's epoch (hours of 0.1 s bins, and a minute of CPU before the exit).
+        traffic = [traffic_entry(o, self.t0_ns or t_end, t_end, TIMELINE_BIN_S) for o in outputs]
         # Judged where the figures are measured: from the flows' time zero to the drain's end.
         fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
                        threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None, hi_ns=self.t_done_ns or None)
