@@ -23,8 +23,9 @@ runs ``ibemu clean RUN`` for that run only, when its state file is still there.
 Counted after each run (a run's objects are those named with its run id or recorded in its
 state file): namespaces left; interfaces left in the root namespace or in the foreign
 namespaces; processes left (recorded in the state file, or any process whose environment
-carries this campaign's IBEMU_STATE_DIR); files left (the state file, the run directory, the
-/dev/shm files it recorded, new entries under /sys/fs/bpf); and foreign objects touched: two
+carries this campaign's mark, set for every command it starts); files left (the state file,
+the run directory, the /dev/shm files it recorded, new entries under /sys/fs/bpf); and
+foreign objects touched: two
 foreign namespaces (one named like a run's, ``ibemu-f0f0f0-h0``), veth pairs in them and in
 the root namespace named like ibemu's (with a clsact qdisc and a tc filter on one), and a
 foreign process in a foreign namespace, created at start, fingerprinted (inode, ifindex, MAC,
@@ -229,9 +230,13 @@ def load_state(rid: str) -> dict[str, object] | None:
     return None
 
 
+MARK = "IBEMU_CHAOS_CAMPAIGN"
+"""Set in the environment of every command the campaign starts (and so of all their children)."""
+
+
 def campaign_processes(exclude: set[int]) -> list[str]:
-    """Processes whose environment carries this campaign's state dir (the runs' children)."""
-    want = f"IBEMU_STATE_DIR={os.environ['IBEMU_STATE_DIR']}".encode()
+    """Processes whose environment carries this campaign's mark (the runs' children)."""
+    want = f"{MARK}={os.getpid()}".encode()
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) in exclude:
@@ -268,7 +273,7 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
     else:
         argv = [PY, "-m", "ibemu.cli.main", "run", str(scen_file), "--quiet", "--no-plots",
                 "--out", str(work / f"o{i}"), "--json", str(work / f"r{i}.json")]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), MARK: str(os.getpid())}
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: set[str] = set()

@@ -221,16 +221,16 @@ def smp_corpus(switch: bool) -> list[tuple[int, bytes]]:
     own = 7 if switch else 9
     for attr in attrs:
         for mod in (0, 1, 2):
-            out.append((1, _dr(GET, attr, path=[0, 1], hp=1, mod=mod)))
+            out.append((1, _dr(GET, attr, path=[1], hp=1, mod=mod)))
             out.append((1, _smp(mb.lr_smp(GET, attr, modifier=mod), dlid=own, slid=1)))
-    out.append((1, _dr(SET, 0x15, path=[0, 1], hp=1, mod=1, data=bytes(64))))
-    out.append((1, _dr(SET, 0x16, path=[0, 1], hp=1, data=b"\xff\xff" + bytes(62))))
-    out.append((1, _dr(TRAP_REPRESS, 0x02, path=[0, 1], hp=1)))
+    out.append((1, _dr(SET, 0x15, path=[1], hp=1, mod=1, data=bytes(64))))
+    out.append((1, _dr(SET, 0x16, path=[1], hp=1, data=b"\xff\xff" + bytes(62))))
+    out.append((1, _dr(TRAP_REPRESS, 0x02, path=[1], hp=1)))
     if switch:
-        out.append((1, _dr(SET, 0x19, path=[0, 1], hp=1, mod=0, data=bytes([0xFF, 1, 2, 1] + [3] * 60))))
-        out.append((1, _dr(SET, 0x12, path=[0, 1], hp=1, data=bytes(64))))
-        out.append((1, _dr(GET, 0x11, path=[0, 1, 2, 3], hp=1)))  # relay onwards through port 2
-        out.append((2, _dr(GET, 0x11, path=[0, 1, 2, 3], hp=3, back=True, rpath={1: 1, 2: 1})))
+        out.append((1, _dr(SET, 0x19, path=[1], hp=1, mod=0, data=bytes([0xFF, 1, 2, 1] + [3] * 60))))
+        out.append((1, _dr(SET, 0x12, path=[1], hp=1, data=bytes(64))))
+        out.append((1, _dr(GET, 0x11, path=[1, 2, 3], hp=1)))  # relayed onwards through port 2
+        out.append((2, _dr(GET, 0x11, path=[1, 2, 3], hp=3, back=True, rpath={1: 1, 2: 1})))  # and back
         out.append((1, _smp(mb.lr_smp(GET, 0x11), dlid=9, slid=1)))  # LID-routed, forwarded
         out.append((2, _smp(mb.lr_smp(GET, 0x11), dlid=1, slid=5)))
     return out
@@ -402,7 +402,7 @@ def umad_fuzz(n: int, rng: random.Random, bound_s: float) -> Result:
 
     connect = ctl(CtlType.CONNECT, 0, struct.pack("<III32s", 4242, 0, 0, b"\0sim:in4242"))
     ctls = [connect] + [ctl(k, 0) for k in (2, 3, 4, 5, 6, 7, 8, 10)] + [ctl(9, 0, b"\1"), ctl(9, 0, b"\0")]
-    mads = [SimRequest(0xFFFF, 0, 0, 0, mb.dr_smp(GET, a, path=[0])).pack() for a in (0x11, 0x15, 0x10)] + \
+    mads = [SimRequest(0xFFFF, 0, 0, 0, mb.dr_smp(GET, a, path=[])).pack() for a in (0x11, 0x15, 0x10)] + \
            [SimRequest(9, 9, 1, 1, mb.pma(GET, 0x12, data=mb.port_counters_select(1))).pack(),
             SimRequest(1, 0, 1, 1, bytes([1, 3, 2, 0x12]) + bytes(252)).pack(),
             SimRequest(0xFFFF, 0, 0, 0, bytes([1, 0x81, 1, 0x81]) + bytes(252)).pack()]
@@ -841,16 +841,20 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100_000, help="inputs per surface")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--surface", action="append", choices=list(SURFACES), help="only these (repeatable)")
-    ap.add_argument("--bound-ms", type=float, default=250.0, help="an input taking longer is a hang")
+    ap.add_argument("--bound-ms", type=float, default=250.0, help="a frame taking longer is a hang")
+    ap.add_argument("--file-bound-s", type=float, default=2.0,
+                    help="a scenario or ibnetdiscover file taking longer is a hang (a file builds a topology)")
     args = ap.parse_args()
     import logging
     logging.disable(logging.CRITICAL)  # the agents log every drop; millions of lines are not the point
-    print(f"fuzz campaign: {args.n:,} inputs per surface, seed {args.seed}, bound {args.bound_ms:g} ms; "
+    print(f"fuzz campaign: {args.n:,} inputs per surface, seed {args.seed}, bound {args.bound_ms:g} ms a frame, "
+          f"{args.file_bound_s:g} s a file; "
           f"load {os.getloadavg()[0]:.2f}")
     results = []
     for name in args.surface or list(SURFACES):
         t0 = time.perf_counter()
-        res = SURFACES[name](args.n, random.Random(f"{args.seed}:{name}"), args.bound_ms / 1e3)
+        bound = args.file_bound_s if name in ("loader", "ibnd") else args.bound_ms / 1e3
+        res = SURFACES[name](args.n, random.Random(f"{args.seed}:{name}"), bound)
         res.seconds = time.perf_counter() - t0
         results.append(res)
         extra = ", ".join(f"{k} {v:,}" for k, v in res.extra.items())

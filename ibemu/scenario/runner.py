@@ -37,7 +37,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ibemu import clock, lagmon
-from ibemu.errors import ConfigError, did_you_mean
+from ibemu.errors import ConfigError, IbemuError, did_you_mean
 from ibemu.fabric import opensm
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent
@@ -231,6 +231,8 @@ class ScenarioRun:
         self.lag_threshold_us = scen.time.lag_threshold_us or DEFAULT_THRESHOLD_US
         self.faults_injected: list[dict[str, Any]] = []
         self.interrupted = False
+        self.failed = ""
+        """Why the run stopped on its own (a process it needs exited): raised after the teardown."""
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.capture_files: list[str] = []
         self.link_load: dict[str, Any] | None = None
@@ -277,7 +279,10 @@ class ScenarioRun:
                                        "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
                             self.progress("manager", f"fabric manager: routes programmed in "
                                                      f"{(self.rt.sm_up_s or 0.0) * 1e3:.1f} ms")
-                            await self._traffic_and_faults(fabric)
+                            async with trio.open_nursery() as watch:  # not during the teardown
+                                watch.start_soon(self._watch_roce, fabric, work)
+                                await self._traffic_and_faults(fabric)
+                                watch.cancel_scope.cancel()
                     else:
                         async with self.rt.running() as host:
                             bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0)
@@ -290,7 +295,22 @@ class ScenarioRun:
                 nursery.cancel_scope.cancel()
         self.progress("teardown", ("interrupted: " if self.interrupted else "")
                       + f"torn down; {time.perf_counter() - t_start:.1f} s in all")
+        if self.failed:
+            raise IbemuError(self.failed)
         return self._result(bringup, self.outputs, time.perf_counter() - t_start)
+
+    async def _watch_roce(self, fabric: RoceRun, work: trio.CancelScope) -> None:
+        """Stop the run when a process the RoCE fabric cannot do without (its user datapath,
+        its fabric manager) exits: without it no frame moves, and the flows would wait for
+        their ready and drain timeouts (a minute) before the run ended."""
+        while True:
+            for what, proc in (("the RoCE user datapath", fabric.userpath), ("the fabric manager", fabric.manager)):
+                if proc is not None and proc.poll() is not None:
+                    self.failed = f"{what} exited (status {proc.returncode}) during the run"
+                    self.progress("error", f"{self.failed}: stopping")
+                    work.cancel()
+                    return
+            await trio.sleep(clock.emulated_s(0.1))
 
     def _record_loads(self, host: AgentHost) -> None:
         """The cables and what each carried (the result's ``link_load``), read from the ports'
