@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """ibemu's SM bringing a k=8 fat-tree up while the agents lose a share of the SMPs (root).
 
-Per run: a fresh live k=8 fat-tree (kernel datapath, no SM), then every agent set to lose
-``--loss`` percent of the VL15 frames reaching it (the ``smp_loss`` fault's primitive,
-``AgentHost.set_vl15_loss``: the kernel SMA and DR relay step aside on a lossy node, as for the
-fault, so every SMP crosses a lossy agent at each hop), then ``python -m ibemu.sm`` on h0 on its
-own packet socket, as ``ibemu run`` starts it. Printed per run: time from the SM's start to
+Per run: a fresh live k=8 fat-tree (kernel datapath, no SM), then the SM's leaf switch (or
+with ``--where all`` every agent) set to lose ``--loss`` percent of the VL15 frames reaching
+it (the ``smp_loss`` fault's primitive, ``AgentHost.set_vl15_loss``: the kernel SMA and DR
+relay step aside on a lossy node, as for the fault). On the leaf every request of the SM and
+every answer crosses the lossy agent once: each is lost with that probability, the model of
+``tests/unit/sm/test_manager.py``'s 10% test. Then ``python -m ibemu.sm`` on h0 on its own
+packet socket, as ``ibemu run`` starts it. Printed per run: time from the SM's start to
 SUBNET UP, the cold sweep's own time, SMPs sent, retries, timeouts and failures (the SM's
 transport counters for that sweep), SMPs the agents dropped, and whether it converged: every
-cabled port Active and every switch's LFT routing every CA's LID (counted from the agents).
+cabled port Active, every switch's LFT routing every CA's LID (counted from the agents), and
+every node in the SM's SUBNET UP.
 A run with ``--loss 0`` first gives the baseline on the same machine.
 
 Run: sudo IBEMU_STATE_DIR=/run/ibemu-campaign .venv/bin/python benchmarks/bench_sm_loss.py [--runs 3] [--loss 10] [--k 8]
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -26,11 +30,25 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from bench_sm import LiveFabric, start_sm, stop, wait_kind
+from bench_sm import REPO, LiveFabric, stop, wait_for, wait_kind
+
+from ibemu.kernel import cpus
 
 from ibemu.agents.lft import NO_ROUTE
 from ibemu.agents.port import PhysState, PortState
 from ibemu.agents.switch import SwitchAgent
+
+
+def start_sm(fab: LiveFabric, events: Path, log: Path, retries: int | None) -> subprocess.Popen[bytes]:
+    """ibemu's SM on h0's own port (as ``ibemu run`` starts it), its stderr kept in ``log``."""
+    argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events), "--engine", "ftree",
+            "--sweep-interval", "30", *fab.rt.sm_direct_args(),
+            *(["--retries", str(retries)] if retries is not None else [])]
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=err)
+    cpus.pin_process(proc.pid, fab.rt.placement.sm)
+    return proc
 
 
 def converged(fab: LiveFabric) -> tuple[int, int]:
@@ -49,25 +67,31 @@ def converged(fab: LiveFabric) -> tuple[int, int]:
     return trio.from_thread.run_sync(scan, trio_token=fab.token)
 
 
-def one(k: int, loss: float, tmp: Path) -> dict[str, Any]:
+def one(k: int, loss: float, tmp: Path, where: str, retries: int | None) -> dict[str, Any]:
     with LiveFabric(k, tmp) as fab:
         host = fab.rt.host
         assert host is not None
-        names = list(host.nodes)
+        leaf = fab.rt.topo.link_at("h0", 1).other("h0").node
+        names = list(host.nodes) if where == "all" else [leaf]
         trio.from_thread.run_sync(lambda: [host.set_vl15_loss(n, loss / 100) for n in names], trio_token=fab.token)
         events = tmp / f"sm-loss-{loss:g}-{time.monotonic_ns()}.jsonl"
         t0 = time.monotonic_ns()
-        proc = start_sm(fab, events, 128, "ftree", "own")
+        proc = start_sm(fab, events, tmp / "sm.log", retries)
         try:
-            up = wait_kind(events, "subnet_up", proc, 300)
-            end = wait_kind(events, "sweep_end", proc, 30)
+            try:
+                up = wait_kind(events, "subnet_up", proc, 300)
+            except RuntimeError:
+                print((tmp / "sm.log").read_text()[-3000:])
+                raise
+            end = wait_for(events, lambda r: r["kind"] == "sweep_end" and r.get("t_ns", 0) >= up["t_ns"],
+                           "the sweep's end", proc, 30)
             not_active, unrouted = converged(fab)
             dropped = trio.from_thread.run_sync(lambda: sum(host.nodes[n].vl15_dropped for n in names),
                                                 trio_token=fab.token)
         finally:
             stop(proc)
     smps = end["smps"]
-    return {"up_s": (up["t_ns"] - t0) / 1e9, "sweep_s": float(up["seconds"]), "sent": smps.get("sent", 0),
+    return {"nodes_seen": up.get("nodes", 0), "nodes": len(fab.topo.nodes), "up_s": (up["t_ns"] - t0) / 1e9, "sweep_s": float(up["seconds"]), "sent": smps.get("sent", 0),
             "retries": smps.get("retries", 0), "timeouts": smps.get("timeouts", 0), "failed": smps.get("failed", 0),
             "dropped": dropped, "not_active": not_active, "unrouted": unrouted}
 
@@ -78,23 +102,29 @@ def main() -> int:
     ap.add_argument("--loss", type=float, default=10.0, help="percent of SMPs lost at every agent")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--where", choices=("leaf", "all"), default="leaf",
+                    help="leaf: the SM's own leaf switch loses the SMPs (every request and every answer "
+                         "crosses it once: the SM sees each lost with --loss %%, as the unit test's model); "
+                         "all: every agent does (a DR SMP of n hops crosses ~2n lossy agents)")
+    ap.add_argument("--retries", type=int, default=None, help="the SM's retries per SMP (default: its own, 3)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root")
         return 2
-    print(f"k={args.k} fat-tree, ibemu's SM (ftree, own port), SMP loss {args.loss:g}% at every agent; "
+    print(f"k={args.k} fat-tree, ibemu's SM (ftree, own port, retries {args.retries or 'default'}), SMP loss "
+          f"{args.loss:g}% at {'the SM leaf' if args.where == 'leaf' else 'every agent'}; "
           f"load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     plan = ([0.0] if not args.no_baseline else []) + [args.loss] * args.runs
     rows: list[dict[str, Any]] = []
     bad = 0
     for i, loss in enumerate(plan):
         with tempfile.TemporaryDirectory(prefix="ibemu-smloss-") as tmp:
-            r = one(args.k, loss, Path(tmp))
+            r = one(args.k, loss, Path(tmp), args.where, args.retries)
         r["loss"] = loss
         rows.append(r)
-        ok = r["not_active"] == 0 and r["unrouted"] == 0
+        ok = r["not_active"] == 0 and r["unrouted"] == 0 and r["nodes_seen"] == r["nodes"]
         bad += not ok
-        print(f"run {i + 1} loss {loss:4g}%: SUBNET UP {r['up_s']:.2f} s (sweep {r['sweep_s']:.2f} s), "
+        print(f"run {i + 1} loss {loss:4g}%: nodes {r['nodes_seen']}/{r['nodes']}, SUBNET UP {r['up_s']:.2f} s (sweep {r['sweep_s']:.2f} s), "
               f"SMPs {r['sent']:,}, retries {r['retries']:,}, timeouts {r['timeouts']:,}, failed {r['failed']}, "
               f"dropped by the agents {r['dropped']:,}; ports not Active {r['not_active']}, "
               f"unrouted (switch, LID) {r['unrouted']} -> {'converged' if ok else 'NOT CONVERGED'}", flush=True)

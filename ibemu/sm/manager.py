@@ -364,7 +364,12 @@ class SubnetManager:
             self.stats.update({f"qos_{k}": v for k, v in counts.items()})
         n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
         self.events.emit(Kind.PORTS_ACTIVE, sets=n, ports=len(act.link_ends(self.disc)))
-        if ok and reason == "cold" and not self.up.is_set():
+        # SMPs unanswered after every retry left nodes undiscovered, ports not Active or blocks
+        # unwritten: not up yet, the cold sweep runs again (as OpenSM resweeps after errors)
+        failed = self.transport.stats["failed"] - before["failed"]
+        if ok and reason == "cold" and failed:
+            self.events.emit(Kind.ERROR, what=f"{failed} SMPs unanswered after every retry: sweeping again")
+        elif ok and reason == "cold" and not self.up.is_set():
             self.events.emit(Kind.SUBNET_UP, seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
                              ports=len(act.link_ends(self.disc)))
             self.up.set()
