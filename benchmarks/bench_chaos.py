@@ -275,7 +275,10 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
                 "--out", str(work / f"o{i}"), "--json", str(work / f"r{i}.json")]
     env = {**os.environ, "PYTHONPATH": str(REPO), MARK: str(os.getpid())}
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # SIGINT as in a foreground shell: a campaign started in the background would hand its
+    # runs SIGINT ignored, and a Ctrl-C would not be one
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: set[str] = set()
     appeared: float | None = None
     target_pid: int | None = None
@@ -373,6 +376,11 @@ def main() -> int:
     if "IBEMU_STATE_DIR" not in os.environ:
         print("set IBEMU_STATE_DIR (e.g. /run/ibemu-campaign): the campaign's runs go there")
         return 2
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # even started in the background: clean up on the way out
+        signal.signal(sig, stop)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     kinds = [k for k in KINDS if k.name in args.kinds.split(",")]

@@ -132,11 +132,14 @@ class FabricRuntime:
         self._sm_proc = proc
         cpus.pin_process(proc.pid, self.placement.sm)
         self.state.claim_process(proc.pid, f"sm-{self.sm}")
+        # Abandoned on cancel (Ctrl-C, SIGTERM during the bring-up): the teardown stops the SM,
+        # which ends the thread's polling; waiting for it would hold the exit up to its timeout.
         if impl is opensm:
             self.sm_up_s = await trio.to_thread.run_sync(
-                functools.partial(opensm.wait_subnet_up, proc, workdir, started_ns=self.sm_started_ns))
+                functools.partial(opensm.wait_subnet_up, proc, workdir, started_ns=self.sm_started_ns),
+                abandon_on_cancel=True)
         else:
-            self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir)
+            self.sm_up_s = await trio.to_thread.run_sync(impl.wait_subnet_up, proc, workdir, abandon_on_cancel=True)
         log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
 
     def sm_direct_args(self) -> list[str]:
