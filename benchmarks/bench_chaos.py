@@ -295,9 +295,9 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
             for rid in seen:
                 state = load_state(rid) or {}
                 for p in state.get("processes", []):  # type: ignore[union-attr]
-                    if p["role"].startswith(kind.target) and pid_start(p["pid"]) == str(p["start_time"]):
-                        if appeared is None:
-                            appeared, target_pid = now, p["pid"]
+                    if (appeared is None and p["role"].startswith(kind.target)
+                            and pid_start(p["pid"]) == str(p["start_time"])):
+                        appeared, target_pid = now, p["pid"]
             if appeared is not None and now - appeared >= out.delay_s:
                 if target_pid is not None and pid_start(target_pid) is not None:
                     os.kill(target_pid, kind.sig)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,11 +32,10 @@ from typing import Any
 import trio
 from bench_sm import REPO, LiveFabric, stop, wait_for, wait_kind
 
-from ibemu.kernel import cpus
-
 from ibemu.agents.lft import NO_ROUTE
 from ibemu.agents.port import PhysState, PortState
 from ibemu.agents.switch import SwitchAgent
+from ibemu.kernel import cpus
 
 
 def start_sm(fab: LiveFabric, events: Path, log: Path, retries: int | None) -> subprocess.Popen[bytes]:
