@@ -280,10 +280,14 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: set[str] = set()
+
+    def new_runs() -> set[str]:  # this command's run (another job may share the state dir)
+        return {rid for rid in run_ids() - before_ids - seen if (load_state(rid) or {}).get("owner_pid") == proc.pid}
+
     appeared: float | None = None
     target_pid: int | None = None
     while True:
-        seen |= run_ids() - before_ids
+        seen |= new_runs()
         now = time.monotonic()
         if kind.target == "runner":
             if now - t0 >= out.delay_s:
@@ -316,7 +320,7 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
         out.hung = True
         proc.kill()
         out.exit = proc.wait()
-    seen |= run_ids() - before_ids
+    seen |= new_runs()
     out.duration_s = time.monotonic() - t0
     states = {rid: load_state(rid) for rid in seen}
     if kind.up:  # `ibemu up` leaves its fabric running unless the daemon died: clean it in any case

@@ -8,8 +8,9 @@ relay step aside on a lossy node, as for the fault). On the leaf every request o
 every answer crosses the lossy agent once: each is lost with that probability, the model of
 ``tests/unit/sm/test_manager.py``'s 10% test. Then ``python -m ibemu.sm`` on h0 on its own
 packet socket, as ``ibemu run`` starts it. Printed per run: time from the SM's start to
-SUBNET UP, the cold sweep's own time, SMPs sent, retries, timeouts and failures (the SM's
-transport counters for that sweep), SMPs the agents dropped, and whether it converged: every
+SUBNET UP, the last cold sweep's own time, the cold sweeps it took (one with SMPs unanswered
+after every retry is followed by another, up to three), SMPs sent, retries, timeouts and
+failures (the SM's transport counters, summed over those sweeps), SMPs the agents dropped, and whether it converged: every
 cabled port Active, every switch's LFT routing every CA's LID (counted from the agents), and
 every node in the SM's SUBNET UP.
 A run with ``--loss 0`` first gives the baseline on the same machine.
@@ -20,6 +21,7 @@ Run: sudo IBEMU_STATE_DIR=/run/ibemu-campaign .venv/bin/python benchmarks/bench_
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -38,16 +40,22 @@ from ibemu.agents.switch import SwitchAgent
 from ibemu.kernel import cpus
 
 
-def start_sm(fab: LiveFabric, events: Path, log: Path, retries: int | None) -> subprocess.Popen[bytes]:
+def start_sm(fab: LiveFabric, events: Path, log: Path, retries: int | None,
+             timeout_s: float | None) -> subprocess.Popen[bytes]:
     """ibemu's SM on h0's own port (as ``ibemu run`` starts it), its stderr kept in ``log``."""
     argv = [sys.executable, "-m", "ibemu.sm", "--ns", fab.ns("h0"), "--events", str(events), "--engine", "ftree",
             "--sweep-interval", "30", *fab.rt.sm_direct_args(),
-            *(["--retries", str(retries)] if retries is not None else [])]
+            *(["--retries", str(retries)] if retries is not None else []),
+            *(["--timeout", str(timeout_s)] if timeout_s is not None else [])]
     with open(log, "wb") as err:
         proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                 stdout=subprocess.DEVNULL, stderr=err)
     cpus.pin_process(proc.pid, fab.rt.placement.sm)
     return proc
+
+
+def _tails_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def converged(fab: LiveFabric) -> tuple[int, int]:
@@ -66,7 +74,7 @@ def converged(fab: LiveFabric) -> tuple[int, int]:
     return trio.from_thread.run_sync(scan, trio_token=fab.token)
 
 
-def one(k: int, loss: float, tmp: Path, where: str, retries: int | None) -> dict[str, Any]:
+def one(k: int, loss: float, tmp: Path, where: str, retries: int | None, timeout_s: float | None) -> dict[str, Any]:
     with LiveFabric(k, tmp) as fab:
         host = fab.rt.host
         assert host is not None
@@ -75,22 +83,26 @@ def one(k: int, loss: float, tmp: Path, where: str, retries: int | None) -> dict
         trio.from_thread.run_sync(lambda: [host.set_vl15_loss(n, loss / 100) for n in names], trio_token=fab.token)
         events = tmp / f"sm-loss-{loss:g}-{time.monotonic_ns()}.jsonl"
         t0 = time.monotonic_ns()
-        proc = start_sm(fab, events, tmp / "sm.log", retries)
+        proc = start_sm(fab, events, tmp / "sm.log", retries, timeout_s)
         try:
             try:
                 up = wait_kind(events, "subnet_up", proc, 300)
             except RuntimeError:
                 print((tmp / "sm.log").read_text()[-3000:])
                 raise
-            end = wait_for(events, lambda r: r["kind"] == "sweep_end" and r.get("t_ns", 0) >= up["t_ns"],
-                           "the sweep's end", proc, 30)
+            wait_for(events, lambda r: r["kind"] == "sweep_end" and r.get("t_ns", 0) >= up["t_ns"],
+                     "the sweep's end", proc, 30)
+            sweeps = [r for r in _tails_of(events) if r["kind"] == "sweep_end" and r["t_ns"] <= up["t_ns"] + 10**9]
             not_active, unrouted = converged(fab)
             dropped = trio.from_thread.run_sync(lambda: sum(host.nodes[n].vl15_dropped for n in names),
                                                 trio_token=fab.token)
         finally:
             stop(proc)
-    smps = end["smps"]
-    return {"nodes_seen": up.get("nodes", 0), "nodes": len(fab.topo.nodes), "up_s": (up["t_ns"] - t0) / 1e9, "sweep_s": float(up["seconds"]), "sent": smps.get("sent", 0),
+    smps: dict[str, int] = {}
+    for sw in sweeps:  # every cold sweep until SUBNET UP (one more after one with SMPs unanswered)
+        for key, v in sw["smps"].items():
+            smps[key] = smps.get(key, 0) + v
+    return {"sweeps": len(sweeps), "nodes_seen": up.get("nodes", 0), "nodes": len(fab.topo.nodes), "up_s": (up["t_ns"] - t0) / 1e9, "sweep_s": float(up["seconds"]), "sent": smps.get("sent", 0),
             "retries": smps.get("retries", 0), "timeouts": smps.get("timeouts", 0), "failed": smps.get("failed", 0),
             "dropped": dropped, "not_active": not_active, "unrouted": unrouted}
 
@@ -106,6 +118,7 @@ def main() -> int:
                          "crosses it once: the SM sees each lost with --loss %%, as the unit test's model); "
                          "all: every agent does (a DR SMP of n hops crosses ~2n lossy agents)")
     ap.add_argument("--retries", type=int, default=None, help="the SM's retries per SMP (default: its own, 3)")
+    ap.add_argument("--timeout", type=float, default=None, help="the SM's seconds per SMP attempt (default: its own, 0.2)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root")
@@ -118,12 +131,12 @@ def main() -> int:
     bad = 0
     for i, loss in enumerate(plan):
         with tempfile.TemporaryDirectory(prefix="ibemu-smloss-") as tmp:
-            r = one(args.k, loss, Path(tmp), args.where, args.retries)
+            r = one(args.k, loss, Path(tmp), args.where, args.retries, args.timeout)
         r["loss"] = loss
         rows.append(r)
         ok = r["not_active"] == 0 and r["unrouted"] == 0 and r["nodes_seen"] == r["nodes"]
         bad += not ok
-        print(f"run {i + 1} loss {loss:4g}%: nodes {r['nodes_seen']}/{r['nodes']}, SUBNET UP {r['up_s']:.2f} s (sweep {r['sweep_s']:.2f} s), "
+        print(f"run {i + 1} loss {loss:4g}%: nodes {r['nodes_seen']}/{r['nodes']}, cold sweeps {r['sweeps']}, SUBNET UP {r['up_s']:.2f} s (sweep {r['sweep_s']:.2f} s), "
               f"SMPs {r['sent']:,}, retries {r['retries']:,}, timeouts {r['timeouts']:,}, failed {r['failed']}, "
               f"dropped by the agents {r['dropped']:,}; ports not Active {r['not_active']}, "
               f"unrouted (switch, LID) {r['unrouted']} -> {'converged' if ok else 'NOT CONVERGED'}", flush=True)

@@ -133,6 +133,7 @@ class SmConfig:
     m_key_lease_s: int = 0  # M_KeyLeasePeriod written with it (seconds; 0: the lease never runs out)
     partitions: SmPartitions | None = None  # P_KeyTables and enforcement to program (ibemu.sm.partitions)
     local_failover: bool = True  # an _ar engine's alternates and fault-notice settings go to the switches
+    unclean_cold_sweeps: int = 3  # cold sweeps with SMPs unanswered after every retry before SUBNET UP anyway
 
 
 class SubnetManager:
@@ -167,6 +168,8 @@ class SubnetManager:
         self.lost: dict[int, str] = {}
         self.stats: Counter[str] = Counter()
         self.sweeps = 0
+        self._unclean = 0
+        """Cold sweeps that ended with SMPs unanswered after every retry."""
         self._dirty: dict[int, int] = {}  # switch GUID -> t_ns of its first trap
         self._trap_unknown = 0  # t_ns of a trap from a LID we do not know
         self._wake = trio.Event()
@@ -365,11 +368,16 @@ class SubnetManager:
         n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
         self.events.emit(Kind.PORTS_ACTIVE, sets=n, ports=len(act.link_ends(self.disc)))
         # SMPs unanswered after every retry left nodes undiscovered, ports not Active or blocks
-        # unwritten: not up yet, the cold sweep runs again (as OpenSM resweeps after errors)
+        # unwritten: not up yet, the cold sweep runs again (as OpenSM resweeps after errors), up
+        # to ``unclean_cold_sweeps`` times; then SUBNET UP all the same, the light sweeps finish
+        # the job (a machine too loaded to answer within the timeouts must still come up)
         failed = self.transport.stats["failed"] - before["failed"]
-        if ok and reason == "cold" and failed:
-            self.events.emit(Kind.ERROR, what=f"{failed} SMPs unanswered after every retry: sweeping again")
-        elif ok and reason == "cold" and not self.up.is_set():
+        if failed and reason == "cold":
+            self._unclean += 1
+            self.events.emit(Kind.ERROR, what=f"{failed} SMPs unanswered after every retry"
+                             + (": sweeping again" if self._unclean <= self.config.unclean_cold_sweeps else ""))
+        if ok and reason == "cold" and not self.up.is_set() and (
+                not failed or self._unclean > self.config.unclean_cold_sweeps):
             self.events.emit(Kind.SUBNET_UP, seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
                              ports=len(act.link_ends(self.disc)))
             self.up.set()
