@@ -132,16 +132,19 @@ async def rogue_round(ns: str, targets: list[tuple[str, int, bool, list[int]]], 
     return attempts, answered
 
 
-def sm_violations(run_dir: Path, rogue_lid: int) -> int:
+def sm_violations(run_dir: Path, rogue_lid: int) -> tuple[int, int]:
+    """Traps 256 the SM logged: (all, those naming the rogue's LID; a directed-route SMP's
+    trap names the permissive DR SLID instead)."""
     path = run_dir / "ibemu" / "events.jsonl"
     if not path.exists():
-        return 0
-    n = 0
+        return 0, 0
+    n = by_lid = 0
     for line in path.read_text().splitlines():
         if '"mkey_violation"' in line:
             e = json.loads(line)
-            n += e.get("lidaddr") == rogue_lid
-    return n
+            n += 1
+            by_lid += e.get("lidaddr") == rogue_lid
+    return n, by_lid
 
 
 def rogue_sm(tmp: Path, rounds: int) -> dict[str, Any]:
@@ -161,7 +164,10 @@ def rogue_sm(tmp: Path, rounds: int) -> dict[str, Any]:
             attempts += a
             answered += r
         elapsed = time.monotonic() - t0
-        time.sleep(0.5)  # the traps reach the SM's log
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and on_loop(lf, lambda: sum(len(a.traps) for a in ag.values())):
+            time.sleep(0.2)  # until the SM repressed every trap (each reached its log)
+        time.sleep(0.5)
         after = snapshot(lf)
         lft_changed = sum(1 for sw, lft in before["lft"].items() for lid, port in lft.items()
                           if after["lft"][sw].get(lid) != port)
@@ -171,9 +177,11 @@ def rogue_sm(tmp: Path, rounds: int) -> dict[str, Any]:
         not_active = sum(1 for (name, num), (st, _ph) in after["state"].items() if num and st != PortState.ACTIVE
                          and before["state"][(name, num)][0] == PortState.ACTIVE)
         traps = sm_violations(lf.rt.run_dir or tmp, lids[ROGUE])
+        unrepressed = on_loop(lf, lambda: sum(len(a.traps) for a in ag.values()))
     return {"keyed ports": keyed, "attempts": attempts, "answered": answered, "lft entries changed": lft_changed,
-            "port states changed": states_changed, "keys changed": keys_changed, "ports left Active": not_active,
-            "M_KeyViolations": after["violations"] - before["violations"], "traps 256 at the SM": traps,
+            "port states changed": states_changed, "keys changed": keys_changed, "ports no longer Active": not_active,
+            "M_KeyViolations": after["violations"] - before["violations"], "traps 256 at the SM": traps[0],
+            "of them naming the rogue's LID": traps[1], "traps unrepressed": unrepressed,
             "seconds": round(elapsed, 2)}
 
 
