@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -213,6 +214,9 @@ class Outcome:
     cleaned: str = "-"
     exit: int | None = None
     duration_s: float = 0.0
+    phase: str = "-"
+    """Where the run was when the signal left: start-up (no state file yet), fabric (built or
+    being built, the SM coming up), traffic (workers started), gone (the target had ended)."""
     leaks: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in LEAKS})
 
 
@@ -232,6 +236,13 @@ def load_state(rid: str) -> dict[str, object] | None:
 
 MARK = "IBEMU_CHAOS_CAMPAIGN"
 """Set in the environment of every command the campaign starts (and so of all their children)."""
+
+
+def phase_of(seen: set[str]) -> str:
+    roles = [p["role"] for rid in seen for p in (load_state(rid) or {}).get("processes", [])]  # type: ignore[union-attr]
+    if not seen:
+        return "start-up"
+    return "traffic" if any(r.startswith("traffic-worker-") for r in roles) else "fabric"
 
 
 def campaign_processes(exclude: set[int]) -> list[str]:
@@ -292,6 +303,7 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
         if kind.target == "runner":
             if now - t0 >= out.delay_s:
                 if proc.poll() is None:
+                    out.phase = phase_of(seen)
                     proc.send_signal(kind.sig)
                     out.killed = True
                 break
@@ -304,6 +316,7 @@ def one_run(i: int, kind: KillKind, scen: str, rng: random.Random, work: Path, s
                         appeared, target_pid = now, p["pid"]
             if appeared is not None and now - appeared >= out.delay_s:
                 if target_pid is not None and pid_start(target_pid) is not None:
+                    out.phase = phase_of(seen)
                     os.kill(target_pid, kind.sig)
                     out.killed = True
                 break
@@ -373,6 +386,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--kinds", default=",".join(k.name for k in KINDS), help="comma-separated kill kinds")
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per run")
+    ap.add_argument("--window", type=float, default=None,
+                    help="seconds over which a runner's kill moment is drawn (default 8; on a loaded machine "
+                         "a run's start-up alone can take that long: give a run's whole length here)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (namespaces)")
@@ -388,6 +404,8 @@ def main() -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
     kinds = [k for k in KINDS if k.name in args.kinds.split(",")]
+    if args.window is not None:  # the runner kinds' kill moments: uniform over this many seconds
+        kinds = [dataclasses.replace(k, window_s=args.window) if k.target == "runner" else k for k in kinds]
     print(f"chaos campaign: {args.runs} runs, seed {seed}, state dir {os.environ['IBEMU_STATE_DIR']}")
     print(f"load before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
     work = Path(tempfile.mkdtemp(prefix="ibemu-chaos-"))
@@ -420,7 +438,7 @@ def main() -> int:
             outcomes.append(o)
             bad = {k: v for k, v in o.leaks.items() if v}
             if args.verbose or bad or o.hung:
-                print(f"  run {i:3d} {o.kind:15s} {o.scenario:9s} at {o.delay_s:5.2f} s  run {o.run_id} "
+                print(f"  run {i:3d} {o.kind:15s} {o.scenario:9s} at {o.delay_s:5.2f} s ({o.phase}) run {o.run_id} "
                       f"killed={o.killed} exit={o.exit} hung={o.hung} clean={o.cleaned} "
                       f"{o.duration_s:5.1f} s {bad if bad else ''}", flush=True)
             if bad:
@@ -458,8 +476,10 @@ def main() -> int:
     print("(killed: the signal reached its target; self: the run removed everything itself, "
           "so `ibemu clean RUN` had nothing to do; cleaned: `ibemu clean RUN` ran and succeeded)")
     print(f"foreign objects at the end: {'untouched' if not end_touched else 'TOUCHED: ' + ', '.join(end_touched)}")
-    by_phase = Counter(f"{o.kind}@{o.scenario}" for o in outcomes)
-    print("runs per kind and scenario: " + ", ".join(f"{k} {v}" for k, v in sorted(by_phase.items())))
+    by_scen = Counter(f"{o.kind}@{o.scenario}" for o in outcomes)
+    print("runs per kind and scenario: " + ", ".join(f"{k} {v}" for k, v in sorted(by_scen.items())))
+    by_phase = Counter(o.phase for o in outcomes)
+    print("kills by phase: " + ", ".join(f"{k} {v}" for k, v in sorted(by_phase.items())))
     leaked = sum(total[k] for k in LEAKS) + total["hung"] + total["clean failed"] + len(end_touched)
     print("RESULT: " + ("all 0" if not leaked else f"{leaked} leaks/hangs/failures"))
     return 0 if not leaked else 1

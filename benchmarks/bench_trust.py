@@ -197,7 +197,7 @@ def partitions(tmp: Path, datapath: str, frames: int) -> dict[str, Any]:
         lids = on_loop(lf, lambda: {n: a.lid(1) for n, a in ag.items() if not isinstance(a, SwitchAgent)})
 
         def blast(src: str, dst: str, pkey: int) -> int:
-            return send_and_count(lf.rt.plan, src, dst, lids[src], lids[dst], frames, size=64, wait_s=1.0, pkey=pkey)
+            return send_and_count(lf.rt.plan, src, dst, lids[src], lids[dst], frames, size=64, wait_s=3.0, pkey=pkey)
 
         def constraint() -> tuple[int, int]:
             return on_loop(lf, lambda: (sum(p.counters.port_rcv_constraint_errors for a in ag.values()
