@@ -255,3 +255,17 @@ def test_ibnetdiscover_reader_raises_only_located_config_errors() -> None:
             loads(text, source="f.ibnd")
         except ConfigError as exc:
             assert exc.where or str(exc).startswith("f.ibnd:"), str(exc)
+
+
+def test_ibnetdiscover_reader_refuses_a_bad_port_guid_with_a_location() -> None:
+    """A CA port's GUID with an 'x' inside (the pattern admits it) raised int()'s ValueError:
+    the fuzz campaign's finding."""
+    from ibemu.topo.ibnetdiscover import loads
+
+    text = (REPO / "scenarios" / "small-cluster.ibnd").read_text()
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("[1](2c90300a1b011)"))
+    lines[i] = lines[i].replace("(2c90300a1b011)", "(2c9030xa1b011)")
+    with pytest.raises(ConfigError) as err:
+        loads("\n".join(lines), source="f.ibnd")
+    assert f"f.ibnd:{i + 1}" in str(err.value) and "bad port GUID" in str(err.value)
