@@ -13,7 +13,8 @@ report how far they fell behind the emulated clock; ``ibemu.scenario.fidelity`` 
 from it (the result's ``fidelity`` block).
 
 Processes: this one runs the fabric's agents (and the SM's MAD socket); the SM and the
-traffic worker are processes of their own, owned by the run.
+traffic worker are processes of their own, owned by the run. A RoCE run whose user datapath
+or fabric manager exits stops at once with an error (no frame would move again).
 """
 
 from __future__ import annotations
