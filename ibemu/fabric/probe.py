@@ -19,7 +19,8 @@ def send_and_count(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: 
     Raw sockets on the two hosts' cables, beside their agents: the frames cross the switches
     exactly as traffic from the hosts would. Paced (1 ms per 64 frames) to stay below what
     one Python forwarder of the user datapath can take. ``pkey``: the frames carry it, and
-    only data frames with it are counted (partition tests: nothing else may pass for them).
+    only data frames with it from ``src_lid`` are counted (partition tests: nothing else may
+    pass for them; a late frame of an earlier probe to the same host is not counted).
     """
     sp, dp = plan.nodes[src], plan.nodes[dst]
     out = open_packet_socket(sp.ns, sp.ports[1].ifname)
@@ -41,8 +42,11 @@ def send_and_count(plan: FabricPlan, src: str, dst: str, src_lid: int, dst_lid: 
             try:
                 while True:
                     frame = inp.recv(9000)
-                    if pkey is None or fast.peek(frame, 14).pkey == pkey:
+                    if pkey is None:
                         got += 1
+                        continue
+                    peek = fast.peek(frame, 14)  # this probe's frames: a late one of the last probe is not
+                    got += peek.pkey == pkey and peek.slid == src_lid
             except BlockingIOError:
                 time.sleep(0.01)
         return got

@@ -169,11 +169,15 @@ class FabricRuntime:
         self.sm_started_ns = clock.now_ns()
         proc = await trio.to_thread.run_sync(self._launch_sm, "master")
         self._sm_proc = proc
+        # Abandoned on cancel (Ctrl-C, SIGTERM during the bring-up): the teardown stops the SM,
+        # which ends the thread's polling; waiting for it would hold the exit up to its timeout.
         if self.sm == "opensm":
             self.sm_up_s = await trio.to_thread.run_sync(
-                functools.partial(opensm.wait_subnet_up, proc, workdir, started_ns=self.sm_started_ns))
+                functools.partial(opensm.wait_subnet_up, proc, workdir, started_ns=self.sm_started_ns),
+                abandon_on_cancel=True)
         else:
-            self.sm_up_s = await trio.to_thread.run_sync(ibemusm.wait_subnet_up, proc, workdir)
+            self.sm_up_s = await trio.to_thread.run_sync(ibemusm.wait_subnet_up, proc, workdir,
+                                                         abandon_on_cancel=True)
         log.info("%s SM on %s: SUBNET UP in %.2f s", self.sm, self.sm_host, self.sm_up_s)
         if self.sm_election.get("standby"):
             impl, host, _prio, sworkdir = self.sm_role("standby")

@@ -13,7 +13,8 @@ report how far they fell behind the emulated clock; ``ibemu.scenario.fidelity`` 
 from it (the result's ``fidelity`` block).
 
 Processes: this one runs the fabric's agents (and the SM's MAD socket); the SM and the
-traffic worker are processes of their own, owned by the run.
+traffic worker are processes of their own, owned by the run. A RoCE run whose user datapath
+or fabric manager exits stops at once with an error (no frame would move again).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import trio
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ibemu import clock, lagmon
-from ibemu.errors import ConfigError, did_you_mean
+from ibemu.errors import ConfigError, IbemuError, did_you_mean
 from ibemu.fabric import opensm
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.fabric.agents import make_agent
@@ -242,6 +243,8 @@ class ScenarioRun:
         self.lag_threshold_us = scen.time.lag_threshold_us or DEFAULT_THRESHOLD_US
         self.faults_injected: list[dict[str, Any]] = []
         self.interrupted = False
+        self.failed = ""
+        """Why the run stopped on its own (a process it needs exited): raised after the teardown."""
         self.started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.capture_files: list[str] = []
         self.link_load: dict[str, Any] | None = None
@@ -288,7 +291,10 @@ class ScenarioRun:
                                        "sm_s": None if self.rt.sm_up_s is None else round(self.rt.sm_up_s, 3)}
                             self.progress("manager", f"fabric manager: routes programmed in "
                                                      f"{(self.rt.sm_up_s or 0.0) * 1e3:.1f} ms")
-                            await self._traffic_and_faults(fabric)
+                            async with trio.open_nursery() as watch:  # not during the teardown
+                                watch.start_soon(self._watch_roce, fabric, work)
+                                await self._traffic_and_faults(fabric)
+                                watch.cancel_scope.cancel()
                     else:
                         async with self.rt.running() as host:
                             bringup = {"fabric_s": round(sum(self.rt.timings_s.get(k, 0.0)
@@ -301,7 +307,22 @@ class ScenarioRun:
                 nursery.cancel_scope.cancel()
         self.progress("teardown", ("interrupted: " if self.interrupted else "")
                       + f"torn down; {time.perf_counter() - t_start:.1f} s in all")
+        if self.failed:
+            raise IbemuError(self.failed)
         return self._result(bringup, self.outputs, time.perf_counter() - t_start)
+
+    async def _watch_roce(self, fabric: RoceRun, work: trio.CancelScope) -> None:
+        """Stop the run when a process the RoCE fabric cannot do without (its user datapath,
+        its fabric manager) exits: without it no frame moves, and the flows would wait for
+        their ready and drain timeouts (a minute) before the run ended."""
+        while True:
+            for what, proc in (("the RoCE user datapath", fabric.userpath), ("the fabric manager", fabric.manager)):
+                if proc is not None and proc.poll() is not None:
+                    self.failed = f"{what} exited (status {proc.returncode}) during the run"
+                    self.progress("error", f"{self.failed}: stopping")
+                    work.cancel()
+                    return
+            await trio.sleep(clock.emulated_s(0.1))
 
     def _record_loads(self, host: AgentHost) -> None:
         """The cables and what each carried (the result's ``link_load``), read from the ports'
@@ -533,7 +554,9 @@ class ScenarioRun:
                 "phases_ms": fault_phases(t_f, window_end, fabric_events, sm_events),
                 "flows": [flow_impact(o, t_f, window_end, t_end) for o in outputs if o.t_ns],
             })
-        traffic = [traffic_entry(o, self.t0_ns, t_end, TIMELINE_BIN_S) for o in outputs]
+        # Interrupted before the flows' time zero (warm-up): no timeline, rather than one from
+        # the clock's epoch (hours of 0.1 s bins, and a minute of CPU before the exit).
+        traffic = [traffic_entry(o, self.t0_ns or t_end, t_end, TIMELINE_BIN_S) for o in outputs]
         # Judged where the figures are measured: from the flows' time zero to the drain's end.
         fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
                        threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None, hi_ns=self.t_done_ns or None)

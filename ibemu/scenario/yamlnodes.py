@@ -33,7 +33,7 @@ class ScenarioError(ConfigError):
 def compose(text: str, source: str) -> yaml.Node | None:
     """The YAML node tree of ``text`` (None for an empty document); syntax errors located."""
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
@@ -41,6 +41,23 @@ def compose(text: str, source: str) -> yaml.Node | None:
         raise ScenarioError([f"{source}:{line}: YAML syntax error: {what}"]) from None
     except yaml.YAMLError as exc:
         raise ScenarioError([f"{source}:1: YAML error: {exc}"]) from None
+    _check_tags(root, source)
+    return root
+
+
+def _check_tags(root: yaml.Node | None, source: str) -> None:
+    """Refuse (located) a node with a tag safe YAML cannot construct (``!!python/object``,
+    ``!custom``): reading its value later would raise yaml's own error, unlocated."""
+    known = yaml.SafeLoader.yaml_constructors
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if node.tag not in known:
+            raise ScenarioError([f"{source}:{line_of(node)}: unsupported YAML tag {node.tag!r}"])
+        if isinstance(node, yaml.MappingNode):
+            stack.extend(n for pair in node.value for n in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
 
 
 def line_of(node: yaml.Node) -> int:

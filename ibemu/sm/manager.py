@@ -155,6 +155,7 @@ class SmConfig:
     poll_interval_s: float = 1.0  # a standby polls its master's SMInfo this often (OpenSM: sminfo_polling_timeout)
     poll_retries: int = 3  # failed polls in a row before a standby takes over (OpenSM: polling_retry_number)
     sm_key: int = 1  # SMInfo SM_Key (OpenSM's default too: OpenSM ignores an SM whose key differs)
+    unclean_cold_sweeps: int = 3  # cold sweeps with SMPs unanswered after every retry before SUBNET UP anyway
 
 
 class SubnetManager:
@@ -189,6 +190,8 @@ class SubnetManager:
         self.lost: dict[int, str] = {}
         self.stats: Counter[str] = Counter()
         self.sweeps = 0
+        self._unclean = 0
+        """Cold sweeps that ended with SMPs unanswered after every retry."""
         self._dirty: dict[int, int] = {}  # switch GUID -> t_ns of its first trap
         self._trap_unknown = 0  # t_ns of a trap from a LID we do not know
         self._wake = trio.Event()
@@ -582,7 +585,17 @@ class SubnetManager:
             self.stats.update({f"qos_{k}": v for k, v in counts.items()})
         n = await act.activate(self.disc, lid_routed=ok and self.config.lid_routed_activation)
         self.events.emit(Kind.PORTS_ACTIVE, sets=n, ports=len(act.link_ends(self.disc)))
-        if ok and reason in ("cold", "takeover") and not self.up.is_set():
+        # SMPs unanswered after every retry left nodes undiscovered, ports not Active or blocks
+        # unwritten: not up yet, the cold sweep runs again (as OpenSM resweeps after errors), up
+        # to ``unclean_cold_sweeps`` times; then SUBNET UP all the same, the light sweeps finish
+        # the job (a machine too loaded to answer within the timeouts must still come up)
+        failed = self.transport.stats["failed"] - before["failed"]
+        if failed and reason == "cold":
+            self._unclean += 1
+            self.events.emit(Kind.ERROR, what=f"{failed} SMPs unanswered after every retry"
+                             + (": sweeping again" if self._unclean <= self.config.unclean_cold_sweeps else ""))
+        if ok and reason in ("cold", "takeover") and not self.up.is_set() and (
+                reason == "takeover" or not failed or self._unclean > self.config.unclean_cold_sweeps):
             self.events.emit(Kind.SUBNET_UP, seconds=(self.events.now() - t0) / 1e9, nodes=len(g.nodes),
                              ports=len(act.link_ends(self.disc)), reason=reason)
             self.up.set()

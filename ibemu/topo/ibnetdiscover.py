@@ -330,7 +330,11 @@ class _Parser:
             self.error(where, "remote port 0 cannot be cabled")
             return
         if rec.kind is not NodeKind.SWITCH and m.group("lguid"):
-            pg = _hex(m.group("lguid").removeprefix("0x"))
+            try:
+                pg = _hex(m.group("lguid").removeprefix("0x"))
+            except ValueError:  # the pattern admits an 'x' anywhere
+                self.error(where, f"bad port GUID ({m.group('lguid')})")
+                return
             if pg != rec.guid + port:
                 rec.port_guids[port] = pg
         rec.halves.append(half)

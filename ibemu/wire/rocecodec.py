@@ -5,9 +5,9 @@ frame is Ethernet / IPv4 / UDP 4791 / BTH .. pad / ICRC. ``encapsulate`` maps th
 address (the LID table), takes the UDP source port from the destination QP (ECMP entropy)
 and recomputes the ICRC over the RoCEv2 invariant fields (IBA annex A16.4.1: eight bytes of
 ones for the absent LRH, IPv4 with TOS, TTL and checksum masked, UDP with its checksum
-masked, BTH byte 4 masked). ``decapsulate`` checks a received frame (IPv4 without options,
-UDP 4791, consistent lengths, addressed to this port, known source, ICRC) and rebuilds the
-native packet (LRH from the table, fresh ICRC and VCRC). Refused frames are counted in
+masked, BTH byte 4 masked). ``decapsulate`` checks a received frame (IPv4 without options and with a good header
+checksum, UDP 4791, consistent lengths, addressed to this port, known source, ICRC) and
+rebuilds the native packet (LRH from the table, fresh ICRC and VCRC). Refused frames are counted in
 ``stats``; nothing raises.
 """
 
@@ -57,6 +57,14 @@ class RoceStats:
     cnp_sent: int = 0
     cnp_received: int = 0
     tx_paced: int = 0
+
+
+def _ip_sum(frame: bytes) -> int:
+    """The one's complement sum of the IPv4 header (20 bytes after Ethernet): 0xFFFF when its
+    checksum holds."""
+    s = sum(struct.unpack_from("!10H", frame, ETH_LEN))
+    s = (s & 0xFFFF) + (s >> 16)
+    return (s & 0xFFFF) + (s >> 16)
 
 
 class RoceCodec:
@@ -188,6 +196,9 @@ class RoceCodec:
         body_len = total - IP_LEN - UDP_LEN - ICRC_LEN
         if (end > n or body_len < BTH_LEN or body_len % 4 or ((frame[38] << 8) | frame[39]) != total - IP_LEN
                 or (frame[20] & 0x3F) or frame[21]):  # fragments are not RoCE
+            st.rx_malformed += 1
+            return None
+        if _ip_sum(frame) != 0xFFFF:  # a NIC drops an IPv4 header whose checksum fails
             st.rx_malformed += 1
             return None
         if frame[30:34] != self._src:

@@ -22,6 +22,7 @@ from ibemu.fabric.roce_fabric import RoceRun
 from ibemu.hca.roce_port import ETH_P_ALL
 from ibemu.kernel import netns, rtnl
 from ibemu.kernel.packet import open_packet_socket
+from ibemu.roce.queues import ip_checksum
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 from ibemu.wire import PcapWriter, fast
 from ibemu.wire.roce import verify_roce_icrc
@@ -160,6 +161,7 @@ def test_malformed_frames_are_counted_and_never_answered(roce: RoceRun) -> None:
     bad_icrc[-1] ^= 0xFF
     unknown_src = bytearray(frame)
     unknown_src[26:30] = socket.inet_aton("198.19.255.1")
+    ip_checksum(unknown_src)  # a well-formed frame from an address nobody has
     truncated = bytes(frame[:50])
     frames = [bytes(bad_icrc), bytes(unknown_src), truncated, bytes(frame)]
     try:

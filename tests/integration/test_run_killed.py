@@ -4,6 +4,7 @@ namespaces, links and processes are untouched."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -73,3 +74,108 @@ def test_sigkill_at_random_points_then_clean(tmp_path: Path) -> None:
         foreign_proc.kill()
         subprocess.run(["ip", "netns", "del", foreign_ns], check=False)
         subprocess.run(["ip", "link", "del", "ibfrgnk0"], check=False)
+
+
+SMALL = """
+name: pytest-killed-small
+topology: {generator: leaf-spine, leaves: 2, spines: 1, hosts_per_leaf: 2}
+sm: {impl: ibemu, host: h0}
+traffic:
+  - {name: probe, kind: stream, from: h1, to: h2, rate_pps: 500}
+duration_s: 20
+"""
+
+
+def _start(tmp_path: Path, text: str) -> tuple[subprocess.Popen[str], Path, dict[str, str]]:
+    state_dir = tmp_path / "state"
+    env = {**os.environ, "IBEMU_STATE_DIR": str(state_dir), "PYTHONPATH": str(REPO)}
+    scen = tmp_path / "s.yaml"
+    scen.write_text(text)
+    proc = subprocess.Popen([sys.executable, "-m", "ibemu.cli.main", "run", str(scen), "--quiet", "--no-plots",
+                             "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json")],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a shell
+    return proc, state_dir, env
+
+
+def _wait_role(proc: subprocess.Popen[str], state_dir: Path, role: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        for path in (state_dir / "runs").glob("*.json"):
+            try:
+                if any(p.role.startswith(role) for p in ownership.RunState.load(path).processes):
+                    return
+            except ValueError:
+                continue
+        time.sleep(0.01)
+    raise AssertionError(f"no {role} process appeared")
+
+
+def _clean(state_dir: Path, env: dict[str, str]) -> None:
+    """What is left of the run (nothing, when the run tore itself down) removed."""
+    runs = [p.stem for p in (state_dir / "runs").glob("*.json")]
+    if runs:
+        subprocess.run([sys.executable, "-m", "ibemu.cli.main", "clean", *runs], cwd=REPO, env=env,
+                       capture_output=True, timeout=120)
+    assert not runs, f"the run left its state file: {runs}"
+
+
+def test_ctrl_c_during_the_sm_bring_up_stops_the_run_at_once(tmp_path: Path) -> None:
+    """The wait for SUBNET UP ran in a thread that a cancel waited for: a Ctrl-C there held
+    the run until SUBNET UP or the wait's minute. The SM is stopped (SIGSTOP) so that its
+    SUBNET UP cannot end the wait first."""
+    proc, state_dir, env = _start(tmp_path, SMALL)
+    try:
+        _wait_role(proc, state_dir, "sm-")
+        run = ownership.RunState.load(next((state_dir / "runs").glob("*.json")))
+        sm = next(p for p in run.processes if p.role.startswith("sm-"))
+        os.kill(sm.pid, signal.SIGSTOP)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=25)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (2, 130), proc.stderr.read() if proc.stderr else ""
+    _clean(state_dir, env)
+
+
+def test_sigterm_in_warm_up_returns_a_result_without_a_timeline_from_the_epoch(tmp_path: Path) -> None:
+    """Interrupted before the flows' time zero, the result's timeline ran from the clock's
+    epoch: hours of 0.1 s bins (and a minute of CPU before the exit)."""
+    proc, state_dir, env = _start(tmp_path, SMALL)
+    try:
+        _wait_role(proc, state_dir, "traffic-worker-")
+        assert not (tmp_path / "o" / "run" / "go.json").exists(), "warm-up already over"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, proc.stderr.read() if proc.stderr else ""
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["interrupted"] is True
+    assert all(len(t["timeline"]["t_s"]) <= 1 for t in result["traffic"]), [len(t["timeline"]["t_s"])
+                                                                           for t in result["traffic"]]
+    _clean(state_dir, env)
+
+
+def test_a_killed_roce_user_datapath_ends_the_run_with_an_error(tmp_path: Path) -> None:
+    """Without its user datapath a RoCE run moves no frame: it stops and says so instead of
+    waiting out its workers' ready and drain timeouts (the chaos campaign's userpath-kill hangs)."""
+    proc, state_dir, env = _start(tmp_path, SMALL.replace("sm: {impl: ibemu, host: h0}",
+                                                          "fabric: {kind: roce, datapath: user}"))
+    try:
+        _wait_role(proc, state_dir, "traffic-worker-")
+        run = ownership.RunState.load(next((state_dir / "runs").glob("*.json")))
+        userpath = next(p for p in run.processes if p.role == "roce-userpath")
+        os.kill(userpath.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 2 and "user datapath exited" in err, err
+    _clean(state_dir, env)

@@ -9,6 +9,7 @@ from scapy.layers.l2 import Ether
 
 from ibemu.hca.roce_port import socket_filter
 from ibemu.kernel import sockfilter
+from ibemu.roce.queues import ip_checksum
 from ibemu.wire import fast
 from ibemu.wire.roce import verify_roce_icrc
 from ibemu.wire.rocecodec import RoceCodec, udp_sport
@@ -67,8 +68,10 @@ def test_bad_frames_are_counted_not_raised() -> None:
     bad_icrc[200] ^= 1
     not_ours = bytearray(frame)
     not_ours[33] ^= 1
+    ip_checksum(not_ours)  # another address, a good header: not a malformed frame
     unknown = bytearray(frame)
     unknown[29] ^= 1
+    ip_checksum(unknown)
     cases = [b"", b"\x00" * 13, bytes(frame[:50]), bytes(frame[:-1]), b"\xff" * 200,
              bytes(frame[:12]) + b"\x86\xdd" + bytes(frame[14:]), bytes(frame[:14]) + b"\x46" + bytes(frame[15:])]
     for c in cases:

@@ -8,6 +8,7 @@ from scapy.layers.l2 import Ether
 
 from ibemu.hca.dcqcn import DcqcnParams, DcqcnState, Pacer
 from ibemu.hca.roce_port import CNP_OPCODE, CNP_PAYLOAD
+from ibemu.roce.queues import ip_checksum
 from ibemu.wire import fast
 from ibemu.wire.roce import verify_roce_icrc
 from ibemu.wire.rocecodec import HDR_LEN, RoceCodec
@@ -31,7 +32,8 @@ def test_ect_frames_and_a_cnp_on_the_wire() -> None:
     del ip.chksum
     assert Ether(bytes(Ether(frame)))[IP].chksum == Ether(frame)[IP].chksum
     ce = bytearray(frame)
-    ce[15] |= 3  # a router set CE (the ICRC does not cover the TOS byte)
+    ce[15] |= 3  # a router set CE (the ICRC does not cover the TOS byte) and fixed the IP checksum
+    ip_checksum(ce)
     assert b.decapsulate(bytes(ce)) == write
     # b's answer: a CNP to the QP that sent it (what RocePort._on_ce builds)
     cnp = b.encapsulate(fast.NativeTemplate(slid=2, dlid=1, destqp=0x45).packet(CNP_OPCODE, 0, CNP_PAYLOAD))
