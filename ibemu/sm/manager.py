@@ -191,6 +191,9 @@ class SubnetManager:
         self.stats: Counter[str] = Counter()
         self.sweeps = 0
         self._unclean = 0
+        self._repair_due = False
+        """The last heavy sweep left SMPs unanswered after every retry (a node undiscovered, a
+        port not activated, a block unwritten): the next periodic sweep is a heavy one."""
         """Cold sweeps that ended with SMPs unanswered after every retry."""
         self._dirty: dict[int, int] = {}  # switch GUID -> t_ns of its first trap
         self._trap_unknown = 0  # t_ns of a trap from a LID we do not know
@@ -425,6 +428,10 @@ class SubnetManager:
             # notices) even where the SM's routes need no change (a cable back before the
             # SM looked): a new generation ends those repairs
             self._groups_due = self._groups_due or (self.config.local_failover and self._adaptive())
+        elif self._repair_due:
+            # as OpenSM after a sweep with errors: a heavy sweep again rather than a light one,
+            # which looks only for PortStateChange and would never see what was missed
+            await self.full_sweep("repair")
         else:
             await self.light_sweep()
         if self._groups_due and not self._wake.is_set():  # skipped while traps waited
@@ -590,6 +597,7 @@ class SubnetManager:
         # to ``unclean_cold_sweeps`` times; then SUBNET UP all the same, the light sweeps finish
         # the job (a machine too loaded to answer within the timeouts must still come up)
         failed = self.transport.stats["failed"] - before["failed"]
+        self._repair_due = bool(failed)
         if failed and reason == "cold":
             self._unclean += 1
             self.events.emit(Kind.ERROR, what=f"{failed} SMPs unanswered after every retry"

@@ -225,6 +225,31 @@ def test_no_subnet_up_after_a_cold_sweep_with_unanswered_smps() -> None:
     run(main)
 
 
+def test_after_an_unclean_sweep_the_next_periodic_sweep_is_heavy_and_repairs_it() -> None:
+    """SUBNET UP at once after a cold sweep with SMPs unanswered (``unclean_cold_sweeps=0``):
+    what it missed (nodes undiscovered, ports left in Init) has no PortStateChange for a light
+    sweep to see, so the next periodic sweep is a heavy one ("repair") and makes it whole."""
+    _topo, fab = fat_tree(4)
+    deaf = Deaf(InMemoryPort(fab, "h0"), 3, 40)
+    sm = SubnetManager(deaf, SmConfig(timeout_s=0.01, retries=1, sweep_interval_s=0.05,
+                                      unclean_cold_sweeps=0), route_fn=minhop)
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                await n.start(sm.serve)
+                await sm.up.wait()
+                assert sm.events.of("subnet_up")[0]["nodes"] < 36  # up, but not whole
+                assert not link_ports_active(fab)
+                while not any(e["reason"] == "repair" and e.get("ok") for e in sm.events.of("sweep_end")):
+                    await trio.sleep(0.05)
+                n.cancel_scope.cancel()
+        assert link_ports_active(fab) and not unreachable_pairs(fab)
+        assert len(sm.graph.nodes) == 36
+
+    run(main)
+
+
 class KillAfter:
     """Kills a switch (every cable unplugged) after ``n`` SMPs."""
 
