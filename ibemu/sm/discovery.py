@@ -396,14 +396,14 @@ class Discovery:
         self.answered = set()
 
         async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
-            async def pi(num: int) -> None:
-                r = await self._get(node.dr_path, ATTR_PORT_INFO, num)
-                if r is not None:
+            # one batch (``Transport.request_many``): sent in one pass, no task per port
+            nums = range(1, node.num_ports + 1)
+            path = list(node.dr_path)
+            replies = await self.transport.request_many(
+                [mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=path, modifier=num) for num in nums])
+            for num, r in zip(nums, replies, strict=True):
+                if r is not None and r.ok:
                     got[num] = r.data
-
-            async with trio.open_nursery() as n:
-                for num in range(1, node.num_ports + 1):
-                    n.start_soon(pi, num)
 
         async def read(guid: int) -> None:
             for _ in range(8):
