@@ -3,7 +3,9 @@
 ``LftProgrammer`` remembers the 64-entry blocks last acknowledged per switch. A switch it
 has never written gets every block up to the LID top (its contents are unknown); after
 that only blocks whose bytes differ are sent, all in parallel within the transport's
-window. Each ack is an ``lft_block_acked`` event; ``Programmed.t_last_ack_ns`` is the
+window: one batch of ``transport.Call``s, framed and sent in one pass with no task per Set
+(a LID-routed Set that goes unanswered is followed by its directed-route Set from its
+callback; the watcher below cancels calls). Each ack is an ``lft_block_acked`` event; ``Programmed.t_last_ack_ns`` is the
 reroute's ``t_programmed``. A block whose Set failed is forgotten, so the next pass
 sends it again.
 
@@ -383,7 +385,7 @@ class LftProgrammer:
         if not calls:
             return res
         # one pass: every Set the window has room for is framed and sent before any reply is
-        # looked at (a task per Set cost ~140 us each between sends on k=8)
+        # looked at (a task per Set, each through ``request``: ~140 us between sends on k=8)
         tr.submit(batch)
         try:
             async with trio.open_nursery() as outer:

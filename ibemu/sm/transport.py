@@ -22,6 +22,15 @@ Cost: a waiting attempt is parked with ``trio.lowlevel.wait_task_rescheduled`` a
 its reply or by the one deadline task (``serve``), and ``request_all`` runs a window's worth
 of worker tasks rather than one task per request: 33-41 us of this process's CPU per request,
 against 99-117 us with an Event, a cancel scope and a task each (``benchmarks/bench_sm_transport.py``).
+
+Calls (``Call``, ``submit``, ``cancel``, ``request_many``) go further for bulk work (a pass's
+LFT Sets, a switch's PortInfo Gets): no task waits for a call; ``submit`` frames and sends as
+many as the window has room for in one pass with no checkpoint between them (through the
+port's ``send_nowait``: the SM's own packet socket, the MAD socket), and each call's
+``on_done`` runs from the receive task as its answer is matched, or from the timer task when
+its last attempt times out (retries, TIDs, the window and ``stats`` as for ``request``). A
+k=8 reroute's LFT Sets cost 38-41 us of CPU each this way against 83-90 us as a task each
+through ``request`` (``benchmarks/bench_sm_reroute_cpu.py``, load ~9).
 """
 
 from __future__ import annotations
