@@ -339,8 +339,8 @@ def main() -> None:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
             for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_sent_ms", "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
-                        "routed_to_programmed_ms", "trap_to_programmed_ms", "trap_to_kernel_ms",
-                        "kernel_after_ack_ms"):
+                        "routed_to_programmed_ms", "planned_to_first_ack_ms", "first_to_last_ack_ms",
+                        "trap_to_programmed_ms", "trap_to_kernel_ms", "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows]
                 print(f"median {key}: {statistics.median(vals):.2f} (range {min(vals):.2f} to {max(vals):.2f})")
 
