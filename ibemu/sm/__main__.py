@@ -27,8 +27,6 @@ from ibemu.hca.umad_client import UmadClient
 from ibemu.kernel.timerfd import run_trio
 from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
-from ibemu.sm.partitions import SmPartitions
-from ibemu.sm.qos import SmQos
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, DEFAULT_RETRIES, DEFAULT_TIMEOUT_S, UmadPort
 from ibemu.wire.umad import DEFAULT_SOCKNAME
 
@@ -133,14 +131,23 @@ def check_dump_dir(value: str | None) -> None:
 
 
 async def amain(args: argparse.Namespace) -> int:
+    qos = partitions = None
+    if args.qos:  # imported only when given (start-up)
+        from ibemu.sm.qos import SmQos
+
+        qos = SmQos.from_json(args.qos)
+    if args.partitions:
+        from ibemu.sm.partitions import SmPartitions
+
+        partitions = SmPartitions.from_json(args.partitions)
     events = EventLog(args.events)
     client = await UmadClient.connect(args.ns, sockname=args.sockname, issm=True)
     cfg = SmConfig(engine=args.engine, max_in_flight=args.max_in_flight, timeout_s=args.timeout,
                    retries=args.retries, sweep_interval_s=args.sweep_interval, state_path=args.state,
                    dump_dir=args.dump_dir,
-                   qos=SmQos.from_json(args.qos) if args.qos else None, m_key=args.m_key,
+                   qos=qos, m_key=args.m_key,
                    m_key_protect=args.m_key_protect, m_key_lease_s=args.m_key_lease,
-                   partitions=SmPartitions.from_json(args.partitions) if args.partitions else None,
+                   partitions=partitions,
                    local_failover=not args.no_local_failover, priority=args.priority,
                    poll_interval_s=args.poll_interval, poll_retries=args.poll_retries)
     umad = UmadPort(client)

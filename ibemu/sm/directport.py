@@ -136,6 +136,20 @@ class DirectPort:
             await trio.lowlevel.wait_writable(self.sock)
             self.sock.send(frame)
 
+    def send_nowait(self, req: SimRequest) -> None:
+        """``send`` without a checkpoint (``Transport.submit`` sends a batch in one pass);
+        ``trio.WouldBlock`` when the socket is full (nothing was sent)."""
+        frame = self._frame(req)
+        if frame is None:
+            self._learn_lid(req.mad, outgoing=True)
+            self.umad.send_nowait(req)
+            return
+        try:
+            self.sock.send(frame)
+        except BlockingIOError:
+            raise trio.WouldBlock from None
+        self.stats["tx_direct"] += 1
+
     async def recv(self) -> SimRequest:
         return await self._in_recv.receive()
 

@@ -1,7 +1,9 @@
 """Discovery by directed-route SMPs: fill a ``SubnetGraph`` from the SM's port outwards.
 
 Breadth-first and parallel: every NodeInfo answer immediately starts, in parallel, the new
-node's NodeDescription, SwitchInfo, PortInfo of each port and (CAs) P_KeyTable block 0;
+node's NodeDescription, SwitchInfo, PortInfo of each port and (CAs) P_KeyTable block 0 (one
+batch of ``Transport.request_many``, sent in one pass; a switch that answers none of its
+PortInfo Gets died after its NodeInfo answer and is left out, as if that had gone unanswered);
 every switch port found LinkUp starts the NodeInfo probe of its far end (whose
 LocalPortNum names the peer port). The transport's window bounds what is in flight.
 
@@ -157,7 +159,11 @@ class Discovery:
             if r is not None:
                 self.store_port_info(node, here, r.data)
         if node.is_switch and new:
-            await self._read_switch(node)
+            if not await self._read_switch(node):  # dead since its NodeInfo: as if that went unanswered
+                self.remove({node.guid})
+                if came_from is not None:
+                    self.unresponsive.add(came_from)
+                return
             for num in range(1, node.num_ports + 1):
                 if self.phys((node.guid, num)) == PHYS_LINK_UP and node.ports[num].peer is None \
                         and len(path) < MAX_HOPS:
@@ -167,52 +173,38 @@ class Discovery:
             if not path and self.phys((node.guid, here)) == PHYS_LINK_UP:
                 nursery.start_soon(self._visit, (here,), (node.guid, here), nursery)
 
-    async def _read_switch(self, node: SmNode) -> None:
-        path = node.dr_path
+    async def _gets(self, path: tuple[int, ...], attrs: list[tuple[int, int]]) -> list[bytes | None]:
+        """The (attribute, modifier) Gets at ``path`` as one batch (``Transport.request_many``:
+        sent in one pass, no task each); each answer's data, or None (no answer, bad status)."""
+        hops = list(path)
+        replies = await self.transport.request_many(
+            [mb.dr_smp(mb.GET, attr, path=hops, modifier=mod) for attr, mod in attrs])
+        return [r.data if r is not None and r.ok else None for r in replies]
+
+    async def _read_switch(self, node: SmNode) -> bool:
+        """NodeDescription, SwitchInfo and every PortInfo of a new switch; False when not one
+        PortInfo was answered (it died after its NodeInfo answer)."""
         mods = list(range(node.num_ports + 1))
-
-        async def pi(num: int) -> None:
-            r = await self._get(path, ATTR_PORT_INFO, num)
-            if r is not None:
-                self.store_port_info(node, num, r.data)
-
-        async def desc() -> None:
-            r = await self._get(path, ATTR_NODE_DESC)
-            if r is not None:
-                node.desc = _text(r.data)
-
-        async def si() -> None:
-            r = await self._get(path, ATTR_SWITCH_INFO)
-            if r is not None:
-                self.switch_info[node.guid] = r.data
-
-        async with trio.open_nursery() as n:
-            n.start_soon(desc)
-            n.start_soon(si)
-            for num in mods:
-                n.start_soon(pi, num)
+        desc, si, *pis = await self._gets(node.dr_path, [(ATTR_NODE_DESC, 0), (ATTR_SWITCH_INFO, 0),
+                                                         *((ATTR_PORT_INFO, num) for num in mods)])
+        if desc is not None:
+            node.desc = _text(desc)
+        if si is not None:
+            self.switch_info[node.guid] = si
+        for num, data in zip(mods, pis, strict=True):
+            if data is not None:
+                self.store_port_info(node, num, data)
+        return any(data is not None for data in pis)
 
     async def _read_ca_port(self, node: SmNode, num: int, path: tuple[int, ...], new: bool) -> None:
-        async def pi() -> None:
-            r = await self._get(path, ATTR_PORT_INFO, num)
-            if r is not None:
-                self.store_port_info(node, num, r.data)
-
-        async def pk() -> None:
-            r = await self._get(path, ATTR_PKEY_TABLE, 0)
-            if r is not None:
-                self.pkeys[(node.guid, num)] = r.data
-
-        async def desc() -> None:
-            r = await self._get(path, ATTR_NODE_DESC)
-            if r is not None:
-                node.desc = _text(r.data)
-
-        async with trio.open_nursery() as n:
-            n.start_soon(pi)
-            n.start_soon(pk)
-            if new:
-                n.start_soon(desc)
+        attrs = [(ATTR_PORT_INFO, num), (ATTR_PKEY_TABLE, 0)] + ([(ATTR_NODE_DESC, 0)] if new else [])
+        pi, pk, *desc = await self._gets(path, attrs)
+        if pi is not None:
+            self.store_port_info(node, num, pi)
+        if pk is not None:
+            self.pkeys[(node.guid, num)] = pk
+        if desc and desc[0] is not None:
+            node.desc = _text(desc[0])
 
     # ------------------------------------------------------------------ paths
 
@@ -396,14 +388,14 @@ class Discovery:
         self.answered = set()
 
         async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
-            async def pi(num: int) -> None:
-                r = await self._get(node.dr_path, ATTR_PORT_INFO, num)
-                if r is not None:
+            # one batch (``Transport.request_many``): sent in one pass, no task per port
+            nums = range(1, node.num_ports + 1)
+            path = list(node.dr_path)
+            replies = await self.transport.request_many(
+                [mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=path, modifier=num) for num in nums])
+            for num, r in zip(nums, replies, strict=True):
+                if r is not None and r.ok:
                     got[num] = r.data
-
-            async with trio.open_nursery() as n:
-                for num in range(1, node.num_ports + 1):
-                    n.start_soon(pi, num)
 
         async def read(guid: int) -> None:
             for _ in range(8):

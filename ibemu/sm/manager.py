@@ -59,21 +59,18 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ibemu import clock
 from ibemu.events import LINK_CHANGE, EventLog, Kind
 from ibemu.sm import activate as act
-from ibemu.sm import dumps
 from ibemu.sm import election as el
 from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
-from ibemu.sm.partitions import SmPartitions, program_partitions
 from ibemu.sm.program import LftProgrammer
-from ibemu.sm.qos import SmQos, program_qos
 from ibemu.sm.transport import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RETRIES,
@@ -84,6 +81,10 @@ from ibemu.sm.transport import (
 from ibemu.wire import madcodec as mb
 from ibemu.wire.madattrs import TRAP_BAD_M_KEY, TRAP_BAD_P_KEY, decode_trap256, decode_trap257
 from ibemu.wire.umad import SimRequest
+
+if TYPE_CHECKING:  # only with a configuration that has them: imported when used (start-up)
+    from ibemu.sm.partitions import SmPartitions
+    from ibemu.sm.qos import SmQos
 
 log = logging.getLogger(__name__)
 
@@ -587,6 +588,8 @@ class SubnetManager:
         top = self.lids.top
         await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
         if self.config.qos is not None and reason == "cold":  # ports still in Init: OperationalVLs may change
+            from ibemu.sm.qos import program_qos  # only with QoS configured (start-up)
+
             counts = await program_qos(self.disc, self.config.qos)
             log.info("QoS programmed: %s", counts)
             self.stats.update({f"qos_{k}": v for k, v in counts.items()})
@@ -618,6 +621,8 @@ class SubnetManager:
         parts = self.config.partitions
         if parts is None or not parts.partitions:
             return
+        from ibemu.sm.partitions import program_partitions  # only with partitions (start-up)
+
         counts = await program_partitions(self.disc, parts, self._pkeys_written)
         self.stats.update({f"partition_{k}": v for k, v in counts.items()})
         if counts["tables"] or counts["ports"] or counts["failed"]:
@@ -839,6 +844,8 @@ class SubnetManager:
 
     def render_dumps(self) -> dict[str, str]:
         """OpenSM's dump files (``ibemu.sm.dumps``) of the subnet as this SM last set it up."""
+        from ibemu.sm import dumps  # only for dumps (start-up)
+
         lfts = self.routes.lfts if self.routes else {}
         return dumps.render(self.graph, self.disc.port_info, lfts, self.lids.by_guid, self.lids.top)
 
@@ -854,6 +861,8 @@ class SubnetManager:
         where = self.config.dump_dir
         if not where:
             return
+        from ibemu.sm import dumps  # only with a dump directory (start-up)
+
         while True:
             await self._dumps_wake.wait()
             while self._pass_pending():

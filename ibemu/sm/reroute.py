@@ -30,8 +30,7 @@ from ibemu.sm.routing.core import (
     spread,
     updown_layers,
 )
-from ibemu.sm.routing.fabric import NO_PATH, Fabric, reach
-from ibemu.sm.routing.ftree import pick as ftree_pick
+from ibemu.sm.routing.fabric import NO_PATH, Fabric, bits, reach
 from ibemu.sm.routing.minhop import lids_on
 
 log = logging.getLogger(__name__)
@@ -203,11 +202,17 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
 
     def repick(v: int, lay: Layers, k: int, lids: list[int]) -> None:
         if new.engine == "ftree":
-            if lay.down is not None:
-                for lid in lids:
-                    set_entry(v, lid, ftree_pick(new, v, lay, k, lid))
-                return
             ports = ports_of(fab, v, new.cand_mask(lay, v, k))
+            if lay.down is not None:  # ``routing.ftree.pick`` for each LID, the ports found once
+                m, idx = len(ports), new.ca_index
+                if lay.down[k] >> v & 1:
+                    for lid in lids:
+                        set_entry(v, lid, ports[idx.get(lid, lid) % m])
+                else:
+                    stride = new.stride[v]
+                    for lid in lids:
+                        set_entry(v, lid, ports[(idx.get(lid, lid) // stride) % m])
+                return
             for lid in lids:  # switch LIDs: spread by LID, no load counters
                 set_entry(v, lid, ports[lid % len(ports)])
             return
@@ -232,12 +237,22 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
         """
         if old is not None:
             only &= _zone(fab.adj, old, lay) | ends
-        for k in range(1, len(lay.rings)):
-            for v in _bits(lay.rings[k] & only):
-                mask = new.cand_mask(lay, v, k)
-                lft = lfts[fab.guids[v]]
-                peer = fab.port_peer[v]
-                bad = [lid for lid in lids if not mask >> peer.get(lft.get(lid, NO_PATH), fab.n) & 1]
+        rings, cand_mask, guids, port_peer, n = lay.rings, new.cand_mask, fab.guids, fab.port_peer, fab.n
+        one = lids[0] if len(lids) == 1 else None  # a switch's own LID: most calls
+        for k in range(1, len(rings)):
+            ring = rings[k] & only
+            if not ring:
+                continue
+            for v in bits(ring):
+                mask = cand_mask(lay, v, k)
+                lft = lfts[guids[v]]
+                peer = port_peer[v]
+                if one is not None:
+                    if mask >> peer.get(lft.get(one, NO_PATH), n) & 1:
+                        continue
+                    bad = lids
+                else:
+                    bad = [lid for lid in lids if not mask >> peer.get(lft.get(lid, NO_PATH), n) & 1]
                 if bad:
                     repick(v, lay, k, bad)
                     affected.update(bad)
@@ -280,15 +295,14 @@ def _incremental(st: State, prev: Routes, removed: list[Link]) -> RerouteResult 
         lay = table[w]
         if lay is None:
             return None
-        fast = True
+        ring_at: dict[int, int] = {}
         for x in by_switch:
-            k = lay.ring_of(x)
+            k = ring_at[x] = lay.ring_of(x)
             if k <= 0 or not new.cand_mask(lay, x, k):
-                fast = False
                 break
-        if fast:
+        else:
             for x, lids in by_switch.items():
-                repick(x, lay, lay.ring_of(x), lids)
+                repick(x, lay, ring_at[x], lids)
             continue
         if ud:
             assert new.up_adj is not None and new.down_adj is not None

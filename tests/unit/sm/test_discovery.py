@@ -13,6 +13,8 @@ from ibemu.sm.graph import SubnetGraph
 from ibemu.sm.transport import Transport
 from ibemu.testing.madport import InMemoryPort
 from ibemu.testing.wiring import InMemoryFabric
+from ibemu.wire import madcodec as mb
+from ibemu.wire.umad import SimRequest
 from tests.unit.sm.helpers import fat_tree, run
 
 
@@ -120,5 +122,48 @@ def test_paths_hold_exactly_when_a_recompute_would_find_the_same_routes() -> Non
                 d.recompute_paths()
                 assert {guid: node.dr_path for guid, node in g.nodes.items()} == before
         assert 0 < held < 2 * len(cables)
+
+    run(main)
+
+
+class DiesAfterNodeInfo:
+    """A port that unplugs every cable of switch ``name`` as its first NodeInfo answer arrives."""
+
+    def __init__(self, inner: InMemoryPort, fab: InMemoryFabric, name: str, guid: int) -> None:
+        self.inner, self.fab, self.name, self.guid, self.dead = inner, fab, name, guid, False
+
+    async def send(self, req: SimRequest) -> None:
+        await self.inner.send(req)
+
+    async def recv(self) -> SimRequest:
+        got = await self.inner.recv()
+        mad = got.mad
+        if (not self.dead and mad[3] == 0x81 and int.from_bytes(mad[16:18], "big") == 0x0011
+                and mb.parse_node_info(mb.smp_data(mad)).node_guid == self.guid):
+            self.dead = True
+            for num in range(1, 5):
+                if self.fab.peer(self.name, num) is not None:
+                    self.fab.link_down(self.name, num)
+        return got
+
+
+def test_a_switch_dead_right_after_its_node_info_answer_is_left_out() -> None:
+    """Its other Gets (one batch) all go unanswered: it is not kept with no ports read."""
+    topo, fab = fat_tree(4)
+    agg = topo.node("agg1_0").guid
+
+    async def main() -> None:
+        t = Transport(DiesAfterNodeInfo(InMemoryPort(fab, "h0"), fab, "agg1_0", agg),
+                      max_in_flight=16, timeout_s=0.05, retries=1)
+        d = Discovery(t)
+        async with trio.open_nursery() as n:
+            await n.start(t.serve)
+            g = await d.discover()
+            assert agg not in g.nodes and len(g.nodes) == 35
+            assert t.stats["timeouts"] >= 2 * 7  # its batch: NodeDescription, SwitchInfo, 5 PortInfo
+            assert all(peer != agg for node in g.nodes.values() for _num, peer, _pp in node.neighbors())
+            assert d.unresponsive and all(end[0] in g.nodes for end in d.unresponsive)
+            assert not d.recompute_paths()
+            n.cancel_scope.cancel()
 
     run(main)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import trio
+
 from ibemu.events import EventLog
 from ibemu.sm.graph import Routes
 from ibemu.sm.manager import default_reroute_fn
@@ -12,6 +14,9 @@ from ibemu.sm.routing import compute
 from ibemu.sm.transport import Transport
 from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
 from ibemu.topo import generate
+from ibemu.wire.madpacket import INITIAL_PATH
+from ibemu.wire.umad import SimRequest
+from tests.unit.sm.helpers import run
 from tests.unit.sm.test_reroute import switch_links
 
 
@@ -71,3 +76,74 @@ def test_a_stale_hint_is_ignored() -> None:
                    patches={guid: ({}, {lid: 7})})  # based on a table never planned
     plan = prog.plan(other, top)
     assert plan[guid][lid // 64][lid % 64] == lft[lid]
+
+
+class Answering:
+    """A port that answers every SMP at once except LID-routed ones and those to ``dead``
+    (directed routes whose path starts with it); counts what it was sent."""
+
+    def __init__(self) -> None:
+        self._tx, self._rx = trio.open_memory_channel[SimRequest](1 << 12)
+        self.lid_routed = self.directed = 0
+        self.dead_path: tuple[int, ...] | None = None
+
+    def send_nowait(self, req: SimRequest) -> None:
+        mad = bytearray(req.mad)
+        if mad[1] == 0x01:
+            self.lid_routed += 1
+            return
+        self.directed += 1
+        if self.dead_path is not None and tuple(mad[INITIAL_PATH + 1:INITIAL_PATH + 1 + len(self.dead_path)]) == self.dead_path:
+            return
+        mad[3], mad[4] = 0x81, mad[4] | 0x80
+        self._tx.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
+
+    async def send(self, req: SimRequest) -> None:
+        self.send_nowait(req)
+        await trio.lowlevel.checkpoint()
+
+    async def recv(self) -> SimRequest:
+        return await self._rx.receive()
+
+
+def test_unanswered_lid_routed_sets_fall_back_to_directed_route_and_a_dead_switch_is_suspected() -> None:
+    g = graph_of(generate("fat-tree", k=4))
+    for i, node in enumerate(sorted(g.switches(), key=lambda n: n.guid)):
+        node.dr_path = (1, 2 + i % 3, 1 + i)  # distinct: the port tells them apart
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    port = Answering()
+
+    async def main() -> None:
+        t = Transport(port, timeout_s=0.05, retries=1)
+        events = EventLog()
+        prog = LftProgrammer(transport=t, events=events)
+        sm = g.cas()[0]
+        prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+        async with trio.open_nursery() as n:
+            await n.start(t.serve)
+            first = await prog.program(g, routes, top)  # never written: directed route
+            assert first.failed == 0 and first.acked == first.sent == port.directed > 0
+            assert port.lid_routed == 0 and events.counts["lft_block_acked"] == first.acked
+            # a cable cut: the changed blocks go LID-routed where the tables allow (never
+            # answered here), then by directed route; one switch answers nothing at all
+            a, pa, _b, _pb = switch_links(g)[0]
+            peer = remove_link(g, a, pa)
+            assert peer is not None
+            new = default_reroute_fn(g, routes, [(a, pa), peer])
+            plan = prog.plan(new, top)
+            dead = max(plan, key=lambda guid: (len(plan[guid]), guid))
+            blocks_dead = len(plan[dead])
+            port.dead_path = g.nodes[dead].dr_path
+            port.directed = 0
+            res = await prog.program(g, new, top)
+            assert res.sent == sum(len(b) for b in plan.values())
+            assert port.lid_routed == t.stats["lid_routed_sets"] == t.stats["lid_routed_fallback"] > 0
+            assert res.failed == blocks_dead and res.acked == res.sent - blocks_dead
+            assert res.suspects == [dead] and prog.suspects == {dead}
+            assert port.directed == res.sent + blocks_dead  # the dead switch's Sets: two attempts each
+            assert all(prog.written[guid] == prog._blocks[guid][2] for guid in new.lfts if guid != dead)
+            assert all(b not in prog.written[dead] for b in plan[dead])
+            n.cancel_scope.cancel()
+
+    run(main)

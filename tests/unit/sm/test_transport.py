@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import random
 
 import trio
 
-from ibemu.sm.transport import Request, Transport
+from ibemu.sm.transport import Call, Reply, Request, Transport
 from ibemu.testing.madport import InMemoryPort
 from ibemu.wire import madcodec as mb
 from ibemu.wire.umad import SimRequest
@@ -172,6 +173,102 @@ def test_undeliverable_returns_none_at_once_and_unsolicited_goes_to_the_callback
             trap = bytearray(mb.lr_smp(mb.TRAP, 0x0002, tid=99))
             t.on_datagram(SimRequest(1, 2, 0, 0, bytes(trap)))
             assert len(seen) == 1 and seen[0].tid == 99
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+class Nowait(Wrapped):
+    """A ``Wrapped`` port that also sends without a checkpoint (``send_nowait``), as the SM's
+    own packet socket does; ``full`` sends make it raise ``trio.WouldBlock`` first."""
+
+    def __init__(self, inner: InMemoryPort) -> None:
+        super().__init__(inner)
+        self.sent_nowait: list[int] = []
+        self.full = 0
+
+    def send_nowait(self, req: SimRequest) -> None:
+        if self.full:
+            self.full -= 1
+            raise trio.WouldBlock
+        self.sent_nowait.append(req.tid)
+        if self.rng.random() < self.drop_send:
+            return
+        inner = self.inner
+        inner.fab.handle(inner.name, inner.agent.send_mad(inner.port, req.dlid, req.dqp, req.sqp, req.mad))  # type: ignore[attr-defined]
+        inner.fab.run()
+        inner.pump()
+
+
+def test_submitted_calls_go_out_in_one_pass_within_the_window() -> None:
+    """``submit`` sends as many calls as the window has room for before it returns (no task,
+    no checkpoint between them); the rest follow as answers free slots; each ``on_done`` once."""
+    fab = chain(3)
+    port = Nowait(InMemoryPort(fab, "sm"))
+
+    async def main() -> None:
+        t = Transport(port, max_in_flight=8)
+        got: dict[int, Reply | None] = {}
+        attempts: list[tuple[int, int]] = []
+        async with trio.open_nursery() as n:
+            port.start(n)
+            await n.start(t.serve)
+            calls = [Call(Request(mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3, 3][:i % 4])),
+                          functools.partial(got.__setitem__, i),
+                          on_attempt=functools.partial(lambda i, a: attempts.append((i, a)), i))
+                     for i in range(40)]
+            t.submit(calls)
+            assert len(port.sent_nowait) == 8 and not got  # one pass, nothing answered yet
+            while len(got) < 40:
+                await trio.sleep(0.001)
+            assert len(port.sent_nowait) == 40 and len(set(port.sent_nowait)) == 40
+            assert all(r is not None and r.ok and r.attempts == 1 for r in got.values())
+            assert attempts == [(i, 1) for i in range(40)]
+            assert mb.parse_node_info(got[1].data).node_guid == 0x0002C90000001001  # type: ignore[union-attr]
+            assert t.stats["sent"] == t.stats["answered"] == 40 and not t._pending and not t._backlog
+            assert t._window.value == 8
+            n.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_submitted_calls_retry_fall_back_to_the_send_task_and_can_be_cancelled() -> None:
+    fab = chain(3)
+    port = Nowait(InMemoryPort(fab, "sm"))
+    port.drop_send = 0.3
+    port.full = 3  # the first three find the socket full: the send task sends them, in order
+
+    async def main() -> None:
+        t = Transport(port, max_in_flight=4, timeout_s=0.05, retries=5)
+        async with trio.open_nursery() as n:
+            port.start(n)
+            await n.start(t.serve)
+            got = await t.request_many([mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3, 3]) for _ in range(30)])
+            assert all(r is not None for r in got)
+            assert t.stats["retries"] > 3 and t.stats["timeouts"] == t.stats["retries"]
+            assert sum(r.attempts for r in got if r) == t.stats["sent"]
+            # a cancelled call never calls back; its slot goes to the next call waiting
+            n.cancel_scope.cancel()
+        port2 = Nowait(InMemoryPort(chain(2), "sm"))
+        port2.drop_send = 1.0
+        seen: list[Reply | None] = []
+        t2 = Transport(port2, max_in_flight=1, timeout_s=0.05, retries=1)
+        async with trio.open_nursery() as n:
+            port2.start(n)
+            await n.start(t2.serve)
+            lost = Call(mb.dr_smp(mb.GET, NODE_INFO, path=[1]), seen.append)
+            waiting = Call(mb.dr_smp(mb.GET, NODE_INFO, path=[1]), seen.append)
+            t2.submit([lost, waiting])
+            assert list(t2._backlog) == [waiting] and len(port2.sent_nowait) == 1
+            port2.drop_send = 0.0
+            assert t2.cancel(lost) and not t2.cancel(lost)
+            await trio.sleep(0.01)
+            assert seen and seen[0] is not None and seen[0].ok and len(seen) == 1
+            assert t2.stats["cancelled"] == 1 and t2._window.value == 1
+            # every attempt lost: None after the retries
+            port2.drop_send = 1.0
+            await t2.request_many([mb.dr_smp(mb.GET, NODE_INFO, path=[1])])
+            assert t2.stats["failed"] == 1 and t2.stats["timeouts"] == 2
             n.cancel_scope.cancel()
 
     run(main)
