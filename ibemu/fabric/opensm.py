@@ -10,8 +10,10 @@ refused (``ConfigError``), never silently run on the real clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -244,9 +246,13 @@ def wait_state(proc: subprocess.Popen[bytes], workdir: Path, state: str, timeout
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 10 s (any SM process: OpenSM or ibemu's)."""
+    """SIGTERM, then SIGKILL after 10 s (any SM process: OpenSM or ibemu's). SIGCONT follows
+    the SIGTERM, as a shell's ``kill`` does for a stopped job: a stopped SM (SIGSTOP, a
+    debugger let go) would otherwise get it only when the 10 s were over."""
     if proc.poll() is None:
         proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:

@@ -133,11 +133,14 @@ def list_runs() -> list[RunState]:
 
 
 def stop_processes(procs: Iterable[OwnedProcess], grace_s: float = 3.0) -> None:
-    """SIGTERM the live ones (checked by start time), then SIGKILL what is left."""
+    """SIGTERM the live ones (checked by start time), then SIGKILL what is left. Each SIGTERM
+    is followed by SIGCONT, as a shell's ``kill`` does for a stopped job, so that a stopped
+    process acts on it now rather than being killed after ``grace_s``."""
     live = [p for p in procs if p.alive() and p.pid != os.getpid()]
     for p in live:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p.pid, signal.SIGTERM)
+            os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
     while live and time.monotonic() < deadline:
         time.sleep(0.02)
