@@ -19,7 +19,7 @@ from ibemu.scenario.schema import Scenario
 pytestmark = pytest.mark.root
 
 SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
-SECONDS = 6.0
+SECONDS = 5.0
 
 
 def compressed(scen: Scenario, seconds: float) -> Scenario:
