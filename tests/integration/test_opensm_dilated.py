@@ -35,7 +35,7 @@ pytestmark = [
 
 N = 4
 SWEEP_S = 1
-SWEEPS = 4  # three intervals
+SWEEPS = 3  # two intervals
 
 
 @pytest.fixture
