@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"capture files kept per cable end: FILE, FILE.1 .. FILE.N-1, the oldest "
                         f"deleted (default {DEFAULT_FILES})")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--sysfs", action="store_true",
+                   help="keep per-node sysfs trees in OUT/run/sysfs while the run lasts, for node_exporter "
+                        "(off by default: writing them costs the measurement CPU)")
     add_metrics_arguments(p)
     add_dilation_argument(p)
     p.set_defaults(func=run)
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     clock.configure(scen.time.dilation)  # before the runner: every process of the run on it
     with Reporter(quiet=args.quiet, traffic_s=scen.duration_s * scen.time.dilation) as progress:
         runner = ScenarioRun(scen, out_dir, captures=args.capture, capture_bounds=bounds, progress=progress,
-                             metrics=listen)
+                             metrics=listen, sysfs=args.sysfs)
         result = run_trio(runner.run)
     result["files"]["json"] = str(json_path)
     if not args.no_plots and (scen.record.plots or args.scenario is None or args.json is None):

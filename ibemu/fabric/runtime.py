@@ -115,6 +115,10 @@ class FabricRuntime:
         self.sm_started_ns: int | None = None
         """Monotonic stamp taken just before the SM process was started."""
         self.metrics: tuple[str, int] | None = None
+        self.sysfs = True
+        """Keep per-node sysfs trees in ``RUN/sysfs`` (``fabric.sysfs``): on for a fabric left up;
+        ``ibemu run`` turns them off unless asked (``--sysfs``): writing them costs this
+        process's loop and the CPUs the measurement runs on."""
         """Where ``running`` serves its Prometheus endpoint (``fabric.metrics``); None: nowhere."""
         self.metrics_extras: list[metrics.Extra] = []
         """Metric sources of the layers above (``ibemu run``: fidelity)."""
@@ -287,7 +291,7 @@ class FabricRuntime:
                 unpinned = cpus.pin_thread(self.placement.agents)
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.host.serve)
-                if self.run_dir is not None:  # RUN/sysfs/<node>/class/infiniband/... (fabric.sysfs)
+                if self.run_dir is not None and self.sysfs:  # RUN/sysfs/<node>/class/infiniband/... (fabric.sysfs)
                     nursery.start_soon(sysfs.serve, self.host, self.run_dir / "sysfs")
                 self._serving = True
                 nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag

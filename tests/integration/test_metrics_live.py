@@ -230,9 +230,10 @@ def test_ibemu_run_serves_metrics_while_its_flows_run(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}/metrics"
     env = {**os.environ, "IBEMU_STATE_DIR": str(tmp_path / "state")}
     proc = subprocess.Popen([sys.executable, "-m", "ibemu.cli.main", "run", str(scen), "--out", str(tmp_path / "out"),
-                             "--no-plots", "--quiet", "--metrics", str(port)],
+                             "--no-plots", "--quiet", "--metrics", str(port), "--sysfs"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     scrapes: list[dict[Any, float]] = []
+    trees_seen = False  # asked for with --sysfs (off by default under ibemu run)
     try:
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:
@@ -242,6 +243,7 @@ def test_ibemu_run_serves_metrics_while_its_flows_run(tmp_path: Path) -> None:
                 got = {}
             if any(k[0] == "infiniband_hca_port_transmit_data_bytes_total" for k in got):
                 scrapes.append(got)
+                trees_seen = trees_seen or (tmp_path / "out/run/sysfs/h0/class/infiniband").is_dir()
             time.sleep(0.3)
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -263,4 +265,5 @@ def test_ibemu_run_serves_metrics_while_its_flows_run(tmp_path: Path) -> None:
     assert 0.3 < gaps[(("flow", "probe"),)] < 3
     assert last.get(("ibemu_faults_total", (("action", "link_down"),)), 0) == 1
     assert last[("ibemu_carrier_changes_total", ())] >= 2
+    assert trees_seen
     assert not (tmp_path / "out" / "run" / "sysfs").exists()  # the tree went with the fabric
