@@ -261,8 +261,12 @@ def test_ibemu_run_serves_metrics_while_its_flows_run(tmp_path: Path) -> None:
     seen = [sum(v for k, v in s.items() if k[0] == "ibemu_flow_frames_received_total") for s in frames]
     assert seen[-1] > seen[0]
     gaps = {k[1]: v for k, v in frames[-1].items() if k[0] == "ibemu_flow_longest_gap_seconds"}
-    # the probe's cable was down 0.5 s: its live blackout shows it (and no more than the run)
-    assert 0.3 < gaps[(("flow", "probe"),)] < 3
+    open_ = {k[1]: v for k, v in frames[-1].items() if k[0] == "ibemu_flow_silence_seconds"}
+    # the probe's cable was down 0.5 s: its live blackout shows it (and no more than the run),
+    # closed, or still open when the RC stream ran out of retries across the cut (its ~0.5 s
+    # budget against the cut and the port's activation after it; seen in one run of the suite)
+    probe = (("flow", "probe"),)
+    assert 0.3 < max(gaps[probe], open_[probe]) < 4, (gaps, open_)
     assert last.get(("ibemu_faults_total", (("action", "link_down"),)), 0) == 1
     assert last[("ibemu_carrier_changes_total", ())] >= 2
     assert trees_seen
