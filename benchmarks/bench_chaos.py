@@ -56,39 +56,19 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 TOPOLOGY = "{generator: leaf-spine, leaves: 2, spines: 1, hosts_per_leaf: 2, uplinks_per_leaf: 1}"
 NODES = ("leaf0", "leaf1", "spine0", "h0", "h1", "h2", "h3")
+def _scenario(name: str, head: str, faults: bool) -> str:
+    """One chaos scenario: the same topology and flows, ``head`` (its SM and fabric lines)
+    and, where the fabric has an SM to reroute it, a cable cut."""
+    cut = '\nfaults:\n  - {at_s: 1, action: link_down, link: "leaf1:3"}' if faults else ""
+    return (f"\nname: chaos-{name}\ntopology: {TOPOLOGY}\n{head}\ntraffic:\n"
+            "  - {name: bulk, kind: write_bw, from: h0, to: h3, size: 64KiB}\n"
+            f"  - {{name: probe, kind: stream, from: h1, to: h2, rate_pps: 1000}}{cut}\nduration_s: 2\n")
+
+
 SCENARIOS = {
-    "ib-kernel": f"""
-name: chaos-ib-kernel
-topology: {TOPOLOGY}
-sm: {{impl: ibemu, host: h0}}
-traffic:
-  - {{name: bulk, kind: write_bw, from: h0, to: h3, size: 64KiB}}
-  - {{name: probe, kind: stream, from: h1, to: h2, rate_pps: 1000}}
-faults:
-  - {{at_s: 1, action: link_down, link: "leaf1:3"}}
-duration_s: 2
-""",
-    "ib-user": f"""
-name: chaos-ib-user
-topology: {TOPOLOGY}
-sm: {{impl: ibemu, host: h0}}
-fabric: {{datapath: user}}
-traffic:
-  - {{name: bulk, kind: write_bw, from: h0, to: h3, size: 64KiB}}
-  - {{name: probe, kind: stream, from: h1, to: h2, rate_pps: 1000}}
-faults:
-  - {{at_s: 1, action: link_down, link: "leaf1:3"}}
-duration_s: 2
-""",
-    "roce-user": f"""
-name: chaos-roce-user
-topology: {TOPOLOGY}
-fabric: {{kind: roce, datapath: user}}
-traffic:
-  - {{name: bulk, kind: write_bw, from: h0, to: h3, size: 64KiB}}
-  - {{name: probe, kind: stream, from: h1, to: h2, rate_pps: 1000}}
-duration_s: 2
-""",
+    "ib-kernel": _scenario("ib-kernel", "sm: {impl: ibemu, host: h0}", faults=True),
+    "ib-user": _scenario("ib-user", "sm: {impl: ibemu, host: h0}\nfabric: {datapath: user}", faults=True),
+    "roce-user": _scenario("roce-user", "fabric: {kind: roce, datapath: user}", faults=False),
 }
 
 

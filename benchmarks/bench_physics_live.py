@@ -192,10 +192,10 @@ def live_fabric(topo: Any, tmp: Path, *, engine: str | None = None, switch_model
     import trio
 
     from ibemu import clock
-    from ibemu.agents.port import PortState
     from ibemu.fabric.agents import make_agents
     from ibemu.fabric.runtime import FabricRuntime
     from ibemu.kernel import ownership
+    from ibemu.testing.livephysics import program
     from ibemu.testing.static_routes import assign_lids, minhop_lfts
 
     @contextlib.contextmanager
@@ -212,27 +212,13 @@ def live_fabric(topo: Any, tmp: Path, *, engine: str | None = None, switch_model
         box: dict[str, Any] = {}
         ready = threading.Event()
 
-        def program(host: Any) -> None:
-            for name, table in lfts.items():
-                agent = host.nodes[name].agent
-                agent.ports[0].lid = lids[name]
-                blocks: dict[int, bytearray] = {}
-                for lid, port in table.items():
-                    blocks.setdefault(lid // 64, bytearray(agent.lft.get_block(lid // 64)))[lid % 64] = port
-                for b, data in blocks.items():
-                    agent.lft.set_block(b, bytes(data))
-                agent.lft.set_top(max(lids.values()))
-                for num, p in agent.ports.items():
-                    if num and p.link_is_up:
-                        p.state = PortState.ACTIVE
-
         async def main() -> None:
             stop = trio.Event()
             box["stop"], box["token"] = stop, trio.lowlevel.current_trio_token()
             async with rt.running() as host:
                 box["host"] = host
                 await trio.sleep(clock.emulated_s(0.5))  # every carrier seen: ports Init
-                program(host)
+                program(host, lids, lfts)
                 if host.links is not None:  # the agents' QoS (eight VLs from the start) into the model now,
                     # not at the ticker's first report (50 ms of emulated time: minutes of real time here)
                     host.links.sync_qos({name: n.agent for name, n in host.nodes.items()})
