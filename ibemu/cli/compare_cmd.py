@@ -132,7 +132,6 @@ def ar_variants(scen: Scenario, duration: float | None = None) -> dict[str, Scen
     same IB fabric on the user datapath, ibemu's SM, one adaptive engine; each checked runnable.
     Every error (ConfigError, located) is raised before anything is built."""
     from ibemu.agents.forwarder import AdaptiveRouting
-    from ibemu.scenario.runner import check_runnable
 
     scen = _with_duration(scen, duration)
     f = scen.fabric
@@ -153,13 +152,7 @@ def ar_variants(scen: Scenario, duration: float | None = None) -> dict[str, Scen
     ar = f.adaptive_routing or AdaptiveRouting()
     out = {name: dataclasses.replace(scen, sm=sm, fabric=dataclasses.replace(f, adaptive_routing=a))
            for name, a in zip(VARIANTS["adaptive-routing"], (ar, None), strict=True)}
-    for name, variant in out.items():
-        try:
-            check_runnable(variant)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (in the {name} run; ibemu compare {what} runs the scenario "
-                              "with and without adaptive routing)") from None
-    return out
+    return _all_runnable(out, f"ibemu compare {what}", "adaptive routing")
 
 
 def adaptive_engine(scen: Scenario, what: str = "--variant local-failover") -> str:
@@ -182,7 +175,6 @@ def failover_variants(scen: Scenario, duration: float | None = None, *, physics:
     """The scenario with local failover (``local-failover``) and with SM-only recovery
     (``sm-only``): the same IB fabric, ibemu's SM, one adaptive engine; each checked runnable.
     Every error (ConfigError, located) is raised before anything is built."""
-    from ibemu.scenario.runner import check_runnable
 
     scen = _with_duration(scen, duration)
     f = scen.fabric
@@ -202,13 +194,20 @@ def failover_variants(scen: Scenario, duration: float | None = None, *, physics:
     sm = dataclasses.replace(scen.sm, engine=engine)
     out = {name: dataclasses.replace(scen, sm=sm, fabric=dataclasses.replace(f, local_failover=on))
            for name, on in zip(VARIANTS["local-failover"], (True, False), strict=True)}
-    for name, variant in out.items():
+    return _all_runnable(out, "ibemu compare --variant local-failover", "local failover")
+
+
+def _all_runnable(variants: dict[str, Scenario], command: str, feature: str) -> dict[str, Scenario]:
+    """``variants``, each checked runnable; a ConfigError names the run it is about."""
+    from ibemu.scenario.runner import check_runnable
+
+    for name, variant in variants.items():
         try:
             check_runnable(variant)
         except ConfigError as exc:
-            raise ConfigError(f"{exc} (in the {name} run; ibemu compare --variant local-failover runs the scenario "
-                              "with and without local failover)") from None
-    return out
+            raise ConfigError(f"{exc} (in the {name} run; {command} runs the scenario "
+                              f"with and without {feature})") from None
+    return variants
 
 
 def run(args: argparse.Namespace) -> int:
