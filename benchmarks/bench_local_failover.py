@@ -65,9 +65,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -81,7 +79,7 @@ from harness import LiveFabric
 
 from ibemu import clock, lagmon
 from ibemu.fabric.probe import send_and_count
-from ibemu.kernel.packet import open_packet_socket
+from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, judge_links, merge, merge_links
 from ibemu.topo import generate
 from ibemu.wire import fast
@@ -200,9 +198,6 @@ def one(engine: str, tmp: Path, cut: str = "near") -> dict[str, float]:
             run.close()
 
 
-SO_TIMESTAMPNS = 35
-
-
 def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us: float,
                  cut_at: int, cut: Any) -> tuple[list[tuple[int, int]], int]:
     """``n`` RDMA WRITE frames h1 -> h15, one every ``spacing_us`` emulated us, ``cut()`` called
@@ -212,7 +207,7 @@ def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us
     sp, dp = plan.nodes["h1"], plan.nodes["h15"]
     tx = open_packet_socket(sp.ns, sp.ports[1].ifname, 0x0003)
     rx = open_packet_socket(dp.ns, dp.ports[1].ifname, 0x88B5, buffer_bytes=8 << 20)
-    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    stamp_received(rx)
     tpl = fast.NativeTemplate(slid=src_lid, dlid=dst_lid, destqp=0x100,
                               eth=fast.ethernet_header(sp.ports[1].peer_mac, sp.ports[1].mac))
     got: list[tuple[int, int]] = []
@@ -224,10 +219,9 @@ def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us
                 data, anc, _, _ = rx.recvmsg(9216, 64)
             except BlockingIOError:
                 return
-            for level, kind, d in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) > 100:
-                    s_, ns = struct.unpack_from("qq", d)
-                    got.append((fast.peek(data, 14).psn, clock.realtime_to_emulated_ns(s_ * 1_000_000_000 + ns, offset)))
+            t = kernel_stamp(anc)
+            if t is not None and len(data) > 100:
+                got.append((fast.peek(data, 14).psn, clock.realtime_to_emulated_ns(t, offset)))
 
     t_cut = 0
     step = spacing_us * 1000  # emulated ns

@@ -19,6 +19,8 @@ SO_SNDBUFFORCE = 32
 SO_RCVBUFFORCE = 33
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("qq")
 
 
 def open_packet_socket(ns: str | None, ifname: str, ethertype: int = ETH_P_IB, *,
@@ -96,3 +98,19 @@ def take_drops(sock: socket.socket) -> int:
     except OSError:
         return 0
     return int(_TPACKET_STATS.unpack(raw)[1])
+
+
+def stamp_received(sock: socket.socket) -> None:
+    """Have the kernel stamp every frame ``sock`` receives (``SO_TIMESTAMPNS``, CLOCK_REALTIME),
+    read back with ``kernel_stamp`` from ``recvmsg``'s ancillary data."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+
+def kernel_stamp(ancillary: Iterable[tuple[int, int, bytes]]) -> int | None:
+    """The kernel's receive stamp of a frame (CLOCK_REALTIME ns) from ``recvmsg``'s ancillary
+    data; None when it has none."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return int(sec * 1_000_000_000 + nsec)
+    return None

@@ -44,8 +44,6 @@ from ibemu.wire.madattrs import sl2vl_table, vl_arb_block
 from ibemu.wire.madpacket import frame_mad
 
 PAYLOAD = 4096
-SO_TIMESTAMPNS = 35
-_TS = struct.Struct("qq")
 ATTR_PORT_INFO = 0x0015
 ETH = 14
 
@@ -195,7 +193,7 @@ def simulate_hol(topo: Topology, *, victim_sl: int, qos: SmQos | None, switch: A
 # ------------------------------------------------------------------ the traffic child
 
 def _child(spec_path: str) -> None:
-    from ibemu.kernel.packet import open_packet_socket
+    from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 
     spec = json.loads(Path(spec_path).read_text())
     flows = []
@@ -206,7 +204,7 @@ def _child(spec_path: str) -> None:
     receivers = []
     for r in spec["receivers"]:
         rx = open_packet_socket(r["ns"], r["if"], 0x88B5, buffer_bytes=32 << 20)
-        rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        stamp_received(rx)
         rx.settimeout(0.1)
         receivers.append(rx)
     got: list[list[tuple[int, int, int]]] = [[] for _ in receivers]  # (kernel stamp, SLID, bytes)
@@ -220,11 +218,7 @@ def _child(spec_path: str) -> None:
                 continue
             except OSError:
                 return
-            stamp = 0
-            for level, kind, d in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    s, ns = _TS.unpack_from(d)
-                    stamp = s * 1_000_000_000 + ns
+            stamp = kernel_stamp(anc) or 0
             if len(data) >= ETH + 8 and data[ETH] >> 4 != 15:
                 got[i].append((stamp, int.from_bytes(data[ETH + 6:ETH + 8], "big"), len(data) - ETH))
 

@@ -23,3 +23,15 @@ def test_nr_open_is_read_from_proc() -> None:
 def test_dump_request_golden_bytes() -> None:
     body = bytes([2]) + bytes(11)  # rtmsg: AF_INET, the rest zero
     assert dump_request(7) == struct.pack("=IHHII", 28, 26, 0x301, 7, 0) + body
+
+
+def test_kernel_stamp_reads_the_timestamp_and_nothing_else() -> None:
+    import socket
+    import struct
+
+    from ibemu.kernel.packet import SO_TIMESTAMPNS, kernel_stamp
+
+    ts = struct.pack("qq", 12, 345)
+    assert kernel_stamp([(socket.SOL_SOCKET, SO_TIMESTAMPNS, ts)]) == 12_000_000_345
+    assert kernel_stamp([(socket.SOL_SOCKET, 99, ts), (socket.SOL_SOCKET, SO_TIMESTAMPNS, ts[:8])]) is None
+    assert kernel_stamp([]) is None
