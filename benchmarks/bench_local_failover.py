@@ -63,14 +63,16 @@ Run: sudo .venv/bin/python benchmarks/bench_local_failover.py [--runs 3] [--cut 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +81,17 @@ from harness import LiveFabric
 
 from ibemu import clock, lagmon
 from ibemu.fabric.probe import send_and_count
+from ibemu.kernel import rtnl
 from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, judge_links, merge, merge_links
 from ibemu.topo import generate
 from ibemu.wire import fast
 
 REPO = Path(__file__).resolve().parents[1]
-STREAM = 6400
-"""Frames in the stream: about 100 ms of them."""
+PROBE_S = 1.0
+"""How long the probe streams run (real time)."""
+PROBE_FAULT_S = 0.3
+"""When the fault comes, after the probe streams started."""
 
 
 class Run:
@@ -159,43 +164,247 @@ class Run:
             prev, node = (node, port), nxt.node
 
 
-def one(engine: str, tmp: Path, cut: str = "near") -> dict[str, float]:
-    topo = generate("fat-tree", k=4)
+Pair = tuple[str, str]
+
+
+def path_of(run: Run, lids: dict[str, int], src: str, dst: str) -> list[tuple[str, int]]:
+    """(switch, egress port) of every hop the kernel LFTs take from ``src`` to ``dst``."""
+    topo, fabric = run.fab.topo, run.fab.rt.fabric
+    assert fabric is not None
+    first = topo.peer(src, 1)
+    assert first is not None
+    node, hops = first.node, []
+    for _ in range(12):
+        port = fabric.lfts[node].read(lids[dst])  # type: ignore[union-attr]
+        nxt = topo.peer(node, port) if port else None
+        if nxt is None:
+            return []
+        hops.append((node, port))
+        if nxt.node == dst:
+            return hops
+        node = nxt.node
+    return []
+
+
+def pick_flows(run: Run, lids: dict[str, int], fault: str, n: int) -> tuple[dict[str, list[Pair]], Any]:
+    """The probe flows across the fault and the fault's target: ``cable``: (edge0_0, the
+    up-port carrying the first remote host), flows ``up`` (edge0_0's hosts out through it)
+    and ``down`` (into them through it); ``spine``: the core on h0's path to the first host
+    of the last pod, flows crossing it (``all``)."""
+    topo = run.fab.topo
+    hosts = sorted((c.name for c in topo.cas()), key=lambda h: int(h[1:]))
+    edge_of = {h: topo.peer(h, 1).node for h in hosts}  # type: ignore[union-attr]
+    pod = {h: edge_of[h].split("_")[0] for h in hosts}
+    local = [h for h in hosts if edge_of[h] == "edge0_0"]
+    remote = [h for h in hosts if pod[h] != pod[local[0]]]
+    if fault == "cable":
+        port = path_of(run, lids, local[0], remote[-1])[0][1]
+        far = topo.peer("edge0_0", port)
+        assert far is not None
+        up = [(s, d) for i, d in enumerate(remote) for s in [local[i % len(local)]]
+              if ("edge0_0", port) in path_of(run, lids, s, d)]
+        down = [(s, d) for i, s in enumerate(remote) for d in [local[i % len(local)]]
+                if (far.node, far.port) in path_of(run, lids, s, d)]
+        return {"up": spread(up, n), "down": spread(down, n)}, ("edge0_0", port)
+    spine = next(node for node, _ in path_of(run, lids, local[0], remote[-1]) if node.startswith("core"))
+    cross = [(s, d) for s in hosts[::3] for d in hosts[1::5] if pod[s] != pod[d]
+             and spine in {node for node, _ in path_of(run, lids, s, d)}]
+    return {"all": spread(cross, n)}, spine
+
+
+def spread(pairs: list[Pair], n: int) -> list[Pair]:
+    """Up to ``n`` of ``pairs``, as many different sources and destinations as there are."""
+    out: list[Pair] = []
+    srcs: set[str] = set()
+    dsts: set[str] = set()
+    for strict in (True, False):
+        for s, d in pairs:
+            if len(out) < n and (s, d) not in out and (not strict or (s not in srcs and d not in dsts)):
+                out.append((s, d))
+                srcs.add(s)
+                dsts.add(d)
+    return out
+
+
+def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: float) -> dict[str, Any]:
+    """One fresh k-ary fat-tree, ibemu's SM with ``engine``, probe streams across ``fault``."""
+    topo = generate("fat-tree", k=k)
     with LiveFabric(topo, tmp, scenario="bench-local-failover") as fab:
         run = Run(fab, tmp, engine)
         try:
-            run.wait_sm("subnet_up")
-            assert fab.rt.fabric is not None
-            src, dst = ("h1", "h15") if cut == "near" else ("h15", "h1")
-            if cut == "near":
-                sw, port = "edge0_0", fab.rt.fabric.lfts["edge0_0"].read(run.lid("h15"))  # type: ignore[union-attr]
-            else:
-                sw, port = run.last_cable("h15", "h1")
-            if run.blast(300, src, dst) != 300:
-                raise RuntimeError("the fabric does not carry the stream before the cut")
-            got: list[int] = []
-            sender = threading.Thread(target=lambda: got.append(run.blast(STREAM, src, dst)))
-            sender.start()
-            time.sleep(0.03)
-            t_cut = time.monotonic_ns()
-            fab.rt.fabric.links.set_up(fab.ns(sw), topo.ifname(sw, port), False)
-            sender.join(60)
-            rr = run.wait_sm("reroute", timeout_s=20)[0]
-            out = {"cut_to_sm_routed_ms": (rr["t_routed"] - t_cut) / 1e6,
-                   "cut_to_sm_programmed_ms": (rr["t_programmed"] - t_cut) / 1e6,
-                   "frames_lost": float(STREAM - got[0])}
-            moves = run.fabric_events("local_failover", t_cut, timeout_s=0.5 if engine == "ftree" else 2.0)
-            lf = [r for r in moves if r.get("node") == sw and r.get("via") != "notice"]
+            run.wait_sm("subnet_up", timeout_s=180)
+            host = fab.rt.host
+            assert fab.rt.fabric is not None and host is not None
+            lids = trio.from_thread.run_sync(
+                lambda: {c.name: host.nodes[c.name].agent.lid(1) for c in topo.cas()},  # type: ignore[attr-defined]
+                trio_token=fab.token)
+            if engine.endswith("_ar"):  # the SM writes the alternates after the LFTs
+                run.wait_sm("groups_programmed", timeout_s=120)
+            time.sleep(0.5)
+            groups, target = pick_flows(run, lids, fault, flows_n)
+            flows = [pair for g in groups.values() for pair in g]
+            if not flows:
+                raise RuntimeError("no flow crosses the fault")
+            for s, d in flows:
+                if run.blast(50, s, d) != 50:
+                    raise RuntimeError(f"the fabric does not carry {s} -> {d} before the fault")
+            n_before = len(run.sm_events("reroute"))
+
+            def inject() -> int:
+                if fault == "cable":
+                    sw, port = target
+                    return rtnl.set_up(fab.ns(sw), [topo.ifname(sw, port)], False)
+                return int(host.power(target, False))
+
+            res, t_fault = probe_flows(fab, lids, flows, spacing_us, inject)
+            reroutes = run.wait_sm("reroute", count=n_before + 1, timeout_s=30)[n_before:]
+            out: dict[str, Any] = {"groups": {g: [flows.index(p) for p in pairs] for g, pairs in groups.items()},
+                                   "flows": res, "spacing_us": spacing_us,
+                                   "cut_to_sm_trap_ms": (reroutes[0]["t_trap"] - t_fault) / 1e6,
+                                   "cut_to_sm_routed_ms": (reroutes[0]["t_routed"] - t_fault) / 1e6,
+                                   "cut_to_sm_programmed_ms": (reroutes[-1]["t_programmed"] - t_fault) / 1e6}
+            timings = [t for t in list(host.carrier_timings) if not t.up and t.seen >= t_fault]
+            if timings:
+                out["cut_to_carrier_seen_ms"] = (min(t.seen for t in timings) - t_fault) / 1e6
+                out["cut_to_last_carrier_seen_ms"] = (max(t.seen for t in timings) - t_fault) / 1e6
+                written = [t for t in timings if t.written]
+                if written:
+                    out["cut_to_map_written_ms"] = (min(t.written for t in written) - t_fault) / 1e6
+                    out["cut_to_last_map_written_ms"] = (max(t.written for t in written) - t_fault) / 1e6
+                    out["seen_to_written_ms"] = statistics.median(t.written - t.seen for t in written) / 1e6
+                out["cut_to_agent_notified_ms"] = (min(t.notified for t in timings) - t_fault) / 1e6
+            traps = run.fabric_events("trap_sent", t_fault)
+            traps = [r for r in traps if r.get("trap_number") == 128 and not r.get("repeat")]
+            if traps:
+                out["cut_to_trap_sent_ms"] = (min(r["t_ns"] for r in traps) - t_fault) / 1e6
+            moves = run.fabric_events("local_failover", t_fault, timeout_s=0.3 if engine == "ftree" else 2.0)
             by_notice = sorted(r["t_ns"] for r in moves if r.get("via") == "notice")
             if by_notice:
-                out["cut_to_first_notice_move_ms"] = (by_notice[0] - t_cut) / 1e6
-                out["cut_to_last_notice_move_ms"] = (by_notice[-1] - t_cut) / 1e6
-            if lf:
-                out["carrier_to_failover_ms"] = (lf[0]["t_ns"] - lf[0]["carrier_t_ns"]) / 1e6
-                out["cut_to_failover_ms"] = (lf[0]["t_ns"] - t_cut) / 1e6
+                out["cut_to_first_notice_move_ms"] = (by_notice[0] - t_fault) / 1e6
+                out["cut_to_last_notice_move_ms"] = (by_notice[-1] - t_fault) / 1e6
             return out
         finally:
             run.close()
+
+
+def probe_flows(fab: LiveFabric, lids: dict[str, int], flows: list[Pair], spacing_us: float,
+                inject: Callable[[], int]) -> tuple[list[dict[str, Any]], int]:
+    """Probe streams on ``flows`` from a child process (``--probe-child``: its own GIL), the
+    fault ``inject()``-ed 300 ms into them; per flow its blackout and resume (``analyse``) and
+    the fault's stamp."""
+    plan = fab.rt.plan
+    spec = {"spacing_us": spacing_us, "duration_s": PROBE_S, "flows": [
+        {"src_ns": plan.nodes[s].ns, "src_if": plan.nodes[s].ports[1].ifname,
+         "eth": fast.ethernet_header(plan.nodes[s].ports[1].peer_mac, plan.nodes[s].ports[1].mac).hex(),
+         "slid": lids[s], "dlid": lids[d], "dst_ns": plan.nodes[d].ns, "dst_if": plan.nodes[d].ports[1].ifname}
+        for s, d in flows]}
+    child = subprocess.Popen([sys.executable, __file__, "--probe-child"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(json.dumps(spec).encode() + b"\n")
+        child.stdin.flush()
+        if child.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the probe child did not start")
+        time.sleep(PROBE_FAULT_S)
+        t_fault = inject()
+        data = json.loads(child.stdout.read())
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return [analyse(f, t_fault, spacing_us) for f in data["flows"]], t_fault
+
+
+def analyse(flow: dict[str, Any], t_fault: int, spacing_us: float) -> dict[str, Any]:
+    """One flow across the fault: ``blackout_ms``, the longest silence between two arrivals
+    (kernel receive stamps) from the last arrival before the fault on, up to the end of the
+    stream; ``resume_ms``, the arrival that ended it, from the fault; ``quiet_ms``, the same
+    longest silence over the 250 ms before the fault (the probe's own noise); ``lost``,
+    frames sent that never arrived."""
+    arr = sorted(flow["arrivals"])
+    sent = flow["sent"]
+    before = [t for t in arr if t < t_fault]
+    start = len(before) - 1 if before else 0
+    gaps = [(arr[i + 1] - arr[i], arr[i + 1]) for i in range(start, len(arr) - 1)]
+    quiet = [arr[i + 1] - arr[i] for i in range(len(arr) - 1) if t_fault - 250_000_000 <= arr[i] and arr[i + 1] < t_fault]
+    lost = sent - len(set(flow["seqs"]))
+    if not before or arr[-1] < t_fault:  # silent from the fault on (or never heard): no figure
+        return {"blackout_ms": None, "resume_ms": None, "quiet_ms": max(quiet, default=0) / 1e6, "lost": lost}
+    worst = max(gaps)
+    return {"blackout_ms": worst[0] / 1e6, "resume_ms": (worst[1] - t_fault) / 1e6,
+            "quiet_ms": max(quiet, default=0) / 1e6, "lost": lost}
+
+
+def probe_child() -> None:
+    """``--probe-child``: the probe streams (a JSON spec on stdin): every ``spacing_us`` one RDMA
+    WRITE frame per flow (PSN = its sequence number, destination QP = 0x200 + the flow), for
+    ``duration_s``; received on raw sockets at the destinations with kernel stamps. Prints
+    ``ready`` when the sockets are open, then, at the end, per flow the arrivals (monotonic
+    ns), their PSNs and the frames sent."""
+    spec = json.loads(sys.stdin.readline())
+    flows = spec["flows"]
+    tx: dict[tuple[str, str], Any] = {}
+    rx: dict[tuple[str, str], Any] = {}
+    try:
+        for f in flows:
+            if (f["src_ns"], f["src_if"]) not in tx:
+                tx[(f["src_ns"], f["src_if"])] = open_packet_socket(f["src_ns"], f["src_if"], 0x0003)
+            if (f["dst_ns"], f["dst_if"]) not in rx:
+                sock = open_packet_socket(f["dst_ns"], f["dst_if"], 0x88B5, buffer_bytes=8 << 20)
+                stamp_received(sock)
+                rx[(f["dst_ns"], f["dst_if"])] = sock
+        tpls = [fast.NativeTemplate(slid=f["slid"], dlid=f["dlid"], destqp=0x200 + i, eth=bytes.fromhex(f["eth"]))
+                for i, f in enumerate(flows)]
+        socks = [tx[(f["src_ns"], f["src_if"])] for f in flows]
+        arrivals: list[list[int]] = [[] for _ in flows]
+        seqs: list[list[int]] = [[] for _ in flows]
+        payload, ext = bytes(64), fast.reth(0, 0, 64)
+        offset = clock.realtime_offset_ns()
+        readers = list(rx.values())
+
+        def drain() -> None:
+            for sock in readers:
+                while True:
+                    try:
+                        data, anc, _, _ = sock.recvmsg(2048, 64)
+                    except BlockingIOError:
+                        break
+                    t = kernel_stamp(anc)
+                    if t is None or len(data) < 14 + 20:
+                        continue
+                    p = fast.peek(data, 14)
+                    i = p.destqp - 0x200
+                    if 0 <= i < len(flows) and p.slid == flows[i]["slid"]:
+                        arrivals[i].append(t - offset)
+                        seqs[i].append(p.psn)
+
+        print("ready", flush=True)
+        step = int(spec["spacing_us"] * 1000)
+        t0 = time.monotonic_ns()
+        n = int(spec["duration_s"] * 1e9) // step
+        for seq in range(n):
+            due = t0 + seq * step
+            while time.monotonic_ns() < due:
+                drain()
+                wait = (due - time.monotonic_ns()) / 1e9
+                if wait > 0:
+                    select.select(readers, [], [], wait)
+            for i, tpl in enumerate(tpls):
+                with contextlib.suppress(OSError):  # a host cable down: lost like the rest
+                    socks[i].send(tpl.packet(0x0A, seq & 0xFFFFFF, payload, ext=ext))
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            drain()
+            time.sleep(0.005)
+        json.dump({"flows": [{"arrivals": a, "seqs": s, "sent": n} for a, s in zip(arrivals, seqs, strict=True)]},
+                  sys.stdout)
+        sys.stdout.flush()
+    finally:
+        for sock in (*tx.values(), *rx.values()):
+            sock.close()
 
 
 def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us: float,
@@ -376,10 +585,17 @@ def main_user(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--probe-child"]:
+        probe_child()
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="fresh fabrics per engine (default 3)")
-    ap.add_argument("--cut", choices=("near", "far"), default="near",
-                    help="near: the sender's edge uplink; far: the last cable before the receiver's edge")
+    ap.add_argument("--k", type=int, default=8, help="kernel datapath: the fat-tree's k (default 8)")
+    ap.add_argument("--fault", choices=("cable", "spine"), default="cable",
+                    help="kernel datapath: an edge-aggregation cable cut, or a spine switch dying")
+    ap.add_argument("--flows", type=int, default=8, help="kernel datapath: probe flows per direction (default 8)")
+    ap.add_argument("--probe-us", type=float, default=200.0,
+                    help="kernel datapath: a probe frame per flow every this many us (default 200)")
     ap.add_argument("--datapath", choices=("kernel", "user"), default="kernel")
     ap.add_argument("--dilation", type=float, default=0.0, help="user datapath: the dilation factor (required)")
     ap.add_argument("--spacing-us", type=float, default=1.0, help="user datapath: the probe stream's spacing (emulated us)")
@@ -388,34 +604,77 @@ def main() -> None:
     if args.runs < 1:
         ap.error("--runs >= 1")
     if args.datapath == "user":
-        if args.dilation < 1 or args.cut != "near" or args.spacing_us <= 0 or args.frames < 8:
-            ap.error("--datapath user needs --dilation N >= 1, --cut near, --spacing-us > 0, --frames >= 8")
+        if args.dilation < 1 or args.spacing_us <= 0 or args.frames < 8:
+            ap.error("--datapath user needs --dilation N >= 1, --spacing-us > 0, --frames >= 8")
         main_user(args)
         return
     if args.dilation:
         ap.error("--dilation applies to --datapath user")
-    rows: dict[str, list[dict[str, float]]] = {"ftree_ar": [], "ftree": []}
+    if args.k < 4 or args.k % 2 or args.flows < 1 or args.probe_us < 20:
+        ap.error("--k: an even number >= 4; --flows >= 1; --probe-us >= 20")
+    load0 = uptime()
+    rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
             with tempfile.TemporaryDirectory(prefix="bench-lfo-") as tmp:
-                rows[engine].append(one(engine, Path(tmp), args.cut))
-            print(f"  run {i + 1} {engine}: {rows[engine][-1]}", file=sys.stderr, flush=True)
-    keys = ("carrier_to_failover_ms", "cut_to_failover_ms", "cut_to_first_notice_move_ms",
-            "cut_to_last_notice_move_ms", "cut_to_sm_routed_ms", "cut_to_sm_programmed_ms", "frames_lost")
-    what = ("the sender's edge uplink" if args.cut == "near"
-            else "the last cable before the receiver's edge (fault notices)")
-    flow = "h1 -> h15" if args.cut == "near" else "h15 -> h1"
-    print(f"Cable cut ({what}) under a one-way stream {flow} (k=4 fat-tree, kernel datapath, {STREAM} frames, "
-          f"{args.runs} runs each): min / median / max, ibemu's own real time at dilation 1")
-    print(f"  {'figure':<28} {'ftree_ar (local failover)':>28} {'ftree (SM only)':>28}")
-    for k in keys:
+                r = one(engine, Path(tmp), args.k, args.fault, args.flows, args.probe_us)
+            rows[engine].append(r)
+            brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ("flows", "groups")}
+            print(f"  run {i + 1} {engine}: {brief}", file=sys.stderr, flush=True)
+    report(rows, args, load0, uptime())
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def mmm(vals: list[float], fmt: str = "{:.2f}") -> str:
+    return "-" if not vals else " / ".join(fmt.format(v) for v in (min(vals), statistics.median(vals), max(vals)))
+
+
+def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load0: str, load1: str) -> None:
+    what = ("one edge-aggregation cable cut at the edge's end (edge0_0's up-port)" if args.fault == "cable"
+            else "a spine (core) switch dying (switch_down: every port down, its agent silent)")
+    print(f"{what}, k={args.k} fat-tree, kernel datapath, probe streams from a child process (a frame per flow "
+          f"every {args.probe_us:g} us), {args.runs} fresh fabrics per engine; min / median / max; ibemu's own "
+          f"real time at dilation 1")
+    print(f"  load before: {load0}")
+    print(f"  load after:  {load1}")
+    groups = list(rows["ftree_ar"][0]["groups"]) if rows["ftree_ar"] else []
+    labels = {"up": "flows out through the cable (the edge's alternates)",
+              "down": "flows in through the cable (fault notices)", "all": "flows across the spine"}
+    print(f"  {'figure':<34} {'ftree_ar (local failover)':>30} {'ftree (SM only)':>30}")
+    for g in groups:
+        print(f"  {labels.get(g, g)}, per flow over all runs:")
+        for key, name in (("blackout_ms", "blackout (ms)"), ("resume_ms", "resume after fault (ms)"),
+                          ("quiet_ms", "longest gap before fault (ms)")):
+            cells = []
+            for engine in rows:
+                vals = [r["flows"][j][key] for r in rows[engine] for j in r["groups"].get(g, [])
+                        if r["flows"][j][key] is not None]
+                cells.append(mmm(vals))
+            print(f"    {name:<32} {cells[0]:>30} {cells[1]:>30}")
         cells = []
         for engine in rows:
-            vals = [r[k] for r in rows[engine] if k in r]
-            cells.append("-" if not vals else
-                         f"{min(vals):.2f} / {statistics.median(vals):.2f} / {max(vals):.2f}" if k != "frames_lost"
-                         else f"{min(vals):.0f} / {statistics.median(vals):.0f} / {max(vals):.0f}")
-        print(f"  {k:<28} {cells[0]:>28} {cells[1]:>28}")
+            flows = [r["flows"][j] for r in rows[engine] for j in r["groups"].get(g, [])]
+            ok = sum(1 for f in flows if f["resume_ms"] is not None and f["resume_ms"] <= 2.0)
+            lost = sum(f["lost"] for f in flows)
+            never = sum(1 for f in flows if f["blackout_ms"] is None)
+            cells.append(f"{ok}/{len(flows)} <=2ms, {lost} lost" + (f", {never} silent" if never else ""))
+        print(f"    {'resumed within 2 ms; frames lost':<32} {cells[0]:>30} {cells[1]:>30}")
+        cells = [mmm([statistics.median([r["flows"][j]["blackout_ms"] for j in r["groups"].get(g, [])
+                                         if r["flows"][j]["blackout_ms"] is not None] or [float("nan")])
+                      for r in rows[engine]]) for engine in rows]
+        print(f"    {'median blackout of a run (ms)':<32} {cells[0]:>30} {cells[1]:>30}")
+    keys = ("cut_to_carrier_seen_ms", "cut_to_map_written_ms", "seen_to_written_ms", "cut_to_last_carrier_seen_ms",
+            "cut_to_last_map_written_ms", "cut_to_agent_notified_ms", "cut_to_trap_sent_ms", "cut_to_sm_trap_ms",
+            "cut_to_first_notice_move_ms", "cut_to_last_notice_move_ms", "cut_to_sm_routed_ms",
+            "cut_to_sm_programmed_ms")
+    print("  steps, per run (fault = the netlink request leaving for the kernel):")
+    for k in keys:
+        cells = [mmm([r[k] for r in rows[engine] if k in r], "{:.3f}") for engine in rows]
+        if cells != ["-", "-"]:
+            print(f"    {k:<32} {cells[0]:>30} {cells[1]:>30}")
 
 
 if __name__ == "__main__":

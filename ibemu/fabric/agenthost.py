@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import random
 import select
 import socket
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -57,11 +59,12 @@ from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.linkplane import LinkPlane
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
+from ibemu.kernel.carrier import CarrierChange, CarrierThread
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
-from ibemu.kernel.linkevents import open_link_monitor, read_events
+from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.sma import KernelSma, SmaLog
@@ -99,6 +102,24 @@ MadSink = Callable[[DeliverMad], None]
 
 SWITCH_INTERVAL_S = 0.0005
 """The GIL hand-over interval of a process that runs agents (see ``AgentHost.serve``)."""
+CARRIER_TIMINGS = 4096
+"""Carrier changes whose step stamps ``AgentHost.carrier_timings`` keeps (the last ones)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierTiming:
+    """The steps of one carrier change (``clock.now_ns()`` stamps): the carrier thread read the
+    notification (``seen``) and wrote the port map (``written``, 0: no map to write), then
+    this loop took it up (``notified``) and had done with it (``done``: the agent's actions,
+    its trap 128 among them, carried out)."""
+
+    node: str
+    port: int
+    up: bool
+    seen: int
+    written: int
+    notified: int
+    done: int
 
 
 @dataclass
@@ -166,11 +187,17 @@ class AgentHost:
         self.port_listeners: list[Callable[[str, int], None]] = []
         """Called (node, port) on this thread after a port's carrier or state changed
         (``fabric.sysfs`` rewrites its tree then)."""
+        self.carrier_thread: CarrierThread[str] | None = None
+        """Reads every namespace's link notifications and writes port state into the kernel's
+        maps before this loop hears of it (``kernel.carrier``); runs while ``serve`` does."""
+        self.carrier_timings: deque[CarrierTiming] = deque(maxlen=CARRIER_TIMINGS)
+        self._cpus: set[int] | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
 
     def open(self) -> None:
         """Open every socket (blocking; before trio or from a worker thread)."""
+        self._cpus = os.sched_getaffinity(0)  # the carrier thread's (this loop's gets pinned)
         for name, rt in self.nodes.items():
             ns = rt.plan.ns
             with netns.entered(ns):  # once for all of this node's sockets
@@ -402,6 +429,7 @@ class AgentHost:
         self.nodes[node].mad_sink = sink
 
     def close(self) -> None:
+        self._stop_carrier_thread()
         self._flush_lfts()
         if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
             self._log_kernel_lft_sets(self.kernel_sma.lft_log)  # the last ones, before the map goes
@@ -432,28 +460,57 @@ class AgentHost:
         if not self._opened:
             await trio.to_thread.run_sync(self.open)
         await trio.to_thread.run_sync(self.open_dr_relay)
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            user: list[tuple[str, NodeRuntime]] = []
-            for name, rt in self.nodes.items():
-                forwarder = getattr(rt.agent, "forwarder", None) if self.datapath == "user" else None
-                if forwarder is not None:
-                    self._apply_impairments(name, rt, forwarder)
-                    user.append((name, rt))
-                else:
-                    for port, sock in rt.sockets.items():
-                        nursery.start_soon(self._reader, name, rt, port, sock)
-                nursery.start_soon(self._link_watch, name, rt)
-                # The cables were up before the agents existed: tell them.
-                for port, carrier in rt.carrier.items():
-                    if carrier:
-                        self.dispatch(name, rt, rt.agent.link_up(port))
-            if user:
-                nursery.start_soon(self._user_datapath, user)
-            nursery.start_soon(self._ticker)
-            if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
-                nursery.start_soon(self._kernel_sma_log, self.kernel_sma.lft_log)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                user: list[tuple[str, NodeRuntime]] = []
+                for name, rt in self.nodes.items():
+                    forwarder = getattr(rt.agent, "forwarder", None) if self.datapath == "user" else None
+                    if forwarder is not None:
+                        self._apply_impairments(name, rt, forwarder)
+                        user.append((name, rt))
+                    else:
+                        for port, sock in rt.sockets.items():
+                            nursery.start_soon(self._reader, name, rt, port, sock)
+                    # The cables were up before the agents existed: tell them.
+                    for port, carrier in rt.carrier.items():
+                        if carrier:
+                            self.dispatch(name, rt, rt.agent.link_up(port))
+                nursery.start_soon(self._carrier_events, self._start_carrier_thread())
+                if user:
+                    nursery.start_soon(self._user_datapath, user)
+                nursery.start_soon(self._ticker)
+                if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
+                    nursery.start_soon(self._kernel_sma_log, self.kernel_sma.lft_log)
+                task_status.started()
+        finally:
+            self._stop_carrier_thread()
+
+    def _start_carrier_thread(self) -> trio.MemoryReceiveChannel[list[CarrierChange[str]]]:
+        """Start the carrier thread (``kernel.carrier``) over every node's link monitor; its
+        changes come to this loop on the channel returned."""
+        send, receive = trio.open_memory_channel[list[CarrierChange[str]]](math.inf)
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(changes: list[CarrierChange[str]]) -> None:  # on this loop
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                send.send_nowait(changes)
+
+        def hand_over(changes: list[CarrierChange[str]]) -> None:  # in the carrier thread
+            token.run_sync_soon(deliver, changes)  # RunFinishedError ends the thread
+
+        monitors = {name: rt.monitor for name, rt in self.nodes.items() if rt.monitor is not None}
+        carrier = {(name, ifindex): rt.carrier.get(port, False)
+                   for name, rt in self.nodes.items() for ifindex, port in rt.by_ifindex.items()}
+        self.carrier_thread = CarrierThread(monitors, carrier, act=self._carrier_act, hand_over=hand_over,
+                                            cpus=self._cpus)
+        self.carrier_thread.start()
+        return receive
+
+    def _stop_carrier_thread(self) -> None:
+        if self.carrier_thread is not None:
+            self.carrier_thread.close()
+            self.carrier_thread = None
 
     async def _reader(self, name: str, rt: NodeRuntime, port: int, sock: socket.socket) -> None:
         while True:
@@ -663,45 +720,62 @@ class AgentHost:
             if self.links is not None:  # the model's propagation is the cable's delay
                 self.links.plane.set_propagation(node, port, delay_us * 1000.0)
 
-    async def _link_watch(self, name: str, rt: NodeRuntime) -> None:
-        assert rt.monitor is not None
-        while True:
-            await trio.lowlevel.wait_readable(rt.monitor)
-            for ev in read_events(rt.monitor):
-                port = rt.by_ifindex.get(ev.ifindex)
-                if port is None or rt.carrier.get(port) == ev.carrier:
+    def _carrier_act(self, name: str, ev: LinkEvent) -> bool:
+        """In the carrier thread (``kernel.carrier``), before anything else hears of the change:
+        a switch with its LFT in a BPF map gets the port's state in its port map (one map
+        update), and its classifier forwards the port's LIDs on their alternates from the
+        next frame (``kernel.lft_map``). True when the map was written."""
+        rt = self.nodes.get(name)
+        port = rt.by_ifindex.get(ev.ifindex) if rt is not None else None
+        lft = self.fabric.lfts.get(name)
+        return port is not None and isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier)
+
+    async def _carrier_events(self, receive: trio.MemoryReceiveChannel[list[CarrierChange[str]]]) -> None:
+        """The carrier thread's changes, on this loop: everything but the map write."""
+        async for changes in receive:
+            for ch in changes:
+                rt = self.nodes.get(ch.key)
+                port = rt.by_ifindex.get(ch.ifindex) if rt is not None else None
+                if rt is None or port is None:
                     continue
-                t_carrier = clock.now_ns()
-                lft = self.fabric.lfts.get(name)
-                # local failover first: one map write, and the kernel forwards the port's LIDs
-                # on their alternates from the next frame (``kernel.lft_map``)
-                if isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier) and not ev.carrier:
-                    t_failover = clock.now_ns()
-                    moved = lft.failover_lids(port) if lft.has_alternates else 0
-                    if moved:  # LIDs of this port that the kernel now sends to an alternate
-                        self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_failover,
-                                                 "port": port, "lids": moved, "carrier_t_ns": t_carrier})
-                rt.carrier[port] = ev.carrier
-                if self.dr_relay is not None and name in self._relay_ids:
-                    self.dr_relay.set_carrier(self._relay_ids[name], port, ev.carrier)
-                if self.kernel_sma is not None and name in self._relay_ids:
-                    self.kernel_sma.set_carrier(self._relay_ids[name], port, ev.carrier)
-                self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier,
-                                         "port": port, "up": ev.carrier})
-                # the agent first: a frame the link model decides again below (``redecide``)
-                # sees the port down, and the user datapath's forwarder fails over from now
-                actions = rt.agent.link_up(port) if ev.carrier else rt.agent.link_down(port)
-                if not ev.carrier and self.datapath == "user" and not isinstance(lft, MapLft):
-                    self._user_failover_event(name, rt, port, t_carrier)
-                if self.links is not None:  # down: the port's queues are discarded; up: link
-                    if ev.carrier:  # training re-initializes flow control
-                        self.links.plane.link_up(name, port, clock.now_ns())
-                    else:
-                        self.links.plane.link_down(name, port, clock.now_ns())
-                    self.links.pump()
-                self.dispatch(name, rt, actions)
-                for listener in self.port_listeners:
-                    listener(name, port)
+                self._carrier_changed(ch.key, rt, port, ch.carrier, ch.t_seen_ns, ch.t_written_ns)
+
+    def _carrier_changed(self, name: str, rt: NodeRuntime, port: int, carrier: bool, t_carrier: int,
+                         t_written: int) -> None:
+        """A port's carrier changed (the kernel's port map has it already when ``t_written``):
+        the log, the kernel SMA's port state, the agent (its trap 128), the link model, the
+        listeners."""
+        if rt.carrier.get(port) == carrier:
+            return
+        t_notified = clock.now_ns()
+        lft = self.fabric.lfts.get(name)
+        if isinstance(lft, MapLft) and t_written and not carrier:
+            moved = lft.failover_lids(port) if lft.has_alternates else 0
+            if moved:  # LIDs of this port that the kernel sends to an alternate since t_written
+                self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_written,
+                                         "port": port, "lids": moved, "carrier_t_ns": t_carrier})
+        rt.carrier[port] = carrier
+        if self.dr_relay is not None and name in self._relay_ids:
+            self.dr_relay.set_carrier(self._relay_ids[name], port, carrier)
+        if self.kernel_sma is not None and name in self._relay_ids:
+            self.kernel_sma.set_carrier(self._relay_ids[name], port, carrier)
+        self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier, "port": port, "up": carrier})
+        # the agent first: a frame the link model decides again below (``redecide``)
+        # sees the port down, and the user datapath's forwarder fails over from now
+        actions = rt.agent.link_up(port) if carrier else rt.agent.link_down(port)
+        if not carrier and self.datapath == "user" and not isinstance(lft, MapLft):
+            self._user_failover_event(name, rt, port, t_carrier)
+        if self.links is not None:  # down: the port's queues are discarded; up: link
+            if carrier:  # training re-initializes flow control
+                self.links.plane.link_up(name, port, clock.now_ns())
+            else:
+                self.links.plane.link_down(name, port, clock.now_ns())
+            self.links.pump()
+        self.dispatch(name, rt, actions)
+        self.carrier_timings.append(CarrierTiming(name, port, carrier, t_carrier, t_written, t_notified,
+                                                  clock.now_ns()))
+        for listener in self.port_listeners:
+            listener(name, port)
 
     def _user_failover_event(self, name: str, rt: NodeRuntime, port: int, t_carrier: int) -> None:
         """A ``local_failover`` record for the user datapath: the switch's forwarder sends the
@@ -747,11 +821,12 @@ class AgentHost:
         rt.vl15_dropped += 1
         return True
 
-    def power(self, name: str, on: bool, *, fresh_agent: Agent | None = None) -> None:
+    def power(self, name: str, on: bool, *, fresh_agent: Agent | None = None) -> int:
         """Switch a node off (every port down, it answers nothing) or on again.
 
         Switching on with ``fresh_agent`` replaces the agent, as a rebooted device comes back
         with no LID and an empty LFT; the kernel LFT is emptied likewise. Blocking (netlink).
+        Returns when the ports' state change left for the kernel (``rtnl.set_up``'s stamp).
         """
         rt = self.nodes[name]
         ifnames = [pp.ifname for pp in rt.plan.ports.values()]
@@ -773,11 +848,10 @@ class AgentHost:
                     self._sma_device(self.kernel_sma, name, rt)
             rt.powered = True
             self._sync_relay(name, rt)
-            rtnl.set_up(rt.plan.ns, ifnames, True)
-        else:
-            rt.powered = False
-            self._sync_relay(name, rt)
-            rtnl.set_up(rt.plan.ns, ifnames, False)
+            return rtnl.set_up(rt.plan.ns, ifnames, True)
+        rt.powered = False
+        self._sync_relay(name, rt)
+        return rtnl.set_up(rt.plan.ns, ifnames, False)
 
     def dispatch(self, name: str, rt: NodeRuntime, actions: Iterable[Action], *,
                  fresh: frozenset[int] = frozenset()) -> None:

@@ -1,0 +1,197 @@
+"""Carrier changes on a thread of their own: the kernel's forwarding state first, then the rest.
+
+A switch of the kernel datapath fails over in its classifier as soon as its port map says a
+port is down (``lft_map``, ``PORT_DOWN``). Who writes that bit decides how long frames go on
+into a dead cable. The agent host's trio thread serves every agent of the fabric (SMPs,
+traps, timers) and shares its process's GIL with whatever else runs there, so a carrier
+event waiting in its netlink socket waited for all of that: 4-5 ms from the cut on k=4 under
+a stream, of which the map write itself is ~50 us.
+
+``CarrierThread`` reads the link notifications of every namespace (``linkevents``: one
+RTM_NEWLINK socket per namespace, RTMGRP_LINK) from one thread that blocks in ``epoll_wait``
+(the GIL released). On a carrier change it calls ``act`` at once, in this thread (the agent
+host's: one ``bpf(BPF_MAP_UPDATE_ELEM)`` into the switch's port map, ``LftProgram.set_port_up``),
+and only then hands the change over (``hand_over``: the agent host's trio loop, through
+``TrioToken.run_sync_soon``), which does everything else: the log, the agent (its trap 128),
+the kernel SMA's port state, the listeners. Each ``CarrierChange`` carries the stamps of its
+steps: seen (the notification read), written (``act`` returned).
+
+The thread keeps the carrier it last saw per (namespace key, ifindex), seeded by the caller
+with the state it read at start, and passes on changes only (a namespace's RTM_NEWLINK
+stream also carries flag and statistics updates). It leaves its CPU placement to ``cpus``
+(the agent host's thread is pinned to one CPU: a thread it starts would inherit that CPU
+and wait behind it).
+
+Deviation from a switch ASIC: the kernel learns of the carrier loss at once (``veth_close``
+calls ``netif_carrier_off`` on both ends), but the notification of the far end goes through
+the kernel's linkwatch work (``linkwatch_do_dev``: ``dev_deactivate``, an RCU grace period,
+then RTM_NEWLINK), and this thread needs the GIL once it has it: what is measured is that
+path, not a line card's interrupt. (The two ends of a cable get different interface indexes
+for linkwatch to treat the change as urgent: ``links.create_cables``.)
+
+Stopping: ``close()`` wakes the thread through an eventfd in its epoll set and joins it; the
+thread also ends when ``hand_over`` raises (the loop it hands to is gone). The monitor
+sockets stay the caller's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ibemu import clock
+from ibemu.kernel.linkevents import LinkEvent, parse
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+
+RECV_BYTES = 1 << 16
+JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierChange(Generic[K]):
+    """One carrier change of one interface, with the stamps of the thread's steps
+    (``clock.now_ns()``)."""
+
+    key: K
+    """The namespace's key (the caller's: the agent host's node name)."""
+    ifindex: int
+    carrier: bool
+    t_seen_ns: int
+    """The notification read from the netlink socket."""
+    t_written_ns: int
+    """``act`` returned (the kernel has the port's state); 0 when ``act`` wrote nothing."""
+
+
+Act = Callable[[K, LinkEvent], bool]
+"""Called in the carrier thread on a change: True when it wrote something (then
+``t_written_ns`` is stamped). Must be safe to call off the caller's loop."""
+HandOver = Callable[[list[CarrierChange[K]]], None]
+"""Called in the carrier thread with the changes of one wake-up, after ``act``; raising ends
+the thread (the receiving loop is gone)."""
+
+
+class CarrierThread(Generic[K]):
+    """The carrier thread (module docstring) over ``monitors`` (key -> netlink socket,
+    non-blocking, ``linkevents.open_link_monitor``)."""
+
+    def __init__(self, monitors: Mapping[K, socket.socket], carrier: Mapping[tuple[K, int], bool], *,
+                 act: Act[K], hand_over: HandOver[K], cpus: set[int] | frozenset[int] | None = None,
+                 name: str = "ibemu-carrier") -> None:
+        """``carrier``: (key, ifindex) -> the carrier as the caller read it at start (an
+        interface missing is taken as down the first time it is seen)."""
+        self._monitors = dict(monitors)
+        self._carrier: dict[tuple[K, int], bool] = dict(carrier)
+        self._act = act
+        self._hand_over = hand_over
+        self._cpus = set(cpus) if cpus else None
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ep = select.epoll()
+        self._by_fd: dict[int, tuple[K, socket.socket]] = {}
+        self.changes = 0
+        """Carrier changes handed over so far."""
+        self.errors = 0
+        """``act`` calls that raised (logged; the change is handed over all the same)."""
+        try:
+            self._ep.register(self._wake, select.EPOLLIN)
+            for key, sock in self._monitors.items():
+                self._by_fd[sock.fileno()] = (key, sock)
+                self._ep.register(sock.fileno(), select.EPOLLIN)
+        except BaseException:
+            self._ep.close()
+            os.close(self._wake)
+            raise
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def native_id(self) -> int | None:
+        return self._thread.native_id
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and release its epoll set and eventfd (idempotent)."""
+        if self._wake < 0:
+            return
+        self._stop = True
+        os.eventfd_write(self._wake, 1)
+        if self._thread.ident is not None:
+            self._thread.join(JOIN_TIMEOUT_S)
+            if self._thread.is_alive():  # never seen: it blocks in epoll_wait only
+                log.error("the carrier thread did not stop within %.0f s", JOIN_TIMEOUT_S)
+                return
+        self._ep.close()
+        os.close(self._wake)
+        self._wake = -1
+
+    def __enter__(self) -> CarrierThread[K]:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        if self._cpus:
+            try:
+                os.sched_setaffinity(0, self._cpus)  # 0: this thread
+            except OSError as exc:
+                log.debug("carrier thread: CPUs %s refused: %s", sorted(self._cpus), exc)
+        try:
+            while not self._stop:
+                try:
+                    ready = self._ep.poll()
+                except InterruptedError:
+                    continue
+                if self._stop:
+                    return
+                out: list[CarrierChange[K]] = []
+                for fd, _mask in ready:
+                    entry = self._by_fd.get(fd)
+                    if entry is not None:
+                        self._drain(entry[0], entry[1], out)
+                if out:
+                    self.changes += len(out)
+                    self._hand_over(out)
+        except Exception:  # the loop it hands to is gone (or a bug): the thread ends, said
+            if not self._stop:
+                log.exception("the carrier thread stopped")
+
+    def _drain(self, key: K, sock: socket.socket, out: list[CarrierChange[K]]) -> None:
+        while True:
+            try:
+                data = sock.recv(RECV_BYTES)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # ENOBUFS: notifications were lost; the next ones tell
+                log.warning("carrier thread: %s: %s", key, exc)
+                return
+            t_seen = clock.now_ns()
+            for ev in parse(data):
+                if self._carrier.get((key, ev.ifindex)) == ev.carrier:
+                    continue
+                self._carrier[(key, ev.ifindex)] = ev.carrier
+                t_written = 0
+                try:
+                    if self._act(key, ev):
+                        t_written = clock.now_ns()
+                except Exception:
+                    self.errors += 1
+                    log.exception("carrier thread: %s ifindex %d: acting on the change failed", key, ev.ifindex)
+                out.append(CarrierChange(key, ev.ifindex, ev.carrier, t_seen, t_written))
