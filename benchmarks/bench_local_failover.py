@@ -315,27 +315,38 @@ def probe_flows(fab: LiveFabric, lids: dict[str, int], flows: list[Pair], spacin
         if child.poll() is None:
             child.kill()
             child.wait()
-    return [analyse(f, t_fault, spacing_us) for f in data["flows"]], t_fault
+    return [analyse(f, data["sent_t"], t_fault) for f in data["flows"]], t_fault
 
 
-def analyse(flow: dict[str, Any], t_fault: int, spacing_us: float) -> dict[str, Any]:
-    """One flow across the fault: ``blackout_ms``, the longest silence between two arrivals
-    (kernel receive stamps) from the last arrival before the fault on, up to the end of the
-    stream; ``resume_ms``, the arrival that ended it, from the fault; ``quiet_ms``, the same
-    longest silence over the 250 ms before the fault (the probe's own noise); ``lost``,
-    frames sent that never arrived."""
-    arr = sorted(flow["arrivals"])
-    sent = flow["sent"]
-    before = [t for t in arr if t < t_fault]
-    start = len(before) - 1 if before else 0
-    gaps = [(arr[i + 1] - arr[i], arr[i + 1]) for i in range(start, len(arr) - 1)]
-    quiet = [arr[i + 1] - arr[i] for i in range(len(arr) - 1) if t_fault - 250_000_000 <= arr[i] and arr[i + 1] < t_fault]
-    lost = sent - len(set(flow["seqs"]))
-    if not before or arr[-1] < t_fault:  # silent from the fault on (or never heard): no figure
-        return {"blackout_ms": None, "resume_ms": None, "quiet_ms": max(quiet, default=0) / 1e6, "lost": lost}
-    worst = max(gaps)
-    return {"blackout_ms": worst[0] / 1e6, "resume_ms": (worst[1] - t_fault) / 1e6,
-            "quiet_ms": max(quiet, default=0) / 1e6, "lost": lost}
+def analyse(flow: dict[str, Any], sent_t: list[int], t_fault: int) -> dict[str, Any]:
+    """One flow across the fault, by the frames it lost (so that the probe's own stalls, which
+    lose nothing, are not counted): per run of consecutive frames lost that were sent from
+    1 ms before the fault on, its window from the send of the last frame that arrived before
+    it to the send of the first that arrived after it (an upper bound of the blackout, by up
+    to one probe interval); ``blackout_ms`` the longest window, ``resume_ms`` the arrival
+    that ended it, from the fault; no frame lost: 0 and 0. ``lost``: frames lost in all;
+    nothing arrived after the fault: None (no figure)."""
+    got = dict(zip(flow["seqs"], flow["arrivals"], strict=True))
+    n = len(sent_t)
+    lost = n - len(got)
+    if not any(t > t_fault for t in got.values()):
+        return {"blackout_ms": None, "resume_ms": None, "lost": lost}
+    best = (0, t_fault)
+    seq = next((i for i in range(n) if sent_t[i] >= t_fault - 1_000_000), n)
+    while seq < n:
+        if seq in got:
+            seq += 1
+            continue
+        first = seq
+        while seq < n and seq not in got:
+            seq += 1
+        if seq == n:  # lost up to the end: silent since
+            best = max(best, (sent_t[-1] - sent_t[max(0, first - 1)], sent_t[-1]))
+            break
+        window = sent_t[seq] - sent_t[max(0, first - 1)]
+        if window > best[0]:
+            best = (window, got[seq])
+    return {"blackout_ms": best[0] / 1e6, "resume_ms": max(0, best[1] - t_fault) / 1e6, "lost": lost}
 
 
 def probe_child() -> None:
@@ -385,6 +396,7 @@ def probe_child() -> None:
         step = int(spec["spacing_us"] * 1000)
         t0 = time.monotonic_ns()
         n = int(spec["duration_s"] * 1e9) // step
+        sent_t: list[int] = []
         for seq in range(n):
             due = t0 + seq * step
             while time.monotonic_ns() < due:
@@ -392,6 +404,7 @@ def probe_child() -> None:
                 wait = (due - time.monotonic_ns()) / 1e9
                 if wait > 0:
                     select.select(readers, [], [], wait)
+            sent_t.append(time.monotonic_ns())
             for i, tpl in enumerate(tpls):
                 with contextlib.suppress(OSError):  # a host cable down: lost like the rest
                     socks[i].send(tpl.packet(0x0A, seq & 0xFFFFFF, payload, ext=ext))
@@ -399,7 +412,7 @@ def probe_child() -> None:
         while time.monotonic() < end:
             drain()
             time.sleep(0.005)
-        json.dump({"flows": [{"arrivals": a, "seqs": s, "sent": n} for a, s in zip(arrivals, seqs, strict=True)]},
+        json.dump({"sent_t": sent_t, "flows": [{"arrivals": a, "seqs": s} for a, s in zip(arrivals, seqs, strict=True)]},
                   sys.stdout)
         sys.stdout.flush()
     finally:
@@ -646,8 +659,7 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
     print(f"  {'figure':<34} {'ftree_ar (local failover)':>30} {'ftree (SM only)':>30}")
     for g in groups:
         print(f"  {labels.get(g, g)}, per flow over all runs:")
-        for key, name in (("blackout_ms", "blackout (ms)"), ("resume_ms", "resume after fault (ms)"),
-                          ("quiet_ms", "longest gap before fault (ms)")):
+        for key, name in (("blackout_ms", "blackout (ms)"), ("resume_ms", "resume after fault (ms)")):
             cells = []
             for engine in rows:
                 vals = [r["flows"][j][key] for r in rows[engine] for j in r["groups"].get(g, [])

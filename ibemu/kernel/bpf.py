@@ -59,6 +59,10 @@ SKB_DATA_END = 80
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+_libc_held = ctypes.PyDLL(None, use_errno=True)
+"""The same C library, called without releasing the GIL: for a short system call on a path
+that must not queue for the GIL again half-way (``Map.update(hold_gil=True)``)."""
+_libc_held.syscall.restype = ctypes.c_long
 
 
 def _bpf(cmd: int, attr: bytes | bytearray) -> int:
@@ -70,9 +74,9 @@ def _bpf(cmd: int, attr: bytes | bytearray) -> int:
     return int(ret)
 
 
-def _bpf_buf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
+def _bpf_buf(cmd: int, attr: ctypes.Array[ctypes.c_char], *, hold_gil: bool = False) -> int:
     """``_bpf`` on an attr buffer the caller keeps (a hot path's update: no copies)."""
-    ret = _libc.syscall(SYS_BPF, cmd, attr, len(attr))
+    ret = (_libc_held if hold_gil else _libc).syscall(SYS_BPF, cmd, attr, len(attr))
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"bpf({cmd}): {os.strerror(err)}")
@@ -97,7 +101,9 @@ class Map:
         self._update_lock = threading.Lock()
         self._update_bufs: tuple[ctypes.Array[ctypes.c_char], ...] | None = None
 
-    def update(self, key: bytes, value: bytes) -> None:
+    def update(self, key: bytes, value: bytes, *, hold_gil: bool = False) -> None:
+        """``hold_gil``: the system call keeps the GIL (a thread that has just got it after a
+        wait does not give it up again half-way; the update takes microseconds)."""
         if len(key) != self.key_size or len(value) != self.value_size:
             raise ValueError("key/value size does not match the map")
         # one set of buffers per map, its attr packed once: an agent republishing its images
@@ -113,7 +119,7 @@ class Map:
             k, v, attr = bufs
             ctypes.memmove(k, key, len(key))
             ctypes.memmove(v, value, len(value))
-            _bpf_buf(BPF_MAP_UPDATE_ELEM, attr)
+            _bpf_buf(BPF_MAP_UPDATE_ELEM, attr, hold_gil=hold_gil)
 
     def lookup(self, key: bytes) -> bytes | None:
         k = ctypes.create_string_buffer(key, len(key))

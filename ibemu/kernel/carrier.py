@@ -36,6 +36,8 @@ sockets stay the caller's.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import logging
 import os
 import select
@@ -54,6 +56,27 @@ K = TypeVar("K", bound=Hashable)
 
 RECV_BYTES = 1 << 16
 JOIN_TIMEOUT_S = 5.0
+MSG_DONTWAIT = 0x40
+RT_PRIORITY = 1
+"""The thread's SCHED_FIFO priority (the lowest): woken by a notification it runs before the
+fabric's other threads and processes, as a line card's link interrupt would."""
+
+_libc_held = ctypes.PyDLL(None, use_errno=True)
+"""``recv`` without releasing the GIL: the thread has just waited for it after ``epoll_wait``;
+a socket read that released it again would queue for it a second time."""
+_libc_held.recv.restype = ctypes.c_ssize_t
+_libc_held.recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _recv(fd: int, buf: ctypes.Array[ctypes.c_char]) -> bytes | None:
+    """One datagram from ``fd`` without blocking and with the GIL kept; None: nothing there."""
+    n = _libc_held.recv(fd, buf, len(buf), MSG_DONTWAIT)
+    if n < 0:
+        err = ctypes.get_errno()
+        if err in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+            return None
+        raise OSError(err, os.strerror(err))
+    return ctypes.string_at(buf, n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +108,18 @@ class CarrierThread(Generic[K]):
 
     def __init__(self, monitors: Mapping[K, socket.socket], carrier: Mapping[tuple[K, int], bool], *,
                  act: Act[K], hand_over: HandOver[K], cpus: set[int] | frozenset[int] | None = None,
-                 name: str = "ibemu-carrier") -> None:
+                 realtime: bool = True, name: str = "ibemu-carrier") -> None:
         """``carrier``: (key, ifindex) -> the carrier as the caller read it at start (an
-        interface missing is taken as down the first time it is seen)."""
+        interface missing is taken as down the first time it is seen). ``realtime``: the
+        thread asks for SCHED_FIFO (``RT_PRIORITY``; refused: it keeps its policy, said at
+        debug level)."""
         self._monitors = dict(monitors)
         self._carrier: dict[tuple[K, int], bool] = dict(carrier)
         self._act = act
         self._hand_over = hand_over
         self._cpus = set(cpus) if cpus else None
+        self._realtime = realtime
+        self._buf = ctypes.create_string_buffer(RECV_BYTES)
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ep = select.epoll()
         self._by_fd: dict[int, tuple[K, socket.socket]] = {}
@@ -153,6 +180,11 @@ class CarrierThread(Generic[K]):
                 os.sched_setaffinity(0, self._cpus)  # 0: this thread
             except OSError as exc:
                 log.debug("carrier thread: CPUs %s refused: %s", sorted(self._cpus), exc)
+        if self._realtime:
+            try:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RT_PRIORITY))  # 0: this thread
+            except OSError as exc:
+                log.debug("carrier thread: SCHED_FIFO refused: %s", exc)
         try:
             while not self._stop:
                 try:
@@ -174,13 +206,14 @@ class CarrierThread(Generic[K]):
                 log.exception("the carrier thread stopped")
 
     def _drain(self, key: K, sock: socket.socket, out: list[CarrierChange[K]]) -> None:
+        fd = sock.fileno()
         while True:
             try:
-                data = sock.recv(RECV_BYTES)
-            except BlockingIOError:
-                return
+                data = _recv(fd, self._buf)
             except OSError as exc:  # ENOBUFS: notifications were lost; the next ones tell
                 log.warning("carrier thread: %s: %s", key, exc)
+                return
+            if data is None:
                 return
             t_seen = clock.now_ns()
             for ev in parse(data):

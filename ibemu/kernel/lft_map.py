@@ -402,7 +402,9 @@ class LftProgram:
             self._down.discard(port)
         else:
             self._down.add(port)
-        self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex | (0 if up else PORT_DOWN)))
+        # the GIL kept across the system call: called from the carrier thread (``kernel.carrier``)
+        self.ports.update(struct.pack("=I", port), struct.pack("=I", ifindex | (0 if up else PORT_DOWN)),
+                          hold_gil=True)
         return True
 
     @property
