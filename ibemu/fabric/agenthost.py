@@ -60,6 +60,7 @@ from ibemu.fabric.linkplane import LinkPlane
 from ibemu.fabric.plan import NodePlan
 from ibemu.kernel import netns, rtnl, sockfilter
 from ibemu.kernel.carrier import CarrierChange, CarrierThread
+from ibemu.kernel.carrier import Stop as carrier_stop
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.elf import LoadError
@@ -497,7 +498,10 @@ class AgentHost:
                 send.send_nowait(changes)
 
         def hand_over(changes: list[CarrierChange[str]]) -> None:  # in the carrier thread
-            token.run_sync_soon(deliver, changes)  # RunFinishedError ends the thread
+            try:
+                token.run_sync_soon(deliver, changes)
+            except trio.RunFinishedError:
+                raise carrier_stop from None
 
         monitors = {name: rt.monitor for name, rt in self.nodes.items() if rt.monitor is not None}
         carrier = {(name, ifindex): rt.carrier.get(port, False)

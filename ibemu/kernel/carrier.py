@@ -98,8 +98,12 @@ Act = Callable[[K, LinkEvent], bool]
 """Called in the carrier thread on a change: True when it wrote something (then
 ``t_written_ns`` is stamped). Must be safe to call off the caller's loop."""
 HandOver = Callable[[list[CarrierChange[K]]], None]
-"""Called in the carrier thread with the changes of one wake-up, after ``act``; raising ends
-the thread (the receiving loop is gone)."""
+"""Called in the carrier thread with the changes of one wake-up, after ``act``; raising
+``Stop`` ends the thread quietly (the receiving loop is gone), anything else with a log."""
+
+
+class Stop(Exception):
+    """Raised by a ``HandOver`` whose receiver is gone: the thread ends."""
 
 
 class CarrierThread(Generic[K]):
@@ -201,6 +205,8 @@ class CarrierThread(Generic[K]):
                 if out:
                     self.changes += len(out)
                     self._hand_over(out)
+        except Stop:
+            log.debug("carrier thread: the receiver is gone")
         except Exception:  # the loop it hands to is gone (or a bug): the thread ends, said
             if not self._stop:
                 log.exception("the carrier thread stopped")

@@ -1,0 +1,142 @@
+"""The carrier thread (``kernel.carrier``) on a real cable: the port map is written in the
+thread before anyone else hears of the change, and the thread stops cleanly (close, an
+exception such as Ctrl-C's, the loop it hands to gone) without leaving a thread or a file
+descriptor behind."""
+
+from __future__ import annotations
+
+import os
+import queue
+import struct
+import threading
+import time
+
+import pytest
+import trio
+
+from ibemu.kernel import bpf, lft_map, netns, ownership
+from ibemu.kernel.carrier import CarrierChange, CarrierThread, Stop
+from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
+from ibemu.kernel.links import Cable, LinkControl, create_cables
+
+pytestmark = pytest.mark.root
+
+
+def _fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _carrier_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("ibemu-carrier")]
+
+
+def _cable(state: ownership.RunState) -> tuple[str, str, LinkControl]:
+    a, b = (ownership.ns_name(state.run_id, n) for n in ("a", "b"))
+    state.claim_namespaces([a, b])
+    netns.create([a, b])
+    create_cables([Cable(a, "p1", b, "p1", a_index=40, b_index=41)])
+    links = LinkControl()
+    links.all_up(a, ["p1"])
+    links.all_up(b, ["p1"])
+    links.wait_carrier({a: ["p1"], b: ["p1"]})
+    return a, b, links
+
+
+def test_the_map_is_written_before_the_change_is_handed_over(run_state: ownership.RunState) -> None:
+    a, b, links = _cable(run_state)
+    ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, 4, "ibemu_test_port")
+    monitors = {"a": open_link_monitor(a), "b": open_link_monitor(b)}
+    got: queue.Queue[tuple[CarrierChange[str], int]] = queue.Queue()
+    in_thread: list[bool] = []
+
+    def act(key: str, ev: LinkEvent) -> bool:
+        if key != "b":
+            return False
+        in_thread.append(threading.current_thread().name == "ibemu-carrier")
+        ports.update(struct.pack("=I", 1), struct.pack("=I", ev.ifindex | (0 if ev.carrier else lft_map.PORT_DOWN)),
+                     hold_gil=True)
+        return True
+
+    def hand_over(changes: list[CarrierChange[str]]) -> None:
+        for ch in changes:  # what the map says when the change is handed over
+            value = ports.lookup(struct.pack("=I", 1))
+            got.put((ch, struct.unpack("=I", value)[0] if value else 0))
+
+    try:
+        with CarrierThread(monitors, {("a", 40): True, ("b", 41): True}, act=act, hand_over=hand_over):
+            links.set_up(a, "p1", False)  # cut at a: b is the far end
+            seen: dict[str, tuple[CarrierChange[str], int]] = {}
+            deadline = time.monotonic() + 3
+            while len(seen) < 2 and time.monotonic() < deadline:
+                try:
+                    ch, word = got.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                seen[ch.key] = (ch, word)
+            assert set(seen) == {"a", "b"}
+            far, word = seen["b"]
+            assert far.ifindex == 41 and not far.carrier
+            assert word == 41 | lft_map.PORT_DOWN  # written before the hand-over
+            assert 0 < far.t_seen_ns <= far.t_written_ns
+            near, _ = seen["a"]
+            assert near.ifindex == 40 and not near.carrier and near.t_written_ns == 0  # act wrote nothing
+            assert in_thread == [True]
+            links.set_up(a, "p1", True)  # and back: the map says up again
+            ch, word = got.get(timeout=3)
+            while ch.key != "b":
+                ch, word = got.get(timeout=3)
+            assert ch.carrier and word == 41
+            time.sleep(0.05)
+            assert got.empty()  # changes only, each once
+    finally:
+        for sock in monitors.values():
+            sock.close()
+        ports.close()
+        links.close()
+    assert not _carrier_threads()
+
+
+def test_it_stops_on_close_on_an_exception_and_when_the_loop_is_gone(run_state: ownership.RunState) -> None:
+    a, _b, links = _cable(run_state)
+    mon = open_link_monitor(a)
+    try:
+        links.index(a, "p1")  # its netlink socket open before the count
+        before = _fds()
+        # close(): joined, its epoll set and eventfd closed
+        thread = CarrierThread({"a": mon}, {}, act=lambda k, ev: False, hand_over=lambda ch: None)
+        thread.start()
+        assert thread.alive
+        thread.close()
+        thread.close()  # idempotent
+        assert not thread.alive and not _carrier_threads() and _fds() == before
+        # Ctrl-C in the caller: the context manager stops it on the way out
+        with pytest.raises(KeyboardInterrupt), CarrierThread({"a": mon}, {}, act=lambda k, ev: False,
+                                                             hand_over=lambda ch: None) as thread:
+            assert thread.alive
+            raise KeyboardInterrupt
+        assert not thread.alive and not _carrier_threads() and _fds() == before
+
+        # the trio loop it hands to has finished: the thread ends by itself at the next change
+        async def main() -> trio.lowlevel.TrioToken:
+            return trio.lowlevel.current_trio_token()
+
+        token = trio.run(main)
+
+        def hand_over(changes: list[CarrierChange[str]]) -> None:
+            try:
+                token.run_sync_soon(lambda: None)
+            except trio.RunFinishedError:  # as the agent host's hand-over says it
+                raise Stop from None
+
+        thread = CarrierThread({"a": mon}, {("a", 40): True}, act=lambda k, ev: False, hand_over=hand_over)
+        thread.start()
+        links.set_up(a, "p1", False)
+        deadline = time.monotonic() + 3
+        while thread.alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not thread.alive
+        thread.close()
+        assert _fds() == before
+    finally:
+        mon.close()
+        links.close()
