@@ -506,8 +506,13 @@ class AgentHost:
         monitors = {name: rt.monitor for name, rt in self.nodes.items() if rt.monitor is not None}
         carrier = {(name, ifindex): rt.carrier.get(port, False)
                    for name, rt in self.nodes.items() for ifindex, port in rt.by_ifindex.items()}
+        ifindex_of = {(name, port): ifindex for name, rt in self.nodes.items()
+                      for ifindex, port in rt.by_ifindex.items()}
+        peers = {(name, ifindex_of[(name, port)]): (pp.peer_node, ifindex_of[(pp.peer_node, pp.peer_port)])
+                 for name, rt in self.nodes.items() for port, pp in rt.plan.ports.items()
+                 if (name, port) in ifindex_of and (pp.peer_node, pp.peer_port) in ifindex_of}
         self.carrier_thread = CarrierThread(monitors, carrier, act=self._carrier_act, hand_over=hand_over,
-                                            cpus=self._cpus)
+                                            peers=peers, cpus=self._cpus)
         self.carrier_thread.start()
         return receive
 

@@ -140,3 +140,41 @@ def test_it_stops_on_close_on_an_exception_and_when_the_loop_is_gone(run_state: 
     finally:
         mon.close()
         links.close()
+
+
+def test_the_far_end_is_written_on_the_near_ends_word(run_state: ownership.RunState) -> None:
+    """A cut at a takes b's carrier too (veth_close); b's own notification waits for linkwatch.
+    With b's monitor left out, only the early write can mark b down, and a's return restores
+    it (linkwatch may coalesce b's down and up into nothing)."""
+    a, _b, links = _cable(run_state)
+    ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, 4, "ibemu_test_port")
+    mon = open_link_monitor(a)
+    written: queue.Queue[tuple[str, int, bool]] = queue.Queue()
+
+    def act(key: str, ev: LinkEvent) -> bool:
+        written.put((key, ev.ifindex, ev.carrier))
+        if key != "b":
+            return False
+        ports.update(struct.pack("=I", 1), struct.pack("=I", ev.ifindex | (0 if ev.carrier else lft_map.PORT_DOWN)))
+        return True
+
+    def word() -> int:
+        value = ports.lookup(struct.pack("=I", 1))
+        return struct.unpack("=I", value)[0] if value else 0
+
+    try:
+        with CarrierThread({"a": mon}, {("a", 40): True, ("b", 41): True}, act=act, hand_over=lambda ch: None,
+                           peers={("a", 40): ("b", 41), ("b", 41): ("a", 40)}):
+            links.set_up(a, "p1", False)
+            assert written.get(timeout=3) == ("a", 40, False)
+            assert written.get(timeout=3) == ("b", 41, False)
+            assert word() == 41 | lft_map.PORT_DOWN
+            links.set_up(a, "p1", True)
+            assert written.get(timeout=3) == ("a", 40, True)
+            assert written.get(timeout=3) == ("b", 41, True)  # its state as last heard
+            assert word() == 41
+    finally:
+        mon.close()
+        ports.close()
+        links.close()
+    assert not _carrier_threads()
