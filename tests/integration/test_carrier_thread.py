@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import struct
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import trio
 
-from ibemu.kernel import bpf, lft_map, netns, ownership
+from ibemu.fabric.agenthost import CarrierTiming
+from ibemu.fabric.agents import make_agents
+from ibemu.fabric.runtime import FabricRuntime
+from ibemu.kernel import bpf, lft_map, netns, ownership, rtnl
 from ibemu.kernel.carrier import CarrierChange, CarrierThread, Stop
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
 from ibemu.kernel.links import Cable, LinkControl, create_cables
+from ibemu.topo import generate
 
 pytestmark = pytest.mark.root
 
@@ -178,3 +184,42 @@ def test_the_far_end_is_written_on_the_near_ends_word(run_state: ownership.RunSt
         ports.close()
         links.close()
     assert not _carrier_threads()
+
+
+def test_the_agent_hosts_carrier_thread_and_ctrl_c(state_dir: object, tmp_path: Path) -> None:
+    """On a live fabric: a cut host cable's switch port is marked down in the kernel's port map
+    by the carrier thread, whose steps are in order (seen, written, then the loop notified and
+    done); Ctrl-C inside the run stops the thread and leaves nothing."""
+    topo = generate("single-switch", hosts=2)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-carrier")
+    rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path, mad_sockets=False)
+    seen: list[CarrierTiming] = []
+
+    async def main() -> None:
+        async with rt.running() as host:
+            assert host.carrier_thread is not None and host.carrier_thread.alive
+            sw = rt.plan.switches()[0]
+            lft = host.fabric.lfts[sw.name]
+            assert isinstance(lft, lft_map.MapLft)
+            port = next(p for p, pp in sw.ports.items() if pp.peer_node == "h0")
+            ifname = rt.plan.nodes["h0"].ports[1].ifname
+            await trio.to_thread.run_sync(rtnl.set_up, rt.plan.nodes["h0"].ns, [ifname], False)  # h0's end
+            with trio.fail_after(5):
+                while not [t for t in host.carrier_timings if t.node == sw.name and t.port == port and not t.up]:
+                    await trio.sleep(0.01)
+            seen.extend(t for t in host.carrier_timings if not t.up and t.node == sw.name)
+            assert lft._prog is not None and port in lft._prog.down_ports
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C
+            await trio.sleep(5)
+
+    with pytest.raises(BaseException) as caught:
+        trio.run(main)
+    ki = caught.value
+    if isinstance(ki, BaseExceptionGroup):
+        assert ki.subgroup(KeyboardInterrupt) is not None, ki
+    else:
+        assert isinstance(ki, KeyboardInterrupt), ki
+    (t,) = seen
+    assert t.written > 0 and t.written <= t.notified <= t.done and t.seen <= t.notified
+    assert not _carrier_threads()
+    assert not any(netns.exists(n) for n in rt.plan.namespaces)
