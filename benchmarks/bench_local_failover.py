@@ -94,6 +94,15 @@ PROBE_FAULT_S = 0.3
 """When the fault comes, after the probe streams started."""
 
 
+def records(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines log as far as it is written (a line being written is left for later)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(line))
+    return out
+
+
 class Run:
     """One fresh fabric and ibemu's SM with one engine."""
 
@@ -114,7 +123,7 @@ class Run:
     def sm_events(self, kind: str) -> list[dict[str, Any]]:
         if not self.events.exists():
             return []
-        return [r for r in map(json.loads, self.events.read_text().splitlines()) if r.get("kind") == kind]
+        return [r for r in records(self.events) if r.get("kind") == kind]
 
     def wait_sm(self, kind: str, count: int = 1, timeout_s: float = 60.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
@@ -131,8 +140,7 @@ class Run:
         path = self.tmp / "events.jsonl"  # the agent host's log (flushed every 50 ms)
         deadline = time.monotonic() + timeout_s
         while True:
-            recs = [r for r in map(json.loads, path.read_text().splitlines())
-                    if r.get("kind") == kind and r.get("t_ns", 0) >= t_min] if path.exists() else []
+            recs = [r for r in records(path) if r.get("kind") == kind and r.get("t_ns", 0) >= t_min]
             if recs or time.monotonic() > deadline:
                 return recs
             time.sleep(0.05)
