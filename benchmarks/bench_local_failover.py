@@ -82,6 +82,7 @@ from harness import LiveFabric
 from ibemu import clock, lagmon
 from ibemu.fabric.probe import send_and_count
 from ibemu.kernel import rtnl
+from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, judge_links, merge, merge_links
 from ibemu.topo import generate
@@ -276,10 +277,11 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
                     far = topo.peer(*hops[i - 1])
                     assert far is not None
                     ports.append((far.node, far.port))
-            res, t_fault = probe_flows(fab, lids, flows, spacing_us, inject)
+            res, t_fault = probe_flows(fab, lids, flows, spacing_us, inject, ports)
             reroutes = run.wait_sm("reroute", count=n_before + 1, timeout_s=30)[n_before:]
-            # when the kernel had each flow's port down: its end's notification (sent once the
-            # port is closed; a switch's ports close one after the other, an RCU grace period each)
+            # when the carrier thread saw each flow's port go down (its end's notification, sent
+            # once the port is closed; a switch's ports close one after the other, an RCU grace
+            # period each)
             closed = {(t.node, t.port): t.seen for t in list(host.carrier_timings) if not t.up and t.seen >= t_fault}
             for f, port in zip(res, ports, strict=True):
                 if port in closed and f["resume_ms"] is not None:
@@ -317,12 +319,18 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
 
 
 def probe_flows(fab: LiveFabric, lids: dict[str, int], flows: list[Pair], spacing_us: float,
-                inject: Callable[[], int]) -> tuple[list[dict[str, Any]], int]:
+                inject: Callable[[], int], ports: list[tuple[str, int]]) -> tuple[list[dict[str, Any]], int]:
     """Probe streams on ``flows`` from a child process (``--probe-child``: its own GIL), the
-    fault ``inject()``-ed 300 ms into them; per flow its blackout and resume (``analyse``) and
-    the fault's stamp."""
+    fault ``inject()``-ed 300 ms into them; per flow its blackout and resume (``analyse``),
+    and when the child, watching the namespace of the flow's port (``ports``: (switch, port)),
+    was told the port lost carrier (``told_ms``: the kernel's part of the way to the agent
+    host, seen from a process that shares nothing with it); and the fault's stamp."""
     plan = fab.rt.plan
-    spec = {"spacing_us": spacing_us, "duration_s": PROBE_S, "flows": [
+    watch = sorted(set(ports))
+    index = {sw: rtnl.ifindexes(plan.nodes[sw].ns, [plan.nodes[sw].ports[p].ifname for s2, p in watch if s2 == sw])
+             for sw in {sw for sw, _ in watch}}
+    spec: dict[str, Any] = {"spacing_us": spacing_us, "duration_s": PROBE_S,
+            "watch": [[plan.nodes[sw].ns, index[sw][plan.nodes[sw].ports[p].ifname]] for sw, p in watch], "flows": [
         {"src_ns": plan.nodes[s].ns, "src_if": plan.nodes[s].ports[1].ifname,
          "eth": fast.ethernet_header(plan.nodes[s].ports[1].peer_mac, plan.nodes[s].ports[1].mac).hex(),
          "slid": lids[s], "dlid": lids[d], "dst_ns": plan.nodes[d].ns, "dst_if": plan.nodes[d].ports[1].ifname}
@@ -346,7 +354,13 @@ def probe_flows(fab: LiveFabric, lids: dict[str, int], flows: list[Pair], spacin
             child.wait()
     sent_t = data["sent_t"]
     interval_us = (sent_t[-1] - sent_t[0]) / max(1, len(sent_t) - 1) / 1e3
-    return [{**analyse(f, sent_t, t_fault), "interval_us": interval_us} for f in data["flows"]], t_fault
+    told = {tuple(w): t for w, t in zip(spec["watch"], data["told"], strict=True)}
+    out = []
+    for f, port in zip(data["flows"], ports, strict=True):
+        t = told.get((plan.nodes[port[0]].ns, index[port[0]][plan.nodes[port[0]].ports[port[1]].ifname]))
+        out.append({**analyse(f, sent_t, t_fault), "interval_us": interval_us,
+                    "told_ms": None if not t else (t - t_fault) / 1e6})
+    return out, t_fault
 
 
 def analyse(flow: dict[str, Any], sent_t: list[int], t_fault: int) -> dict[str, Any]:
@@ -408,8 +422,18 @@ def probe_child() -> None:
         payload, ext = bytes(64), fast.reth(0, 0, 64)
         offset = clock.realtime_offset_ns()
         readers = list(rx.values())
+        watch = [(ns, ifindex, open_link_monitor(ns)) for ns, ifindex in spec["watch"]]
+        told = [0] * len(watch)
+        monitors = [m for _, _, m in watch]
+
+        def look() -> None:  # the watched ports' carrier loss, when this process hears of it
+            for j, (_ns, ifindex, mon) in enumerate(watch):
+                for ev in read_events(mon):
+                    if ev.ifindex == ifindex and not ev.carrier and not told[j]:
+                        told[j] = time.monotonic_ns()
 
         def drain() -> None:
+            look()
             for sock in readers:
                 while True:
                     try:
@@ -436,7 +460,7 @@ def probe_child() -> None:
             while time.monotonic_ns() < due:
                 wait = (due - time.monotonic_ns()) / 1e9
                 if wait > 0:
-                    select.select(readers, [], [], wait)
+                    select.select(readers + monitors, [], [], wait)
                 drain()
             sent_t.append(time.monotonic_ns())
             for i, tpl in enumerate(tpls):
@@ -446,7 +470,9 @@ def probe_child() -> None:
         while time.monotonic() < end:
             drain()
             time.sleep(0.005)
-        json.dump({"sent_t": sent_t, "flows": [{"arrivals": a, "seqs": s} for a, s in zip(arrivals, seqs, strict=True)]},
+        for _ns, _i, mon in watch:
+            mon.close()
+        json.dump({"sent_t": sent_t, "told": told, "flows": [{"arrivals": a, "seqs": s} for a, s in zip(arrivals, seqs, strict=True)]},
                   sys.stdout)
         sys.stdout.flush()
     finally:
@@ -694,8 +720,9 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
     for g in groups:
         print(f"  {labels.get(g, g)}, per flow over all runs:")
         for key, name in (("blackout_ms", "blackout (ms)"), ("resume_ms", "resume after fault (ms)"),
-                          ("port_down_ms", "fault -> its port closed (ms)"),
-                          ("resume_after_port_ms", "resume after its port closed (ms)")):
+                          ("told_ms", "fault -> a bystander told (ms)"),
+                          ("port_down_ms", "fault -> carrier thread saw (ms)"),
+                          ("resume_after_port_ms", "resume after thread saw (ms)")):
             cells = []
             for engine in rows:
                 vals = [r["flows"][j][key] for r in rows[engine] for j in r["groups"].get(g, [])
