@@ -180,6 +180,11 @@ class Run:
             prev, node = (node, port), nxt.node
 
 
+class NotReady(RuntimeError):
+    """The fabric did not come up fit for the measurement (under load, some of the SM's SMPs
+    timed out: ports left unactivated, groups not written); the run is tried afresh."""
+
+
 Pair = tuple[str, str]
 
 
@@ -248,7 +253,10 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
     with LiveFabric(topo, tmp, scenario="bench-local-failover") as fab:
         run = Run(fab, tmp, engine)
         try:
-            run.wait_sm("subnet_up", timeout_s=180)
+            try:
+                run.wait_sm("subnet_up", timeout_s=180)
+            except RuntimeError as exc:
+                raise NotReady(str(exc)[:300]) from None
             host = fab.rt.host
             assert fab.rt.fabric is not None and host is not None
             lids = trio.from_thread.run_sync(
@@ -263,7 +271,7 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
                 raise RuntimeError("no flow crosses the fault")
             for s, d in flows:
                 if run.blast(50, s, d) != 50:
-                    raise RuntimeError(f"the fabric does not carry {s} -> {d} before the fault")
+                    raise NotReady(f"the fabric does not carry {s} -> {d} before the fault")
             n_before = len(run.sm_events("reroute"))
 
             def inject() -> int:
@@ -538,11 +546,6 @@ def probe_stream(fab: LiveFabric, src_lid: int, dst_lid: int, n: int, spacing_us
     return got, t_cut
 
 
-class NotReady(RuntimeError):
-    """The fabric did not come up fit for the measurement (under load, some of the SM's SMPs
-    timed out: ports left unactivated, groups not written); the run is tried afresh."""
-
-
 def judge_user(recs: list[dict[str, Any]], dilation: float, lo: int, hi: int) -> dict[str, Any]:
     """The run's fidelity over the stream: the links as ``scenario.fidelity`` judges them, and
     the agent host's loop lag, which its monitor measured on the real clock here (this loop is
@@ -699,8 +702,16 @@ def main() -> None:
     rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
-            with tempfile.TemporaryDirectory(prefix="bench-lfo-") as tmp:
-                r = one(engine, Path(tmp), args.k, args.fault, args.flows, args.probe_us)
+            for attempt in range(3):
+                try:
+                    with tempfile.TemporaryDirectory(prefix="bench-lfo-") as tmp:
+                        r = one(engine, Path(tmp), args.k, args.fault, args.flows, args.probe_us)
+                    break
+                except NotReady as exc:
+                    print(f"  run {i + 1} {engine}: not ready ({exc}), attempt {attempt + 1} of 3",
+                          file=sys.stderr, flush=True)
+            else:
+                raise SystemExit(f"{engine}: the fabric never came up fit for the measurement")
             rows[engine].append(r)
             brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ("flows", "groups")}
             print(f"  run {i + 1} {engine}: {brief}", file=sys.stderr, flush=True)
