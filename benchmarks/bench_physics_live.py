@@ -54,9 +54,7 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -67,20 +65,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = 4096
-SO_TIMESTAMPNS = 35
-_TS = struct.Struct("qq")
 
 
 # ------------------------------------------------------------------ the child: send and receive
 
 def child(spec_path: str) -> None:
-    from ibemu.kernel.packet import open_packet_socket
+    from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 
     spec = json.loads(Path(spec_path).read_text())
     tx = open_packet_socket(spec["tx_ns"], spec["tx_if"], 0x0003, buffer_bytes=4 << 20)
     tx.setblocking(False)
     rx = open_packet_socket(spec["rx_ns"], spec["rx_if"], spec.get("rx_proto", 0x88B5), buffer_bytes=64 << 20)
-    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    stamp_received(rx)
     rx.settimeout(0.2)
     frames = [bytes.fromhex(f) for f in spec["frames"]]
     extra = []  # incast: more senders, each with its own frames, paced alike
@@ -99,11 +95,7 @@ def child(spec_path: str) -> None:
                 continue
             except OSError:
                 break
-            stamp = 0
-            for level, kind, d in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    s, ns = _TS.unpack_from(d)
-                    stamp = s * 1_000_000_000 + ns
+            stamp = kernel_stamp(anc) or 0
             psn = int.from_bytes(data[14 + 8 + 9:14 + 8 + 12], "big") if len(data) > 34 else -1
             if spec.get("id_at"):  # incast: who sent it (IB: its SLID; RoCE: its source address)
                 lo, hi = spec["id_at"]
