@@ -40,8 +40,9 @@ def test_a_process_over_the_threshold_at_p99_makes_the_run_invalid() -> None:
     f = judge({"agent-host": _stats([100.0] * 98 + [30_000.0] * 2), "sm": _stats([50.0] * 100)},
               dilation=4.0)
     assert f["valid"] is False and f["worst_process"] == "agent-host" and f["dilation"] == 4.0
-    assert f["worst_lag_us"] >= 30_000.0
-    assert f["note"].startswith("agent-host fell behind the emulated clock: p99 lag 30.0 ms (max 30.0 ms) >= 2 ms")
+    assert f["worst_lag_us"] >= 30_000.0 and f["threshold_us"] == 500.0 and f["threshold_real_us"] == 2000.0
+    assert f["note"].startswith("agent-host fell behind the emulated clock: p99 lag 30 ms emulated = 120 ms real "
+                                "(max 30 ms emulated = 120 ms real) >= 500 us emulated = 2 ms real")
 
 
 def test_one_late_wakeup_in_a_thousand_is_not_behind_but_its_max_shows() -> None:
@@ -103,7 +104,8 @@ def test_links_that_kept_to_the_model_leave_the_run_valid_and_name_the_worst() -
 
     recs = [_link("sw0:2", busy_model=10_000_000, busy_real=10_010_000, late_us=[5.0] * 100),
             _link("sw0:1", busy_model=10_000_000, busy_real=10_000_000, late_us=[1.0] * 100)]
-    f = judge({"agent-host": _stats([100.0] * 100)}, dilation=100.0, links=merge_links(recs))
+    # dilation 100: 20 us emulated (2 ms real); the host 5 us (0.5 ms real), the links' 5 us late
+    f = judge({"agent-host": _stats([5.0] * 100)}, dilation=100.0, links=merge_links(recs))
     assert f["valid"] is True and f["worst_link"] == "sw0:2"
     assert "every link kept to the model" in f["note"] and "sw0:2" in f["note"]
 
