@@ -1378,15 +1378,17 @@ class _Loader(Reader):
                        "give the lag threshold in emulated time (lag_threshold_us) or in real time "
                        "(lag_threshold_real_us), not both")
             limits["lag_threshold_real_us"] = None
-        kw = {"lag_threshold_us": limits["lag_threshold_us"], "lag_threshold_real_us": limits["lag_threshold_real_us"]}
+        emulated, real = limits["lag_threshold_us"], limits["lag_threshold_real_us"]
         if "dilation" not in m:
-            return TimeSpec(**kw)
+            return TimeSpec(lag_threshold_us=emulated, lag_threshold_real_us=real)
         vnode = m["dilation"][1]
         where = f"{self.source}:{line_of(vnode)} time.dilation"
         if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
-            return TimeSpec(where=where, auto=True, **kw)
+            return TimeSpec(where=where, auto=True, lag_threshold_us=emulated, lag_threshold_real_us=real)
         n = self.number(vnode, "time.dilation", TIME_FIELDS["dilation"].lo)
-        return TimeSpec(dilation=float(n), where=where, **kw) if n is not None else TimeSpec(**kw)
+        if n is None:
+            return TimeSpec(lag_threshold_us=emulated, lag_threshold_real_us=real)
+        return TimeSpec(dilation=float(n), where=where, lag_threshold_us=emulated, lag_threshold_real_us=real)
 
     # --- record ---------------------------------------------------------------------------
 
