@@ -266,7 +266,7 @@ def judge(per_process: Mapping[str, LagStats], *, dilation: float,
     :func:`threshold` (``threshold_us``: emulated outright; ``threshold_real_us``: the real-time
     part; ``figure``: the run's smallest time figure, :func:`figure_scale`)."""
     th = threshold(dilation, emulated_us=threshold_us, real_us=threshold_real_us, figure=figure)
-    n, t_us = th.dilation, th.us
+    n, t_us = th.dilation, _round(th.us)  # as the block says it (result.Fidelity.behind compares the same)
     processes = {name: s.summary() for name, s in sorted(per_process.items()) if s.samples}
     worst = max(processes, key=lambda n: (processes[n]["p99_us"], processes[n]["max_us"]), default=None)
     behind = [name for name, p in processes.items() if p["p99_us"] >= t_us]
@@ -292,7 +292,7 @@ def judge(per_process: Mapping[str, LagStats], *, dilation: float,
                       f"{w['late_p99_us']} us at p99 (max {w['late_max_us']} us)")
     else:
         worst_link, link_note = None, LINK_NOTE
-    return {"valid": valid, "dilation": dilation, "threshold_us": _round(t_us),
+    return {"valid": valid, "dilation": dilation, "threshold_us": t_us,
             "worst_lag_us": processes[worst]["p99_us"] if worst else None, "worst_process": worst,
             "processes": processes, "worst_link": worst_link, "note": f"{note}; {link_note}",
             "threshold_real_us": _round(th.real_us), "threshold_basis": th.basis,
