@@ -15,8 +15,9 @@ Lags are in emulated time (a real stall of X is X/N at dilation N). The threshol
 
 - ``R``: ``DEFAULT_REAL_THRESHOLD_US`` (2 ms) of *real* time, ``R / N`` emulated: at
   dilation 1 the rule is exactly the old one (2 ms), and at N = 20,000 it is 0.1 us emulated
-  (the old rule's 2 ms emulated was 40 s of real time there, and judged nothing: traffic
-  workers 8-86 us emulated behind at p99, the size of the ~150 us steps measured, were valid).
+  (the old rule's 2 ms emulated was 40 s of real time there, and judged nothing: training
+  runs whose traffic worker was 3-30 us emulated behind at p99, 60-600 ms of real time and
+  10-40% of the fabric time they measured, were valid).
   Scheduler jitter does not shrink with N, though: on a loaded 2-core machine an idle SM wakes
   3 ms (real) late at p99, 0.16 us emulated at N = 20,000, against a step's fabric time of
   34 us; the real-time rule alone would mark every dilated run of a shared machine invalid
