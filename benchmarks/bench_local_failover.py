@@ -44,7 +44,8 @@ from the start, its own port's answers timed out). Its stamps are put on the emu
 part of the run's fidelity (it is not on the run's clock). The agent host's loop runs on the
 real clock (``harness.LiveFabric``, as in the other benchmarks), so its lag monitor measures
 real lateness, which is divided by the factor before the run's threshold applies
-(``judge_user``); the links are judged as ``scenario.fidelity`` does, over the stream. Only
+(``judge_user``: ``scenario.fidelity.threshold``, 2 ms of real time, relaxed up to 5% of the
+blackout at the cut); the links are judged as ``scenario.fidelity`` does, over the stream. Only
 runs marked valid count in the figures, the others are listed; a run whose fabric came up
 unfit (under load some of the SM's SMPs time out: ports left unactivated, groups unwritten)
 is tried afresh, up to 3 times. The factor must be large: the agent host's Python handling
