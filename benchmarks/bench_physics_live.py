@@ -261,12 +261,13 @@ def ends(rt: Any) -> dict[str, str]:
 
 
 def fidelity_of(host: Any, on_loop: Any) -> dict[str, Any]:
-    from ibemu.scenario.fidelity import judge_links
+    from ibemu import clock
+    from ibemu.scenario.fidelity import judge_links, threshold
 
     if host.links is None:
         return {"valid": None, "worst_link": None, "worst_busy_pct": None, "worst_late_p99_us": None, "links": {}}
     recs = on_loop(lambda: host.links.report_links(final=True))
-    return judge_links(recs)
+    return judge_links(recs, threshold_us=threshold(clock.dilation()).us)  # 2 ms of real time
 
 
 # ------------------------------------------------------------------ the two figures
@@ -647,7 +648,7 @@ def measure_roce_incast(rate_name: str, dilation: float, seconds: float, tmp: Pa
     from ibemu.physics.link import ETH_FRAMING_BYTES, data_gbps
     from ibemu.roce.physics import switch_model
     from ibemu.roce.queues import QueueConfig
-    from ibemu.scenario.fidelity import fidelity, judge_links
+    from ibemu.scenario.fidelity import fidelity, judge_links, threshold
     from ibemu.topo import generate
     from ibemu.topo.rates import parse_rate
 
@@ -677,7 +678,8 @@ def measure_roce_incast(rate_name: str, dilation: float, seconds: float, tmp: Pa
         os.environ.pop(lagmon.ENV_LOG, None)
     counters = run.counters
     recs = [json.loads(line) for line in lag.read_text().splitlines()] if lag.exists() else []
-    fid = judge_links([r for r in recs if r.get("t_ns", 0) >= t0])  # as the IB rows: the links' verdict
+    fid = judge_links([r for r in recs if r.get("t_ns", 0) >= t0],  # as the IB rows: the links' verdict
+                      threshold_us=threshold(dilation).us)
     procs = fidelity(recs, dilation=dilation, lo_ns=t0)["processes"]
     ids = {int(fab.addrs.host_ip(h).split(".")[-1]): h for h in ("h0", "h1")}
     got = sorted((clock.to_emulated_ns(s - out["offset"]), ids.get(src, "?")) for s, n, src in out["got"] if n > 1000)
