@@ -21,6 +21,7 @@ from typing import Any
 from ibemu import clock
 from ibemu.kernel.timerfd import run_trio
 from ibemu.scenario import load_builtin
+from ibemu.scenario.fidelity import lag_text
 from ibemu.scenario.runner import ScenarioRun
 
 
@@ -52,7 +53,8 @@ def main() -> None:
             f"{p} {min(f['processes'][p]['p99_us'] for f in fids if p in f['processes']) / 1e3:.2f}"
             f"..{max(f['processes'][p]['p99_us'] for f in fids if p in f['processes']) / 1e3:.2f}"
             for p in procs)
-        print(f"  dilation {n:g}: valid {valid} of {len(fids)} (threshold {fids[0]['threshold_us'] / 1e3:g} ms); "
+        th = fids[0]["threshold_us"]
+        print(f"  dilation {n:g}: valid {valid} of {len(fids)} (threshold {lag_text(th, n)}); "
               f"p99 lag: {lags}")
 
 

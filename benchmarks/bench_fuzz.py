@@ -379,54 +379,23 @@ def umad_fuzz(n: int, rng: random.Random, bound_s: float) -> Result:
 
 def transport_fuzz(n: int, rng: random.Random, bound_s: float) -> Result:
     """``Hca.receive`` (RC and UD QPs) on mutations of the packets a real exchange carried."""
-    from ibemu.hca.transport import Access, Hca, RecvWr, SendWr, Sge, WrOpcode
     from ibemu.hca.transport.actions import Send as TSend
-    from ibemu.hca.transport.wr import AddressHandle
-    from ibemu.testing.loopback import Loopback, SimClock
+    from ibemu.testing.loopback import exchanged_pair
 
     res = Result("RC/UD transport (Hca)")
-    rw = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
-
-    def make() -> tuple[Hca, Hca, Any, Any, list[bytes]]:
-        clock = SimClock()
-        a, b = Hca(lid=1, clock=clock, seed=1), Hca(lid=2, clock=clock, seed=2)
-        link = Loopback(a, b, clock, trace=[])
-        cqa, cqb = a.create_cq(), b.create_cq()
-        qa, qb = a.create_rc_qp(cqa, psn=100), b.create_rc_qp(cqb, psn=200)
-        qa.connect(qb.info(), timeout=8)
-        qb.connect(qa.info(), timeout=8)
-        ua, ub = a.create_ud_qp(cqa), b.create_ud_qp(cqb)
-        ua.activate(qkey=0x1234)
-        ub.activate(qkey=0x1234)
-        src = a.reg_mr(bytearray(os.urandom(1 << 14)), rw)
-        dst = b.reg_mr(bytearray(1 << 14), rw)
-        rbuf = b.reg_mr(bytearray(1 << 14), rw)
-        for k in range(8):
-            qb.post_recv(RecvWr(k, [Sge(rbuf.addr + k * 1024, 1024, rbuf.lkey)]))
-            ub.post_recv(RecvWr(100 + k, [Sge(rbuf.addr + k * 1024, 1024, rbuf.lkey)]))
-        wrs = [SendWr(1, WrOpcode.SEND, [Sge(src.addr, 300, src.lkey)]),
-               SendWr(2, WrOpcode.RDMA_WRITE, [Sge(src.addr, 9000, src.lkey)], remote_addr=dst.addr, rkey=dst.rkey),
-               SendWr(3, WrOpcode.RDMA_WRITE_WITH_IMM, [Sge(src.addr, 64, src.lkey)], remote_addr=dst.addr,
-                      rkey=dst.rkey, imm=7),
-               SendWr(4, WrOpcode.RDMA_READ, [Sge(src.addr, 5000, src.lkey)], remote_addr=dst.addr, rkey=dst.rkey)]
-        link.send(a, qa.post_send(wrs))
-        link.send(a, ua.post_send(SendWr(5, WrOpcode.SEND, [Sge(src.addr, 100, src.lkey)], ah=AddressHandle(2),
-                                         remote_qpn=ub.qpn, remote_qkey=0x1234)))
-        link.run()
-        trace = [p for _t, _h, p in link.trace or []]
-        return a, b, qa, qb, trace
-
     try:
-        a, b, _qa, _qb, corpus = make()
+        pair = exchanged_pair()
     except Exception as exc:  # the harness itself: say so instead of a figure
         res.crash("setting up the pair", exc)
         return res
+    a, b, corpus = pair.a, pair.b, pair.corpus
     tfields = ((0, 1), (1, 1), (2, 2), (6, 2), (8, 1), (9, 1), (10, 2), (13, 3), (16, 1), (17, 3),
                (20, 4), (24, 4), (28, 4), (32, 4))
     mut = Mutator(rng, tfields)
     for i in range(n):
         if i % 2000 == 0:
-            a, b, _qa, _qb, _ = make()
+            pair = exchanged_pair()
+            a, b = pair.a, pair.b
         res.tried += 1
         pkt = rng.choice(corpus)
         frame, link_bad, what = mut.mutate(pkt)
@@ -564,71 +533,57 @@ def _located(exc: ConfigError) -> bool:
     return bool(exc.where) or ":" in str(exc).split(" ")[0]
 
 
+def file_fuzz(res: Result, n: int, rng: random.Random, bound_s: float, texts: list[str], tokens: list[str],
+              load: Callable[[str], Any]) -> Result:
+    """``load`` on ``n`` mutations of ``texts``: a ConfigError must say where; anything else
+    raised is a crash, a file taking over ``bound_s`` a hang."""
+    gens = [text_mutations(rng, t, tokens) for t in texts]
+    for i in range(n):
+        text = next(gens[i % len(gens)])
+        res.tried += 1
+        t0 = time.perf_counter()
+        try:
+            load(text)
+            res.extra["accepted"] = res.extra.get("accepted", 0) + 1
+        except ConfigError as exc:
+            res.link_bad += 1
+            res.link_bad_counted += _located(exc)
+            if not _located(exc):
+                res.extra["unlocated"] = res.extra.get("unlocated", 0) + 1
+                if not res.first_crash:
+                    res.first_crash = f"unlocated: {exc}"[:300]
+        except Exception as exc:  # RecursionError included
+            res.crash(repr(text[:400]), exc)
+        dt = time.perf_counter() - t0
+        res.worst_ms = max(res.worst_ms, dt * 1e3)
+        res.hangs += dt > bound_s
+    return res
+
+
 def loader_fuzz(n: int, rng: random.Random, bound_s: float) -> Result:
     from ibemu.scenario.loader import loads_scenario
 
-    res = Result("scenario loader")
     texts = [p.read_text() for p in sorted((REPO / "scenarios").glob("*.yaml"))]
     tokens = ["-1", "0", "1e309", "nan", "999999999999", "0x10000", '""', "[]", "{}", "null", "true", "~",
               "h99", "leaf9:99", "agg0_0:4", "fat-tree", "k", "8", "100G", "7x HDR", "1MiB", "-3 s", "at_s",
               "link_down", "sm", "engine", "bogus_key", "- ", ":", "{", "[", "'", '"', "&a", "*a", "!!python/object",
               "\t", "\0", "é", "partitions", "members", "ALL", "0x7fff", "m_key", "m_key_protect", "5",
               "datapath", "user", "roce", "dilation", "auto", "0.0", "duration_s", "inf"]
-    gens = [text_mutations(rng, t, tokens) for t in texts]
-    for i in range(n):
-        text = next(gens[i % len(gens)])
-        res.tried += 1
-        t0 = time.perf_counter()
-        try:
-            loads_scenario(text, source="fuzz.yaml", base_dir=REPO / "scenarios")
-            res.extra["accepted"] = res.extra.get("accepted", 0) + 1
-        except ConfigError as exc:
-            res.link_bad += 1
-            res.link_bad_counted += _located(exc)
-            if not _located(exc):
-                res.extra.setdefault("unlocated", 0)
-                res.extra["unlocated"] += 1
-                if not res.first_crash:
-                    res.first_crash = f"unlocated: {exc}"[:300]
-        except RecursionError as exc:
-            res.crash(repr(text[:200]), exc)
-        except Exception as exc:
-            res.crash(repr(text[:400]), exc)
-        dt = time.perf_counter() - t0
-        res.worst_ms = max(res.worst_ms, dt * 1e3)
-        res.hangs += dt > bound_s
-    return res
+    return file_fuzz(Result("scenario loader"), n, rng, bound_s, texts, tokens,
+                     lambda text: loads_scenario(text, source="fuzz.yaml", base_dir=REPO / "scenarios"))
 
 
 def ibnd_fuzz(n: int, rng: random.Random, bound_s: float) -> Result:
     from ibemu.topo import generators
     from ibemu.topo.ibnetdiscover import dumps, loads
 
-    res = Result("ibnetdiscover reader")
     texts = [(REPO / "scenarios" / "small-cluster.ibnd").read_text(),
              dumps(generators.generate("fat-tree", {"k": 4}))]
     tokens = ["Switch", "Ca", "Rt", "36", "0", "-1", "99999", "\"S-0002c90300000001\"", "\"H-0\"", "[1]", "[0]",
               "[99]", "[1](2)", "#", "\"", "lid", "4xHDR", "4xQDR", "12xEDR", "(", ")", "sysimgguid=0x1",
               "switchguid=0x2(3)", "caguid=0x", "vendid=", "base port 0", "enhanced port 0", "lmc 7", "\t", "\0"]
-    gens = [text_mutations(rng, t, tokens) for t in texts]
-    for i in range(n):
-        text = next(gens[i % len(gens)])
-        res.tried += 1
-        t0 = time.perf_counter()
-        try:
-            loads(text, source="fuzz.ibnd")
-            res.extra["accepted"] = res.extra.get("accepted", 0) + 1
-        except ConfigError as exc:
-            res.link_bad += 1
-            res.link_bad_counted += _located(exc)
-            if not _located(exc) and not res.first_crash:
-                res.first_crash = f"unlocated: {exc}"[:300]
-        except Exception as exc:
-            res.crash(repr(text[:400]), exc)
-        dt = time.perf_counter() - t0
-        res.worst_ms = max(res.worst_ms, dt * 1e3)
-        res.hangs += dt > bound_s
-    return res
+    return file_fuzz(Result("ibnetdiscover reader"), n, rng, bound_s, texts, tokens,
+                     lambda text: loads(text, source="fuzz.ibnd"))
 
 
 # ------------------------------------------------------------------------------ kernel SMA

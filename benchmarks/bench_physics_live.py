@@ -54,9 +54,7 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -67,20 +65,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = 4096
-SO_TIMESTAMPNS = 35
-_TS = struct.Struct("qq")
 
 
 # ------------------------------------------------------------------ the child: send and receive
 
 def child(spec_path: str) -> None:
-    from ibemu.kernel.packet import open_packet_socket
+    from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 
     spec = json.loads(Path(spec_path).read_text())
     tx = open_packet_socket(spec["tx_ns"], spec["tx_if"], 0x0003, buffer_bytes=4 << 20)
     tx.setblocking(False)
     rx = open_packet_socket(spec["rx_ns"], spec["rx_if"], spec.get("rx_proto", 0x88B5), buffer_bytes=64 << 20)
-    rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    stamp_received(rx)
     rx.settimeout(0.2)
     frames = [bytes.fromhex(f) for f in spec["frames"]]
     extra = []  # incast: more senders, each with its own frames, paced alike
@@ -99,11 +95,7 @@ def child(spec_path: str) -> None:
                 continue
             except OSError:
                 break
-            stamp = 0
-            for level, kind, d in anc:
-                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    s, ns = _TS.unpack_from(d)
-                    stamp = s * 1_000_000_000 + ns
+            stamp = kernel_stamp(anc) or 0
             psn = int.from_bytes(data[14 + 8 + 9:14 + 8 + 12], "big") if len(data) > 34 else -1
             if spec.get("id_at"):  # incast: who sent it (IB: its SLID; RoCE: its source address)
                 lo, hi = spec["id_at"]
@@ -269,12 +261,13 @@ def ends(rt: Any) -> dict[str, str]:
 
 
 def fidelity_of(host: Any, on_loop: Any) -> dict[str, Any]:
-    from ibemu.scenario.fidelity import judge_links
+    from ibemu import clock
+    from ibemu.scenario.fidelity import judge_links, threshold
 
     if host.links is None:
         return {"valid": None, "worst_link": None, "worst_busy_pct": None, "worst_late_p99_us": None, "links": {}}
     recs = on_loop(lambda: host.links.report_links(final=True))
-    return judge_links(recs)
+    return judge_links(recs, threshold_us=threshold(clock.dilation()).us)  # 2 ms of real time
 
 
 # ------------------------------------------------------------------ the two figures
@@ -655,7 +648,7 @@ def measure_roce_incast(rate_name: str, dilation: float, seconds: float, tmp: Pa
     from ibemu.physics.link import ETH_FRAMING_BYTES, data_gbps
     from ibemu.roce.physics import switch_model
     from ibemu.roce.queues import QueueConfig
-    from ibemu.scenario.fidelity import fidelity, judge_links
+    from ibemu.scenario.fidelity import fidelity, judge_links, threshold
     from ibemu.topo import generate
     from ibemu.topo.rates import parse_rate
 
@@ -685,7 +678,8 @@ def measure_roce_incast(rate_name: str, dilation: float, seconds: float, tmp: Pa
         os.environ.pop(lagmon.ENV_LOG, None)
     counters = run.counters
     recs = [json.loads(line) for line in lag.read_text().splitlines()] if lag.exists() else []
-    fid = judge_links([r for r in recs if r.get("t_ns", 0) >= t0])  # as the IB rows: the links' verdict
+    fid = judge_links([r for r in recs if r.get("t_ns", 0) >= t0],  # as the IB rows: the links' verdict
+                      threshold_us=threshold(dilation).us)
     procs = fidelity(recs, dilation=dilation, lo_ns=t0)["processes"]
     ids = {int(fab.addrs.host_ip(h).split(".")[-1]): h for h in ("h0", "h1")}
     got = sorted((clock.to_emulated_ns(s - out["offset"]), ids.get(src, "?")) for s, n, src in out["got"] if n > 1000)

@@ -74,4 +74,5 @@ def auto_dilation(scen: Scenario | None, where: str, say: Callable[[str], None] 
             f"{f.frame_hops_per_s:,.0f} frame-hops/s, {f.start_s:g}..{f.stop_s:g} s")
     for note in load.notes:
         say(f"  {note}")
+    say(f"  {autodilation.judged(choice.dilation, scen.time)}")
     return choice.dilation

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -44,7 +43,13 @@ from ibemu.hca.transport import Hca, RcQp, SendWr, UdQp
 from ibemu.hca.transport.actions import Send
 from ibemu.hca.transport.hca import FIRST_QPN
 from ibemu.kernel import sockfilter
-from ibemu.kernel.packet import ETH_P_IB, mac_address, open_packet_socket
+from ibemu.kernel.packet import (
+    ETH_P_IB,
+    kernel_stamp,
+    mac_address,
+    open_packet_socket,
+    stamp_received,
+)
 from ibemu.wire import fast
 
 log = logging.getLogger(__name__)
@@ -52,10 +57,8 @@ log = logging.getLogger(__name__)
 ETH_LEN = 14
 RECV_BATCH = 128
 MAX_FRAME = 9216
-PORT_BUFFER = 32 << 20
-SO_TIMESTAMPNS = 35
 CMSG_SPACE = 64
-_TIMESPEC = struct.Struct("qq")
+PORT_BUFFER = 32 << 20
 """Socket buffers of a host port: a window of 256 4 KiB packets per QP, several QPs."""
 
 
@@ -80,7 +83,7 @@ class HcaPort:
         self.timestamps = timestamps
         self._real_minus_mono = 0
         if timestamps:
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            stamp_received(sock)
             self._sync_clocks()
         self._progress = trio.Event()
         self._kick = trio.Event()
@@ -304,9 +307,6 @@ def catch_up() -> int:
 
 
 def _stamp(ancillary: list[tuple[int, int, bytes]]) -> int:
-    """The SCM_TIMESTAMPNS of a received frame (CLOCK_REALTIME ns); now when absent."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(data)
-            return int(sec * 1_000_000_000 + nsec)
-    return time.clock_gettime_ns(time.CLOCK_REALTIME)
+    """The kernel's receive stamp of a frame (CLOCK_REALTIME ns); now when absent."""
+    t = kernel_stamp(ancillary)
+    return time.clock_gettime_ns(time.CLOCK_REALTIME) if t is None else t

@@ -121,6 +121,12 @@ class Map:
             ctypes.memmove(v, value, len(value))
             _bpf_buf(BPF_MAP_UPDATE_ELEM, attr, hold_gil=hold_gil)
 
+    @property
+    def id(self) -> int:
+        """The kernel's id of this map (``map_ids``): it outlives this descriptor while a
+        loaded program holds the map."""
+        return int(struct.unpack_from("=I", _map_info(self.fd), 4)[0])
+
     def lookup(self, key: bytes) -> bytes | None:
         k = ctypes.create_string_buffer(key, len(key))
         v = ctypes.create_string_buffer(self.value_size)
@@ -189,25 +195,35 @@ class RingBuffer:
         self._cons.close()
 
 
-def map_names() -> list[str]:
-    """The names of every BPF map on the machine (any process's): to check what is left."""
-    names: list[str] = []
+def _map_info(fd: int) -> bytes:
+    """``struct bpf_map_info`` of the map ``fd`` (type @0, id @4, name @24..40)."""
+    info = ctypes.create_string_buffer(80)
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("=IIQ", fd, len(info), _addr(info)).ljust(128, b"\0"))
+    return info.raw
+
+
+def map_ids() -> dict[int, str]:
+    """Every BPF map on the machine (any process's), id -> name: to check what is left."""
+    found: dict[int, str] = {}
     next_id = 0
     while True:
         attr = ctypes.create_string_buffer(struct.pack("=III", next_id, 0, 0).ljust(128, b"\0"), 128)
         if _libc.syscall(SYS_BPF, BPF_MAP_GET_NEXT_ID, attr, 128) < 0:
-            return names  # ENOENT: no more
+            return found  # ENOENT: no more
         next_id = struct.unpack_from("=I", attr.raw, 4)[0]
         try:
             fd = _bpf(BPF_MAP_GET_FD_BY_ID, struct.pack("=III", next_id, 0, 0).ljust(128, b"\0"))
         except OSError:
             continue  # freed meanwhile
         try:
-            info = ctypes.create_string_buffer(80)
-            _bpf(BPF_OBJ_GET_INFO_BY_FD, struct.pack("=IIQ", fd, len(info), _addr(info)).ljust(128, b"\0"))
-            names.append(info.raw[24:40].split(b"\0", 1)[0].decode(errors="replace"))
+            found[next_id] = _map_info(fd)[24:40].split(b"\0", 1)[0].decode(errors="replace")
         finally:
             os.close(fd)
+
+
+def map_names() -> list[str]:
+    """The names of every BPF map on the machine (any process's)."""
+    return list(map_ids().values())
 
 
 def load_program(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS, name: str = "",

@@ -511,6 +511,10 @@ class LftProgram:
         value = self.blocks.lookup(struct.pack("=I", lid >> 6))
         return value[lid & (LFT_BLOCK - 1)] if value is not None else 0
 
+    def map_ids(self) -> list[int]:
+        """The kernel's ids of this program's maps (``bpf.map_ids``)."""
+        return [m.id for m in (self.blocks, self.ports, self.alts, self.stats, self.pkeys)]
+
     def close(self) -> None:
         if self.prog_fd >= 0:
             os.close(self.prog_fd)
@@ -601,6 +605,10 @@ class MapLft:
     def read(self, lid: int) -> int:
         """The egress port the kernel forwards ``lid`` to (0: it does not)."""
         return self._prog.read(lid) if self._prog is not None else 0
+
+    def map_ids(self) -> list[int]:
+        """The kernel's ids of the maps this switch loaded (none before ``setup``)."""
+        return self._prog.map_ids() if self._prog is not None else []
 
     def close(self) -> None:
         """Close the maps and the program (the filter keeps them until the namespace goes)."""

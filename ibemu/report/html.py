@@ -295,14 +295,20 @@ def _fidelity(r: RunResult) -> str:
     if f is None:
         return '<div class="banner unknown" id="fidelity">Fidelity unknown: not judged (a result from before it was)</div>'
     worst = _ms_of(f.worst_lag_us)
+    thr = _ms_of(f.threshold_us)
     dil = f", time dilation {f.dilation:g}" if f.dilation != 1 else ""
+    if f.dilation != 1 and f.worst_lag_us is not None:  # emulated lags are tiny: their real time too
+        worst += f" emulated = {_ms_of(f.worst_lag_us * f.dilation)} real"
+    if f.dilation != 1:
+        thr = (f"{f.threshold_us:.3g} us emulated = {_ms_of(f.threshold_us * f.dilation)} real"
+               + (f": {f.threshold_basis}" if f.threshold_basis else ""))
     if f.valid:
         head = (f'<div class="banner valid" id="fidelity">Valid: every process kept up with the emulated clock '
-                f'(worst p99 lag {_e(worst)}, {_e(f.worst_process)}; threshold {_e(_ms_of(f.threshold_us))}{dil})</div>')
+                f'(worst p99 lag {_e(worst)}, {_e(f.worst_process)}; threshold {_e(thr)}{dil})</div>')
     else:
         behind = ", ".join(f"{n} p99 lag {_ms_of(p.p99_us)}" for n, p in f.behind()) or f.note
         head = (f'<div class="banner invalid" id="fidelity">{_e(INVALID_MARK)}<br>fell behind: {_e(behind)}; '
-                f'worst lag {_e(worst)}; threshold {_e(_ms_of(f.threshold_us))}{dil}</div>')
+                f'worst lag {_e(worst)}; threshold {_e(thr)}{dil}</div>')
     rows = [[n, _ms_of(p.p50_us), _ms_of(p.p99_us), _ms_of(p.max_us), f"{p.samples:,}"]
             for n, p in f.processes.items()]
     table = _table(["process", "p50 lag", "p99 lag", "max lag", "samples"], rows, [False, True, True, True, True])

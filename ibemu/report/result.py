@@ -11,7 +11,12 @@ at dilation 1 writes what it wrote before it existed.
 
 ``ibemu.run/2`` adds ``fidelity`` (required; null: not judged): whether every ibemu process kept up with the
 emulated clock (``ibemu.scenario.fidelity``): ``{valid, dilation, threshold_us, worst_lag_us,
-worst_process, processes: {name: {p50_us, p99_us, max_us, samples}}, worst_link, note}``.
+worst_process, processes: {name: {p50_us, p99_us, max_us, samples}}, worst_link, note}``
+(``threshold_us`` and the lags in emulated us). Optional in it (``ibemu.run/3``, absent from
+results written before): ``threshold_real_us`` (the threshold in real time, ``threshold_us`` x
+the dilation), ``threshold_basis`` (what set it: the real-time rule, the run's smallest time
+figure, or the scenario's ``time.lag_threshold_us``) and ``figure_us`` (that figure, emulated
+us, null when the run had none).
 An ``ibemu.run/1`` file (no ``fidelity``) still reads: its ``fidelity`` is ``None``
 (unknown), and it is written back as it was.
 
@@ -346,6 +351,12 @@ class Fidelity:
     """The cable direction (``switch:port``) furthest behind the link model, on the IB user
     datapath (null elsewhere: no link is timed); its figures are in ``note``."""
     note: str = ""
+    threshold_real_us: float | None = None
+    """``threshold_us`` in real time (x the dilation); optional (None: a result from before)."""
+    threshold_basis: str | None = None
+    """What set the threshold: the real-time rule, the run's smallest figure, or the scenario."""
+    figure_us: float | None = None
+    """The run's smallest time figure the threshold was bounded by (emulated us; None: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -357,6 +368,9 @@ class Fidelity:
             "processes": {k: v.to_dict() for k, v in self.processes.items()},
             "worst_link": self.worst_link,
             "note": self.note,
+            **({"threshold_real_us": self.threshold_real_us} if self.threshold_real_us is not None else {}),
+            **({"threshold_basis": self.threshold_basis} if self.threshold_basis is not None else {}),
+            **({"figure_us": self.figure_us} if self.figure_us is not None else {}),
         }
 
     @classmethod
@@ -370,6 +384,9 @@ class Fidelity:
             {k: ProcessLag.from_dict(v) for k, v in d["processes"].items()},
             d["worst_link"],
             d["note"],
+            d.get("threshold_real_us"),
+            d.get("threshold_basis"),
+            d.get("figure_us"),
         )
 
     def behind(self) -> list[tuple[str, ProcessLag]]:
@@ -840,6 +857,8 @@ _FIDELITY = _object(
         "note": _string(nullable=True),
     },
     _fidelity_consistent,
+    optional={"threshold_real_us": _number(minimum=0.0), "threshold_basis": _string(nullable=True),
+              "figure_us": _NUM_OR_NULL},
 )
 
 

@@ -126,6 +126,25 @@ def _ms_of(us: float | None) -> str:
     return DASH if us is None else f"{us / 1e3:.2f} ms"
 
 
+def _lag(us: float | None, f: Fidelity) -> str:
+    """An emulated lag, and under dilation its real time: ``0.22 us emulated = 4.38 ms real``."""
+    if us is None or f.dilation == 1:
+        return _ms_of(us)
+    return f"{_dur(us)} emulated = {_dur(us * f.dilation)} real"
+
+
+def _dur(us: float) -> str:
+    if us >= 1000:
+        return f"{us / 1e3:.3g} ms" if us < 1e6 else f"{us / 1e6:.3g} s"
+    return f"{us:.3g} us"
+
+
+def _threshold(f: Fidelity) -> str:
+    """``threshold 2.00 ms`` (dilation 1), else both values and what set the threshold."""
+    text = f"threshold {_lag(f.threshold_us, f)}"
+    return text + (f": {f.threshold_basis}" if f.threshold_basis and f.dilation != 1 else "")
+
+
 def _fidelity(r: RunResult) -> list[str]:
     f: Fidelity | None = r.fidelity
     lines = ["", "Fidelity"]
@@ -133,19 +152,25 @@ def _fidelity(r: RunResult) -> list[str]:
         return [*lines, "  unknown: not judged (an ibemu.run/1 result, from before fidelity was)"]
     if f.valid:
         lines.append(f"  valid: every process kept up with the emulated clock (worst p99 lag "
-                     f"{_ms_of(f.worst_lag_us)}, {f.worst_process}; threshold {_ms_of(f.threshold_us)})")
+                     f"{_lag(f.worst_lag_us, f)}, {f.worst_process}; {_threshold(f)})")
     else:
         behind = f.behind()
         if behind:
-            what = ", ".join(f"{n} p99 lag {_ms_of(p.p99_us)} (max {_ms_of(p.max_us)})" for n, p in behind)
-            lines.append(f"  INVALID: fell behind the emulated clock: {what}; threshold {_ms_of(f.threshold_us)}")
+            what = ", ".join(f"{n} p99 lag {_lag(p.p99_us, f)} (max {_lag(p.max_us, f)})" for n, p in behind)
+            lines.append(f"  INVALID: fell behind the emulated clock: {what}; {_threshold(f)}")
         else:
             lines.append(f"  INVALID: {f.note}")
     if f.processes:
-        rows = [[n, _ms_of(p.p50_us), _ms_of(p.p99_us), _ms_of(p.max_us), _int(p.samples)]
-                for n, p in f.processes.items()]
-        lines.append(table(["process", "p50 lag", "p99 lag", "max lag", "samples"], rows,
-                           [False, True, True, True, True]))
+        if f.dilation == 1:
+            rows = [[n, _ms_of(p.p50_us), _ms_of(p.p99_us), _ms_of(p.max_us), _int(p.samples)]
+                    for n, p in f.processes.items()]
+            lines.append(table(["process", "p50 lag", "p99 lag", "max lag", "samples"], rows,
+                               [False, True, True, True, True]))
+        else:  # emulated lags are fractions of a us at high factors: the real ones beside them
+            rows = [[n, _dur(p.p50_us), _dur(p.p99_us), _dur(p.p99_us * f.dilation), _dur(p.max_us), _int(p.samples)]
+                    for n, p in f.processes.items()]
+            lines.append(table(["process", "p50 lag", "p99 lag", "p99 real", "max lag", "samples"], rows,
+                               [False, True, True, True, True, True]))
     if f.worst_link:
         lines.append(f"  links: worst {f.worst_link} (see the note: {f.note.split('; ', 1)[-1]})")
     else:

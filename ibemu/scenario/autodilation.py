@@ -38,6 +38,14 @@ scheduler's slices of a few ms by anything at nice 0, and only slack absorbs tha
 emulated time: invalid; at 0.25 of a core it keeps up). 1 when the load fits undilated, and a ``ValueError`` when N would exceed ``MAX_DILATION``
 (the run would take more than that many times its duration: the scenario cannot be run
 validly here at a sane factor).
+
+What the run is then judged on (``ibemu.scenario.fidelity``): every process's p99 lag under 2 ms
+of *real* time (2000/N us emulated), relaxed at most to 5% of the run's smallest time figure. A
+larger N does not loosen that for a process that is idle but descheduled (its lag is the same
+in real time at any N); it loosens it for a busy one, whose real load is its load / N. So ``auto``
+secures real slack, which is what the headroom rules above are (real utilisation of the
+datapath and of the busiest worker's core), and says the threshold at N (:func:`judged`). The
+old judge, 2 ms of emulated time (2N ms real), hid a choice too small by a factor of up to N.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ibemu.scenario.schema import Scenario, TrafficSpec
+from ibemu.scenario.fidelity import FIGURE_FRACTION, lag_text, threshold
+from ibemu.scenario.schema import Scenario, TimeSpec, TrafficSpec
 from ibemu.topo import analysis
 from ibemu.topo.model import Topology
 from ibemu.topo.rates import DEFAULT_MTU
@@ -164,6 +173,16 @@ def choose(load: float, capacity: float, headroom: float = HEADROOM, *, cap: int
         reasons.append(f"worker {wname}: {_si(wload)} / {n} = {_si(wload / n)} <= {_si(wbudget)} "
                        f"({worker_headroom:.0%} of the capacity, one process)")
     return Choice(n, load, capacity, headroom, tuple(reasons))
+
+
+def judged(dilation: float, spec: TimeSpec | None = None) -> str:
+    """What a run at ``dilation`` will be judged on, in one line (``ibemu.scenario.fidelity``)."""
+    spec = spec or TimeSpec()
+    t = threshold(dilation, emulated_us=spec.lag_threshold_us, real_us=spec.lag_threshold_real_us)
+    if spec.lag_threshold_us is not None or dilation == 1:
+        return f"judged on: every process's p99 lag < {lag_text(t.us, dilation)} ({t.basis})"
+    return (f"judged on: every process's p99 lag < {lag_text(t.us, dilation)} (relaxed up to "
+            f"{FIGURE_FRACTION:.0%} of the run's smallest time figure)")
 
 
 def _pairs(t: TrafficSpec) -> list[tuple[str, str]]:

@@ -8,8 +8,36 @@ own CPU cost and is reported as such) and judges the run:
 
     valid  <=>  at least one process reported, and every process's p99 lag < threshold_us
 
-``threshold_us`` is ``DEFAULT_THRESHOLD_US`` unless the scenario's ``time: {lag_threshold_us}``
-says otherwise; ``worst_lag_us`` is the highest p99 of any process (``worst_process``'s).
+Lags are in emulated time (a real stall of X is X/N at dilation N). The threshold
+(:func:`threshold`) is stated in real time and bounded by the run's own figures::
+
+    threshold_us = min(R, max(R / N, FIGURE_FRACTION x figure_us))      (emulated us)
+
+- ``R``: ``DEFAULT_REAL_THRESHOLD_US`` (2 ms) of *real* time, ``R / N`` emulated: at
+  dilation 1 the rule is exactly the old one (2 ms), and at N = 20,000 it is 0.1 us emulated
+  (the old rule's 2 ms emulated was 40 s of real time there, and judged nothing: training
+  runs whose traffic worker was 3-30 us emulated behind at p99, 60-600 ms of real time and
+  10-40% of the fabric time they measured, were valid).
+  Scheduler jitter does not shrink with N, though: on a loaded 2-core machine an idle SM wakes
+  3 ms (real) late at p99, 0.16 us emulated at N = 20,000, against a step's fabric time of
+  34 us; the real-time rule alone would mark every dilated run of a shared machine invalid
+  for lags no figure can see. Hence
+- the *figure* bound: a p99 lag under ``FIGURE_FRACTION`` (5%) of the smallest time figure
+  the run reports (:func:`figure_scale`: a training job's measured step and its fabric part,
+  a latency flow's typical latency) distorts no figure by more than about that, so it passes
+  even when it is more than ``R`` of real time. Without such a figure (bulk flows, fault
+  timing only; and the live metrics during a run, before any figure exists) the real-time
+  rule holds alone. A deviation: the figure is the run's own, so a lag that inflates it
+  loosens its own bound, by 5% of the inflation (a worker 5 us behind that stretched a 25 us
+  fabric time to 37 us raised the bound from 1.25 to 1.86 us: still INVALID).
+- ``min(R, ...)``: never looser than ``R`` of emulated time, the old rule (so dilation 1 is
+  unchanged whatever the figures).
+
+``time: {lag_threshold_real_us: R}`` sets ``R``; ``time: {lag_threshold_us: T}`` sets the
+emulated threshold outright at every dilation (no real-time or figure part), as before. The
+block reports the threshold both ways (``threshold_us`` emulated, ``threshold_real_us`` =
+``threshold_us x N``) and which part set it (``threshold_basis``); ``worst_lag_us`` is the
+highest p99 of any process (``worst_process``'s), emulated.
 
 Links (the user datapaths: the IB agent host's ``ibemu.fabric.linkplane``, the RoCE routers'
 ``ibemu.roce.links``, both through ``ibemu.kernel.linkio``): each writes a
@@ -18,25 +46,31 @@ late each real departure left against the link model's time (a lag distribution)
 model's against the real time over back-to-back frames, and the frames its switch port's
 socket dropped (the datapath did not read them in time). Merged over the window like the
 processes', a link *fell behind* when frames were dropped arriving at it, when its real
-departures were late at p99 by ``threshold_us`` or more, or when, busy for at least
-:data:`MIN_BUSY_NS`, it achieved less than :data:`MIN_BUSY_RATIO` of its configured rate; a run with such a link is invalid like one
-with a lagging process. ``worst_link`` names the link furthest behind (else the one with the
+departures were late at p99 by ``threshold_us`` (the processes' threshold) or more, or when,
+busy for at least :data:`MIN_BUSY_NS`, it achieved less than :data:`MIN_BUSY_RATIO` of its
+configured rate; a run with such a link is invalid like one with a lagging process. ``worst_link`` names the link furthest behind (else the one with the
 latest departures) with its figures; null when no link reported (the kernel datapaths).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ibemu.events import Kind
-from ibemu.lagmon import LagStats
+from ibemu.lagmon import LagStats, round_us
 
-DEFAULT_THRESHOLD_US = 2000.0
-"""A process is behind when its p99 lag reaches 2 ms of emulated time. Trio's timers wake up to
-1 ms late by themselves (epoll's millisecond timeouts, rounded up), so a tighter bound would
-judge the event loop's resolution rather than the process."""
+DEFAULT_REAL_THRESHOLD_US = 2000.0
+"""A process is behind when its p99 lag reaches 2 ms of real time (2000/N us emulated at
+dilation N; see the module docstring for the figure bound). Trio's timers wake up to 1 ms late
+by themselves (epoll's millisecond timeouts, rounded up), so a tighter bound would judge the
+event loop's resolution rather than the process."""
+DEFAULT_THRESHOLD_US = DEFAULT_REAL_THRESHOLD_US
+"""The threshold at dilation 1 (emulated = real), and the most it is at any dilation."""
+FIGURE_FRACTION = 0.05
+"""A p99 lag under 5% of the run's smallest time figure passes whatever it is in real time."""
 LINK_NOTE = "no link reported (links are timed on the user datapaths, IB and RoCE): worst_link is null"
 MIN_BUSY_RATIO = 0.97
 """A busy link achieving less than 97% of its configured rate fell behind."""
@@ -83,8 +117,8 @@ class LinkTotals:
         pct = self.busy_pct()
         return {"gbps": self.gbps, "frames": self.frames, "bytes": self.bytes, "rx_drops": self.rx_drops,
                 "busy_pct": None if pct is None else round(pct, 2),
-                "late_p50_us": round(self.late.quantile_us(0.5), 1),
-                "late_p99_us": round(self.late.quantile_us(0.99), 1), "late_max_us": round(self.late.max_us, 1)}
+                "late_p50_us": round_us(self.late.quantile_us(0.5)),
+                "late_p99_us": round_us(self.late.quantile_us(0.99)), "late_max_us": round_us(self.late.max_us)}
 
 
 def merge_links(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
@@ -124,7 +158,7 @@ def judge_links(records: Iterable[Mapping[str, Any]] | Mapping[str, LinkTotals],
         elif pct is not None and pct < 100 * MIN_BUSY_RATIO:
             behind[name] = f"achieved {pct:.1f}% of its {t.gbps:g} Gb/s while busy (< {100 * MIN_BUSY_RATIO:g}%)"
         elif t.late.samples and p99 >= threshold_us:
-            behind[name] = f"departures late by {p99 / 1e3:.2f} ms at p99 (>= {threshold_us / 1e3:g} ms)"
+            behind[name] = f"departures late by {duration_text(p99)} at p99 (>= {duration_text(threshold_us)})"
 
     def badness(name: str) -> tuple[int, int, float, float]:
         t = links[name]
@@ -137,43 +171,158 @@ def judge_links(records: Iterable[Mapping[str, Any]] | Mapping[str, LinkTotals],
             "worst_late_p99_us": w.get("late_p99_us"), "behind": behind,
             "links": {n: links[n].summary() for n in sorted(links)}}
 
+@dataclass(frozen=True, slots=True)
+class Threshold:
+    """The emulated threshold a run is judged on, and why (see the module docstring)."""
+
+    us: float
+    """Emulated microseconds."""
+    dilation: float
+    basis: str
+
+    @property
+    def real_us(self) -> float:
+        return self.us * self.dilation
+
+
+def check_threshold(value: object, what: str = "lag threshold") -> float:
+    """``value`` as a threshold in us: a finite number > 0 (``ValueError`` otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} must be a number of microseconds > 0, not {value!r}")
+    return float(value)
+
+
+def threshold(dilation: float, *, emulated_us: float | None = None, real_us: float | None = None,
+              figure: tuple[str, float] | None = None) -> Threshold:
+    """The threshold at ``dilation``: ``emulated_us`` outright when given (``time.lag_threshold_us``),
+    else ``min(R, max(R / N, FIGURE_FRACTION x figure))`` with ``R = real_us`` (default
+    ``DEFAULT_REAL_THRESHOLD_US``) and ``figure`` (name, emulated us) the run's smallest time
+    figure (:func:`figure_scale`; None: the real-time rule alone).
+
+    ``ValueError`` for a dilation below 1, a threshold that is not a number > 0, both
+    overrides at once, or a figure that is not a number > 0."""
+    n = float(dilation)
+    if not (math.isfinite(n) and n >= 1):
+        raise ValueError(f"dilation must be a number >= 1, not {dilation!r}")
+    if emulated_us is not None and real_us is not None:
+        raise ValueError("give the lag threshold in emulated time (lag_threshold_us) or in real time "
+                         "(lag_threshold_real_us), not both")
+    if emulated_us is not None:
+        t = check_threshold(emulated_us, "lag_threshold_us")
+        return Threshold(t, n, f"time.lag_threshold_us: {t:g} us emulated at any dilation")
+    r = DEFAULT_REAL_THRESHOLD_US if real_us is None else check_threshold(real_us, "lag_threshold_real_us")
+    real_rule = Threshold(r / n, n, f"{r / 1e3:g} ms of real time" + (f" / N = {duration_text(r / n)} emulated" if n != 1 else ""))
+    if figure is None:
+        return real_rule
+    name, fig_us = figure
+    if isinstance(fig_us, bool) or not isinstance(fig_us, (int, float)) or not (math.isfinite(fig_us) and fig_us > 0):
+        raise ValueError(f"figure {name!r}: expected a time > 0 us, not {fig_us!r}")
+    by_figure = FIGURE_FRACTION * fig_us
+    if by_figure <= real_rule.us or n == 1:
+        return real_rule
+    if by_figure >= r:
+        return Threshold(r, n, f"{r / 1e3:g} ms emulated (the most it is; {FIGURE_FRACTION:.0%} of {name} "
+                         f"{duration_text(fig_us)} is more)")
+    return Threshold(by_figure, n, f"{FIGURE_FRACTION:.0%} of {name} {duration_text(fig_us)} (more than {r / 1e3:g} ms "
+                     f"of real time / N = {duration_text(r / n)})")
+
+
+
+FIGURE_KEYS: dict[str, tuple[tuple[str, float], ...]] = {
+    "training": (("step_s", 1e6), ("fabric_s", 1e6)),
+    "write_lat": (("t_typical", 1.0),),
+    "send_lat": (("t_typical", 1.0),),
+}
+"""Per traffic kind, the time figures of its ``extra`` the figure bound reads, each with its
+factor to microseconds: a training job's measured step and fabric part, a latency flow's
+typical (median) latency. Model figures (``model_*``, the NVLink phases the worker sleeps)
+are not measured and are not read."""
+
+
+def figure_scale(traffic: Iterable[Mapping[str, Any]]) -> tuple[str, float] | None:
+    """The run's smallest measured time figure, (``"FLOW KEY"``, emulated us), from its result's
+    ``traffic`` entries (:data:`FIGURE_KEYS`); None when it has none (a flow that failed, or
+    measured 0, reports none)."""
+    best: tuple[str, float] | None = None
+    for t in traffic:
+        keys = FIGURE_KEYS.get(str(t.get("kind")), ())
+        extra = t.get("extra")
+        if not keys or not isinstance(extra, Mapping) or extra.get("error"):
+            continue
+        for key, to_us in keys:
+            v = extra.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                continue
+            us = float(v) * to_us
+            if best is None or us < best[1]:
+                best = (f"{t.get('name', t.get('kind'))} {key}", us)
+    return best
+
 
 def judge(per_process: Mapping[str, LagStats], *, dilation: float,
-          threshold_us: float = DEFAULT_THRESHOLD_US,
+          threshold_us: float | None = None, threshold_real_us: float | None = None,
+          figure: tuple[str, float] | None = None,
           links: Mapping[str, LinkTotals] | None = None) -> dict[str, Any]:
-    """The result's ``fidelity`` block from each process's lag distribution."""
+    """The result's ``fidelity`` block from each process's lag distribution, judged on
+    :func:`threshold` (``threshold_us``: emulated outright; ``threshold_real_us``: the real-time
+    part; ``figure``: the run's smallest time figure, :func:`figure_scale`)."""
+    th = threshold(dilation, emulated_us=threshold_us, real_us=threshold_real_us, figure=figure)
+    n, t_us = th.dilation, _round(th.us)  # as the block says it (result.Fidelity.behind compares the same)
     processes = {name: s.summary() for name, s in sorted(per_process.items()) if s.samples}
     worst = max(processes, key=lambda n: (processes[n]["p99_us"], processes[n]["max_us"]), default=None)
-    behind = [n for n, p in processes.items() if p["p99_us"] >= threshold_us]
+    behind = [name for name, p in processes.items() if p["p99_us"] >= t_us]
     valid = bool(processes) and not behind
+    limit = f"{lag_text(t_us, n)} ({th.basis})"
     if not processes:
         note = "no process reported its lag behind the emulated clock: fidelity unknown"
     elif behind:
-        note = "; ".join(f"{n} fell behind the emulated clock: p99 lag {processes[n]['p99_us'] / 1e3:.1f} ms "
-                         f"(max {processes[n]['max_us'] / 1e3:.1f} ms) >= {threshold_us / 1e3:g} ms"
-                         for n in sorted(behind, key=lambda n: -processes[n]["p99_us"]))
+        note = "; ".join(f"{name} fell behind the emulated clock: p99 lag {lag_text(processes[name]['p99_us'], n)} "
+                         f"(max {lag_text(processes[name]['max_us'], n)}) >= {limit}"
+                         for name in sorted(behind, key=lambda name: -processes[name]["p99_us"]))
     else:
-        note = f"every process kept up: p99 lag under {threshold_us / 1e3:g} ms of emulated time"
+        note = f"every process kept up: p99 lag under {limit}"
     if links:
-        lj = judge_links(links, threshold_us=threshold_us)
+        lj = judge_links(links, threshold_us=t_us)
         valid = valid and lj["valid"]
         worst_link: str | None = lj["worst_link"]
         w = lj["links"][worst_link]
         busy = "not busy long enough to judge" if w["busy_pct"] is None else f"{w['busy_pct']}% of its rate while busy"
-        link_note = ("; ".join(f"link {n} fell behind: {why}" for n, why in sorted(lj["behind"].items()))
+        link_note = ("; ".join(f"link {name} fell behind: {why}" for name, why in sorted(lj["behind"].items()))
                      if lj["behind"] else f"every link kept to the model ({len(links)} cable directions)")
         link_note += (f"; worst link {worst_link} ({w['gbps']:g} Gb/s): {busy}, departures late by "
                       f"{w['late_p99_us']} us at p99 (max {w['late_max_us']} us)")
     else:
         worst_link, link_note = None, LINK_NOTE
-    return {"valid": valid, "dilation": dilation, "threshold_us": threshold_us,
+    return {"valid": valid, "dilation": dilation, "threshold_us": t_us,
             "worst_lag_us": processes[worst]["p99_us"] if worst else None, "worst_process": worst,
-            "processes": processes, "worst_link": worst_link, "note": f"{note}; {link_note}"}
+            "processes": processes, "worst_link": worst_link, "note": f"{note}; {link_note}",
+            "threshold_real_us": _round(th.real_us), "threshold_basis": th.basis,
+            "figure_us": None if figure is None else _round(figure[1])}
 
 
-def fidelity(records: Iterable[Mapping[str, Any]], *, dilation: float, threshold_us: float = DEFAULT_THRESHOLD_US,
+def _round(us: float) -> float:
+    """To 4 significant digits (a threshold of 0.1 us emulated stays 0.1)."""
+    return float(f"{us:.4g}")
+
+
+def duration_text(us: float) -> str:
+    """``2 ms``, ``33.6 us``, ``0.1 us``: a duration in us, 3 significant digits."""
+    if us >= 1000:
+        return f"{us / 1e3:.3g} ms" if us < 1e6 else f"{us / 1e6:.3g} s"
+    return f"{us:.3g} us"
+
+
+def lag_text(us: float, dilation: float) -> str:
+    """An emulated duration, with its real one when they differ: ``0.1 us emulated = 2 ms real``."""
+    if dilation == 1:
+        return duration_text(us)
+    return f"{duration_text(us)} emulated = {duration_text(us * dilation)} real"
+
+
+def fidelity(records: Iterable[Mapping[str, Any]], *, dilation: float, threshold_us: float | None = None,
+             threshold_real_us: float | None = None, figure: tuple[str, float] | None = None,
              lo_ns: int | None = None, hi_ns: int | None = None) -> dict[str, Any]:
     """``judge`` of ``merge``: the fidelity block of a run from its lag log's records."""
     records = list(records)
     return judge(merge(records, lo_ns, hi_ns), dilation=dilation, threshold_us=threshold_us,
-                 links=merge_links(records, lo_ns, hi_ns))
+                 threshold_real_us=threshold_real_us, figure=figure, links=merge_links(records, lo_ns, hi_ns))

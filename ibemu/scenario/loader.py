@@ -1369,18 +1369,26 @@ class _Loader(Reader):
         m = self.mapping(node, "time", TIME_KEYS)
         if m is None:
             return TimeSpec()
-        threshold = None
-        if "lag_threshold_us" in m:
-            threshold = self.value(m["lag_threshold_us"][1], "time.lag_threshold_us", TIME_FIELDS["lag_threshold_us"])
+        limits: dict[str, float | None] = {"lag_threshold_us": None, "lag_threshold_real_us": None}
+        for key in limits:
+            if key in m:
+                limits[key] = self.value(m[key][1], f"time.{key}", TIME_FIELDS[key])
+        if "lag_threshold_us" in m and "lag_threshold_real_us" in m:
+            self.error(m["lag_threshold_real_us"][0], "time.lag_threshold_real_us",
+                       "give the lag threshold in emulated time (lag_threshold_us) or in real time "
+                       "(lag_threshold_real_us), not both")
+            limits["lag_threshold_real_us"] = None
+        emulated, real = limits["lag_threshold_us"], limits["lag_threshold_real_us"]
         if "dilation" not in m:
-            return TimeSpec(lag_threshold_us=threshold)
+            return TimeSpec(lag_threshold_us=emulated, lag_threshold_real_us=real)
         vnode = m["dilation"][1]
         where = f"{self.source}:{line_of(vnode)} time.dilation"
         if isinstance(vnode, yaml.ScalarNode) and scalar(vnode) == "auto":
-            return TimeSpec(where=where, lag_threshold_us=threshold, auto=True)
+            return TimeSpec(where=where, auto=True, lag_threshold_us=emulated, lag_threshold_real_us=real)
         n = self.number(vnode, "time.dilation", TIME_FIELDS["dilation"].lo)
-        return (TimeSpec(dilation=float(n), where=where, lag_threshold_us=threshold) if n is not None
-                else TimeSpec(lag_threshold_us=threshold))
+        if n is None:
+            return TimeSpec(lag_threshold_us=emulated, lag_threshold_real_us=real)
+        return TimeSpec(dilation=float(n), where=where, lag_threshold_us=emulated, lag_threshold_real_us=real)
 
     # --- record ---------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ from ibemu.fabric.roce_runtime import RoceFaultInjector, RoceRuntime
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.session import FabricRequest, open_runtime
 from ibemu.kernel import cpus, faketime, ownership
-from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity
+from ibemu.scenario.fidelity import fidelity, figure_scale
 from ibemu.scenario.measure import fault_phases, flow_impact, read_events, traffic_entry
 from ibemu.scenario.schema import Scenario, TrafficSpec
 from ibemu.sm.partitions import Partition, SmPartitions
@@ -245,7 +245,9 @@ class ScenarioRun:
         self.t_end_ns = 0
         self.t_done_ns = 0
         """When the flows were drained: the end of the window fidelity is judged on."""
-        self.lag_threshold_us = scen.time.lag_threshold_us or DEFAULT_THRESHOLD_US
+        self.lag_threshold_us = scen.time.lag_threshold_us
+        """The scenario's lag thresholds (None: the defaults; ``scenario.fidelity.threshold``)."""
+        self.lag_threshold_real_us = scen.time.lag_threshold_real_us
         self.faults_injected: list[dict[str, Any]] = []
         self.interrupted = False
         self.failed = ""
@@ -396,8 +398,10 @@ class ScenarioRun:
 
     def _fidelity_metrics(self) -> list[Metric]:
         """The run's fidelity so far, judged as the result will be (from the flows' time zero)."""
+        # no figure yet: the real-time rule alone (the result's verdict may be bounded by its figures)
         fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
-                       threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None)
+                       threshold_us=self.lag_threshold_us, threshold_real_us=self.lag_threshold_real_us,
+                       lo_ns=self.t0_ns or None)
         out: list[Metric] = [GaugeMetricFamily("ibemu_fidelity_valid", "1 when every process (and link) kept up "
                                                "with the emulated clock so far", value=int(bool(fid["valid"])))]
         if fid["worst_lag_us"] is not None:
@@ -563,8 +567,10 @@ class ScenarioRun:
         # the clock's epoch (hours of 0.1 s bins, and a minute of CPU before the exit).
         traffic = [traffic_entry(o, self.t0_ns or t_end, t_end, TIMELINE_BIN_S) for o in outputs]
         # Judged where the figures are measured: from the flows' time zero to the drain's end.
+        # The threshold is bounded by the run's smallest time figure (``fidelity.figure_scale``).
         fid = fidelity(read_events(self.run_dir / lagmon.LOG_NAME), dilation=clock.dilation(),
-                       threshold_us=self.lag_threshold_us, lo_ns=self.t0_ns or None, hi_ns=self.t_done_ns or None)
+                       threshold_us=self.lag_threshold_us, threshold_real_us=self.lag_threshold_real_us,
+                       figure=figure_scale(traffic), lo_ns=self.t0_ns or None, hi_ns=self.t_done_ns or None)
         return {
             "schema": "ibemu.run/3",
             "scenario": {"name": scen.name, "file": str(scen.path) if scen.path else None,

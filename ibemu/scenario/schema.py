@@ -22,11 +22,14 @@ A scenario file is YAML with these top-level keys (only ``topology`` is required
     duration_s                 run length in seconds
     gpus                       {model, per_server, nvlink, rails, tflops, nvlink_gbs, nvlink_us,
                                 net_latency_us}: the CAs as GPU servers (training jobs)
-    time                       {dilation: N | auto, lag_threshold_us: T}: run on a clock N times slower
-                                than real time (N >= 1, default 1; ``auto``: chosen from the offered
-                                load and this machine's calibration, ``ibemu.scenario.autodilation``); the run
-                                is valid while every process's p99 lag stays under T emulated us
-                                (default ``ibemu.scenario.fidelity.DEFAULT_THRESHOLD_US``)
+    time                       {dilation: N | auto, lag_threshold_real_us: R | lag_threshold_us: T}: run
+                                on a clock N times slower than real time (N >= 1, default 1; ``auto``:
+                                chosen from the offered load and this machine's calibration,
+                                ``ibemu.scenario.autodilation``); the run is valid while every process's
+                                p99 lag stays under R real us (R / N emulated; default 2000,
+                                ``ibemu.scenario.fidelity.DEFAULT_REAL_THRESHOLD_US``; relaxed up to 5% of
+                                the run's smallest time figure, never above R emulated), or under T
+                                emulated us at any dilation when T is given (not both)
     record                     {capture: [links] | all, json: PATH, plots: bool}
 
 The ``*_FIELDS`` tables below are the schema: every key, and what its value may be (type,
@@ -282,8 +285,12 @@ RECORD_FIELDS: dict[str, Field] = {
 MAX_LAG_THRESHOLD_US = 60_000_000.0
 TIME_FIELDS: dict[str, Field] = {
     "dilation": Field("dilation", "run N >= 1 times slower than real time, or auto", lo=1),
-    "lag_threshold_us": _num("the p99 lag (emulated us) under which a process keeps up", 0,
+    "lag_threshold_us": _num("the p99 lag (emulated us, at any dilation) under which a process keeps up "
+                             "(default: lag_threshold_real_us / N, see ibemu.scenario.fidelity)", 0,
                              MAX_LAG_THRESHOLD_US, lo_open=True),
+    "lag_threshold_real_us": _num("the p99 lag in real us under which a process keeps up (default 2000; "
+                                  "emulated: this / N, bounded by the run's figures)", 0,
+                                  MAX_LAG_THRESHOLD_US, lo_open=True),
 }
 
 DEFAULT_SIZE = 65536
@@ -604,7 +611,10 @@ class TimeSpec:
     dilation: float = 1.0
     where: str = ""
     lag_threshold_us: float | None = None
-    """The p99 lag (emulated us) under which a process keeps up (None: the default)."""
+    """The p99 lag (emulated us, at any dilation) under which a process keeps up (None: the
+    real-time rule, ``lag_threshold_real_us``)."""
+    lag_threshold_real_us: float | None = None
+    """The real-time part of the rule (real us; None: ``fidelity.DEFAULT_REAL_THRESHOLD_US``)."""
     auto: bool = False
     """``dilation: auto``: the CLI chooses ``dilation`` before the run (``ibemu.cli.dilation``)."""
 

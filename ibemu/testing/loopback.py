@@ -132,3 +132,48 @@ class Loopback:
     @property
     def in_flight(self) -> int:
         return len(self._heap)
+
+
+@dataclass(slots=True)
+class ExchangedPair:
+    """Two HCAs after one exchange of every kind of packet, and what their link carried."""
+
+    a: Hca
+    b: Hca
+    corpus: list[bytes]
+    """Every packet the link carried, both ways, in order: the fuzz campaigns' seeds."""
+
+
+def exchanged_pair(*, qkey: int = 0x1234) -> ExchangedPair:
+    """Hca LID 1 and Hca LID 2 in memory, with an RC and a UD QP each, after a SEND, an RDMA
+    WRITE of several MTUs, a WRITE with immediate, an RDMA READ (RC) and a UD SEND from 1 to
+    2, their ACKs and responses. Deterministic: seeded HCAs, fixed data."""
+    from ibemu.hca.transport import Access, RecvWr, SendWr, Sge, WrOpcode
+    from ibemu.hca.transport.wr import AddressHandle
+
+    clock = SimClock()
+    a, b = Hca(lid=1, clock=clock, seed=1), Hca(lid=2, clock=clock, seed=2)
+    link = Loopback(a, b, clock, trace=[])
+    cqa, cqb = a.create_cq(), b.create_cq()
+    qa, qb = a.create_rc_qp(cqa, psn=100), b.create_rc_qp(cqb, psn=200)
+    qa.connect(qb.info(), timeout=8)
+    qb.connect(qa.info(), timeout=8)
+    ua, ub = a.create_ud_qp(cqa), b.create_ud_qp(cqb)
+    ua.activate(qkey=qkey)
+    ub.activate(qkey=qkey)
+    rw = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+    src = a.reg_mr(bytearray(random.Random(1).randbytes(1 << 14)), rw)
+    dst, rbuf = b.reg_mr(bytearray(1 << 14), rw), b.reg_mr(bytearray(1 << 14), rw)
+    for k in range(8):
+        qb.post_recv(RecvWr(k, [Sge(rbuf.addr + k * 1024, 1024, rbuf.lkey)]))
+        ub.post_recv(RecvWr(100 + k, [Sge(rbuf.addr + k * 1024, 1024, rbuf.lkey)]))
+    link.send(a, qa.post_send([
+        SendWr(1, WrOpcode.SEND, [Sge(src.addr, 300, src.lkey)]),
+        SendWr(2, WrOpcode.RDMA_WRITE, [Sge(src.addr, 9000, src.lkey)], remote_addr=dst.addr, rkey=dst.rkey),
+        SendWr(3, WrOpcode.RDMA_WRITE_WITH_IMM, [Sge(src.addr, 64, src.lkey)], remote_addr=dst.addr,
+               rkey=dst.rkey, imm=7),
+        SendWr(4, WrOpcode.RDMA_READ, [Sge(src.addr, 5000, src.lkey)], remote_addr=dst.addr, rkey=dst.rkey)]))
+    link.send(a, ua.post_send(SendWr(5, WrOpcode.SEND, [Sge(src.addr, 100, src.lkey)], ah=AddressHandle(2),
+                                     remote_qpn=ub.qpn, remote_qkey=qkey)))
+    link.run()
+    return ExchangedPair(a, b, [p for _t, _h, p in link.trace or []])

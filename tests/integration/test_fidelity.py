@@ -28,7 +28,8 @@ pytestmark = pytest.mark.root
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 
-SHAPE = {"valid", "dilation", "threshold_us", "worst_lag_us", "worst_process", "processes", "worst_link", "note"}
+SHAPE = {"valid", "dilation", "threshold_us", "worst_lag_us", "worst_process", "processes", "worst_link", "note",
+         "threshold_real_us", "threshold_basis", "figure_us"}
 SMALL = """
 name: pytest-stall
 topology: {generator: leaf-spine, leaves: 2, spines: 2}

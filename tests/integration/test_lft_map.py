@@ -152,11 +152,12 @@ def test_map_holds_what_apply_wrote() -> None:
         prog.apply({5: 1})
 
 
-def _lft_maps_left(timeout_s: float = 5.0) -> int:
-    """``ibemu_lft`` maps on the machine, once freeing (after an RCU grace period) is done."""
+def _still_there(ids: set[int], timeout_s: float = 5.0) -> set[int]:
+    """Which of the maps ``ids`` exist, once freeing (after an RCU grace period) is done. By
+    id: other runs on the machine may hold maps of the same names."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = sum(name.startswith("ibemu_lft") for name in bpf.map_names())
+        left = ids & bpf.map_ids().keys()
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
@@ -165,25 +166,27 @@ def _lft_maps_left(timeout_s: float = 5.0) -> int:
 def test_maps_and_programs_go_with_the_fabric(state_dir: Path) -> None:
     """A built fabric's switches forward through the classifier; what it loaded is gone when
     the owner is gone and ``ibemu clean`` has removed the namespaces (as after a crash)."""
-    assert _lft_maps_left() == 0  # what earlier tests closed is freed after a grace period
     topo = generate("fat-tree", k=4)
     state = ownership.RunState(ownership.new_run_id(), scenario="pytest-lftmap")
     plan = plan_fabric(topo, state.run_id)
     fabric = build(plan, state)
+    ours: set[int] = set()
     try:
         switches = [n.name for n in topo.switches()]
         assert all(isinstance(fabric.lfts[sw], lft_map.MapLft) for sw in switches)
-        assert sum(name == "ibemu_lft" for name in bpf.map_names()) == len(switches)
+        ours = {i for sw in switches for i in fabric.lfts[sw].map_ids()}  # type: ignore[attr-defined]
+        names = bpf.map_ids()
+        assert len(ours) == 5 * len(switches) and sum(names[i] == "ibemu_lft" for i in ours) == len(switches)
         shown = subprocess.run(["tc", "-n", plan.nodes[switches[0]].ns, "filter", "show", "block", "1"],
                                capture_output=True, text=True, check=True).stdout
         assert "ibemu_lft" in shown and "direct-action" in shown and "mirred" not in shown
         fabric.close()  # the owner's descriptors go, as when it dies; the filters hold the maps
-        assert sum(name == "ibemu_lft" for name in bpf.map_names()) == len(switches)
+        assert ours <= bpf.map_ids().keys()
     finally:
         fabric.close()
-        assert main(["clean"]) == 0
+        assert main(["clean", state.run_id]) == 0
     assert not any(netns.exists(n) for n in plan.namespaces)
-    assert _lft_maps_left() == 0
+    assert not _still_there(ours)
 
 
 def _target(prog: lft_map.LftProgram, frame: bytes) -> tuple[int, int]:

@@ -9,8 +9,6 @@ the frames' wire bytes over the emulated time between the receptions of the midd
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from ibemu.agents.port import PortState
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
-from ibemu.kernel.packet import open_packet_socket
+from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.physics.link import LinkModel
 from ibemu.testing.static_routes import assign_lids, minhop_lfts
 from ibemu.topo import generate
@@ -31,7 +29,6 @@ from tests.integration.live import fabric_in_thread
 pytestmark = pytest.mark.root
 
 DILATION = 1000
-SO_TIMESTAMPNS = 35
 OFFER = 1.2
 
 
@@ -64,7 +61,7 @@ def test_a_flow_arrives_at_the_cable_rate_in_emulated_time(state_dir: Path, tmp_
             a, b = rt.plan.nodes["h0"].ports[1], rt.plan.nodes["h1"].ports[1]
             tx = open_packet_socket(rt.plan.nodes["h0"].ns, a.ifname, 0x0003)
             rx = open_packet_socket(rt.plan.nodes["h1"].ns, b.ifname, 0x88B5, buffer_bytes=32 << 20)
-            rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            stamp_received(rx)
             tpl = fast.NativeTemplate(slid=lids["h0"], dlid=lids["h1"], destqp=0x100,
                                       eth=fast.ethernet_header(a.peer_mac, a.mac))
             frames = [tpl.packet(0x0A, i, bytes(4096), ext=fast.reth(0, 0, 4096)) for i in range(16)]
@@ -79,10 +76,8 @@ def test_a_flow_arrives_at_the_cable_rate_in_emulated_time(state_dir: Path, tmp_
                         data, anc, _, _ = rx.recvmsg(9216, 64)
                     except BlockingIOError:
                         return
-                    for level, kind, d in anc:
-                        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) > 4000:
-                            s, ns = struct.unpack_from("qq", d)
-                            stamps.append(s * 1_000_000_000 + ns)
+                    if len(data) > 4000 and (t := kernel_stamp(anc)) is not None:
+                        stamps.append(t)
 
             owed, sent, t0 = 0.0, 0, time.perf_counter()
             tick = t0

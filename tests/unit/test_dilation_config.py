@@ -125,6 +125,8 @@ def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pyte
     assert resolve_dilation(None, scen.time, scen, say=said.append) == 8.0
     assert said[0].startswith("dilation auto: offered load 16k frame-hops/s, capacity 10k frame-hops/s"), said
     assert "-> N = 8" in said[0] and "worker probe: 20k / 8" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
+    assert said[-1] == ("  judged on: every process's p99 lag < 250 us emulated = 2 ms real (relaxed up to 5% of "
+                        "the run's smallest time figure)")
     assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
     user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
     assert resolve_dilation(None, user.time, user, say=said.append) == 7.0  # the run fits; its worker (16k) does not
@@ -201,6 +203,24 @@ def test_a_lag_threshold_is_taken_and_bad_ones_are_located() -> None:
         assert e.value.problems[0].startswith("x.yaml:5 time.lag_threshold_us: expected a number > 0"), \
             e.value.problems
         assert expected in e.value.problems[0]
+
+
+def test_a_real_time_lag_threshold_is_taken_and_bad_ones_are_located() -> None:
+    spec = loads_scenario(TOPO + "time:\n  dilation: 20000\n  lag_threshold_real_us: 5000\n", "x.yaml").time
+    assert spec.lag_threshold_real_us == 5000.0 and spec.lag_threshold_us is None and spec.dilation == 20000.0
+    spec = loads_scenario(TOPO + "time:\n  dilation: auto\n  lag_threshold_real_us: 1500\n", "x.yaml").time
+    assert spec.auto and spec.lag_threshold_real_us == 1500.0
+    assert loads_scenario(TOPO, "x.yaml").time.lag_threshold_real_us is None
+    for bad, expected in (("0", "got 0"), ("-5", "got -5"), ("fast", "got 'fast'")):
+        with pytest.raises(ScenarioError) as e:
+            loads_scenario(TOPO + f"time:\n  lag_threshold_real_us: {bad}\n", "x.yaml")
+        assert e.value.problems[0].startswith("x.yaml:5 time.lag_threshold_real_us: expected a number > 0"), \
+            e.value.problems
+        assert expected in e.value.problems[0]
+    with pytest.raises(ScenarioError) as e:
+        loads_scenario(TOPO + "time:\n  lag_threshold_us: 5\n  lag_threshold_real_us: 2000\n", "x.yaml")
+    assert e.value.problems == ["x.yaml:6 time.lag_threshold_real_us: give the lag threshold in emulated time "
+                                "(lag_threshold_us) or in real time (lag_threshold_real_us), not both"]
 
 
 def test_the_result_records_the_sm_clock() -> None:

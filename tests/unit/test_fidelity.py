@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ibemu.events import Kind
 from ibemu.lagmon import LagStats
 from ibemu.report.result import validate
@@ -40,8 +42,9 @@ def test_a_process_over_the_threshold_at_p99_makes_the_run_invalid() -> None:
     f = judge({"agent-host": _stats([100.0] * 98 + [30_000.0] * 2), "sm": _stats([50.0] * 100)},
               dilation=4.0)
     assert f["valid"] is False and f["worst_process"] == "agent-host" and f["dilation"] == 4.0
-    assert f["worst_lag_us"] >= 30_000.0
-    assert f["note"].startswith("agent-host fell behind the emulated clock: p99 lag 30.0 ms (max 30.0 ms) >= 2 ms")
+    assert f["worst_lag_us"] >= 30_000.0 and f["threshold_us"] == 500.0 and f["threshold_real_us"] == 2000.0
+    assert f["note"].startswith("agent-host fell behind the emulated clock: p99 lag 30 ms emulated = 120 ms real "
+                                "(max 30 ms emulated = 120 ms real) >= 500 us emulated = 2 ms real")
 
 
 def test_one_late_wakeup_in_a_thousand_is_not_behind_but_its_max_shows() -> None:
@@ -103,7 +106,8 @@ def test_links_that_kept_to_the_model_leave_the_run_valid_and_name_the_worst() -
 
     recs = [_link("sw0:2", busy_model=10_000_000, busy_real=10_010_000, late_us=[5.0] * 100),
             _link("sw0:1", busy_model=10_000_000, busy_real=10_000_000, late_us=[1.0] * 100)]
-    f = judge({"agent-host": _stats([100.0] * 100)}, dilation=100.0, links=merge_links(recs))
+    # dilation 100: 20 us emulated (2 ms real); the host 5 us (0.5 ms real), the links' 5 us late
+    f = judge({"agent-host": _stats([5.0] * 100)}, dilation=100.0, links=merge_links(recs))
     assert f["valid"] is True and f["worst_link"] == "sw0:2"
     assert "every link kept to the model" in f["note"] and "sw0:2" in f["note"]
 
@@ -128,3 +132,87 @@ def test_a_link_that_fell_behind_invalidates_the_run() -> None:
     assert lj["worst_link"] == "leaf0:3" and "83.3%" in lj["behind"]["leaf0:3"]
     f = judge({"agent-host": _stats([100.0] * 100)}, dilation=100.0, links=merge_links([slow, ok]))
     assert f["valid"] is False and "link leaf0:3 fell behind" in f["note"]
+
+
+# --- the threshold: real time, bounded by the run's figures (scenario.fidelity.threshold) ---
+
+
+def test_the_default_threshold_is_two_ms_of_real_time_at_every_dilation() -> None:
+    from ibemu.scenario.fidelity import DEFAULT_REAL_THRESHOLD_US, threshold
+
+    for n, emulated in ((1, 2000.0), (4, 500.0), (100, 20.0), (20_000, 0.1)):
+        t = threshold(n)
+        assert t.us == pytest.approx(emulated) and t.real_us == pytest.approx(DEFAULT_REAL_THRESHOLD_US), n
+    assert threshold(1).basis == "2 ms of real time"
+    assert threshold(20_000).basis == "2 ms of real time / N = 0.1 us emulated"
+
+
+def test_a_process_behind_in_real_time_is_invalid_at_a_high_factor() -> None:
+    # at N = 20,000: an SM 0.05 us emulated behind at p99 (1 ms real) keeps up; a worker 12 us
+    # behind (240 ms real: the old rule's 2 ms emulated passed it) does not
+    stats = {"sm": _stats([0.02] * 99 + [0.05]), "traffic job": _stats([0.02] * 90 + [12.0] * 10)}
+    f = judge(stats, dilation=20_000.0)
+    assert f["valid"] is False and f["worst_process"] == "traffic job"
+    assert f["threshold_us"] == 0.1 and f["threshold_real_us"] == 2000.0 and f["figure_us"] is None
+    assert "traffic job fell behind the emulated clock: p99 lag 12" in f["note"]
+    assert "emulated = 2" in f["note"] and "sm fell" not in f["note"]
+    assert f["processes"]["sm"]["p99_us"] < 0.06  # resolved below 1 us (the histogram goes down to ~1 ns)
+    assert judge({"sm": stats["sm"]}, dilation=20_000.0)["valid"] is True
+
+
+def test_the_figure_bound_relaxes_the_real_time_rule_to_five_percent_of_the_smallest_figure() -> None:
+    from ibemu.scenario.fidelity import threshold
+
+    t = threshold(20_000, figure=("job fabric_s", 33.6))
+    assert t.us == pytest.approx(1.68) and t.real_us == pytest.approx(33_600.0)
+    assert t.basis.startswith("5% of job fabric_s 33.6 us")
+    # an idle SM 3 ms late in real time (0.15 us emulated) is no error a 33.6 us figure can
+    # show; a worker 3.25 us behind (10% of it) is
+    quiet = {"sm": _stats([0.15] * 100)}
+    assert judge(quiet, dilation=20_000.0)["valid"] is False
+    assert judge(quiet, dilation=20_000.0, figure=("job fabric_s", 33.6))["valid"] is True
+    late = {"sm": _stats([0.15] * 100), "traffic job": _stats([3.25] * 100)}
+    f = judge(late, dilation=20_000.0, figure=("job fabric_s", 33.6))
+    assert f["valid"] is False and f["figure_us"] == 33.6 and f["threshold_us"] == 1.68
+    # below the real-time rule the figure changes nothing; never above R emulated; dilation 1 as before
+    assert threshold(20_000, figure=("tiny", 1.0)).us == pytest.approx(0.1)
+    big = threshold(4, figure=("step", 1e6))
+    assert big.us == 2000.0 and big.basis.startswith("2 ms emulated (the most it is")
+    for fig in (None, ("step", 1.0), ("step", 1e9)):
+        assert threshold(1, figure=fig).us == 2000.0
+
+
+def test_the_overrides_and_bad_values() -> None:
+    from ibemu.scenario.fidelity import threshold
+
+    t = threshold(20_000, emulated_us=5.0, figure=("x", 1e6))  # emulated outright: no real or figure part
+    assert t.us == 5.0 and t.real_us == 100_000.0 and t.basis.startswith("time.lag_threshold_us")
+    assert threshold(4, real_us=8000.0).us == 2000.0
+    assert threshold(1000, real_us=500.0, figure=("x", 100.0)).us == 5.0  # 5% of 100 us > 500 us / 1000
+    f = judge({"sm": _stats([300.0] * 100)}, dilation=4.0, threshold_real_us=1000.0)
+    assert f["valid"] is False and f["threshold_us"] == 250.0 and f["threshold_real_us"] == 1000.0
+    bad = [dict(emulated_us=0.0), dict(emulated_us=-1.0), dict(real_us=float("nan")), dict(real_us=True),
+           dict(real_us="2ms"), dict(emulated_us=5.0, real_us=5.0), dict(figure=("x", 0.0)),
+           dict(figure=("x", float("inf")))]
+    for kw in bad:
+        with pytest.raises(ValueError):
+            threshold(4, **kw)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dilation"):
+        threshold(0.5)
+
+
+def test_the_smallest_measured_figure_of_a_run() -> None:
+    from ibemu.scenario.fidelity import figure_scale
+
+    traffic = [
+        {"name": "bulk", "kind": "write_bw", "extra": {"avg_mibps": 900.0}},
+        {"name": "job", "kind": "training", "extra": {"step_s": 1.22e-4, "fabric_s": 3.36e-5, "nvlink_s": 1.9e-8,
+                                                      "model_scaled_fabric_s": 7.9e-5}},
+        {"name": "lat", "kind": "write_lat", "extra": {"t_typical": 45.0}},
+        {"name": "broken", "kind": "send_lat", "extra": {"t_typical": 0.5, "error": "timed out"}},
+        {"name": "empty", "kind": "write_lat", "extra": {"t_typical": 0.0}},
+    ]
+    name, us = figure_scale(traffic)  # type: ignore[misc]
+    assert name == "job fabric_s" and us == pytest.approx(33.6)
+    assert figure_scale(traffic[2:]) == ("lat t_typical", 45.0)
+    assert figure_scale(traffic[:1]) is None and figure_scale([]) is None

@@ -17,10 +17,8 @@ from ibemu.agents.device import DeviceAgent
 from ibemu.agents.port import PortState
 from ibemu.agents.switch import SwitchAgent
 from ibemu.errors import ConfigError
-from ibemu.hca.transport import Access, Hca, RecvWr, SendWr, Sge, WrOpcode
-from ibemu.hca.transport.wr import AddressHandle
 from ibemu.testing.fuzz import Mutator
-from ibemu.testing.loopback import Loopback, SimClock
+from ibemu.testing.loopback import exchanged_pair
 from ibemu.wire import fast
 from ibemu.wire import madcodec as mb
 from ibemu.wire.madpacket import frame_mad
@@ -144,30 +142,8 @@ def test_mad_socket_session_answers_every_control_message_and_never_raises() -> 
 
 def test_transport_counts_every_link_bad_packet() -> None:
     rng = random.Random(14)
-    clock = SimClock()
-    a, b = Hca(lid=1, clock=clock, seed=1), Hca(lid=2, clock=clock, seed=2)
-    link = Loopback(a, b, clock, trace=[])
-    cqa, cqb = a.create_cq(), b.create_cq()
-    qa, qb = a.create_rc_qp(cqa, psn=1), b.create_rc_qp(cqb, psn=2)
-    qa.connect(qb.info(), timeout=8)
-    qb.connect(qa.info(), timeout=8)
-    ua, ub = a.create_ud_qp(cqa), b.create_ud_qp(cqb)
-    ua.activate(qkey=5)
-    ub.activate(qkey=5)
-    rw = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
-    src, dst = a.reg_mr(bytearray(8192), rw), b.reg_mr(bytearray(8192), rw)
-    for k in range(4):
-        qb.post_recv(RecvWr(k, [Sge(dst.addr, 1024, dst.lkey)]))
-        ub.post_recv(RecvWr(10 + k, [Sge(dst.addr, 1024, dst.lkey)]))
-    link.send(a, qa.post_send([SendWr(1, WrOpcode.SEND, [Sge(src.addr, 300, src.lkey)]),
-                               SendWr(2, WrOpcode.RDMA_WRITE, [Sge(src.addr, 6000, src.lkey)],
-                                      remote_addr=dst.addr, rkey=dst.rkey),
-                               SendWr(3, WrOpcode.RDMA_READ, [Sge(src.addr, 5000, src.lkey)],
-                                      remote_addr=dst.addr, rkey=dst.rkey)]))
-    link.send(a, ua.post_send(SendWr(4, WrOpcode.SEND, [Sge(src.addr, 64, src.lkey)], ah=AddressHandle(2),
-                                     remote_qpn=ub.qpn, remote_qkey=5)))
-    link.run()
-    corpus = [p for _t, _h, p in link.trace or []]
+    pair = exchanged_pair()
+    a, b, corpus = pair.a, pair.b, pair.corpus
     assert len(corpus) > 5
     mut = Mutator(rng, ((0, 1), (2, 2), (6, 2), (8, 1), (10, 2), (13, 3), (17, 3), (20, 4), (24, 4)))
     for _ in range(N):

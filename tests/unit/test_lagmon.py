@@ -17,9 +17,10 @@ from ibemu.lagmon import NBUCKETS, LagStats, bucket_of, upper_us
 
 
 def test_buckets_cover_each_lag_within_a_ninth() -> None:
-    assert bucket_of(0.0) == 0 and bucket_of(0.99) == 0 and upper_us(0) == 1.0
+    assert bucket_of(0.0) == 0 and bucket_of(0.0009) == 0 and upper_us(0) == 2.0**-10
     prev = 0
-    for lag in [1.0, 1.1, 1.9, 2.0, 3.3, 10.0, 999.0, 1000.0, 5e4, 1e6, 3.7e9]:
+    # down to the ns: at dilation 20,000 the 2 ms real threshold is 0.1 us emulated
+    for lag in [0.001, 0.0123, 0.1, 0.99, 1.0, 1.1, 1.9, 2.0, 3.3, 10.0, 999.0, 1000.0, 5e4, 1e6, 3.7e9]:
         i = bucket_of(lag)
         assert i >= prev
         prev = i

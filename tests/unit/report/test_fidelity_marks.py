@@ -71,6 +71,29 @@ def test_dilation_adds_what_is_to_scale() -> None:
     assert "to scale (emulated clock): link rates and delays" in text and "fabric up is real seconds" in text
 
 
+def test_under_dilation_the_lags_and_the_threshold_read_in_both_clocks() -> None:
+    from ibemu.report.html import render as render_html
+    from ibemu.scenario.fidelity import judge
+    from tests.unit.test_fidelity import _stats
+
+    d = result()
+    d["fabric"]["dilation"] = 20_000.0
+    d["fidelity"] = judge({"sm": _stats([0.15] * 100), "traffic job": _stats([3.2] * 100)}, dilation=20_000.0,
+                          figure=("job fabric_s", 33.6))
+    assert validate(d) == []
+    r = RunResult.from_dict(d)
+    assert r.fidelity is not None and r.fidelity.threshold_real_us == 33_600.0 and r.fidelity.figure_us == 33.6
+    assert r.to_dict() == d  # the optional fields round-trip
+    fid = _section(summary(d), "Fidelity")
+    assert fid[0].startswith("  INVALID: fell behind the emulated clock: traffic job p99 lag 3.2 us emulated = "
+                             "64 ms real (max 3.2 us emulated = 64 ms real); threshold 1.68 us emulated = "
+                             "33.6 ms real: 5% of job fabric_s 33.6 us"), fid[0]
+    assert fid[1].split() == ["process", "p50", "lag", "p99", "lag", "p99", "real", "max", "lag", "samples"]
+    assert "threshold 1.68 us emulated = 33.60 ms real: 5% of job fabric_s" in render_html(d)
+    d["fidelity"]["threshold_real_us"] = "2 ms"
+    assert validate(d) == ["fidelity.threshold_real_us: expected number, got str '2 ms'"]
+
+
 def test_a_run1_result_still_reads_with_fidelity_unknown() -> None:
     d = result()
     d["schema"] = "ibemu.run/1"
