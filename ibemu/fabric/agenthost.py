@@ -2,8 +2,10 @@
 
 For each node it owns one AF_PACKET socket per cabled port (ethertype 0x88B5, so on a switch
 with the kernel datapath it only sees what tc did not forward: VL15, its own LID, unroutable
-frames) and one netlink link monitor per namespace. It feeds frames and carrier changes to
-the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, program the
+frames) and one netlink link monitor per namespace. The monitors are read by a thread of
+their own (``kernel.carrier``), which writes a switch port's carrier into the kernel's port
+map at once (local failover) and then hands the change to this loop. It feeds frames and
+carrier changes to the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, program the
 switch's LFT in the kernel (a BPF map update, ``ibemu.kernel.lft_map``), act on a link, hand
 MADs to a CA's MAD socket, log events.
 
