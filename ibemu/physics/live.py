@@ -104,7 +104,7 @@ from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
-from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
+from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +162,16 @@ class LinkStats:
 class LivePlane:
     """Every node of a fabric's model (``plan.build_nodes``), driven by live frames."""
 
-    def __init__(self, nodes: Mapping[str, Node], *, tie_seed: int | None = None) -> None:
+    def __init__(self, nodes: Mapping[str, Node], *, tie_seed: int | None = None, fast: bool = True) -> None:
         """``tie_seed``: events due at the same ns run in a seeded random order (as in
-        ``physics.sim``) instead of the order they were scheduled in."""
+        ``physics.sim``) instead of the order they were scheduled in. ``fast``: the fast
+        path for frames between switches (module docstring; off: the event loop alone, the
+        same departures)."""
         self.nodes: dict[str, Node] = dict(nodes)
         self._tie = random.Random(tie_seed).random if tie_seed is not None else None
+        self.fast = fast and tie_seed is None
+        """The fast path (not with seeded ties: it skips wake-ups, and each would draw)."""
+        self.fast_hops = 0
         self.now = 0
         """The latest time the model has been played to."""
         self._events: list[tuple[int, float, int, str, Any, Any, Any]] = []
@@ -238,10 +243,152 @@ class LivePlane:
         frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
         node = self.nodes[switch]
         t = self._clamp(switch, t)
+        if self.fast and self.adapt is None:
+            ev = self._events
+            horizon = self.now if not ev or ev[0][0] > self.now else ev[0][0] - 1
+            if self._fast_hop(node, in_port, frame, t, vl, horizon):
+                return
         if self.adapt is not None and not frame.vl15:
             self.adapt(switch, in_port, frame, t)
         self._dispatch(node.receive(in_port, frame, t, frame.dst))  # type: ignore[arg-type]
         self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
+
+    def _fast_hop(self, node: Node, in_port: int, frame: Frame, t: int, vl: int, horizon: int) -> bool:
+        """The fast path (module docstring): ``frame``, from a neighbour switch, taken by
+        ``node`` at ``t`` on ``vl``, played through the switch at once in closed form, when
+        the event loop would play exactly that next: its time in the switch's pipeline is
+        over by the time the model has been played to (so its wake-up would be the first
+        event of the next :meth:`run_events`, nothing else being due by then), and its egress
+        port is idle with nothing queued and credits for it (so it leaves when it reaches the
+        port: start ``t`` + latency, end start + serialization, due end + propagation). Every
+        counter, credit, statistic and record is what the event loop leaves; the wake-ups the
+        event loop would push and pop at once are skipped, and the frame's end on the wire
+        (its input buffer freed, credits back upstream) is played at once too when it is in
+        the past, else left to the event loop. False (nothing changed): not that case; the
+        caller takes the event loop's way."""
+        start = t + node.latency_ns
+        if start > horizon or start == t or frame.vl15 or node.kind != "ib" or not node.switch:
+            return False
+        out_port = frame.dst
+        p = node.ports.get(out_port)  # type: ignore[arg-type]
+        pin = node.ports.get(in_port)
+        if p is None or pin is None or not pin.up or not p.up or p.in_flight is not None or p.total_bytes \
+                or p.queued or p.busy_until > start:
+            return False
+        busy, pipeline = node._busy, node._pipeline
+        if (busy and busy[0][0] <= horizon) or (pipeline and pipeline[0][0] <= horizon):
+            return False  # (never: the node's next deadline has its wake-up among the events)
+        table = node.sl2vl.get((in_port, out_port)) or node.sl2vl.get((0, out_port))  # _class_of
+        vls = node.ib_config[out_port].data_vls
+        c = table[frame.sl] if table is not None else frame.sl % vls
+        if c >= vls:
+            return False  # discarded (PortXmitDiscards): the event loop's way
+        size = frame.size
+        nblocks = -(-size // CREDIT_BYTES)
+        cr = p.credits[c]
+        if cr is not None and cr < nblocks:
+            return False
+        # --- receive (Node.receive without the pipeline)
+        pc = pin.counters
+        pc.rcv_frames += 1
+        pc.rcv_bytes += size
+        frame.in_port, frame.in_class = in_port, vl
+        key = (in_port, vl)
+        ingress_bytes, ingress_blocks = node.ingress_bytes, node.ingress_blocks
+        ingress_bytes[key] = ingress_bytes.get(key, 0) + size
+        cfg = node.ib_config.get(in_port)
+        if cfg is not None:
+            held = ingress_blocks.get(key, 0) + nblocks
+            ingress_blocks[key] = held
+            if held > cfg.buffer_bytes // 64:
+                pc.buffer_overruns += 1
+        # --- the wake-up at ``start``: into the egress queue (Node._enqueue), picked (Node._start)
+        frame.vl = c
+        counters = p.counters
+        if size > counters.max_queue_bytes:
+            counters.max_queue_bytes = size
+        arb = p.arbiter
+        assert arb is not None
+        if not _pick_only(arb, c):  # the tables never serve it: it waits, as in _start
+            p.queues[c].append(frame, in_port)
+            p.queued |= 1 << c
+            p.queued_bytes[c] += size
+            p.total_bytes += size
+            if p.waiting_since is None:
+                p.waiting_since = start
+            for v in range(p.vls):
+                if p.queues[v] and v not in p.blocked_since:
+                    p.blocked_since[v] = start
+                    counters.credit_stalls += 1
+            self._last[node.name] = start
+            self.fast_hops += 1
+            return True
+        if p.waiting_since is not None:
+            counters.xmit_wait_ns += start - p.waiting_since
+            p.waiting_since = None
+        if p.blocked_since:
+            p.blocked_since.pop(c, None)
+        if arb._last == "low":  # Arbiter.sent, as the arbiter's last choice was its low table's
+            arb._low.remaining -= nblocks
+            arb._high_bytes = arb._high_pkts = 0
+            arb._last = None
+        else:
+            arb.sent(c, size)
+        if cr is not None:
+            p.credits[c] = cr - nblocks
+        link = p.link
+        end = start + link.frame_ns(size)
+        due = end + link.propagation
+        p.busy_until = end
+        counters.xmit_frames += 1
+        counters.xmit_bytes += size
+        name = node.name
+        if end > horizon:  # its end is the event loop's (Node._finish at a wake-up)
+            p.in_flight = (frame, in_port, vl)
+            heapq.heappush(busy, (end, out_port))
+            self._last[name] = start
+            self._schedule_wake(name)
+        # --- the departure (as _dispatch records a Transmit)
+        heapq.heappush(self._due, (due, next(self._seq), Departure(name, out_port, frame, due, start, end)))
+        peer = p.peer
+        if peer is not None:
+            pnode = self.nodes.get(peer[0])
+            if pnode is not None and pnode.switch:
+                q = self._flight.get(peer)
+                if q is None:
+                    q = self._flight[peer] = deque()
+                q.append((frame.flow, due, c, nblocks))
+        self.fast_hops += 1
+        if end > horizon:
+            return True
+        # --- its end on the wire, in the past too (Node._finish, Node._release): the input
+        # buffer freed, the credits on their way back upstream
+        self._last[name] = end
+        ingress_bytes[key] -= size
+        if key in ingress_blocks:
+            ingress_blocks[key] -= nblocks
+        up = pin.peer
+        if up is None or up[0] not in self.nodes:
+            return True
+        at = end + pin.link.propagation
+        if at > horizon:
+            self._at(at, _CREDIT, up[0], up[1], vl, nblocks)
+            return True
+        unode = self.nodes[up[0]]
+        tu = self._clamp(up[0], at)
+        uport = unode.ports[up[1]]
+        ubusy, upipe = unode._busy, unode._pipeline
+        if uport.up and not uport.total_bytes and not (ubusy and ubusy[0][0] <= tu) \
+                and not (upipe and upipe[0][0] <= tu):
+            ucr = uport.credits[vl]  # Node.credit_return with nothing to start
+            if ucr is not None:
+                uport.credits[vl] = ucr + nblocks
+            uport.last_credit_ns[vl] = tu
+            return True
+        out = unode.credit_return(up[1], vl, nblocks, tu)
+        self._schedule_wake(up[0])
+        self._dispatch(out)
+        return True
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
         """The model's arrival time and VL of the frame ``key`` on the cable into
@@ -318,9 +465,14 @@ class LivePlane:
         return t
 
     def run_events(self, now: int) -> None:
-        """Play the model's events due by ``now`` (not the departures)."""
+        """Play the model's events due by ``now`` (not the departures), or by the time the
+        model has been played to if that is later (events a frame taken back in time put
+        there since: :meth:`arrive`)."""
+        if now < self.now:
+            now = self.now
         ev = self._events
         nodes = self.nodes
+        fast = self.fast and self.adapt is None
         while ev and ev[0][0] <= now:
             t, _, what, name, a, b, c = heapq.heappop(ev)
             if t > self.now:
@@ -335,6 +487,9 @@ class LivePlane:
                     self.redecide(name, a, b)  # from a host: the switch looks its LFT up now
                     self.redecided += 1
                 tn = self._clamp(name, t)
+                if fast and self._fast_hop(node, a, b, tn, b.vl,
+                                           now if not ev or ev[0][0] > now else ev[0][0] - 1):
+                    continue
                 if self.adapt is not None and not b.vl15:
                     self.adapt(name, a, b, tn)
                 out = node.receive(a, b, tn, b.dst)
@@ -386,6 +541,7 @@ class LivePlane:
 
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
         """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
+        self.run_events(self.now)
         return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
 
     def _ends(self, name: str, port: int) -> list[Port]:
@@ -475,6 +631,7 @@ class LivePlane:
         operates, its VL arbitration, the SL -> VL map of each input port towards it (a host:
         input port 0). Credits of a VL newly operated at both ends of the cable start full;
         VLs no longer operated get none (what they still hold drains by their credits)."""
+        self.run_events(self.now)  # what was due before the change is played with the old tables
         node = self.nodes[name]
         p = node.ports[port]
         cfg = node.ib_config[port]
@@ -500,6 +657,7 @@ class LivePlane:
 
     def set_propagation(self, switch: str, port: int, propagation_ns: float) -> None:
         """Change the delay of the cable ``switch:port`` sends on (a fault's injected delay)."""
+        self.run_events(self.now)
         p = self.nodes[switch].ports[port]
         p.link = replace(p.link, propagation_ns=float(propagation_ns))
 
@@ -592,6 +750,62 @@ class LivePlane:
             return
         self._wake[name] = t
         heapq.heappush(self._events, (t, self._order(), _WAKE, name, None, None, None))
+
+
+def _ready(vl: int) -> bool:
+    """``EgressPort._ready`` for the fast path's one queued frame, whose credits it checked."""
+    return True
+
+
+_NEXT: dict[tuple[tuple[tuple[int, int], ...], int], tuple[int | None, ...]] = {}
+"""(low table, VL) -> for each entry index i, the least k in 1..n such that entry i + k
+(cyclically) serves the VL with a positive weight (None: none does)."""
+
+
+def _pick_only(arb: Arbiter, vl: int) -> bool:
+    """``arb.pick`` when ``vl`` (a data VL) is the only VL with a packet and it may send: the
+    same choice and the same table state, in closed form for a port without a high-priority
+    table (what ``Arbiter._serve`` scans entry by entry: with eight VLs operated and one busy,
+    most of a hop's arbitration). True: ``vl`` was picked."""
+    if arb.arb.high:
+        return arb.pick(_ready, 1 << vl) is not None
+    arb._last = None
+    table = arb.arb.low
+    n = len(table)
+    if not n:
+        return False
+    st = arb._low
+    if not st.started:
+        st.idx, st.remaining, st.started = 0, table[0][1], True
+    if n == 1:
+        v, w = table[0]
+        if w > 0:
+            if st.remaining <= 0:
+                st.remaining = w
+            if v == vl:
+                arb._last = "low"
+                return True
+        st.idx, st.remaining = 0, w
+        return False
+    i = st.idx
+    v, w = table[i]
+    if v == vl and w > 0 and st.remaining > 0:
+        arb._last = "low"
+        return True
+    nxt = _NEXT.get((table, vl))
+    if nxt is None:
+        nxt = _NEXT[(table, vl)] = tuple(
+            next((k for k in range(1, n + 1) if table[(j + k) % n][0] == vl and table[(j + k) % n][1] > 0), None)
+            for j in range(n))
+    k = nxt[i]
+    if k is None:  # scanned n + 1 entries in vain
+        st.idx = (i + 1) % n
+        st.remaining = table[st.idx][1]
+        return False
+    st.idx = (i + k) % n
+    st.remaining = table[st.idx][1]
+    arb._last = "low"
+    return True
 
 
 def egress_load(node: Node, port: int) -> int:
