@@ -52,8 +52,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE_REF = "be6644b"
-"""The last commit with the one-frame-per-recv user datapaths."""
+BEFORE_REF = "fb28488"
+"""The commit before the link model's fast path and the in-memory hand-over between switches
+(``be6644b``: the last one with the one-frame-per-recv user datapaths)."""
 PAIRS = [("h0", "h15"), ("h1", "h14"), ("h2", "h13"), ("h3", "h12")]
 SIZE = 1024
 HOPS = 5
@@ -183,6 +184,7 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     state = ownership.RunState(ownership.new_run_id(), scenario="bench-user-datapath")
     rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp,
                        mad_sockets=False)
+    rt.sysfs = False  # as ``ibemu run`` has it: rewriting 36 trees' counters is not forwarding
     lids = assign_lids(topo)
     lfts = minhop_lfts(topo, lids)
     box: dict[str, Any] = {}
@@ -205,6 +207,14 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
 
     def forwarded(host: Any) -> int:
         return sum(int(host.nodes[n].agent.forwarder.stats["forwarded"]) for n in lfts)
+
+    def model_counts(host: Any) -> tuple[int, int, int]:
+        """Frames into the link model, of them played by its fast path, and handed over in
+        memory between switches (0 for a tree without them)."""
+        links = host.links
+        if links is None:
+            return 0, 0, 0
+        return (links.plane.frames_in, getattr(links.plane, "fast_hops", 0), getattr(links, "handed", 0))
 
     async def main() -> None:
         stop = trio.Event()
@@ -243,13 +253,17 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
                 0x0A, q, bytes(SIZE), ext=fast.reth(0, 0, SIZE)).hex() for q in range(4)]
             senders.append({"ns": rt.plan.nodes[src].ns, "ifname": pp.ifname, "frames": frames})
         before = on_loop(forwarded, host)
+        m0 = on_loop(model_counts, host)
         c0 = cpu_s(os.getpid())
         report, t0, t1 = run_blaster(senders, offered, seconds, tmp, os.getpid(), "ib")
         time.sleep(0.3)
         after = on_loop(forwarded, host)
         c1 = cpu_s(os.getpid())
+        m1 = on_loop(model_counts, host)
+        into = max(1, m1[0] - m0[0])
         return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0),
-                "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before)}
+                "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before),
+                "fast_share": (m1[1] - m0[1]) / into, "handed_share": (m1[2] - m0[2]) / max(1, after - before)}
     finally:
         if "stop" in box:
             trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
@@ -392,6 +406,11 @@ def main() -> int:
         loads = ", ".join(f"{x['load']:.1f}" for x in b) + "; " + ", ".join(f"{x['load']:.1f}" for x in a)
         print(f"  {kind:8} {fmt(b):>22} {fmt(a):>18}   {fmt(b, 'cpu_us_per_hop', 1):>18} "
               f"{fmt(a, 'cpu_us_per_hop', 1):>10}   {loads}")
+    for kind in kinds:
+        a = results[kind]["after"]
+        if any("fast_share" in x for x in a):
+            print(f"  {kind} after: link model's fast path {fmt(a, 'fast_share', 2)} of the frames into the model, "
+                  f"handed over in memory {fmt(a, 'handed_share', 2)} of the frame-hops")
     print("  frame-hops/s: frames forwarded by all switches per second (target >= 250,000 each);")
     print("  CPU us/hop: CPU time of the forwarding process (all its threads) per frame-hop")
     return 0

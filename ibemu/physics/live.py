@@ -104,7 +104,7 @@ from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
-from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
+from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,8 @@ class LivePlane:
             counters.max_queue_bytes = size
         arb = p.arbiter
         assert arb is not None
-        if not _pick_only(arb, c):  # the tables never serve it: it waits, as in _start
+        if (arb.pick(_ready, 1 << c) is None if arb.arb.high else not arb.pick_only(c, True)):
+            # the tables never serve it: it waits, as in Node._start
             p.queues[c].append(frame, in_port)
             p.queued |= 1 << c
             p.queued_bytes[c] += size
@@ -754,57 +755,6 @@ class LivePlane:
 
 def _ready(vl: int) -> bool:
     """``EgressPort._ready`` for the fast path's one queued frame, whose credits it checked."""
-    return True
-
-
-_NEXT: dict[tuple[tuple[tuple[int, int], ...], int], tuple[int | None, ...]] = {}
-"""(low table, VL) -> for each entry index i, the least k in 1..n such that entry i + k
-(cyclically) serves the VL with a positive weight (None: none does)."""
-
-
-def _pick_only(arb: Arbiter, vl: int) -> bool:
-    """``arb.pick`` when ``vl`` (a data VL) is the only VL with a packet and it may send: the
-    same choice and the same table state, in closed form for a port without a high-priority
-    table (what ``Arbiter._serve`` scans entry by entry: with eight VLs operated and one busy,
-    most of a hop's arbitration). True: ``vl`` was picked."""
-    if arb.arb.high:
-        return arb.pick(_ready, 1 << vl) is not None
-    arb._last = None
-    table = arb.arb.low
-    n = len(table)
-    if not n:
-        return False
-    st = arb._low
-    if not st.started:
-        st.idx, st.remaining, st.started = 0, table[0][1], True
-    if n == 1:
-        v, w = table[0]
-        if w > 0:
-            if st.remaining <= 0:
-                st.remaining = w
-            if v == vl:
-                arb._last = "low"
-                return True
-        st.idx, st.remaining = 0, w
-        return False
-    i = st.idx
-    v, w = table[i]
-    if v == vl and w > 0 and st.remaining > 0:
-        arb._last = "low"
-        return True
-    nxt = _NEXT.get((table, vl))
-    if nxt is None:
-        nxt = _NEXT[(table, vl)] = tuple(
-            next((k for k in range(1, n + 1) if table[(j + k) % n][0] == vl and table[(j + k) % n][1] > 0), None)
-            for j in range(n))
-    k = nxt[i]
-    if k is None:  # scanned n + 1 entries in vain
-        st.idx = (i + 1) % n
-        st.remaining = table[st.idx][1]
-        return False
-    st.idx = (i + k) % n
-    st.remaining = table[st.idx][1]
-    arb._last = "low"
     return True
 
 

@@ -23,7 +23,7 @@ from ibemu.physics.link import SWITCH_MODELS
 from ibemu.physics.live import LivePlane
 from ibemu.physics.model import Frame
 from ibemu.physics.plan import build_nodes
-from ibemu.physics.qos import Sl2Vl, VlArb
+from ibemu.physics.qos import Arbiter, Sl2Vl, VlArb
 from ibemu.testing.static_routes import assign_lids, minhop_lfts
 from ibemu.topo import generate
 
@@ -169,3 +169,27 @@ def test_the_fast_path_departs_as_the_event_loop(qos: str, congested: bool) -> N
             assert a == b, f"departure {i} of {len(d_slow)}"
         assert s_fast == s_slow
         assert st_fast == st_slow
+
+
+def test_the_arbiters_choice_for_one_queued_vl_is_its_scans() -> None:
+    """``Arbiter.pick_only`` (one data VL queued, no high table: the closed form both paths
+    use) against ``Arbiter.pick``'s scan of the table: the same choice and the same state, on
+    random tables (weights 0 included, VLs missing) from random states, VL ready or not."""
+    rng = random.Random(5)
+    cases = 0
+    for _ in range(400):
+        n = rng.choice((1, 2, 3, 8, 9))
+        table = tuple((rng.randrange(4), rng.choice((0, 1, 2, 5))) for _ in range(n))
+        scan, closed = Arbiter(VlArb(low=table)), Arbiter(VlArb(low=table))
+        for _ in range(12):
+            vl, ready = rng.randrange(4), rng.random() < 0.8
+            got = closed.pick_only(vl, ready)
+            want = scan.pick(lambda v, vl=vl, ready=ready: v == vl and ready, 1 << vl)
+            assert got == (want is not None) and (want is None or want == vl)
+            if want is not None:
+                nbytes = rng.choice((60, 1054, 4126))
+                scan.sent(vl, nbytes)
+                closed.sent(vl, nbytes)
+            assert repr(closed) == repr(scan)
+            cases += want is not None
+    assert cases > 1000
