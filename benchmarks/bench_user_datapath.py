@@ -103,9 +103,10 @@ def blast(spec_path: str) -> None:
     sys.stdout.flush()
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_s(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds process ``pid`` has used (all its threads), or its thread ``tid``."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -153,6 +154,8 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
 
 LINK_MODEL = True
 """``--no-link-model``: the IB forwarding alone (see ``measure_ib``)."""
+HANDOVER = True
+"""``--no-handover``: frames between switches cross their veths (see ``measure_ib``)."""
 
 
 def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
@@ -208,13 +211,13 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     def forwarded(host: Any) -> int:
         return sum(int(host.nodes[n].agent.forwarder.stats["forwarded"]) for n in lfts)
 
-    def model_counts(host: Any) -> tuple[int, int, int]:
-        """Frames into the link model, of them played by its fast path, and handed over in
-        memory between switches (0 for a tree without them)."""
+    def model_counts(host: Any) -> tuple[int, int, int, int]:
+        """Frames into the link model, of them played by its fast path, handed over in memory
+        between switches (0 for a tree without them), and frames the model let leave."""
         links = host.links
         if links is None:
-            return 0, 0, 0
-        return (links.plane.frames_in, getattr(links.plane, "fast_hops", 0), getattr(links, "handed", 0))
+            return 0, 0, 0, 0
+        return (links.plane.frames_in, getattr(links.plane, "fast_hops", 0), getattr(links, "handed", 0), links.sent)
 
     async def main() -> None:
         stop = trio.Event()
@@ -223,10 +226,13 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
             box["host"] = host
             await trio.sleep(0.5)  # every carrier seen: ports Init
             program(host)
+            if not HANDOVER and host.links is not None:
+                host.links._deliver = None  # every frame through its veth (the benchmark only)
             ready.set()
             await stop.wait()
 
     def thread_main() -> None:
+        box["tid"] = threading.get_native_id()
         try:
             trio.run(main)
         except BaseException as exc:
@@ -254,16 +260,18 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
             senders.append({"ns": rt.plan.nodes[src].ns, "ifname": pp.ifname, "frames": frames})
         before = on_loop(forwarded, host)
         m0 = on_loop(model_counts, host)
-        c0 = cpu_s(os.getpid())
+        c0, f0 = cpu_s(os.getpid()), cpu_s(os.getpid(), box["tid"])
         report, t0, t1 = run_blaster(senders, offered, seconds, tmp, os.getpid(), "ib")
         time.sleep(0.3)
         after = on_loop(forwarded, host)
-        c1 = cpu_s(os.getpid())
+        c1, f1 = cpu_s(os.getpid()), cpu_s(os.getpid(), box["tid"])
         m1 = on_loop(model_counts, host)
         into = max(1, m1[0] - m0[0])
         return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0),
                 "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before),
-                "fast_share": (m1[1] - m0[1]) / into, "handed_share": (m1[2] - m0[2]) / max(1, after - before)}
+                "loop_us_per_hop": (f1 - f0) * 1e6 / max(1, after - before),
+                "fast_share": (m1[1] - m0[1]) / into, "handed_share": (m1[2] - m0[2]) / max(1, m1[3] - m0[3]),
+                "left_per_s": (m1[3] - m0[3]) / (t1 - t0)}
     finally:
         if "stop" in box:
             trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
@@ -349,6 +357,8 @@ def measure_before(kind: str, args: argparse.Namespace) -> list[dict[str, float]
                 "--seconds", str(args.seconds), "--offered", str(args.offered)]
         if args.no_link_model:
             argv.append("--no-link-model")
+        if args.no_handover:
+            argv.append("--no-handover")
         out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, cwd=tmp).stdout
         return list(json.loads(out.strip().splitlines()[-1])[kind])
 
@@ -375,11 +385,14 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, help="py-spy flame graphs of the forwarding process into this folder")
     ap.add_argument("--no-link-model", action="store_true",
                     help="IB: forward without the link model (the forwarding alone; the datapath always has it)")
+    ap.add_argument("--no-handover", action="store_true",
+                    help="IB: frames between switches cross their veths (no hand-over in memory)")
     ap.add_argument("--blast", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global PROFILE, LINK_MODEL
+    global PROFILE, LINK_MODEL, HANDOVER
     PROFILE = args.profile
     LINK_MODEL = not args.no_link_model
+    HANDOVER = not args.no_handover
     if args.blast:
         blast(args.blast)
         return 0
@@ -410,7 +423,14 @@ def main() -> int:
         a = results[kind]["after"]
         if any("fast_share" in x for x in a):
             print(f"  {kind} after: link model's fast path {fmt(a, 'fast_share', 2)} of the frames into the model, "
-                  f"handed over in memory {fmt(a, 'handed_share', 2)} of the frame-hops")
+                  f"handed over in memory {fmt(a, 'handed_share', 2)} of the frames that left")
+            b = results[kind].get("before", [])
+            print(f"  {kind} frames the link model let leave switch ports, per second: before {fmt(b, 'left_per_s')}, "
+                  f"after {fmt(a, 'left_per_s')}")
+        if any("loop_us_per_hop" in x for x in a):
+            b = results[kind].get("before", [])
+            print(f"  {kind} CPU us per frame-hop of the forwarding thread alone (the agent host's trio loop): "
+                  f"before {fmt(b, 'loop_us_per_hop', 1)}, after {fmt(a, 'loop_us_per_hop', 1)}")
     print("  frame-hops/s: frames forwarded by all switches per second (target >= 250,000 each);")
     print("  CPU us/hop: CPU time of the forwarding process (all its threads) per frame-hop")
     return 0

@@ -66,8 +66,9 @@ from typing import Any
 from ibemu import clock
 from ibemu.events import FabricLog, Kind
 from ibemu.kernel.linkio import LiveLinks, link_record
+from ibemu.kernel.ring import packet_taps
 from ibemu.physics.link import SwitchModel
-from ibemu.physics.live import egress_load
+from ibemu.physics.live import Departure, egress_load
 from ibemu.physics.model import Frame, Node
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ REPORT_S = 1.0
 """How often (real seconds) counters, credit loops and link fidelity are reported."""
 LOOP_STALL_NS = 1_000_000
 """A cycle of ports with no credit returned for 1 ms of emulated time is a credit loop."""
+CAPTURE_CHECK_S = 0.2
+"""How often (real seconds) the switch ports' namespaces are looked at for captures."""
 SYMBOL_BYTES = 4
 """PortXmitWait's tick: the time a cable takes for this many bytes (one symbol on each of 4 lanes)."""
 
@@ -97,12 +100,39 @@ class LinkPlane(LiveLinks):
                  heads: Callable[[str, int], bytes], powered: Callable[[str], bool],
                  events: FabricLog, counts: Callable[[str, int, dict[str, int]], None],
                  decide: Callable[[str, int, bytes], tuple[int, bytes] | None] | None = None,
-                 adapt: Callable[[str, int, bytes, int, int, Callable[[int], int]], int] | None = None) -> None:
+                 adapt: Callable[[str, int, bytes, int, int, Callable[[int], int]], int] | None = None,
+                 deliver: Callable[[str, int, list[bytes]], None] | None = None,
+                 carrier: Callable[[str, int], bool] | None = None,
+                 where: Callable[[str, int], tuple[str | None, str]] | None = None) -> None:
         """``decide(switch, in_port, frame)``: the switch's forwarding decision for ``frame``
         (with its Ethernet header) now: (egress port, the frame to send), None where it sends
         it nowhere; taken again for a frame from a host whose egress port went down while the
-        frame waited in the HCA's queue (``LivePlane.redecide``)."""
+        frame waited in the HCA's queue (``LivePlane.redecide``).
+
+        The hand-over in memory between two switches of the plane (module docstring) needs
+        all three of: ``deliver(switch, port, frames)``, the datapath's reading of ``frames``
+        (with their Ethernet headers) on ``switch:port``; ``carrier(switch, port)``, the port's
+        carrier as the datapath last saw it; ``where(switch, port)``, the port's namespace
+        and device (for captures on it)."""
         super().__init__(nodes, sockets=sockets, heads=heads, powered=powered)
+        self._deliver = deliver if carrier is not None and where is not None else None
+        self._carrier = carrier or (lambda s, p: False)
+        self._where = where
+        self.peers: dict[tuple[str, int], tuple[str, int]] = {
+            (name, num): p.peer for name, node in nodes.items() if node.switch
+            for num, p in node.ports.items() if p.peer is not None and p.peer[0] in nodes
+            and nodes[p.peer[0]].switch}
+        """Switch port -> the switch port at the other end of its cable (both in the plane)."""
+        self.captured: set[tuple[str, int]] = set()
+        """Switch ports a capture listens on (``kernel.ring.packet_taps``): their cables'
+        frames cross the veth (so the capture sees them), in both directions."""
+        self.handed = 0
+        """Frames handed over in memory."""
+        self._local: dict[tuple[str, int], list[bytes]] = {}
+        self._depth = 0
+        self._draining = False
+        if self._deliver is not None:
+            self.check_captures()
         self._decide = decide
         if decide is not None:
             self.plane.redecide = self._redecide
@@ -115,6 +145,7 @@ class LinkPlane(LiveLinks):
         self._pushed: dict[tuple[str, int], tuple[int, int, int, int]] = {}
         self._loops_seen: set[frozenset[tuple[str, int, int]]] = set()
         self._last_report = clock.monotonic()
+        self._last_capture = clock.monotonic()
         self._qos_seen: dict[str, tuple[int, ...]] = {}
         self._batch: set[int] = set()
         """ids of the frames submitted since ``begin`` (what a batch forwarded)."""
@@ -131,10 +162,101 @@ class LinkPlane(LiveLinks):
             for f in frames:
                 batch.add(id(f))
                 b0 = f[ETH_LEN]
-                fr = Frame(len(f) - ETH_LEN, sl=f[ETH_LEN + 1] >> 4, dst=egress, flow=match_key(f),
-                           vl15=b0 >> 4 == 15, meta=f)
+                fr = Frame(len(f) - ETH_LEN, sl=f[ETH_LEN + 1] >> 4, dst=egress, flow=f[ETH_LEN + 2:ETH_LEN + 20],
+                           vl15=b0 >> 4 == 15, meta=f)  # (flow: match_key, inlined)
                 arrive(switch, in_port, fr, now)
-        self.pump()
+        self._depth += 1
+        try:
+            self.pump()
+        finally:
+            self._depth -= 1
+
+    # --- the hand-over in memory between switches -----------------------------------------
+
+    def pump(self) -> None:
+        """``LiveLinks.pump``; then, outside a batch of the datapath's, the frames due for a
+        switch of the plane go to it (:meth:`drain`); inside one, the timer is armed to fire
+        at once, so they go as soon as the batch is done (a switch's forwarding is not
+        entered again while it forwards)."""
+        if self._draining:  # within drain: the timer is armed once it is done
+            due = self.plane.run(clock.now_ns())
+            if due:
+                self._send(due)
+            return
+        super().pump()
+        if self._local:
+            if self._depth:
+                self.timer.arm(1)  # (an instant long past: at once)
+                self._armed = -1
+            else:
+                self.drain()
+
+    def drain(self) -> None:
+        """Hand the frames due for switches of the plane to them, in order per port, until
+        none is left (what they forward onwards comes back here)."""
+        self._draining = True
+        try:
+            while self._local:
+                groups, self._local = self._local, {}
+                for (switch, port), frames in groups.items():
+                    self.handed += len(frames)
+                    if self._deliver is not None:
+                        self._deliver(switch, port, frames)
+        finally:
+            self._draining = False
+        nxt = self.plane.next_deadline()  # armed afresh: a pump inside may have armed it for at once
+        self._armed = nxt
+        if nxt is None:
+            self.timer.disarm()
+        else:
+            self.timer.arm(clock.to_real_ns(nxt))
+
+    def _send(self, due: list[Departure]) -> None:
+        """``LiveLinks._send``, except for a frame onto a cable between two switches of the
+        plane whose carrier is up at both ends and that no capture listens on: it is handed
+        to the other switch in memory, with the Ethernet header the veth would carry."""
+        if self._deliver is None or self.tx is None:
+            super()._send(due)
+            return
+        rest: list[Departure] = []
+        peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
+        for d in due:
+            end = (d.switch, d.port)
+            peer = peers.get(end)
+            if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
+                rest.append(d)
+                continue
+            if not self._powered(d.switch):
+                continue
+            data: bytes = d.frame.meta
+            head = self._heads(*end)
+            frames = local.get(peer)
+            if frames is None:
+                frames = local[peer] = []
+            frames.append(head + data[len(head):] if head else bytes(data))
+            self.sent += 1
+        if rest:
+            super()._send(rest)
+
+    def check_captures(self) -> None:
+        """Which switch ports a capture listens on (an ETH_P_ALL socket on the port's device
+        or on every device of its namespace): both ends of such a cable send on the veth."""
+        if self._where is None:
+            return
+        taps: dict[str | None, set[str]] = {}
+        captured = set()
+        for end, peer in self.peers.items():
+            for sw, port in (end, peer):
+                ns, ifname = self._where(sw, port)
+                if ns not in taps:
+                    taps[ns] = packet_taps(ns)
+                t = taps[ns]
+                if t and ("" in t or ifname in t):
+                    captured.add(end)
+        if captured != self.captured:
+            log.info("cables handed over through their veth (captured): %s",
+                     ", ".join(f"{s}:{p}" for s, p in sorted(captured)) or "none")
+        self.captured = captured
 
     def _redecide(self, switch: str, in_port: int, frame: Frame) -> None:
         assert self._decide is not None
@@ -154,6 +276,13 @@ class LinkPlane(LiveLinks):
         self._batch.clear()
 
     def settle(self, switch: str, in_port: int, frames: list[bytes]) -> None:
+        self._depth += 1
+        try:
+            self._settle(switch, in_port, frames)
+        finally:
+            self._depth -= 1
+
+    def _settle(self, switch: str, in_port: int, frames: list[bytes]) -> None:
         """The frames of a batch from a neighbour switch that were not forwarded (the SMA took
         them, the forwarder dropped them) free their buffer: credits back to the sender.
         (A frame the forwarder corrupted leaves as a new object: its original is settled here
@@ -174,6 +303,9 @@ class LinkPlane(LiveLinks):
         counters, credit loops and fidelity out."""
         self.plane.expire(clock.now_ns())
         mono = clock.monotonic()
+        if mono - self._last_capture >= CAPTURE_CHECK_S and self._deliver is not None:
+            self._last_capture = mono
+            self.check_captures()
         if mono - self._last_report < clock.emulated_s(REPORT_S):
             return
         self._last_report = mono

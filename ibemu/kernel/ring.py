@@ -37,6 +37,7 @@ and carrier changes on inter-switch cables would have to see or stop them).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import queue
@@ -46,6 +47,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
+
+from ibemu.kernel import netns
+from ibemu.kernel.commands import KernelError
 
 
 @functools.cache
@@ -302,3 +306,24 @@ class RxBatcher:
         lens = _lens_struct(n, self._size, self._len_at).unpack_from(self._lens)
         return [view[off:off + ln].tobytes() for off, ln in zip(range(0, n * RX_FRAME, RX_FRAME), lens, strict=True)]
 
+
+# ---------------------------------------------------------------------- taps
+
+def packet_taps(ns: str | None) -> set[str]:
+    """The devices of namespace ``ns`` (None: this thread's) that an ETH_P_ALL packet socket
+    (a capture: ``tcpdump``, ``fabric.cable_capture``) is bound to, "" for one bound to every
+    device; from the kernel's list of protocol handlers (``/proc/net/ptype``). The user
+    datapaths' own sockets are bound to their ethertype and are not listed. Empty when the
+    namespace is gone."""
+    try:
+        with netns.entered(ns) if ns else contextlib.nullcontext():
+            with open("/proc/thread-self/net/ptype") as f:
+                text = f.read()
+    except (OSError, KernelError):
+        return set()
+    out = set()
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == "ALL":
+            out.add(fields[1] if len(fields) == 3 else "")
+    return out

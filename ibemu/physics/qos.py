@@ -128,11 +128,6 @@ class _TableState:
     started: bool = False
 
 
-_NEXT: dict[tuple[tuple[tuple[int, int], ...], int], tuple[int | None, ...]] = {}
-"""(low table, VL) -> for each entry index i, the least k in 1..n such that entry i + k
-(cyclically) serves the VL with a positive weight (None: none does): ``Arbiter.pick_only``."""
-
-
 @dataclass(slots=True)
 class Arbiter:
     """IBA 7.6.9 VL arbitration of one egress port (see the module docstring)."""
@@ -143,6 +138,9 @@ class Arbiter:
     _high_bytes: int = 0
     _high_pkts: int = 0
     _last: str | None = None
+    _next: dict[int, tuple[int | None, ...]] = field(default_factory=dict, repr=False, compare=False)
+    """VL -> for each entry i of the low table, the least k in 1..n such that entry i + k
+    (cyclically) serves the VL with a positive weight (None: none does): ``pick_only``."""
 
     def pick(self, ready: Callable[[int], bool], queued: int = -1) -> int | None:
         """The VL to send from next; ``ready(vl)``: the VL has a packet it may send now
@@ -196,9 +194,9 @@ class Arbiter:
         if ready and v == vl and w > 0 and st.remaining > 0:
             self._last = "low"
             return True
-        nxt = _NEXT.get((table, vl))
+        nxt = self._next.get(vl)
         if nxt is None:
-            nxt = _NEXT[(table, vl)] = tuple(
+            nxt = self._next[vl] = tuple(
                 next((k for k in range(1, n + 1) if table[(j + k) % n][0] == vl and table[(j + k) % n][1] > 0), None)
                 for j in range(n))
         k = nxt[i] if ready else None
