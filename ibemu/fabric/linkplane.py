@@ -52,6 +52,23 @@ data frame reaching a switch in the model to it (``LivePlane.adapt``) with the l
 switch's egress ports (``physics.live.egress_load``); ``adapt`` is the switch's
 ``Forwarder.adapt``, which picks the group's least-loaded port.
 
+Hand-over in memory: every switch lives in this process, so a frame onto a cable between two
+of them goes to the other switch's forwarding (``deliver``, as if read on its socket) with the
+Ethernet header the veth would carry, instead of through the veth: a kernel send and receive
+fewer per hop, and no frame lost in a full socket buffer (whose credits the model would only
+get back when the record expires, 1 s later). What is due for switches is collected while a
+batch is forwarded and handed over after it (:meth:`drain`, from the timer's wake-up or a
+pump outside a batch), one switch's batch at a time, so no switch's forwarding is entered
+inside another's. A cable keeps its veth while either end has no carrier as the agent host
+last saw it (a cut: the kernel drops what is sent on it; the carrier event comes within a
+millisecond of the cut, and frames handed over in between are not lost as on the veth) and
+while a capture listens on either end: an ETH_P_ALL packet socket on the port's device or on
+every device of its namespace (``tcpdump``, ``ibemu run --capture``), looked for every
+:data:`CAPTURE_CHECK_S` (``kernel.ring.packet_taps``); a capture started sees the cable's
+frames from its next check on. Deviation: the veths between switches carry no data frames
+(their kernel counters, ``ip -s link``, show only what the SMAs send), and nothing of the
+hand-over is timed: the model's times are what the frames get either way.
+
 Deviations: VL15 frames the SMAs send themselves (``Send`` actions, answers
 and traps) leave at once, outside the model: only the SMPs the forwarders relay are timed.
 """

@@ -29,10 +29,10 @@ and it would hide a switch's own transmissions from a capture on its port: not u
 
 That floor, ~4 us of kernel and copying per frame and veth, is what a hop costs before any
 decision is taken: 250,000 frame-hops/s would take one of this machine's two CPUs for it
-alone. Hops between two switches of one user datapath need no veth (both ends are in the
-process): handing those frames over in memory would leave one send and one receive per frame
-and path instead of one per hop (on a k=4 fat-tree path, 2 of 10); not done yet (captures
-and carrier changes on inter-switch cables would have to see or stop them).
+alone. Hops between two switches of the IB user datapath need no veth (both ends are in the
+process): ``fabric.linkplane`` hands those frames over in memory, which leaves one send and
+one receive per frame and path instead of one per hop (on a k=4 fat-tree path, 2 of 10),
+except on a cable without carrier or with a capture on it (``packet_taps``, below).
 """
 
 from __future__ import annotations
@@ -316,9 +316,8 @@ def packet_taps(ns: str | None) -> set[str]:
     datapaths' own sockets are bound to their ethertype and are not listed. Empty when the
     namespace is gone."""
     try:
-        with netns.entered(ns) if ns else contextlib.nullcontext():
-            with open("/proc/thread-self/net/ptype") as f:
-                text = f.read()
+        with netns.entered(ns) if ns else contextlib.nullcontext(), open("/proc/thread-self/net/ptype") as f:
+            text = f.read()
     except (OSError, KernelError):
         return set()
     out = set()

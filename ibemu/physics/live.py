@@ -84,6 +84,27 @@ the emulated time and :func:`egress_load` of the switch's ports, so the choice s
 queues of that instant, as a switch's adaptive routing does on arrival; it may change
 ``frame.dst`` (``Forwarder.adapt``).
 
+The fast path (``fast``, on unless ties are seeded): a frame from a neighbour switch whose
+way through the switch is already over by the time the model has been played to (its matched
+arrival plus the switch latency, on a live datapath microseconds in the past) and whose egress
+port is idle, with nothing queued and credits for it, leaves at arrival + latency + the
+serialization, due + the propagation, and that is computed at once in :meth:`arrive` (and for a
+frame from a host when its ``_RECEIVE`` event is the next one due), with every counter,
+credit, arbitration state, statistic and record the event loop leaves: it plays exactly what
+the event loop would play next (the frame's wake-ups would be the first events of the next
+:meth:`run_events`, nothing else being due by then) without pushing and popping them. Its
+end on the wire (input buffer freed, credits back upstream) is played at once too when that
+is in the past and the upstream port has nothing to start, else left to the event loop, as is
+every frame that finds its port busy, a queue, or credits short. So that "what the event loop
+plays next" is the same whoever calls next, :meth:`run_events` plays what is due by the time
+the model has been played to even when called with an earlier time, and :meth:`set_qos`,
+:meth:`set_propagation` and :meth:`credit_loops` first play what is due. The departures are
+the same, in the same order: ``tests/unit/physics/test_live_fastpath.py`` plays random traces
+(light and congested; one, four and eight VLs; a cable cut; tables changed) both ways and
+compares every departure and the whole state after. Between calls the state may differ from
+the event loop's only in being played further: a frame the event loop leaves in a switch's
+pipeline until the next call is through it already.
+
 Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
 and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
@@ -269,8 +290,8 @@ class LivePlane:
         start = t + node.latency_ns
         if start > horizon or start == t or frame.vl15 or node.kind != "ib" or not node.switch:
             return False
-        out_port = frame.dst
-        p = node.ports.get(out_port)  # type: ignore[arg-type]
+        out_port: int = frame.dst  # type: ignore[assignment]  # (the datapath's egress port)
+        p = node.ports.get(out_port)
         pin = node.ports.get(in_port)
         if p is None or pin is None or not pin.up or not p.up or p.in_flight is not None or p.total_bytes \
                 or p.queued or p.busy_until > start:
