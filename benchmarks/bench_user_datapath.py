@@ -278,6 +278,79 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
         done.wait(60)
 
 
+# ------------------------------------------------------------------ the link model alone
+
+def measure_model(fast: bool | None, frames: int = 20_000, gap_ns: int = 1000, delay_ns: int = 20_000) -> dict[str, float]:
+    """``--model-only``: the IB link model (``physics.live.LivePlane``) alone, as the datapath
+    drives it, without sockets or forwarders: the four flows of the benchmark (h0 -> h15 ...,
+    1 KiB frames, 8 data VLs as the ports start), a frame every ``gap_ns`` of emulated time
+    in turn from each sender, each departure towards a switch arriving there ``delay_ns``
+    later (a veth's real latency); CPU seconds of this process per departure."""
+    import heapq
+
+    from ibemu.physics.link import SWITCH_MODELS
+    from ibemu.physics.live import LivePlane
+    from ibemu.physics.model import Frame
+    from ibemu.physics.plan import build_nodes
+    from ibemu.physics.qos import Sl2Vl, VlArb
+    from ibemu.testing.static_routes import assign_lids, minhop_lfts
+    from ibemu.topo import generate
+
+    topo = generate("fat-tree", k=4)
+    nodes = build_nodes(topo, kind="ib", switch=SWITCH_MODELS["ib-edr"])
+    plane = LivePlane(nodes, fast=fast) if fast is not None else LivePlane(nodes)  # None: a tree without it
+    for name, node in nodes.items():
+        for port in node.ports:
+            ins = list(node.ports) if node.switch else [0]
+            plane.set_qos(name, port, data_vls=8, vlarb=VlArb.default(8),
+                          sl2vl={i: Sl2Vl.default(8) for i in ins if i != port})
+    lids = assign_lids(topo)
+    lfts = minhop_lfts(topo, lids)
+    attach = {p.peer[0]: (name, num) for name, node in nodes.items() if node.switch
+              for num, p in node.ports.items() if p.peer and not nodes[p.peer[0]].switch}
+    pending: list[tuple[int, int, str, int, int, int]] = []
+    left = seq = t = 0
+    c0 = time.process_time()
+    for i in range(frames):
+        t += gap_ns
+        while pending and pending[0][0] <= t:
+            pt, _, sw, inp, key, dl = heapq.heappop(pending)
+            plane.arrive(sw, inp, Frame(SIZE + 30, dst=lfts[sw][dl], flow=key, meta=(key, dl)), pt)
+        src, dst = PAIRS[i % len(PAIRS)]
+        sw, inp = attach[src]
+        plane.arrive(sw, inp, Frame(SIZE + 30, dst=lfts[sw][lids[dst]], flow=i, meta=(i, lids[dst])), t)
+        for d in plane.run(t):
+            left += 1
+            peer = nodes[d.switch].ports[d.port].peer
+            if peer and nodes[peer[0]].switch:
+                seq += 1
+                heapq.heappush(pending, (t + delay_ns, seq, peer[0], peer[1], *d.frame.meta))
+    return {"cpu_us_per_departure": (time.process_time() - c0) * 1e6 / max(1, left), "departures": left,
+            "fast_share": getattr(plane, "fast_hops", 0) / max(1, plane.frames_in), "load": os.getloadavg()[0]}
+
+
+def model_only(args: argparse.Namespace) -> None:
+    if args.json:  # (the 'before' tree's runs)
+        print(json.dumps([measure_model(None) for _ in range(args.repeat)]))
+        return
+    rows: dict[str, list[dict[str, float]]] = {}
+    if not args.no_before:
+        with tempfile.TemporaryDirectory(prefix="bench-udp-before-") as tmp:
+            tree = before_tree(args.before, Path(tmp))
+            out = subprocess.run([sys.executable, __file__, "--model-only", "--json", "--repeat", str(args.repeat)],
+                                 env={**os.environ, "PYTHONPATH": str(tree)}, check=True, capture_output=True,
+                                 text=True, cwd=tmp).stdout
+            rows[f"before ({args.before})"] = json.loads(out.strip().splitlines()[-1])
+    rows["event loop only"] = [measure_model(False) for _ in range(args.repeat)]
+    rows["fast path"] = [measure_model(True) for _ in range(args.repeat)]
+    print(f"The IB link model alone (physics.live), the benchmark's four flows of 1 KiB frames over 5 switches, "
+          f"8 data VLs, {args.repeat} runs each (CPU time of this process: the model and this driver)")
+    for name, r in rows.items():
+        loads = ", ".join(f"{x['load']:.1f}" for x in r)
+        print(f"  {name:20} CPU us per departure {fmt(r, 'cpu_us_per_departure', 1):>12}"
+              f"   fast path {fmt(r, 'fast_share', 2)} of the frames   load avg {loads}")
+
+
 # ------------------------------------------------------------------ RoCE
 
 def measure_roce(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
@@ -387,6 +460,8 @@ def main() -> int:
                     help="IB: forward without the link model (the forwarding alone; the datapath always has it)")
     ap.add_argument("--no-handover", action="store_true",
                     help="IB: frames between switches cross their veths (no hand-over in memory)")
+    ap.add_argument("--model-only", action="store_true",
+                    help="IB: the link model alone (no fabric), with its fast path and without")
     ap.add_argument("--blast", help=argparse.SUPPRESS)
     args = ap.parse_args()
     global PROFILE, LINK_MODEL, HANDOVER
@@ -395,6 +470,9 @@ def main() -> int:
     HANDOVER = not args.no_handover
     if args.blast:
         blast(args.blast)
+        return 0
+    if args.model_only:
+        model_only(args)
         return 0
     if os.geteuid() != 0:
         raise SystemExit("needs root (namespaces, veth, packet sockets): sudo")
