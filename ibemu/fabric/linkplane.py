@@ -237,21 +237,31 @@ class LinkPlane(LiveLinks):
             return
         rest: list[Departure] = []
         peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
+        # this call's verdict per sending port: (the peer's list, the header); True: the veth;
+        # False: dropped (the switch is off)
+        ways: dict[tuple[str, int], tuple[list[bytes], bytes] | bool] = {}
         for d in due:
             end = (d.switch, d.port)
-            peer = peers.get(end)
-            if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
+            way = ways.get(end)
+            if way is None:
+                peer = peers.get(end)
+                if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
+                    way = True
+                elif not self._powered(d.switch):
+                    way = False
+                else:
+                    frames = local.get(peer)
+                    if frames is None:
+                        frames = local[peer] = []
+                    way = (frames, self._heads(*end))
+                ways[end] = way
+            if way is True:
                 rest.append(d)
-                continue
-            if not self._powered(d.switch):
-                continue
-            data: bytes = d.frame.meta
-            head = self._heads(*end)
-            frames = local.get(peer)
-            if frames is None:
-                frames = local[peer] = []
-            frames.append(head + data[len(head):] if head else bytes(data))
-            self.sent += 1
+            elif way is not False:
+                frames, head = way
+                data: bytes = d.frame.meta
+                frames.append(head + data[len(head):] if head else bytes(data))
+                self.sent += 1
         if rest:
             super()._send(rest)
 

@@ -240,14 +240,18 @@ class LivePlane:
         model; from a switch it arrives when the model said (its record matched by
         ``frame.flow``, a key the caller derives from the frame's bytes the same way at both
         ends, e.g. its LRH and BTH)."""
-        self.run_events(now)
+        ev = self._events
+        if ev and (ev[0][0] <= now or ev[0][0] <= self.now):  # (run_events' own first test)
+            self.run_events(now)
+        elif now > self.now:
+            self.now = now
         self.frames_in += 1
         port = self.nodes[switch].ports.get(in_port)
         if port is not None and not port.up:  # a straggler on a cable the model has down: lost
             self.drops += 1
             self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
             return
-        peer = self.peer(switch, in_port)
+        peer = None if port is None else port.peer
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
             self._dispatch(src.inject(peer[1], frame, self._clamp(src.name, self.now)))
@@ -417,6 +421,10 @@ class LivePlane:
         ``switch:in_port`` (now and None when there is no record of it)."""
         q = self._flight.get((switch, in_port))
         if q and key is not None:
+            rec = q[0]
+            if rec[0] == key:  # (the usual case: the frame at the head of the cable)
+                q.popleft()
+                return rec[1], rec[2]
             for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
                 if rec[0] == key:
                     for _ in range(i):  # lost on the way: their credits come back
