@@ -95,7 +95,9 @@ the event loop would play next (the frame's wake-ups would be the first events o
 :meth:`run_events`, nothing else being due by then) without pushing and popping them. Its
 end on the wire (input buffer freed, credits back upstream) is played at once too when that
 is in the past and the upstream port has nothing to start, else left to the event loop, as is
-every frame that finds its port busy, a queue, or credits short. So that "what the event loop
+every frame that finds its port busy, a queue, or credits short. A frame from a host onto its
+idle port with credits is put on the host's cable in closed form too (``Node.inject`` and the
+dispatch of its transmission, which the event loop does at once anyway). So that "what the event loop
 plays next" is the same whoever calls next, :meth:`run_events` plays what is due by the time
 the model has been played to even when called with an earlier time, and :meth:`set_qos`,
 :meth:`set_propagation` and :meth:`credit_loops` first play what is due. The departures are
@@ -254,7 +256,9 @@ class LivePlane:
         peer = None if port is None else port.peer
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
-            self._dispatch(src.inject(peer[1], frame, self._clamp(src.name, self.now)))
+            t0 = self._clamp(src.name, self.now)
+            if not (self.fast and self._fast_inject(src, peer[1], frame, t0)):
+                self._dispatch(src.inject(peer[1], frame, t0))
             self._schedule_wake(src.name)
             return
         # The model's arrival, earlier than now by the veth's and the reading's real latency:
@@ -414,6 +418,68 @@ class LivePlane:
         out = unode.credit_return(up[1], vl, nblocks, tu)
         self._schedule_wake(up[0])
         self._dispatch(out)
+        return True
+
+    def _fast_inject(self, host: Node, port: int, frame: Frame, now: int) -> bool:
+        """``Node.inject`` of ``frame`` at ``now`` onto ``host``'s idle ``port`` with nothing
+        queued and credits for it, and the Transmit's dispatch, in closed form: the same
+        state, its arrival at the switch an event as before. False (nothing changed): not that
+        case."""
+        p = host.ports.get(port)
+        if p is None or host.kind != "ib" or frame.vl15 or not p.up or p.in_flight is not None \
+                or p.total_bytes or p.queued or p.busy_until > now or p.peer is None:
+            return False
+        arb = p.arbiter
+        if arb is None or arb.arb.high:
+            return False
+        busy = host._busy
+        if (busy and busy[0][0] <= now) or host._pipeline:
+            return False
+        table = host.sl2vl.get((0, port))  # Node._class_of (a host's input port is 0)
+        vls = host.ib_config[port].data_vls
+        c = table[frame.sl] if table is not None else frame.sl % vls
+        if c >= vls:
+            return False
+        size = frame.size
+        nblocks = -(-size // CREDIT_BYTES)
+        cr = p.credits[c]
+        if cr is not None and cr < nblocks:
+            return False
+        frame.in_port, frame.in_class = -1, -1
+        frame.vl = c
+        counters = p.counters
+        if size > counters.max_queue_bytes:
+            counters.max_queue_bytes = size
+        if not arb.pick_only(c, True):  # the tables never serve it: it waits, as in Node._start
+            p.queues[c].append(frame, 0)
+            p.queued |= 1 << c
+            p.queued_bytes[c] += size
+            p.total_bytes += size
+            if p.waiting_since is None:
+                p.waiting_since = now
+            for v in range(p.vls):
+                if p.queues[v] and v not in p.blocked_since:
+                    p.blocked_since[v] = now
+                    counters.credit_stalls += 1
+            return True
+        if p.waiting_since is not None:
+            counters.xmit_wait_ns += now - p.waiting_since
+            p.waiting_since = None
+        if p.blocked_since:
+            p.blocked_since.pop(c, None)
+        arb._low.remaining -= nblocks  # Arbiter.sent after a choice from the low table
+        arb._high_bytes = arb._high_pkts = 0
+        arb._last = None
+        if cr is not None:
+            p.credits[c] = cr - nblocks
+        link = p.link
+        end = now + link.frame_ns(size)
+        p.busy_until = end
+        p.in_flight = (frame, -1, -1)
+        heapq.heappush(busy, (end, port))
+        counters.xmit_frames += 1
+        counters.xmit_bytes += size
+        self._at(end + link.propagation, _RECEIVE, p.peer[0], p.peer[1], frame)
         return True
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
