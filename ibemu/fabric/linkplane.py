@@ -148,6 +148,8 @@ class LinkPlane(LiveLinks):
         self._local: dict[tuple[str, int], list[bytes]] = {}
         self._depth = 0
         self._draining = False
+        self._held: list[Departure] = []
+        """Departures for the veths while a drain goes on (sent together at its end)."""
         if self._deliver is not None:
             self.check_captures()
         self._decide = decide
@@ -210,7 +212,9 @@ class LinkPlane(LiveLinks):
 
     def drain(self) -> None:
         """Hand the frames due for switches of the plane to them, in order per port, until
-        none is left (what they forward onwards comes back here)."""
+        none is left (what they forward onwards comes back here); what is due for the veths
+        meanwhile (towards hosts, captured cables) goes to the sending thread at the end, in
+        one hand-over (one per pump cost a thread switch each)."""
         self._draining = True
         try:
             while self._local:
@@ -221,6 +225,9 @@ class LinkPlane(LiveLinks):
                         self._deliver(switch, port, frames)
         finally:
             self._draining = False
+        if self._held:
+            held, self._held = self._held, []
+            super()._send(held)
         nxt = self.plane.next_deadline()  # armed afresh: a pump inside may have armed it for at once
         self._armed = nxt
         if nxt is None:
@@ -263,7 +270,10 @@ class LinkPlane(LiveLinks):
                 frames.append(head + data[len(head):] if head else bytes(data))
                 self.sent += 1
         if rest:
-            super()._send(rest)
+            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
+                self._held += rest
+            else:
+                super()._send(rest)
 
     def check_captures(self) -> None:
         """Which switch ports a capture listens on (an ETH_P_ALL socket on the port's device
