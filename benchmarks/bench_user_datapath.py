@@ -211,6 +211,15 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     def forwarded(host: Any) -> int:
         return sum(int(host.nodes[n].agent.forwarder.stats["forwarded"]) for n in lfts)
 
+    def model_backlog(host: Any) -> tuple[int, int]:
+        """Frames waiting in the model's queues (hosts' and switches'), and the arrivals from a
+        switch that found no record of their frame (lost or reordered on the way)."""
+        links = host.links
+        if links is None:
+            return 0, 0
+        queued = sum(len(q) for n in links.plane.nodes.values() for p in n.ports.values() for q in p.queues)
+        return queued, links.plane.unmatched
+
     def model_counts(host: Any) -> tuple[int, int, int, int]:
         """Frames into the link model, of them played by its fast path, handed over in memory
         between switches (0 for a tree without them), and frames the model let leave."""
@@ -266,12 +275,13 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
         after = on_loop(forwarded, host)
         c1, f1 = cpu_s(os.getpid()), cpu_s(os.getpid(), box["tid"])
         m1 = on_loop(model_counts, host)
+        backlog, unmatched = on_loop(model_backlog, host)
         into = max(1, m1[0] - m0[0])
         return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0),
                 "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before),
                 "loop_us_per_hop": (f1 - f0) * 1e6 / max(1, after - before),
                 "fast_share": (m1[1] - m0[1]) / into, "handed_share": (m1[2] - m0[2]) / max(1, m1[3] - m0[3]),
-                "left_per_s": (m1[3] - m0[3]) / (t1 - t0)}
+                "left_per_s": (m1[3] - m0[3]) / (t1 - t0), "backlog": backlog, "unmatched": unmatched}
     finally:
         if "stop" in box:
             trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
@@ -504,7 +514,9 @@ def main() -> int:
                   f"handed over in memory {fmt(a, 'handed_share', 2)} of the frames that left")
             b = results[kind].get("before", [])
             print(f"  {kind} frames the link model let leave switch ports, per second: before {fmt(b, 'left_per_s')}, "
-                  f"after {fmt(a, 'left_per_s')}")
+                  f"after {fmt(a, 'left_per_s')}; left queued in the model at the end: before {fmt(b, 'backlog')}, "
+                  f"after {fmt(a, 'backlog')}; arrivals without a record: before {fmt(b, 'unmatched')}, "
+                  f"after {fmt(a, 'unmatched')}")
         if any("loop_us_per_hop" in x for x in a):
             b = results[kind].get("before", [])
             print(f"  {kind} CPU us per frame-hop of the forwarding thread alone (the agent host's trio loop): "
