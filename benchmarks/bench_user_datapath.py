@@ -52,8 +52,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE_REF = "be6644b"
-"""The last commit with the one-frame-per-recv user datapaths."""
+BEFORE_REF = "fb28488"
+"""The commit before the link model's fast path and the in-memory hand-over between switches
+(``be6644b``: the last one with the one-frame-per-recv user datapaths)."""
 PAIRS = [("h0", "h15"), ("h1", "h14"), ("h2", "h13"), ("h3", "h12")]
 SIZE = 1024
 HOPS = 5
@@ -102,9 +103,10 @@ def blast(spec_path: str) -> None:
     sys.stdout.flush()
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_s(pid: int, tid: int | None = None) -> float:
+    """User + system CPU seconds process ``pid`` has used (all its threads), or its thread ``tid``."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -152,6 +154,8 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
 
 LINK_MODEL = True
 """``--no-link-model``: the IB forwarding alone (see ``measure_ib``)."""
+HANDOVER = True
+"""``--no-handover``: frames between switches cross their veths (see ``measure_ib``)."""
 
 
 def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
@@ -183,6 +187,7 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     state = ownership.RunState(ownership.new_run_id(), scenario="bench-user-datapath")
     rt = FabricRuntime(topo, make_agents=make_agents, datapath="user", state=state, run_dir=tmp,
                        mad_sockets=False)
+    rt.sysfs = False  # as ``ibemu run`` has it: rewriting 36 trees' counters is not forwarding
     lids = assign_lids(topo)
     lfts = minhop_lfts(topo, lids)
     box: dict[str, Any] = {}
@@ -206,6 +211,23 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
     def forwarded(host: Any) -> int:
         return sum(int(host.nodes[n].agent.forwarder.stats["forwarded"]) for n in lfts)
 
+    def model_backlog(host: Any) -> tuple[int, int]:
+        """Frames waiting in the model's queues (hosts' and switches'), and the arrivals from a
+        switch that found no record of their frame (lost or reordered on the way)."""
+        links = host.links
+        if links is None:
+            return 0, 0
+        queued = sum(len(q) for n in links.plane.nodes.values() for p in n.ports.values() for q in p.queues)
+        return queued, links.plane.unmatched
+
+    def model_counts(host: Any) -> tuple[int, int, int, int]:
+        """Frames into the link model, of them played by its fast path, handed over in memory
+        between switches (0 for a tree without them), and frames the model let leave."""
+        links = host.links
+        if links is None:
+            return 0, 0, 0, 0
+        return (links.plane.frames_in, getattr(links.plane, "fast_hops", 0), getattr(links, "handed", 0), links.sent)
+
     async def main() -> None:
         stop = trio.Event()
         box["stop"], box["token"] = stop, trio.lowlevel.current_trio_token()
@@ -213,10 +235,13 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
             box["host"] = host
             await trio.sleep(0.5)  # every carrier seen: ports Init
             program(host)
+            if not HANDOVER and host.links is not None:
+                host.links._deliver = None  # every frame through its veth (the benchmark only)
             ready.set()
             await stop.wait()
 
     def thread_main() -> None:
+        box["tid"] = threading.get_native_id()
         try:
             trio.run(main)
         except BaseException as exc:
@@ -243,17 +268,97 @@ def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
                 0x0A, q, bytes(SIZE), ext=fast.reth(0, 0, SIZE)).hex() for q in range(4)]
             senders.append({"ns": rt.plan.nodes[src].ns, "ifname": pp.ifname, "frames": frames})
         before = on_loop(forwarded, host)
-        c0 = cpu_s(os.getpid())
+        m0 = on_loop(model_counts, host)
+        c0, f0 = cpu_s(os.getpid()), cpu_s(os.getpid(), box["tid"])
         report, t0, t1 = run_blaster(senders, offered, seconds, tmp, os.getpid(), "ib")
         time.sleep(0.3)
         after = on_loop(forwarded, host)
-        c1 = cpu_s(os.getpid())
+        c1, f1 = cpu_s(os.getpid()), cpu_s(os.getpid(), box["tid"])
+        m1 = on_loop(model_counts, host)
+        backlog, unmatched = on_loop(model_backlog, host)
+        into = max(1, m1[0] - m0[0])
         return {"hops_per_s": (after - before) / (t1 - t0), "offered_per_s": report["sent"] / (t1 - t0),
-                "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before)}
+                "cpu_us_per_hop": (c1 - c0) * 1e6 / max(1, after - before),
+                "loop_us_per_hop": (f1 - f0) * 1e6 / max(1, after - before),
+                "fast_share": (m1[1] - m0[1]) / into, "handed_share": (m1[2] - m0[2]) / max(1, m1[3] - m0[3]),
+                "left_per_s": (m1[3] - m0[3]) / (t1 - t0), "backlog": backlog, "unmatched": unmatched}
     finally:
         if "stop" in box:
             trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
         done.wait(60)
+
+
+# ------------------------------------------------------------------ the link model alone
+
+def measure_model(fast: bool | None, frames: int = 20_000, gap_ns: int = 1000, delay_ns: int = 20_000) -> dict[str, float]:
+    """``--model-only``: the IB link model (``physics.live.LivePlane``) alone, as the datapath
+    drives it, without sockets or forwarders: the four flows of the benchmark (h0 -> h15 ...,
+    1 KiB frames, 8 data VLs as the ports start), a frame every ``gap_ns`` of emulated time
+    in turn from each sender, each departure towards a switch arriving there ``delay_ns``
+    later (a veth's real latency); CPU seconds of this process per departure."""
+    import heapq
+
+    from ibemu.physics.link import SWITCH_MODELS
+    from ibemu.physics.live import LivePlane
+    from ibemu.physics.model import Frame
+    from ibemu.physics.plan import build_nodes
+    from ibemu.physics.qos import Sl2Vl, VlArb
+    from ibemu.testing.static_routes import assign_lids, minhop_lfts
+    from ibemu.topo import generate
+
+    topo = generate("fat-tree", k=4)
+    nodes = build_nodes(topo, kind="ib", switch=SWITCH_MODELS["ib-edr"])
+    plane = LivePlane(nodes, fast=fast) if fast is not None else LivePlane(nodes)  # None: a tree without it
+    for name, node in nodes.items():
+        for port in node.ports:
+            ins = list(node.ports) if node.switch else [0]
+            plane.set_qos(name, port, data_vls=8, vlarb=VlArb.default(8),
+                          sl2vl={i: Sl2Vl.default(8) for i in ins if i != port})
+    lids = assign_lids(topo)
+    lfts = minhop_lfts(topo, lids)
+    attach = {p.peer[0]: (name, num) for name, node in nodes.items() if node.switch
+              for num, p in node.ports.items() if p.peer and not nodes[p.peer[0]].switch}
+    pending: list[tuple[int, int, str, int, int, int]] = []
+    left = seq = t = 0
+    c0 = time.process_time()
+    for i in range(frames):
+        t += gap_ns
+        while pending and pending[0][0] <= t:
+            pt, _, sw, inp, key, dl = heapq.heappop(pending)
+            plane.arrive(sw, inp, Frame(SIZE + 30, dst=lfts[sw][dl], flow=key, meta=(key, dl)), pt)
+        src, dst = PAIRS[i % len(PAIRS)]
+        sw, inp = attach[src]
+        plane.arrive(sw, inp, Frame(SIZE + 30, dst=lfts[sw][lids[dst]], flow=i, meta=(i, lids[dst])), t)
+        for d in plane.run(t):
+            left += 1
+            peer = nodes[d.switch].ports[d.port].peer
+            if peer and nodes[peer[0]].switch:
+                seq += 1
+                heapq.heappush(pending, (t + delay_ns, seq, peer[0], peer[1], *d.frame.meta))
+    return {"cpu_us_per_departure": (time.process_time() - c0) * 1e6 / max(1, left), "departures": left,
+            "fast_share": getattr(plane, "fast_hops", 0) / max(1, plane.frames_in), "load": os.getloadavg()[0]}
+
+
+def model_only(args: argparse.Namespace) -> None:
+    if args.json:  # (the 'before' tree's runs)
+        print(json.dumps([measure_model(None) for _ in range(args.repeat)]))
+        return
+    rows: dict[str, list[dict[str, float]]] = {}
+    if not args.no_before:
+        with tempfile.TemporaryDirectory(prefix="bench-udp-before-") as tmp:
+            tree = before_tree(args.before, Path(tmp))
+            out = subprocess.run([sys.executable, __file__, "--model-only", "--json", "--repeat", str(args.repeat)],
+                                 env={**os.environ, "PYTHONPATH": str(tree)}, check=True, capture_output=True,
+                                 text=True, cwd=tmp).stdout
+            rows[f"before ({args.before})"] = json.loads(out.strip().splitlines()[-1])
+    rows["event loop only"] = [measure_model(False) for _ in range(args.repeat)]
+    rows["fast path"] = [measure_model(True) for _ in range(args.repeat)]
+    print(f"The IB link model alone (physics.live), the benchmark's four flows of 1 KiB frames over 5 switches, "
+          f"8 data VLs, {args.repeat} runs each (CPU time of this process: the model and this driver)")
+    for name, r in rows.items():
+        loads = ", ".join(f"{x['load']:.1f}" for x in r)
+        print(f"  {name:20} CPU us per departure {fmt(r, 'cpu_us_per_departure', 1):>12}"
+              f"   fast path {fmt(r, 'fast_share', 2)} of the frames   load avg {loads}")
 
 
 # ------------------------------------------------------------------ RoCE
@@ -335,6 +440,8 @@ def measure_before(kind: str, args: argparse.Namespace) -> list[dict[str, float]
                 "--seconds", str(args.seconds), "--offered", str(args.offered)]
         if args.no_link_model:
             argv.append("--no-link-model")
+        if args.no_handover:
+            argv.append("--no-handover")
         out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, cwd=tmp).stdout
         return list(json.loads(out.strip().splitlines()[-1])[kind])
 
@@ -361,13 +468,21 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, help="py-spy flame graphs of the forwarding process into this folder")
     ap.add_argument("--no-link-model", action="store_true",
                     help="IB: forward without the link model (the forwarding alone; the datapath always has it)")
+    ap.add_argument("--no-handover", action="store_true",
+                    help="IB: frames between switches cross their veths (no hand-over in memory)")
+    ap.add_argument("--model-only", action="store_true",
+                    help="IB: the link model alone (no fabric), with its fast path and without")
     ap.add_argument("--blast", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global PROFILE, LINK_MODEL
+    global PROFILE, LINK_MODEL, HANDOVER
     PROFILE = args.profile
     LINK_MODEL = not args.no_link_model
+    HANDOVER = not args.no_handover
     if args.blast:
         blast(args.blast)
+        return 0
+    if args.model_only:
+        model_only(args)
         return 0
     if os.geteuid() != 0:
         raise SystemExit("needs root (namespaces, veth, packet sockets): sudo")
@@ -392,6 +507,20 @@ def main() -> int:
         loads = ", ".join(f"{x['load']:.1f}" for x in b) + "; " + ", ".join(f"{x['load']:.1f}" for x in a)
         print(f"  {kind:8} {fmt(b):>22} {fmt(a):>18}   {fmt(b, 'cpu_us_per_hop', 1):>18} "
               f"{fmt(a, 'cpu_us_per_hop', 1):>10}   {loads}")
+    for kind in kinds:
+        a = results[kind]["after"]
+        if any("fast_share" in x for x in a):
+            print(f"  {kind} after: link model's fast path {fmt(a, 'fast_share', 2)} of the frames into the model, "
+                  f"handed over in memory {fmt(a, 'handed_share', 2)} of the frames that left")
+            b = results[kind].get("before", [])
+            print(f"  {kind} frames the link model let leave switch ports, per second: before {fmt(b, 'left_per_s')}, "
+                  f"after {fmt(a, 'left_per_s')}; left queued in the model at the end: before {fmt(b, 'backlog')}, "
+                  f"after {fmt(a, 'backlog')}; arrivals without a record: before {fmt(b, 'unmatched')}, "
+                  f"after {fmt(a, 'unmatched')}")
+        if any("loop_us_per_hop" in x for x in a):
+            b = results[kind].get("before", [])
+            print(f"  {kind} CPU us per frame-hop of the forwarding thread alone (the agent host's trio loop): "
+                  f"before {fmt(b, 'loop_us_per_hop', 1)}, after {fmt(a, 'loop_us_per_hop', 1)}")
     print("  frame-hops/s: frames forwarded by all switches per second (target >= 250,000 each);")
     print("  CPU us/hop: CPU time of the forwarding process (all its threads) per frame-hop")
     return 0

@@ -637,9 +637,22 @@ class AgentHost:
             moved: int = forwarder.adapt(frame, ETH_LEN, port, egress, now, load)
             return moved
 
+        def deliver(name: str, port: int, frames: list[bytes]) -> None:  # as if read on its socket
+            rt = self.nodes[name]
+            if rt.powered and port in rt.sockets:
+                self._forward_batch(name, rt, port, frames)
+
+        def carrier(name: str, port: int) -> bool:
+            return self.nodes[name].carrier.get(port, False)
+
+        def where(name: str, port: int) -> tuple[str | None, str]:
+            plan = self.nodes[name].plan
+            return plan.ns, plan.ports[port].ifname
+
         return LinkPlane(nodes, self.switch_model, sockets=sock, heads=head, powered=powered,
                          events=self.events, counts=counts, decide=decide,
-                         adapt=adapt if self.adaptive is not None else None)
+                         adapt=adapt if self.adaptive is not None else None,
+                         deliver=deliver, carrier=carrier, where=where)
 
     def _forward_batch(self, name: str, rt: NodeRuntime, port: int, frames: list[bytes]) -> None:
         """Frames received on a switch's ``port``: the forwarder's fast twin takes the plain

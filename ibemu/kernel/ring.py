@@ -29,14 +29,15 @@ and it would hide a switch's own transmissions from a capture on its port: not u
 
 That floor, ~4 us of kernel and copying per frame and veth, is what a hop costs before any
 decision is taken: 250,000 frame-hops/s would take one of this machine's two CPUs for it
-alone. Hops between two switches of one user datapath need no veth (both ends are in the
-process): handing those frames over in memory would leave one send and one receive per frame
-and path instead of one per hop (on a k=4 fat-tree path, 2 of 10); not done yet (captures
-and carrier changes on inter-switch cables would have to see or stop them).
+alone. Hops between two switches of the IB user datapath need no veth (both ends are in the
+process): ``fabric.linkplane`` hands those frames over in memory, which leaves one send and
+one receive per frame and path instead of one per hop (on a k=4 fat-tree path, 2 of 10),
+except on a cable without carrier or with a capture on it (``packet_taps``, below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import queue
@@ -46,6 +47,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Hashable, Sequence
+
+from ibemu.kernel import netns
+from ibemu.kernel.commands import KernelError
 
 
 @functools.cache
@@ -302,3 +306,23 @@ class RxBatcher:
         lens = _lens_struct(n, self._size, self._len_at).unpack_from(self._lens)
         return [view[off:off + ln].tobytes() for off, ln in zip(range(0, n * RX_FRAME, RX_FRAME), lens, strict=True)]
 
+
+# ---------------------------------------------------------------------- taps
+
+def packet_taps(ns: str | None) -> set[str]:
+    """The devices of namespace ``ns`` (None: this thread's) that an ETH_P_ALL packet socket
+    (a capture: ``tcpdump``, ``fabric.cable_capture``) is bound to, "" for one bound to every
+    device; from the kernel's list of protocol handlers (``/proc/net/ptype``). The user
+    datapaths' own sockets are bound to their ethertype and are not listed. Empty when the
+    namespace is gone."""
+    try:
+        with netns.entered(ns) if ns else contextlib.nullcontext(), open("/proc/thread-self/net/ptype") as f:
+            text = f.read()
+    except (OSError, KernelError):
+        return set()
+    out = set()
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == "ALL":
+            out.add(fields[1] if len(fields) == 3 else "")
+    return out

@@ -84,6 +84,29 @@ the emulated time and :func:`egress_load` of the switch's ports, so the choice s
 queues of that instant, as a switch's adaptive routing does on arrival; it may change
 ``frame.dst`` (``Forwarder.adapt``).
 
+The fast path (``fast``, on unless ties are seeded): a frame from a neighbour switch whose
+way through the switch is already over by the time the model has been played to (its matched
+arrival plus the switch latency, on a live datapath microseconds in the past) and whose egress
+port is idle, with nothing queued and credits for it, leaves at arrival + latency + the
+serialization, due + the propagation, and that is computed at once in :meth:`arrive` (and for a
+frame from a host when its ``_RECEIVE`` event is the next one due), with every counter,
+credit, arbitration state, statistic and record the event loop leaves: it plays exactly what
+the event loop would play next (the frame's wake-ups would be the first events of the next
+:meth:`run_events`, nothing else being due by then) without pushing and popping them. Its
+end on the wire (input buffer freed, credits back upstream) is played at once too when that
+is in the past and the upstream port has nothing to start, else left to the event loop, as is
+every frame that finds its port busy, a queue, or credits short. A frame from a host onto its
+idle port with credits is put on the host's cable in closed form too (``Node.inject`` and the
+dispatch of its transmission, which the event loop does at once anyway). So that "what the event loop
+plays next" is the same whoever calls next, :meth:`run_events` plays what is due by the time
+the model has been played to even when called with an earlier time, and :meth:`set_qos`,
+:meth:`set_propagation` and :meth:`credit_loops` first play what is due. The departures are
+the same, in the same order: ``tests/unit/physics/test_live_fastpath.py`` plays random traces
+(light and congested; one, four and eight VLs; a cable cut; tables changed) both ways and
+compares every departure and the whole state after. Between calls the state may differ from
+the event loop's only in being played further: a frame the event loop leaves in a switch's
+pipeline until the next call is through it already.
+
 Fidelity: per egress port (a cable, one direction), :class:`LinkStats` counts the frames
 and bytes, how late each departure really left (``now`` at the ``run`` that returned it,
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
@@ -104,7 +127,7 @@ from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
-from ibemu.physics.qos import VL15, Sl2Vl, VlArb, blocks
+from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +185,16 @@ class LinkStats:
 class LivePlane:
     """Every node of a fabric's model (``plan.build_nodes``), driven by live frames."""
 
-    def __init__(self, nodes: Mapping[str, Node], *, tie_seed: int | None = None) -> None:
+    def __init__(self, nodes: Mapping[str, Node], *, tie_seed: int | None = None, fast: bool = True) -> None:
         """``tie_seed``: events due at the same ns run in a seeded random order (as in
-        ``physics.sim``) instead of the order they were scheduled in."""
+        ``physics.sim``) instead of the order they were scheduled in. ``fast``: the fast
+        path for frames between switches (module docstring; off: the event loop alone, the
+        same departures)."""
         self.nodes: dict[str, Node] = dict(nodes)
         self._tie = random.Random(tie_seed).random if tie_seed is not None else None
+        self.fast = fast and tie_seed is None
+        """The fast path (not with seeded ties: it skips wake-ups, and each would draw)."""
+        self.fast_hops = 0
         self.now = 0
         """The latest time the model has been played to."""
         self._events: list[tuple[int, float, int, str, Any, Any, Any]] = []
@@ -214,17 +242,23 @@ class LivePlane:
         model; from a switch it arrives when the model said (its record matched by
         ``frame.flow``, a key the caller derives from the frame's bytes the same way at both
         ends, e.g. its LRH and BTH)."""
-        self.run_events(now)
+        ev = self._events
+        if ev and (ev[0][0] <= now or ev[0][0] <= self.now):  # (run_events' own first test)
+            self.run_events(now)
+        elif now > self.now:
+            self.now = now
         self.frames_in += 1
         port = self.nodes[switch].ports.get(in_port)
         if port is not None and not port.up:  # a straggler on a cable the model has down: lost
             self.drops += 1
             self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
             return
-        peer = self.peer(switch, in_port)
+        peer = None if port is None else port.peer
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
-            self._dispatch(src.inject(peer[1], frame, self._clamp(src.name, self.now)))
+            t0 = self._clamp(src.name, self.now)
+            if not (self.fast and self._fast_inject(src, peer[1], frame, t0)):
+                self._dispatch(src.inject(peer[1], frame, t0))
             self._schedule_wake(src.name)
             return
         # The model's arrival, earlier than now by the veth's and the reading's real latency:
@@ -238,16 +272,225 @@ class LivePlane:
         frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
         node = self.nodes[switch]
         t = self._clamp(switch, t)
+        if self.fast and self.adapt is None:
+            ev = self._events
+            horizon = self.now if not ev or ev[0][0] > self.now else ev[0][0] - 1
+            if self._fast_hop(node, in_port, frame, t, vl, horizon):
+                return
         if self.adapt is not None and not frame.vl15:
             self.adapt(switch, in_port, frame, t)
         self._dispatch(node.receive(in_port, frame, t, frame.dst))  # type: ignore[arg-type]
         self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
+
+    def _fast_hop(self, node: Node, in_port: int, frame: Frame, t: int, vl: int, horizon: int) -> bool:
+        """The fast path (module docstring): ``frame``, from a neighbour switch, taken by
+        ``node`` at ``t`` on ``vl``, played through the switch at once in closed form, when
+        the event loop would play exactly that next: its time in the switch's pipeline is
+        over by the time the model has been played to (so its wake-up would be the first
+        event of the next :meth:`run_events`, nothing else being due by then), and its egress
+        port is idle with nothing queued and credits for it (so it leaves when it reaches the
+        port: start ``t`` + latency, end start + serialization, due end + propagation). Every
+        counter, credit, statistic and record is what the event loop leaves; the wake-ups the
+        event loop would push and pop at once are skipped, and the frame's end on the wire
+        (its input buffer freed, credits back upstream) is played at once too when it is in
+        the past, else left to the event loop. False (nothing changed): not that case; the
+        caller takes the event loop's way."""
+        start = t + node.latency_ns
+        if start > horizon or start == t or frame.vl15 or node.kind != "ib" or not node.switch:
+            return False
+        out_port: int = frame.dst  # type: ignore[assignment]  # (the datapath's egress port)
+        p = node.ports.get(out_port)
+        pin = node.ports.get(in_port)
+        if p is None or pin is None or not pin.up or not p.up or p.in_flight is not None or p.total_bytes \
+                or p.queued or p.busy_until > start:
+            return False
+        busy, pipeline = node._busy, node._pipeline
+        if (busy and busy[0][0] <= horizon) or (pipeline and pipeline[0][0] <= horizon):
+            return False  # (never: the node's next deadline has its wake-up among the events)
+        table = node.sl2vl.get((in_port, out_port)) or node.sl2vl.get((0, out_port))  # _class_of
+        vls = node.ib_config[out_port].data_vls
+        c = table[frame.sl] if table is not None else frame.sl % vls
+        if c >= vls:
+            return False  # discarded (PortXmitDiscards): the event loop's way
+        size = frame.size
+        nblocks = -(-size // CREDIT_BYTES)
+        cr = p.credits[c]
+        if cr is not None and cr < nblocks:
+            return False
+        # --- receive (Node.receive without the pipeline)
+        pc = pin.counters
+        pc.rcv_frames += 1
+        pc.rcv_bytes += size
+        frame.in_port, frame.in_class = in_port, vl
+        key = (in_port, vl)
+        ingress_bytes, ingress_blocks = node.ingress_bytes, node.ingress_blocks
+        ingress_bytes[key] = ingress_bytes.get(key, 0) + size
+        cfg = node.ib_config.get(in_port)
+        if cfg is not None:
+            held = ingress_blocks.get(key, 0) + nblocks
+            ingress_blocks[key] = held
+            if held > cfg.buffer_bytes // 64:
+                pc.buffer_overruns += 1
+        # --- the wake-up at ``start``: into the egress queue (Node._enqueue), picked (Node._start)
+        frame.vl = c
+        counters = p.counters
+        if size > counters.max_queue_bytes:
+            counters.max_queue_bytes = size
+        arb = p.arbiter
+        assert arb is not None
+        if (arb.pick(_ready, 1 << c) is None if arb.arb.high else not arb.pick_only(c, True)):
+            # the tables never serve it: it waits, as in Node._start
+            p.queues[c].append(frame, in_port)
+            p.queued |= 1 << c
+            p.queued_bytes[c] += size
+            p.total_bytes += size
+            if p.waiting_since is None:
+                p.waiting_since = start
+            for v in range(p.vls):
+                if p.queues[v] and v not in p.blocked_since:
+                    p.blocked_since[v] = start
+                    counters.credit_stalls += 1
+            self._last[node.name] = start
+            self.fast_hops += 1
+            return True
+        if p.waiting_since is not None:
+            counters.xmit_wait_ns += start - p.waiting_since
+            p.waiting_since = None
+        if p.blocked_since:
+            p.blocked_since.pop(c, None)
+        if arb._last == "low":  # Arbiter.sent, as the arbiter's last choice was its low table's
+            arb._low.remaining -= nblocks
+            arb._high_bytes = arb._high_pkts = 0
+            arb._last = None
+        else:
+            arb.sent(c, size)
+        if cr is not None:
+            p.credits[c] = cr - nblocks
+        link = p.link
+        end = start + link.frame_ns(size)
+        due = end + link.propagation
+        p.busy_until = end
+        counters.xmit_frames += 1
+        counters.xmit_bytes += size
+        name = node.name
+        if end > horizon:  # its end is the event loop's (Node._finish at a wake-up)
+            p.in_flight = (frame, in_port, vl)
+            heapq.heappush(busy, (end, out_port))
+            self._last[name] = start
+            self._schedule_wake(name)
+        # --- the departure (as _dispatch records a Transmit)
+        heapq.heappush(self._due, (due, next(self._seq), Departure(name, out_port, frame, due, start, end)))
+        peer = p.peer
+        if peer is not None:
+            pnode = self.nodes.get(peer[0])
+            if pnode is not None and pnode.switch:
+                q = self._flight.get(peer)
+                if q is None:
+                    q = self._flight[peer] = deque()
+                q.append((frame.flow, due, c, nblocks))
+        self.fast_hops += 1
+        if end > horizon:
+            return True
+        # --- its end on the wire, in the past too (Node._finish, Node._release): the input
+        # buffer freed, the credits on their way back upstream
+        self._last[name] = end
+        ingress_bytes[key] -= size
+        if key in ingress_blocks:
+            ingress_blocks[key] -= nblocks
+        up = pin.peer
+        if up is None or up[0] not in self.nodes:
+            return True
+        at = end + pin.link.propagation
+        if at > horizon:
+            self._at(at, _CREDIT, up[0], up[1], vl, nblocks)
+            return True
+        unode = self.nodes[up[0]]
+        tu = self._clamp(up[0], at)
+        uport = unode.ports[up[1]]
+        ubusy, upipe = unode._busy, unode._pipeline
+        if uport.up and not uport.total_bytes and not (ubusy and ubusy[0][0] <= tu) \
+                and not (upipe and upipe[0][0] <= tu):
+            ucr = uport.credits[vl]  # Node.credit_return with nothing to start
+            if ucr is not None:
+                uport.credits[vl] = ucr + nblocks
+            uport.last_credit_ns[vl] = tu
+            return True
+        out = unode.credit_return(up[1], vl, nblocks, tu)
+        self._schedule_wake(up[0])
+        self._dispatch(out)
+        return True
+
+    def _fast_inject(self, host: Node, port: int, frame: Frame, now: int) -> bool:
+        """``Node.inject`` of ``frame`` at ``now`` onto ``host``'s idle ``port`` with nothing
+        queued and credits for it, and the Transmit's dispatch, in closed form: the same
+        state, its arrival at the switch an event as before. False (nothing changed): not that
+        case."""
+        p = host.ports.get(port)
+        if p is None or host.kind != "ib" or frame.vl15 or not p.up or p.in_flight is not None \
+                or p.total_bytes or p.queued or p.busy_until > now or p.peer is None:
+            return False
+        arb = p.arbiter
+        if arb is None or arb.arb.high:
+            return False
+        busy = host._busy
+        if (busy and busy[0][0] <= now) or host._pipeline:
+            return False
+        table = host.sl2vl.get((0, port))  # Node._class_of (a host's input port is 0)
+        vls = host.ib_config[port].data_vls
+        c = table[frame.sl] if table is not None else frame.sl % vls
+        if c >= vls:
+            return False
+        size = frame.size
+        nblocks = -(-size // CREDIT_BYTES)
+        cr = p.credits[c]
+        if cr is not None and cr < nblocks:
+            return False
+        frame.in_port, frame.in_class = -1, -1
+        frame.vl = c
+        counters = p.counters
+        if size > counters.max_queue_bytes:
+            counters.max_queue_bytes = size
+        if not arb.pick_only(c, True):  # the tables never serve it: it waits, as in Node._start
+            p.queues[c].append(frame, 0)
+            p.queued |= 1 << c
+            p.queued_bytes[c] += size
+            p.total_bytes += size
+            if p.waiting_since is None:
+                p.waiting_since = now
+            for v in range(p.vls):
+                if p.queues[v] and v not in p.blocked_since:
+                    p.blocked_since[v] = now
+                    counters.credit_stalls += 1
+            return True
+        if p.waiting_since is not None:
+            counters.xmit_wait_ns += now - p.waiting_since
+            p.waiting_since = None
+        if p.blocked_since:
+            p.blocked_since.pop(c, None)
+        arb._low.remaining -= nblocks  # Arbiter.sent after a choice from the low table
+        arb._high_bytes = arb._high_pkts = 0
+        arb._last = None
+        if cr is not None:
+            p.credits[c] = cr - nblocks
+        link = p.link
+        end = now + link.frame_ns(size)
+        p.busy_until = end
+        p.in_flight = (frame, -1, -1)
+        heapq.heappush(busy, (end, port))
+        counters.xmit_frames += 1
+        counters.xmit_bytes += size
+        self._at(end + link.propagation, _RECEIVE, p.peer[0], p.peer[1], frame)
+        return True
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
         """The model's arrival time and VL of the frame ``key`` on the cable into
         ``switch:in_port`` (now and None when there is no record of it)."""
         q = self._flight.get((switch, in_port))
         if q and key is not None:
+            rec = q[0]
+            if rec[0] == key:  # (the usual case: the frame at the head of the cable)
+                q.popleft()
+                return rec[1], rec[2]
             for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
                 if rec[0] == key:
                     for _ in range(i):  # lost on the way: their credits come back
@@ -318,9 +561,14 @@ class LivePlane:
         return t
 
     def run_events(self, now: int) -> None:
-        """Play the model's events due by ``now`` (not the departures)."""
+        """Play the model's events due by ``now`` (not the departures), or by the time the
+        model has been played to if that is later (events a frame taken back in time put
+        there since: :meth:`arrive`)."""
+        if now < self.now:
+            now = self.now
         ev = self._events
         nodes = self.nodes
+        fast = self.fast and self.adapt is None
         while ev and ev[0][0] <= now:
             t, _, what, name, a, b, c = heapq.heappop(ev)
             if t > self.now:
@@ -335,6 +583,9 @@ class LivePlane:
                     self.redecide(name, a, b)  # from a host: the switch looks its LFT up now
                     self.redecided += 1
                 tn = self._clamp(name, t)
+                if fast and self._fast_hop(node, a, b, tn, b.vl,
+                                           now if not ev or ev[0][0] > now else ev[0][0] - 1):
+                    continue
                 if self.adapt is not None and not b.vl15:
                     self.adapt(name, a, b, tn)
                 out = node.receive(a, b, tn, b.dst)
@@ -386,6 +637,7 @@ class LivePlane:
 
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
         """Credit loops among the switches now (``deadlock.find_credit_loops``)."""
+        self.run_events(self.now)
         return find_credit_loops({n: node for n, node in self.nodes.items() if node.switch}, self.now, stall_ns)
 
     def _ends(self, name: str, port: int) -> list[Port]:
@@ -475,6 +727,7 @@ class LivePlane:
         operates, its VL arbitration, the SL -> VL map of each input port towards it (a host:
         input port 0). Credits of a VL newly operated at both ends of the cable start full;
         VLs no longer operated get none (what they still hold drains by their credits)."""
+        self.run_events(self.now)  # what was due before the change is played with the old tables
         node = self.nodes[name]
         p = node.ports[port]
         cfg = node.ib_config[port]
@@ -500,6 +753,7 @@ class LivePlane:
 
     def set_propagation(self, switch: str, port: int, propagation_ns: float) -> None:
         """Change the delay of the cable ``switch:port`` sends on (a fault's injected delay)."""
+        self.run_events(self.now)
         p = self.nodes[switch].ports[port]
         p.link = replace(p.link, propagation_ns=float(propagation_ns))
 
@@ -592,6 +846,11 @@ class LivePlane:
             return
         self._wake[name] = t
         heapq.heappush(self._events, (t, self._order(), _WAKE, name, None, None, None))
+
+
+def _ready(vl: int) -> bool:
+    """``EgressPort._ready`` for the fast path's one queued frame, whose credits it checked."""
+    return True
 
 
 def egress_load(node: Node, port: int) -> int:

@@ -354,8 +354,13 @@ class EgressPort:
                 if self._ready(c):
                     return c
             return None
-        assert self.arbiter is not None
-        return self.arbiter.pick(self._ready, self.queued)
+        arb = self.arbiter
+        assert arb is not None
+        q = self.queued
+        if q and not q & (q - 1) and not arb.arb.high and q != 1 << VL15:  # one data VL queued
+            vl = q.bit_length() - 1
+            return vl if arb.pick_only(vl, self._ready(vl)) else None
+        return arb.pick(self._ready, q)
 
 
 class Node:
