@@ -5,6 +5,13 @@
 Attaches as the SM (IsSM) to the MAD socket of the host in namespace ``--ns`` (the sockets
 are made inside that namespace; this process stays where it is), brings the subnet up and
 keeps it up until SIGTERM/SIGINT. Events go to ``--events`` as JSON lines.
+
+With ``--direct`` and the process on CPUs of its own (as ``ibemu run`` places it), the far end
+of its cable steers what it receives (RPS, ``kernel.steer``) to the other CPUs: each SMP's
+trip through the fabric and back, the kernel's share, then runs there instead of inside the
+SM's ``send`` (``IBEMU_SM_STEER=0`` turns that off). The setting is taken back at a clean
+exit; it goes with the cable otherwise. It applies to everything the host sends on that
+cable, its traffic too.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import trio
 from ibemu import lagmon
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
+from ibemu.kernel import steer
+from ibemu.kernel.commands import KernelError
 from ibemu.kernel.timerfd import run_trio
 from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
@@ -130,6 +139,39 @@ def check_dump_dir(value: str | None) -> None:
         raise SystemExit(f"--dump-dir {value}: not writable")
 
 
+class _Steering:
+    """The SM port's far end steered to the CPUs this process is not on (see the docstring)."""
+
+    def __init__(self, ns: str | None, ifname: str) -> None:
+        self.ns, self.ifname = ns, ifname
+        self.peer: tuple[str | None, str] | None = None
+
+    async def start(self, port: DirectPort) -> None:
+        if os.environ.get(steer.ENV, "1") == "0":
+            return
+        cpus = steer.other_cpus()  # this thread's CPUs: where ``ibemu run`` placed the process
+        if not cpus:
+            log.info("not on CPUs of its own: the SM's SMPs are not steered")
+            return
+        try:
+            where, peer, queues = await trio.to_thread.run_sync(steer.steer_peer, self.ns, self.ifname, cpus)
+        except (KernelError, OSError, ValueError) as exc:
+            log.warning("cannot steer the SM's cable %s: %s", self.ifname, exc)
+            return
+        self.peer = (where, peer)
+        port.stats["steered_queues"] = queues
+        port.stats["steered_cpu_mask"] = int(steer.mask(cpus), 16)
+        log.info("SMPs sent on %s are carried by CPUs %s (RPS of %s/%s)", self.ifname, cpus, where, peer)
+
+    def undo(self) -> None:
+        if self.peer is None:
+            return
+        try:
+            steer.set_rps(*self.peer, [])
+        except (KernelError, OSError) as exc:  # the fabric (and the cable) may be gone already
+            log.debug("steering of %s not taken back: %s", self.peer, exc)
+
+
 async def amain(args: argparse.Namespace) -> int:
     qos = partitions = None
     if args.qos:  # imported only when given (start-up)
@@ -152,12 +194,15 @@ async def amain(args: argparse.Namespace) -> int:
                    poll_interval_s=args.poll_interval, poll_retries=args.poll_retries)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
+    steering = _Steering(args.ns, parse_direct(args.direct)[0]) if args.direct else None
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
                 if isinstance(port, DirectPort):
                     await n.start(port.serve)
+                    if steering is not None:
+                        n.start_soon(steering.start, port)
                 n.start_soon(sm.serve)
                 n.start_soon(lagmon.watch_from_env, "sm")  # in a run: its lag behind the clock
 
@@ -175,6 +220,8 @@ async def amain(args: argparse.Namespace) -> int:
         events.close()
         if isinstance(port, DirectPort):
             port.close()
+        if steering is not None:
+            steering.undo()
         client.close()
     return 0
 
