@@ -7,9 +7,10 @@ are made inside that namespace; this process stays where it is), brings the subn
 keeps it up until SIGTERM/SIGINT. Events go to ``--events`` as JSON lines.
 
 With ``--direct`` and the process on CPUs of its own (as ``ibemu run`` places it), the far end
-of its cable steers what it receives (RPS, ``kernel.steer``) to the other CPUs: each SMP's
-trip through the fabric and back, the kernel's share, then runs there instead of inside the
-SM's ``send`` (``IBEMU_SM_STEER=0`` turns that off). The setting is taken back at a clean
+of its cable steers what it receives (RPS, ``kernel.steer``) to the other CPUs once the subnet
+is up: each SMP's trip through the fabric and back, the kernel's share, then runs there
+instead of inside the SM's ``send`` (``IBEMU_SM_STEER=0`` turns that off). Not during the
+cold sweep: the agents, on the other CPU, answer its PortInfo Sets and are what it waits for. The setting is taken back at a clean
 exit; it goes with the cable otherwise. It applies to everything the host sends on that
 cable, its traffic too.
 """
@@ -146,9 +147,12 @@ class _Steering:
         self.ns, self.ifname = ns, ifname
         self.peer: tuple[str | None, str] | None = None
 
-    async def start(self, port: DirectPort) -> None:
+    async def start(self, port: DirectPort, up: trio.Event) -> None:
+        """Once the subnet is up: during a cold sweep the agents' CPU is the one that
+        answers (PortInfo Sets are the agents'), and the SM's is the one waiting."""
         if os.environ.get(steer.ENV, "1") == "0":
             return
+        await up.wait()
         cpus = steer.other_cpus()  # this thread's CPUs: where ``ibemu run`` placed the process
         if not cpus:
             log.info("not on CPUs of its own: the SM's SMPs are not steered")
@@ -202,7 +206,7 @@ async def amain(args: argparse.Namespace) -> int:
                 if isinstance(port, DirectPort):
                     await n.start(port.serve)
                     if steering is not None:
-                        n.start_soon(steering.start, port)
+                        n.start_soon(steering.start, port, sm.up)
                 n.start_soon(sm.serve)
                 n.start_soon(lagmon.watch_from_env, "sm")  # in a run: its lag behind the clock
 
