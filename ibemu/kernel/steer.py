@@ -14,14 +14,18 @@ mask should name the CPUs to use, not the ones to avoid.
 
 ``peer_of`` finds the far end (namespace and name) from the near end's link attributes;
 ``set_rps`` writes the mask of every receive queue of an interface (in its namespace, through
-``ip netns exec``, which mounts that namespace's sysfs). The setting goes with the interface.
+``ip netns exec``, which mounts that namespace's sysfs); ``RpsControl`` keeps one shell there
+to change it often and at once. The setting goes with the interface.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import shutil
+import subprocess
 from collections.abc import Iterable
 
 from ibemu.kernel import commands
@@ -105,3 +109,60 @@ def steer_peer(ns: str | None, ifname: str, cpus: Iterable[int]) -> tuple[str | 
     """``set_rps`` on the far end of veth ``ifname``: (its namespace, its name, queues set)."""
     where, peer = peer_of(ns, ifname)
     return where, peer, set_rps(where, peer, cpus)
+
+
+def _which(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if path is None:
+        raise KernelError(f"`{name}` not found")
+    return path
+
+
+class RpsControl:
+    """Turns the steering of one interface on and off at once, as often as asked: one shell
+    in the interface's namespace (``ip netns exec``, started once) writes each mask it is
+    given (~0.1 ms a change instead of ~20 ms for a new process). ``close`` ends it."""
+
+    def __init__(self, ns: str | None, ifname: str) -> None:
+        if "/" in ifname or ifname in (".", ".."):
+            raise ValueError(f"interface name {ifname!r}")
+        script = ('while read -r m; do n=0; for f in /sys/class/net/"$1"/queues/rx-*/rps_cpus; do '
+                  'echo "$m" > "$f" || break; n=$((n+1)); done; echo "$n"; done')
+        argv = ["sh", "-c", script, "sh", ifname]
+        argv = ["ip", "netns", "exec", ns, *argv] if ns else argv
+        argv[0] = _which(argv[0])
+        self.where = f"{ns}/{ifname}"
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self.cpus: tuple[int, ...] | None = None
+
+    def set(self, cpus: Iterable[int]) -> int:
+        """Steer to ``cpus`` (empty: no steering); returns the queues set."""
+        want = tuple(sorted(cpus))
+        if self.proc.stdin is None or self.proc.stdout is None or self.proc.poll() is not None:
+            raise KernelError(f"steering of {self.where}: its shell is gone")
+        try:
+            self.proc.stdin.write(mask(want) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError as exc:
+            raise KernelError(f"steering of {self.where}: {exc}") from None
+        if not line.strip().isdigit() or not int(line):
+            raise KernelError(f"steering of {self.where}: no receive queue written")
+        self.cpus = want
+        return int(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                if self.proc.stdin is not None:
+                    self.proc.stdin.close()
+            try:
+                self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stdin):
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()

@@ -7,10 +7,12 @@ are made inside that namespace; this process stays where it is), brings the subn
 keeps it up until SIGTERM/SIGINT. Events go to ``--events`` as JSON lines.
 
 With ``--direct`` and the process on CPUs of its own (as ``ibemu run`` places it), the far end
-of its cable steers what it receives (RPS, ``kernel.steer``) to the other CPUs once the subnet
-is up: each SMP's trip through the fabric and back, the kernel's share, then runs there
-instead of inside the SM's ``send`` (``IBEMU_SM_STEER=0`` turns that off). Not during the
-cold sweep: the agents, on the other CPU, answer its PortInfo Sets and are what it waits for. The setting is taken back at a clean
+of its cable steers what it receives (RPS, ``kernel.steer``) to the other CPUs while the SMPs
+are the kernel's to answer (``SubnetManager.offload``: a heavy sweep's Gets and LFT Sets, and
+everything once the subnet is up): each SMP's trip through the fabric and back then runs
+there instead of inside the SM's ``send`` (``IBEMU_SM_STEER=0`` turns that off). Not while
+the agents answer (a heavy sweep's PortInfo, P_Key and SwitchInfo Sets): they run on that
+other CPU, and are what the SM waits for then. The setting is taken back at a clean
 exit; it goes with the cable otherwise. It applies to everything the host sends on that
 cable, its traffic too.
 """
@@ -18,12 +20,14 @@ cable, its traffic too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import logging
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import Callable
 from typing import cast
 
@@ -141,39 +145,61 @@ def check_dump_dir(value: str | None) -> None:
 
 
 class _Steering:
-    """The SM port's far end steered to the CPUs this process is not on (see the docstring)."""
+    """The far end of the SM's cable steered to the CPUs this process is not on while the
+    SMPs are the kernel's to answer (``SubnetManager.offload``; see the module docstring)."""
 
     def __init__(self, ns: str | None, ifname: str) -> None:
         self.ns, self.ifname = ns, ifname
-        self.peer: tuple[str | None, str] | None = None
+        self.ctl: steer.RpsControl | None = None
+        self.cpus: list[int] = []
+        self.want = False
+        self.stats: Counter[str] | None = None
 
-    async def start(self, port: DirectPort, up: trio.Event) -> None:
-        """Once the subnet is up: during a cold sweep the agents' CPU is the one that
-        answers (PortInfo Sets are the agents'), and the SM's is the one waiting."""
+    async def start(self, port: DirectPort) -> None:
         if os.environ.get(steer.ENV, "1") == "0":
             return
-        await up.wait()
         cpus = steer.other_cpus()  # this thread's CPUs: where ``ibemu run`` placed the process
         if not cpus:
             log.info("not on CPUs of its own: the SM's SMPs are not steered")
             return
         try:
-            where, peer, queues = await trio.to_thread.run_sync(steer.steer_peer, self.ns, self.ifname, cpus)
+            self.ctl = await trio.to_thread.run_sync(self._open)
         except (KernelError, OSError, ValueError) as exc:
             log.warning("cannot steer the SM's cable %s: %s", self.ifname, exc)
             return
-        self.peer = (where, peer)
-        port.stats["steered_queues"] = queues
-        port.stats["steered_cpu_mask"] = int(steer.mask(cpus), 16)
-        log.info("SMPs sent on %s are carried by CPUs %s (RPS of %s/%s)", self.ifname, cpus, where, peer)
+        self.cpus, self.stats = cpus, port.stats
+        port.stats["steer_cpu_mask"] = int(steer.mask(cpus), 16)
+        log.info("SMPs sent on %s can be carried by CPUs %s (%s)", self.ifname, cpus, self.ctl.where)
+        self._apply()
+
+    def _open(self) -> steer.RpsControl:
+        return steer.RpsControl(*steer.peer_of(self.ns, self.ifname))
+
+    def offload(self, kernel: bool) -> None:
+        """``SubnetManager.offload``: steer while the kernel answers."""
+        if kernel != self.want:
+            self.want = kernel
+            if self.ctl is not None:
+                self._apply()
+
+    def _apply(self) -> None:
+        assert self.ctl is not None
+        try:
+            self.ctl.set(self.cpus if self.want else [])
+        except KernelError as exc:
+            log.warning("steering stopped: %s", exc)
+            self.ctl.close()
+            self.ctl = None
+            return
+        if self.stats is not None:
+            self.stats["steer_changes"] += 1
 
     def undo(self) -> None:
-        if self.peer is None:
+        if self.ctl is None:
             return
-        try:
-            steer.set_rps(*self.peer, [])
-        except (KernelError, OSError) as exc:  # the fabric (and the cable) may be gone already
-            log.debug("steering of %s not taken back: %s", self.peer, exc)
+        with contextlib.suppress(KernelError):  # the fabric (and the cable) may be gone already
+            self.ctl.set([])
+        self.ctl.close()
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -206,7 +232,8 @@ async def amain(args: argparse.Namespace) -> int:
                 if isinstance(port, DirectPort):
                     await n.start(port.serve)
                     if steering is not None:
-                        n.start_soon(steering.start, port, sm.up)
+                        sm.offload = steering.offload
+                        n.start_soon(steering.start, port)
                 n.start_soon(sm.serve)
                 n.start_soon(lagmon.watch_from_env, "sm")  # in a run: its lag behind the clock
 

@@ -99,3 +99,28 @@ def test_send_many_refuses_what_is_not_a_socket() -> None:
     s.close()
     with pytest.raises(OSError):
         mmsg.send_many(s, [b"x"])
+
+
+def test_rps_control_changes_the_steering_at_once_until_closed(run_state: ownership.RunState) -> None:
+    _a, b, links = _pair(run_state)
+    ctl = steer.RpsControl(b, "q7")
+    try:
+        t0 = time.monotonic()
+        for _ in range(5):
+            assert ctl.set([0]) >= 1
+            assert ctl.set([]) >= 1
+        assert time.monotonic() - t0 < 1.0
+        assert ctl.set([0]) >= 1 and ctl.cpus == (0,)
+        assert set(_rps(b, "q7")) == {"1"}
+        ctl.set([])
+        assert set(_rps(b, "q7")) == {"0"}
+        ctl.close()
+        with pytest.raises(KernelError, match="gone"):
+            ctl.set([0])
+        bad = steer.RpsControl(b, "nosuch0")
+        with pytest.raises(KernelError, match="no receive queue"):
+            bad.set([0])
+        bad.close()
+    finally:
+        ctl.close()
+        links.close()
