@@ -21,9 +21,12 @@ SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``).
 package imported (and the SM process's) is the one on PYTHONPATH, so the same script
 measures another checkout. ``--sm-port umad own`` runs each measurement with the SM's SMPs
 through the agent host's MAD socket and then on the SM's own packet socket (``sm.directport``,
-what ``ibemu run`` uses), side by side.
+what ``ibemu run`` uses), side by side. The fabric writes no per-node sysfs trees, as
+``ibemu run`` has it (``--sysfs``: it does, rewriting them after every port state change in a
+worker thread). ``IBEMU_SM_STEER=0`` in the environment measures the SM without steering its
+cable's far end (see ``python -m ibemu.sm``).
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
-     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm] [--sm-port umad own]
+     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm] [--sm-port umad own] [--sysfs]
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ round trips waited behind whatever it was doing.
 - **send**: a directed-route SMP that leaves the host (HopCount >= 1, DrSLID permissive,
   InitialPath[1] = our port) or a LID-routed SMP to another LID is framed here (LRH on VL15,
   BTH/DETH to QP0, ICRC, VCRC; ``wire.madpacket.frame_mad``, the framing the CA agent uses)
-  and written to the HCA veth in the SM host's namespace. Everything else (HopCount 0 and
+  and written to the HCA veth in the SM host's namespace; a batch (``send_many_nowait``,
+  what ``Transport.submit`` hands over) as one ``sendmmsg`` per run of frames
+  (``kernel.mmsg``). Everything else (HopCount 0 and
   loopback to our own LID, which the local SMA answers; DR SMPs with a LID-routed part; GSI
   classes) goes through the MAD socket as before.
 - **receive**: a packet socket on the same veth with a classic BPF filter

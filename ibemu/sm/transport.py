@@ -30,7 +30,10 @@ port's ``send_nowait``: the SM's own packet socket, the MAD socket), and each ca
 ``on_done`` runs from the receive task as its answer is matched, or from the timer task when
 its last attempt times out (retries, TIDs, the window and ``stats`` as for ``request``). A
 k=8 reroute's LFT Sets cost 38-41 us of CPU each this way against 83-90 us as a task each
-through ``request`` (``benchmarks/bench_sm_reroute_cpu.py``, load ~9).
+through ``request`` (``benchmarks/bench_sm_reroute_cpu.py``, load ~9). A port that also has
+``send_many_nowait`` (the SM's own port: one ``sendmmsg`` per call, ``kernel.mmsg``) is handed
+what ``submit`` frames ``burst`` (8) datagrams at a time: a system call per burst instead of
+one per SMP, and the first Sets are on their way while the rest are framed.
 """
 
 from __future__ import annotations
