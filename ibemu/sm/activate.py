@@ -6,8 +6,8 @@ parallel within the transport's window, starting from the attribute as last read
 move one step per Set: every port to Armed first, then every port to Active, so both ends of
 a link are within one step of each other.
 
-Each step is one batch of calls (``Transport.submit``): no task per SMP, the window's worth
-framed and sent in one pass. A LID-routed PortInfo Set that goes unanswered after its
+Each step is one batch of calls (``Transport.submit``): no task per SMP, ``AGENT_WINDOW`` of
+them in flight (the agents answer these Sets one at a time), each answer starting the next. A LID-routed PortInfo Set that goes unanswered after its
 retries is sent again by directed route from its callback, at once, as the task per Set
 did before (k=8: the 0.5-0.85 s of activation in a cold bring-up were mostly that task per
 SMP; ``benchmarks/bench_sm.py``).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import struct
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
@@ -43,42 +44,76 @@ log = logging.getLogger(__name__)
 DEFAULT_PKEY = 0xFFFF  # the default partition, full member
 
 
-class _Batch:
-    """Calls submitted together (``Transport.submit``) and waited for by one task; a call's
-    ``on_done`` may ``add`` more (a fallback), which the same wait covers."""
+AGENT_WINDOW = 32
+"""Sets of one batch in flight at once. The agents answer PortInfo, SwitchInfo and P_Key Sets
+one at a time (~250 us each on the agent host's CPU, the kernel SMA passes them up): more in
+flight only queue there, and with the transport's whole window (128) the last of them waited
+for 127 others, past its timeout once the machine was loaded (k=8 bring-ups with 450-1,040
+retries at load ~10, ``benchmarks/bench_sm.py``)."""
 
-    def __init__(self, transport: Transport) -> None:
+
+class _Batch:
+    """Calls submitted together (``Transport.submit``, ``limit`` in flight at a time, each
+    that ends starting the next) and waited for by one task; a call's ``on_done`` may
+    ``start`` more (a fallback), which the same wait covers."""
+
+    def __init__(self, transport: Transport, limit: int | None = None) -> None:
         self.transport = transport
         self.calls: list[Call] = []
+        self.limit = max(1, AGENT_WINDOW if limit is None else limit)
+        self._queue: deque[Call] = deque()
+        self._in_flight = 0
         self._left = 0
         self._done = trio.Event()
 
     def call(self, req: Request | bytes, on_done: Callable[[Reply | None], None]) -> Call:
-        """A call whose end this batch counts (``add`` or ``start`` it)."""
+        """A call whose end this batch counts (``start`` it, or give it to ``run``)."""
         c = Call(req, functools.partial(self._ended, on_done))
         self.calls.append(c)
         self._left += 1
         return c
 
+    def start(self, calls: Iterable[Call]) -> None:
+        """Send ``calls`` as the batch's limit allows (the rest as earlier ones end)."""
+        self._queue.extend(calls)
+        room: list[Call] = []
+        while self._queue and self._in_flight < self.limit:
+            room.append(self._queue.popleft())
+            self._in_flight += 1
+        if room:
+            self.transport.submit(room)
+
     def _ended(self, on_done: Callable[[Reply | None], None], reply: Reply | None) -> None:
+        self._in_flight -= 1
         try:
             on_done(reply)
         finally:
             self._left -= 1
             if not self._left:
                 self._done.set()
+            elif self._queue:
+                self.start(())
 
     async def run(self, first: list[Call]) -> None:
-        """Submit ``first`` in one pass and wait for every call of the batch; cancelled, the
-        calls still in flight are forgotten."""
+        """Start ``first`` and wait for every call of the batch; cancelled, the calls still in
+        flight or queued are forgotten."""
         if not self._left:
             return
-        self.transport.submit(first)
+        self.start(first)
         try:
             await self._done.wait()
         finally:
+            self._queue.clear()
             for c in self.calls:
                 self.transport.cancel(c)
+
+
+async def _request_many(transport: Transport, mads: list[bytes]) -> list[Reply | None]:
+    """``Transport.request_many`` with at most ``AGENT_WINDOW`` in flight: Sets the agents answer."""
+    out: list[Reply | None] = [None] * len(mads)
+    batch = _Batch(transport)
+    await batch.run([batch.call(m, functools.partial(out.__setitem__, i)) for i, m in enumerate(mads)])
+    return out
 
 
 async def _set_ports(disc: Discovery, todo: list[tuple[End, bytes]], *, lid_routed: bool = False) -> int:
@@ -108,7 +143,7 @@ async def _set_ports(disc: Discovery, todo: list[tuple[End, bytes]], *, lid_rout
             finish(node, end, r)
             return
         tr.stats["lid_routed_fallback"] += 1
-        tr.submit((directed(node, end, data),))
+        batch.start((directed(node, end, data),))
 
     first: list[Call] = []
     for end, data in todo:
@@ -225,7 +260,7 @@ async def set_switch_info(disc: Discovery, guids: Iterable[int], *, top: int | N
         data = mb.switch_info_set(si, linear_fdb_top=top, clear_port_state_change=clear_change)
         todo.append((guid, mb.dr_smp(mb.SET, ATTR_SWITCH_INFO, path=list(node.dr_path), data=data)))
     done = 0
-    for (guid, _), r in zip(todo, await disc.transport.request_many([m for _, m in todo]), strict=True):
+    for (guid, _), r in zip(todo, await _request_many(disc.transport, [m for _, m in todo]), strict=True):
         if r is not None and r.ok:
             disc.switch_info[guid] = r.data
             done += 1
@@ -251,7 +286,7 @@ async def set_pkeys(disc: Discovery) -> int:
         todo.append((end, mb.dr_smp(mb.SET, ATTR_PKEY_TABLE, path=list(node.ports[end[1]].dr_path),
                                     modifier=0, data=data)))
     done = 0
-    for (end, _), r in zip(todo, await disc.transport.request_many([m for _, m in todo]), strict=True):
+    for (end, _), r in zip(todo, await _request_many(disc.transport, [m for _, m in todo]), strict=True):
         if r is not None and r.ok:
             disc.pkeys[end] = r.data
             done += 1

@@ -3,6 +3,7 @@ states on a k=4 fat-tree in memory, with the LID-routed fallback and a dead swit
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from ibemu.sm import activate as act
@@ -25,9 +26,13 @@ class Lossy:
         self.dead: tuple[int, ...] | None = None
         self.sent = {"lid_routed": 0, "directed": 0}
         self.tasks_seen: set[object] = set()
+        self.transport: Transport | None = None
+        self.most_pending = 0
 
     def send_nowait(self, req: SimRequest) -> None:
         self.tasks_seen.add(trio.lowlevel.current_task())
+        if self.transport is not None:
+            self.most_pending = max(self.most_pending, len(self.transport._pending))
         kind = "lid_routed" if req.mad[1] == 0x01 else "directed"
         self.sent[kind] += 1
         if kind == "lid_routed" and self.drop_lid_routed:
@@ -47,9 +52,11 @@ class Lossy:
         return await self.inner.recv()
 
 
-def test_activation_goes_in_batches_falls_back_to_directed_route_and_counts_what_failed() -> None:
+def test_activation_goes_in_batches_falls_back_to_directed_route_and_counts_what_failed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     topo, fab = fat_tree(4)
     port = Lossy(InMemoryPort(fab, "h0"))
+    monkeypatch.setattr(act, "AGENT_WINDOW", 5)
 
     async def main() -> None:
         t = Transport(port, max_in_flight=32, timeout_s=0.05, retries=1)
@@ -62,6 +69,7 @@ def test_activation_goes_in_batches_falls_back_to_directed_route_and_counts_what
             lids.assign(g)
             sm_lid = g.nodes[g.sm_guid].ports[d.sm_port].lid
             ends = act.lid_ends(d)
+            port.transport, port.most_pending = t, 0  # the agents answer these: 5 at a time
             assert await act.set_lids(d, sm_lid) == len(ends) == 20 + 16
             assert await act.set_lids(d, sm_lid) == 0  # nothing left to write
             assert all(d.port_info[e][16:18] != b"\0\0" for e in ends)
@@ -87,6 +95,7 @@ def test_activation_goes_in_batches_falls_back_to_directed_route_and_counts_what
             assert fallbacks > 0 and 2 * fallbacks == port.sent["lid_routed"] - before["lid_routed"]
             # sent from the caller's task and the receive task (fallbacks), not a task per Set
             assert len(port.tasks_seen) <= 3
+            assert port.most_pending == 5
             n.cancel_scope.cancel()
 
     run(main)
