@@ -157,9 +157,9 @@ class _Steering:
         self.stats: Counter[str] | None = None
 
     async def start(self, port: DirectPort, up: trio.Event) -> None:
-        """Steering follows ``offload`` from SUBNET UP on: a cold sweep's window of 128 SMPs
-        steered to a CPU other jobs keep busy went to ksoftirqd behind them (k=8, load ~10:
-        retries, bring-ups of 1.8-6.6 s against 1.4-2.6 s unsteered)."""
+        """Steering follows ``offload`` from SUBNET UP on: with a cold sweep's window of 128
+        SMPs steered to a CPU other jobs kept busy, k=8 bring-ups were slower and retried
+        (1.8-6.6 s against 1.4-2.6 s unsteered at load 8-15, ``benchmarks/bench_sm.py``)."""
         if os.environ.get(steer.ENV, "1") == "0":
             return
         cpus = steer.other_cpus()  # this thread's CPUs: where ``ibemu run`` placed the process
