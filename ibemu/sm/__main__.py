@@ -162,6 +162,7 @@ class _Steering:
         (1.8-6.6 s against 1.4-2.6 s unsteered at load 8-15, ``benchmarks/bench_sm.py``)."""
         if os.environ.get(steer.ENV, "1") == "0":
             return
+        await up.wait()  # found and opened only then: nothing of it in the cold sweep's time
         cpus = steer.other_cpus()  # this thread's CPUs: where ``ibemu run`` placed the process
         if not cpus:
             log.info("not on CPUs of its own: the SM's SMPs are not steered")
@@ -174,7 +175,6 @@ class _Steering:
         self.cpus, self.stats = cpus, port.stats
         port.stats["steer_cpu_mask"] = int(steer.mask(cpus), 16)
         log.info("SMPs sent on %s can be carried by CPUs %s (%s)", self.ifname, cpus, self.ctl.where)
-        await up.wait()
         self.active = True
         if self.ctl is not None:
             self._apply()

@@ -73,9 +73,13 @@ class _Batch:
         self._left += 1
         return c
 
-    def start(self, calls: Iterable[Call]) -> None:
-        """Send ``calls`` as the batch's limit allows (the rest as earlier ones end)."""
-        self._queue.extend(calls)
+    def start(self, calls: Iterable[Call], *, first: bool = False) -> None:
+        """Send ``calls`` as the batch's limit allows (the rest as earlier ones end);
+        ``first``: before those still waiting (a fallback goes at once)."""
+        if first:
+            self._queue.extendleft(reversed(list(calls)))
+        else:
+            self._queue.extend(calls)
         room: list[Call] = []
         while self._queue and self._in_flight < self.limit:
             room.append(self._queue.popleft())
@@ -119,7 +123,8 @@ async def _request_many(transport: Transport, mads: list[bytes]) -> list[Reply |
 async def _set_ports(disc: Discovery, todo: list[tuple[End, bytes]], *, lid_routed: bool = False) -> int:
     """PortInfo Set of each ``(end, data)``, one batch; returns Sets done. ``lid_routed``:
     to the node's LID through the LFTs first (cheaper per hop than directed route), by
-    directed route if that goes unanswered (sent from its callback, at once)."""
+    directed route if that goes unanswered (from its callback, ahead of the Sets still
+    waiting for room in the batch)."""
     tr = disc.transport
     batch = _Batch(tr)
     ok = 0
@@ -143,7 +148,7 @@ async def _set_ports(disc: Discovery, todo: list[tuple[End, bytes]], *, lid_rout
             finish(node, end, r)
             return
         tr.stats["lid_routed_fallback"] += 1
-        batch.start((directed(node, end, data),))
+        batch.start((directed(node, end, data),), first=True)
 
     first: list[Call] = []
     for end, data in todo:
