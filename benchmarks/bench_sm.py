@@ -21,9 +21,12 @@ SM runs on a CPU of its own, as ``ibemu run`` places it (``ibemu.kernel.cpus``).
 package imported (and the SM process's) is the one on PYTHONPATH, so the same script
 measures another checkout. ``--sm-port umad own`` runs each measurement with the SM's SMPs
 through the agent host's MAD socket and then on the SM's own packet socket (``sm.directport``,
-what ``ibemu run`` uses), side by side.
+what ``ibemu run`` uses), side by side. The fabric writes no per-node sysfs trees, as
+``ibemu run`` has it (``--sysfs``: it does, rewriting them after every port state change in a
+worker thread). ``IBEMU_SM_STEER=0`` in the environment measures the SM without steering its
+cable's far end (see ``python -m ibemu.sm``).
 Run: sudo .venv/bin/python benchmarks/bench_sm.py [--k 4 8] [--windows 32 128] [--cuts 8]
-     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm] [--sm-port umad own]
+     [--runs 3] [--engine ftree|minhop|updn] [--no-opensm] [--sm-port umad own] [--sysfs]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class LiveFabric(harness.LiveFabric):
     """A live fat-tree of ``k`` (the kernel datapath unless ``datapath`` says otherwise)."""
 
     datapath = "kernel"
+    sysfs = False
 
     def __init__(self, k: int, tmp: Path) -> None:
         # the kernel frees the last fabric's namespaces (and, after an SM ran, its hundreds of
@@ -64,6 +68,9 @@ class LiveFabric(harness.LiveFabric):
         # after a k=16 run waits for that (see README)
         super().__init__(generate("fat-tree", k=k), tmp, scenario=f"bench-sm-k{k}",
                          ready_s=900 if k >= 16 else 120, datapath=self.datapath)
+        # as ``ibemu run`` has it unless asked: the per-node sysfs trees are rewritten in a
+        # worker thread after every port state change, on the CPUs the SM runs on
+        self.rt.sysfs = self.sysfs
 
 
 class Tail:
@@ -302,9 +309,12 @@ def main() -> None:
     ap.add_argument("--datapath", default="kernel", choices=["kernel", "user"])
     ap.add_argument("--sm-port", nargs="+", default=["umad", "own"], choices=["umad", "own"],
                     help="the SM's SMPs through the MAD socket (umad) or its own packet socket (own)")
+    ap.add_argument("--sysfs", action="store_true",
+                    help="keep the per-node sysfs trees (off by default, as in ``ibemu run``)")
     ap.add_argument("--keep", metavar="DIR", help="keep the event logs in DIR (default: a temporary directory)")
     args = ap.parse_args()
     LiveFabric.datapath = args.datapath
+    LiveFabric.sysfs = args.sysfs
     with contextlib.ExitStack() as stack:
         if args.keep:
             tmp = Path(args.keep)

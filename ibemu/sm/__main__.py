@@ -5,17 +5,29 @@
 Attaches as the SM (IsSM) to the MAD socket of the host in namespace ``--ns`` (the sockets
 are made inside that namespace; this process stays where it is), brings the subnet up and
 keeps it up until SIGTERM/SIGINT. Events go to ``--events`` as JSON lines.
+
+With ``--direct`` and the process on CPUs of its own (as ``ibemu run`` places it), the far end
+of its cable steers what it receives (RPS, ``kernel.steer``) to the other CPUs once the subnet
+is up, while the SMPs are the kernel's to answer (``SubnetManager.offload``: Gets and LFT
+Sets; not a heavy sweep's PortInfo, P_Key and SwitchInfo Sets, which the agents on that other
+CPU answer): each SMP's trip through the fabric and back then runs there instead of inside
+the SM's ``send`` (``IBEMU_SM_STEER=0`` turns that off). Not during the cold sweep (see
+``_Steering.start``). The setting is taken back at a clean
+exit; it goes with the cable otherwise. It applies to everything the host sends on that
+cable, its traffic too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import logging
 import os
 import signal
 import sys
+from collections import Counter
 from collections.abc import Callable
 from typing import cast
 
@@ -24,6 +36,8 @@ import trio
 from ibemu import lagmon
 from ibemu.events import EventLog, Kind
 from ibemu.hca.umad_client import UmadClient
+from ibemu.kernel import steer
+from ibemu.kernel.commands import KernelError
 from ibemu.kernel.timerfd import run_trio
 from ibemu.sm.directport import DirectPort
 from ibemu.sm.manager import RouteFn, SmConfig, SubnetManager, default_route_fn
@@ -130,6 +144,71 @@ def check_dump_dir(value: str | None) -> None:
         raise SystemExit(f"--dump-dir {value}: not writable")
 
 
+class _Steering:
+    """The far end of the SM's cable steered to the CPUs this process is not on while the
+    SMPs are the kernel's to answer (``SubnetManager.offload``; see the module docstring)."""
+
+    def __init__(self, ns: str | None, ifname: str) -> None:
+        self.ns, self.ifname = ns, ifname
+        self.ctl: steer.RpsControl | None = None
+        self.cpus: list[int] = []
+        self.want = False
+        self.active = False
+        self.stats: Counter[str] | None = None
+
+    async def start(self, port: DirectPort, up: trio.Event) -> None:
+        """Steering follows ``offload`` from SUBNET UP on: with a cold sweep's window of 128
+        SMPs steered to a CPU other jobs kept busy, k=8 bring-ups were slower and retried
+        (1.8-6.6 s against 1.4-2.6 s unsteered at load 8-15, ``benchmarks/bench_sm.py``)."""
+        if os.environ.get(steer.ENV, "1") == "0":
+            return
+        await up.wait()  # found and opened only then: nothing of it in the cold sweep's time
+        cpus = steer.other_cpus()  # this thread's CPUs: where ``ibemu run`` placed the process
+        if not cpus:
+            log.info("not on CPUs of its own: the SM's SMPs are not steered")
+            return
+        try:
+            self.ctl = await trio.to_thread.run_sync(self._open)
+        except (KernelError, OSError, ValueError) as exc:
+            log.warning("cannot steer the SM's cable %s: %s", self.ifname, exc)
+            return
+        self.cpus, self.stats = cpus, port.stats
+        port.stats["steer_cpu_mask"] = int(steer.mask(cpus), 16)
+        log.info("SMPs sent on %s can be carried by CPUs %s (%s)", self.ifname, cpus, self.ctl.where)
+        self.active = True
+        if self.ctl is not None:
+            self._apply()
+
+    def _open(self) -> steer.RpsControl:
+        return steer.RpsControl(*steer.peer_of(self.ns, self.ifname))
+
+    def offload(self, kernel: bool) -> None:
+        """``SubnetManager.offload``: steer while the kernel answers."""
+        if kernel != self.want:
+            self.want = kernel
+            if self.ctl is not None and self.active:
+                self._apply()
+
+    def _apply(self) -> None:
+        assert self.ctl is not None
+        try:
+            self.ctl.set(self.cpus if self.want else [])
+        except KernelError as exc:
+            log.warning("steering stopped: %s", exc)
+            self.ctl.close()
+            self.ctl = None
+            return
+        if self.stats is not None:
+            self.stats["steer_changes"] += 1
+
+    def undo(self) -> None:
+        if self.ctl is None:
+            return
+        with contextlib.suppress(KernelError):  # the fabric (and the cable) may be gone already
+            self.ctl.set([])
+        self.ctl.close()
+
+
 async def amain(args: argparse.Namespace) -> int:
     qos = partitions = None
     if args.qos:  # imported only when given (start-up)
@@ -152,12 +231,16 @@ async def amain(args: argparse.Namespace) -> int:
                    poll_interval_s=args.poll_interval, poll_retries=args.poll_retries)
     umad = UmadPort(client)
     port: UmadPort | DirectPort = DirectPort.open(umad, args.ns, *parse_direct(args.direct)) if args.direct else umad
+    steering = _Steering(args.ns, parse_direct(args.direct)[0]) if args.direct else None
     sm = SubnetManager(port, cfg, route_fn=load_route_fn(args.route_fn), events=events)
     try:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as n:
                 if isinstance(port, DirectPort):
                     await n.start(port.serve)
+                    if steering is not None:
+                        sm.offload = steering.offload
+                        n.start_soon(steering.start, port, sm.up)
                 n.start_soon(sm.serve)
                 n.start_soon(lagmon.watch_from_env, "sm")  # in a run: its lag behind the clock
 
@@ -175,6 +258,8 @@ async def amain(args: argparse.Namespace) -> int:
         events.close()
         if isinstance(port, DirectPort):
             port.close()
+        if steering is not None:
+            steering.undo()
         client.close()
     return 0
 

@@ -1,16 +1,25 @@
 """Writing the SM's decisions into ports and switches: LIDs, P_Keys, SwitchInfo, port states.
 
-All SubnSets go directly routed, in parallel within the transport's window, starting from
-the attribute as last read (``Discovery.port_info`` / ``switch_info``), which the response
-then replaces. Port states move one step per Set: every port to Armed first, then every
-port to Active, so both ends of a link are within one step of each other.
+All SubnSets go directly routed (port states LID-routed when the LFTs are known good), in
+parallel within the transport's window, starting from the attribute as last read
+(``Discovery.port_info`` / ``switch_info``), which the response then replaces. Port states
+move one step per Set: every port to Armed first, then every port to Active, so both ends of
+a link are within one step of each other.
+
+Each step is one batch of calls (``Transport.submit``): no task per SMP, ``AGENT_WINDOW`` of
+them in flight (the agents answer these Sets one at a time), each answer starting the next. A LID-routed PortInfo Set that goes unanswered after its
+retries is sent again by directed route from its callback, at once, as the task per Set
+did before (k=8: the 0.5-0.85 s of activation in a cold bring-up were mostly that task per
+SMP; ``benchmarks/bench_sm.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 import trio
@@ -26,7 +35,8 @@ from ibemu.sm.discovery import (
     Discovery,
     End,
 )
-from ibemu.sm.transport import Request
+from ibemu.sm.graph import SmNode
+from ibemu.sm.transport import Call, Reply, Request, Transport
 from ibemu.wire import madcodec as mb
 
 log = logging.getLogger(__name__)
@@ -34,29 +44,125 @@ log = logging.getLogger(__name__)
 DEFAULT_PKEY = 0xFFFF  # the default partition, full member
 
 
-async def _set_port(disc: Discovery, end: End, data: bytes, *, lid_routed: bool = False) -> bool:
-    """PortInfo Set of ``end``; ``lid_routed``: to the node's LID through the LFTs first
-    (cheaper per hop than directed route), directed route if that goes unanswered."""
-    node = disc.graph.nodes.get(end[0])
-    if node is None:
-        return False
-    path = node.dr_path if node.is_switch else node.ports[end[1]].dr_path
-    r = None
-    lid = node.ports[0].lid if node.is_switch else node.ports[end[1]].lid
-    if lid_routed and lid:
-        r = await disc.transport.request(Request(mb.lr_smp(mb.SET, ATTR_PORT_INFO, modifier=end[1], data=data),
-                                                 dlid=lid))
-        if r is None:
-            disc.transport.stats["lid_routed_fallback"] += 1
-    if r is None:
-        r = await disc.transport.request(mb.dr_smp(mb.SET, ATTR_PORT_INFO, path=list(path),
-                                                   modifier=end[1], data=data))
-    if r is None or not r.ok:
-        log.warning("PortInfo Set %#x:%d failed (%s)", end[0], end[1],
-                    "timeout" if r is None else f"status {r.status:#x}")
-        return False
-    disc.store_port_info(node, end[1], r.data)
-    return True
+AGENT_WINDOW = 32
+"""Sets of one batch in flight at once. The agents answer PortInfo, SwitchInfo and P_Key Sets
+one at a time (~250 us each on the agent host's CPU, the kernel SMA passes them up): more in
+flight only queue there, and with the transport's whole window (128) the last of them waited
+for 127 others, past its timeout once the machine was loaded (k=8 bring-ups with 450-1,040
+retries at load ~10, ``benchmarks/bench_sm.py``)."""
+
+
+class _Batch:
+    """Calls submitted together (``Transport.submit``, ``limit`` in flight at a time, each
+    that ends starting the next) and waited for by one task; a call's ``on_done`` may
+    ``start`` more (a fallback), which the same wait covers."""
+
+    def __init__(self, transport: Transport, limit: int | None = None) -> None:
+        self.transport = transport
+        self.calls: list[Call] = []
+        self.limit = max(1, AGENT_WINDOW if limit is None else limit)
+        self._queue: deque[Call] = deque()
+        self._in_flight = 0
+        self._left = 0
+        self._done = trio.Event()
+
+    def call(self, req: Request | bytes, on_done: Callable[[Reply | None], None]) -> Call:
+        """A call whose end this batch counts (``start`` it, or give it to ``run``)."""
+        c = Call(req, functools.partial(self._ended, on_done))
+        self.calls.append(c)
+        self._left += 1
+        return c
+
+    def start(self, calls: Iterable[Call], *, first: bool = False) -> None:
+        """Send ``calls`` as the batch's limit allows (the rest as earlier ones end);
+        ``first``: before those still waiting (a fallback goes at once)."""
+        if first:
+            self._queue.extendleft(reversed(list(calls)))
+        else:
+            self._queue.extend(calls)
+        room: list[Call] = []
+        while self._queue and self._in_flight < self.limit:
+            room.append(self._queue.popleft())
+            self._in_flight += 1
+        if room:
+            self.transport.submit(room)
+
+    def _ended(self, on_done: Callable[[Reply | None], None], reply: Reply | None) -> None:
+        self._in_flight -= 1
+        try:
+            on_done(reply)
+        finally:
+            self._left -= 1
+            if not self._left:
+                self._done.set()
+            elif self._queue:
+                self.start(())
+
+    async def run(self, first: list[Call]) -> None:
+        """Start ``first`` and wait for every call of the batch; cancelled, the calls still in
+        flight or queued are forgotten."""
+        if not self._left:
+            return
+        self.start(first)
+        try:
+            await self._done.wait()
+        finally:
+            self._queue.clear()
+            for c in self.calls:
+                self.transport.cancel(c)
+
+
+async def _request_many(transport: Transport, mads: list[bytes]) -> list[Reply | None]:
+    """``Transport.request_many`` with at most ``AGENT_WINDOW`` in flight: Sets the agents answer."""
+    out: list[Reply | None] = [None] * len(mads)
+    batch = _Batch(transport)
+    await batch.run([batch.call(m, functools.partial(out.__setitem__, i)) for i, m in enumerate(mads)])
+    return out
+
+
+async def _set_ports(disc: Discovery, todo: list[tuple[End, bytes]], *, lid_routed: bool = False) -> int:
+    """PortInfo Set of each ``(end, data)``, one batch; returns Sets done. ``lid_routed``:
+    to the node's LID through the LFTs first (cheaper per hop than directed route), by
+    directed route if that goes unanswered (from its callback, ahead of the Sets still
+    waiting for room in the batch)."""
+    tr = disc.transport
+    batch = _Batch(tr)
+    ok = 0
+
+    def finish(node: SmNode, end: End, r: Reply | None) -> None:
+        nonlocal ok
+        if r is None or not r.ok:
+            log.warning("PortInfo Set %#x:%d failed (%s)", end[0], end[1],
+                        "timeout" if r is None else f"status {r.status:#x}")
+            return
+        disc.store_port_info(node, end[1], r.data)
+        ok += 1
+
+    def directed(node: SmNode, end: End, data: bytes) -> Call:
+        path = node.dr_path if node.is_switch else node.ports[end[1]].dr_path
+        return batch.call(mb.dr_smp(mb.SET, ATTR_PORT_INFO, path=list(path), modifier=end[1], data=data),
+                          functools.partial(finish, node, end))
+
+    def lr_done(node: SmNode, end: End, data: bytes, r: Reply | None) -> None:
+        if r is not None:
+            finish(node, end, r)
+            return
+        tr.stats["lid_routed_fallback"] += 1
+        batch.start((directed(node, end, data),), first=True)
+
+    first: list[Call] = []
+    for end, data in todo:
+        node = disc.graph.nodes.get(end[0])
+        if node is None:
+            continue
+        lid = node.ports[0].lid if node.is_switch else node.ports[end[1]].lid
+        if lid_routed and lid:
+            first.append(batch.call(Request(mb.lr_smp(mb.SET, ATTR_PORT_INFO, modifier=end[1], data=data), dlid=lid),
+                                    functools.partial(lr_done, node, end, data)))
+        else:
+            first.append(directed(node, end, data))
+    await batch.run(first)
+    return ok
 
 
 def lid_ends(disc: Discovery) -> list[End]:
@@ -101,17 +207,7 @@ async def set_lids(disc: Discovery, sm_lid: int, ends: Iterable[End] | None = No
             else:
                 todo.append((end, mb.port_info_set(pi, lid=want, sm_lid=sm_lid, m_key=keys.m_key,
                                                    m_key_protect=keys.protect, m_key_lease_s=keys.lease_s)))
-    ok = 0
-
-    async def one(end: End, data: bytes) -> None:
-        nonlocal ok
-        done_ok = await _set_port(disc, end, data)
-        ok += done_ok
-
-    async with trio.open_nursery() as n:
-        for end, data in todo:
-            n.start_soon(one, end, data)
-    return ok
+    return await _set_ports(disc, todo)
 
 
 def link_ends(disc: Discovery) -> list[End]:
@@ -143,17 +239,7 @@ async def set_state(disc: Discovery, state: int, ends: Iterable[End] | None = No
         if state == STATE_ACTIVE and cur != STATE_ARMED:
             continue
         todo.append((end, mb.port_info_set(pi, port_state=state)))
-    ok = 0
-
-    async def one(end: End, data: bytes) -> None:
-        nonlocal ok
-        done_ok = await _set_port(disc, end, data, lid_routed=lid_routed)
-        ok += done_ok
-
-    async with trio.open_nursery() as n:
-        for end, data in todo:
-            n.start_soon(one, end, data)
-    return ok
+    return await _set_ports(disc, todo, lid_routed=lid_routed)
 
 
 async def activate(disc: Discovery, ends: Iterable[End] | None = None, *, lid_routed: bool = False) -> int:
@@ -168,27 +254,23 @@ async def activate(disc: Discovery, ends: Iterable[End] | None = None, *, lid_ro
 
 async def set_switch_info(disc: Discovery, guids: Iterable[int], *, top: int | None,
                           clear_change: bool = True) -> int:
-    """SwitchInfo Set: LinearFDBTop (None = keep) and clear PortStateChange (write 1)."""
-    done = 0
-
-    async def one(guid: int) -> None:
-        nonlocal done
+    """SwitchInfo Set: LinearFDBTop (None = keep) and clear PortStateChange (write 1); one
+    batch. Returns Sets done."""
+    todo: list[tuple[int, bytes]] = []
+    for guid in guids:
         node = disc.graph.nodes.get(guid)
         si = disc.switch_info.get(guid)
         if node is None or si is None:
-            return
+            continue
         data = mb.switch_info_set(si, linear_fdb_top=top, clear_port_state_change=clear_change)
-        r = await disc.transport.request(mb.dr_smp(mb.SET, ATTR_SWITCH_INFO, path=list(node.dr_path),
-                                                   data=data))
+        todo.append((guid, mb.dr_smp(mb.SET, ATTR_SWITCH_INFO, path=list(node.dr_path), data=data)))
+    done = 0
+    for (guid, _), r in zip(todo, await _request_many(disc.transport, [m for _, m in todo]), strict=True):
         if r is not None and r.ok:
             disc.switch_info[guid] = r.data
             done += 1
         else:
             log.warning("SwitchInfo Set %#x failed", guid)
-
-    async with trio.open_nursery() as n:
-        for guid in guids:
-            n.start_soon(one, guid)
     return done
 
 
@@ -198,21 +280,19 @@ def fdb_top(disc: Discovery, guid: int) -> int:
 
 
 async def set_pkeys(disc: Discovery) -> int:
-    """Put the default partition (0xFFFF) in entry 0 of every CA port that lacks it."""
-    done = 0
-
-    async def one(end: End, block: bytes) -> None:
-        nonlocal done
-        node = disc.graph.nodes[end[0]]
+    """Put the default partition (0xFFFF) in entry 0 of every CA port that lacks it (one
+    batch); returns Sets done."""
+    todo: list[tuple[End, bytes]] = []
+    for end, block in list(disc.pkeys.items()):
+        node = disc.graph.nodes.get(end[0])
+        if node is None or struct.unpack_from("!H", block, 0)[0] == DEFAULT_PKEY:
+            continue
         data = struct.pack("!H", DEFAULT_PKEY) + block[2:64]
-        r = await disc.transport.request(mb.dr_smp(mb.SET, ATTR_PKEY_TABLE, path=list(node.ports[end[1]].dr_path),
-                                                   modifier=0, data=data))
+        todo.append((end, mb.dr_smp(mb.SET, ATTR_PKEY_TABLE, path=list(node.ports[end[1]].dr_path),
+                                    modifier=0, data=data)))
+    done = 0
+    for (end, _), r in zip(todo, await _request_many(disc.transport, [m for _, m in todo]), strict=True):
         if r is not None and r.ok:
             disc.pkeys[end] = r.data
             done += 1
-
-    async with trio.open_nursery() as n:
-        for end, block in list(disc.pkeys.items()):
-            if end[0] in disc.graph.nodes and struct.unpack_from("!H", block, 0)[0] != DEFAULT_PKEY:
-                n.start_soon(one, end, block)
     return done

@@ -12,7 +12,9 @@ round trips waited behind whatever it was doing.
 - **send**: a directed-route SMP that leaves the host (HopCount >= 1, DrSLID permissive,
   InitialPath[1] = our port) or a LID-routed SMP to another LID is framed here (LRH on VL15,
   BTH/DETH to QP0, ICRC, VCRC; ``wire.madpacket.frame_mad``, the framing the CA agent uses)
-  and written to the HCA veth in the SM host's namespace. Everything else (HopCount 0 and
+  and written to the HCA veth in the SM host's namespace; a batch (``send_many_nowait``,
+  what ``Transport.submit`` hands over) as one ``sendmmsg`` per run of frames
+  (``kernel.mmsg``). Everything else (HopCount 0 and
   loopback to our own LID, which the local SMA answers; DR SMPs with a LID-routed part; GSI
   classes) goes through the MAD socket as before.
 - **receive**: a packet socket on the same veth with a classic BPF filter
@@ -46,7 +48,7 @@ import trio
 
 from ibemu import clock
 from ibemu.agents import dr
-from ibemu.kernel import sockfilter
+from ibemu.kernel import mmsg, sockfilter
 from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
 from ibemu.sm.transport import UmadPort
 from ibemu.wire.madpacket import (
@@ -149,6 +151,43 @@ class DirectPort:
         except BlockingIOError:
             raise trio.WouldBlock from None
         self.stats["tx_direct"] += 1
+
+    def send_many_nowait(self, reqs: list[SimRequest]) -> int:
+        """Send ``reqs`` in order without a checkpoint: each run of frames for the wire in one
+        ``sendmmsg`` (``kernel.mmsg``), the others through the MAD socket. Returns how many
+        of the first went out; the next one could not go now, and ``send_nowait`` of it says
+        why (raises ``trio.WouldBlock`` or the ``OSError``)."""
+        sent = 0
+        run: list[bytes] = []
+        for req in reqs:
+            frame = self._frame(req)
+            if frame is not None:
+                run.append(frame)
+                continue
+            if run:
+                n = self._send_run(run)
+                sent += n
+                if n < len(run):
+                    return sent
+                run = []
+            self._learn_lid(req.mad, outgoing=True)
+            try:
+                self.umad.send_nowait(req)
+            except (trio.WouldBlock, OSError):
+                return sent
+            sent += 1
+        if run:
+            sent += self._send_run(run)
+        return sent
+
+    def _send_run(self, frames: list[bytes]) -> int:
+        try:
+            n = mmsg.send_many(self.sock, frames)
+        except OSError:  # BlockingIOError too: the caller sends the first alone
+            return 0
+        self.stats["tx_direct"] += n
+        self.stats["tx_sendmmsg"] += 1
+        return n
 
     async def recv(self) -> SimRequest:
         return await self._in_recv.receive()

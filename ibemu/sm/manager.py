@@ -221,6 +221,11 @@ class SubnetManager:
         self._takeover_due = False
         """The election made this SM a candidate master (master lost, a HANDOVER): its next
         heavy sweep is a takeover (every table written again, whatever this SM wrote before)."""
+        self.offload: Callable[[bool], None] | None = None
+        """Told, as a heavy sweep moves on, whether the SMPs that follow are answered in the
+        kernel (True: Gets, LFT Sets, and everything after the sweep) or by the agents
+        (False: PortInfo, SwitchInfo and P_Key Sets); ``python -m ibemu.sm`` steers the far
+        end of its cable by it (``kernel.steer``)."""
 
     @property
     def graph(self) -> SubnetGraph:
@@ -561,6 +566,20 @@ class SubnetManager:
                 self.prog.forget(guid)
             self._pkeys_written.clear()
             self.routes = None
+        self._offload(True)
+        try:
+            return await self._full_sweep(reason, t0, before, known)
+        finally:
+            self._offload(True)
+
+    def _offload(self, kernel: bool) -> None:
+        if self.offload is not None:
+            try:
+                self.offload(kernel)
+            except Exception:
+                log.exception("offload hint failed")
+
+    async def _full_sweep(self, reason: str, t0: int, before: Counter[str], known: set[int]) -> bool:
         await self.disc.discover()
         g = self.graph
         for guid in set(g.nodes) - known:
@@ -580,11 +599,14 @@ class SubnetManager:
         self.sm_lid = g.nodes[g.sm_guid].ports[self.disc.sm_port].lid
         self.prog.sm_guid, self.prog.sm_port, self.prog.sm_lid = g.sm_guid, self.disc.sm_port, self.sm_lid
         self.events.emit(Kind.LIDS_ASSIGNED, new=len(new), total=len(self.lids.by_guid), sm_lid=self.sm_lid)
+        self._offload(False)  # PortInfo and P_Key Sets: the agents answer
         await act.set_lids(self.disc, self.sm_lid, keys=self._keys)
         await act.set_pkeys(self.disc)
         self._pkeys_written.clear()  # a heavy sweep writes every table again
         await self._program_partitions()
+        self._offload(True)  # LFT Sets: the kernel
         ok = await self._route_and_program(None)
+        self._offload(False)  # SwitchInfo Sets, activation
         top = self.lids.top
         await act.set_switch_info(self.disc, [s.guid for s in g.switches()], top=top)
         if self.config.qos is not None and reason == "cold":  # ports still in Init: OperationalVLs may change

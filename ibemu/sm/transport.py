@@ -30,7 +30,10 @@ port's ``send_nowait``: the SM's own packet socket, the MAD socket), and each ca
 ``on_done`` runs from the receive task as its answer is matched, or from the timer task when
 its last attempt times out (retries, TIDs, the window and ``stats`` as for ``request``). A
 k=8 reroute's LFT Sets cost 38-41 us of CPU each this way against 83-90 us as a task each
-through ``request`` (``benchmarks/bench_sm_reroute_cpu.py``, load ~9).
+through ``request`` (``benchmarks/bench_sm_reroute_cpu.py``, load ~9). A port that also has
+``send_many_nowait`` (the SM's own port: one ``sendmmsg`` per call, ``kernel.mmsg``) is handed
+what ``submit`` frames ``burst`` (8) datagrams at a time: a system call per burst instead of
+one per SMP, and the first Sets are on their way while the rest are framed.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ LOW32 = 0xFFFFFFFF
 DEFAULT_MAX_IN_FLIGHT = 128  # measured: benchmarks/bench_sm.py (k=8 bring-up 1.2-1.6 s at 64-256, 2.0-2.4 s at 16-32; a reroute sends all its blocks at once)
 DEFAULT_TIMEOUT_S = 0.2
 DEFAULT_RETRIES = 3
+BURST = 8  # a reroute's first Sets go out before the rest are framed (see ``submit``)
 _MEMORY = 8192  # finished TIDs remembered, to tell late and duplicate responses apart
 
 
@@ -202,6 +206,10 @@ class Transport:
         self._outbox: deque[tuple[int, SimRequest]] = deque()  # (tid, datagram) for the send task
         self._outbox_ready = trio.Event()
         self._send_nowait: Callable[[SimRequest], None] | None = getattr(port, "send_nowait", None)
+        self._send_many: Callable[[list[SimRequest]], int] | None = getattr(port, "send_many_nowait", None)
+        self._burst: list[tuple[int, _Pending, SimRequest]] | None = None  # within ``submit``
+        self.burst = BURST
+        """``submit`` hands a port with ``send_many_nowait`` this many datagrams at a time."""
 
     # ------------------------------------------------------------------ receive side
 
@@ -396,21 +404,35 @@ class Transport:
         framed and sent in this one pass, with no checkpoint between them (with a port that
         has ``send_nowait``; else the send task sends them in order); the rest go out as
         slots free. Retries, timeouts and matching are those of ``request``; a call's slot
-        goes to the next waiting call when it ends."""
-        for call in calls:
-            if call.attempts < 0:
-                call.attempts = 1 + self.retries
-            if call.timeout is None:
-                call.timeout = self.timeout_s
-            if self._backlog:
-                self._backlog.append(call)
-                continue
-            try:
-                self._window.acquire_nowait()
-            except trio.WouldBlock:
-                self._backlog.append(call)
-                continue
-            self._launch(call)
+        goes to the next waiting call when it ends.
+
+        A port with ``send_many_nowait`` (``DirectPort``: one ``sendmmsg``) is handed the
+        datagrams ``burst`` at a time: one system call per burst, and the first Sets are on
+        their way while the next are framed."""
+        batched = self._send_many is not None and self._burst is None
+        if batched:
+            self._burst = []
+        try:
+            for call in calls:
+                if call.attempts < 0:
+                    call.attempts = 1 + self.retries
+                if call.timeout is None:
+                    call.timeout = self.timeout_s
+                if self._backlog:
+                    self._backlog.append(call)
+                    continue
+                try:
+                    self._window.acquire_nowait()
+                except trio.WouldBlock:
+                    self._backlog.append(call)
+                    continue
+                self._launch(call)
+                if batched and len(self._burst or ()) >= self.burst:
+                    self._flush()
+        finally:
+            if batched:
+                self._flush()
+                self._burst = None
 
     def cancel(self, call: Call) -> bool:
         """End ``call`` without calling its ``on_done`` (False: it had ended already)."""
@@ -442,6 +464,32 @@ class Transport:
                 log.exception("on_attempt failed")
         req = call.req
         dgram = SimRequest(req.dlid, 0, req.dqp, req.sqp, self._keyed(set_mad_tid(req.mad, tid)))
+        if self._burst is not None and not self._outbox:
+            self._burst.append((tid, pending, dgram))
+            return
+        self._send_one(tid, pending, dgram)
+
+    def _flush(self) -> None:
+        """Send the burst ``submit`` gathered: in one ``send_many_nowait``; what it did not
+        take goes out one by one, as ``_launch`` sends (which says why, or queues it)."""
+        burst, self._burst = self._burst or [], []
+        if not burst:
+            return
+        assert self._send_many is not None
+        try:
+            n = self._send_many([dgram for _, _, dgram in burst])
+        except (trio.WouldBlock, OSError):
+            n = 0
+        self.stats["send_batches"] += 1
+        for i, (tid, pending, dgram) in enumerate(burst):
+            if self._pending.get(tid) is not pending:
+                continue  # ended meanwhile (an ``on_attempt`` that cancelled)
+            if i < n:
+                self._call_sent(tid, pending)
+            else:
+                self._send_one(tid, pending, dgram)
+
+    def _send_one(self, tid: int, pending: _Pending, dgram: SimRequest) -> None:
         send = self._send_nowait
         if send is None or self._outbox:
             self._outbox.append((tid, dgram))

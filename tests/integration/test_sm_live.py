@@ -27,7 +27,7 @@ from ibemu.fabric.agents import make_agents
 from ibemu.fabric.probe import send_and_count
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.fabric.umad2sim import tool_argv, umad2sim_path
-from ibemu.kernel import ownership
+from ibemu.kernel import ownership, steer
 from ibemu.topo import generate
 from tests.integration.live import fabric_in_thread
 
@@ -137,6 +137,11 @@ def live_fabric(tmp_path: Path, datapath: str = "kernel") -> Iterator[Live]:
 @pytest.mark.parametrize("direct", [False, True], ids=["mad-socket", "own-port"])
 def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(live: Live, direct: bool) -> None:
     live.start_sm(*(live.rt.sm_direct_args() if direct else []))
+    cpus = sorted(os.sched_getaffinity(0))
+    steered = direct and len(cpus) >= 2
+    if steered:  # on a CPU of its own, as ``ibemu run`` places it: its cable's far end is steered
+        assert live.sm is not None
+        os.sched_setaffinity(live.sm.pid, {cpus[-1]})
     up = live.wait_for("subnet_up")[0]
     assert up["nodes"] == 36
     assert live.ports_not_active() == []
@@ -180,5 +185,14 @@ def test_ibemu_sm_brings_the_fabric_up_data_flows_and_a_cut_cable_is_rerouted(li
     if direct:  # the SMPs that leave the host went by the SM's own packet socket, both ways
         assert port["tx_direct"] > 300 and port["rx_direct"] >= port["tx_direct"] - 5
         assert port.get("rx_bad_packet", 0) == 0 and port["rx_umad"] < 50
+        assert port["tx_sendmmsg"] > 0  # submitted batches went out in bursts
+        if steered:  # steered at SUBNET UP (the reroutes too), taken back at the exit
+            assert port["steer_changes"] >= 1 and port["steer_cpu_mask"] == sum(1 << c for c in cpus[:-1])
+            far_ns, far_if = steer.peer_of(live.ns("h0"), live.topo.ifname("h0", 1))
+            assert far_ns == live.ns("edge0_0")
+            shown = subprocess.run(["ip", "netns", "exec", far_ns, "sh", "-c",
+                                    f"cat /sys/class/net/{far_if}/queues/rx-*/rps_cpus"],
+                                   capture_output=True, text=True, check=True).stdout.split()
+            assert shown and all(int(m.replace(",", ""), 16) == 0 for m in shown)
     else:
         assert port == {}

@@ -125,3 +125,40 @@ def test_the_sm_process_starts_without_scapy() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys, ibemu.sm.__main__; print('scapy' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+class _Umad:
+    """The MAD socket side of a ``DirectPort``: what it was given."""
+
+    def __init__(self) -> None:
+        self.sent: list[SimRequest] = []
+
+    def send_nowait(self, req: SimRequest) -> None:
+        self.sent.append(req)
+
+
+def test_a_batch_goes_out_in_one_sendmmsg_per_run_of_frames_and_the_rest_by_the_mad_socket() -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    b.setblocking(False)
+    umad = _Umad()
+    p = DirectPort(umad, a, ETH)  # type: ignore[arg-type]
+    far = [SimRequest(0xFFFF, 0, 0, 0, mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3, i], tid=i)) for i in range(5)]
+    local = SimRequest(0xFFFF, 0, 0, 0, mb.dr_smp(mb.GET, NODE_INFO, path=[], tid=99))
+    try:
+        assert p.send_many_nowait([*far[:3], local, *far[3:]]) == 6
+        frames = [b.recv(9000) for _ in range(5)]
+        with pytest.raises(BlockingIOError):
+            b.recv(9000)
+        tids = [mb.tid(f[14 + MAD_OFFSET:14 + MAD_OFFSET + 256]) & 0xFFFF for f in frames]
+        assert tids == [0, 1, 2, 3, 4] and all(f[:14] == ETH for f in frames)
+        assert [r.tid for r in umad.sent] == [99]
+        assert p.stats["tx_sendmmsg"] == 2 and p.stats["tx_direct"] == 5
+        assert p.send_many_nowait([]) == 0
+        b.close()  # nobody to take them: nothing goes, and a single send says why
+        assert p.send_many_nowait(far) == 0
+        with pytest.raises(OSError):
+            p.send_nowait(far[0])
+    finally:
+        a.close()
+        b.close()

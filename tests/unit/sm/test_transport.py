@@ -272,3 +272,60 @@ def test_submitted_calls_retry_fall_back_to_the_send_task_and_can_be_cancelled()
             n.cancel_scope.cancel()
 
     run(main)
+
+
+class Batched(Nowait):
+    """A ``Nowait`` port that also takes bursts (``send_many_nowait``), as the SM's own port
+    does with ``sendmmsg``; ``take`` (when set) is how many of the next burst it accepts."""
+
+    def __init__(self, inner: InMemoryPort) -> None:
+        super().__init__(inner)
+        self.bursts: list[int] = []
+        self.take: int | None = None
+
+    def send_many_nowait(self, reqs: list[SimRequest]) -> int:
+        n = len(reqs) if self.take is None else min(self.take, len(reqs))
+        self.take = None
+        if not n:
+            raise trio.WouldBlock
+        self.bursts.append(n)
+        for req in reqs[:n]:
+            self.send_nowait(req)
+        return n
+
+
+def test_submitted_calls_go_out_in_bursts_and_what_a_burst_leaves_goes_one_by_one() -> None:
+    fab = chain(3)
+    port = Batched(InMemoryPort(fab, "sm"))
+
+    async def main() -> None:
+        t = Transport(port, max_in_flight=32)
+        assert t.burst == 8
+        got: dict[int, Reply | None] = {}
+        async with trio.open_nursery() as n:
+            port.start(n)
+            await n.start(t.serve)
+            calls = [Call(mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3, 3][:i % 4]), functools.partial(got.__setitem__, i))
+                     for i in range(20)]
+            t.submit(calls)
+            assert port.bursts == [8, 8, 4] and len(port.sent_nowait) == 20 and not got
+            while len(got) < 20:
+                await trio.sleep(0.001)
+            assert all(r is not None and r.ok for r in got.values()) and t.stats["send_batches"] == 3
+            # a burst the port takes only part of: the rest go one by one, each once
+            port.take = 3
+            got.clear()
+            t.submit([Call(mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3]), functools.partial(got.__setitem__, i))
+                      for i in range(8)])
+            assert port.bursts[3:] == [3] and len(port.sent_nowait) == 28
+            # none taken (a full socket) and the single sends find it full too: the send task
+            port.take, port.full = 0, 2
+            t.submit([Call(mb.dr_smp(mb.GET, NODE_INFO, path=[1, 3]), functools.partial(got.__setitem__, 8 + i))
+                      for i in range(4)])
+            while len(got) < 12:
+                await trio.sleep(0.001)
+            assert all(r is not None and r.ok and r.attempts == 1 for r in got.values())
+            assert t.stats["sent"] == t.stats["answered"] == 32 and not t._pending and t._window.value == 32
+            n.cancel_scope.cancel()
+
+    run(main)

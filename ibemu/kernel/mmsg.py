@@ -1,0 +1,75 @@
+"""Batched sends: many datagrams (or frames) in one ``sendmmsg(2)`` call.
+
+Python's ``socket`` has no ``sendmmsg``; a ``send`` per frame pays a system call, the
+socket module's own checks and an interpreter round each. ``send_many`` writes a list of
+frames to a connected or bound socket (an AF_PACKET socket bound to its interface, a
+connected datagram socket) in one call, with the GIL released for the whole of it (ctypes),
+so another thread of the process runs meanwhile.
+
+The kernel stops at the first frame it cannot take: ``send_many`` returns how many of the
+first frames went out. Fewer than all means the next one would block or failed; sending
+that one alone reports why (the error of a later frame is not returned by ``sendmmsg``).
+Nothing sent raises ``BlockingIOError`` (a full socket) or ``OSError`` as ``send`` would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Sequence
+from typing import Protocol
+
+_libc = ctypes.CDLL(None, use_errno=True)
+MSG_DONTWAIT = 0x40
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+class _Msghdr(ctypes.Structure):
+    _fields_ = [("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
+                ("msg_iov", ctypes.POINTER(_Iovec)), ("msg_iovlen", ctypes.c_size_t),
+                ("msg_control", ctypes.c_void_p), ("msg_controllen", ctypes.c_size_t),
+                ("msg_flags", ctypes.c_int)]
+
+
+class _Mmsghdr(ctypes.Structure):
+    _fields_ = [("msg_hdr", _Msghdr), ("msg_len", ctypes.c_uint)]
+
+
+_sendmmsg = _libc.sendmmsg
+_sendmmsg.argtypes = [ctypes.c_int, ctypes.POINTER(_Mmsghdr), ctypes.c_uint, ctypes.c_int]
+_sendmmsg.restype = ctypes.c_int
+
+
+class HasFileno(Protocol):
+    def fileno(self) -> int: ...
+
+
+def send_many(sock: HasFileno, frames: Sequence[bytes]) -> int:
+    """Send ``frames`` in order in one ``sendmmsg`` (without blocking); returns how many of the
+    first went out (see the module docstring)."""
+    fileno = getattr(sock, "fileno", None)
+    if fileno is None:
+        raise TypeError(f"{type(sock).__name__} is not a socket")
+    n = len(frames)
+    if not n:
+        return 0
+    iov = (_Iovec * n)()
+    msgs = (_Mmsghdr * n)()
+    keep = [ctypes.c_char_p(f) for f in frames]  # the bytes' own buffers, not copies
+    for i, (f, ref) in enumerate(zip(frames, keep, strict=True)):
+        iov[i].iov_base = ctypes.cast(ref, ctypes.c_void_p)
+        iov[i].iov_len = len(f)
+        hdr = msgs[i].msg_hdr
+        hdr.msg_iov = ctypes.pointer(iov[i])
+        hdr.msg_iovlen = 1
+    sent = _sendmmsg(fileno(), msgs, n, MSG_DONTWAIT)
+    if sent < 0:
+        err = ctypes.get_errno()
+        if err in (errno.EAGAIN, errno.EWOULDBLOCK):
+            raise BlockingIOError(err, os.strerror(err))
+        raise OSError(err, os.strerror(err))
+    return int(sent)
