@@ -11,6 +11,7 @@ descriptor owned by this process; a filter using a program keeps it alive.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import struct
@@ -226,6 +227,11 @@ def map_names() -> list[str]:
     return list(map_ids().values())
 
 
+PROG_LOAD_ATTEMPTS = 5
+"""BPF_PROG_LOAD returns EAGAIN when the verifier stopped for a pending signal (a profiler or
+debugger attached to the process sends them); the load is tried again, as libbpf does."""
+
+
 def load_program(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS, name: str = "",
                  expected_attach_type: int = 0) -> int:
     """Load (and verify) a program; returns its fd. A rejection raises with the verifier's log."""
@@ -239,11 +245,15 @@ def load_program(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS, name
         attr += name.encode()[:15].ljust(16, b"\0") + struct.pack("=II", 0, expected_attach_type)
         return _bpf(BPF_PROG_LOAD, attr.ljust(128, b"\0")), log
 
-    try:
-        return attempt(0, 0)[0]
-    except OSError as exc:
-        log_text = verifier_log(insns, prog_type=prog_type)
-        raise KernelError(f"BPF program {name!r} rejected: {exc}\n{log_text[-3000:]}") from exc
+    for left in range(PROG_LOAD_ATTEMPTS - 1, -1, -1):
+        try:
+            return attempt(0, 0)[0]
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN and left:
+                continue  # the verifier gave up for now (a signal, e.g. a profiler's): again
+            log_text = verifier_log(insns, prog_type=prog_type)
+            raise KernelError(f"BPF program {name!r} rejected: {exc}\n{log_text[-3000:]}") from exc
+    raise AssertionError("unreachable")
 
 
 def verifier_log(insns: bytes, *, prog_type: int = BPF_PROG_TYPE_SCHED_CLS) -> str:
