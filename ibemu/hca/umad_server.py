@@ -180,7 +180,7 @@ class UmadServer:
         if handover is None:
             return
         self.last_handover_counters = handover.stop()
-        log.info("slot %d: hand-over ended: %s", slot, self.last_handover_counters)
+        log.debug("slot %d: hand-over ended", slot)
         sock = self._out[slot]
         if sock is not None:
             self._read_slot(slot, sock)

@@ -14,8 +14,10 @@ handles it as if read from the slot. The program's header comment has the exact 
 socket: the agent host keeps writing its replies to it), its socketpair end, the packet
 socket (opened here, in the host's namespace, the filter attached before it is bound) and a
 memfd page of counters (``COUNTERS``) that both map: ``Twin.counters`` reads them live. The
-process dies with its parent (PR_SET_PDEATHSIG), ends when the socketpair closes, and is
-claimed in the run's state so that ``ibemu clean RUN`` ends it by PID.
+process ends when its socketpair closes (``Twin.stop``, or the agent host ending in any way:
+its end is close-on-exec, held by no other process; not PR_SET_PDEATHSIG, which fires when
+the worker thread that started it is retired), is ended by PID on ``stop``, and is claimed in
+the run's state so that ``ibemu clean RUN`` ends it by PID.
 
 ``madtwin`` is built by ``make native`` (scripts/setup.sh does it); without it the MAD socket
 stays on the Python path and says so once (``notice_if_missing``). ``IBEMU_MADTWIN=0`` turns
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 BINARY = Path(__file__).parent / "c_src" / "madtwin"
 ENV = "IBEMU_MADTWIN"
 COUNTERS = ("sent", "answered", "timed_out", "bad_frame", "not_pending", "dr_discard",
-            "forwarded", "no_carrier", "client_dropped", "send_error", "pending")
+            "forwarded", "no_carrier", "client_dropped", "send_error", "pending", "rtt_ns", "rtt_max_ns")
 """``struct twin_stats``'s counters, in its order (after magic and pid)."""
 STATS_MAGIC = 0x6E69777464616D
 _STATS = struct.Struct(f"<QQ{len(COUNTERS)}Q")
@@ -177,6 +179,7 @@ class Twin:
                 self.proc.wait(2)
         self._final = self.counters() if not self._stats.closed else dict.fromkeys(COUNTERS, 0)
         self._final["pending"] = 0
+        log.info("madtwin %d ended: %s", self.pid, self._final)
         self._stats.close()
         return dict(self._final)
 

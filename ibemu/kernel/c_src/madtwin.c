@@ -19,6 +19,7 @@
  *               is forwarded there unchanged, and the agent host handles it as if it had read
  *               it from the slot (control stays on <base>:ctl with the agent host anyway).
  *               End of file on it (the agent host closed it or died) ends this program.
+ *               (Its end is the agent host's alone: close-on-exec, never inherited.)
  *   --pkt-fd    an AF_PACKET socket on the client host's HCA veth (its namespace), with a
  *               classic BPF filter that passes only QP0 GetResp frames whose TID bits 48-63
  *               are TID_TAG (ibemu/kernel/madtwin.py: TWIN_REPLIES).
@@ -53,14 +54,12 @@
 #include <getopt.h>
 #include <net/if.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -120,6 +119,8 @@ enum {
 	C_CLIENT_DROPPED, /* replies the client's socket refused (queue full past ours, error) */
 	C_SEND_ERROR,     /* frames the packet socket refused (the request then times out) */
 	C_PENDING,        /* requests waiting now (a gauge) */
+	C_RTT_NS,         /* sum over answered requests of send -> response read, ns */
+	C_RTT_MAX_NS,     /* the longest of those */
 	NCOUNTERS,
 };
 #define STATS_MAGIC 0x6e69777464616dULL /* "madtwin" */
@@ -234,6 +235,7 @@ static int frame_request(const uint8_t *req, uint8_t *pkt, uint32_t psn, int por
 struct pending {
 	uint64_t tid48;    /* TID bits 0-47 as sent */
 	uint64_t deadline; /* CLOCK_MONOTONIC ns */
+	uint64_t sent;     /* CLOCK_MONOTONIC ns */
 	uint8_t req[REQ_LEN];
 	int used;
 };
@@ -262,7 +264,7 @@ static struct pending *find_pending(uint64_t tid48)
 
 /* Remember ``req`` (a request with the same TID replaces the older one, as the Python
  * path's table does). NULL when full: the caller forwards the request instead. */
-static struct pending *add_pending(const uint8_t *req, uint64_t deadline)
+static struct pending *add_pending(const uint8_t *req, uint64_t sent, uint64_t deadline)
 {
 	uint64_t tid48 = tid48_of(req + R_MAD);
 	struct pending *p = find_pending(tid48);
@@ -278,6 +280,7 @@ static struct pending *add_pending(const uint8_t *req, uint64_t deadline)
 		npending++;
 	}
 	p->tid48 = tid48;
+	p->sent = sent;
 	p->deadline = deadline;
 	memcpy(p->req, req, REQ_LEN);
 	return p;
@@ -373,7 +376,7 @@ static int test_mode(const char *mode, int port)
 		struct pending *p;
 		npending = 0;
 		memset(pending, 0, sizeof(pending[0]));
-		add_pending(req, 0);
+		add_pending(req, 0, 0);
 		if (take_response(pkt, PKT_LEN, out, &p) == RX_OK)
 			print_hex(out, REQ_LEN);
 		else
@@ -467,7 +470,8 @@ static void on_request(struct twin *t, const uint8_t *req, ssize_t len)
 	}
 	t->psn = (t->psn + 1) & 0xFFFFFF;
 	memcpy(frame, t->eth, ETH_LEN);
-	add_pending(req, now_ns() + t->timeout_ns);
+	uint64_t now = now_ns();
+	add_pending(req, now, now + t->timeout_ns);
 	if (send(t->pkt_fd, frame, FRAME_LEN, MSG_DONTWAIT) != FRAME_LEN)
 		stats->c[C_SEND_ERROR]++; /* lost like a frame on a cable: the timeout answers */
 	else
@@ -489,11 +493,16 @@ static void on_frame(struct twin *t, const uint8_t *frame, ssize_t len)
 	struct pending *p = NULL;
 	int rc = len < ETH_LEN ? RX_BAD_FRAME : take_response(frame + ETH_LEN, len - ETH_LEN, out, &p);
 	switch (rc) {
-	case RX_OK:
+	case RX_OK: {
+		uint64_t rtt = now_ns() - p->sent;
+		stats->c[C_RTT_NS] += rtt;
+		if (rtt > stats->c[C_RTT_MAX_NS])
+			stats->c[C_RTT_MAX_NS] = rtt;
 		drop_pending(p);
 		put(t->client, out);
 		stats->c[C_ANSWERED]++;
 		break;
+	}
 	case RX_BAD_FRAME:
 		stats->c[C_BAD_FRAME]++;
 		break;
@@ -639,9 +648,9 @@ int main(int argc, char **argv)
 		usage();
 		return 2;
 	}
-	prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent host gone: so are we */
-	if (getppid() == 1)
-		return 0;
+	/* No PR_SET_PDEATHSIG: it fires when the *thread* that started us ends (the agent host
+	 * starts us from a worker thread, which its pool retires when idle). The agent host's
+	 * end of --fwd-fd is the tie: it closes when that process ends, however it ends. */
 	stats = mmap(NULL, sizeof(*stats), PROT_READ | PROT_WRITE, MAP_SHARED, stats_fd, 0);
 	if (stats == MAP_FAILED) {
 		perror("madtwin: mmap of --stats-fd");
