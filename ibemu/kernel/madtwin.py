@@ -48,6 +48,7 @@ COUNTERS = ("sent", "answered", "timed_out", "bad_frame", "not_pending", "dr_dis
 STATS_MAGIC = 0x6E69777464616D
 _STATS = struct.Struct(f"<QQ{len(COUNTERS)}Q")
 _FWD_BUFFER = 1 << 20
+MEMFD_NAME = "madtwin-stats"
 
 _ETH = 14
 _MAD = _ETH + 28
@@ -125,7 +126,7 @@ class Twin:
             raise FileNotFoundError(f"{BINARY} is not built (make native)")
         pkt = open_packet_socket(ns, ifname, ETH_P_IB, bpf=TWIN_REPLIES)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        memfd = os.memfd_create("madtwin-stats", os.MFD_CLOEXEC)
+        memfd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         try:
             os.ftruncate(memfd, mmap.PAGESIZE)
             stats = mmap.mmap(memfd, mmap.PAGESIZE)
@@ -157,10 +158,7 @@ class Twin:
         """The twin's counters now (after ``stop``: their last values)."""
         if self._final is not None:
             return dict(self._final)
-        magic, _pid, *values = _STATS.unpack_from(self._stats, 0)
-        if magic != STATS_MAGIC:  # not started yet
-            return dict.fromkeys(COUNTERS, 0)
-        return dict(zip(COUNTERS, values, strict=True))
+        return _unpack(self._stats)
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -182,6 +180,27 @@ class Twin:
         log.info("madtwin %d ended: %s", self.pid, self._final)
         self._stats.close()
         return dict(self._final)
+
+
+def _unpack(buf: bytes | mmap.mmap) -> dict[str, int]:
+    magic, _pid, *values = _STATS.unpack_from(buf, 0)
+    if magic != STATS_MAGIC:  # not started yet
+        return dict.fromkeys(COUNTERS, 0)
+    return dict(zip(COUNTERS, values, strict=True))
+
+
+def read_counters(pid: int) -> dict[str, int]:
+    """The counters of the running twin ``pid``, from outside its agent host (root: through
+    ``/proc/PID/fd``, the memfd it maps); ``ProcessLookupError`` when there is none."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        for fd in fd_dir.iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith(f"/memfd:{MEMFD_NAME}"):
+                    return _unpack(fd.read_bytes()[:_STATS.size])
+    except OSError:
+        pass
+    raise ProcessLookupError(f"no madtwin with pid {pid}")
 
 
 def run_test_mode(mode: str, data: bytes, *, port: int = 1, timeout_s: float = 30.0) -> list[str]:

@@ -365,8 +365,10 @@ static int test_mode(const char *mode, int port)
 	int reply = !strcmp(mode, "reply");
 	while (fread(req, 1, REQ_LEN, stdin) == REQ_LEN) {
 		if (!reply) {
-			if (frame_request(req, pkt, ++psn, port))
+			if (frame_request(req, pkt, psn + 1, port)) { /* the PSN counts framed requests */
+				psn++;
 				print_hex(pkt, PKT_LEN);
+			}
 			else
 				puts("-");
 			continue;
