@@ -10,7 +10,9 @@ The program is run in its test modes (stdin -> hex lines): no sockets, no fabric
 
 from __future__ import annotations
 
+import logging
 import random
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ from ibemu.kernel import madtwin, sockfilter
 from ibemu.wire.madpacket import frame_mad
 from ibemu.wire.umad import SimRequest, mad_tid, rmpp_length, set_mad_tid
 
-pytestmark = pytest.mark.skipif(not madtwin.available(), reason="madtwin is not built (make native)")
+needs_binary = pytest.mark.skipif(not madtwin.available(), reason="madtwin is not built (make native)")
 
 # Every SMP attribute OpenSM and infiniband-diags send directed-route.
 ATTRS = (0x0010, 0x0011, 0x0012, 0x0014, 0x0015, 0x0016, 0x0017, 0x0018, 0x0019, 0x001B, 0x0020, 0x0030)
@@ -57,6 +59,7 @@ def ca() -> CaAgent:
     return CaAgent(node_guid=0x0A1BE00200000001, num_ports=1, link_up=[True])
 
 
+@needs_binary
 def test_frames_equal_the_ca_agents_byte_for_byte() -> None:
     reqs = requests()
     got = madtwin.run_test_mode("frame", b"".join(reqs))
@@ -72,6 +75,7 @@ def test_frames_equal_the_ca_agents_byte_for_byte() -> None:
     assert got == want
 
 
+@needs_binary
 def test_what_the_twin_leaves_to_the_agent_host() -> None:
     rng = random.Random(2)
 
@@ -128,6 +132,7 @@ def agent_reply(agent: CaAgent, pkt: bytes | bytearray, client_tid: int) -> str:
                       length=rmpp_length(d.mad)).pack().hex()
 
 
+@needs_binary
 def test_replies_equal_the_agent_hosts_and_bad_frames_are_dropped() -> None:
     rng = random.Random(3)
     reqs = requests(4)
@@ -155,6 +160,7 @@ def test_replies_equal_the_agent_hosts_and_bad_frames_are_dropped() -> None:
     assert madtwin.run_test_mode("reply", reqs[0] + bytes(other)) == ["-"]
 
 
+@needs_binary
 def test_the_filter_takes_only_tagged_dr_getresps() -> None:
     rng = random.Random(5)
     frame = bytes.fromhex(madtwin.run_test_mode("frame", requests()[0])[0])
@@ -173,3 +179,21 @@ def test_the_filter_takes_only_tagged_dr_getresps() -> None:
     # and the CA agent's own filter leaves exactly the tagged ones to the twin
     assert not sockfilter.matches(sockfilter.CA_MANAGEMENT, eth + bytes(resp))
     assert sockfilter.matches(sockfilter.CA_MANAGEMENT, eth + bytes(untagged))
+
+
+def test_without_the_binary_one_notice_and_the_python_path(monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(madtwin, "BINARY", Path("/nonexistent/madtwin"))
+    monkeypatch.setattr(madtwin, "_noticed", False)
+    monkeypatch.delenv(madtwin.ENV, raising=False)
+    with caplog.at_level(logging.WARNING, logger=madtwin.__name__):
+        assert not madtwin.enabled()
+        madtwin.notice_if_missing()
+        madtwin.notice_if_missing()
+    assert [r.getMessage() for r in caplog.records] == [
+        "/nonexistent/madtwin is not built (make native): OpenSM's SMPs take the agent host's Python path"]
+    monkeypatch.setattr(madtwin, "_noticed", False)
+    monkeypatch.setenv(madtwin.ENV, "0")  # turned off: no notice either
+    caplog.clear()
+    madtwin.notice_if_missing()
+    assert not caplog.records
