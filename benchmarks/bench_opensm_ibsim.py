@@ -354,8 +354,8 @@ def report(k: int, engine: str, sides: list[Side], ibsim_side: Side, load: tuple
             print(f"C twin, {len(side.twin)} fabrics: " + ", ".join(f"{key} {v:,}" for key, v in total.items())
                   + f"; SMP round trip (send -> response read, real time) mean {rtt:.0f} us, max {rtt_max:.0f} us")
     print("* every ibemu figure includes ibemu's own CPU cost: OpenSM's SMPs cross the emulated cables "
-          "and are answered by the switch agents of this process; on ibsim a switch answers inside "
-          "the simulator, no SMP crosses a cable.")
+          "and are answered by the switches (their eBPF SMA in the kernel, PortInfo Sets by the switch "
+          "agents of this process); on ibsim a switch answers inside the simulator, no SMP crosses a cable.")
     print("bring-up: OpenSM process start -> SUBNET UP (its log's stamp); the fabric's build and "
           "ibsim's start are not counted. fault: the edge switch's interface down (ibemu, a netlink call "
           "from this process) / ibsim's console Unlink, which sends trap 128 from both switches; trap: the "
