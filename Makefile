@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run demo test lint bench clean bpf
+.PHONY: setup run demo test lint bench clean bpf native
 setup:
 	IBEMU_VENV=$(VENV) scripts/setup.sh
 
@@ -12,6 +12,12 @@ MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null || echo $$(uname -m)-linux
 bpf: $(BPF_OBJS)
 ibemu/kernel/bpf_src/%.o: ibemu/kernel/bpf_src/%.c
 	clang -O2 -g0 -target bpf -I/usr/include -I/usr/include/$(MULTIARCH) -Wall -c $< -o $@
+
+# The C twin of OpenSM's MAD-socket hot path (ibemu/kernel/madtwin.py): plain C, libc only.
+NATIVE := ibemu/kernel/c_src/madtwin
+native: $(NATIVE)
+ibemu/kernel/c_src/%: ibemu/kernel/c_src/%.c
+	$(CC) -O2 -Wall -Wextra -o $@ $<
 
 run: setup
 	$(VENV)/bin/ibemu run
@@ -32,5 +38,5 @@ bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	-rm -f $(BPF_OBJS)
+	-rm -f $(BPF_OBJS) $(NATIVE)
 	-$(VENV)/bin/ibemu clean

@@ -26,11 +26,17 @@ Measured on each side:
   heavy sweep -> SUBNET UP.
 
 On ibsim no SMP crosses a cable: a switch answers within the simulator's one process. On ibemu
-every SMP crosses the emulated cables and is answered by the switch agents of this same
-process, so every ibemu figure includes ibemu's own CPU cost.
+every SMP crosses the emulated cables and is answered by the switches (their eBPF SMA, or the
+switch agents of this same process), so every ibemu figure includes ibemu's own CPU cost.
+
+``--twin both`` (the default when ``make native`` built it) runs ibemu's side twice per run,
+with OpenSM's MAD-socket slot served by the C twin (``kernel.madtwin``, the default of a
+fabric) and by the agent host's Python path (``IBEMU_MADTWIN=0``), the order alternating
+between runs; ``on`` / ``off`` run one of them. The twin's counters (SMPs it sent, answered,
+timed out, forwarded to the agent host, bad frames) are printed per fabric.
 
 Run: sudo .venv/bin/python benchmarks/bench_opensm_ibsim.py [--k 8] [--cuts 4] [--runs 3]
-     [--engine ftree] [--json FILE]
+     [--engine ftree] [--twin both|on|off] [--json FILE]
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ import harness  # benchmarks/harness.py
 from ibemu import clock
 from ibemu.fabric import opensm, opensm_log
 from ibemu.fabric.umad2sim import umad2sim_path
-from ibemu.kernel import cpus
+from ibemu.kernel import cpus, madtwin
 from ibemu.topo import Topology, generate
 from ibemu.topo import ibnetdiscover as ib
 
@@ -85,6 +91,10 @@ class Side:
     name: str
     bringup_s: list[float] = field(default_factory=list)
     cuts: list[dict[str, Any]] = field(default_factory=list)
+    twin: list[dict[str, int]] = field(default_factory=list)
+    """The C twin's counters per fabric (ibemu, twin on)."""
+    run_starts: list[int] = field(default_factory=list)
+    """Where each run's cuts start in ``cuts``."""
 
 
 class LogWatch:
@@ -204,6 +214,7 @@ def run_ibsim(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
     ib.dump(topo, net)
     host = f"H-{topo.node(SM_HOST).guid:016x}"
     placement = cpus.placement()
+    side.run_starts.append(len(side.cuts))
     with ibsim(net, work) as (sim, env):
         cpus.pin_process(sim.pid, placement.agents)  # where ibemu's agent host runs
         t0 = clock.now_ns()
@@ -241,9 +252,12 @@ class LiveFabric(harness.LiveFabric):
         return proc is not None and proc.poll() is None
 
 
-def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Path, side: Side) -> float:
+def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Path, side: Side,
+              twin: bool) -> float:
     """One fresh live fabric, OpenSM brought up on it, then ``cuts``; returns the fabric's build
-    time in seconds."""
+    time in seconds. ``twin``: OpenSM's slot served by the C twin, else by the Python path."""
+    os.environ[madtwin.ENV] = "1" if twin else "0"
+    side.run_starts.append(len(side.cuts))
     t_build = time.monotonic()
     with LiveFabric(topo, engine, work) as fab:
         assert fab.rt.sm_up_s is not None and fab.rt.fabric is not None
@@ -261,6 +275,10 @@ def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Pa
             links.set_up(ns, ifname, True)
             watch.reroute_after(t_restore, fab.alive)
             watch.settle(fab.alive)
+        counters = fab.rt.mad_ports[SM_HOST].twin_counters()
+        if twin and not counters.get("sent"):
+            raise RuntimeError("the C twin was asked for but served nothing")
+        side.twin.append(counters)
     return build_s
 
 
@@ -283,47 +301,75 @@ def summary(side: Side) -> dict[str, Any]:
     return {"bringup_s": side.bringup_s, "bringup_median_s": statistics.median(side.bringup_s),
             "trap_to_subnet_up_ms": trap_up, "trap_to_subnet_up_median_ms": statistics.median(trap_up),
             "trap_to_routed_median_ms": median([c["trap_to_routed_ms"] for c in side.cuts]),
-            "fault_to_trap_ms": [c["fault_to_trap_ms"] for c in side.cuts], "cuts": side.cuts}
+            "fault_to_trap_ms": [c["fault_to_trap_ms"] for c in side.cuts], "cuts": side.cuts,
+            "per_run_median_ms": per_run_medians(side), "twin": side.twin}
 
 
-def report(k: int, engine: str, ibemu_side: Side, ibsim_side: Side, load: tuple[float, float]) -> dict[str, Any]:
-    s = {"ibemu": summary(ibemu_side), "ibsim": summary(ibsim_side)}
-    ratio_trap = s["ibemu"]["trap_to_subnet_up_median_ms"] / s["ibsim"]["trap_to_subnet_up_median_ms"]
-    ratio_up = s["ibemu"]["bringup_median_s"] / s["ibsim"]["bringup_median_s"]
-    n_cuts, n_runs = len(ibemu_side.cuts), len(ibemu_side.bringup_s)
+def per_run_medians(side: Side) -> list[float]:
+    """trap -> SUBNET UP, the median of each run's cuts."""
+    ends = [*side.run_starts[1:], len(side.cuts)]
+    return [statistics.median(c["trap_to_subnet_up_ms"] for c in side.cuts[a:b])
+            for a, b in zip(side.run_starts, ends, strict=True) if b > a]
+
+
+LABELS = {"ibemu": "ibemu, C twin", "ibemu-python": "ibemu, Python path", "ibsim": "ibsim"}
+
+
+def report(k: int, engine: str, sides: list[Side], ibsim_side: Side, load: tuple[float, float]) -> dict[str, Any]:
+    s = {side.name: summary(side) for side in [*sides, ibsim_side]}
+    base = s["ibsim"]
+    ratios = {side.name: s[side.name]["trap_to_subnet_up_median_ms"] / base["trap_to_subnet_up_median_ms"]
+              for side in sides}
+    n_cuts, n_runs = len(ibsim_side.cuts), len(ibsim_side.bringup_s)
     print(f"\nOpenSM {opensm_version()} (-R {engine}) on a k={k} fat-tree: {n_runs} cold bring-ups and "
           f"{n_cuts} edge-aggregation cable cuts per fabric; load average {load[0]:.1f} at the start, "
           f"{load[1]:.1f} at the end ({os.cpu_count()} CPUs)")
     print("\n| fabric | bring-up s (range) | fault -> trap ms (range) | trap -> routed ms (median) "
-          "| trap -> SUBNET UP ms: median (range) | ratio ibemu/ibsim: trap -> SUBNET UP (bring-up) |")
-    print("|---|---|---|---|---|---|")
-    for name in ("ibemu", "ibsim"):
+          "| trap -> SUBNET UP ms: median (range) | per run medians | ratio to ibsim: trap -> SUBNET UP "
+          "(per run) (bring-up) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in [*(side.name for side in sides), "ibsim"]:
         f = s[name]
-        ratio = f"{ratio_trap:.2f}x ({ratio_up:.2f}x)" if name == "ibemu" else "1"
-        mark = "*" if name == "ibemu" else ""
+        runs = f["per_run_median_ms"]
+        if name == "ibsim":
+            ratio = "1"
+        else:
+            per = [a / b for a, b in zip(runs, base["per_run_median_ms"], strict=False)]
+            ratio = (f"{ratios[name]:.2f}x ({span(per, 2)}x) "
+                     f"({f['bringup_median_s'] / base['bringup_median_s']:.2f}x)")
+        mark = "*" if name != "ibsim" else ""
         routed = "-" if f["trap_to_routed_median_ms"] is None else f"{f['trap_to_routed_median_ms']:.0f}"
-        print(f"| {name}{mark} | {span(f['bringup_s'], 2)} | {span(f['fault_to_trap_ms'], 1)} | {routed} | "
-              f"{f['trap_to_subnet_up_median_ms']:.0f} ({span(f['trap_to_subnet_up_ms'], 0)}) | {ratio} |")
-    ok = ratio_trap <= TARGET_RATIO
-    print(f"\ntarget: ibemu's trap -> SUBNET UP within {TARGET_RATIO}x of ibsim's: "
-          f"{'met' if ok else 'missed'} ({ratio_trap:.2f}x)")
+        print(f"| {LABELS.get(name, name)}{mark} | {span(f['bringup_s'], 2)} | {span(f['fault_to_trap_ms'], 1)} | "
+              f"{routed} | {f['trap_to_subnet_up_median_ms']:.0f} ({span(f['trap_to_subnet_up_ms'], 0)}) | "
+              f"{', '.join(f'{v:.0f}' for v in runs)} | {ratio} |")
+    for name, ratio in ratios.items():
+        print(f"\ntarget ({LABELS.get(name, name)}): trap -> SUBNET UP within {TARGET_RATIO}x of ibsim's: "
+              f"{'met' if ratio <= TARGET_RATIO else 'missed'} ({ratio:.2f}x)")
+    for side in sides:
+        if side.twin and any(side.twin):
+            total = {key: sum(c.get(key, 0) for c in side.twin) for key in madtwin.COUNTERS
+                     if key not in ("pending", "rtt_ns", "rtt_max_ns")}
+            rtt = sum(c.get("rtt_ns", 0) for c in side.twin) / max(1, total["answered"]) / 1e3
+            rtt_max = max(c.get("rtt_max_ns", 0) for c in side.twin) / 1e3
+            print(f"C twin, {len(side.twin)} fabrics: " + ", ".join(f"{key} {v:,}" for key, v in total.items())
+                  + f"; SMP round trip (send -> response read, real time) mean {rtt:.0f} us, max {rtt_max:.0f} us")
     print("* every ibemu figure includes ibemu's own CPU cost: OpenSM's SMPs cross the emulated cables "
-          "and are answered by the switch agents of this process; on ibsim a switch answers inside "
-          "the simulator, no SMP crosses a cable.")
+          "and are answered by the switches (their eBPF SMA in the kernel, PortInfo Sets by the switch "
+          "agents of this process); on ibsim a switch answers inside the simulator, no SMP crosses a cable.")
     print("bring-up: OpenSM process start -> SUBNET UP (its log's stamp); the fabric's build and "
           "ibsim's start are not counted. fault: the edge switch's interface down (ibemu, a netlink call "
           "from this process) / ibsim's console Unlink, which sends trap 128 from both switches; trap: the "
           "first trap 128 in OpenSM's log (a switch whose route to the SM crossed the cut cable cannot "
           "send its trap: for edge0_0's uplinks, h0's, OpenSM gets one trap on both fabrics); routed: its "
           "routing engine's \"tables configured\".")
-    for name, side in (("ibemu", ibemu_side), ("ibsim", ibsim_side)):
-        print(f"{name} per cut: " + "; ".join(
+    for side in [*sides, ibsim_side]:
+        print(f"{LABELS.get(side.name, side.name)} per cut: " + "; ".join(
             f"{c['cable']} {c['trap_to_subnet_up_ms']:.0f} ms (routed "
             f"{'-' if c['trap_to_routed_ms'] is None else format(c['trap_to_routed_ms'], '.0f')}, "
             f"{c['engine']}{' after ' + engine + ' refused' if c['fallback'] else ''})" for c in side.cuts))
     return {"k": k, "engine": engine, "opensm": opensm_version(), "loadavg_start_end": load,
-            "target_ratio": TARGET_RATIO,
-            "ratio_trap_to_subnet_up": ratio_trap, "ratio_bringup": ratio_up, "target_met": ok, **s}
+            "target_ratio": TARGET_RATIO, "ratio_trap_to_subnet_up": ratios,
+            "target_met": {name: r <= TARGET_RATIO for name, r in ratios.items()}, **s}
 
 
 def opensm_version() -> str:
@@ -342,6 +388,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3,
                     help="fresh fabrics per side, ibsim and ibemu in turn; the cuts are shared out among them")
     ap.add_argument("--engine", default="ftree", help="OpenSM's routing engine (-R)")
+    ap.add_argument("--twin", choices=("both", "on", "off"), default="both" if madtwin.available() else "off",
+                    help="ibemu's side with OpenSM's slot on the C twin (on), on the Python path (off), or both "
+                         "(default when the twin is built: both)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--keep", type=Path, help="keep OpenSM's logs and ibsim's output in this (new) directory")
     args = ap.parse_args()
@@ -355,6 +404,8 @@ def main() -> int:
         return 2
     if args.k < 2 or args.k % 2 or args.cuts < 1 or args.runs < 1:
         ap.error("--k must be even (>= 2), --cuts and --runs >= 1")
+    if args.twin != "off" and not madtwin.available():
+        ap.error(f"--twin {args.twin}: {madtwin.BINARY} is not built (make native)")
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # the same clean-up as Ctrl-C
@@ -367,20 +418,27 @@ def main() -> int:
             tmp = Path(d) if args.keep is None else args.keep
             tmp.mkdir(parents=True, exist_ok=True)
             print(f"k={args.k}: cables {', '.join(f'{n}:{p}' for n, p in cut)}", file=sys.stderr, flush=True)
-            ibsim_side, ibemu_side = Side("ibsim"), Side("ibemu")
+            ibsim_side = Side("ibsim")
+            modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.twin]
+            sides = {twin: Side("ibemu" if twin else "ibemu-python") for twin in modes}
             load0 = os.getloadavg()[0]
-            for run in range(args.runs):  # interleaved: both fabrics see the machine's load alike
+            for run in range(args.runs):  # interleaved: every fabric sees the machine's load alike
                 mine = cut[run::args.runs]
                 work = tmp / f"ibsim-{run}"
                 work.mkdir()
                 run_ibsim(topo, mine, args.engine, work, ibsim_side)
-                work = tmp / f"ibemu-{run}"
-                work.mkdir()
-                build_s = run_ibemu(topo, mine, args.engine, work, ibemu_side)
-                print(f"  run {run + 1}/{args.runs}: bring-up ibsim {ibsim_side.bringup_s[-1]:.3f} s, ibemu "
-                      f"{ibemu_side.bringup_s[-1]:.3f} s (its fabric built in {build_s:.1f} s), {len(mine)} cut{'' if len(mine) == 1 else 's'} "
-                      f"each", file=sys.stderr, flush=True)
-            out = report(args.k, args.engine, ibemu_side, ibsim_side, (load0, os.getloadavg()[0]))
+                for twin in (modes if run % 2 == 0 else modes[::-1]):
+                    side = sides[twin]
+                    work = tmp / f"{side.name}-{run}"
+                    work.mkdir()
+                    build_s = run_ibemu(topo, mine, args.engine, work, side, twin)
+                    print(f"  run {run + 1}/{args.runs}: bring-up ibsim {ibsim_side.bringup_s[-1]:.3f} s, "
+                          f"{LABELS[side.name]} {side.bringup_s[-1]:.3f} s (its fabric built in {build_s:.1f} s), "
+                          f"trap -> SUBNET UP median ibsim {per_run_medians(ibsim_side)[-1]:.0f} ms, "
+                          f"{LABELS[side.name]} {per_run_medians(side)[-1]:.0f} ms; {len(mine)} "
+                          f"cut{'' if len(mine) == 1 else 's'} each", file=sys.stderr, flush=True)
+            os.environ.pop(madtwin.ENV, None)
+            out = report(args.k, args.engine, list(sides.values()), ibsim_side, (load0, os.getloadavg()[0]))
     except KeyboardInterrupt:
         print("interrupted: every process and namespace this run started is gone", file=sys.stderr)
         return 130

@@ -12,6 +12,8 @@ APT_PACKAGES+=(mininet bridge-utils)
 # The device firmware's eBPF programs are C, built with clang -target bpf against libbpf's
 # headers (no kernel headers needed); OpenSM runs on the dilated clock under libfaketime.
 APT_PACKAGES+=(clang libbpf-dev libfaketime)
+# The C twin of OpenSM's MAD-socket path (ibemu/kernel/c_src/madtwin.c): a C compiler and libc's headers.
+APT_PACKAGES+=(gcc libc6-dev)
 # node_exporter reads the fabric's per-host sysfs trees (tests/integration/test_metrics_live.py).
 APT_PACKAGES+=(prometheus-node-exporter)
 # The browser tests of the HTML report and the live page (`ibemu up --web`) drive headless Chromium.
@@ -52,6 +54,9 @@ fi
 # its management on the Python agents (and says so once).
 if command -v clang >/dev/null 2>&1; then
     make -s bpf || echo "setup: the eBPF SMA did not build: management stays with the Python agents"
+fi
+if command -v cc >/dev/null 2>&1; then
+    make -s native || echo "setup: madtwin did not build: OpenSM's SMPs take the agent host's Python path"
 fi
 # Shell completion (`ibemu completion bash`): into bash-completion's folder (IBEMU_BASH_COMPLETION_DIR)
 # when root; rewritten

@@ -182,6 +182,10 @@ class Port:
     client_reregister: int = 0
     subnet_timeout: int = 0
     resp_time_value: int = 0x10
+    error_thresholds: int = 0
+    """PortInfo byte 53: LocalPhyErrors (high nibble) and OverrunErrors (low) thresholds, as
+    an SM set them (OpenSM writes 8/8 and compares what it reads back: a port that forgot them
+    got a PortInfo Set in every sweep)."""
     pkeys: list[int] = field(default_factory=list)
     counters: PortCounters = field(default_factory=PortCounters)
 
@@ -291,7 +295,7 @@ class Port:
             1,  # GUIDCap
             ((0 if ext else self.client_reregister) << 7) | (0 if ext else self.subnet_timeout),
             self.resp_time_value,
-            0,  # LocalPhyErrors / OverrunErrors thresholds
+            self.error_thresholds,  # LocalPhyErrors / OverrunErrors thresholds
             0,  # MaxCreditHint
             0,
             b"\0\0\0",  # LinkRoundTripLatency
@@ -306,7 +310,7 @@ class Port:
         """Validate and apply a SubnSet(PortInfo); atomic (see the module docstring)."""
         (m_key, gid_prefix, lid, sm_lid, _cap, _diag, lease, _lpn, lwe, _lws, _lwa, ls_byte,
          phys_byte, mkp_lmc, lsa_byte, nmtu_smsl, _vlcap, vlhl, _hc, _lc, _mtucap, stall_hoq,
-         opvls_byte, mkv, pkv, qkv, _gcap, cr_st, _rtv, _err, _mch, _r, _rtl, _cm2, _ext,
+         opvls_byte, mkv, pkv, qkv, _gcap, cr_st, _rtv, err, _mch, _r, _rtl, _cm2, _ext,
          lsee) = _PI.unpack_from(data, 0)
         out = SetOutcome(state_before=self.state, phys_before=self.phys)
         req_state = ls_byte & 0x0F
@@ -354,6 +358,7 @@ class Port:
                 self.state = PortState(req_state)
             return out
         self.m_key_violations, self.p_key_violations, self.q_key_violations = mkv, pkv, qkv
+        self.error_thresholds = err
         if lwe:
             self.link_width_enabled = widths_supported(self.width) if lwe == 0xFF else lwe
         if lse:

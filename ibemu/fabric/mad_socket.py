@@ -3,11 +3,24 @@
 Client requests become ``CaAgent.send_mad`` calls whose actions the agent host carries out
 (the MADs leave as real packets); ``DeliverMad`` actions of that CA come back here and go to
 the right client through ``UmadServer.deliver``.
+
+OpenSM's slot is handed to the C twin of this path (``kernel.madtwin``) when it is built and
+not turned off (``IBEMU_MADTWIN=0``): its directed-route SMPs then leave and return through
+that process, as through an HCA, and only the rest (HopCount 0, which this CA's SMA answers,
+GSI classes, traps, control) comes here. A client is OpenSM when its process's name is
+``opensm`` (``/proc/PID/comm``; the client's PID is in its CONNECT). The twin's requests carry
+no slot in TID bits 48-63 and time out after the same ``timeout_s``, in real time; its
+counters are ``CaMadPort.twin_counters``. The twin runs on the SM's CPU, as a real SM host's
+umad path does (the kernel runs each SMP's round trip through the switches' eBPF SMA in the
+sender's context, so that work lands there too); on the agent host's CPU, OpenSM's reroutes
+were slower in interleaved runs of ``bench_opensm_ibsim.py`` (README). Deviation: the CA port's own packet
+counters do not count the twin's SMPs (its interface's do).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 
 import trio
 
@@ -16,13 +29,16 @@ from ibemu.agents.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.agents.ca import CaAgent
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.hca.umad_server import UmadServer
-from ibemu.wire.umad import CLASS_SA, SimRequest, rmpp_length, rmpp_seal
+from ibemu.kernel import cpus, madtwin
+from ibemu.wire.umad import CLASS_SA, Client, SimRequest, rmpp_length, rmpp_seal
 
 log = logging.getLogger(__name__)
 
 
 NO_REPLY_METHODS = frozenset({0x03, 0x05, 0x07})  # Send, Trap, TrapRepress
 DEFAULT_MAD_TIMEOUT_S = 0.5
+TWIN_CLIENTS = frozenset({"opensm"})
+"""Process names whose slot the C twin serves."""
 
 
 class CaMadPort:
@@ -54,6 +70,39 @@ class CaMadPort:
         self.timed_out = 0
         self._armed: trio.Event | None = None  # set when a request starts waiting
         host.attach_mad_sink(name, self._from_fabric)
+
+    # the C twin ------------------------------------------------------------------
+    def twin_for(self, slot: int, client: Client, data_sock: socket.socket) -> madtwin.Twin | None:
+        """``UmadServer.takeover``: the C twin for OpenSM's slot (blocking: a worker thread)."""
+        if madtwin.process_name(client.pid) not in TWIN_CLIENTS:
+            return None
+        if not madtwin.enabled():
+            madtwin.notice_if_missing()
+            return None
+        rt = self.host.nodes[self.name]
+        pp = rt.plan.ports.get(self.port)
+        if pp is None:
+            return None
+        twin = madtwin.Twin.start(data_sock, rt.plan.ns, pp.ifname, pp.peer_mac, port=self.port,
+                                  timeout_ns=int(self.timeout_ns * clock.dilation()),
+                                  cpus=cpus.placement().sm)
+        try:
+            self.host.fabric.state.claim_process(twin.pid, "madtwin")
+        except BaseException:
+            twin.stop()
+            raise
+        log.info("%s: OpenSM (pid %d, slot %d) served by madtwin %d", self.name, client.pid, slot, twin.pid)
+        return twin
+
+    def twin_counters(self) -> dict[str, int]:
+        """The C twin's counters (``madtwin.COUNTERS``): the running one's, else the last
+        one's; empty when none ran."""
+        if self.server is None:
+            return {}
+        for handover in self.server.handovers:
+            if isinstance(handover, madtwin.Twin):
+                return handover.counters()
+        return dict(self.server.last_handover_counters)
 
     # UmadPortBackend -------------------------------------------------------------
     def node_info(self) -> bytes:
@@ -136,6 +185,7 @@ async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *,
     """Run the MAD socket of ``name``'s ``port`` in its namespace until cancelled."""
     backend = CaMadPort(host, name, port)
     server = UmadServer(backend, host.nodes[name].plan.ns)
+    server.takeover = backend.twin_for
     backend.server = server
 
     async with trio.open_nursery() as nursery:

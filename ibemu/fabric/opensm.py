@@ -6,6 +6,11 @@ timeouts and log stamps are emulated time, N times longer in real time. ``workdi
 records that clock (the log parser reads its stamps with it); its absence means the real
 clock (dilation 1: nothing is preloaded, as before). Without libfaketime a dilated OpenSM is
 refused (``ConfigError``), never silently run on the real clock.
+
+OpenSM's SMPs leave and return through the C twin of the MAD socket's path
+(``kernel.madtwin``, which ``fabric.mad_socket`` hands OpenSM's slot) when ``make native``
+built it; when it did not, ``start`` says so in one line and they take the agent host's
+Python path.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from ibemu import clock
 from ibemu.errors import IbemuError
 from ibemu.fabric import opensm_log
 from ibemu.fabric.umad2sim import dilated_clock, tool_argv
-from ibemu.kernel import faketime
+from ibemu.kernel import faketime, madtwin
 from ibemu.kernel.ownership import RunState
 from ibemu.physics.qos import code_of_vls
 from ibemu.sm.partitions import SmPartitions
@@ -147,6 +152,7 @@ def start(ns: str, workdir: Path, *, engine: str = "minhop", extra: list[str] | 
     options (``qos_options``).
     """
     engine = OPENSM_ENGINE.get(engine, engine)
+    madtwin.notice_if_missing()
     workdir.mkdir(parents=True, exist_ok=True)
     config = write_config(workdir, keys, partitions[0] if partitions else None, election, qos)
     extra = list(extra or [])

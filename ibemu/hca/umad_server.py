@@ -11,6 +11,14 @@ client. Protocol logic lives in ``ibemu.wire.umad`` (sans-IO).
 A killed client sends no DISCONNECT: its slot is freed when a send to it fails, when a
 CONNECT finds all slots taken, or by the periodic check (``reap_interval``), which asks the
 kernel whether the client's ``in<pid>`` socket still exists (a connect(), no data sent).
+
+A slot's hot path may be handed to another process (``takeover``, set by the port backend:
+``fabric.mad_socket`` gives OpenSM's slot to ``kernel.madtwin``). That process reads the
+slot's data socket itself and forwards what it does not handle over a socket of its own
+(``Handover.fwd``), which this server then reads as the slot's data; this server keeps
+writing its replies, traps and bounces to its own descriptor of the slot's data socket, which
+the client's socket is connected to. When the client goes (or the process ends), the slot's
+data socket is read here again.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import errno
 import logging
 import socket
 from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
@@ -42,6 +52,24 @@ _DEAD = frozenset({errno.ECONNREFUSED, errno.ENOTCONN, errno.ECONNRESET, errno.E
 _FAIRNESS = 256  # datagrams handled per socket before yielding to other tasks (a whole SM window)
 
 
+class Handover(Protocol):
+    """A process serving a slot's hot path (``kernel.madtwin.Twin``)."""
+
+    @property
+    def fwd(self) -> socket.socket:
+        """Where it forwards the client's datagrams it does not handle (end of file: it ended)."""
+        ...
+
+    def stop(self) -> dict[str, int]:
+        """End it; returns its last counters."""
+        ...
+
+
+Takeover = Callable[[int, Client, socket.socket], Handover | None]
+"""(slot, client, the slot's data socket) -> a process now serving it, or None (blocking:
+called in a worker thread)."""
+
+
 class UmadServer:
     """One MAD socket; ``run`` serves it, ``deliver`` sends MADs to its clients."""
 
@@ -62,6 +90,12 @@ class UmadServer:
         self._backlog: list[collections.deque[bytes]] = [collections.deque() for _ in range(MAX_CLIENTS)]
         self._flushing = [False] * MAX_CLIENTS
         self._nursery: trio.Nursery | None = None
+        self.takeover: Takeover | None = None
+        """Asked once per attached client whether another process takes its slot's hot path."""
+        self.handovers: list[Handover | None] = [None] * MAX_CLIENTS
+        self.last_handover_counters: dict[str, int] = {}
+        self._readers: list[trio.CancelScope | None] = [None] * MAX_CLIENTS
+        self._slot_clients: list[Client | None] = [None] * MAX_CLIENTS
 
     @property
     def stats(self) -> Counter[str]:
@@ -82,9 +116,74 @@ class UmadServer:
         if sock is None:
             sock = open_abstract_dgram(self.ns, f"{self.sockname}:out{slot}")
             self._out[slot] = sock
-            if self._nursery is not None:
-                self._nursery.start_soon(self._data_loop, slot, sock)
+            self._read_slot(slot, sock)
         return sock
+
+    def _read_slot(self, slot: int, sock: socket.socket, handover: Handover | None = None) -> None:
+        """Read slot ``slot``'s client datagrams from ``sock`` from now on (the slot's data
+        socket, or a handover's ``fwd``), no longer from where they were read before."""
+        old = self._readers[slot]
+        if old is not None:
+            old.cancel()
+        self._readers[slot] = None
+        if self._nursery is None:
+            return
+        scope = trio.CancelScope()
+        self._readers[slot] = scope
+        self._nursery.start_soon(self._reader, slot, sock, scope, handover)
+
+    async def _reader(self, slot: int, sock: socket.socket, scope: trio.CancelScope,
+                      handover: Handover | None) -> None:
+        with scope:
+            await self._data_loop(slot, sock, forwarded=handover is not None)
+            if handover is not None and self.handovers[slot] is handover:  # it ended by itself
+                log.warning("slot %d: the process serving it ended; this server reads it again", slot)
+                self._end_handover(slot)
+
+    # ----------------------------------------------------------------- handovers
+
+    def _check_slots(self) -> None:
+        """Notice clients that attached or left since the last look (any control message,
+        a failed send, the reaper) and hand their slots over or take them back."""
+        for slot in range(len(self._slot_clients)):
+            client = self.session.clients.get(slot)
+            if client is self._slot_clients[slot]:
+                continue
+            self._slot_clients[slot] = client
+            if self.handovers[slot] is not None:
+                self._end_handover(slot)
+            if client is not None and self.takeover is not None and self._nursery is not None:
+                self._nursery.start_soon(self._hand_over, slot, client)
+
+    async def _hand_over(self, slot: int, client: Client) -> None:
+        sock = self._out[slot]
+        takeover = self.takeover
+        if sock is None or takeover is None:
+            return
+        try:
+            handover = await trio.to_thread.run_sync(takeover, slot, client, sock)
+        except Exception:
+            self.stats["handover_failed"] += 1
+            log.exception("slot %d: the hand-over failed; this server keeps serving it", slot)
+            return
+        if handover is None:
+            return
+        if self._slot_clients[slot] is not client or self._nursery is None:  # gone meanwhile
+            self.last_handover_counters = handover.stop()
+            return
+        self.handovers[slot] = handover
+        self.stats["handover"] += 1
+        self._read_slot(slot, handover.fwd, handover)
+
+    def _end_handover(self, slot: int) -> None:
+        handover, self.handovers[slot] = self.handovers[slot], None
+        if handover is None:
+            return
+        self.last_handover_counters = handover.stop()
+        log.debug("slot %d: hand-over ended", slot)
+        sock = self._out[slot]
+        if sock is not None:
+            self._read_slot(slot, sock)
 
     async def serve(self, *, task_status: trio.TaskStatus[UmadServer] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind the sockets and serve until cancelled; ``task_status.started(self)``."""
@@ -101,6 +200,8 @@ class UmadServer:
                 task_status.started(self)
         finally:
             self._nursery = None
+            for slot in range(len(self.handovers)):
+                self._end_handover(slot)
             for s in [self._ctl, *self._out]:
                 if s is not None:
                     s.close()
@@ -124,6 +225,7 @@ class UmadServer:
                 continue
             try:
                 self._handle_ctl(sock, data, addr)
+                self._check_slots()
             except Exception:  # a bug must not take the port's MAD socket down
                 self.stats["internal_error"] += 1
                 log.exception("control message from %r", addr)
@@ -161,16 +263,22 @@ class UmadServer:
             if attach is not None:
                 self.session.client_gone(attach.slot)
 
-    async def _data_loop(self, slot: int, sock: socket.socket) -> None:
+    async def _data_loop(self, slot: int, sock: socket.socket, *, forwarded: bool = False) -> None:
+        """Handle slot ``slot``'s datagrams read from ``sock``; ``forwarded``: a handover's
+        socket, whose end of file ends the loop."""
         budget = _FAIRNESS
         while True:
             try:
                 data = sock.recv(RECV_BUF)
+                if forwarded and not data:
+                    return
             except BlockingIOError:
                 budget = _FAIRNESS
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
+                if forwarded:
+                    return
                 self.stats["data_recv_error"] += 1
                 log.debug("slot %d data socket: %s", slot, exc)
                 await trio.lowlevel.checkpoint()
@@ -227,6 +335,7 @@ class UmadServer:
         if exc.errno in _DEAD:
             log.info("slot %d: client seems dead (%s)", slot, exc)
             self.session.client_gone(slot)
+            self._check_slots()
             return Delivery.CLIENT_GONE
         self.stats["send_error"] += 1
         log.warning("slot %d: send failed: %s", slot, exc)
@@ -295,6 +404,8 @@ class UmadServer:
                     self.session.client_gone(client.slot)
                 else:
                     log.debug("slot %d liveness check: %s", client.slot, exc)
+        if gone:
+            self._check_slots()
         return gone
 
     async def _reap_loop(self, interval: float) -> None:

@@ -168,3 +168,16 @@ def test_sma_images_are_the_get_answers_with_the_kernels_keys(sw: SwitchAgent) -
     assert sw.sma_images()[(0x12, 0)] == _data(sw, 0x12)
     assert (0x12, 0) not in ca.sma_images() and (0x15, 0) in sw.sma_images() and (0x15, 0) not in ca.sma_images()
     assert set(sw.sma_images(attrs=[0x15], ports=[3])) == {(0x15, 3)}
+
+
+def test_port_info_keeps_the_error_thresholds_an_sm_set(sw: SwitchAgent) -> None:
+    """LocalPhyErrors / OverrunErrors (byte 53) are read-write: OpenSM writes 8/8 and compares
+    what it reads back; a port that forgot them got a PortInfo Set in every heavy sweep."""
+    pi = bytearray(bytes(ask(sw, 0x15, mod=5).data))
+    assert ask(sw, 0x15, mod=5)[PortInfo].local_phy_errors == 0
+    pi[53] = 0x8A
+    got = ask(sw, 0x15, mod=5, method=mb.SET, data=mb.port_info_set(bytes(pi)))[PortInfo]
+    assert (got.local_phy_errors, got.overrun_errors) == (8, 10)
+    again = ask(sw, 0x15, mod=5)[PortInfo]
+    assert (again.local_phy_errors, again.overrun_errors) == (8, 10)
+    assert ask(sw, 0x15, mod=6)[PortInfo].local_phy_errors == 0  # per port
