@@ -40,7 +40,8 @@ emulated time: invalid; at 0.25 of a core it keeps up). 1 when the load fits und
 validly here at a sane factor).
 
 What the run is then judged on (``ibemu.scenario.fidelity``): every process's p99 lag under 2 ms
-of *real* time (2000/N us emulated), relaxed at most to 5% of the run's smallest time figure. A
+of emulated time when it reports no time figure finer than that, else under 2 ms of *real* time
+(2000/N us emulated), relaxed at most to 5% of the run's smallest time figure. A
 larger N does not loosen that for a process that is idle but descheduled (its lag is the same
 in real time at any N); it loosens it for a busy one, whose real load is its load / N. So ``auto``
 secures real slack, which is what the headroom rules above are (real utilisation of the
@@ -54,7 +55,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ibemu.scenario.fidelity import FIGURE_FRACTION, lag_text, threshold
+from ibemu.scenario.fidelity import DEFAULT_REAL_THRESHOLD_US, FIGURE_FRACTION, lag_text, threshold
 from ibemu.scenario.schema import Scenario, TimeSpec, TrafficSpec
 from ibemu.topo import analysis
 from ibemu.topo.model import Topology
@@ -181,8 +182,12 @@ def judged(dilation: float, spec: TimeSpec | None = None) -> str:
     t = threshold(dilation, emulated_us=spec.lag_threshold_us, real_us=spec.lag_threshold_real_us)
     if spec.lag_threshold_us is not None or dilation == 1:
         return f"judged on: every process's p99 lag < {lag_text(t.us, dilation)} ({t.basis})"
-    return (f"judged on: every process's p99 lag < {lag_text(t.us, dilation)} (relaxed up to "
-            f"{FIGURE_FRACTION:.0%} of the run's smallest time figure)")
+    if spec.lag_threshold_real_us is not None:
+        return (f"judged on: every process's p99 lag < {lag_text(t.us, dilation)} (relaxed up to "
+                f"{FIGURE_FRACTION:.0%} of the run's smallest time figure)")
+    real = threshold(dilation, real_us=DEFAULT_REAL_THRESHOLD_US)
+    return (f"judged on: every process's p99 lag < {lag_text(t.us, dilation)}; with a time figure (a latency, "
+            f"a training step) < {lag_text(real.us, dilation)}, relaxed up to {FIGURE_FRACTION:.0%} of the smallest")
 
 
 def _pairs(t: TrafficSpec) -> list[tuple[str, str]]:

@@ -26,8 +26,12 @@ Lags are in emulated time (a real stall of X is X/N at dilation N). The threshol
   the run reports (:func:`figure_scale`: a training job's measured step and its fabric part,
   a latency flow's typical latency) distorts no figure by more than about that, so it passes
   even when it is more than ``R`` of real time. Without such a figure (bulk flows, fault
-  timing only; and the live metrics during a run, before any figure exists) the real-time
-  rule holds alone. A deviation: the figure is the run's own, so a lag that inflates it
+  timing only; and the live metrics during a run, before any figure exists) the threshold
+  is ``R`` of emulated time, as at dilation 1: such a run prints nothing finer than the
+  milliseconds it prints undilated, and a default-like run at the factor ``auto`` picks,
+  with every process 2-3 ms (real) late at p99 on a quiet machine (0.3-0.4 ms emulated at
+  N = 8), was INVALID under the real-time rule alone for lags none of its figures can show.
+  ``time.lag_threshold_real_us`` given: the real-time rule, also without a figure. A deviation: the figure is the run's own, so a lag that inflates it
   loosens its own bound, by 5% of the inflation (a worker 5 us behind that stretched a 25 us
   fabric time to 37 us raised the bound from 1.25 to 1.86 us: still INVALID).
 - ``min(R, ...)``: never looser than ``R`` of emulated time, the old rule (so dilation 1 is
@@ -197,7 +201,8 @@ def threshold(dilation: float, *, emulated_us: float | None = None, real_us: flo
     """The threshold at ``dilation``: ``emulated_us`` outright when given (``time.lag_threshold_us``),
     else ``min(R, max(R / N, FIGURE_FRACTION x figure))`` with ``R = real_us`` (default
     ``DEFAULT_REAL_THRESHOLD_US``) and ``figure`` (name, emulated us) the run's smallest time
-    figure (:func:`figure_scale`; None: the real-time rule alone).
+    figure (:func:`figure_scale`). Without a figure: ``R`` emulated, as at dilation 1, unless
+    ``real_us`` was given (then the real-time rule alone).
 
     ``ValueError`` for a dilation below 1, a threshold that is not a number > 0, both
     overrides at once, or a figure that is not a number > 0."""
@@ -213,6 +218,8 @@ def threshold(dilation: float, *, emulated_us: float | None = None, real_us: flo
     r = DEFAULT_REAL_THRESHOLD_US if real_us is None else check_threshold(real_us, "lag_threshold_real_us")
     real_rule = Threshold(r / n, n, f"{r / 1e3:g} ms of real time" + (f" / N = {duration_text(r / n)} emulated" if n != 1 else ""))
     if figure is None:
+        if real_us is None and n != 1:  # nothing finer to protect: as at dilation 1
+            return Threshold(r, n, f"{r / 1e3:g} ms emulated (the run reports no time figure finer than that)")
         return real_rule
     name, fig_us = figure
     if isinstance(fig_us, bool) or not isinstance(fig_us, (int, float)) or not (math.isfinite(fig_us) and fig_us > 0):

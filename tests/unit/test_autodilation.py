@@ -152,7 +152,8 @@ def test_the_choice_says_what_the_run_will_be_judged_on() -> None:
     from ibemu.scenario.schema import TimeSpec
 
     assert judged(1) == "judged on: every process's p99 lag < 2 ms (2 ms of real time)"
-    assert judged(6).startswith("judged on: every process's p99 lag < 333 us emulated = 2 ms real (relaxed up to 5%")
+    assert judged(6).startswith("judged on: every process's p99 lag < 2 ms emulated = 12 ms real; with a time "
+                                "figure (a latency, a training step) < 333 us emulated = 2 ms real, relaxed up to 5%")
     assert "< 0.1 us emulated = 2 ms real" in judged(20_000)
     assert "< 833 us emulated = 5 ms real" in judged(6, TimeSpec(lag_threshold_real_us=5000.0))
     assert "< 300 us emulated = 1.8 ms real (time.lag_threshold_us" in judged(6, TimeSpec(lag_threshold_us=300.0))

@@ -125,8 +125,8 @@ def test_auto_in_a_scenario_is_chosen_and_said(tmp_path: Path, monkeypatch: pyte
     assert resolve_dilation(None, scen.time, scen, say=said.append) == 8.0
     assert said[0].startswith("dilation auto: offered load 16k frame-hops/s, capacity 10k frame-hops/s"), said
     assert "-> N = 8" in said[0] and "worker probe: 20k / 8" in said[0] and "probe h0->h1: 4,000 frames/s" in said[1]
-    assert said[-1] == ("  judged on: every process's p99 lag < 250 us emulated = 2 ms real (relaxed up to 5% of "
-                        "the run's smallest time figure)")
+    assert said[-1] == ("  judged on: every process's p99 lag < 2 ms emulated = 16 ms real; with a time figure "
+                        "(a latency, a training step) < 250 us emulated = 2 ms real, relaxed up to 5% of the smallest")
     assert resolve_dilation("3", scen.time, scen) == 3.0  # a number on the command line wins
     user = loads_scenario(TOPO + flows + "fabric: {datapath: user}\n", "x.yaml")  # one switch hop per frame
     assert resolve_dilation(None, user.time, user, say=said.append) == 7.0  # the run fits; its worker (16k) does not

@@ -40,7 +40,7 @@ def test_a_quiet_run_is_valid_and_names_its_worst_process() -> None:
 def test_a_process_over_the_threshold_at_p99_makes_the_run_invalid() -> None:
     # 2% of the samples 30 ms late: p99 is 30 ms
     f = judge({"agent-host": _stats([100.0] * 98 + [30_000.0] * 2), "sm": _stats([50.0] * 100)},
-              dilation=4.0)
+              dilation=4.0, threshold_real_us=2000.0)
     assert f["valid"] is False and f["worst_process"] == "agent-host" and f["dilation"] == 4.0
     assert f["worst_lag_us"] >= 30_000.0 and f["threshold_us"] == 500.0 and f["threshold_real_us"] == 2000.0
     assert f["note"].startswith("agent-host fell behind the emulated clock: p99 lag 30 ms emulated = 120 ms real "
@@ -140,24 +140,31 @@ def test_a_link_that_fell_behind_invalidates_the_run() -> None:
 def test_the_default_threshold_is_two_ms_of_real_time_at_every_dilation() -> None:
     from ibemu.scenario.fidelity import DEFAULT_REAL_THRESHOLD_US, threshold
 
+    fig = ("lat t_typical", 1.0)  # a figure too small to relax anything
     for n, emulated in ((1, 2000.0), (4, 500.0), (100, 20.0), (20_000, 0.1)):
-        t = threshold(n)
+        t = threshold(n, figure=fig)
         assert t.us == pytest.approx(emulated) and t.real_us == pytest.approx(DEFAULT_REAL_THRESHOLD_US), n
     assert threshold(1).basis == "2 ms of real time"
-    assert threshold(20_000).basis == "2 ms of real time / N = 0.1 us emulated"
+    assert threshold(20_000, figure=fig).basis == "2 ms of real time / N = 0.1 us emulated"
+    # a run with no time figure of its own (bulk flows, fault timing) is judged as at dilation 1
+    for n in (1, 4, 20_000):
+        assert threshold(n).us == 2000.0
+    assert threshold(8).basis.startswith("2 ms emulated (the run reports no time figure")
+    assert threshold(8, real_us=2000.0).us == 250.0  # the real-time rule, when asked for
 
 
 def test_a_process_behind_in_real_time_is_invalid_at_a_high_factor() -> None:
     # at N = 20,000: an SM 0.05 us emulated behind at p99 (1 ms real) keeps up; a worker 12 us
     # behind (240 ms real: the old rule's 2 ms emulated passed it) does not
     stats = {"sm": _stats([0.02] * 99 + [0.05]), "traffic job": _stats([0.02] * 90 + [12.0] * 10)}
-    f = judge(stats, dilation=20_000.0)
+    f = judge(stats, dilation=20_000.0, threshold_real_us=2000.0)
     assert f["valid"] is False and f["worst_process"] == "traffic job"
     assert f["threshold_us"] == 0.1 and f["threshold_real_us"] == 2000.0 and f["figure_us"] is None
     assert "traffic job fell behind the emulated clock: p99 lag 12" in f["note"]
     assert "emulated = 2" in f["note"] and "sm fell" not in f["note"]
     assert f["processes"]["sm"]["p99_us"] < 0.06  # resolved below 1 us (the histogram goes down to ~1 ns)
-    assert judge({"sm": stats["sm"]}, dilation=20_000.0)["valid"] is True
+    assert judge({"sm": stats["sm"]}, dilation=20_000.0, threshold_real_us=2000.0)["valid"] is True
+    assert judge(stats, dilation=20_000.0)["valid"] is True  # no figure: 2 ms emulated, as at N = 1
 
 
 def test_the_figure_bound_relaxes_the_real_time_rule_to_five_percent_of_the_smallest_figure() -> None:
@@ -169,7 +176,7 @@ def test_the_figure_bound_relaxes_the_real_time_rule_to_five_percent_of_the_smal
     # an idle SM 3 ms late in real time (0.15 us emulated) is no error a 33.6 us figure can
     # show; a worker 3.25 us behind (10% of it) is
     quiet = {"sm": _stats([0.15] * 100)}
-    assert judge(quiet, dilation=20_000.0)["valid"] is False
+    assert judge(quiet, dilation=20_000.0, threshold_real_us=2000.0)["valid"] is False
     assert judge(quiet, dilation=20_000.0, figure=("job fabric_s", 33.6))["valid"] is True
     late = {"sm": _stats([0.15] * 100), "traffic job": _stats([3.25] * 100)}
     f = judge(late, dilation=20_000.0, figure=("job fabric_s", 33.6))
