@@ -105,7 +105,7 @@ def flow_impact(flow: FlowOutput, t_fault: int, window_end: int, until_ns: int) 
     lost = 0
     if flow.sent_t_ns and flow.kind == "stream":
         lost = lost_between(flow.sent_t_ns, set(flow.recv_seq), t_fault, min(window_end, until_ns))
-    out = {"flow": flow.name, **b.as_ms(), "lost": lost, "retransmitted": flow.retransmitted}
+    out: dict[str, Any] = {"flow": flow.name, **b.as_ms(), "lost": lost, "retransmitted": flow.retransmitted}
     if flow.kind == "training" and flow.extra.get("step_us"):  # its steps are its deliveries
         out["training"] = training.fault_impact(flow.t_ns, flow.extra["step_us"], t_fault, window_end)
     return out

@@ -425,10 +425,10 @@ class CollectiveGroup:
         self.ranks = [_Rank(i, p, self.size, staging) for i, p in enumerate(ports)]
         ranks = self.ranks
         if tree:
-            pairs = {(a, b) for t in self.trees for c, p in enumerate(t.parent) if p >= 0
-                     for a, b in ((c, p), (p, c))}
-            for a, b in sorted(pairs):
-                _connect(ranks[a], ranks[b], mtu)
+            pairs = {(i, j) for t in self.trees for c, p in enumerate(t.parent) if p >= 0
+                     for i, j in ((c, p), (p, c))}
+            for i, j in sorted(pairs):
+                _connect(ranks[i], ranks[j], mtu)
         elif kind == "allreduce":
             for i in range(n):
                 _connect(ranks[i], ranks[(i + 1) % n], mtu)
