@@ -761,7 +761,8 @@ _FLOW = _object(
         "resume_ms": _NUM_OR_NULL,
         "lost": _count,
         "retransmitted": _count,
-    }
+    },
+    optional={"training": _free_object},  # a training job's (ibemu.traffic.training.fault_impact)
 )
 _FAULT = _object(
     {
