@@ -75,13 +75,25 @@ traffic:
 duration_s: {duration}
 """
 FABRICS = {"ib": "{kind: ib, datapath: user}", "roce": "{kind: roce, datapath: user, pfc: true}",
-           "roce-lossy": "{kind: roce, datapath: user}"}
+           "roce-lossy": "{kind: roce, datapath: user}",
+           "roce-ecn": "{kind: roce, datapath: user, ecn_mark_kb: 16}"}
+"""IB with credits; RoCEv2 with PFC (lossless), without (drop tail), and without PFC but with ECN
+marking beyond 16 KiB queued and DCQCN at the hosts. ``--buffer-kb`` sets the RoCE routers' port
+buffers (default 1 MiB)."""
+
+
+def fabric_text(name: str, buffer_kb: float | None) -> str:
+    text = FABRICS[name]
+    if buffer_kb is not None and name.startswith("roce"):
+        text = text[:-1] + f", buffer_kb: {buffer_kb:g}}}"
+    return text
 
 
 def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     net = f", net_latency_us: {args.net_latency_us:g}" if args.net_latency_us is not None else ""
     sm = "sm: {impl: ibemu, engine: updn}\n" if fabric == "ib" else ""  # RoCE: a fabric manager, no SM
-    text = SCENARIO.format(label=label, servers=args.servers, rails=args.rails, fabric=FABRICS[fabric], sm=sm, net=net,
+    text = SCENARIO.format(label=label, servers=args.servers, rails=args.rails, fabric=fabric_text(fabric, args.buffer_kb),
+                           sm=sm, net=net,
                            dilation=args.dilation, model=args.model, tokens=f"{args.tokens:.6e}",
                            algorithm=algorithm, overlap=args.overlap, scale=f"{args.scale:.6e}",
                            duration=args.duration)
@@ -125,14 +137,15 @@ def run_scenario(label: str, scen: Scenario, out: Path) -> dict[str, Any]:
 
 def pool(args: argparse.Namespace) -> None:
     """``scenarios/gpu-pool.yaml`` under each placement, and each job alone on the same servers."""
-    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool, float, float]] = []
+    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool, float, float, str]] = []
     alone: dict[tuple[str, tuple[str, ...]], tuple[dict[str, Any], bool, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
         for policy in args.pool:
             text = POOL.read_text().replace("placement: topology", f"placement: {policy}")
             text = text.replace("dilation: 20000", f"dilation: {args.dilation}")
             if args.fabrics[0] != "ib":  # RoCE: routers and a fabric manager, no SM
-                text = text.replace("fabric: {kind: ib, datapath: user}", f"fabric: {FABRICS[args.fabrics[0]]}")
+                text = text.replace("fabric: {kind: ib, datapath: user}",
+                                    f"fabric: {fabric_text(args.fabrics[0], args.buffer_kb)}")
                 text = text.replace("sm: {impl: ibemu, engine: updn}\n", "")
             scen = loads_scenario(text, f"<pool-{policy}>")
             res = run_scenario(f"pool-{policy}", scen, Path(tmp))
@@ -146,9 +159,10 @@ def pool(args: argparse.Namespace) -> None:
                                   worker_lag(r1["fidelity"]))
                 a, a_ok, a_lag = alone[key]
                 rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error"),
-                             worker_lag(res["fidelity"]), a_lag))
+                             worker_lag(res["fidelity"]), a_lag, lag_text(res["fidelity"])))
     load = os.getloadavg()
-    print(f"GPU pool ({POOL.name}, fabric {args.fabrics[0]}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; "
+    buf = f", buffers {args.buffer_kb:g} KiB" if args.buffer_kb is not None and args.fabrics[0] != "ib" else ""
+    print(f"GPU pool ({POOL.name}, fabric {args.fabrics[0]}{buf}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; "
           f"dilation {args.dilation:,}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("  emulated time, to scale; slowdown = the job's step (fabric part) in the pool over alone on the same servers;")
@@ -156,8 +170,8 @@ def pool(args: argparse.Namespace) -> None:
     print("  resent: the job's retransmitted packets in the pool; dropped, pauses: RoCE routers' (the whole pool run)")
     print(f"  {'placement':<9} {'job':<3} {'servers':<24} {'leaves':>6} {'step us':>8} {'alone':>8} {'slowdown':>8} "
           f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8} {'lag us':>6} {'alone':>6} {'resent':>6} "
-          f"{'dropped':>7} {'pauses':>6}")
-    for policy, name, hosts, out, a, ok, lag, a_lag in rows:
+          f"{'dropped':>7} {'pauses':>6} {'marked':>6}  worst p99 lag (pool run)")
+    for policy, name, hosts, out, a, ok, lag, a_lag, worst in rows:
         x, y = out.get("extra", {}), a.get("extra", {})
         if "step_s" not in x or "step_s" not in y:
             print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured {out.get('error') or ''}")
@@ -167,7 +181,8 @@ def pool(args: argparse.Namespace) -> None:
               f"{x['step_s'] * 1e6:8.1f} {y['step_s'] * 1e6:8.1f} {x['step_s'] / y['step_s']:7.2f}x "
               f"{x['fabric_s'] * 1e6:9.1f} {y['fabric_s'] * 1e6:8.1f} {x['fabric_s'] / y['fabric_s']:7.2f}x "
               f"{'valid' if ok else 'INVALID':<8} {lag:6.1f} {a_lag:6.1f} {x.get('retransmitted', 0):6,} "
-              f"{x.get('router_dropped', 0):7,} {x.get('router_pause_sent', 0):6,}")
+              f"{x.get('router_dropped', 0):7,} {x.get('router_pause_sent', 0):6,} {x.get('router_ecn_marked', 0):6,}  "
+              f"{worst}")
 
 
 def sm_only(text: str) -> str:
@@ -178,11 +193,28 @@ def sm_only(text: str) -> str:
     return out
 
 
+def held_sm(text: str, delay_ms: float) -> str:
+    """The failure scenario with the SM killed just before each cable or switch failure and
+    started again ``delay_ms`` (emulated) after it: a stand-in for a real SM's reroute time,
+    which dilation divides away (the SM's CPU runs N times faster against the emulated clock)."""
+    scen = loads_scenario(text, "<failure>")
+    lines = []
+    for f in scen.faults:
+        if f.action in ("link_down", "switch_down"):
+            lines.append(f"  - {{at_s: {f.at_s - 1e-4:.6f}, action: sm_down}}")
+            lines.append(f"  - {{at_s: {f.at_s + delay_ms / 1e3:.6f}, action: sm_up}}")
+    if not lines:
+        raise SystemExit(f"{FAILURE.name}: no cable or switch failure to hold the SM across")
+    return text.replace("faults:\n", "faults:\n" + "\n".join(lines) + "\n", 1)
+
+
 def failure(args: argparse.Namespace) -> None:
     """``scenarios/training-under-failure.yaml`` with local failover and with SM-only recovery."""
     text = FAILURE.read_text()
     if args.dilation_given:
         text = text.replace("dilation: 100", f"dilation: {args.dilation}")
+    if args.sm_delay_ms:
+        text = held_sm(text, args.sm_delay_ms)
     variants = [("local failover", text), ("SM only", sm_only(text))]
     rows: list[tuple[int, str, dict[str, Any]]] = []
     load0 = os.getloadavg()
@@ -205,6 +237,10 @@ def failure(args: argparse.Namespace) -> None:
         print("  process's CPU time is divided by it, so the SM's reroute (20-40 ms of real CPU) takes tenths of a ms")
         print("  here and SM-only recovery looks far faster than a real SM's; a switch's own failover (the agent")
         print("  host's reaction, real CPU / dilation) is an upper bound of what hardware does")
+    if args.sm_delay_ms:
+        print(f"  the SM is killed 0.1 ms before each cable or switch failure and started again {args.sm_delay_ms:g} ms "
+              "after it")
+        print("  (emulated): a real SM's reroute time standing in for the dilated one; its faults rows are left out")
     print(f"  {'run':>3} {'recovery':<14} {'verdict':<7} {'#':>1} {'fault':<28} {'base us':>8} {'stall us':>9} "
           f"{'x':>6} {'gap us':>8} {'worst us':>9} {'after us':>9} {'x':>6} {'slow':>4} {'steps':>5} "
           f"{'failover':>8} {'SM':>6} {'resent':>6}  worst p99 lag")
@@ -213,6 +249,8 @@ def failure(args: argparse.Namespace) -> None:
         job = next((t for t in res["traffic"] if t["kind"] == "training"), {})
         ok = bool(fid["valid"]) and not job.get("extra", {}).get("error")
         for i, f in enumerate(res["faults"], 1):
+            if f["action"] in ("sm_down", "sm_up"):
+                continue
             for fl in f["flows"]:
                 x = fl.get("training")
                 if not x:
@@ -247,9 +285,12 @@ def main() -> None:
     ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=["ib", "roce"])
     ap.add_argument("--algorithms", nargs="+", choices=["hierarchical", "ring", "tree"],
                     default=["hierarchical", "ring", "tree"])
+    ap.add_argument("--buffer-kb", type=float, default=None, help="RoCE routers' port buffers (KiB; default 1 MiB)")
     ap.add_argument("--failure", action="store_true",
                     help="run scenarios/training-under-failure.yaml with local failover and SM-only instead")
     ap.add_argument("--runs", type=int, default=1, help="--failure: runs of each variant (default 1)")
+    ap.add_argument("--sm-delay-ms", type=float, default=0.0,
+                    help="--failure: hold the SM from each failure until this many emulated ms after it")
     ap.add_argument("--pool", nargs="*", choices=["topology", "packed", "spread"], default=None,
                     help="run scenarios/gpu-pool.yaml under these placements (none given: all three) instead")
     args = ap.parse_args()
