@@ -463,25 +463,27 @@ SLOW = 1.1
 def fault_impact(end_ns: list[int], step_us: list[float], t_fault_ns: int, until_ns: int | None = None) -> dict[str, Any]:
     """What a fault cost a training job, from its steps (each step's end, emulated ns, and its
     time, us, in order): ``base_us``, the median step that ended before the fault (None if
-    none did); ``stall_us``, the step under way at the fault (the first to end after it) and
-    ``stall_x`` its ratio to the base; ``gap_us``, from the last step end before the fault (or
-    the fault) to that step's end; ``worst_us``, the longest step that ended after the fault
-    (before ``until_ns``, the next fault); ``after_us``, the mean of the steps after the stalled
-    one (``after_x`` over the base); ``slow_steps``, the steps from the stalled one on that
-    took more than ``SLOW`` x the base before the first that did not; ``steps_after``, how many
-    ended after the fault. Empty when no step ended after the fault."""
+    none did); ``stall_us``, the step under way at the fault (the first to end after it, even
+    beyond ``until_ns``) and ``stall_x`` its ratio to the base; ``gap_us``, from the last step
+    end before the fault (or the fault) to that step's end; then the steps that ended up to
+    ``until_ns`` (the next fault): ``worst_us``, the longest of them and the stall;
+    ``after_us``, the mean of those after the stalled one (``after_x`` over the base);
+    ``slow_steps``, the steps from the stalled one on that took more than ``SLOW`` x the base
+    before the first that did not; ``steps_after``, how many ended after the fault up to
+    ``until_ns``. Empty when no step ended after the fault."""
     pairs = list(zip(end_ns, step_us, strict=False))
     before = sorted(u for e, u in pairs if e <= t_fault_ns)
-    after = [(e, u) for e, u in pairs if e > t_fault_ns and (until_ns is None or e <= until_ns)]
-    if not after:
+    later = [(e, u) for e, u in pairs if e > t_fault_ns]
+    if not later:
         return {}
+    window = [(e, u) for e, u in later if until_ns is None or e <= until_ns]
     base = before[len(before) // 2] if before else None
     last = max((e for e, _ in pairs if e <= t_fault_ns), default=t_fault_ns)
-    stall_end, stall = after[0]
-    rest = [u for _, u in after[1:]]
+    stall_end, stall = later[0]
+    rest = [u for _, u in window[1:]]
     slow = 0
     if base:
-        for _, u in after:
+        for u in [stall, *rest]:
             if u <= SLOW * base:
                 break
             slow += 1
@@ -489,10 +491,10 @@ def fault_impact(end_ns: list[int], step_us: list[float], t_fault_ns: int, until
     return {
         "base_us": round(base, 3) if base is not None else None, "stall_us": round(stall, 3),
         "stall_x": round(stall / base, 3) if base else None, "gap_us": round((stall_end - last) / 1e3, 3),
-        "worst_us": round(max(u for _, u in after), 3),
+        "worst_us": round(max([stall, *rest]), 3),
         "after_us": round(mean_rest, 3) if mean_rest is not None else None,
         "after_x": round(mean_rest / base, 3) if base and mean_rest is not None else None,
-        "slow_steps": slow, "steps_after": len(after),
+        "slow_steps": slow, "steps_after": len(window),
     }
 
 

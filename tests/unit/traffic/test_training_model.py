@@ -105,6 +105,9 @@ def test_fault_impact_stall_and_slower_steps() -> None:
     # up to the next fault only; none before the fault: no base, no ratios
     y = fault_impact(ends, us, 450_000, until_ns=1_250_000)
     assert y["steps_after"] == 2 and y["after_us"] == 150.0
+    # the stalled step counts even when it ends after the next fault; nothing after it then
+    w = fault_impact(ends, us, 450_000, until_ns=1_000_000)
+    assert w["stall_us"] == 700.0 and w["steps_after"] == 0 and w["after_us"] is None and w["slow_steps"] == 1
     z = fault_impact(ends[4:], us[4:], 450_000)
     assert z["base_us"] is None and z["stall_x"] is None and z["slow_steps"] == 0 and z["gap_us"] == 650.0
     assert fault_impact(ends, us, 2_000_000) == {}
