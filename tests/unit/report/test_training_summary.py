@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from ibemu.report import summary, validate
-from ibemu.traffic.training import GpuCluster, JobPlan, StepMeasure, TrainingJob, fault_impact, measured_figures
+from ibemu.traffic.training import (
+    GpuCluster,
+    JobPlan,
+    StepMeasure,
+    TrainingJob,
+    fault_impact,
+    measured_figures,
+)
 from tests.unit.report.sample import result
 
 
