@@ -174,7 +174,10 @@ def pool(args: argparse.Namespace) -> None:
     for policy, name, hosts, out, a, ok, lag, a_lag, worst in rows:
         x, y = out.get("extra", {}), a.get("extra", {})
         if "step_s" not in x or "step_s" not in y:
-            print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured {out.get('error') or ''}")
+            print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured in the pool or alone "
+                  f"(resent {x.get('retransmitted', 0):,}, dropped {x.get('router_dropped', 0):,}, pauses "
+                  f"{x.get('router_pause_sent', 0):,}, marked {x.get('router_ecn_marked', 0):,}) "
+                  f"{out.get('error') or x.get('error') or ''}  {worst}")
             continue
         leaves = len({int(h.split("_")[0][1:]) // 4 for h in hosts})
         print(f"  {policy:<9} {name:<3} {','.join(h.split('_')[0] for h in hosts):<24} {leaves:6d} "
