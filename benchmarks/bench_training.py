@@ -4,7 +4,7 @@
 One data-parallel job on GPU servers wired rail-optimized (``gpu-rails``: ``--servers`` servers
 of 8 H100s, ``--rails`` 4x NDR ports each), on the user datapath's link model at dilation
 ``--dilation``, for each fabric (IB with credits, RoCE with PFC) and allreduce algorithm
-(hierarchical, ring). A step is a 1/``--scale`` model of the real one: compute time and gradient
+(hierarchical, ring, tree). A step is a 1/``--scale`` model of the real one: compute time and gradient
 bytes both divided, so the fabric part stays bandwidth-bound where the scale leaves enough bytes
 per rail. Prints, per run: the fidelity verdict, the steps measured, the step and its fabric
 part measured (emulated time, to scale: link rates and delays, transport timers) beside the
@@ -23,8 +23,23 @@ leaves) under each placement policy, and every job alone on the servers it got, 
 ``--fabrics`` (ib, roce with PFC, roce-lossy); prints each
 job's step and fabric time in the pool and alone, and the slowdown (pool / alone).
 
+With ``--failure``: ``scenarios/training-under-failure.yaml`` (a job on four servers of a
+leaf-spine fabric; a leaf uplink down, back, then a spine down) twice a run, with local failover
+(``ftree_ar``, ``fabric.local_failover``: the switches move destinations to their alternates by
+themselves) and with SM-only recovery (``ftree``); prints per fault the job's step before it,
+the stalled step, the gap between finished steps around the fault, the steps after it and how
+many were slowed, the SM's reroute and the first local failover (ms after the fault), side by
+side. Under dilation every process's CPU time is divided by the factor: the local failover is
+an upper bound of hardware's, the SM's reroute is not to scale (its real 20-40 ms of CPU
+become tenths of a ms), and the output says so.
+
+Every run prints its worst p99 lag (any process's, emulated us, and x dilation: real ms) so
+that its figures can be judged again against another bound.
+
 Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
+        [--algorithms hierarchical ring tree]
      sudo .venv/bin/python benchmarks/bench_training.py --pool [topology packed spread]
+     sudo .venv/bin/python benchmarks/bench_training.py --failure [--runs N]
 """
 
 from __future__ import annotations
@@ -45,6 +60,7 @@ from ibemu.scenario.runner import ScenarioRun
 from ibemu.scenario.schema import Scenario
 
 POOL = Path(__file__).resolve().parents[1] / "scenarios" / "gpu-pool.yaml"
+FAILURE = Path(__file__).resolve().parents[1] / "scenarios" / "training-under-failure.yaml"
 
 SCENARIO = """
 name: bench-training-{label}
@@ -59,13 +75,25 @@ traffic:
 duration_s: {duration}
 """
 FABRICS = {"ib": "{kind: ib, datapath: user}", "roce": "{kind: roce, datapath: user, pfc: true}",
-           "roce-lossy": "{kind: roce, datapath: user}"}
+           "roce-lossy": "{kind: roce, datapath: user}",
+           "roce-ecn": "{kind: roce, datapath: user, ecn_mark_kb: 16}"}
+"""IB with credits; RoCEv2 with PFC (lossless), without (drop tail), and without PFC but with ECN
+marking beyond 16 KiB queued and DCQCN at the hosts. ``--buffer-kb`` sets the RoCE routers' port
+buffers (default 1 MiB)."""
+
+
+def fabric_text(name: str, buffer_kb: float | None) -> str:
+    text = FABRICS[name]
+    if buffer_kb is not None and name.startswith("roce"):
+        text = text[:-1] + f", buffer_kb: {buffer_kb:g}}}"
+    return text
 
 
 def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     net = f", net_latency_us: {args.net_latency_us:g}" if args.net_latency_us is not None else ""
     sm = "sm: {impl: ibemu, engine: updn}\n" if fabric == "ib" else ""  # RoCE: a fabric manager, no SM
-    text = SCENARIO.format(label=label, servers=args.servers, rails=args.rails, fabric=FABRICS[fabric], sm=sm, net=net,
+    text = SCENARIO.format(label=label, servers=args.servers, rails=args.rails, fabric=fabric_text(fabric, args.buffer_kb),
+                           sm=sm, net=net,
                            dilation=args.dilation, model=args.model, tokens=f"{args.tokens:.6e}",
                            algorithm=algorithm, overlap=args.overlap, scale=f"{args.scale:.6e}",
                            duration=args.duration)
@@ -84,6 +112,21 @@ def worker_lag(fidelity: dict[str, Any]) -> float:
                default=0.0)
 
 
+def worst_lag(fidelity: dict[str, Any]) -> tuple[float, str]:
+    """The run's worst p99 lag (emulated us) and whose: what a stricter bound would judge."""
+    procs = fidelity.get("processes", {})
+    if not procs:
+        return 0.0, "-"
+    name = max(procs, key=lambda k: procs[k]["p99_us"])
+    return float(procs[name]["p99_us"]), name
+
+
+def lag_text(fidelity: dict[str, Any]) -> str:
+    """``123.4 us (12.3 ms real, agent-host)``: the worst p99 lag, emulated and x dilation."""
+    us, who = worst_lag(fidelity)
+    return f"{us:,.1f} us ({us * fidelity.get('dilation', 1) / 1e3:,.1f} ms real, {who})"
+
+
 def run_scenario(label: str, scen: Scenario, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     clock.configure(scen.time.dilation)
@@ -94,14 +137,15 @@ def run_scenario(label: str, scen: Scenario, out: Path) -> dict[str, Any]:
 
 def pool(args: argparse.Namespace) -> None:
     """``scenarios/gpu-pool.yaml`` under each placement, and each job alone on the same servers."""
-    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool, float, float]] = []
+    rows: list[tuple[str, str, tuple[str, ...], dict[str, Any], dict[str, Any], bool, float, float, str]] = []
     alone: dict[tuple[str, tuple[str, ...]], tuple[dict[str, Any], bool, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
         for policy in args.pool:
             text = POOL.read_text().replace("placement: topology", f"placement: {policy}")
             text = text.replace("dilation: 20000", f"dilation: {args.dilation}")
             if args.fabrics[0] != "ib":  # RoCE: routers and a fabric manager, no SM
-                text = text.replace("fabric: {kind: ib, datapath: user}", f"fabric: {FABRICS[args.fabrics[0]]}")
+                text = text.replace("fabric: {kind: ib, datapath: user}",
+                                    f"fabric: {fabric_text(args.fabrics[0], args.buffer_kb)}")
                 text = text.replace("sm: {impl: ibemu, engine: updn}\n", "")
             scen = loads_scenario(text, f"<pool-{policy}>")
             res = run_scenario(f"pool-{policy}", scen, Path(tmp))
@@ -115,9 +159,10 @@ def pool(args: argparse.Namespace) -> None:
                                   worker_lag(r1["fidelity"]))
                 a, a_ok, a_lag = alone[key]
                 rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error"),
-                             worker_lag(res["fidelity"]), a_lag))
+                             worker_lag(res["fidelity"]), a_lag, lag_text(res["fidelity"])))
     load = os.getloadavg()
-    print(f"GPU pool ({POOL.name}, fabric {args.fabrics[0]}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; "
+    buf = f", buffers {args.buffer_kb:g} KiB" if args.buffer_kb is not None and args.fabrics[0] != "ib" else ""
+    print(f"GPU pool ({POOL.name}, fabric {args.fabrics[0]}{buf}): 3 jobs on 8 H100 servers, 2 leaves of 4, one spine; "
           f"dilation {args.dilation:,}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print("  emulated time, to scale; slowdown = the job's step (fabric part) in the pool over alone on the same servers;")
@@ -125,18 +170,108 @@ def pool(args: argparse.Namespace) -> None:
     print("  resent: the job's retransmitted packets in the pool; dropped, pauses: RoCE routers' (the whole pool run)")
     print(f"  {'placement':<9} {'job':<3} {'servers':<24} {'leaves':>6} {'step us':>8} {'alone':>8} {'slowdown':>8} "
           f"{'fabric us':>9} {'alone':>8} {'slowdown':>8} {'verdict':<8} {'lag us':>6} {'alone':>6} {'resent':>6} "
-          f"{'dropped':>7} {'pauses':>6}")
-    for policy, name, hosts, out, a, ok, lag, a_lag in rows:
+          f"{'dropped':>7} {'pauses':>6} {'marked':>6}  worst p99 lag (pool run)")
+    for policy, name, hosts, out, a, ok, lag, a_lag, worst in rows:
         x, y = out.get("extra", {}), a.get("extra", {})
         if "step_s" not in x or "step_s" not in y:
-            print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured {out.get('error') or ''}")
+            print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured in the pool or alone "
+                  f"(resent {x.get('retransmitted', 0):,}, dropped {x.get('router_dropped', 0):,}, pauses "
+                  f"{x.get('router_pause_sent', 0):,}, marked {x.get('router_ecn_marked', 0):,}) "
+                  f"{out.get('error') or x.get('error') or ''}  {worst}")
             continue
         leaves = len({int(h.split("_")[0][1:]) // 4 for h in hosts})
         print(f"  {policy:<9} {name:<3} {','.join(h.split('_')[0] for h in hosts):<24} {leaves:6d} "
               f"{x['step_s'] * 1e6:8.1f} {y['step_s'] * 1e6:8.1f} {x['step_s'] / y['step_s']:7.2f}x "
               f"{x['fabric_s'] * 1e6:9.1f} {y['fabric_s'] * 1e6:8.1f} {x['fabric_s'] / y['fabric_s']:7.2f}x "
               f"{'valid' if ok else 'INVALID':<8} {lag:6.1f} {a_lag:6.1f} {x.get('retransmitted', 0):6,} "
-              f"{x.get('router_dropped', 0):7,} {x.get('router_pause_sent', 0):6,}")
+              f"{x.get('router_dropped', 0):7,} {x.get('router_pause_sent', 0):6,} {x.get('router_ecn_marked', 0):6,}  "
+              f"{worst}")
+
+
+def sm_only(text: str) -> str:
+    """The failure scenario with SM-only recovery: ftree, no alternates written."""
+    out = text.replace("engine: ftree_ar", "engine: ftree").replace(", local_failover: true", "")
+    if out == text:
+        raise SystemExit(f"{FAILURE.name}: expected sm engine ftree_ar and fabric.local_failover: true")
+    return out
+
+
+def held_sm(text: str, delay_ms: float) -> str:
+    """The failure scenario with the SM killed just before each cable or switch failure and
+    started again ``delay_ms`` (emulated) after it: a stand-in for a real SM's reroute time,
+    which dilation divides away (the SM's CPU runs N times faster against the emulated clock)."""
+    scen = loads_scenario(text, "<failure>")
+    lines = []
+    for f in scen.faults:
+        if f.action in ("link_down", "switch_down"):
+            lines.append(f"  - {{at_s: {f.at_s - 1e-4:.6f}, action: sm_down}}")
+            lines.append(f"  - {{at_s: {f.at_s + delay_ms / 1e3:.6f}, action: sm_up}}")
+    if not lines:
+        raise SystemExit(f"{FAILURE.name}: no cable or switch failure to hold the SM across")
+    return text.replace("faults:\n", "faults:\n" + "\n".join(lines) + "\n", 1)
+
+
+def failure(args: argparse.Namespace) -> None:
+    """``scenarios/training-under-failure.yaml`` with local failover and with SM-only recovery."""
+    text = FAILURE.read_text()
+    if args.dilation_given:
+        text = text.replace("dilation: 100", f"dilation: {args.dilation}")
+    if args.sm_delay_ms:
+        text = held_sm(text, args.sm_delay_ms)
+    variants = [("local failover", text), ("SM only", sm_only(text))]
+    rows: list[tuple[int, str, dict[str, Any]]] = []
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-failure-") as tmp:
+        for run in range(args.runs):
+            for label, t in variants:
+                scen = loads_scenario(t, f"<{label}>")
+                rows.append((run + 1, label, run_scenario(f"{label.replace(' ', '-')}-{run + 1}", scen, Path(tmp))))
+    load = os.getloadavg()
+    dilation = rows[0][2]["fidelity"].get("dilation", 1) if rows else 1
+    print(f"Training under faults ({FAILURE.name}): Llama 2 7B steps (1/30,000) on 4 H100 servers, leaf-spine 2x2, "
+          f"user datapath, dilation {dilation:g}; load average {load0[0]:.2f} before, "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} after")
+    print("  us of the scaled step, emulated time: base = median step before the fault; stall = the step under way at")
+    print("  it; gap = last step end before the fault to the stall's end; after = mean of the later steps (to the next")
+    print("  fault); slow = steps over 1.1x base from the stall on; resent = the job's retransmissions (whole run);")
+    print("  failover, SM: ms after the fault to the first switch on its alternates, to the SM's reroute programmed")
+    if dilation != 1:
+        print(f"  to scale: link rates and delays, the RC transport's timers. NOT to scale at dilation {dilation:g}: every")
+        print("  process's CPU time is divided by it, so the SM's reroute (20-40 ms of real CPU) takes tenths of a ms")
+        print("  here and SM-only recovery looks far faster than a real SM's; a switch's own failover (the agent")
+        print("  host's reaction, real CPU / dilation) is an upper bound of what hardware does")
+    if args.sm_delay_ms:
+        print(f"  the SM is killed 0.1 ms before each cable or switch failure and started again {args.sm_delay_ms:g} ms "
+              "after it")
+        print("  (emulated): a real SM's reroute time standing in for the dilated one; its faults rows are left out")
+    print(f"  {'run':>3} {'recovery':<14} {'verdict':<7} {'#':>1} {'fault':<28} {'base us':>8} {'stall us':>9} "
+          f"{'x':>6} {'gap us':>8} {'worst us':>9} {'after us':>9} {'x':>6} {'slow':>4} {'steps':>5} "
+          f"{'failover':>8} {'SM':>6} {'resent':>6}  worst p99 lag")
+    for run, label, res in rows:
+        fid = res["fidelity"]
+        job = next((t for t in res["traffic"] if t["kind"] == "training"), {})
+        ok = bool(fid["valid"]) and not job.get("extra", {}).get("error")
+        for i, f in enumerate(res["faults"], 1):
+            if f["action"] in ("sm_down", "sm_up"):
+                continue
+            for fl in f["flows"]:
+                x = fl.get("training")
+                if not x:
+                    continue
+
+                def v(key: str, fmt: str = "9.1f", x: dict[str, Any] = x) -> str:
+                    return format(x[key], fmt) if x.get(key) is not None else "-"
+
+                ph = f.get("phases_ms", {})
+                lf, sm = ph.get("local_failover"), ph.get("programmed")
+                print(f"  {run:3d} {label:<14} {'valid' if ok else 'INVALID':<7} {i:1d} "
+                      f"{f['action'] + ' ' + f['target']:<28.28} {v('base_us', '8.1f'):>8} {v('stall_us'):>9} "
+                      f"{v('stall_x', '5.2f'):>5}x {v('gap_us', '8.1f'):>8} {v('worst_us'):>9} {v('after_us'):>9} "
+                      f"{v('after_x', '5.2f'):>5}x {x['slow_steps']:4d} {x['steps_after']:5d} "
+                      f"{'-' if lf is None else format(lf, '.3f'):>8} {'-' if sm is None else format(sm, '.3f'):>6} "
+                      f"{fl.get('retransmitted', 0):6,}  {lag_text(fid)}")
+        if not ok:
+            print(f"      INVALID: {job.get('extra', {}).get('error') or fid['note'][:300]}")
 
 
 def main() -> None:
@@ -151,10 +286,23 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1e4, help="scale-down of the step (default 1e4)")
     ap.add_argument("--net-latency-us", type=float, default=None, help="the model's network step latency")
     ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=["ib", "roce"])
-    ap.add_argument("--algorithms", nargs="+", choices=["hierarchical", "ring"], default=["hierarchical", "ring"])
+    ap.add_argument("--algorithms", nargs="+", choices=["hierarchical", "ring", "tree"],
+                    default=["hierarchical", "ring", "tree"])
+    ap.add_argument("--buffer-kb", type=float, default=None, help="RoCE routers' port buffers (KiB; default 1 MiB)")
+    ap.add_argument("--failure", action="store_true",
+                    help="run scenarios/training-under-failure.yaml with local failover and SM-only instead")
+    ap.add_argument("--runs", type=int, default=1, help="--failure: runs of each variant (default 1)")
+    ap.add_argument("--sm-delay-ms", type=float, default=0.0,
+                    help="--failure: hold the SM from each failure until this many emulated ms after it")
     ap.add_argument("--pool", nargs="*", choices=["topology", "packed", "spread"], default=None,
                     help="run scenarios/gpu-pool.yaml under these placements (none given: all three) instead")
     args = ap.parse_args()
+    args.dilation_given = "--dilation" in sys.argv
+    if args.failure:
+        if not args.dilation_given:
+            args.dilation = 100
+        failure(args)
+        return
     if args.pool is not None:
         args.pool = args.pool or ["topology", "packed", "spread"]
         pool(args)
@@ -176,7 +324,7 @@ def main() -> None:
     print("  worker's p99 lag behind the clock (emulated us: ibemu's own CPU, which the measured step carries)")
     print(f"  {'run':<18} {'fidelity':<8} {'steps':>5} {'step us':>8} {'model':>8} {'fabric us':>9} {'model':>8} "
           f"{'busbw/rail':>10} {'comm':>6} {'model':>6} {'effic.':>6} {'model':>6} {'proj. step s':>12} "
-          f"{'model s':>8} {'proj. days':>10} {'model':>8} {'lag us':>6}")
+          f"{'model s':>8} {'proj. days':>10} {'model':>8} {'lag us':>6}  worst p99 lag")
     for label, fid, job in rows:
         x = job["extra"]
         valid = bool(fid["valid"]) and not job.get("error")
@@ -189,7 +337,7 @@ def main() -> None:
               f"{x['fabric_busbw_gbs']:5.1f}/{x['rail_gbs']:<4g} {x['comm_share'] * 100:5.1f}% {model_comm * 100:5.1f}% "
               f"{x['efficiency'] * 100:5.1f}% {(1 - model_comm) * 100:5.1f}% {x['projected_step_s']:12.3f} "
               f"{x['model_step_s']:8.3f} {x['projected_time_to_train_days']:10.1f} {x['model_time_to_train_days']:8.1f} "
-              f"{worker_lag(fid):6.1f}")
+              f"{worker_lag(fid):6.1f}  {lag_text(fid)}")
         if not valid:
             print(f"    INVALID: {job.get('error') or fid['note']}")
 

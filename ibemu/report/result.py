@@ -208,6 +208,8 @@ class FlowImpact:
     resume_ms: float | None = None
     lost: int = 0
     retransmitted: int = 0
+    training: dict[str, Any] | None = None
+    """A training job's stall and slower steps (``ibemu.traffic.training.fault_impact``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -216,11 +218,12 @@ class FlowImpact:
             "resume_ms": self.resume_ms,
             "lost": self.lost,
             "retransmitted": self.retransmitted,
+            **({"training": self.training} if self.training is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> FlowImpact:
-        return cls(d["flow"], d["blackout_ms"], d["resume_ms"], d["lost"], d["retransmitted"])
+        return cls(d["flow"], d["blackout_ms"], d["resume_ms"], d["lost"], d["retransmitted"], d.get("training"))
 
 
 @dataclass
@@ -775,7 +778,8 @@ _FLOW = _object(
         "resume_ms": _NUM_OR_NULL,
         "lost": _count,
         "retransmitted": _count,
-    }
+    },
+    optional={"training": _free_object},  # a training job's (ibemu.traffic.training.fault_impact)
 )
 _FAULT = _object(
     {

@@ -309,6 +309,40 @@ def _training(traffic: list[TrafficResult], mark: list[str] | None = None) -> li
                                   True, True, True])]
 
 
+def _training_faults(r: RunResult, mark: list[str] | None = None) -> list[str]:
+    """Training jobs under faults (``training.fault_impact`` per fault and job): the step
+    before, the stalled step, the steps after; under dilation, which part is to scale."""
+    rows = []
+    for i, f in enumerate(r.faults, 1):
+        for fl in f.flows:
+            x = fl.training
+            if not x:
+                continue
+
+            def us(key: str, x: Mapping[str, Any] = x) -> str:
+                return f"{x[key]:,.1f}" if x.get(key) is not None else "-"
+
+            def ratio(key: str, x: Mapping[str, Any] = x) -> str:
+                return f"{x[key]:.2f}x" if x.get(key) is not None else "-"
+
+            rows.append([str(i), f"{f.action} {f.target}", fl.flow, us("base_us"), us("stall_us"), ratio("stall_x"),
+                         us("gap_us"), us("worst_us"), us("after_us"), ratio("after_x"), str(x["slow_steps"]),
+                         str(x["steps_after"]), _int(fl.retransmitted)])
+    if not rows:
+        return []
+    lines = ["", "Training jobs under faults", *(mark or []),
+             "  us of the scaled step, emulated: base = median step before the fault; stall = the step under way at",
+             "  it (x base); gap = last step end before the fault to the stall's end; after = mean of the later steps",
+             "  (to the next fault); slow = steps from the stall on over 1.1x base before the first that was not"]
+    if r.fabric.dilation != 1:
+        lines.append(f"  at dilation {r.fabric.dilation:g} every process's CPU time is divided by it: switches failing over "
+                     "by themselves are an upper bound of hardware; the SM's reroute is not to scale (a real SM takes ms)")
+    headers = ["#", "fault", "job", "base us", "stall us", "stall x", "gap us", "worst us", "after us", "after x",
+               "slow", "steps", "resent"]
+    lines.append(table(headers, rows, [True, False, False, *([True] * 10)]))
+    return lines
+
+
 def _capture_line(c: CaptureFile) -> str:
     """``out/capture-leaf0-1.pcap  12,345 frames, 4.2 MB`` and what rotated or was lost."""
     size = f"{c.bytes / 1e6:,.1f} MB" if c.bytes >= 100_000 else f"{c.bytes / 1e3:,.1f} kB"
@@ -348,7 +382,7 @@ def summary(result: RunResult | Mapping[str, Any]) -> str:
     r = as_result(result)
     mark = _mark(r)
     lines = (_header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark)
-             + _training(r.traffic, mark) + _credit_loops(r) + _files(r))
+             + _training(r.traffic, mark) + _training_faults(r, mark) + _credit_loops(r) + _files(r))
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ibemu.events import Kind
 from ibemu.events import read_events as read_events  # ibemu.scenario.runner reads the logs with it
+from ibemu.traffic import training
 from ibemu.traffic.blackout import DEFAULT_WINDOW_NS, analyse, lost_between, timeline
 from ibemu.traffic.flows import FlowOutput
 
@@ -97,13 +98,17 @@ def takeover_phases(t_fault: int, hi: int, sm: Sequence[dict[str, Any]]) -> dict
 
 
 def flow_impact(flow: FlowOutput, t_fault: int, window_end: int, until_ns: int) -> dict[str, Any]:
-    """A flow's blackout across a fault, its loss and retransmissions in the fault's window."""
+    """A flow's blackout across a fault, its loss and retransmissions in the fault's window; a
+    training job's stall and slower steps too (``training.fault_impact``, up to the next fault)."""
     window = min(DEFAULT_WINDOW_NS, min(window_end, until_ns) - t_fault)
     b = analyse(flow.t_ns, t_fault, window_ns=window, until_ns=until_ns)
     lost = 0
     if flow.sent_t_ns and flow.kind == "stream":
         lost = lost_between(flow.sent_t_ns, set(flow.recv_seq), t_fault, min(window_end, until_ns))
-    return {"flow": flow.name, **b.as_ms(), "lost": lost, "retransmitted": flow.retransmitted}
+    out: dict[str, Any] = {"flow": flow.name, **b.as_ms(), "lost": lost, "retransmitted": flow.retransmitted}
+    if flow.kind == "training" and flow.extra.get("step_us"):  # its steps are its deliveries
+        out["training"] = training.fault_impact(flow.t_ns, flow.extra["step_us"], t_fault, window_end)
+    return out
 
 
 def traffic_entry(flow: FlowOutput, t0_ns: int, t1_ns: int, bin_s: float) -> dict[str, Any]:

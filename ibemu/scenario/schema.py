@@ -312,7 +312,7 @@ TRAFFIC_FIELDS: dict[str, Field] = {
     "tokens_per_step": _num("training: tokens per step over all GPUs (default: the model's)", 0, 1e15,
                             lo_open=True),
     "mfu": _num("training: model FLOPs utilization (default 0.4)", 0, 1, lo_open=True),
-    "algorithm": _choice("training: the gradient allreduce (tree: model only)", EMULATED_ALGORITHMS),
+    "algorithm": _choice("training: the gradient allreduce (ring, tree: double binary tree, hierarchical)", EMULATED_ALGORITHMS),
     "overlap": _num("training: share of the backward pass the allreduce overlaps (0..1, default 0)", 0, 1),
     "scale": _num("training: each step's gradient bytes and compute time divided by this", 1, 1e15),
     "train_tokens": _num("training: tokens to train on (default: the model's)", 0, 1e18, lo_open=True),

@@ -1,4 +1,4 @@
-"""Collectives across many hosts: ring allreduce, all-to-all (and incast/permutation as bw sets).
+"""Collectives across many hosts: ring and tree allreduce, all-to-all (and incast/permutation as bw sets).
 
 Every rank is a host port of this process; data moves as RDMA WRITE with immediate into the
 receiver's staging area, and the immediate's receive completion tells the receiver which step
@@ -7,6 +7,22 @@ sums are exact, and every rank's result is checked element by element (``wrong``
 
 Figures as nccl-tests prints them: ``time`` per iteration, ``algbw`` = size / time,
 ``busbw`` = algbw x 2(n-1)/n for allreduce and x (n-1)/n for all-to-all.
+
+**Tree allreduce** (``algorithm="tree"``): a double binary tree as NCCL builds one between
+nodes (``double_tree``, pure). Tree 0 is the in-order binary tree over ranks 0..n-1 (rank r's
+parent clears r's lowest set bit and sets the next one, or only clears it when that is beyond
+n - 1; rank 0 is the root, with one child); tree 1 is tree 0 mirrored (r -> n-1-r) for even n
+and shifted by one (r -> r+1 mod n) for odd n, so that every rank has at most two children over
+both trees (a leaf in one of them, but for rank 0 with one child in each when n is odd). Each tree reduces and broadcasts one half of the vector, cut into
+``tree_chunk`` byte pieces that follow each other up and down the tree (a pipeline): a rank
+adds its children's piece to its own and writes the sum to its parent; the root's sums go back
+down, every rank copying its parent's piece and writing it on to its children. Per rank and
+tree the reduce and the broadcast run as two tasks, so a piece goes down while later ones
+still go up. Each node sends and receives 2 S bytes in all (half up and down the tree it is a
+leaf of, a half up and two down the other), where a ring moves 2(n-1)/n S: the tree trades
+bandwidth for 2 log2(n) steps of latency instead of 2(n-1). The construction is the one NCCL
+describes (``ncclGetBtree``/``ncclGetDtree``, ``src/graph/trees.cc``), written here from that
+description.
 
 numpy is imported by the functions that use it: the scenario loader reads the traffic-kind
 registry (``ibemu.traffic.flows``), and ``ibemu validate`` need not load numpy for that.
@@ -42,6 +58,9 @@ from ibemu.hca.transport import (
 from ibemu.traffic.perftest import TransportError
 
 COLLECTIVES = ("allreduce", "alltoall")
+ALLREDUCE_ALGORITHMS = ("ring", "tree")
+TREE_CHUNK = 64 * 1024
+"""Bytes of a tree allreduce's pipeline piece (the last of a half may be shorter)."""
 
 
 @dataclass
@@ -216,6 +235,146 @@ async def _ring_allreduce(r: _Rank, ranks: list[_Rank], count: int, it: int) -> 
             vec[lo:hi] += incoming
 
 
+@dataclass(frozen=True, slots=True)
+class Tree:
+    """One binary tree over ranks 0..n-1: each rank's parent (-1: the root) and children (at
+    most two, ascending)."""
+
+    parent: tuple[int, ...]
+    children: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, parent: Sequence[int]) -> Tree:
+        kids: list[list[int]] = [[] for _ in parent]
+        for r, p in enumerate(parent):
+            if p >= 0:
+                kids[p].append(r)
+        return cls(tuple(parent), tuple(tuple(sorted(k)) for k in kids))
+
+    @property
+    def root(self) -> int:
+        return self.parent.index(-1)
+
+    def slot(self, rank: int) -> int:
+        """``rank``'s place among its parent's children (0 or 1)."""
+        return self.children[self.parent[rank]].index(rank)
+
+    def depth(self) -> int:
+        """Edges on the longest path from a leaf to the root."""
+        def up(r: int) -> int:
+            d = 0
+            while self.parent[r] >= 0:
+                r, d = self.parent[r], d + 1
+            return d
+        return max(up(r) for r in range(len(self.parent)))
+
+
+def binary_tree(n: int) -> Tree:
+    """The in-order binary tree over ranks 0..n-1 (module docstring): rank r > 0's parent sets
+    the bit above r's lowest set bit and clears that bit (only clears it when the result is
+    beyond n - 1); rank 0 is the root."""
+    if n < 1:
+        raise ValueError(f"a tree needs at least one rank, got {n}")
+    parent = [-1] * n
+    for r in range(1, n):
+        low = r & -r
+        up = (r ^ low) | (low << 1)
+        parent[r] = up if up < n else r ^ low
+    return Tree.of(parent)
+
+
+def double_tree(n: int) -> tuple[Tree, Tree]:
+    """NCCL's double binary tree over ``n`` ranks: ``binary_tree(n)`` and its mirror (even n) or
+    its shift by one rank (odd n); no rank has more than two children over both."""
+    t0 = binary_tree(n)
+    if n % 2 == 0:
+        p1 = [-1 if t0.parent[n - 1 - r] < 0 else n - 1 - t0.parent[n - 1 - r] for r in range(n)]
+    else:
+        p1 = [-1 if t0.parent[(r - 1) % n] < 0 else (t0.parent[(r - 1) % n] + 1) % n for r in range(n)]
+    return t0, Tree.of(p1)
+
+
+TREE_MAX_PIECES = 48
+"""At most this many pieces a half (the chunk grows beyond ``TREE_CHUNK`` for larger vectors):
+a sender runs ahead of its receiver by up to a half's pieces, two trees each way on one QP,
+within the 256 receives each QP keeps posted."""
+
+
+def tree_pieces(count: int, chunk_bytes: int = TREE_CHUNK) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Each tree's pieces of a ``count``-element float32 vector, as [lo, hi) element ranges:
+    tree 0 the first half, tree 1 the second."""
+    halves = ((0, count // 2), (count // 2, count))
+    out: list[list[tuple[int, int]]] = []
+    for lo, hi in halves:
+        size = hi - lo
+        step = max(1, chunk_bytes // 4, -(-size // TREE_MAX_PIECES))
+        out.append([(a, min(a + step, hi)) for a in range(lo, hi, step)] or [(lo, hi)])
+    return out[0], out[1]
+
+
+def _tree_imm(it: int, phase: int, slot: int, tree: int, piece: int) -> int:
+    """A tree write's immediate: iteration, phase (0 up, 1 down), the child's slot at its parent,
+    the tree and the piece."""
+    return (it << 16) | (phase << 15) | (slot << 14) | (tree << 13) | piece
+
+
+def _send_down(r: _Rank, ranks: list[_Rank], count: int, t: int, tree: Tree, piece: int, lo: int, hi: int,
+               it: int) -> None:
+    """The reduced piece [lo, hi) to ``r``'s children in ``tree`` (their staging's third part)."""
+    import numpy as np
+    kids = tree.children[r.index]
+    if not kids:
+        return
+    out = np.frombuffer(r.out.buf, dtype=np.float32)
+    out[count + lo : count + hi] = r.vector()[lo:hi]
+    for c in kids:
+        peer = ranks[c]
+        r.write(c, (count + lo) * 4, (hi - lo) * 4, peer.stage.addr + (2 * count + lo) * 4, peer.stage.rkey,
+                _tree_imm(it, 1, 0, t, piece))
+
+
+async def _tree_reduce(r: _Rank, ranks: list[_Rank], count: int, it: int, t: int, tree: Tree,
+                       pieces: list[tuple[int, int]]) -> None:
+    """Up ``tree``: each piece's children's sums added to ours, then written to the parent (the
+    root sends the piece down instead)."""
+    import numpy as np
+    vec = r.vector()
+    out = np.frombuffer(r.out.buf, dtype=np.float32)
+    parent, kids = tree.parent[r.index], tree.children[r.index]
+    slot = tree.slot(r.index) if parent >= 0 else 0
+    for p, (lo, hi) in enumerate(pieces):
+        for j in range(len(kids)):
+            await r.wait_imm(_tree_imm(it, 0, j, t, p))
+            vec[lo:hi] += r.staged((j * count + lo) * 4, hi - lo)
+        if parent < 0:
+            _send_down(r, ranks, count, t, tree, p, lo, hi, it)
+            continue
+        out[lo:hi] = vec[lo:hi]
+        peer = ranks[parent]
+        r.write(parent, lo * 4, (hi - lo) * 4, peer.stage.addr + (slot * count + lo) * 4, peer.stage.rkey,
+                _tree_imm(it, 0, slot, t, p))
+
+
+async def _tree_bcast(r: _Rank, ranks: list[_Rank], count: int, it: int, t: int, tree: Tree,
+                      pieces: list[tuple[int, int]]) -> None:
+    """Down ``tree`` (not the root): each piece from the parent into the vector and on to the
+    children. The parent's piece p comes after ours went up, so it never overtakes our reduce."""
+    vec = r.vector()
+    for p, (lo, hi) in enumerate(pieces):
+        await r.wait_imm(_tree_imm(it, 1, 0, t, p))
+        vec[lo:hi] = r.staged((2 * count + lo) * 4, hi - lo)
+        _send_down(r, ranks, count, t, tree, p, lo, hi, it)
+
+
+async def _tree_allreduce(r: _Rank, ranks: list[_Rank], count: int, it: int, trees: tuple[Tree, Tree],
+                          pieces: tuple[list[tuple[int, int]], list[tuple[int, int]]]) -> None:
+    async with trio.open_nursery() as nursery:
+        for t, tree in enumerate(trees):
+            nursery.start_soon(_tree_reduce, r, ranks, count, it, t, tree, pieces[t])
+            if tree.parent[r.index] >= 0:
+                nursery.start_soon(_tree_bcast, r, ranks, count, it, t, tree, pieces[t])
+
+
 async def _alltoall(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
     import numpy as np
     n = len(ranks)
@@ -241,21 +400,36 @@ class CollectiveGroup:
     ``wrong``. ``close()`` destroys the QPs.
     """
 
-    def __init__(self, kind: str, ports: Sequence[HcaPort], size: int, *, mtu: int = 4096) -> None:
+    def __init__(self, kind: str, ports: Sequence[HcaPort], size: int, *, mtu: int = 4096,
+                 algorithm: str = "ring", tree_chunk: int = TREE_CHUNK) -> None:
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}: one of {', '.join(COLLECTIVES)}")
+        if algorithm not in ALLREDUCE_ALGORITHMS or (kind != "allreduce" and algorithm != "ring"):
+            raise ValueError(f"unknown {kind} algorithm {algorithm!r}: one of "
+                             f"{', '.join(ALLREDUCE_ALGORITHMS if kind == 'allreduce' else ('ring',))}")
         n = len(ports)
         if n < 2:
             raise ValueError("a collective needs at least 2 hosts")
         self.kind = kind
+        self.algorithm = algorithm
         self.count = max(n, size // 4 // n * n)
         self.size = self.count * 4
-        # allreduce: one chunk-sized slot per step (2(n-1) of them, about 2x the vector in all);
-        # alltoall: the vector, each peer's chunk at its own offset
-        staging = 2 * (n - 1) * _chunk_slot(self.count, n) * 4 if kind == "allreduce" else self.size
+        self.trees = double_tree(n)
+        self.pieces = tree_pieces(self.count, tree_chunk)
+        # ring allreduce: one chunk-sized slot per step (2(n-1) of them, about 2x the vector in
+        # all); tree: two children's pieces and the parent's, each at its element's offset (3x
+        # the vector; sent from: up, down); alltoall: the vector, each peer's chunk at its own offset
+        tree = kind == "allreduce" and algorithm == "tree"
+        staging = (3 * self.size if tree else 2 * (n - 1) * _chunk_slot(self.count, n) * 4 if kind == "allreduce"
+                   else self.size)
         self.ranks = [_Rank(i, p, self.size, staging) for i, p in enumerate(ports)]
         ranks = self.ranks
-        if kind == "allreduce":
+        if tree:
+            pairs = {(i, j) for t in self.trees for c, p in enumerate(t.parent) if p >= 0
+                     for i, j in ((c, p), (p, c))}
+            for i, j in sorted(pairs):
+                _connect(ranks[i], ranks[j], mtu)
+        elif kind == "allreduce":
             for i in range(n):
                 _connect(ranks[i], ranks[(i + 1) % n], mtu)
         else:
@@ -270,8 +444,11 @@ class CollectiveGroup:
         t0 = clock.now_ns()
         async with trio.open_nursery() as nursery:
             for r in self.ranks:
-                nursery.start_soon(_ring_allreduce if self.kind == "allreduce" else _alltoall, r, self.ranks,
-                                   self.count, it)
+                if self.kind == "allreduce" and self.algorithm == "tree":
+                    nursery.start_soon(_tree_allreduce, r, self.ranks, self.count, it, self.trees, self.pieces)
+                else:
+                    nursery.start_soon(_ring_allreduce if self.kind == "allreduce" else _alltoall, r, self.ranks,
+                                       self.count, it)
         seconds = (clock.now_ns() - t0) / 1e9
         self.wrong += _check(self.kind, self.ranks, self.count, expected)
         return seconds
@@ -287,9 +464,10 @@ class CollectiveGroup:
 
 
 async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iterations: int = 5,
-                         warmup: int = 1, mtu: int = 4096) -> CollectiveResult:
-    """``kind`` ("allreduce" or "alltoall") over ``ports`` (their serve tasks running)."""
-    group = CollectiveGroup(kind, ports, size, mtu=mtu)
+                         warmup: int = 1, mtu: int = 4096, algorithm: str = "ring") -> CollectiveResult:
+    """``kind`` ("allreduce" or "alltoall") over ``ports`` (their serve tasks running); an
+    allreduce by ``algorithm`` ("ring" or "tree")."""
+    group = CollectiveGroup(kind, ports, size, mtu=mtu, algorithm=algorithm)
     seconds: list[float] = []
     for it in range(warmup + iterations):
         t = await group.run(it)

@@ -261,14 +261,15 @@ async def _training(f: Flow) -> None:
     """A data-parallel training job (``training.JobPlan``, scaled down by its ``scale``): each step
     computes (forward, then backward) in emulated time, and once a share ``1 - overlap`` of the
     backward pass has run, allreduces its gradients: the NVLink reduce-scatter and all-gather
-    as their modelled time, between them one ring allreduce per rail over RDMA (the rail's CA
-    of every server), all rails at once. ``hosts`` are the job's servers' CAs, rail by rail."""
+    as their modelled time, between them one allreduce per rail over RDMA (the rail's CA of
+    every server), all rails at once: a ring, or a double binary tree for ``algorithm: tree``. ``hosts`` are the job's servers' CAs, rail by rail."""
     out = f.out
     plan = training.JobPlan.from_json(f.spec["training"])
     rails = plan.cluster.rails
     servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]
+    algorithm = "tree" if plan.job.algorithm == "tree" else "ring"
     groups = [collectives.CollectiveGroup("allreduce", [f.ports[s[r]] for s in servers], plan.rail_bytes,
-                                          mtu=int(f.spec.get("mtu", 4096)))
+                                          mtu=int(f.spec.get("mtu", 4096)), algorithm=algorithm)
               for r in range(rails)]
     o = plan.job.overlap
     steps: list[training.StepMeasure] = []

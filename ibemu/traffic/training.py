@@ -74,8 +74,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 ALGORITHMS = ("ring", "tree", "hierarchical")
-EMULATED_ALGORITHMS = ("ring", "hierarchical")
-"""What a training job on the fabric runs (a tree's RDMA pattern is not implemented: model only)."""
+EMULATED_ALGORITHMS = ALGORITHMS
+"""What a training job on the fabric runs: each rail's RDMA allreduce is a ring (``ring``,
+``hierarchical``) or a double binary tree (``tree``), ``ibemu.traffic.collectives``."""
 GRAD_BYTES = 2
 """Bytes per gradient element (BF16)."""
 
@@ -332,13 +333,14 @@ def model_step(job: TrainingJob, c: GpuCluster) -> StepModel:
 
 
 def fabric_bytes_per_rail(algorithm: str, size: float, servers: int, c: GpuCluster) -> float:
-    """The size of the ring allreduce each rail runs between the servers so that its cables carry
+    """The size of the allreduce each rail runs between the servers so that its cables carry
     what the algorithm sends over them: ``hierarchical``, G/R slices of S/G (S/R); ``ring``, a
     ring of n ranks sends 2(n-1)/n S/R over each rail's cable, which a ring of s ranks over X bytes
-    does for X = S/R (n-1)/n s/(s-1)."""
+    does for X = S/R (n-1)/n s/(s-1); ``tree``, a double binary tree of S/R per rail between the
+    servers (2 S/R on each server's cable each way, as the model's ``2 S / (R b)``)."""
     if servers < 2:
         return 0.0
-    if algorithm == "hierarchical":
+    if algorithm in ("hierarchical", "tree"):
         return size / c.rails
     if algorithm == "ring":
         n = servers * c.per_server
@@ -450,7 +452,50 @@ def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
         "projected_time_to_train_days": round(plan.job.total_tokens / plan.job.tokens * full / 86400, 3),
         "step_us": [round(x.step_s * 1e6, 3) for x in steps],
     })
+
     return out
+
+
+SLOW = 1.1
+"""A step more than 10% over the job's steps before a fault counts as slowed by it."""
+
+
+def fault_impact(end_ns: list[int], step_us: list[float], t_fault_ns: int, until_ns: int | None = None) -> dict[str, Any]:
+    """What a fault cost a training job, from its steps (each step's end, emulated ns, and its
+    time, us, in order): ``base_us``, the median step that ended before the fault (None if
+    none did); ``stall_us``, the step under way at the fault (the first to end after it, even
+    beyond ``until_ns``) and ``stall_x`` its ratio to the base; ``gap_us``, from the last step
+    end before the fault (or the fault) to that step's end; then the steps that ended up to
+    ``until_ns`` (the next fault): ``worst_us``, the longest of them and the stall;
+    ``after_us``, the mean of those after the stalled one (``after_x`` over the base);
+    ``slow_steps``, the steps from the stalled one on that took more than ``SLOW`` x the base
+    before the first that did not; ``steps_after``, how many ended after the fault up to
+    ``until_ns``. Empty when no step ended after the fault."""
+    pairs = list(zip(end_ns, step_us, strict=False))
+    before = sorted(u for e, u in pairs if e <= t_fault_ns)
+    later = [(e, u) for e, u in pairs if e > t_fault_ns]
+    if not later:
+        return {}
+    window = [(e, u) for e, u in later if until_ns is None or e <= until_ns]
+    base = before[len(before) // 2] if before else None
+    last = max((e for e, _ in pairs if e <= t_fault_ns), default=t_fault_ns)
+    stall_end, stall = later[0]
+    rest = [u for _, u in window[1:]]
+    slow = 0
+    if base:
+        for u in [stall, *rest]:
+            if u <= SLOW * base:
+                break
+            slow += 1
+    mean_rest = sum(rest) / len(rest) if rest else None
+    return {
+        "base_us": round(base, 3) if base is not None else None, "stall_us": round(stall, 3),
+        "stall_x": round(stall / base, 3) if base else None, "gap_us": round((stall_end - last) / 1e3, 3),
+        "worst_us": round(max([stall, *rest]), 3),
+        "after_us": round(mean_rest, 3) if mean_rest is not None else None,
+        "after_x": round(mean_rest / base, 3) if base and mean_rest is not None else None,
+        "slow_steps": slow, "steps_after": len(window),
+    }
 
 
 PLACEMENTS = ("packed", "spread", "topology")

@@ -106,6 +106,25 @@ def test_collectives_over_all_sixteen_hosts_are_exact(live: Running, kind: str) 
     assert "busbw" in collectives.nccl_header()
 
 
+@pytest.mark.parametrize("n", [16, 5])
+def test_tree_allreduce_is_exact_piece_by_piece(live: Running, n: int) -> None:
+    """A double binary tree (odd n: rank 0 inside both trees), 4 KiB pieces so that several
+    follow each other up and down each tree; every element of every rank checked."""
+    names = [f"h{i}" for i in range(n)]
+
+    async def fn(ports: dict[str, HcaPort]):  # type: ignore[no-untyped-def]
+        g = collectives.CollectiveGroup("allreduce", [ports[x] for x in names], 40 * 1024, algorithm="tree",
+                                        tree_chunk=4096)
+        times = [await g.run(i) for i in range(2)]
+        g.close()
+        return g, times
+
+    g, times = run_on_ports(live, names, fn)
+    assert g.wrong == 0 and len(times) == 2 and min(times) > 0
+    assert min(len(p) for p in g.pieces) > 1
+    assert {r.index for r in g.ranks if r.tx} == set(range(n))  # every rank sent
+
+
 @pytest.mark.parametrize("transport", ["rc", "ud"])
 def test_streams_record_every_delivery(live: Running, transport: str) -> None:
     opts = stream.StreamOptions(rate_pps=5000, size=128, transport=transport, count=2000)

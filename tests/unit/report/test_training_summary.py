@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from ibemu.report import summary
-from ibemu.traffic.training import GpuCluster, JobPlan, StepMeasure, TrainingJob, measured_figures
+from ibemu.report import summary, validate
+from ibemu.traffic.training import (
+    GpuCluster,
+    JobPlan,
+    StepMeasure,
+    TrainingJob,
+    fault_impact,
+    measured_figures,
+)
 from tests.unit.report.sample import result
 
 
@@ -30,3 +37,24 @@ def test_training_jobs_table() -> None:
 
 def test_no_training_no_section() -> None:
     assert "Training jobs" not in summary(result())
+
+
+def test_training_under_faults_table() -> None:
+    r = result()
+    ends = [100_000, 200_000, 300_000, 1_000_000, 1_150_000, 1_250_000]
+    us = [100.0, 100.0, 100.0, 700.0, 150.0, 100.0]
+    r["faults"][0]["flows"] = [*r["faults"][0]["flows"],
+                               {"flow": "train", "blackout_ms": 0.7, "resume_ms": 0.7, "lost": 0, "retransmitted": 12,
+                                "training": fault_impact(ends, us, 350_000)}]
+    r["fabric"]["dilation"] = 100
+    assert validate(r) == []
+    lines = summary(r).splitlines()
+    start = lines.index("Training jobs under faults")
+    assert any("dilation 100" in ln and "not to scale" in ln for ln in lines[start:start + 8])
+    row = next(ln for ln in lines[start:] if " train " in ln).split()
+    # #, fault (action target), job, base, stall, x, gap, worst, after, x, slow, steps, resent
+    assert row[0] == "1" and row[3] == "train"
+    assert row[4:] == ["100.0", "700.0", "7.00x", "700.0", "700.0", "125.0", "1.25x", "2", "3", "12"]
+    # without a training row: no section
+    r["faults"][0]["flows"] = r["faults"][0]["flows"][:-1]
+    assert "Training jobs under faults" not in summary(r)

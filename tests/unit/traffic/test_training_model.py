@@ -12,6 +12,7 @@ from ibemu.traffic.training import (
     allreduce_time,
     compute_time,
     fabric_bytes_per_rail,
+    fault_impact,
     measured_figures,
     model_step,
     place,
@@ -86,8 +87,30 @@ def test_fabric_bytes_per_rail() -> None:
     # a 16-rank ring sends 2 x 15/16 S per cable; a 2-rank ring over X sends X: X = 15/16 S x 2
     assert fabric_bytes_per_rail("ring", 8e6, 2, NDR) == pytest.approx(8e6 * 15 / 16 * 2)
     assert fabric_bytes_per_rail("ring", 8e6, 1, NDR) == 0.0
+    # a double binary tree of S/R per rail: each server's cable carries 2 S/R each way
+    assert fabric_bytes_per_rail("tree", 8e6, 4, GpuCluster(rails=2)) == pytest.approx(4e6)
     with pytest.raises(ValueError, match="not emulated"):
-        fabric_bytes_per_rail("tree", 8e6, 2, NDR)
+        fabric_bytes_per_rail("butterfly", 8e6, 2, NDR)
+
+
+def test_fault_impact_stall_and_slower_steps() -> None:
+    # steps of 100 us end at 100..400 us; the fault at 450 us; a 700 us step, two of 150, then 100s
+    ends = [100_000, 200_000, 300_000, 400_000, 1_100_000, 1_250_000, 1_400_000, 1_500_000, 1_600_000]
+    us = [100.0, 100.0, 100.0, 100.0, 700.0, 150.0, 150.0, 100.0, 100.0]
+    x = fault_impact(ends, us, 450_000)
+    assert x["base_us"] == 100.0 and x["stall_us"] == 700.0 and x["stall_x"] == 7.0
+    assert x["gap_us"] == 700.0  # 400 us -> 1,100 us
+    assert x["worst_us"] == 700.0 and x["slow_steps"] == 3 and x["steps_after"] == 5
+    assert x["after_us"] == pytest.approx(125.0) and x["after_x"] == pytest.approx(1.25)
+    # up to the next fault only; none before the fault: no base, no ratios
+    y = fault_impact(ends, us, 450_000, until_ns=1_250_000)
+    assert y["steps_after"] == 2 and y["after_us"] == 150.0
+    # the stalled step counts even when it ends after the next fault; nothing after it then
+    w = fault_impact(ends, us, 450_000, until_ns=1_000_000)
+    assert w["stall_us"] == 700.0 and w["steps_after"] == 0 and w["after_us"] is None and w["slow_steps"] == 1
+    z = fault_impact(ends[4:], us[4:], 450_000)
+    assert z["base_us"] is None and z["stall_x"] is None and z["slow_steps"] == 0 and z["gap_us"] == 650.0
+    assert fault_impact(ends, us, 2_000_000) == {}
 
 
 def test_plan_scales_compute_and_bytes() -> None:
