@@ -644,16 +644,9 @@ def main_user(args: argparse.Namespace) -> None:
     rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
-            for attempt in range(3):
-                try:
-                    with tempfile.TemporaryDirectory(prefix="bench-lfo-user-") as tmp:
-                        r = one_user(engine, Path(tmp), args.dilation, args.spacing_us, args.frames)
-                    break
-                except NotReady as exc:
-                    print(f"  run {i + 1} {engine}: not ready ({exc}), attempt {attempt + 1} of 3",
-                          file=sys.stderr, flush=True)
-            else:
-                raise SystemExit(f"{engine}: the fabric never came up fit for the measurement")
+            r = fresh_attempts(f"run {i + 1} {engine}", "bench-lfo-user-",
+                               lambda tmp, engine=engine: one_user(engine, tmp, args.dilation, args.spacing_us,
+                                                                   args.frames))
             rows[engine].append(r)
             print(f"  run {i + 1} {engine}: {r}", file=sys.stderr, flush=True)
     print(f"Cable cut (the sender's edge uplink) under a probe stream h1 -> h15 (k=4 fat-tree, IB user datapath, "
@@ -674,6 +667,18 @@ def main_user(args: argparse.Namespace) -> None:
               + "".join(f"\n    invalid: {r['note']}" for r in bad))
     print("  (to scale: the local failover blackout, an upper bound of a switch's; not to scale: the SM's "
           "reroute, whose real CPU time dilation divides by N)")
+
+
+def fresh_attempts(label: str, prefix: str, measure: Callable[[Path], dict[str, Any]], tries: int = 3) -> dict[str, Any]:
+    """``measure`` on a fresh fabric in a temporary directory, again (up to ``tries`` times) when
+    the fabric did not come up fit for the measurement (``NotReady``)."""
+    for attempt in range(tries):
+        try:
+            with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+                return measure(Path(tmp))
+        except NotReady as exc:
+            print(f"  {label}: not ready ({exc}), attempt {attempt + 1} of {tries}", file=sys.stderr, flush=True)
+    raise SystemExit(f"{label}: the fabric never came up fit for the measurement")
 
 
 def main() -> None:
@@ -708,16 +713,9 @@ def main() -> None:
     rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
-            for attempt in range(3):
-                try:
-                    with tempfile.TemporaryDirectory(prefix="bench-lfo-") as tmp:
-                        r = one(engine, Path(tmp), args.k, args.fault, args.flows, args.probe_us)
-                    break
-                except NotReady as exc:
-                    print(f"  run {i + 1} {engine}: not ready ({exc}), attempt {attempt + 1} of 3",
-                          file=sys.stderr, flush=True)
-            else:
-                raise SystemExit(f"{engine}: the fabric never came up fit for the measurement")
+            r = fresh_attempts(f"run {i + 1} {engine}", "bench-lfo-",
+                               lambda tmp, engine=engine: one(engine, tmp, args.k, args.fault, args.flows,
+                                                              args.probe_us))
             rows[engine].append(r)
             brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ("flows", "groups")}
             print(f"  run {i + 1} {engine}: {brief}", file=sys.stderr, flush=True)

@@ -126,7 +126,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
-from ibemu.physics.model import Action, CreditReturn, Drop, Frame, Node, Pause, Transmit
+from ibemu.physics.model import Action, CreditReturn, Drop, EgressPort, Frame, Node, Pause, Transmit
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
@@ -180,6 +180,21 @@ class LinkStats:
     def fresh(self) -> LinkStats:
         """An empty interval that carries on the back-to-back bookkeeping."""
         return LinkStats(self.gbps, last_due=self.last_due, last_end=self.last_end, last_sent=self.last_sent)
+
+
+def _wait_unserved(p: EgressPort, frame: Frame, in_port: int, c: int, size: int, t: int) -> None:
+    """A frame the egress port's VL arbitration tables never serve waits in its queue, as in
+    ``Node._start`` (the fast paths' way out when the arbiter will not pick its VL)."""
+    p.queues[c].append(frame, in_port)
+    p.queued |= 1 << c
+    p.queued_bytes[c] += size
+    p.total_bytes += size
+    if p.waiting_since is None:
+        p.waiting_since = t
+    for v in range(p.vls):
+        if p.queues[v] and v not in p.blocked_since:
+            p.blocked_since[v] = t
+            p.counters.credit_stalls += 1
 
 
 class LivePlane:
@@ -339,17 +354,7 @@ class LivePlane:
         arb = p.arbiter
         assert arb is not None
         if (arb.pick(_ready, 1 << c) is None if arb.arb.high else not arb.pick_only(c, True)):
-            # the tables never serve it: it waits, as in Node._start
-            p.queues[c].append(frame, in_port)
-            p.queued |= 1 << c
-            p.queued_bytes[c] += size
-            p.total_bytes += size
-            if p.waiting_since is None:
-                p.waiting_since = start
-            for v in range(p.vls):
-                if p.queues[v] and v not in p.blocked_since:
-                    p.blocked_since[v] = start
-                    counters.credit_stalls += 1
+            _wait_unserved(p, frame, in_port, c, size, start)  # the tables never serve it
             self._last[node.name] = start
             self.fast_hops += 1
             return True
@@ -450,17 +455,8 @@ class LivePlane:
         counters = p.counters
         if size > counters.max_queue_bytes:
             counters.max_queue_bytes = size
-        if not arb.pick_only(c, True):  # the tables never serve it: it waits, as in Node._start
-            p.queues[c].append(frame, 0)
-            p.queued |= 1 << c
-            p.queued_bytes[c] += size
-            p.total_bytes += size
-            if p.waiting_since is None:
-                p.waiting_since = now
-            for v in range(p.vls):
-                if p.queues[v] and v not in p.blocked_since:
-                    p.blocked_since[v] = now
-                    counters.credit_stalls += 1
+        if not arb.pick_only(c, True):  # the tables never serve it
+            _wait_unserved(p, frame, 0, c, size, now)
             return True
         if p.waiting_since is not None:
             counters.xmit_wait_ns += now - p.waiting_since
