@@ -140,6 +140,20 @@ across the spine) and ``local`` (h4, h3's neighbour on leaf1) share h3's port, 2
 not its destination."""
 
 
+def hol_flows(plan: Any, lids: Mapping[str, int], host_link: Any, dilation: float, *, victim_sl: int,
+              n: int = 64) -> list[dict[str, Any]]:
+    """:data:`HOL_FLOWS` as ``run_traffic`` flows: each offered at 1.05x the host cable's rate
+    (``host_link``: its ``LinkModel``) in emulated time, the victim on ``victim_sl``, the others
+    on SL 0."""
+    flows = []
+    for name, (src, dst) in HOL_FLOWS.items():
+        frames = native_frames(plan, lids, src, [dst], sl=victim_sl if name == "victim" else 0, n=n)
+        fps = 1.05 * host_link.gbps * 1e9 / ((wire_bytes(frames[0]) + host_link.framing_bytes) * 8)
+        flows.append({"ns": plan.nodes[src].ns, "if": plan.nodes[src].ports[1].ifname, "frames": frames,
+                      "fps": fps / dilation})
+    return flows
+
+
 def hol_topology(host_rate: str, switch_rate: str) -> Topology:
     """Two leaves under one spine, three hosts each, the hosts' cables at ``host_rate`` and the
     leaf-spine cables at ``switch_rate`` (twice as fast: the victim alone would not be limited
@@ -266,12 +280,17 @@ def run_traffic(flows: Sequence[Mapping[str, Any]], receivers: Sequence[Mapping[
     stamps into monotonic ns: ``stamp - offset``)."""
     spec = {"flows": [{**f, "frames": [bytes(x).hex() for x in f["frames"]]} for f in flows],
             "receivers": list(receivers), "seconds": seconds, "drain_s": drain_s}
-    path = workdir / "livephysics-spec.json"
+    return child_run([sys.executable, "-m", "ibemu.testing.livephysics"], spec, workdir / "livephysics-spec.json")
+
+
+def child_run(argv: Sequence[str], spec: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """A traffic child's run: ``spec`` written to ``path``, ``argv + [path]`` started with this
+    checkout on its path; once it says ``ready`` it is told ``go``, and its one JSON line of
+    results is returned (ended by PID if it does not exit within 30 s after)."""
     path.write_text(json.dumps(spec))
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "ibemu.testing.livephysics", str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([*argv, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         if proc.stdout.readline().strip() != "ready":
@@ -285,7 +304,6 @@ def run_traffic(flows: Sequence[Mapping[str, Any]], receivers: Sequence[Mapping[
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-
 
 if __name__ == "__main__":
     _child(sys.argv[1])

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from ibemu import clock
-from ibemu.agents.port import PortState
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
 from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.physics.link import LinkModel
+from ibemu.testing.livephysics import program
 from ibemu.testing.static_routes import assign_lids, minhop_lfts
 from ibemu.topo import generate
 from ibemu.wire import fast
@@ -30,20 +30,6 @@ pytestmark = pytest.mark.root
 
 DILATION = 1000
 OFFER = 1.2
-
-
-def program(host: object, lids: dict[str, int], lfts: dict[str, dict[int, int]]) -> None:
-    for name, table in lfts.items():
-        agent = host.nodes[name].agent  # type: ignore[attr-defined]
-        agent.ports[0].lid = lids[name]
-        block = bytearray(agent.lft.get_block(0))
-        for lid, port in table.items():
-            block[lid] = port
-        agent.lft.set_block(0, bytes(block))
-        agent.lft.set_top(max(lids.values()))
-        for num, p in agent.ports.items():
-            if num and p.link_is_up:
-                p.state = PortState.ACTIVE
 
 
 def test_a_flow_arrives_at_the_cable_rate_in_emulated_time(state_dir: Path, tmp_path: Path) -> None:

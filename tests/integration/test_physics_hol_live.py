@@ -26,9 +26,8 @@ from ibemu.physics.link import LinkModel
 from ibemu.scenario import loads_scenario
 from ibemu.sm.qos import SmQos
 from ibemu.testing.livephysics import (
-    HOL_FLOWS,
+    hol_flows,
     hol_topology,
-    native_frames,
     program,
     program_qos,
     routes,
@@ -83,12 +82,7 @@ def test_a_victim_slows_behind_a_congested_port_on_one_vl_and_not_on_its_own(sta
             rates: dict[int, float] = {}
             moved: dict[int, tuple[int, int]] = {}
             for sl in (0, 1):
-                flows = []
-                for name, (src, dst) in HOL_FLOWS.items():
-                    frames = native_frames(plan, lids, src, [dst], sl=sl if name == "victim" else 0, n=32)
-                    fps = 1.05 * host_link.gbps * 1e9 / ((wire_bytes(frames[0]) + host_link.framing_bytes) * 8)
-                    flows.append({"ns": plan.nodes[src].ns, "if": plan.nodes[src].ports[1].ifname, "frames": frames,
-                                  "fps": fps / DILATION})
+                flows = hol_flows(plan, lids, host_link, DILATION, victim_sl=sl, n=32)
                 before = waits()
                 out = run_traffic(flows, [{"ns": plan.nodes["h5"].ns, "if": plan.nodes["h5"].ports[1].ifname}],
                                   seconds=1.0, drain_s=0.4, workdir=tmp_path)
