@@ -55,7 +55,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -156,20 +155,9 @@ def child(spec_path: str) -> None:
 
 
 def run_child(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
-    path = tmp / "spec.json"
-    path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen([sys.executable, __file__, "--child", str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        if proc.stdout.readline().strip() != "ready":
-            raise SystemExit("the child did not start")
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        return dict(json.loads(proc.stdout.readline()))
-    finally:
-        proc.wait(30)
+    from ibemu.testing.livephysics import child_run
+
+    return child_run([sys.executable, __file__, "--child"], spec, tmp / "spec.json")
 
 
 # ------------------------------------------------------------------ a live fabric
@@ -458,8 +446,8 @@ def measure_hol(host_rate: str, switch_rate: str, dilation: float, seconds: floa
     from ibemu.sm.qos import SmQos
     from ibemu.testing.livephysics import (
         HOL_FLOWS,
+        hol_flows,
         hol_topology,
-        native_frames,
         program_qos,
         run_traffic,
         simulate_hol,
@@ -487,12 +475,7 @@ def measure_hol(host_rate: str, switch_rate: str, dilation: float, seconds: floa
             return on_loop(lambda: {k: host.nodes[n].agent.counters(p).port_xmit_wait for k, (n, p) in pma.items()})
 
         for sl in (0, 1):
-            flows = []
-            for name, (src, dst) in HOL_FLOWS.items():
-                frames = native_frames(plan, lids, src, [dst], sl=sl if name == "victim" else 0, n=64)
-                fps = 1.05 * host_link.gbps * 1e9 / ((wire_bytes(frames[0]) + host_link.framing_bytes) * 8)
-                flows.append({"ns": plan.nodes[src].ns, "if": plan.nodes[src].ports[1].ifname, "frames": frames,
-                              "fps": fps / dilation})
+            flows = hol_flows(plan, lids, host_link, dilation, victim_sl=sl, n=64)
             on_loop(lambda: links.report_links())  # start the fidelity interval here
             before = waits()
             got = run_traffic(flows, [{"ns": plan.nodes[h].ns, "if": plan.nodes[h].ports[1].ifname}
@@ -829,6 +812,8 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     rates = [r.strip() for r in args.rates.split(",")]
     dils = [float(d) for d in args.dilation.split(",")]
+    if len(dils) != len(rates):
+        ap.error(f"--dilation: one factor per rate of --rates ({len(rates)}), not {len(dils)}")
     if args.hol:
         hr, sr = (x.strip() for x in args.hol_rates.split(","))
         with tempfile.TemporaryDirectory() as tmp:
