@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 import time
 from collections import Counter, OrderedDict
 
@@ -49,7 +48,7 @@ import trio
 from ibemu import clock
 from ibemu.agents import dr
 from ibemu.kernel import mmsg, sockfilter
-from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
+from ibemu.kernel.packet import ETH_P_IB, kernel_stamp, open_packet_socket, stamp_received
 from ibemu.sm.transport import UmadPort
 from ibemu.wire.madpacket import (
     INITIAL_PATH,
@@ -80,9 +79,7 @@ TID_TAG = sockfilter.SM_OWN_TID_TAG << 48
 """TID bits 48-63 of SMPs sent here: no MAD-socket slot, so the agent host drops its copy."""
 TRAP_DEDUP_NS = 100_000_000
 VL15 = 15
-SO_TIMESTAMPNS = 35
-_TIMESPEC = struct.Struct("qq")
-_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+_ANC_SPACE = socket.CMSG_SPACE(16)  # a struct timespec
 _WAKE_KEEP = 1 << 16
 ATTR_PORT_INFO = 0x0015  # (not ibemu.wire.mad's AttrId: that module loads scapy, ~0.4 s)
 _PI_LID = 16  # PortInfo: LID at bytes 16-17 of the SMP data
@@ -109,7 +106,7 @@ class DirectPort:
         self._in_send, self._in_recv = trio.open_memory_channel[SimRequest](4096)
         self.wake_ns: list[int] = []
         with contextlib.suppress(OSError):  # without stamps, no wake-up figures
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            stamp_received(sock)
 
     @classmethod
     def open(cls, umad: UmadPort, ns: str | None, ifname: str, peer_mac: bytes, *, port: int = 1) -> DirectPort:
@@ -239,14 +236,12 @@ class DirectPort:
 
     def _note_wake(self, ancillary: list[tuple[int, int, bytes]]) -> None:
         """How long a frame waited between the kernel and this process (real ns)."""
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack_from(data)
-                waited = time.clock_gettime_ns(time.CLOCK_REALTIME) - (sec * 1_000_000_000 + nsec)
-                self.wake_ns.append(waited)
-                if len(self.wake_ns) > _WAKE_KEEP:
-                    del self.wake_ns[: _WAKE_KEEP // 2]
-                return
+        stamp = kernel_stamp(ancillary)
+        if stamp is None:
+            return
+        self.wake_ns.append(time.clock_gettime_ns(time.CLOCK_REALTIME) - stamp)
+        if len(self.wake_ns) > _WAKE_KEEP:
+            del self.wake_ns[: _WAKE_KEEP // 2]
 
     def wake_summary(self) -> dict[str, float]:
         """Percentiles (µs, real time) of what ``_note_wake`` saw: the SM process's own delay
