@@ -66,9 +66,11 @@ class _Batch:
         self._left = 0
         self._done = trio.Event()
 
-    def call(self, req: Request | bytes, on_done: Callable[[Reply | None], None]) -> Call:
-        """A call whose end this batch counts (``start`` it, or give it to ``run``)."""
-        c = Call(req, functools.partial(self._ended, on_done))
+    def call(self, req: Request | bytes, on_done: Callable[[Reply | None], None], *,
+             fallback: bool = False) -> Call:
+        """A call whose end this batch counts (``start`` it, or give it to ``run``);
+        ``fallback`` as for ``Transport.request``."""
+        c = Call(req, functools.partial(self._ended, on_done), fallback=fallback)
         self.calls.append(c)
         self._left += 1
         return c
@@ -158,7 +160,7 @@ async def _set_ports(disc: Discovery, todo: list[tuple[End, bytes]], *, lid_rout
         lid = node.ports[0].lid if node.is_switch else node.ports[end[1]].lid
         if lid_routed and lid:
             first.append(batch.call(Request(mb.lr_smp(mb.SET, ATTR_PORT_INFO, modifier=end[1], data=data), dlid=lid),
-                                    functools.partial(lr_done, node, end, data)))
+                                    functools.partial(lr_done, node, end, data), fallback=True))
         else:
             first.append(directed(node, end, data))
     await batch.run(first)

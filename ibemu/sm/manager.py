@@ -50,6 +50,7 @@ election. A master polled by another SM (or sent trap 144) looks at the subnet's
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -180,6 +181,7 @@ class SubnetManager:
         self.disc = Discovery(self.transport)
         self.lids = LidTable()
         self.prog = LftProgrammer(self.transport, self.events, overdue_s=self.config.overdue_s)
+        self.prog.fdb_top = functools.partial(act.fdb_top, self.disc)  # LID-routed only below each LinearFDBTop
         self.disc.avoid = self.prog.suspects
         self._check: set[int] = set()  # suspects the next pass looks at
         self._unanswered: set[int] = set()  # suspects because an SMP to them went unanswered

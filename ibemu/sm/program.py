@@ -127,7 +127,12 @@ class LftProgrammer:
     path relays in software. It is used only when the tables this programmer last wrote
     lead from the SM to the switch and back over cables that are still up — after a link
     failure the entries for those LIDs are untouched by the reroute, so the path holds
-    while the new blocks go out. Anything else goes directed route.
+    while the new blocks go out — and, with ``fdb_top``, when every switch on the way has a
+    LinearFDBTop that covers the LID it forwards (a switch routes no LID above its top: in a
+    cold sweep the LFTs are written before the SwitchInfo Sets that raise the tops, so the
+    alternates' LID-routed Sets that followed them were dropped on the way back to the SM
+    and each waited out its timeout, 0.2 s emulated, 4,000 s of real time at dilation
+    20,000). Anything else goes directed route.
     """
 
     transport: Transport
@@ -145,6 +150,8 @@ class LftProgrammer:
     """Switch GUID -> AlternatePorts blocks acknowledged (absent block: all zero)."""
     cfg_written: dict[int, bytes] = field(default_factory=dict)
     """FailoverConfig as each switch acked it (``failover_config``)."""
+    fdb_top: Callable[[int], int] | None = None
+    """A switch's LinearFDBTop as last read or set (switch GUID -> top); None: not checked."""
     _blocks: dict[int, tuple[Mapping[int, int], int, dict[int, bytes]]] = field(default_factory=dict)
     """Switch GUID -> (the LFT mapping, top, its blocks): an incremental reroute hands the
     unchanged switches' LFTs over as the same objects (it copies the ones it changes), so
@@ -165,6 +172,8 @@ class LftProgrammer:
                 return True
             if not node.is_switch:
                 return False
+            if self.fdb_top is not None and lid > self.fdb_top(node_guid):
+                return False  # above its LinearFDBTop: the switch drops it
             port = self._lookup(node_guid, lid)
             if port is None or port in (0, NO_ROUTE):
                 return False
@@ -377,7 +386,7 @@ class LftProgrammer:
                     tr.stats["lid_routed_sets"] += 1
                     call = Call(Request(mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data), dlid=node.lid),
                                 functools.partial(lid_routed_done, key, data), retries=0,
-                                on_attempt=functools.partial(attempt, key))
+                                on_attempt=functools.partial(attempt, key), fallback=True)
                 else:
                     call = directed(key, data)
                 calls[key] = call
@@ -428,7 +437,8 @@ class LftProgrammer:
             r = None
             if lid_routed.get(guid):
                 r = await self.transport.request(
-                    Request(mb.lr_smp(mb.SET, attr, modifier=block, data=data), dlid=node.lid), retries=0)
+                    Request(mb.lr_smp(mb.SET, attr, modifier=block, data=data), dlid=node.lid), retries=0,
+                    fallback=True)
             if r is None:
                 r = await self.transport.request(
                     mb.dr_smp(mb.SET, attr, path=list(node.dr_path), modifier=block, data=data))

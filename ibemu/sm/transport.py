@@ -12,7 +12,10 @@ At most ``max_in_flight`` requests are outstanding; each gets a fresh TID (low 3
 MAD socket owns bits 48-63) per attempt, ``timeout_s`` per attempt and ``retries`` more
 attempts. A response is matched on its TID's low 32 bits; a late one (its attempt timed
 out), a duplicate (already answered) or one with an unknown TID is dropped and counted in
-``stats``. Requests sent to us (traps, SMInfo) go to ``on_unsolicited``, which must not block.
+``stats``. A request unanswered after every attempt is ``failed`` in ``stats`` (the SM sweeps
+again for it), unless the caller sends it another way then (``fallback``: a LID-routed SMP
+followed by its directed-route one), which is ``fell_back``. Under time dilation the SM gives
+the transport a timeout bounded in real time (``ibemu.sm.timers``). Requests sent to us (traps, SMInfo) go to ``on_unsolicited``, which must not block.
 
 M_Key: with ``m_key`` set, every SMP that leaves (requests, TrapRepress, responses) carries it
 in its M_Key field (bytes 24-31), whatever the caller built: the SM's key is a property of the
@@ -144,14 +147,15 @@ class Call:
     """One request of ``Transport.submit``: no task waits for it; ``on_done(reply)`` is called
     once, with the ``Reply`` or None (every attempt timed out, or undeliverable), from the
     transport's receive or timer task (it must not block), unless ``Transport.cancel`` ended
-    the call first. ``on_attempt(n)`` as for ``Transport.request``."""
+    the call first. ``on_attempt(n)`` and ``fallback`` as for ``Transport.request``."""
 
-    __slots__ = ("attempt", "attempts", "done", "on_attempt", "on_done", "req", "tid", "timeout")
+    __slots__ = ("attempt", "attempts", "done", "fallback", "on_attempt", "on_done", "req", "tid", "timeout")
 
     def __init__(self, req: Request | bytes, on_done: Callable[[Reply | None], None], *,
                  timeout_s: float | None = None, retries: int | None = None,
-                 on_attempt: Callable[[int], None] | None = None) -> None:
+                 on_attempt: Callable[[int], None] | None = None, fallback: bool = False) -> None:
         self.req = Request(req) if isinstance(req, bytes) else req
+        self.fallback = fallback
         self.on_done = on_done
         self.on_attempt = on_attempt
         self.timeout = timeout_s
@@ -315,10 +319,13 @@ class Transport:
 
     async def request(self, req: Request | bytes, *, timeout_s: float | None = None,
                       retries: int | None = None,
-                      on_attempt: Callable[[int], None] | None = None) -> Reply | None:
+                      on_attempt: Callable[[int], None] | None = None, fallback: bool = False) -> Reply | None:
         """Send and wait for the response; None when every attempt timed out or the MAD
         was returned undeliverable (status 110). ``on_attempt(n)`` is called as attempt
-        ``n`` (1, 2, ...) goes out (past the window): n > 1 means the one before timed out."""
+        ``n`` (1, 2, ...) goes out (past the window): n > 1 means the one before timed out.
+        ``fallback``: the caller sends the request another way if this one goes unanswered
+        (a LID-routed SMP, then by directed route), so that is counted in ``stats`` as
+        ``fell_back``, not ``failed`` (which the SM reads as an SMP unanswered for good)."""
         if isinstance(req, bytes):
             req = Request(req)
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -331,12 +338,12 @@ class Transport:
         except trio.WouldBlock:
             await self._window.acquire()
         try:
-            return await self._attempts(req, timeout, attempts, on_attempt)
+            return await self._attempts(req, timeout, attempts, on_attempt, fallback)
         finally:
             self._window.release()
 
     async def _attempts(self, req: Request, timeout: float, attempts: int,
-                        on_attempt: Callable[[int], None] | None) -> Reply | None:
+                        on_attempt: Callable[[int], None] | None, fallback: bool = False) -> Reply | None:
         """``request`` within its window slot: every attempt, each with its timeout."""
         for attempt in range(1, attempts + 1):
             tid = self._next_tid()
@@ -388,7 +395,7 @@ class Transport:
                 return None
             self.stats["answered"] += 1
             return Reply(got.mad, attempt)
-        self.stats["failed"] += 1
+        self.stats["fell_back" if fallback else "failed"] += 1
         return None
 
     def _keyed(self, mad: bytes) -> bytes:
@@ -547,7 +554,7 @@ class Transport:
         if call.attempt < call.attempts:
             self._launch(call)
             return
-        self.stats["failed"] += 1
+        self.stats["fell_back" if call.fallback else "failed"] += 1
         self._call_end(call, None)
 
     def _call_answered(self, tid: int, got: SimRequest, call: Call) -> None:

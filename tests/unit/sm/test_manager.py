@@ -683,3 +683,27 @@ def test_a_stalled_queue_of_answers_is_not_taken_for_dead_switches() -> None:
             assert sm.events.counts["suspect"] == 0 and not unreachable_pairs(fab)
 
     run(main)
+
+
+@pytest.mark.parametrize("engine", ["ftree_ar", "updn_ar"])
+def test_an_adaptive_engines_cold_sweep_leaves_no_smp_unanswered_and_is_up_at_once(engine: str) -> None:
+    """The alternates are written after the LFTs but before the SwitchInfo Sets that raise
+    each switch's LinearFDBTop: sent LID-routed then, their answers were dropped on the way
+    back to the SM (a switch routes no LID above its top), each waited out its timeout and
+    counted as unanswered, so the cold sweep was not SUBNET UP and ran again a second later
+    (at dilation 20,000: 4,000 s and 20,000 s of real time)."""
+    _topo, fab = fat_tree(4)
+    sm = SubnetManager(InMemoryPort(fab, "h0"), SmConfig(engine=engine))
+
+    async def main() -> None:
+        async with sm.running():
+            assert await sm.full_sweep("cold")
+            assert sm.up.is_set()  # SUBNET UP after one sweep
+            assert trio.current_time() < 0.05  # no timeout waited out (the mock clock)
+        stats = sm.transport.stats
+        assert not stats["failed"] and not stats["timeouts"] and not stats["fell_back"], dict(stats)
+        assert sm.stats["alt_blocks"] > 0 and not sm.stats["alt_blocks_failed"]
+        assert all(a.lft.top == sm.lids.top for a in fab.agents.values() if isinstance(a, SwitchAgent))
+        assert not unreachable_pairs(fab)
+
+    run(main)

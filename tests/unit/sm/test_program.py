@@ -147,3 +147,57 @@ def test_unanswered_lid_routed_sets_fall_back_to_directed_route_and_a_dead_switc
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_no_lid_routed_set_through_a_switch_whose_linear_fdb_top_is_below_the_lid() -> None:
+    """A switch routes no LID above its LinearFDBTop: with ``fdb_top`` the programmer sends
+    LID-routed only where every switch on the way (and back to the SM) has a top that
+    covers the LID. In a cold sweep the tables are written before the tops are raised."""
+    g = graph_of(generate("fat-tree", k=4))
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    prog = programmer()
+    sm = g.cas()[0]
+    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+    written_as_planned(prog, routes, top)
+    switches = [s.guid for s in g.switches()]
+    assert all(prog.lid_routed_ok(g, guid) for guid in switches)  # without tops: the LFTs alone
+    tops = dict.fromkeys(switches, 0)
+    prog.fdb_top = tops.__getitem__
+    assert not any(prog.lid_routed_ok(g, guid) for guid in switches)  # tops still 0
+    tops.update(dict.fromkeys(switches, top))
+    assert all(prog.lid_routed_ok(g, guid) for guid in switches)
+    # the SM's own leaf with a top below the SM's LID: no answer gets back through it
+    leaf = sm.ports[1].peer[0]
+    tops[leaf] = sm.lid - 1
+    assert not any(prog.lid_routed_ok(g, guid) for guid in switches)
+
+
+def test_a_lid_routed_set_answered_by_directed_route_is_not_counted_unanswered() -> None:
+    """The LID-routed attempts that fell back to directed route are ``fell_back`` in the
+    transport's stats, not ``failed`` (which makes the SM sweep again: a cold sweep is not
+    SUBNET UP with SMPs failed)."""
+    g = graph_of(generate("fat-tree", k=4))
+    for i, node in enumerate(sorted(g.switches(), key=lambda n: n.guid)):
+        node.dr_path = (1, 2 + i % 3, 1 + i)
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    port = Answering()  # never answers a LID-routed SMP
+
+    async def main() -> None:
+        t = Transport(port, timeout_s=0.05, retries=1)
+        prog = LftProgrammer(transport=t, events=EventLog())
+        sm = g.cas()[0]
+        prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+        async with trio.open_nursery() as n:
+            await n.start(t.serve)
+            await prog.program(g, routes, top)
+            a, pa, _b, _pb = switch_links(g)[0]
+            peer = remove_link(g, a, pa)
+            assert peer is not None
+            res = await prog.program(g, default_reroute_fn(g, routes, [(a, pa), peer]), top)
+            assert res.failed == 0 and port.lid_routed > 0
+            assert t.stats["fell_back"] == port.lid_routed and not t.stats["failed"]
+            n.cancel_scope.cancel()
+
+    run(main)
