@@ -53,9 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sockname", default=DEFAULT_SOCKNAME, help="MAD socket base name (default %(default)s)")
     p.add_argument("--engine", default="minhop", help="routing engine: minhop|updn|ftree|dor|ftree_ar|updn_ar")
     p.add_argument("--events", default=None, help="JSON-lines event log file")
-    p.add_argument("--sweep-interval", type=float, default=10.0, help="seconds between light sweeps")
+    p.add_argument("--sweep-interval", type=float, default=10.0, help="seconds between light sweeps (emulated, to scale under time dilation)")
     p.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT, help="SMPs in flight")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per SMP attempt")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per SMP attempt (emulated; under time dilation at most 1 s of real time: "
+                   "ibemu.sm.timers)")
     p.add_argument("--retries", type=int, default=DEFAULT_RETRIES, help="retries per SMP")
     p.add_argument("--route-fn", default=None, help="module:function computing routes (default: ibemu.sm.routing)")
     p.add_argument("--state", default=None, help="JSON snapshot of LIDs, cables and LFTs (for `ibemu sm`)")

@@ -37,6 +37,17 @@ M_Key: someone sent an SMP without the key) is repressed and logged (``mkey_viol
 and triggers no sweep: nothing in the subnet changed. The SM does not look keys up per port
 (OpenSM's guid2mkey): one key for the subnet.
 
+Time dilation (``ibemu.sm.timers``): the SM's timers run on trio's clock, the run's emulated
+clock. The modelled SM's own (the light sweep's ``sweep_interval_s``, ``overdue_s``,
+``suspect_probe_s``, a standby's polls) stay to scale; those that wait on this machine's
+agents and datapaths (``timers``: an SMP's timeout, the pause before an unclean cold sweep is
+repeated, the repair sweep, the snapshot and dump writers' polls) last their configured
+emulated time but at most ``guard_real_s`` (1 s) of real time, never less than their value
+at dilation 1. A heavy sweep that leaves SMPs unanswered after every retry is followed by a
+heavy ``repair`` sweep ``timers.resweep_s`` later (doubling while it stays unclean, at most
+``sweep_interval_s``); OpenSM's next sweep after errors is heavy too, but comes at its sweep
+interval (10 s emulated: 55 hours of real time at dilation 20,000).
+
 Election (``ibemu.sm.election``, the state machine; this class carries out its actions): each
 heavy sweep's discovery is followed by a SubnGet(SMInfo) to every other CA port with IsSM,
 and the sweep goes on only if this SM is master. A standby runs ``_standby``: it polls its
@@ -72,6 +83,7 @@ from ibemu.sm.discovery import PHYS_LINK_UP, Change, Discovery
 from ibemu.sm.graph import Routes, SubnetGraph
 from ibemu.sm.lids import LidTable
 from ibemu.sm.program import LftProgrammer
+from ibemu.sm.timers import GUARD_REAL_S, SmTimers, next_step_delay
 from ibemu.sm.transport import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RETRIES,
@@ -158,6 +170,8 @@ class SmConfig:
     poll_retries: int = 3  # failed polls in a row before a standby takes over (OpenSM: polling_retry_number)
     sm_key: int = 1  # SMInfo SM_Key (OpenSM's default too: OpenSM ignores an SM whose key differs)
     unclean_cold_sweeps: int = 3  # cold sweeps with SMPs unanswered after every retry before SUBNET UP anyway
+    dilation: float | None = None  # the run's time dilation (None: this process's clock, ``clock.dilation()``)
+    guard_real_s: float = GUARD_REAL_S  # the timers that wait on this machine last at most this real time (ibemu.sm.timers)
 
 
 class SubnetManager:
@@ -168,6 +182,11 @@ class SubnetManager:
         previous routes and the changed ends). Defaults: ``ibemu.sm.routing`` and
         ``ibemu.sm.reroute``; an injected ``route_fn`` alone is used for both."""
         self.config = config or SmConfig()
+        cfg = self.config
+        self.timers = SmTimers.at(clock.dilation() if cfg.dilation is None else cfg.dilation,
+                                  timeout_s=cfg.timeout_s, sweep_interval_s=cfg.sweep_interval_s,
+                                  cap_real_s=cfg.guard_real_s)
+        """The SM's timers in emulated time at the run's dilation (``ibemu.sm.timers``)."""
         self._generation = 0
         self._groups_due = False
         """The adaptive groups of the current routes are not on the switches yet."""
@@ -176,7 +195,7 @@ class SubnetManager:
         self.route_fn = route_fn or default_route_fn
         self.reroute_fn = reroute_fn or (default_reroute_fn if route_fn in (None, default_route_fn) else None)
         self.transport = Transport(port, max_in_flight=self.config.max_in_flight,
-                                   timeout_s=self.config.timeout_s, retries=self.config.retries,
+                                   timeout_s=self.timers.timeout_s, retries=self.config.retries,
                                    on_unsolicited=self._on_mad, m_key=self.config.m_key)
         self.disc = Discovery(self.transport)
         self.lids = LidTable()
@@ -194,9 +213,10 @@ class SubnetManager:
         self.stats: Counter[str] = Counter()
         self.sweeps = 0
         self._unclean = 0
-        self._repair_due = False
-        """The last heavy sweep left SMPs unanswered after every retry (a node undiscovered, a
-        port not activated, a block unwritten): the next periodic sweep is a heavy one."""
+        self._repair_due = 0
+        """Heavy sweeps in a row that left SMPs unanswered after every retry (a node
+        undiscovered, a port not activated, a block unwritten): the next periodic sweep is a
+        heavy one, soon (``timers.next_step_delay``)."""
         """Cold sweeps that ended with SMPs unanswered after every retry."""
         self._dirty: dict[int, int] = {}  # switch GUID -> t_ns of its first trap
         self._trap_unknown = 0  # t_ns of a trap from a LID we do not know
@@ -206,7 +226,6 @@ class SubnetManager:
         self._lft_views: dict[int, tuple[dict[int, int], int, dict[str, int]]] = {}
         self._dumps_wake = trio.Event()
         self._t_start = clock.now_ns()
-        cfg = self.config
         self._keys = act.MKeys(cfg.m_key, cfg.m_key_protect, cfg.m_key_lease_s) if cfg.m_key else None
         self._pkeys_written: dict[Any, bytes] = {}
         """What ``program_partitions`` wrote (per port and block), so that a pass writes only changes."""
@@ -268,7 +287,7 @@ class SubnetManager:
                     await self.full_sweep(reason)
                     if self.election.state is el.SmState.DISCOVERING or (
                             self.election.state is el.SmState.MASTER and not self.up.is_set()):
-                        await trio.sleep(min(1.0, self.config.sweep_interval_s))
+                        await trio.sleep(self.timers.resweep_s)
 
     def warm_up(self) -> None:
         """Import the routing modules now: a first import costs ~8 ms of a reroute."""
@@ -284,7 +303,7 @@ class SubnetManager:
         """The master's loop after SUBNET UP: trap sweeps and periodic light sweeps, until this
         SM is no longer master (it handed the subnet over)."""
         while self.election.state is el.SmState.MASTER:
-            with trio.move_on_after(self.config.sweep_interval_s):
+            with trio.move_on_after(next_step_delay(self.timers, repairs=self._repair_due)):
                 await self._wake.wait()
             if self.election.state is not el.SmState.MASTER:
                 return
@@ -411,7 +430,7 @@ class SubnetManager:
             for a in e.poll_due(_trio_ns()):
                 if not isinstance(a, el.Poll):
                     continue
-                timeout = min(self.config.timeout_s, self.config.poll_interval_s)
+                timeout = min(self.timers.timeout_s, self.config.poll_interval_s)
                 info = await self._get_sm_info(a.guid, timeout_s=timeout, retries=0)
                 before = e.failed
                 acts = e.poll_result(info, _trio_ns())
@@ -573,6 +592,10 @@ class SubnetManager:
             return await self._full_sweep(reason, t0, before, known)
         finally:
             self._offload(True)
+            # unanswered for good (every early return too: the SM's own port silent): a
+            # repair sweep soon, backing off while they stay unanswered (``timers``)
+            unanswered = self.transport.stats["failed"] > before["failed"]
+            self._repair_due = self._repair_due + 1 if unanswered else 0
 
     def _offload(self, kernel: bool) -> None:
         if self.offload is not None:
@@ -624,7 +647,6 @@ class SubnetManager:
         # to ``unclean_cold_sweeps`` times; then SUBNET UP all the same, the light sweeps finish
         # the job (a machine too loaded to answer within the timeouts must still come up)
         failed = self.transport.stats["failed"] - before["failed"]
-        self._repair_due = bool(failed)
         if failed and reason == "cold":
             self._unclean += 1
             self.events.emit(Kind.ERROR, what=f"{failed} SMPs unanswered after every retry"
@@ -816,7 +838,7 @@ class SubnetManager:
         g = self.graph
         ends = sorted({(peer, pp) for s in guids if s in g.nodes for _n, peer, pp in g.nodes[s].neighbors()
                        if peer in g.nodes and g.nodes[peer].is_switch and peer not in self._dirty})
-        with trio.move_on_after(self.config.timeout_s):
+        with trio.move_on_after(self.timers.timeout_s):
             await self.disc.read_ends(ends)
         for guid in guids:
             node = g.nodes.get(guid)
@@ -846,13 +868,14 @@ class SubnetManager:
         return view
 
     async def _snapshots(self) -> None:
-        """Keep ``config.state_path`` current, at most every half second, off the trio thread,
+        """Keep ``config.state_path`` current, at most every half second (``timers.housekeeping_s``:
+        at most a second of real time under dilation), off the trio thread,
         and never while a sweep runs or a trap waits (building it holds the loop for ms)."""
         path = self.config.state_path
         if not path:
             return
         while True:
-            await trio.sleep(0.5)
+            await trio.sleep(self.timers.housekeeping_s)
             if not self._snapshot_due or self._sweeping or self._dirty or self._trap_unknown:
                 continue
             self._snapshot_due = False
@@ -890,7 +913,7 @@ class SubnetManager:
         while True:
             await self._dumps_wake.wait()
             while self._pass_pending():
-                await trio.sleep(0.05)
+                await trio.sleep(self.timers.poll_s)
             self._dumps_wake = trio.Event()
             texts: dict[str, list[str]] = {name: [] for name in dumps.FILES}
             lfts = self.routes.lfts if self.routes else {}

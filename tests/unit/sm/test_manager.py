@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
 
+from ibemu import clock
 from ibemu.agents.port import PhysState, PortState
 from ibemu.agents.switch import SwitchAgent
 from ibemu.sm.manager import SmConfig, SubnetManager
@@ -705,5 +706,80 @@ def test_an_adaptive_engines_cold_sweep_leaves_no_smp_unanswered_and_is_up_at_on
         assert sm.stats["alt_blocks"] > 0 and not sm.stats["alt_blocks_failed"]
         assert all(a.lft.top == sm.lids.top for a in fab.agents.values() if isinstance(a, SwitchAgent))
         assert not unreachable_pairs(fab)
+
+    run(main)
+
+
+@pytest.fixture
+def dilated() -> Iterator[int]:
+    """This process on dilation 20,000 (as the SM process of such a run): the SM reads its
+    timers' dilation from ``ibemu.clock``; trio's time is the tests' mock clock."""
+    n = 20_000
+    clock.configure(n)
+    try:
+        yield n
+    finally:
+        clock.configure(1)
+
+
+def test_under_dilation_an_unclean_cold_sweep_is_repeated_after_a_real_second_not_n(dilated: int) -> None:
+    """At dilation N an SMP's timeout and the pause before the cold sweep is repeated are
+    bounded by a second of real time (``ibemu.sm.timers``): 200 ms and 1 s of emulated time
+    were 4,000 s and 20,000 s of real time at N = 20,000."""
+    _topo, fab = fat_tree(4)
+    deaf = Deaf(InMemoryPort(fab, "h0"), 3, 40)
+    sm = SubnetManager(deaf, SmConfig(retries=1), route_fn=minhop)
+    assert sm.transport.timeout_s * dilated == pytest.approx(1.0)
+    assert sm.timers.resweep_s * dilated == pytest.approx(1.0)
+
+    async def main() -> None:
+        t0 = trio.current_time()
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                await n.start(sm.serve)
+                await sm.up.wait()
+                n.cancel_scope.cancel()
+        sweeps = sm.events.of("sweep_end")
+        assert len(sweeps) >= 2 and sweeps[0]["smps"].get("failed", 0) > 0
+        assert sm.events.counts["subnet_up"] == 1 and sm.events.of("subnet_up")[0]["nodes"] == 36
+        # 38 requests lost: ~50 timeouts of a second of real time in a row, each 50 us
+        # emulated (they were 0.2 s, and the pause between the cold sweeps 1 s, emulated)
+        assert trio.current_time() - t0 < 0.01
+        assert link_ports_active(fab) and not unreachable_pairs(fab)
+
+    run(main)
+
+
+@pytest.mark.parametrize("n", [1, 20_000])
+def test_a_failed_repair_sweep_is_repeated_seconds_later_in_real_time_not_a_sweep_interval(n: int) -> None:
+    """SUBNET UP after a cold sweep with SMPs unanswered (``unclean_cold_sweeps=0``), and the
+    first repair sweep fails too: the next heavy repair sweep comes two seconds (real, at
+    most) later, not at the next periodic sweep (10 s emulated: 55 hours of real time at
+    N = 20,000)."""
+    _topo, fab = fat_tree(4)
+    deaf = Deaf(InMemoryPort(fab, "h0"), 3, 12)  # 4 SMPs of the cold sweep and the first repair's one
+    clock.configure(n)
+    try:
+        sm = SubnetManager(deaf, SmConfig(retries=1, unclean_cold_sweeps=0), route_fn=minhop)
+    finally:
+        clock.configure(1)
+    assert sm.config.sweep_interval_s == 10.0
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sm.serve)
+                await sm.up.wait()
+                t_up = trio.current_time()
+                assert sm.events.of("subnet_up")[0]["nodes"] < 36 and not link_ports_active(fab)
+                while not any(e["reason"] == "repair" and e.get("ok") for e in sm.events.of("sweep_end")):
+                    await trio.sleep(0.05 / n)
+                t_repaired = trio.current_time()
+                nursery.cancel_scope.cancel()
+        # the first repair at once (a trap waited) or after 1 s, its SMP's two timeouts (0.2 s,
+        # or 1 s real), then the backed-off pause (2 s real at most)
+        assert sm.events.of("sweep_end")[1]["reason"] == "repair" and not sm.events.of("sweep_end")[1]["ok"]
+        assert (t_repaired - t_up) * n < 5.0
+        assert link_ports_active(fab) and not unreachable_pairs(fab) and len(sm.graph.nodes) == 36
 
     run(main)
