@@ -5,7 +5,7 @@ timer of the SM lasts N times its duration in real time. That is right for the t
 are parameters of the SM being modelled and that shape what the emulated fabric shows: the
 periodic light sweep (``sweep_interval_s``, OpenSM's ``sweep_interval``: when a lost trap is
 caught), a standby's polling of its master, the reroute's rules for not waiting on a dead
-switch (``overdue_s``, ``suspect_probe_s``), an M_Key lease. They stay in emulated time, to
+switch (``overdue_s``, ``suspect_probe_s``). They stay in emulated time, to
 scale.
 
 Other timers wait on *this machine*: an SMP's answer comes from ibemu's agents, its kernel
@@ -27,9 +27,9 @@ more than ``max(configured, cap)`` of real time, ``cap`` = ``GUARD_REAL_S`` (1 s
 
 - Never shorter in real time than the configured value, which is what the SM waits
   undilated (N = 1: unchanged): the real time an answer is given here did not change with
-  N. The default SMP timeout (200 ms, OpenSM's ``transaction_timeout``) is the figure under
-  which k=8 bring-ups run without retries on this 2-core machine up to load ~4 (with 450-1,040
-  retries at load ~10: ``README``, "The SM's own cost"); the cap gives it 5 times that.
+  N. The default SMP timeout (200 ms, OpenSM's ``transaction_timeout``) is already overrun by
+  k=8 bring-ups on this 2-core machine under load (450-1,040 retries at load ~10: ``README``,
+  "The SM's own cost"); the cap gives it 5 times that.
 - Never longer than 1 s of real time (when the configured value is below it): a lost answer
   costs a second, not an hour.
 - At small N it is the configured value in emulated time (to scale): 200 ms is 200 ms
