@@ -132,7 +132,11 @@ class LftProgrammer:
     cold sweep the LFTs are written before the SwitchInfo Sets that raise the tops, so the
     alternates' LID-routed Sets that followed them were dropped on the way back to the SM
     and each waited out its timeout, 0.2 s emulated, 4,000 s of real time at dilation
-    20,000). Anything else goes directed route.
+    20,000) — and when no entry on the way there or back is one the pass itself changes:
+    the Sets of a pass are answered in any order, and a switch answers by its new table (a
+    cable coming back: leaf1's new route to the SM led through spine0, whose Set had not
+    arrived yet, and leaf1's answer was lost; one timeout, then directed route). Anything
+    else goes directed route.
     """
 
     transport: Transport
@@ -161,8 +165,11 @@ class LftProgrammer:
         block = self.written.get(guid, {}).get(lid // BLOCK)
         return None if block is None else block[lid % BLOCK]
 
-    def _walk(self, graph: SubnetGraph, start: tuple[int, int], lid: int, goal: int) -> bool:
-        """Does a packet entering at ``start`` (node, port) reach ``goal`` by our tables?"""
+    def _walk(self, graph: SubnetGraph, start: tuple[int, int], lid: int, goal: int,
+              plan: Mapping[int, Mapping[int, bytes]] | None = None) -> bool:
+        """Does a packet entering at ``start`` (node, port) reach ``goal`` by our tables, and
+        (with ``plan``, the blocks a pass is about to write) by entries the pass leaves as
+        they are?"""
         node_guid, _ = start
         for _ in range(64):
             node = graph.nodes.get(node_guid)
@@ -177,14 +184,20 @@ class LftProgrammer:
             port = self._lookup(node_guid, lid)
             if port is None or port in (0, NO_ROUTE):
                 return False
+            if plan is not None:
+                new = plan.get(node_guid, {}).get(lid // BLOCK)
+                if new is not None and new[lid % BLOCK] != port:
+                    return False  # this pass moves the entry: old or new route, depending on order
             p = node.ports.get(port)
             if p is None or p.peer is None or p.state < 2:
                 return False  # the cable is down (or not yet known): not through here
             node_guid = p.peer[0]
         return False
 
-    def lid_routed_ok(self, graph: SubnetGraph, guid: int) -> bool:
-        """Whether an LFT Set to switch ``guid`` can go LID-routed (see the class docstring)."""
+    def lid_routed_ok(self, graph: SubnetGraph, guid: int,
+                      plan: Mapping[int, Mapping[int, bytes]] | None = None) -> bool:
+        """Whether an LFT Set to switch ``guid`` can go LID-routed (see the class docstring);
+        ``plan``: the blocks of the pass the Set is part of."""
         node = graph.nodes.get(guid)
         sm = graph.nodes.get(self.sm_guid)
         if node is None or sm is None or not self.sm_lid or not node.lid or guid not in self.written:
@@ -192,8 +205,8 @@ class LftProgrammer:
         sm_p = sm.ports.get(self.sm_port)
         if sm_p is None or sm_p.peer is None:
             return False
-        return (self._walk(graph, sm_p.peer, node.lid, guid)
-                and self._walk(graph, (guid, 0), self.sm_lid, self.sm_guid))
+        return (self._walk(graph, sm_p.peer, node.lid, guid, plan)
+                and self._walk(graph, (guid, 0), self.sm_lid, self.sm_guid, plan))
 
     def forget(self, guid: int) -> None:
         """The switch is gone (or reset): write it in full next time."""
@@ -365,7 +378,7 @@ class LftProgrammer:
                             n.start_soon(first, urgent)
 
         # Decide LID-routed vs directed route against the tables as they are before this pass.
-        lid_routed = {guid: self.lid_routed_ok(graph, guid) for guid in plan}
+        lid_routed = {guid: self.lid_routed_ok(graph, guid, plan) for guid in plan}
         res.t_planned_ns = self.events.now()
         # farthest switches first: their round trips are the longest, so the last ack comes sooner
         order = sorted(plan, key=lambda g: -len(graph.nodes[g].dr_path) if g in graph.nodes else 0)

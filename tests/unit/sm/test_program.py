@@ -9,7 +9,7 @@ import trio
 from ibemu.events import EventLog
 from ibemu.sm.graph import Routes
 from ibemu.sm.manager import default_reroute_fn
-from ibemu.sm.program import LftProgrammer, lft_blocks
+from ibemu.sm.program import NO_ROUTE, LftProgrammer, lft_blocks
 from ibemu.sm.routing import compute
 from ibemu.sm.transport import Transport
 from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
@@ -201,3 +201,35 @@ def test_a_lid_routed_set_answered_by_directed_route_is_not_counted_unanswered()
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_no_lid_routed_set_over_an_entry_its_own_pass_changes() -> None:
+    """The Sets of a pass are answered in any order and a switch answers by its new table:
+    a Set goes LID-routed only when no entry on its way there or back (the target's own
+    entry for the SM's LID included) is one the pass changes (a cable coming back, live:
+    leaf1's new route to the SM led through spine0, whose Set had not arrived yet)."""
+    g = graph_of(generate("leaf-spine", leaves=2, spines=2, hosts_per_leaf=2))
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    prog = programmer()
+    sm = g.cas()[0]
+    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+    written_as_planned(prog, routes, top)
+    leaf = sm.ports[1].peer[0]
+    far = next(s.guid for s in g.switches() if s.guid != leaf and s.desc.endswith("leaf1"))
+    assert prog.lid_routed_ok(g, far) and prog.lid_routed_ok(g, far, {})
+    # the far leaf's own route back to the SM moves to its other spine
+    old = prog._lookup(far, sm.lid)
+    other = next(num for num, peer, _pp in g.nodes[far].neighbors() if g.nodes[peer].is_switch and num != old)
+    block = bytearray(prog.written[far][sm.lid // 64])
+    block[sm.lid % 64] = other
+    assert not prog.lid_routed_ok(g, far, {far: {sm.lid // 64: bytes(block)}})
+    # a change to an entry no path uses (a LID of the far leaf's own hosts, at the SM's leaf) is no reason
+    lid = next(n.lid for n in g.cas() if n.ports[1].peer is not None and n.ports[1].peer[0] == far)
+    block = bytearray(prog.written[leaf][lid // 64])
+    block[lid % 64] = NO_ROUTE
+    assert prog.lid_routed_ok(g, far, {leaf: {lid // 64: bytes(block)}})
+    # the SM's leaf's entry for the far leaf's LID moves: not by the LFTs either
+    block = bytearray(prog.written[leaf][g.nodes[far].lid // 64])
+    block[g.nodes[far].lid % 64] = NO_ROUTE
+    assert not prog.lid_routed_ok(g, far, {leaf: {g.nodes[far].lid // 64: bytes(block)}})
