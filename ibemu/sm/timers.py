@@ -6,7 +6,8 @@ are parameters of the SM being modelled and that shape what the emulated fabric 
 periodic light sweep (``sweep_interval_s``, OpenSM's ``sweep_interval``: when a lost trap is
 caught), a standby's polling of its master, the reroute's rules for not waiting on a dead
 switch (``overdue_s``, ``suspect_probe_s``). They stay in emulated time, to
-scale.
+scale. (So at N = 20,000 a switch that stops answering with cables of it still up holds a
+reroute for its probe, 50 ms emulated: 1,000 s of real time. Not bounded yet.)
 
 Other timers wait on *this machine*: an SMP's answer comes from ibemu's agents, its kernel
 datapath or its user datapath, whose work takes real time (0.03-0.5 ms an SMP here, up to
@@ -17,7 +18,8 @@ the pause before the cold sweep is repeated (1 s) 20,000 s, the state snapshot's
 (0.5 s) 10,000 s. One SMP unanswered by the first sweep then held the fabric without routes
 for hours (``scenarios/gpu-cluster-ib.yaml`` with ``ftree_ar``: no LinearFDBTop written in
 10 minutes), and at N = 100 a sweep with 6 SMPs unanswered cost 20 s of timeout and 100 s of
-real time before the next sweep.
+real time before the next sweep. (Those SMPs were lost by the SM's own order of Sets, fixed in
+``ibemu.sm.program.LftProgrammer``; but any SMP lost for whatever reason cost that much.)
 
 Such a *guard* timer (``guard_s``) lasts its configured value in emulated time, but never
 more than ``max(configured, cap)`` of real time, ``cap`` = ``GUARD_REAL_S`` (1 s)::
