@@ -241,8 +241,8 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "queues, each waiting for credits the next one holds, none returned for a while (a deadlock)",
         {Log.FABRIC: ("hops", "stalled_us")}),
     Kind.SM_START: KindInfo(
-        "the SM started",
-        {Log.SM: ("engine", "max_in_flight", "priority")}),
+        "the SM started; its SMP timeout in emulated and real seconds at the run's dilation (``ibemu.sm.timers``)",
+        {Log.SM: ("engine", "max_in_flight", "priority", "dilation", "timeout_s", "timeout_real_s")}),
     Kind.SM_STOP: KindInfo(
         "the SM stopped",
         {Log.SM: ("sweeps", "smps", "stats", "port")}),

@@ -268,8 +268,10 @@ class SubnetManager:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Cold sweep, then traps and light sweeps until cancelled."""
+        t = self.timers
         self.events.emit(Kind.SM_START, engine=self.config.engine, max_in_flight=self.config.max_in_flight,
-                         priority=self.config.priority)
+                         priority=self.config.priority, dilation=t.dilation, timeout_s=t.timeout_s,
+                         timeout_real_s=t.real(t.timeout_s))
         self.warm_up()
         async with self.running():
             task_status.started()

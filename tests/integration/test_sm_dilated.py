@@ -54,7 +54,11 @@ def test_the_sm_brings_a_dilated_fabric_up_in_one_clean_sweep(tmp_path: Path, n:
     assert len(sweeps) == 1 and sweeps[0]["ok"], sweeps  # one cold sweep: nothing to sweep again for
     smps = sweeps[0]["smps"]
     assert not smps.get("failed") and not smps.get("timeouts") and not smps.get("fell_back"), smps
-    (start,) = [r["t_ns"] for r in sm if r["kind"] == Kind.SM_START]
+    (sm_start,) = [r for r in sm if r["kind"] == Kind.SM_START]
+    # the SM process took the run's dilation from its clock: its SMP timeout is one real second
+    assert sm_start["dilation"] == n and sm_start["timeout_real_s"] == pytest.approx(1.0)
+    assert sm_start["timeout_s"] == pytest.approx(1.0 / n)
+    start = sm_start["t_ns"]
     (up,) = [r["t_ns"] for r in sm if r["kind"] == Kind.SUBNET_UP]
     assert (up - start) * n / 1e9 < 10.0  # seconds of real time (it was 20 s at N = 100, hours at 20,000)
     groups = [r for r in sm if r["kind"] == Kind.GROUPS_PROGRAMMED]
