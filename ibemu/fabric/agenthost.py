@@ -4,7 +4,9 @@ For each node it owns one AF_PACKET socket per cabled port (ethertype 0x88B5, so
 with the kernel datapath it only sees what tc did not forward: VL15, its own LID, unroutable
 frames) and one netlink link monitor per namespace. The monitors are read by a thread of
 their own (``kernel.carrier``), which writes a switch port's carrier into the kernel's port
-map at once (local failover) and then hands the change to this loop. It feeds frames and
+map at once (local failover) and then hands the change to this loop; a cable cut or a switch
+powered off by ibemu's fault injector (``set_ports``, ``power``) is told to that thread as loss
+of signal the moment it is cut, before the kernel's notification. It feeds frames and
 carrier changes to the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, program the
 switch's LFT in the kernel (a BPF map update, ``ibemu.kernel.lft_map``), act on a link, hand
 MADs to a CA's MAD socket, log events.
@@ -194,6 +196,13 @@ class AgentHost:
         """Reads every namespace's link notifications and writes port state into the kernel's
         maps before this loop hears of it (``kernel.carrier``); runs while ``serve`` does."""
         self.carrier_timings: deque[CarrierTiming] = deque(maxlen=CARRIER_TIMINGS)
+        self._ifindex_of: dict[tuple[str, int], int] = {}
+        """(node, port) -> its interface's index, for ``set_ports``' loss of signal."""
+        self.loss_of_signal = True
+        """``set_ports`` tells the carrier thread of the ends it cuts (a PHY's loss of signal);
+        False: the kernel's notifications alone tell (``bench_local_failover --loss-of-signal
+        off`` compares the two)."""
+        """(node, port) -> its interface's index, for ``set_ports``' loss of signal."""
         self._cpus: set[int] | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
@@ -508,8 +517,8 @@ class AgentHost:
         monitors = {name: rt.monitor for name, rt in self.nodes.items() if rt.monitor is not None}
         carrier = {(name, ifindex): rt.carrier.get(port, False)
                    for name, rt in self.nodes.items() for ifindex, port in rt.by_ifindex.items()}
-        ifindex_of = {(name, port): ifindex for name, rt in self.nodes.items()
-                      for ifindex, port in rt.by_ifindex.items()}
+        ifindex_of = self._ifindex_of = {(name, port): ifindex for name, rt in self.nodes.items()
+                                         for ifindex, port in rt.by_ifindex.items()}
         peers = {(name, ifindex_of[(name, port)]): (pp.peer_node, ifindex_of[(pp.peer_node, pp.peer_port)])
                  for name, rt in self.nodes.items() for port, pp in rt.plan.ports.items()
                  if (name, port) in ifindex_of and (pp.peer_node, pp.peer_port) in ifindex_of}
@@ -845,6 +854,26 @@ class AgentHost:
         rt.vl15_dropped += 1
         return True
 
+    def set_ports(self, name: str, ports: Sequence[int], up: bool) -> int:
+        """Set ports of a node administratively down (their cables cut: both ends lose carrier)
+        or up; returns ``rtnl.set_up``'s stamp (the request leaving for the kernel). Blocking.
+
+        Down, the carrier thread is told of the loss of signal at both ends of every cable
+        as soon as the request returns (``CarrierThread.signal_lost``, ``rtnl.set_up``'s
+        ``then``): the switches' port maps are
+        written and the agents hear of it now, as a PHY's firmware would, instead of after the
+        kernel's linkwatch notification (an RCU grace period per device, up to ~80 ms here).
+        Up, the kernel's notifications tell, as a link trains in its own time."""
+        rt = self.nodes[name]
+        ifnames = [rt.plan.ports[p].ifname for p in ports]
+        thread, index = self.carrier_thread, self._ifindex_of
+        if up or thread is None or not self.loss_of_signal:
+            return rtnl.set_up(rt.plan.ns, ifnames, up)
+        ends = [(name, port) for port in ports]
+        ends += [(rt.plan.ports[port].peer_node, rt.plan.ports[port].peer_port) for port in ports]
+        lost = [(node, index[(node, port)]) for node, port in ends if (node, port) in index]
+        return rtnl.set_up(rt.plan.ns, ifnames, False, then=lambda: thread.signal_lost(lost))
+
     def power(self, name: str, on: bool, *, fresh_agent: Agent | None = None) -> int:
         """Switch a node off (every port down, it answers nothing) or on again.
 
@@ -866,7 +895,7 @@ class AgentHost:
         if not on:
             rt.powered = False
             self._sync_relay(name, rt)
-            t = rtnl.set_up(rt.plan.ns, ifnames, False)
+            t = self.set_ports(name, list(rt.plan.ports), False)
             with self._lft_lock:
                 if lft is not None and lft.installed:
                     lft.apply(dict.fromkeys(lft.installed, 0xFF))

@@ -102,6 +102,52 @@ def test_the_map_is_written_before_the_change_is_handed_over(run_state: ownershi
     assert not _carrier_threads()
 
 
+def test_loss_of_signal_is_written_and_handed_over_before_the_request_returns(run_state: ownership.RunState) -> None:
+    """``signal_lost`` from the cutting thread (``rtnl.set_up``'s ``then``): both ends' maps
+    written and the changes handed over by the time the cut returns; the kernel's own
+    notifications that follow change nothing; ends already down are left out."""
+    a, b, links = _cable(run_state)
+    ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, 4, "ibemu_test_port")
+    monitors = {"a": open_link_monitor(a), "b": open_link_monitor(b)}
+    got: queue.Queue[CarrierChange[str]] = queue.Queue()
+    slot = {"a": 0, "b": 1}
+
+    def act(key: str, ev: LinkEvent) -> bool:
+        ports.update(struct.pack("=I", slot[key]),
+                     struct.pack("=I", ev.ifindex | (0 if ev.carrier else lft_map.PORT_DOWN)), hold_gil=True)
+        return True
+
+    def word(key: str) -> int:
+        value = ports.lookup(struct.pack("=I", slot[key]))
+        return struct.unpack("=I", value)[0] if value else 0
+
+    def hand_over(changes: list[CarrierChange[str]]) -> None:
+        for ch in changes:
+            got.put(ch)
+
+    ends = [("a", 40), ("b", 41)]
+    try:
+        with CarrierThread(monitors, {("a", 40): True, ("b", 41): True}, act=act, hand_over=hand_over) as thread:
+            lost: list[CarrierChange[str]] = []
+            t = rtnl.set_up(a, ["p1"], False, then=lambda: lost.extend(thread.signal_lost(ends)))
+            assert word("a") == 40 | lft_map.PORT_DOWN and word("b") == 41 | lft_map.PORT_DOWN
+            assert [(ch.key, ch.carrier) for ch in lost] == [("a", False), ("b", False)]
+            assert all(t <= ch.t_seen_ns <= ch.t_written_ns for ch in lost)
+            assert [got.get_nowait() for _ in range(2)] == lost  # handed over from this thread
+            assert thread.signal_lost(ends) == []  # already down
+            time.sleep(0.5)  # the kernel's notifications of the same cut: no change
+            assert got.empty() and thread.changes == 2
+            links.set_up(a, "p1", True)  # back up: the kernel tells, both ends
+            back = {got.get(timeout=3).key, got.get(timeout=3).key}
+            assert back == {"a", "b"} and word("a") == 40 and word("b") == 41
+    finally:
+        for sock in monitors.values():
+            sock.close()
+        ports.close()
+        links.close()
+    assert not _carrier_threads()
+
+
 def test_it_stops_on_close_on_an_exception_and_when_the_loop_is_gone(run_state: ownership.RunState) -> None:
     a, _b, links = _cable(run_state)
     mon = open_link_monitor(a)
