@@ -41,16 +41,17 @@ write's); should the near end come back first, the far end's map entry goes back
 state last heard of it (linkwatch may coalesce a down and an up into no notification).
 
 Loss of signal (``signal_lost``): a cable pulled, or a switch powered off, by ibemu's own fault
-injector. The kernel takes both ends' carrier down inside the netlink request that sets an end
-down (``veth_close``), but says so only after its linkwatch work, an RCU grace period per device:
-0.2-81 ms on this machine, longest when it is *quiet* (an idle machine ends a grace period
-later). A switch's PHY sees loss of signal within microseconds and its firmware acts on it then,
-so the injector, which knows the instant it cut, reports the ends it cut to this object right
-after the request: ``signal_lost`` writes their port maps (``act``), records them down, and hands
-the changes over as a notification would, from the caller's thread (under the lock the thread
-takes per notification). The kernel's own notifications that follow change nothing (the state
-is already down). What the kernel tells of carrier changes that no injector made (an
-``ip link set ... down`` by hand, a peer namespace deleted) goes the notification path as before.
+injector (``AgentHost.set_ports``). The kernel takes both ends' carrier down inside the netlink
+request that sets an end down (``veth_close``), but says so only after its linkwatch work, an
+RCU grace period per device: 0.2-81 ms on this machine, longest when it is *quiet* (an idle
+machine ends a grace period later); a request for several devices closes them one after the
+other, a grace period each. A switch's PHY sees loss of signal within microseconds and its
+firmware acts on it then, so the injector, which knows the instant it cuts, reports the ends it
+cuts to this object first: ``signal_lost`` writes their port maps (``act``), records them down
+and hands the changes over as a notification would, from the caller's thread (under the lock
+the thread takes per notification). The kernel's own notifications that follow change nothing
+(the state is already down). Carrier changes no injector made (an ``ip link set ... down`` by
+hand, a peer namespace deleted) go the notification path as before.
 
 Stopping: ``close()`` wakes the thread through an eventfd in its epoll set and joins it; the
 thread also ends when ``hand_over`` raises (the loop it hands to is gone). The monitor

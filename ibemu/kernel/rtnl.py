@@ -7,11 +7,10 @@ netlink socket per namespace, one send, and the acks.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from ibemu import clock
@@ -37,18 +36,6 @@ IF_OPER_UP = 6
 
 _IFINFOMSG = struct.Struct("=BxHiII")
 
-_libc_held = ctypes.PyDLL(None, use_errno=True)
-"""``send`` with the GIL kept (``set_up``'s ``then``)."""
-_libc_held.send.restype = ctypes.c_ssize_t
-_libc_held.send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
-
-
-def _send_held(sock: socket.socket, payload: bytes) -> None:
-    """``sock.send(payload)`` without releasing the GIL."""
-    if _libc_held.send(sock.fileno(), payload, len(payload), 0) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
 
 def _socket() -> socket.socket:
     s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
@@ -65,18 +52,12 @@ def ifindexes(ns: str, ifnames: Iterable[str]) -> dict[str, int]:
             raise KernelError(f"{ns}: {exc}") from exc
 
 
-def set_up(ns: str, ifnames: Iterable[str], up: bool = True, *, then: Callable[[], object] | None = None) -> int:
+def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> int:
     """Set the administrative state of ``ifnames`` in ``ns``, all in one netlink send.
 
     Returns ``clock.now_ns()`` taken just before that send: when the kernel acted, without
     the namespace switch and the socket set-up before it (0.3-0.5 ms here), which are the
-    emulator's cost, not the cable's. 0 when ``ifnames`` is empty.
-
-    ``then``: called as soon as the send returns, before the acks are read, the GIL kept from
-    the stamp through the send to the call (the kernel handles an rtnetlink request inside
-    the sender's ``sendmsg``: the state is changed when it returns; a thread that gave the
-    GIL up there could wait a whole switch interval, 5 ms, to get it back). Should the
-    request fail, ``then`` has run all the same and the error is raised after it."""
+    emulator's cost, not the cable's. 0 when ``ifnames`` is empty."""
     names = list(ifnames)
     if not names:
         return 0
@@ -95,11 +76,7 @@ def set_up(ns: str, ifnames: Iterable[str], up: bool = True, *, then: Callable[[
                                        seq, 0) + body)
         payload = b"".join(msgs)
         t = clock.now_ns()
-        if then is None:
-            sock.send(payload)
-        else:
-            _send_held(sock, payload)
-            then()
+        sock.send(payload)
         failed = netlink.acks(sock, 1, len(msgs))
         if failed:
             seq, err = failed[0]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from ibemu import clock
 from ibemu.fabric.agenthost import CarrierTiming
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
@@ -102,10 +103,10 @@ def test_the_map_is_written_before_the_change_is_handed_over(run_state: ownershi
     assert not _carrier_threads()
 
 
-def test_loss_of_signal_is_written_and_handed_over_before_the_request_returns(run_state: ownership.RunState) -> None:
-    """``signal_lost`` from the cutting thread (``rtnl.set_up``'s ``then``): both ends' maps
-    written and the changes handed over by the time the cut returns; the kernel's own
-    notifications that follow change nothing; ends already down are left out."""
+def test_loss_of_signal_is_written_and_handed_over_at_once(run_state: ownership.RunState) -> None:
+    """``signal_lost`` from the cutting thread: both ends' maps written and the changes handed
+    over when it returns; the kernel's own notifications of the cut that follow change
+    nothing; ends already down are left out."""
     a, b, links = _cable(run_state)
     ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, 4, "ibemu_test_port")
     monitors = {"a": open_link_monitor(a), "b": open_link_monitor(b)}
@@ -128,11 +129,12 @@ def test_loss_of_signal_is_written_and_handed_over_before_the_request_returns(ru
     ends = [("a", 40), ("b", 41)]
     try:
         with CarrierThread(monitors, {("a", 40): True, ("b", 41): True}, act=act, hand_over=hand_over) as thread:
-            lost: list[CarrierChange[str]] = []
-            t = rtnl.set_up(a, ["p1"], False, then=lambda: lost.extend(thread.signal_lost(ends)))
+            t = clock.now_ns()
+            lost = thread.signal_lost(ends)  # as AgentHost.set_ports: first the maps, then the cut
             assert word("a") == 40 | lft_map.PORT_DOWN and word("b") == 41 | lft_map.PORT_DOWN
             assert [(ch.key, ch.carrier) for ch in lost] == [("a", False), ("b", False)]
             assert all(t <= ch.t_seen_ns <= ch.t_written_ns for ch in lost)
+            rtnl.set_up(a, ["p1"], False)
             assert [got.get_nowait() for _ in range(2)] == lost  # handed over from this thread
             assert thread.signal_lost(ends) == []  # already down
             time.sleep(0.5)  # the kernel's notifications of the same cut: no change
