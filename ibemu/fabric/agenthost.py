@@ -202,7 +202,6 @@ class AgentHost:
         """``set_ports`` tells the carrier thread of the ends it cuts (a PHY's loss of signal);
         False: the kernel's notifications alone tell (``bench_local_failover --loss-of-signal
         off`` compares the two)."""
-        """(node, port) -> its interface's index, for ``set_ports``' loss of signal."""
         self._cpus: set[int] | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
@@ -881,6 +880,8 @@ class AgentHost:
         with cpus.realtime():
             t = clock.now_ns()
             thread.signal_lost(lost)
+        # (a request that fails here fails only for an interface gone with its namespace:
+        # down is then what the kernel has as well)
         rtnl.set_up(rt.plan.ns, ifnames, False)
         return t
 
