@@ -781,29 +781,29 @@ class AgentHost:
             return
         t_notified = clock.now_ns()
         lft = self.fabric.lfts.get(name)
-        if isinstance(lft, MapLft) and t_written and not carrier:
-            moved = lft.failover_lids(port) if lft.has_alternates else 0
-            if moved:  # LIDs of this port that the kernel sends to an alternate since t_written
-                self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_written,
-                                         "port": port, "lids": moved, "carrier_t_ns": t_carrier})
         rt.carrier[port] = carrier
         if self.dr_relay is not None and name in self._relay_ids:
             self.dr_relay.set_carrier(self._relay_ids[name], port, carrier)
-        if self.kernel_sma is not None and name in self._relay_ids:
-            self.kernel_sma.set_carrier(self._relay_ids[name], port, carrier)
-        self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier, "port": port, "up": carrier})
+        if self.kernel_sma is not None and name in self._relay_ids:  # before the trap: the SM's
+            self.kernel_sma.set_carrier(self._relay_ids[name], port, carrier)  # reads see it
         # the agent first: a frame the link model decides again below (``redecide``)
         # sees the port down, and the user datapath's forwarder fails over from now
         actions = rt.agent.link_up(port) if carrier else rt.agent.link_down(port)
-        if not carrier and self.datapath == "user" and not isinstance(lft, MapLft):
-            self._user_failover_event(name, rt, port, t_carrier)
         if self.links is not None:  # down: the port's queues are discarded; up: link
             if carrier:  # training re-initializes flow control
                 self.links.plane.link_up(name, port, clock.now_ns())
             else:
                 self.links.plane.link_down(name, port, clock.now_ns())
             self.links.pump()
-        self.dispatch(name, rt, actions)
+        self.dispatch(name, rt, actions)  # the trap leaves here; the records after it
+        if isinstance(lft, MapLft) and t_written and not carrier:
+            moved = lft.failover_lids(port) if lft.has_alternates else 0
+            if moved:  # LIDs of this port that the kernel sends to an alternate since t_written
+                self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_written,
+                                         "port": port, "lids": moved, "carrier_t_ns": t_carrier})
+        elif not carrier and self.datapath == "user" and not isinstance(lft, MapLft):
+            self._user_failover_event(name, rt, port, t_carrier)
+        self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier, "port": port, "up": carrier})
         self.carrier_timings.append(CarrierTiming(name, port, carrier, t_carrier, t_written, t_notified,
                                                   clock.now_ns()))
         for listener in self.port_listeners:
