@@ -248,8 +248,11 @@ def spread(pairs: list[Pair], n: int) -> list[Pair]:
     return out
 
 
-def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: float) -> dict[str, Any]:
-    """One fresh k-ary fat-tree, ibemu's SM with ``engine``, probe streams across ``fault``."""
+def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: float,
+        loss_of_signal: bool = True) -> dict[str, Any]:
+    """One fresh k-ary fat-tree, ibemu's SM with ``engine``, probe streams across ``fault``;
+    ``loss_of_signal``: the cut told to the carrier thread at once (``AgentHost.set_ports``),
+    else by the kernel's notifications only."""
     topo = generate("fat-tree", k=k)
     with LiveFabric(topo, tmp, scenario="bench-local-failover") as fab:
         run = Run(fab, tmp, engine)
@@ -260,6 +263,7 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
                 raise NotReady(str(exc)[:300]) from None
             host = fab.rt.host
             assert fab.rt.fabric is not None and host is not None
+            host.loss_of_signal = loss_of_signal
             lids = trio.from_thread.run_sync(
                 lambda: {c.name: host.nodes[c.name].agent.lid(1) for c in topo.cas()},  # type: ignore[attr-defined]
                 trio_token=fab.token)
@@ -278,7 +282,7 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
             def inject() -> int:
                 if fault == "cable":
                     sw, port = target
-                    return rtnl.set_up(fab.ns(sw), [topo.ifname(sw, port)], False)
+                    return host.set_ports(sw, [port], False)
                 return int(host.power(target, False))
 
             # the port of the fault each flow meets first: the edge's up-port, or the spine's
@@ -694,6 +698,9 @@ def main() -> None:
     ap.add_argument("--probe-us", type=float, default=250.0,
                     help="kernel datapath: a probe frame per flow every this many us (default 250)")
     ap.add_argument("--datapath", choices=("kernel", "user"), default="kernel")
+    ap.add_argument("--loss-of-signal", choices=("on", "off"), default="on",
+                    help="kernel datapath: the injector tells the carrier thread of the cut at once (on, "
+                         "default), or the kernel's link notifications alone tell (off)")
     ap.add_argument("--dilation", type=float, default=0.0, help="user datapath: the dilation factor (required)")
     ap.add_argument("--spacing-us", type=float, default=1.0, help="user datapath: the probe stream's spacing (emulated us)")
     ap.add_argument("--frames", type=int, default=400, help="user datapath: the probe stream's frames")
@@ -715,7 +722,7 @@ def main() -> None:
         for engine in rows:
             r = fresh_attempts(f"run {i + 1} {engine}", "bench-lfo-",
                                lambda tmp, engine=engine: one(engine, tmp, args.k, args.fault, args.flows,
-                                                              args.probe_us))
+                                                              args.probe_us, args.loss_of_signal == "on"))
             rows[engine].append(r)
             brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ("flows", "groups")}
             print(f"  run {i + 1} {engine}: {brief}", file=sys.stderr, flush=True)
@@ -735,7 +742,9 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
             else "a spine (core) switch dying (switch_down: every port down, its agent silent)")
     print(f"{what}, k={args.k} fat-tree, kernel datapath, probe streams from a child process (a frame per flow "
           f"every {args.probe_us:g} us), {args.runs} fresh fabrics per engine; min / median / max; ibemu's own "
-          f"real time at dilation 1")
+          f"real time at dilation 1; loss of signal "
+          + ("told by the injector at the cut" if args.loss_of_signal == "on"
+             else "left to the kernel's link notifications"))
     print(f"  load before: {load0}")
     print(f"  load after:  {load1}")
     groups = list(rows["ftree_ar"][0]["groups"]) if rows["ftree_ar"] else []

@@ -7,7 +7,9 @@ timed from process start to "SUBNET UP" (every port Active, every LFT acked). ib
 sweep time (first SMP to SUBNET UP) is reported too, with the LFT entries the kernel did not
 have yet at SUBNET UP and how long it took to get them (the agent host's ``lft_backlog``;
 none since the LFT is a BPF map written when the SMA accepts a block). Then, on k=max,
-``--cuts`` edge-aggregation cables are cut one at a time (and restored) under ibemu's SM, once
+``--cuts`` edge-aggregation cables are cut one at a time (and restored) under ibemu's SM, as
+its fault injector cuts (``AgentHost.set_ports``: the carrier thread is told of the loss of
+signal at both ends as the request returns, not at the kernel's notification), once
 the kernel has every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT
 block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
 last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
@@ -48,7 +50,7 @@ import harness  # benchmarks/harness.py
 
 import ibemu
 from ibemu.fabric import opensm
-from ibemu.kernel import cpus, rtnl
+from ibemu.kernel import cpus
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT
 from ibemu.topo import generate
 
@@ -241,12 +243,15 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
             settle_s = wait_tc(fab)
             print(f"  the kernel had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
             assert fab.rt.fabric is not None
+            host = fab.rt.host
+            assert host is not None
             cpu0 = cpu_seconds(proc.pid)
             for i in range(cuts):
                 pod, edge, up = 1 + i % (k - 1), i % half, i % half
-                name = f"edge{pod}_{edge}"
-                ns, ifname = fab.ns(name), fab.topo.ifname(name, half + 1 + up)
-                t_fault = rtnl.set_up(ns, [ifname], False)  # stamped as the request leaves
+                name, port = f"edge{pod}_{edge}", half + 1 + up
+                # cut as ibemu's fault injector cuts (loss of signal told at the cut); stamped
+                # as the request leaves
+                t_fault = host.set_ports(name, [port], False)
                 rr = wait_trap_reroute(events, t_fault, proc, 30)
                 acks = [r["t_ns"] for r in _tails[events].records
                         if r["kind"] == "lft_block_acked" and rr["t_planned"] <= r["t_ns"] <= rr["t_programmed"]]
@@ -275,7 +280,7 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
                             "trap_to_kernel_ms": (max(applied, default=rr["t_programmed"]) - rr["t_trap"]) / 1e6,
                             "kernel_after_ack_ms": (max(applied, default=rr["t_programmed"]) - rr["t_programmed"]) / 1e6,
                             "blocks": rr["blocks"]})
-                t_restore = rtnl.set_up(ns, [ifname], True)
+                t_restore = host.set_ports(name, [port], True)
                 wait_trap_reroute(events, t_restore, proc, 30)
                 time.sleep(0.3)
             # this process's CPU, not the machine's load: every cut and restore is a reroute

@@ -4,7 +4,9 @@ For each node it owns one AF_PACKET socket per cabled port (ethertype 0x88B5, so
 with the kernel datapath it only sees what tc did not forward: VL15, its own LID, unroutable
 frames) and one netlink link monitor per namespace. The monitors are read by a thread of
 their own (``kernel.carrier``), which writes a switch port's carrier into the kernel's port
-map at once (local failover) and then hands the change to this loop. It feeds frames and
+map at once (local failover) and then hands the change to this loop; a cable cut or a switch
+powered off by ibemu's fault injector (``set_ports``, ``power``) is told to that thread as loss
+of signal the moment it is cut, before the kernel's notification. It feeds frames and
 carrier changes to the sans-IO agents (``ibemu.agents``) and carries out their actions: transmit, program the
 switch's LFT in the kernel (a BPF map update, ``ibemu.kernel.lft_map``), act on a link, hand
 MADs to a CA's MAD socket, log events.
@@ -60,7 +62,7 @@ from ibemu.events import FabricLog, Kind
 from ibemu.fabric.build import BuiltFabric
 from ibemu.fabric.linkplane import LinkPlane
 from ibemu.fabric.plan import NodePlan
-from ibemu.kernel import netns, rtnl, sockfilter
+from ibemu.kernel import cpus, netns, rtnl, sockfilter
 from ibemu.kernel.carrier import CarrierChange, CarrierThread
 from ibemu.kernel.carrier import Stop as carrier_stop
 from ibemu.kernel.commands import KernelError
@@ -194,6 +196,12 @@ class AgentHost:
         """Reads every namespace's link notifications and writes port state into the kernel's
         maps before this loop hears of it (``kernel.carrier``); runs while ``serve`` does."""
         self.carrier_timings: deque[CarrierTiming] = deque(maxlen=CARRIER_TIMINGS)
+        self._ifindex_of: dict[tuple[str, int], int] = {}
+        """(node, port) -> its interface's index, for ``set_ports``' loss of signal."""
+        self.loss_of_signal = True
+        """``set_ports`` tells the carrier thread of the ends it cuts (a PHY's loss of signal);
+        False: the kernel's notifications alone tell (``bench_local_failover --loss-of-signal
+        off`` compares the two)."""
         self._cpus: set[int] | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
@@ -508,8 +516,8 @@ class AgentHost:
         monitors = {name: rt.monitor for name, rt in self.nodes.items() if rt.monitor is not None}
         carrier = {(name, ifindex): rt.carrier.get(port, False)
                    for name, rt in self.nodes.items() for ifindex, port in rt.by_ifindex.items()}
-        ifindex_of = {(name, port): ifindex for name, rt in self.nodes.items()
-                      for ifindex, port in rt.by_ifindex.items()}
+        ifindex_of = self._ifindex_of = {(name, port): ifindex for name, rt in self.nodes.items()
+                                         for ifindex, port in rt.by_ifindex.items()}
         peers = {(name, ifindex_of[(name, port)]): (pp.peer_node, ifindex_of[(pp.peer_node, pp.peer_port)])
                  for name, rt in self.nodes.items() for port, pp in rt.plan.ports.items()
                  if (name, port) in ifindex_of and (pp.peer_node, pp.peer_port) in ifindex_of}
@@ -773,29 +781,29 @@ class AgentHost:
             return
         t_notified = clock.now_ns()
         lft = self.fabric.lfts.get(name)
-        if isinstance(lft, MapLft) and t_written and not carrier:
-            moved = lft.failover_lids(port) if lft.has_alternates else 0
-            if moved:  # LIDs of this port that the kernel sends to an alternate since t_written
-                self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_written,
-                                         "port": port, "lids": moved, "carrier_t_ns": t_carrier})
         rt.carrier[port] = carrier
         if self.dr_relay is not None and name in self._relay_ids:
             self.dr_relay.set_carrier(self._relay_ids[name], port, carrier)
-        if self.kernel_sma is not None and name in self._relay_ids:
-            self.kernel_sma.set_carrier(self._relay_ids[name], port, carrier)
-        self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier, "port": port, "up": carrier})
+        if self.kernel_sma is not None and name in self._relay_ids:  # before the trap: the SM's
+            self.kernel_sma.set_carrier(self._relay_ids[name], port, carrier)  # reads see it
         # the agent first: a frame the link model decides again below (``redecide``)
         # sees the port down, and the user datapath's forwarder fails over from now
         actions = rt.agent.link_up(port) if carrier else rt.agent.link_down(port)
-        if not carrier and self.datapath == "user" and not isinstance(lft, MapLft):
-            self._user_failover_event(name, rt, port, t_carrier)
         if self.links is not None:  # down: the port's queues are discarded; up: link
             if carrier:  # training re-initializes flow control
                 self.links.plane.link_up(name, port, clock.now_ns())
             else:
                 self.links.plane.link_down(name, port, clock.now_ns())
             self.links.pump()
-        self.dispatch(name, rt, actions)
+        self.dispatch(name, rt, actions)  # the trap leaves here; the records after it
+        if isinstance(lft, MapLft) and t_written and not carrier:
+            moved = lft.failover_lids(port) if lft.has_alternates else 0
+            if moved:  # LIDs of this port that the kernel sends to an alternate since t_written
+                self.events.write(name, {"kind": Kind.LOCAL_FAILOVER, "t_ns": t_written,
+                                         "port": port, "lids": moved, "carrier_t_ns": t_carrier})
+        elif not carrier and self.datapath == "user" and not isinstance(lft, MapLft):
+            self._user_failover_event(name, rt, port, t_carrier)
+        self.events.write(name, {"kind": Kind.CARRIER, "t_ns": t_carrier, "port": port, "up": carrier})
         self.carrier_timings.append(CarrierTiming(name, port, carrier, t_carrier, t_written, t_notified,
                                                   clock.now_ns()))
         for listener in self.port_listeners:
@@ -845,6 +853,38 @@ class AgentHost:
         rt.vl15_dropped += 1
         return True
 
+    def set_ports(self, name: str, ports: Sequence[int], up: bool) -> int:
+        """Set ports of a node administratively down (their cables cut: both ends lose carrier)
+        or up; returns the fault's stamp (``clock.now_ns()`` as the cut is made). Blocking.
+
+        Down, the cut is loss of signal at both ends of every cable at that stamp, as a PHY sees
+        it: the carrier thread is told at once (``CarrierThread.signal_lost``: the switches'
+        port maps written, the agents told), from this thread raised to SCHED_FIFO for the
+        step (``cpus.realtime``), and only then are the interfaces set down (``rtnl.set_up``).
+        The kernel's own word comes after its linkwatch work, an RCU grace period per device
+        (0.2-81 ms for one cable here, longest on a quiet machine), and it handles a request
+        for several devices one after the other, a grace period each inside the request
+        (2-22 ms for a k=8 switch's 8 ports): the fabric no longer waits for either.
+        Deviation: until the kernel has closed a veth, frames already in it and frames a host
+        sends into it are still delivered (the switches' maps stop their own at once): at most
+        that window's frames that a real cut would lose.
+        Up, the kernel's notifications tell, as a link trains in its own time."""
+        rt = self.nodes[name]
+        ifnames = [rt.plan.ports[p].ifname for p in ports]
+        thread, index = self.carrier_thread, self._ifindex_of
+        if up or thread is None or not self.loss_of_signal:
+            return rtnl.set_up(rt.plan.ns, ifnames, up)
+        ends = [(name, port) for port in ports]
+        ends += [(rt.plan.ports[port].peer_node, rt.plan.ports[port].peer_port) for port in ports]
+        lost = [(node, index[(node, port)]) for node, port in ends if (node, port) in index]
+        with cpus.realtime():
+            t = clock.now_ns()
+            thread.signal_lost(lost)
+        # (a request that fails here fails only for an interface gone with its namespace:
+        # down is then what the kernel has as well)
+        rtnl.set_up(rt.plan.ns, ifnames, False)
+        return t
+
     def power(self, name: str, on: bool, *, fresh_agent: Agent | None = None) -> int:
         """Switch a node off (every port down, it answers nothing) or on again.
 
@@ -856,9 +896,10 @@ class AgentHost:
         stops forwarding when its links drop, which is when its neighbours can tell (emptying
         the table first blackholed everything through it while the table was scanned and
         cleared, 2 ms for a k=8 fabric's switch here, before any neighbour lost carrier). The
-        kernel closes the ports one after
-        the other, an RCU grace period each: until its last port is down a dying switch still
-        forwards between those that are not.
+        ports go down through ``set_ports``: every cable's loss of signal is told at once, the
+        dying switch's own port map says every port down (it forwards nothing from then on) and
+        its neighbours' say the port facing it down; the kernel then closes the ports one after
+        the other, an RCU grace period each, 2-22 ms for 8 ports here.
         """
         rt = self.nodes[name]
         ifnames = [pp.ifname for pp in rt.plan.ports.values()]
@@ -866,7 +907,7 @@ class AgentHost:
         if not on:
             rt.powered = False
             self._sync_relay(name, rt)
-            t = rtnl.set_up(rt.plan.ns, ifnames, False)
+            t = self.set_ports(name, list(rt.plan.ports), False)
             with self._lft_lock:
                 if lft is not None and lft.installed:
                     lft.apply(dict.fromkeys(lft.installed, 0xFF))

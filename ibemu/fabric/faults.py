@@ -39,7 +39,6 @@ import trio
 
 from ibemu import clock
 from ibemu.events import Kind
-from ibemu.kernel import rtnl
 from ibemu.topo.model import Endpoint, Link, Topology
 
 if TYPE_CHECKING:
@@ -268,7 +267,7 @@ class FaultInjector:
     def link(self, link: Link, up: bool, *, end: int = 0) -> int:
         """Take one end of ``link`` down (or up); returns t_fault."""
         ep = self._end(link, end)
-        t = rtnl.set_up(self.host.nodes[ep.node].plan.ns, [self.topo.ifname(ep.node, ep.port)], up)
+        t = self.host.set_ports(ep.node, [ep.port], up)
         return self._stamp("link_up" if up else "link_down", f"{link}", t=t, end=str(ep))
 
     def switch(self, name: str, up: bool) -> int:

@@ -40,6 +40,19 @@ The far end's own notification is handed over as usual (its ``t_written_ns`` the
 write's); should the near end come back first, the far end's map entry goes back to the
 state last heard of it (linkwatch may coalesce a down and an up into no notification).
 
+Loss of signal (``signal_lost``): a cable pulled, or a switch powered off, by ibemu's own fault
+injector (``AgentHost.set_ports``). The kernel takes both ends' carrier down inside the netlink
+request that sets an end down (``veth_close``), but says so only after its linkwatch work, an
+RCU grace period per device: 0.2-81 ms on this machine, longest when it is *quiet* (an idle
+machine ends a grace period later); a request for several devices closes them one after the
+other, a grace period each. A switch's PHY sees loss of signal within microseconds and its
+firmware acts on it then, so the injector, which knows the instant it cuts, reports the ends it
+cuts to this object first: ``signal_lost`` writes their port maps (``act``), records them down
+and hands the changes over as a notification would, from the caller's thread (under the lock
+the thread takes per notification). The kernel's own notifications that follow change nothing
+(the state is already down). Carrier changes no injector made (an ``ip link set ... down`` by
+hand, a peer namespace deleted) go the notification path as before.
+
 Stopping: ``close()`` wakes the thread through an eventfd in its epoll set and joins it; the
 thread also ends when ``hand_over`` raises (the loop it hands to is gone). The monitor
 sockets stay the caller's.
@@ -54,7 +67,7 @@ import os
 import select
 import socket
 import threading
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -156,6 +169,8 @@ class CarrierThread(Generic[K]):
             self._ep.close()
             os.close(self._wake)
             raise
+        self._lock = threading.Lock()
+        """Held per notification parsed and by ``signal_lost``: one writer of ``_carrier``."""
         self._stop = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -238,27 +253,57 @@ class CarrierThread(Generic[K]):
             if data is None:
                 return
             t_seen = clock.now_ns()
-            for ev in parse(data):
-                end = (key, ev.ifindex)
-                if self._carrier.get(end) == ev.carrier:
+            with self._lock:
+                self._parsed(key, data, t_seen, out)
+
+    def _parsed(self, key: K, data: bytes, t_seen: int, out: list[CarrierChange[K]]) -> None:
+        """The carrier changes of one netlink datagram (under ``_lock``)."""
+        for ev in parse(data):
+            end = (key, ev.ifindex)
+            if self._carrier.get(end) == ev.carrier:
+                continue
+            self._carrier[end] = ev.carrier
+            t_written = self._call(key, ev)
+            early = self._early.pop(end, 0)
+            if early and not ev.carrier:  # the kernel has had it since the near end's notification
+                t_written = early
+            out.append(CarrierChange(key, ev.ifindex, ev.carrier, t_seen, t_written))
+            peer = self._peers.get(end)
+            if peer is None:
+                continue
+            if not ev.carrier and not ev.admin_up and self._carrier.get(peer) and peer not in self._early:
+                # this end was set down: veth_close took the far end's carrier too
+                t = self._call(peer[0], LinkEvent(peer[1], True, False))
+                if t:
+                    self._early[peer] = t
+            elif ev.carrier and peer in self._early:  # back before the far end's own word came:
+                del self._early[peer]  # its state as last heard (linkwatch may send nothing)
+                self._call(peer[0], LinkEvent(peer[1], True, bool(self._carrier.get(peer))))
+
+    # ------------------------------------------------------------------ loss of signal
+
+    def signal_lost(self, ends: Iterable[tuple[K, int]]) -> list[CarrierChange[K]]:
+        """Ends (key, ifindex) whose cable was just cut (``Loss of signal`` in the module
+        docstring), from the injector's thread: those up as last known are written (``act``),
+        recorded down and handed over, stamped seen when this call took them. Returns those
+        changes (ends already down or unknown are left out)."""
+        out: list[CarrierChange[K]] = []
+        with self._lock:
+            for end in ends:
+                if not self._carrier.get(end):
                     continue
-                self._carrier[end] = ev.carrier
-                t_written = self._call(key, ev)
-                early = self._early.pop(end, 0)
-                if early and not ev.carrier:  # the kernel has had it since the near end's notification
-                    t_written = early
-                out.append(CarrierChange(key, ev.ifindex, ev.carrier, t_seen, t_written))
-                peer = self._peers.get(end)
-                if peer is None:
-                    continue
-                if not ev.carrier and not ev.admin_up and self._carrier.get(peer) and peer not in self._early:
-                    # this end was set down: veth_close took the far end's carrier too
-                    t = self._call(peer[0], LinkEvent(peer[1], True, False))
-                    if t:
-                        self._early[peer] = t
-                elif ev.carrier and peer in self._early:  # back before the far end's own word came:
-                    del self._early[peer]  # its state as last heard (linkwatch may send nothing)
-                    self._call(peer[0], LinkEvent(peer[1], True, bool(self._carrier.get(peer))))
+                t_seen = clock.now_ns()
+                self._carrier[end] = False
+                self._early.pop(end, None)
+                t_written = self._call(end[0], LinkEvent(end[1], True, False))
+                out.append(CarrierChange(end[0], end[1], False, t_seen, t_written))
+        if out:
+            self.changes += len(out)
+            try:
+                self._hand_over(out)
+            except Stop:  # the receiving loop is gone: nothing to tell
+                log.debug("carrier: loss of signal with no receiver")
+        return out
 
     def _call(self, key: K, ev: LinkEvent) -> int:
         """``act``; when it wrote, the stamp (else 0)."""

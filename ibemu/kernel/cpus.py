@@ -14,8 +14,10 @@ are pinned, and a pinned thread gets its previous CPUs back (``unpin_thread``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,26 @@ def unpin_thread(before: set[int] | None) -> None:
             os.sched_setaffinity(0, before)
         except OSError as exc:
             log.debug("cannot give this thread back CPUs %s: %s", sorted(before), exc)
+
+
+@contextlib.contextmanager
+def realtime(priority: int = 1) -> Iterator[bool]:
+    """The calling thread at SCHED_FIFO ``priority`` (default the lowest) for the block, then
+    back to its own policy: for a step that stands for hardware (a PHY's loss of signal) and
+    must not wait behind the machine's other work. Yields whether it was granted (refused:
+    the thread runs on as it was)."""
+    before = os.sched_getscheduler(0)
+    param = os.sched_getparam(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except OSError as exc:
+        log.debug("SCHED_FIFO refused: %s", exc)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.sched_setscheduler(0, before, param)
 
 
 def pin_process(pid: int, cpus: frozenset[int] | None) -> None:

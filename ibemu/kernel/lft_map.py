@@ -559,6 +559,11 @@ class MapLft:
         """See ``LftProgram.set_port_up``."""
         return self._prog.set_port_up(port, up) if self._prog is not None else False
 
+    @property
+    def down_ports(self) -> frozenset[int]:
+        """See ``LftProgram.down_ports``."""
+        return self._prog.down_ports if self._prog is not None else frozenset()
+
     def set_alternates(self, first_lid: int, entries: bytes) -> bool:
         """See ``LftProgram.set_alternates``."""
         if self._prog is None:

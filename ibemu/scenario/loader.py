@@ -1106,6 +1106,8 @@ class _Loader(Reader):
         sl = integer("sl", 0)
         qps = integer("qps", 1)
         seed = integer("seed", 0)
+        rc_timeout = integer("rc_timeout", 14) if "rc_timeout" in m else None
+        rc_retry_cnt = integer("rc_retry_cnt", 7) if "rc_retry_cnt" in m else None
         # a stream is always paced (10,000 msg/s unless said); a bandwidth flow only when it says so
         rate_pps = (integer("rate_pps", 10_000)
                     if "rate_pps" in entry.keys and (kind == "stream" or "rate_pps" in m) else None)
@@ -1177,6 +1179,7 @@ class _Loader(Reader):
             name=name, kind=kind, hosts=hosts, training=job, src=src, dst=dst, size=size, qps=qps,
             start_s=start, stop_s=stop, sl=sl, bidirectional=bidir, seed=seed,
             rate_pps=rate_pps, transport=transport, where=f"{self.source}:{line_of(item)} {path}",
+            rc_timeout=rc_timeout, rc_retry_cnt=rc_retry_cnt,
         )  # fmt: skip
 
     def _kind_mapping(

@@ -132,7 +132,9 @@ def flow_dict(t: TrafficSpec, scen: Scenario) -> dict[str, Any]:
             "bidirectional": t.bidirectional, "seed": t.seed, "rate_pps": t.rate_pps, "sl": t.sl,
             "transport": t.transport, "datapath": scen.fabric.datapath,
             **({"training": t.training.to_json(), "mtu": scen.defaults.mtu or 4096} if t.training else {}),
-            **({"reorder_window": RC_REORDER_WINDOW} if ar else {})}
+            **({"reorder_window": RC_REORDER_WINDOW} if ar else {}),
+            **({"rc_timeout": t.rc_timeout} if t.rc_timeout is not None else {}),
+            **({"rc_retry_cnt": t.rc_retry_cnt} if t.rc_retry_cnt is not None else {})}
 
 
 RC_REORDER_WINDOW = 512

@@ -317,6 +317,10 @@ TRAFFIC_FIELDS: dict[str, Field] = {
     "scale": _num("training: each step's gradient bytes and compute time divided by this", 1, 1e15),
     "train_tokens": _num("training: tokens to train on (default: the model's)", 0, 1e18, lo_open=True),
     "servers": _int("training: servers the pool places the job on (instead of hosts)", 1, 1 << 16),
+    "rc_timeout": _int("collectives and training: the RC local ACK timeout, 4.096 us x 2^N (default 14: "
+                       "67 ms; NCCL_IB_TIMEOUT, whose default is 20: 4.3 s)", 1, 31),
+    "rc_retry_cnt": _int("collectives and training: RC retries before a QP gives up (default 7; "
+                         "NCCL_IB_RETRY_CNT)", 0, 7),
 }
 """Every key of a traffic entry but the hosts it names (``TRAFFIC_HOSTS``); which a kind takes:
 ``TRAFFIC_COMMON`` and its ``keys`` in ``ibemu.traffic.flows.TRAFFIC_KINDS``."""
@@ -601,6 +605,10 @@ class TrafficSpec:
     where: str = ""
     training: JobPlan | None = None
     """A training job: its model, servers and scale (``hosts`` are its servers' CAs, rail by rail)."""
+    rc_timeout: int | None = None
+    """Collectives and training: the RC local ACK timeout exponent (None: the transport's 14)."""
+    rc_retry_cnt: int | None = None
+    """Collectives and training: RC retries (None: 7)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ registry (``ibemu.traffic.flows``), and ``ibemu validate`` need not load numpy f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +127,25 @@ def nccl_json(r: CollectiveResult, *, args: list[str], start_time: str, end_time
     }
 
 
+@dataclass(frozen=True, slots=True)
+class RcTimers:
+    """A job's RC QP timers (IBA 9.7.6.1.3, C9-140): the local ACK timeout, 4.096 us x
+    2^``timeout`` (14: 67 ms; NCCL's default ``NCCL_IB_TIMEOUT`` is 20, 4.3 s), and how many
+    times a request is retried before the QP gives up (``retry_cnt``, 0..7)."""
+
+    timeout: int = 14
+    retry_cnt: int = 7
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> RcTimers:
+        """From a flow's spec (``rc_timeout``, ``rc_retry_cnt``; the defaults where absent)."""
+        return cls(int(spec.get("rc_timeout", 14)), int(spec.get("rc_retry_cnt", 7)))
+
+    @property
+    def timeout_s(self) -> float:
+        return 4.096e-6 * (1 << self.timeout)
+
+
 class _Rank:
     """One rank: its port, CQ, vector and staging memory, and QPs to the ranks it talks to."""
 
@@ -179,14 +198,14 @@ class _Rank:
                                              remote_addr=raddr, rkey=rkey, imm=imm))
 
 
-def _connect(a: _Rank, b: _Rank, mtu: int) -> None:
+def _connect(a: _Rank, b: _Rank, mtu: int, rc: RcTimers) -> None:
     """An RC QP from ``a`` to ``b`` (a's tx, b's rx), with receives posted for immediates."""
     qa = a.port.hca.create_rc_qp(a.cq)
     qb = b.port.hca.create_rc_qp(b.cq)
     qa.connect(QpInfo(qb.qpn, qb.sq_psn, b.port.hca.lid), PathRecord(b.port.hca.lid, mtu=mtu),
-               max_inflight=256)
+               max_inflight=256, timeout=rc.timeout, retry_cnt=rc.retry_cnt)
     qb.connect(QpInfo(qa.qpn, qa.sq_psn, a.port.hca.lid), PathRecord(a.port.hca.lid, mtu=mtu),
-               max_inflight=256)
+               max_inflight=256, timeout=rc.timeout, retry_cnt=rc.retry_cnt)
     for _ in range(256):
         qb.post_recv(RecvWr(0, ()))
     a.tx[b.index], b.rx[a.index] = qa, qb
@@ -401,7 +420,11 @@ class CollectiveGroup:
     """
 
     def __init__(self, kind: str, ports: Sequence[HcaPort], size: int, *, mtu: int = 4096,
-                 algorithm: str = "ring", tree_chunk: int = TREE_CHUNK) -> None:
+                 algorithm: str = "ring", tree_chunk: int = TREE_CHUNK, rc: RcTimers | None = None) -> None:
+        """``rc``: the QPs' local ACK timeout and retry count (default ``RcTimers()``, IBA's
+        exponent 14 and 7 retries; NCCL's ``NCCL_IB_TIMEOUT``/``NCCL_IB_RETRY_CNT`` are the
+        same two numbers)."""
+        rc = rc or RcTimers()
         if kind not in COLLECTIVES:
             raise ValueError(f"unknown collective {kind!r}: one of {', '.join(COLLECTIVES)}")
         if algorithm not in ALLREDUCE_ALGORITHMS or (kind != "allreduce" and algorithm != "ring"):
@@ -428,15 +451,15 @@ class CollectiveGroup:
             pairs = {(i, j) for t in self.trees for c, p in enumerate(t.parent) if p >= 0
                      for i, j in ((c, p), (p, c))}
             for i, j in sorted(pairs):
-                _connect(ranks[i], ranks[j], mtu)
+                _connect(ranks[i], ranks[j], mtu, rc)
         elif kind == "allreduce":
             for i in range(n):
-                _connect(ranks[i], ranks[(i + 1) % n], mtu)
+                _connect(ranks[i], ranks[(i + 1) % n], mtu, rc)
         else:
             for a in ranks:
                 for b in ranks:
                     if a is not b:
-                        _connect(a, b, mtu)
+                        _connect(a, b, mtu, rc)
         self.wrong = 0
 
     async def run(self, it: int) -> float:
@@ -464,10 +487,11 @@ class CollectiveGroup:
 
 
 async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iterations: int = 5,
-                         warmup: int = 1, mtu: int = 4096, algorithm: str = "ring") -> CollectiveResult:
+                         warmup: int = 1, mtu: int = 4096, algorithm: str = "ring",
+                         rc: RcTimers | None = None) -> CollectiveResult:
     """``kind`` ("allreduce" or "alltoall") over ``ports`` (their serve tasks running); an
-    allreduce by ``algorithm`` ("ring" or "tree")."""
-    group = CollectiveGroup(kind, ports, size, mtu=mtu, algorithm=algorithm)
+    allreduce by ``algorithm`` ("ring" or "tree"); ``rc`` the QPs' timers."""
+    group = CollectiveGroup(kind, ports, size, mtu=mtu, algorithm=algorithm, rc=rc)
     seconds: list[float] = []
     for it in range(warmup + iterations):
         t = await group.run(it)

@@ -239,7 +239,8 @@ async def _collective(f: Flow) -> None:
     it = 0
     while not f.stop.is_set():
         cr = await collectives.run_collective(f.kind, group, f.size, iterations=1,
-                                              warmup=1 if not it else 0)
+                                              warmup=1 if not it else 0,
+                                              rc=collectives.RcTimers.from_spec(f.spec))
         runs.append(cr)
         out.t_ns.append(clock.now_ns())
         out.nbytes.append(cr.size)
@@ -268,8 +269,9 @@ async def _training(f: Flow) -> None:
     rails = plan.cluster.rails
     servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]
     algorithm = "tree" if plan.job.algorithm == "tree" else "ring"
+    rc = collectives.RcTimers.from_spec(f.spec)
     groups = [collectives.CollectiveGroup("allreduce", [f.ports[s[r]] for s in servers], plan.rail_bytes,
-                                          mtu=int(f.spec.get("mtu", 4096)), algorithm=algorithm)
+                                          mtu=int(f.spec.get("mtu", 4096)), algorithm=algorithm, rc=rc)
               for r in range(rails)]
     o = plan.job.overlap
     steps: list[training.StepMeasure] = []
@@ -358,13 +360,13 @@ TRAFFIC_KINDS: dict[str, TrafficKind] = {
     "send_bw": TrafficKind(("from", "to", "size", "qps", "bidirectional", "rate_pps"), "pair", _bw),
     "write_lat": TrafficKind(("from", "to", "size"), "pair", _lat, size=64),
     "send_lat": TrafficKind(("from", "to", "size"), "pair", _lat, size=64),
-    "allreduce": TrafficKind(("hosts", "size"), "group", _collective, size=1 << 20),
-    "alltoall": TrafficKind(("hosts", "size"), "group", _collective, size=1 << 20),
+    "allreduce": TrafficKind(("hosts", "size", "rc_timeout", "rc_retry_cnt"), "group", _collective, size=1 << 20),
+    "alltoall": TrafficKind(("hosts", "size", "rc_timeout", "rc_retry_cnt"), "group", _collective, size=1 << 20),
     "incast": TrafficKind(("from", "to", "size", "qps"), "fan_in", _pairs),
     "permutation": TrafficKind(("hosts", "size", "qps", "seed"), "group", _pairs),
     "stream": TrafficKind(("from", "to", "size", "rate_pps", "transport"), "pair", _stream, size=256,
                           timestamps=True),
     "training": TrafficKind(("hosts", "model", "tokens_per_step", "mfu", "algorithm", "overlap", "scale",
-                             "train_tokens", "servers"), "group", _training),
+                             "train_tokens", "servers", "rc_timeout", "rc_retry_cnt"), "group", _training),
 }
 """Every traffic kind, by name (the order scenario errors list them in)."""

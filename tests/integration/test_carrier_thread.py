@@ -8,14 +8,17 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
+from ibemu import clock
 from ibemu.fabric.agenthost import CarrierTiming
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
@@ -48,10 +51,28 @@ def _cable(state: ownership.RunState) -> tuple[str, str, LinkControl]:
     return a, b, links
 
 
-def test_the_map_is_written_before_the_change_is_handed_over(run_state: ownership.RunState) -> None:
+Rig = tuple[str, LinkControl, bpf.Map, dict[str, socket.socket]]
+
+
+@pytest.fixture
+def rig(run_state: ownership.RunState) -> Iterator[Rig]:
+    """A cable a:p1 - b:p1, a port map of 4 slots and both namespaces' link monitors; closed
+    after, and no carrier thread left."""
     a, b, links = _cable(run_state)
     ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, 4, "ibemu_test_port")
     monitors = {"a": open_link_monitor(a), "b": open_link_monitor(b)}
+    try:
+        yield a, links, ports, monitors
+    finally:
+        for sock in monitors.values():
+            sock.close()
+        ports.close()
+        links.close()
+    assert not _carrier_threads()
+
+
+def test_the_map_is_written_before_the_change_is_handed_over(rig: Rig) -> None:
+    a, links, ports, monitors = rig
     got: queue.Queue[tuple[CarrierChange[str], int]] = queue.Queue()
     in_thread: list[bool] = []
 
@@ -68,38 +89,69 @@ def test_the_map_is_written_before_the_change_is_handed_over(run_state: ownershi
             value = ports.lookup(struct.pack("=I", 1))
             got.put((ch, struct.unpack("=I", value)[0] if value else 0))
 
-    try:
-        with CarrierThread(monitors, {("a", 40): True, ("b", 41): True}, act=act, hand_over=hand_over):
-            links.set_up(a, "p1", False)  # cut at a: b is the far end
-            seen: dict[str, tuple[CarrierChange[str], int]] = {}
-            deadline = time.monotonic() + 3
-            while len(seen) < 2 and time.monotonic() < deadline:
-                try:
-                    ch, word = got.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                seen[ch.key] = (ch, word)
-            assert set(seen) == {"a", "b"}
-            far, word = seen["b"]
-            assert far.ifindex == 41 and not far.carrier
-            assert word == 41 | lft_map.PORT_DOWN  # written before the hand-over
-            assert 0 < far.t_seen_ns <= far.t_written_ns
-            near, _ = seen["a"]
-            assert near.ifindex == 40 and not near.carrier and near.t_written_ns == 0  # act wrote nothing
-            assert in_thread == [True]
-            links.set_up(a, "p1", True)  # and back: the map says up again
+    with CarrierThread(monitors, {("a", 40): True, ("b", 41): True}, act=act, hand_over=hand_over):
+        links.set_up(a, "p1", False)  # cut at a: b is the far end
+        seen: dict[str, tuple[CarrierChange[str], int]] = {}
+        deadline = time.monotonic() + 3
+        while len(seen) < 2 and time.monotonic() < deadline:
+            try:
+                ch, word = got.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            seen[ch.key] = (ch, word)
+        assert set(seen) == {"a", "b"}
+        far, word = seen["b"]
+        assert far.ifindex == 41 and not far.carrier
+        assert word == 41 | lft_map.PORT_DOWN  # written before the hand-over
+        assert 0 < far.t_seen_ns <= far.t_written_ns
+        near, _ = seen["a"]
+        assert near.ifindex == 40 and not near.carrier and near.t_written_ns == 0  # act wrote nothing
+        assert in_thread == [True]
+        links.set_up(a, "p1", True)  # and back: the map says up again
+        ch, word = got.get(timeout=3)
+        while ch.key != "b":
             ch, word = got.get(timeout=3)
-            while ch.key != "b":
-                ch, word = got.get(timeout=3)
-            assert ch.carrier and word == 41
-            time.sleep(0.05)
-            assert got.empty()  # changes only, each once
-    finally:
-        for sock in monitors.values():
-            sock.close()
-        ports.close()
-        links.close()
-    assert not _carrier_threads()
+        assert ch.carrier and word == 41
+        time.sleep(0.05)
+        assert got.empty()  # changes only, each once
+
+
+def test_loss_of_signal_is_written_and_handed_over_at_once(rig: Rig) -> None:
+    """``signal_lost`` from the cutting thread: both ends' maps written and the changes handed
+    over when it returns; the kernel's own notifications of the cut that follow change
+    nothing; ends already down are left out."""
+    a, links, ports, monitors = rig
+    got: queue.Queue[CarrierChange[str]] = queue.Queue()
+    slot = {"a": 0, "b": 1}
+
+    def act(key: str, ev: LinkEvent) -> bool:
+        ports.update(struct.pack("=I", slot[key]),
+                     struct.pack("=I", ev.ifindex | (0 if ev.carrier else lft_map.PORT_DOWN)), hold_gil=True)
+        return True
+
+    def word(key: str) -> int:
+        value = ports.lookup(struct.pack("=I", slot[key]))
+        return struct.unpack("=I", value)[0] if value else 0
+
+    def hand_over(changes: list[CarrierChange[str]]) -> None:
+        for ch in changes:
+            got.put(ch)
+
+    ends = [("a", 40), ("b", 41)]
+    with CarrierThread(monitors, {("a", 40): True, ("b", 41): True}, act=act, hand_over=hand_over) as thread:
+        t = clock.now_ns()
+        lost = thread.signal_lost(ends)  # as AgentHost.set_ports: first the maps, then the cut
+        assert word("a") == 40 | lft_map.PORT_DOWN and word("b") == 41 | lft_map.PORT_DOWN
+        assert [(ch.key, ch.carrier) for ch in lost] == [("a", False), ("b", False)]
+        assert all(t <= ch.t_seen_ns <= ch.t_written_ns for ch in lost)
+        rtnl.set_up(a, ["p1"], False)
+        assert [got.get_nowait() for _ in range(2)] == lost  # handed over from this thread
+        assert thread.signal_lost(ends) == []  # already down
+        time.sleep(0.5)  # the kernel's notifications of the same cut: no change
+        assert got.empty() and thread.changes == 2
+        links.set_up(a, "p1", True)  # back up: the kernel tells, both ends
+        back = {got.get(timeout=3).key, got.get(timeout=3).key}
+        assert back == {"a", "b"} and word("a") == 40 and word("b") == 41
 
 
 def test_it_stops_on_close_on_an_exception_and_when_the_loop_is_gone(run_state: ownership.RunState) -> None:

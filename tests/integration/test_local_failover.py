@@ -143,8 +143,16 @@ def test_ftree_ar_fails_over_in_the_kernel_before_the_sm_reroutes(live: Live) ->
     live.sm.send_signal(signal.SIGSTOP)
     try:
         before = lft.counters()["failover"]
-        live.rt.fabric.links.set_up(live.ns("edge0_0"), live.topo.ifname("edge0_0", now), False)  # type: ignore[union-attr]
-        time.sleep(0.05)
+        # cut by the injector's way (``AgentHost.set_ports``): both ends' port maps say down
+        # when it returns (loss of signal), not a kernel notification later
+        host = live.rt.host
+        assert host is not None and host.loss_of_signal
+        far = live.topo.peer("edge0_0", now)
+        assert far is not None
+        far_lft = live.rt.fabric.lfts[far.node]  # type: ignore[union-attr]
+        assert isinstance(far_lft, MapLft)
+        host.set_ports("edge0_0", [now], False)
+        assert now in lft.down_ports and far.port in far_lft.down_ports
         assert lft.read(dlid) == now  # no SM: the LFT still says the dead port
         assert live.blast("h1", "h15", 300) == 300
         assert lft.counters()["failover"] - before >= 300

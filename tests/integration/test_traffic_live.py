@@ -13,6 +13,7 @@ import trio
 from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.hca.nic import HcaPort
+from ibemu.hca.transport.timers import ack_timeout_ns
 from ibemu.kernel import ownership
 from ibemu.kernel.packet import open_packet_socket
 from ibemu.topo import generate
@@ -123,6 +124,26 @@ def test_tree_allreduce_is_exact_piece_by_piece(live: Running, n: int) -> None:
     assert g.wrong == 0 and len(times) == 2 and min(times) > 0
     assert min(len(p) for p in g.pieces) > 1
     assert {r.index for r in g.ranks if r.tx} == set(range(n))  # every rank sent
+
+
+def test_a_jobs_rc_timers_reach_its_qps(live: Running) -> None:
+    """``rc_timeout``/``rc_retry_cnt`` (a job's NCCL_IB_TIMEOUT and NCCL_IB_RETRY_CNT): every QP
+    of the group gets them; the sums stay exact."""
+    names = ["h0", "h5", "h10"]
+    rc = collectives.RcTimers.from_spec({"rc_timeout": 18, "rc_retry_cnt": 3})
+
+    async def fn(ports: dict[str, HcaPort]):  # type: ignore[no-untyped-def]
+        g = collectives.CollectiveGroup("allreduce", [ports[x] for x in names], 16 * 1024, rc=rc)
+        t = await g.run(0)
+        g.close()
+        return g, t
+
+    g, t = run_on_ports(live, names, fn)
+    qps = [qp for r in g.ranks for qp in (*r.tx.values(), *r.rx.values())]
+    assert len(qps) == 6 and g.wrong == 0 and t > 0
+    assert {qp.req.timeout_ns for qp in qps} == {ack_timeout_ns(18)} and rc.timeout_s == pytest.approx(1.074, rel=1e-3)
+    assert {qp.req.retry_cnt for qp in qps} == {3}
+    assert collectives.RcTimers.from_spec({}) == collectives.RcTimers(14, 7)  # IBA's 67 ms, 7 retries
 
 
 @pytest.mark.parametrize("transport", ["rc", "ud"])

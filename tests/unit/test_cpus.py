@@ -78,3 +78,23 @@ def test_threads_started_by_a_pinned_thread_are_released() -> None:
     p.join()
     assert seen["inherited"] == placement.agents  # what Linux does
     assert seen["released"] == placement.all and seen["released_count"] == {1}
+
+
+def test_realtime_raises_the_thread_for_the_block_and_gives_its_policy_back() -> None:
+    before = os.sched_getscheduler(0)
+    result: list[tuple[bool, int, int]] = []
+
+    def body() -> None:  # a thread of its own: the test runner's policy is not touched
+        with cpus.realtime() as granted:
+            result.append((granted, os.sched_getscheduler(0), os.sched_getparam(0).sched_priority))
+        result.append((True, os.sched_getscheduler(0), 0))
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(5)
+    (granted, inside, prio), (_, after, _) = result
+    if os.geteuid() == 0:
+        assert granted and inside == os.SCHED_FIFO and prio == 1
+    else:
+        assert not granted and inside == before
+    assert after == before and os.sched_getscheduler(0) == before

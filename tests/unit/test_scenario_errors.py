@@ -166,7 +166,8 @@ CASES: list[tuple[str, str, str]] = [
     (
         "traffic-key-of-other-kind",
         FT + "traffic:\n  - kind: allreduce\n    from: h0\n",
-        "x.yaml:6 traffic[0].from: not a key of kind allreduce; expected one of: name, kind, start_s, stop_s, sl, hosts, size",
+        "x.yaml:6 traffic[0].from: not a key of kind allreduce; expected one of: name, kind, start_s, stop_s, sl, hosts, size, "
+        "rc_timeout, rc_retry_cnt",
     ),
     (
         "traffic-size",
@@ -316,6 +317,15 @@ CASES: list[tuple[str, str, str]] = [
         FT + "fabric:\n  datapath: user\n  adaptive_routing: {mode: sprinkle}\nsm:\n  engine: ftree_ar\n",
         "x.yaml:6 fabric.adaptive_routing.mode: expected one of packet, flowlet, got 'sprinkle'",
     ),
+    ("rc-timeout-zero", FT + "traffic:\n  - {kind: allreduce, rc_timeout: 0}\n",
+     "x.yaml:5 traffic[0].rc_timeout: expected an integer from 1 to 31, got 0"),
+    ("rc-timeout-too-long", FT + "traffic:\n  - {kind: allreduce, rc_timeout: 32}\n",
+     "x.yaml:5 traffic[0].rc_timeout: expected an integer from 1 to 31, got 32"),
+    ("rc-retry-cnt", FT + "traffic:\n  - {kind: alltoall, rc_retry_cnt: 8}\n",
+     "x.yaml:5 traffic[0].rc_retry_cnt: expected an integer from 0 to 7, got 8"),
+    ("rc-timeout-bw", FT + "traffic:\n  - {kind: write_bw, from: h0, to: h1, rc_timeout: 18}\n",
+     "x.yaml:5 traffic[0].rc_timeout: not a key of kind write_bw; expected one of: name, kind, start_s, "
+     "stop_s, sl, from, to, size, qps, bidirectional, rate_pps"),
     (
         "adaptive-routing-gap-per-packet",
         FT + "fabric:\n  datapath: user\n  adaptive_routing: {flowlet_gap_us: 3}\nsm:\n  engine: ftree_ar\n",

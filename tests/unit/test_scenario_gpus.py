@@ -102,3 +102,13 @@ def test_gpu_rails_is_rail_optimized() -> None:
             assert {p.node for _, p in t.neighbors(f"leaf{grp}_{r}")} >= {"spine0", "spine1"}
     with pytest.raises(ParamError, match="servers_per_leaf"):
         generate("gpu-rails", servers=300, rails=1, servers_per_leaf=300)
+
+
+def test_a_jobs_rc_timers_go_to_its_workers() -> None:
+    """``rc_timeout``/``rc_retry_cnt`` reach the worker's flow (``flow_dict``); absent, the
+    flow says nothing and the transport's defaults hold."""
+    scen = loads_scenario(LS + "gpus: {per_server: 8}\ntraffic:\n" + TRAIN + ", rc_timeout: 20, rc_retry_cnt: 2}\n"
+                          "  - {kind: allreduce, hosts: [h0, h1]}\n", "x.yaml")
+    job, ring = (flow_dict(t, scen) for t in scen.traffic)
+    assert (job["rc_timeout"], job["rc_retry_cnt"]) == (20, 2)
+    assert "rc_timeout" not in ring and "rc_retry_cnt" not in ring
