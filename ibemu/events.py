@@ -364,9 +364,8 @@ each cost the agents ~30 us per LFT Set, the SM ~10 us per block, in the middle 
 reroute; two ``port_state`` records per PortInfo Set of an activation were 15% of the agent
 host's time in a bring-up). The fabric's go out with the agent host's ticker (every 50 ms) or any other record;
 the SM's with the ``lft_programmed`` that closes each pass."""
-LAZY_LIMIT = 16384
-"""Lazy records kept at most (a bring-up's burst is written out in pieces; a k=8 one logs
-~7,000, a k=16 one ~60,000)."""
+LAZY_LIMIT = 4096
+"""Lazy records kept at most (a bring-up's burst is written out in pieces)."""
 
 LINK_CHANGE: dict[str, Kind] = {"down": Kind.LINK_DOWN, "up": Kind.LINK_UP, "reinit": Kind.LINK_REINIT}
 """The SM's event for each kind of port change its discovery finds."""
@@ -446,13 +445,18 @@ class EventLog:
         """The kept records of ``kind``."""
         return [r for r in self.records if r["kind"] == kind]
 
-    def flush(self, *, waited_s: float = 0.0) -> None:
+    def flush(self, *, waited_s: float = 0.0, at_most: int | None = None) -> None:
         """Write out the lazy records kept so far; with ``waited_s``, only once the oldest
-        of them has waited that long (real time)."""
+        of them has waited that long (real time); with ``at_most``, only that many of the
+        oldest (the rest go with the next flush: a busy writer's pause stays short)."""
         if self._f is not None and self._lazy:
             if waited_s and time.monotonic_ns() - self._lazy_since < waited_s * 1e9:
                 return
-            self._f.write(self._encoded())
+            if at_most is not None and len(self._lazy) > at_most:
+                head, self._lazy = self._lazy[:at_most], self._lazy[at_most:]
+                self._f.write("".join(_line(node, rec) for node, rec in head))
+            else:
+                self._f.write(self._encoded())
             self._f.flush()
 
     def close(self) -> None:

@@ -94,6 +94,8 @@ _SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016)
 TICK_S = 0.05
 LAZY_BUSY_S = 1.0
 """How long lazy event records wait at most while the agents have frames to answer (real time)."""
+LAZY_BUSY_RECORDS = 512
+"""Lazy event records written at most per tick while the agents are busy (a few ms)."""
 
 
 @dataclass(slots=True)
@@ -902,15 +904,19 @@ class AgentHost:
     async def _ticker(self) -> None:
         """Timer work of the agents that keep timers (switches: trap repeats), every
         ``TICK_S``; lazy event records go out, once the agents had a tick with no frame to
-        answer, or once the oldest has waited ``LAZY_BUSY_S``: their encoding (~15% of this
-        thread's time in a k=8 bring-up's activation) waits for the burst to end, not
-        longer. (Every node each tick cost a k=16 fabric's 1,344 agents ~2.5 ms of this
-        thread per tick.)"""
+        answer, or, ``LAZY_BUSY_RECORDS`` a tick, once the oldest has waited ``LAZY_BUSY_S``:
+        their encoding (~15% of this thread's time in a k=8 bring-up's activation, whose
+        ~3,400 records wait) waits for the burst to end, and a long burst's records go out
+        in pieces, not in one pause that would hold the agents' answers back. (Every node
+        each tick cost a k=16 fabric's 1,344 agents ~2.5 ms of this thread per tick.)"""
         served = self.frames_served
         while True:
             await trio.sleep(TICK_S)
             busy, served = self.frames_served != served, self.frames_served
-            self.events.flush(waited_s=LAZY_BUSY_S if busy else 0.0)
+            if busy:
+                self.events.flush(waited_s=LAZY_BUSY_S, at_most=LAZY_BUSY_RECORDS)
+            else:
+                self.events.flush()
             if self.links is not None:
                 self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()

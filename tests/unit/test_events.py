@@ -68,8 +68,15 @@ def test_a_busy_writer_keeps_lazy_records_until_the_oldest_has_waited(tmp_path: 
     log.write("sw3", {"kind": "lft_set", "t_ns": 3, "block": 1})  # a new oldest: waits afresh
     log.flush(waited_s=60)
     assert len(lines(path)) == 2
+    log.write("sw4", {"kind": "lft_set", "t_ns": 4, "block": 2})
+    log.write("sw5", {"kind": "lft_set", "t_ns": 5, "block": 3})
+    log.flush(waited_s=1e-9, at_most=2)  # the two oldest
+    assert [r["node"] for r in lines(path)] == ["sw1", "sw2", "sw3", "sw4"]
+    log.flush(waited_s=1e-9, at_most=2)  # the oldest has waited all along: the next piece
+    assert [r["node"] for r in lines(path)][-1] == "sw5"
+    log.write("sw6", {"kind": "lft_set", "t_ns": 6, "block": 4})
     log.close()
-    assert [r["node"] for r in lines(path)] == ["sw1", "sw2", "sw3"]
+    assert [r["node"] for r in lines(path)] == ["sw1", "sw2", "sw3", "sw4", "sw5", "sw6"]
 
 
 def test_encode_writes_what_json_dumps_wrote() -> None:
