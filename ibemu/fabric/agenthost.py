@@ -573,9 +573,10 @@ class AgentHost:
         is written, once per node and with one system call (``_republish``), and only then
         is anything they answered sent (``dispatch``): an SMP the kernel answers after the
         SM has a response already sees every Set answered before it. (A task per socket
-        did this per SMP: ~25% of the agents' time in a k=8 bring-up's ~1,700 PortInfo
-        Sets, with a trio wake-up and an ``epoll_ctl`` each.) A batch's first response waits
-        for the batch's last frame to be answered: ``BATCH_FRAMES`` bounds that."""
+        republished after each Set, with a trio wake-up and an ``epoll_ctl`` per socket that
+        had a frame: the republishing alone was ~20% of this thread's busy time in a k=8
+        bring-up, a py-spy profile.) A batch's first response waits for the batch's last
+        frame to be answered: ``BATCH_FRAMES`` bounds that."""
         ep = select.epoll()
         by_fd: dict[int, tuple[str, NodeRuntime, int, socket.socket]] = {}
         try:
