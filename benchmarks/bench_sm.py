@@ -6,10 +6,13 @@ For each k: a fresh live fat-tree per run (same topology, agents, MAD sockets), 
 timed from process start to "SUBNET UP" (every port Active, every LFT acked). ibemu's own
 sweep time (first SMP to SUBNET UP) is reported too, with the LFT entries the kernel did not
 have yet at SUBNET UP and how long it took to get them (the agent host's ``lft_backlog``;
-none since the LFT is a BPF map written when the SMA accepts a block). Then, on k=max,
+none since the LFT is a BPF map written when the SMA accepts a block), and the CPU the agent
+host's thread (this process's fabric loop: the agents, their sends, the kernel SMA's images,
+the event log) used from the SM's start to SUBNET UP. Then, on k=max,
 ``--cuts`` edge-aggregation cables are cut one at a time (and restored) under ibemu's SM, as
 its fault injector cuts (``AgentHost.set_ports``: the carrier thread is told of the loss of
-signal at both ends as the request returns, not at the kernel's notification), once
+signal at both ends at the cut, before the interface is set down, not at the kernel's
+notification), once
 the kernel has every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT
 block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
 last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
@@ -173,6 +176,13 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds thread ``tid`` of this process has run so far (``schedstat``: ns, kernel
+    time in its system calls included)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``), start-up
     (imports) included."""
@@ -201,11 +211,14 @@ def sweep_phases(events: Path) -> str:
 def ibemu_cold(k: int, window: int, engine: str, tmp: Path, port: str) -> dict[str, float]:
     with LiveFabric(k, tmp) as fab:
         events = tmp / f"sm-k{k}-w{window}-{time.monotonic_ns()}.jsonl"  # a window may be given twice
+        agents = fab.agents_tid
         t0 = time.monotonic_ns()
+        agents_cpu0 = thread_cpu_s(agents)
         proc = start_sm(fab, events, window, engine, port)
         try:
             up = wait_kind(events, "subnet_up", proc, 900)
             sm_cpu_s = cpu_seconds(proc.pid)
+            agents_cpu_s = thread_cpu_s(agents) - agents_cpu0
             assert fab.rt.host is not None
             backlog = fab.rt.host.lft_backlog  # seen within ~5 ms of SUBNET UP
             wall = (up["t_ns"] - t0) / 1e9
@@ -215,7 +228,7 @@ def ibemu_cold(k: int, window: int, engine: str, tmp: Path, port: str) -> dict[s
             return {"wall_s": wall, "sweep_s": float(up["seconds"]), "smps": sent,
                     "retries": float(end["smps"].get("retries", 0)), "backlog": float(backlog),
                     "settle_s": settle_s, "lft_ops": float(fab.rt.host.lft_ops),
-                    "sm_cpu_s": sm_cpu_s, "phases": sweep_phases(events)}
+                    "sm_cpu_s": sm_cpu_s, "agents_cpu_s": agents_cpu_s, "phases": sweep_phases(events)}
         finally:
             stop(proc)
 
@@ -339,9 +352,10 @@ def main() -> None:
                           f"all in {r['settle_s']:.2f} s ({r['lft_ops']:.0f} kernel writes)")
                     print(f"    SM process CPU {r['sm_cpu_s']:.2f} s to SUBNET UP, imports included "
                           f"({r['sm_cpu_s'] / max(r['smps'], 1) * 1e6:.0f} us per SMP sent); "
+                          f"the agent host's thread {r['agents_cpu_s'] * 1e3:.0f} ms of CPU meanwhile; "
                           f"sweep steps (ms from SM start): {r['phases']}")
                 if len(runs) > 1:
-                    for key in ("wall_s", "sweep_s", "settle_s"):
+                    for key in ("wall_s", "sweep_s", "settle_s", "agents_cpu_s"):
                         vals = [x[key] for x in runs]
                         print(f"  median {key}: {statistics.median(vals):.3f} (range {min(vals):.3f}-{max(vals):.3f})")
             if not args.no_opensm and opensm.opensm_available():

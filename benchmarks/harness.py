@@ -99,3 +99,10 @@ class LiveFabric:
 
     def ns(self, node: str) -> str:
         return self.rt.plan.nodes[node].ns
+
+    @property
+    def agents_tid(self) -> int:
+        """The thread id of the fabric's trio loop: the agent host's thread."""
+        tid = self._thread.native_id
+        assert tid is not None
+        return tid

@@ -388,8 +388,10 @@ class LftProgram:
             if port in self._enforcing:
                 self.pkeys.delete(struct.pack("=I", ifindex))
             self._enforcing.discard(port)
-        self._flags = (self._flags | FLAG_PKEY) if self._enforcing else (self._flags & ~FLAG_PKEY)
-        self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", self._flags))
+        flags_now = (self._flags | FLAG_PKEY) if self._enforcing else (self._flags & ~FLAG_PKEY)
+        if flags_now != self._flags:  # (a bring-up's P_Key Sets change no flag: no write each)
+            self._flags = flags_now
+            self.ports.update(struct.pack("=I", FLAGS_SLOT), struct.pack("=I", self._flags))
         return True
 
     def set_port_up(self, port: int, up: bool) -> bool:

@@ -40,7 +40,9 @@ Order. A switch routes a LID-routed response by its LFT after the attribute's ha
 (an LFT Set may change the route back to the requester), as the agent does; without a route
 then, the frame goes up and the agent repeats the (idempotent) Set and drops the response as
 it would have. The agent host republishes before it sends the agent's response
-(``AgentHost.dispatch``), so an SM never reads an old state back from the kernel.
+(``AgentHost._serve_batch``: a batch of Sets' images with one ``BPF_MAP_UPDATE_BATCH``,
+``publish_many``, then their responses), so an SM never reads an old state back from the
+kernel.
 
 Deviations (documented, deliberate):
 - Kernel-answered SMPs are not in the agent's ``stats`` and produce no per-SMP events; in
@@ -75,7 +77,7 @@ import os
 import shutil
 import struct
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ibemu.kernel import bpf, clsact, elf
@@ -255,6 +257,21 @@ class KernelSma:
             self._published[key] = data
             n += 1
         return n
+
+    def publish_many(self, images: Iterable[tuple[int, Mapping[tuple[int, int], bytes]]]) -> int:
+        """``publish`` for several devices (``(dev, images)`` each), every changed image
+        written with one system call (``Map.update_many``); returns how many changed."""
+        changed: dict[tuple[int, int, int], bytes] = {}
+        published = self._published
+        for dev, imgs in images:
+            for (attr, mod), data in imgs.items():
+                key = (dev, attr, mod)
+                if published.get(key) != data:
+                    changed[key] = data
+        if changed:
+            self.attr.update_many([(_ATTR_KEY.pack(*key), data) for key, data in changed.items()])
+            published.update(changed)
+        return len(changed)
 
     def forget(self, dev: int) -> None:
         """Remove every image of ``dev`` (a rebooted device publishes afresh)."""

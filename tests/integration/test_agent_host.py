@@ -13,7 +13,7 @@ from ibemu.agents.actions import Action, Event, Send
 from ibemu.fabric.plan import FabricPlan
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
-from ibemu.kernel.packet import open_packet_socket
+from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
 from ibemu.topo import generate
 from ibemu.wire import fast
 
@@ -248,3 +248,93 @@ def test_a_live_mad_socket_passes_the_mad_port_conformance_checks(state_dir: Pat
 
     trio.run(main)
     assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)
+
+
+def test_a_kernel_get_right_after_a_set_response_sees_the_set(state_dir: Path, tmp_path: Path) -> None:
+    """The agents answer a burst of PortInfo Sets as one batch (``AgentHost._serve_batch``);
+    a Get that the kernel SMA answers, sent the moment each Set's response arrives, must
+    see that Set (the images are republished before any response of the batch leaves).
+    The client is a thread of its own on a packet socket of h0's cable, as an SM's own port
+    is, so it reads each response while the host may still be sending the others."""
+    import threading
+
+    from ibemu.agents import dr
+    from ibemu.fabric.agents import make_agents
+    from ibemu.kernel import sockfilter
+    from ibemu.wire import madcodec as mb
+    from ibemu.wire.madpacket import MAD_OFFSET, QP0_QKEY, frame_mad
+
+    topo = generate("fat-tree", k=4)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-sma-batch")
+    rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path)
+    pp = rt.plan.nodes["h0"].ports[1]
+    edge, ports = pp.peer_node, sorted(rt.plan.nodes[pp.peer_node].ports)
+    tag = sockfilter.SM_OWN_TID_TAG << 48  # the CA agent on h0 leaves these responses alone
+    data_at = MAD_OFFSET + 64
+    vl_high_limit = 38  # PortInfo byte
+    rounds = 40  # a reorder shows in most rounds, not all: the client must win the race
+    stale: list[tuple[int, int, int]] = []
+    errors: list[BaseException] = []
+
+    def client(ns: str) -> None:
+        sock = open_packet_socket(ns, pp.ifname, bpf=sockfilter.SM_REPLIES)
+        sock.setblocking(True)
+        sock.settimeout(5)
+        head = pp.peer_mac + pp.mac + ETH_P_IB.to_bytes(2, "big")
+
+        def send(method: int, port: int, tid: int, data: bytes = b"") -> None:
+            mad = bytearray(mb.dr_smp(method, 0x15, path=[1], modifier=port, tid=tag | tid, data=data))
+            dr.on_originate(mad, 0, 1)  # as an HCA sends it (hop pointer 1)
+            sock.send(head + frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0, qkey=QP0_QKEY, vl=15))
+
+        def recv() -> tuple[int, bytes]:
+            while True:
+                frame = sock.recv(9216)[14:]
+                tid = int.from_bytes(frame[MAD_OFFSET + 8:MAD_OFFSET + 16], "big")
+                if tid >> 48 == tag >> 48:
+                    return tid & 0xFFFF_FFFF, frame[data_at:data_at + 64]
+
+        try:
+            now: dict[int, bytes] = {}
+            for port in ports:  # PortInfo as it is (answered by the kernel)
+                send(mb.GET, port, port)
+                now[port] = recv()[1]
+            for rnd in range(1, rounds + 1):
+                want = {}
+                for port in ports:  # a burst of Sets: only VLHighLimit changes
+                    data = bytearray(now[port])
+                    data[32] &= 0xF0  # PortState: no change
+                    data[33] &= 0x0F  # PortPhysicalState: no change
+                    data[vl_high_limit] = want[port] = (rnd * 16 + port) & 0xFF
+                    send(mb.SET, port, 1000 * rnd + port, bytes(data))
+                left = 2 * len(ports)
+                while left:
+                    tid, data = recv()
+                    left -= 1
+                    if tid < 100_000:  # a Set's response: at once, the kernel's Get of that port
+                        send(mb.GET, tid % 1000, 100_000 + tid)
+                    elif data[vl_high_limit] != want[tid % 1000]:
+                        stale.append((rnd, tid % 1000, data[vl_high_limit]))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            sock.close()
+
+    async def main() -> None:
+        async with rt.running() as host:
+            if host.kernel_sma is None:
+                pytest.skip("no kernel SMA here")
+            agent = host.nodes[edge].agent
+            answered = agent.stats["smp_answered"]  # type: ignore[attr-defined]
+            thread = threading.Thread(target=client, args=(rt.plan.nodes["h0"].ns,))
+            thread.start()
+            while thread.is_alive():
+                await trio.sleep(0.01)
+            assert not errors, errors
+            assert not stale, f"the kernel answered from an old image: {stale[:5]}"
+            # the Sets went to the agent, every Get was the kernel's
+            assert agent.stats["smp_answered"] - answered == rounds * len(ports)  # type: ignore[attr-defined]
+            assert [p.vl_high_limit for n, p in sorted(agent.ports.items()) if n] == [  # type: ignore[attr-defined]
+                (rounds * 16 + n) & 0xFF for n in ports]
+
+    trio.run(main)

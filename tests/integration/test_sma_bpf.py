@@ -422,3 +422,30 @@ def test_keyed_sma_matches_the_agent(kernel: sma.KernelSma, kind: str, protect: 
         h.assert_same_state()
     finally:
         h.close()
+
+
+def test_publish_many_writes_every_changed_image_in_one_call(kernel: sma.KernelSma) -> None:
+    """``publish_many`` (the agent host's republish of a batch) writes the images that changed
+    for several devices with one batch update, the rest not at all; a map without batch
+    updates gets them one by one, with the same result."""
+    dev_a, dev_b = 9001, 9002
+    images = {(0x15, p): bytes([p]) * 64 for p in (1, 2, 3)}
+    assert kernel.publish_many([(dev_a, images), (dev_b, {(0x12, 0): b"\x07" * 64})]) == 4
+    assert kernel.publish_many([(dev_a, images)]) == 0  # nothing changed: no write
+    assert kernel.publish_many([(dev_a, {**images, (0x15, 2): b"\x22" * 64})]) == 1
+    key = struct.Struct("=III")
+    assert kernel.attr.lookup(key.pack(dev_a, 0x15, 1)) == b"\x01" * 64
+    assert kernel.attr.lookup(key.pack(dev_a, 0x15, 2)) == b"\x22" * 64
+    assert kernel.attr.lookup(key.pack(dev_b, 0x12, 0)) == b"\x07" * 64
+    m = bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, 4, 16, "ibemu_test_many")
+    try:
+        items = [(struct.pack("=I", i), struct.pack("=I", 100 + i)) for i in range(8)]
+        m.update_many(items)
+        assert [m.lookup(k) for k, _v in items] == [v for _k, v in items]
+        m._no_batch = True  # a kernel without BPF_MAP_UPDATE_BATCH
+        m.update_many([(k, struct.pack("=I", 7)) for k, _v in items])
+        assert {m.lookup(k) for k, _v in items} == {struct.pack("=I", 7)}
+    finally:
+        m.close()
+    for dev in (dev_a, dev_b):
+        kernel.forget(dev)

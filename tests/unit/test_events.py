@@ -54,6 +54,39 @@ def test_sm_log_flushes_with_the_record_that_closes_a_pass(tmp_path: Path) -> No
     log.close()
 
 
+def test_a_busy_writer_keeps_lazy_records_until_the_oldest_has_waited(tmp_path: Path) -> None:
+    """``flush(waited_s=...)`` (the agent host's ticker while the agents are busy) writes
+    nothing until the oldest lazy record has waited that long; then all of them, in order."""
+    path = tmp_path / "events.jsonl"
+    log = FabricLog(path)
+    log.write("sw1", {"kind": "port_state", "t_ns": 1, "port": 1})
+    log.flush(waited_s=60)
+    assert path.read_text() == ""
+    log.write("sw2", {"kind": "lft_set", "t_ns": 2, "block": 0})
+    log.flush(waited_s=1e-9)
+    assert [r["node"] for r in lines(path)] == ["sw1", "sw2"]
+    log.write("sw3", {"kind": "lft_set", "t_ns": 3, "block": 1})  # a new oldest: waits afresh
+    log.flush(waited_s=60)
+    assert len(lines(path)) == 2
+    log.write("sw4", {"kind": "lft_set", "t_ns": 4, "block": 2})
+    log.write("sw5", {"kind": "lft_set", "t_ns": 5, "block": 3})
+    log.flush(waited_s=1e-9, at_most=2)  # the two oldest
+    assert [r["node"] for r in lines(path)] == ["sw1", "sw2", "sw3", "sw4"]
+    log.flush(waited_s=1e-9, at_most=2)  # the oldest has waited all along: the next piece
+    assert [r["node"] for r in lines(path)][-1] == "sw5"
+    log.write("sw6", {"kind": "lft_set", "t_ns": 6, "block": 4})
+    log.close()
+    assert [r["node"] for r in lines(path)] == ["sw1", "sw2", "sw3", "sw4", "sw5", "sw6"]
+
+
+def test_encode_writes_what_json_dumps_wrote() -> None:
+    """The one encoder made once gives ``json.dumps(record, default=...)``'s bytes."""
+    for rec in ({"kind": Kind.LFT_SET, "t_ns": 1, "node_guid": "0x1", "block": 3, "changed": 64},
+                {"kind": "suspect", "why": {"b", "a"}, "path": (1, 2), "x": Path("/p"), "f": 1.5,
+                 "n": None, "u": "\u00e9\n\"", "nested": {"l": [1, {"s": frozenset({2, 1})}]}}):
+        assert events.encode(rec) == json.dumps(rec, default=events._jsonable) + "\n"
+
+
 def test_records_on_disk_are_the_plain_json_they_always_were(tmp_path: Path) -> None:
     sm = EventLog(tmp_path / "sm.jsonl", clock=lambda: 7)
     rec = sm.emit(Kind.SUSPECT, guid="0x1", desc="s1", why={"b", "a"})
