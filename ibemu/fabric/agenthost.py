@@ -98,6 +98,11 @@ LAZY_BUSY_S = 1.0
 """How long lazy event records wait at most while the agents have frames to answer (real time)."""
 LAZY_BUSY_RECORDS = 512
 """Lazy event records written at most per tick while the agents are busy (a few ms)."""
+LAZY_IDLE_RECORDS = 256
+"""Lazy event records written at most per tick while the agents are idle: a k=8 bring-up's
+~3,400 went out in one ~70 ms pause of this loop at its first idle tick, which a cable cut
+1 s after SUBNET UP met (the carrier change and its trap waited for it); in pieces of this
+size (~5 ms) they drain in ~0.7 s."""
 
 
 @dataclass(slots=True)
@@ -166,6 +171,12 @@ class NodeRuntime:
     vl15_loss: float = 0.0
     """Probability that a management (VL15) frame reaching this node's agent is lost."""
     vl15_dropped: int = 0
+
+
+def lazy_flush(busy: bool) -> tuple[float, int]:
+    """What a tick of ``AgentHost._ticker`` writes of the lazy event records: ``EventLog.flush``'s
+    (waited_s, at_most), never more than a few ms of encoding, busy or idle."""
+    return (LAZY_BUSY_S, LAZY_BUSY_RECORDS) if busy else (0.0, LAZY_IDLE_RECORDS)
 
 
 class AgentHost:
@@ -912,8 +923,9 @@ class AgentHost:
 
     async def _ticker(self) -> None:
         """Timer work of the agents that keep timers (switches: trap repeats), every
-        ``TICK_S``; lazy event records go out, once the agents had a tick with no frame to
-        answer, or, ``LAZY_BUSY_RECORDS`` a tick, once the oldest has waited ``LAZY_BUSY_S``:
+        ``TICK_S``; lazy event records go out, ``LAZY_IDLE_RECORDS`` a tick once the agents had a
+        tick with no frame to answer, or ``LAZY_BUSY_RECORDS`` a tick once the oldest has waited
+        ``LAZY_BUSY_S``:
         their encoding (~15% of this thread's time in a k=8 bring-up's activation, whose
         ~3,400 records wait) waits for the burst to end, and a long burst's records go out
         in pieces, not in one pause that would hold the agents' answers back. (Every node
@@ -922,10 +934,8 @@ class AgentHost:
         while True:
             await trio.sleep(TICK_S)
             busy, served = self.frames_served != served, self.frames_served
-            if busy:
-                self.events.flush(waited_s=LAZY_BUSY_S, at_most=LAZY_BUSY_RECORDS)
-            else:
-                self.events.flush()
+            waited_s, at_most = lazy_flush(busy)
+            self.events.flush(waited_s=waited_s, at_most=at_most)
             if self.links is not None:
                 self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
             now = clock.now_ns()

@@ -252,3 +252,22 @@ def test_readers_only_read_known_kinds() -> None:
 @pytest.mark.parametrize("kind", list(Kind))
 def test_kinds_are_the_strings_on_disk(kind: Kind) -> None:
     assert json.dumps({"kind": kind}) == json.dumps({"kind": kind.value}) and kind.value == kind.name.lower()
+
+
+def test_a_tick_writes_a_bounded_piece_of_the_lazy_records_busy_or_idle(tmp_path: Path) -> None:
+    """The agent host's ticker (``agenthost.lazy_flush``) never writes a whole backlog at once:
+    a k=8 bring-up's ~3,400 records went out in one ~70 ms pause at the first idle tick, which a
+    cable cut right after SUBNET UP waited for."""
+    from ibemu.fabric.agenthost import LAZY_IDLE_RECORDS, lazy_flush
+    path = tmp_path / "events.jsonl"
+    log = FabricLog(path)
+    for i in range(3 * LAZY_IDLE_RECORDS + 5):
+        log.write("sw", {"kind": "port_state", "t_ns": i, "port": 1})
+    for ticks, busy in enumerate((False, False, False, False), 1):
+        waited_s, at_most = lazy_flush(busy)
+        log.flush(waited_s=waited_s, at_most=at_most)
+        assert len(lines(path)) == min(ticks * LAZY_IDLE_RECORDS, 3 * LAZY_IDLE_RECORDS + 5)
+    assert [r["t_ns"] for r in lines(path)] == list(range(3 * LAZY_IDLE_RECORDS + 5))  # in order
+    waited_s, at_most = lazy_flush(True)
+    assert waited_s > 0 and 0 < at_most <= 1024
+    log.close()
