@@ -783,3 +783,41 @@ def test_a_failed_repair_sweep_is_repeated_seconds_later_in_real_time_not_a_swee
         assert link_ports_active(fab) and not unreachable_pairs(fab) and len(sm.graph.nodes) == 36
 
     run(main)
+
+
+def test_a_trap_ends_a_light_sweep_that_waits_for_answers() -> None:
+    """A light sweep waiting out unanswered SMPs (timeouts, retries) is ended by a trap that
+    reports a change, and the trap's pass comes next: before, the trap waited for the whole
+    light sweep (~0.8 s at k=8 when the sweep met the very cut the trap was about)."""
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)
+
+    def no_switch_info_answers(rec: WireRecord) -> bytes | None:
+        pkt = rec.packet
+        is_resp = len(pkt) > 48 and pkt[28 + 3] == 0x81 and pkt[28 + 16:28 + 18] == b"\x00\x12"
+        return None if is_resp else pkt
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            fab.impair = no_switch_info_answers
+            t0 = trio.current_time()
+
+            async def cut_later() -> None:
+                await trio.sleep(0.05)  # while the light sweep waits for its answers
+                fab.impair = None
+                fab.link_down("edge1_0", 3)
+                await settle(port)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(cut_later)
+                await sm.step()  # nothing dirty yet: a light sweep, ended by the trap
+            light = [r for r in sm.events.of("sweep_end") if r["reason"] == "light"][-1]
+            assert light.get("deferred") is True
+            assert trio.current_time() - t0 < sm.config.timeout_s  # no SMP timeout waited out
+            assert sm._dirty and sm.events.counts["reroute"] == 0
+            await sm.step()  # the trap's pass
+            await settle(port)
+            assert sm.events.counts["reroute"] == 1 and not unreachable_pairs(fab)
+
+    run(main)
