@@ -5,7 +5,7 @@ Kernel datapath (default): a k-ary fat-tree (``--k``, default 8) with agents, MA
 and the kernel SMA, ibemu's SM on h0 with ``ftree_ar`` (LFTs plus alternate ports per LID,
 written with the AlternatePorts vendor attribute) or ``ftree`` (LFTs only), both engines in
 one invocation, ``--runs`` fresh fabrics each. Probe streams run from a child process of
-their own (``--probe-child``: its own GIL, SCHED_FIFO when allowed): per flow an RDMA WRITE
+their own (``--probe-child``: its own GIL, at the fabric's priority): per flow an RDMA WRITE
 frame every ``--probe-us`` us (PSN = sequence number), received on raw sockets at the
 destination hosts with kernel receive stamps. 300 ms into the streams the fault:
 
@@ -425,8 +425,11 @@ def probe_child() -> None:
     ns), their PSNs and the frames sent."""
     spec = json.loads(sys.stdin.readline())
     flows = spec["flows"]
-    with contextlib.suppress(OSError):  # the probe's own stalls would widen every window
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    # SCHED_OTHER, as the fabric's processes: at SCHED_FIFO this child (~0.9 of a CPU: the kernel
+    # carries each probe frame through the switches inside its send) starved the agent host's
+    # thread whenever the scheduler put it on that thread's pinned CPU: the carrier change and
+    # its trap waited up to 0.64 s. Its own stalls widen no window: a window is counted from
+    # frames lost, not from frames late.
     tx: dict[tuple[str, str], Any] = {}
     rx: dict[tuple[str, str], Any] = {}
     try:
