@@ -1070,12 +1070,20 @@ class SubnetManager:
         return out
 
     async def _own_port_ok(self) -> bool:
-        """Our own cable: down -> everything is lost (reported); back -> a full sweep."""
+        """Our own cable: down -> everything is lost (reported); back -> a full sweep.
+
+        Our own port's PortInfo unanswered after every retry is not taken for the cable
+        down (it was: the whole subnet reported lost, then swept afresh, when the SM's side
+        was only late, a loaded machine): nothing is learnt, this pass is skipped and the
+        next one asks again."""
         sm = self.graph.nodes.get(self.graph.sm_guid)
         num = self.disc.sm_port
         port = sm.ports.get(num) if sm is not None else None
         r = await self.transport.request(mb.dr_smp(mb.GET, 0x0015, path=[], modifier=num))
-        up = r is not None and r.ok and r.data[33] >> 4 == 5
+        if r is None:
+            log.warning("our own port's PortInfo went unanswered: this pass skipped")
+            return False
+        up = r.ok and r.data[33] >> 4 == 5
         if port is None or (up and port.peer is None):
             if up:
                 await self.full_sweep("recover")
