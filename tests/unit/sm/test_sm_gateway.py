@@ -92,6 +92,32 @@ def test_no_suspect_is_dropped_on_a_probe_the_sms_own_switch_could_not_answer_ei
     run(main)
 
 
+def test_a_trap_pass_whose_reads_go_unanswered_leaves_the_change_for_the_light_sweep() -> None:
+    """The cut's trap comes, but every answer to its pass comes after the timeouts: the SM
+    learns nothing. Was: the trapping switch's PortStateChange cleared all the same, so no
+    light sweep ever looked at it again and the routes through the cut stayed (on k=4, h1
+    -> h15 blackholed for good). Now the bit stays and the next light sweep reroutes."""
+    sm, inner, port, _topo, fab = _k4_and_sm()
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            fab.link_down("edge0_0", 3)
+            inner.pump()
+            await trio.sleep(0.01)
+            assert sm._dirty
+            port.lag = 1.0  # longer than every attempt of a read (4 x 0.2 s)
+            await sm.step()
+            assert not sm.events.of("reroute") and unreachable_pairs(fab)
+            port.lag = 0.0
+            await trio.sleep(10)  # what was answered late arrives
+            await sm.step()  # the light sweep
+            assert sm.events.of("reroute") and not sm.events.of("partition")
+            assert not unreachable_pairs(fab)
+
+    run(main)
+
+
 def test_our_own_port_unanswered_is_not_taken_for_our_cable_down() -> None:
     """A light sweep while every answer comes after the timeouts: our own port's PortInfo
     goes unanswered. Was: taken for our cable down, the whole subnet reported lost
