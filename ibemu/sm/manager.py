@@ -1108,7 +1108,7 @@ class SubnetManager:
         self._unanswered -= check
         guids = {g for g in guids if g not in check}
         changes += await self.disc.refresh(guids, verify=True)
-        read = set(self.disc.answered)  # (a second ``refresh`` below starts its own set)
+        read = set(self.disc.read_all)  # every port read (a second ``refresh`` below starts its own set)
         t_rediscovered = self.events.now()
         for guid in set(self.graph.nodes) - known:
             self.prog.forget(guid)
@@ -1186,9 +1186,10 @@ class SubnetManager:
             await self._route_and_program(info, recompute=False)
         if changes or reset:
             await act.activate(self.disc)
-        # clear PortStateChange of the switches whose ports were read: one that did not answer
-        # keeps it, so the light sweep reads it again (was: cleared all the same, and a cut
-        # whose trap pass went unanswered was never found, the routes left through it)
+        # clear PortStateChange of the switches whose every port was read: one that did not
+        # answer them all keeps it, so the light sweep reads it again (was: cleared all the
+        # same, and a cut whose PortInfo went unanswered was never found, the routes left
+        # through it)
         present = [g for g in guids if g in self.graph.nodes and g in read]
         await act.set_switch_info(self.disc, present, top=None)
         if structural or reset or info:
