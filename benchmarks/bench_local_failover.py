@@ -27,6 +27,11 @@ steps of the carrier path (fault -> notification read -> port map written -> the
 loop notified -> trap 128 sent -> trap received by the SM) and the SM's reroute. The fault's
 stamp is the netlink request leaving for the kernel (``rtnl.set_up``).
 
+``--stall-ms N`` (with ``--stall-s S``, default 3): from the fault on, this process (the agent
+host's: its agents answer every SMP of the SM's MAD socket) is held N ms at a time, 5 ms
+apart, for S s (``testing.gilstall``): the SM's answers come late, as on a loaded machine. Per run then whether the SM reported a partition after the
+fault and whether it rerouted within 30 s (a run without a reroute is counted, not an error).
+
 Every figure is ibemu's own time on this machine, real time at dilation 1, not a switch
 ASIC's: the kernel closing a veth (an RCU grace period per port), the carrier thread waking
 and taking the GIL, the agents' Python relaying each notice.
@@ -65,6 +70,7 @@ divided by N too, so it is N times shorter than the same SM on a real fabric wou
 to scale (the kernel datapath's figures above are the real-time ones).
 
 Run: sudo .venv/bin/python benchmarks/bench_local_failover.py [--k 8] [--runs 3] [--fault cable|spine]
+     sudo .venv/bin/python benchmarks/bench_local_failover.py --k 8 --fault cable --stall-ms 450
      sudo .venv/bin/python benchmarks/bench_local_failover.py --datapath user --dilation 20000 [--runs 3]
 """
 
@@ -93,6 +99,7 @@ from ibemu.kernel import rtnl
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.scenario.fidelity import judge_links, lag_text, merge, merge_links, threshold
+from ibemu.testing.gilstall import GilStall
 from ibemu.topo import generate
 from ibemu.wire import fast
 
@@ -249,10 +256,10 @@ def spread(pairs: list[Pair], n: int) -> list[Pair]:
 
 
 def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: float,
-        loss_of_signal: bool = True) -> dict[str, Any]:
+        loss_of_signal: bool = True, stall: GilStall | None = None) -> dict[str, Any]:
     """One fresh k-ary fat-tree, ibemu's SM with ``engine``, probe streams across ``fault``;
     ``loss_of_signal``: the cut told to the carrier thread at once (``AgentHost.set_ports``),
-    else by the kernel's notifications only."""
+    else by the kernel's notifications only; ``stall``: started with the fault."""
     topo = generate("fat-tree", k=k)
     with LiveFabric(topo, tmp, scenario="bench-local-failover") as fab:
         run = Run(fab, tmp, engine)
@@ -282,8 +289,12 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
             def inject() -> int:
                 if fault == "cable":
                     sw, port = target
-                    return host.set_ports(sw, [port], False)
-                return int(host.power(target, False))
+                    t = host.set_ports(sw, [port], False)
+                else:
+                    t = int(host.power(target, False))
+                if stall is not None:
+                    stall.start()
+                return t
 
             # the port of the fault each flow meets first: the edge's up-port, or the spine's
             # port facing the aggregation switch that sends the flow into it
@@ -298,7 +309,12 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
                     assert far is not None
                     ports.append((far.node, far.port))
             res, t_fault = probe_flows(fab, lids, flows, spacing_us, inject, ports)
-            reroutes = run.wait_sm("reroute", count=n_before + 1, timeout_s=30)[n_before:]
+            try:
+                reroutes = run.wait_sm("reroute", count=n_before + 1, timeout_s=30)[n_before:]
+            except RuntimeError:
+                if stall is None or run.sm.poll() is not None:
+                    raise
+                reroutes = []  # counted (``rerouted``)
             # when the carrier thread saw each flow's port go down (its end's notification, sent
             # once the port is closed; a switch's ports close one after the other, an RCU grace
             # period each)
@@ -308,13 +324,13 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
                     f["port_down_ms"] = (closed[port] - t_fault) / 1e6
                     f["resume_after_port_ms"] = max(0.0, f["resume_ms"] - f["port_down_ms"]) if f["lost"] else 0.0
             out: dict[str, Any] = {"groups": {g: [flows.index(p) for p in pairs] for g, pairs in groups.items()},
-                                   "flows": res, "spacing_us": spacing_us,
+                                   "flows": res, "spacing_us": spacing_us, "rerouted": bool(reroutes),
+                                   "sm_partitions": sum(1 for r in run.sm_events("partition") if r["t_ns"] >= t_fault),
                                    }
-            for key, rec, field in (("cut_to_sm_trap_ms", reroutes[0], "t_trap"),
-                                    ("cut_to_sm_routed_ms", reroutes[0], "t_routed"),
-                                    ("cut_to_sm_programmed_ms", reroutes[-1], "t_programmed")):
-                if rec.get(field):  # a reroute a sweep found has no trap
-                    out[key] = (rec[field] - t_fault) / 1e6
+            for key, i, field in (("cut_to_sm_trap_ms", 0, "t_trap"), ("cut_to_sm_routed_ms", 0, "t_routed"),
+                                  ("cut_to_sm_programmed_ms", -1, "t_programmed")):
+                if reroutes and reroutes[i].get(field):  # a reroute a sweep found has no trap
+                    out[key] = (reroutes[i][field] - t_fault) / 1e6
             timings = [t for t in list(host.carrier_timings) if not t.up and t.seen >= t_fault]
             if timings:
                 out["cut_to_carrier_seen_ms"] = (min(t.seen for t in timings) - t_fault) / 1e6
@@ -707,6 +723,10 @@ def main() -> None:
     ap.add_argument("--dilation", type=float, default=0.0, help="user datapath: the dilation factor (required)")
     ap.add_argument("--spacing-us", type=float, default=1.0, help="user datapath: the probe stream's spacing (emulated us)")
     ap.add_argument("--frames", type=int, default=400, help="user datapath: the probe stream's frames")
+    ap.add_argument("--stall-ms", type=float, default=0.0,
+                    help="kernel datapath: from the fault on, hold this process (the agents) this long at a time "
+                         "(late answers to the SM; module docstring)")
+    ap.add_argument("--stall-s", type=float, default=3.0, help="kernel datapath: for this long (default 3)")
     args = ap.parse_args()
     if args.runs < 1:
         ap.error("--runs >= 1")
@@ -719,13 +739,16 @@ def main() -> None:
         ap.error("--dilation applies to --datapath user")
     if args.k < 4 or args.k % 2 or args.flows < 1 or args.probe_us < 20:
         ap.error("--k: an even number >= 4; --flows >= 1; --probe-us >= 20")
+    if args.stall_ms < 0 or args.stall_s <= 0:
+        ap.error("--stall-ms >= 0, --stall-s > 0")
+    stall = GilStall(args.stall_ms / 1e3, args.stall_s) if args.stall_ms else None
     load0 = uptime()
     rows: dict[str, list[dict[str, Any]]] = {"ftree_ar": [], "ftree": []}
     for i in range(args.runs):
         for engine in rows:
             r = fresh_attempts(f"run {i + 1} {engine}", "bench-lfo-",
                                lambda tmp, engine=engine: one(engine, tmp, args.k, args.fault, args.flows,
-                                                              args.probe_us, args.loss_of_signal == "on"))
+                                                              args.probe_us, args.loss_of_signal == "on", stall))
             rows[engine].append(r)
             brief = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in ("flows", "groups")}
             print(f"  run {i + 1} {engine}: {brief}", file=sys.stderr, flush=True)
@@ -750,6 +773,11 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
              else "left to the kernel's link notifications"))
     print(f"  load before: {load0}")
     print(f"  load after:  {load1}")
+    if args.stall_ms:
+        print(f"  this process held {args.stall_ms:g} ms at a time for {args.stall_s:g} s from the fault (--stall-ms)")
+        for engine, runs in rows.items():
+            print(f"  {engine}: the SM reported a partition after the fault in {sum(1 for r in runs if r['sm_partitions'])}"
+                  f" of {len(runs)} runs; no reroute within 30 s in {sum(1 for r in runs if not r['rerouted'])}")
     groups = list(rows["ftree_ar"][0]["groups"]) if rows["ftree_ar"] else []
     labels = {"up": "flows out through the cable (the edge's alternates)",
               "down": "flows in through the cable (fault notices)", "all": "flows across the spine"}

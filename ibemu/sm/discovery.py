@@ -69,6 +69,8 @@ class Discovery:
     sm_port: int = 0
     answered: set[int] = field(default_factory=set)
     """Switches that answered PortInfo in the last ``refresh`` (alive, their cables read)."""
+    read_all: set[int] = field(default_factory=set)
+    """Of those, the switches whose every port's PortInfo was answered in it."""
 
     # ------------------------------------------------------------------ helpers
 
@@ -386,6 +388,7 @@ class Discovery:
         changes: list[Change] = []
         probes: list[tuple[SmNode, int]] = []
         self.answered = set()
+        self.read_all = set()
 
         async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
             # one batch (``Transport.request_many``): sent in one pass, no task per port
@@ -416,6 +419,8 @@ class Discovery:
                 return
             if got:
                 self.answered.add(guid)
+            if len(got) == node.num_ports:
+                self.read_all.add(guid)
             self._apply_ports(node, got, changes, probes)
 
         async with trio.open_nursery() as n:

@@ -22,6 +22,9 @@ their other ends while the reroute is being programmed, are down too. The next p
 each suspect at once: its cables are read from its neighbours and it gets one NodeInfo
 (``suspect_probe_s``); unanswered, it is dropped from the subnet as if all its cables were
 down (as a heavy sweep would leave it out), and the light sweep probes its cables again.
+The SM's own switch (the gateway every directed route crosses) gets a NodeInfo in that pass
+too, sent last, as the control: unanswered, the silence is the SM's side's (a loaded machine),
+and no suspect is dropped on it; the gateway is never dropped so (``_check_suspects``).
 Directed routes avoid suspects. ``t_programmed`` is the last ack from the switches that
 answered; blocks not waited for are in ``blocks_failed`` (and ``blocks_abandoned``).
 
@@ -88,7 +91,9 @@ from ibemu.sm.transport import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
+    Call,
     MadPort,
+    Reply,
     Transport,
 )
 from ibemu.wire import madcodec as mb
@@ -796,7 +801,16 @@ class SubnetManager:
         """Read the suspects' cables from their neighbours (dead ones unlinked), then one
         NodeInfo each; a suspect that does not answer is dropped: every cable of it unlinked
         (``link_down``), the far ends still up remembered as unresponsive (the light sweep
-        probes them again, so a switch that was only slow comes back)."""
+        probes them again, so a switch that was only slow comes back).
+
+        The gateway (the switch at the far end of the SM's own cable, which every directed
+        route crosses) gets its NodeInfo too, sent after the suspects', as the control of the
+        probes: when even it does not answer within ``suspect_probe_s``, the silence is the
+        SM's side's (a loaded machine answering late; a stall of the agents), not the
+        suspects', and nobody is dropped: the suspects stay, checked again next pass. The
+        gateway itself is never dropped here: were it gone, the SM's own port would be down
+        (the light sweep's ``_own_port_ok`` then reports everything lost); dropping it
+        would cut the SM off from the whole subnet on one late answer."""
         g = self.graph
         self.disc.recompute_paths()  # routes around the suspects where there is a way
         facing = sorted({(peer, pp) for s in guids if s in g.nodes for _n, peer, pp in g.nodes[s].neighbors()
@@ -806,20 +820,15 @@ class SubnetManager:
         # unanswered, and cables of it going down: dying, no need to ask again
         dying = {c.peer[0] for c in changes if c.peer is not None} & self._unanswered
         cut_off |= dying
-        alive: set[int] = set()
-
-        async def probe(guid: int) -> None:
-            node = g.nodes.get(guid)
-            if node is None:
-                return
-            r = await self.transport.request(mb.dr_smp(mb.GET, 0x0011, path=list(node.dr_path)),
-                                             timeout_s=self.config.suspect_probe_s, retries=0)
-            if r is not None and r.ok and mb.parse_node_info(r.data).node_guid == guid:
-                alive.add(guid)
-
-        async with trio.open_nursery() as n:
-            for guid in guids - cut_off:
-                n.start_soon(probe, guid)
+        gateway = self._gateway()
+        probed = [guid for guid in sorted(guids - cut_off) if guid in g.nodes and guid != gateway]
+        if gateway is not None:
+            probed.append(gateway)  # last: behind every suspect's probe
+        alive = await self._probe(probed)
+        trusted = gateway is None or gateway in alive
+        if not trusted:
+            log.warning("the SM's own switch did not answer NodeInfo within %.0f ms: %d suspects kept, "
+                        "checked again next pass", self.config.suspect_probe_s * 1e3, len(guids - alive))
         for guid in guids:
             node = g.nodes.get(guid)
             if node is None:
@@ -829,6 +838,9 @@ class SubnetManager:
                 continue
             if guid in cut_off - dying:
                 continue  # unreachable: the caller drops it (``partition``)
+            if not trusted:  # the gateway among them (trusted: it answered)
+                self._check.add(guid)  # not woken for: the next pass (a trap, the light sweep's time)
+                continue
             for num, peer, pp in list(node.neighbors()):
                 far = g.nodes.get(peer)
                 if far is not None and far.is_switch and self.disc.phys((peer, pp)) == PHYS_LINK_UP:
@@ -837,6 +849,41 @@ class SubnetManager:
                 changes.append(Change("down", guid, num, (peer, pp)))
             self.events.emit(Kind.SWITCH_DROPPED, guid=f"{guid:#018x}", desc=node.desc)
         return changes
+
+    def _gateway(self) -> int | None:
+        """The switch at the far end of the SM's own cable (None: no cable, or a CA there)."""
+        sm = self.graph.nodes.get(self.graph.sm_guid)
+        port = sm.ports.get(self.disc.sm_port) if sm is not None else None
+        far = self.graph.nodes.get(port.peer[0]) if port is not None and port.peer is not None else None
+        return far.guid if far is not None and far.is_switch else None
+
+    async def _probe(self, guids: list[int]) -> set[int]:
+        """One NodeInfo (``suspect_probe_s``, no retry) to each of ``guids``, sent in that
+        order in one pass; those that answered as themselves."""
+        alive: set[int] = set()
+        left = len(guids)
+        finished = trio.Event()
+
+        def answered(guid: int, r: Reply | None) -> None:
+            nonlocal left
+            if r is not None and r.ok and mb.parse_node_info(r.data).node_guid == guid:
+                alive.add(guid)
+            left -= 1
+            if not left:
+                finished.set()
+
+        calls = [Call(mb.dr_smp(mb.GET, 0x0011, path=list(self.graph.nodes[guid].dr_path)),
+                      functools.partial(answered, guid), timeout_s=self.config.suspect_probe_s, retries=0)
+                 for guid in guids]
+        if not calls:
+            return alive
+        self.transport.submit(calls)
+        try:
+            await finished.wait()
+        finally:
+            for call in calls:
+                self.transport.cancel(call)
+        return alive
 
     async def _check_far_ends(self, guids: set[int]) -> None:
         """The far switches of cables just found down: are their other cables down too (a
@@ -1023,12 +1070,20 @@ class SubnetManager:
         return out
 
     async def _own_port_ok(self) -> bool:
-        """Our own cable: down -> everything is lost (reported); back -> a full sweep."""
+        """Our own cable: down -> everything is lost (reported); back -> a full sweep.
+
+        Our own port's PortInfo unanswered after every retry is not taken for the cable
+        down (it was: the whole subnet reported lost, then swept afresh, when the SM's side
+        was only late, a loaded machine): nothing is learnt, this pass is skipped and the
+        next one asks again."""
         sm = self.graph.nodes.get(self.graph.sm_guid)
         num = self.disc.sm_port
         port = sm.ports.get(num) if sm is not None else None
         r = await self.transport.request(mb.dr_smp(mb.GET, 0x0015, path=[], modifier=num))
-        up = r is not None and r.ok and r.data[33] >> 4 == 5
+        if r is None:
+            log.warning("our own port's PortInfo went unanswered: this pass skipped")
+            return False
+        up = r.ok and r.data[33] >> 4 == 5
         if port is None or (up and port.peer is None):
             if up:
                 await self.full_sweep("recover")
@@ -1053,6 +1108,7 @@ class SubnetManager:
         self._unanswered -= check
         guids = {g for g in guids if g not in check}
         changes += await self.disc.refresh(guids, verify=True)
+        read = set(self.disc.read_all)  # every port read (a second ``refresh`` below starts its own set)
         t_rediscovered = self.events.now()
         for guid in set(self.graph.nodes) - known:
             self.prog.forget(guid)
@@ -1130,8 +1186,12 @@ class SubnetManager:
             await self._route_and_program(info, recompute=False)
         if changes or reset:
             await act.activate(self.disc)
-        present = [g for g in guids if g in self.graph.nodes]
-        await act.set_switch_info(self.disc, present, top=None)  # clear PortStateChange
+        # clear PortStateChange of the switches whose every port was read: one that did not
+        # answer them all keeps it, so the light sweep reads it again (was: cleared all the
+        # same, and a cut whose PortInfo went unanswered was never found, the routes left
+        # through it)
+        present = [g for g in guids if g in self.graph.nodes and g in read]
+        await act.set_switch_info(self.disc, present, top=None)
         if structural or reset or info:
             rec = {"t_trap": t_trap, "t_rediscovered": t_rediscovered, **info,
                    "issuers": len(guids), "changes": len(changes), "reset": len(reset), "reason": reason}
