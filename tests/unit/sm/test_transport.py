@@ -329,3 +329,33 @@ def test_submitted_calls_go_out_in_bursts_and_what_a_burst_leaves_goes_one_by_on
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_a_slot_a_request_frees_goes_to_a_waiting_call() -> None:
+    """A ``request`` ending hands its window slot to the calls waiting in the backlog (as a
+    call's end does): given back to the semaphore alone, calls submitted while only requests
+    were in flight waited forever, with nothing pending and no deadline (a cold sweep's stall)."""
+    port, path = _setup()
+
+    async def main() -> None:
+        t = Transport(port, max_in_flight=2)
+        port.delay_s = 0.01  # the requests are in flight when the calls are submitted
+        async with trio.open_nursery() as n:
+            port.start(n)
+            await n.start(t.serve)
+            got: list[Reply | None] = []
+
+            async def one() -> None:
+                got.append(await t.request(Request(mb.dr_smp(mb.GET, NODE_INFO, path=path))))
+
+            n.start_soon(one)
+            n.start_soon(one)
+            await trio.sleep(0.001)
+            assert len(t._pending) == 2  # the window is full of requests
+            with trio.fail_after(5):
+                many = await t.request_many([Request(mb.dr_smp(mb.GET, NODE_INFO, path=path)) for _ in range(3)])
+            assert all(r is not None and r.ok for r in many) and len(got) == 2
+            assert t.stats["answered"] == 5
+            n.cancel_scope.cancel()
+
+    run(main)
