@@ -204,6 +204,19 @@ class Deaf:
         return await self.inner.recv()
 
 
+async def _up_after_an_unclean_cold_sweep(sm: SubnetManager) -> None:
+    """Serve until SUBNET UP (30 s at most); the first cold sweep had SMPs unanswered for good,
+    and the subnet came up once, whole (k=4: 36 nodes)."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            await n.start(sm.serve)
+            await sm.up.wait()
+            n.cancel_scope.cancel()
+    sweeps = sm.events.of("sweep_end")
+    assert len(sweeps) >= 2 and sweeps[0]["smps"].get("failed", 0) > 0
+    assert sm.events.counts["subnet_up"] == 1 and sm.events.of("subnet_up")[0]["nodes"] == 36
+
+
 def test_no_subnet_up_after_a_cold_sweep_with_unanswered_smps() -> None:
     """A cold sweep whose SMPs failed after every retry (nodes left undiscovered, ports not
     Active) is not SUBNET UP: the SM sweeps again and comes up whole (the chaos campaign's
@@ -213,14 +226,7 @@ def test_no_subnet_up_after_a_cold_sweep_with_unanswered_smps() -> None:
     sm = SubnetManager(deaf, SmConfig(timeout_s=0.01, retries=1, sweep_interval_s=0.05), route_fn=minhop)
 
     async def main() -> None:
-        with trio.fail_after(30):
-            async with trio.open_nursery() as n:
-                await n.start(sm.serve)
-                await sm.up.wait()
-                n.cancel_scope.cancel()
-        sweeps = sm.events.of("sweep_end")
-        assert len(sweeps) >= 2 and sweeps[0]["smps"].get("failed", 0) > 0
-        assert sm.events.counts["subnet_up"] == 1 and sm.events.of("subnet_up")[0]["nodes"] == 36
+        await _up_after_an_unclean_cold_sweep(sm)
         assert link_ports_active(fab) and not unreachable_pairs(fab)
 
     run(main)
@@ -734,14 +740,7 @@ def test_under_dilation_an_unclean_cold_sweep_is_repeated_after_a_real_second_no
 
     async def main() -> None:
         t0 = trio.current_time()
-        with trio.fail_after(30):
-            async with trio.open_nursery() as n:
-                await n.start(sm.serve)
-                await sm.up.wait()
-                n.cancel_scope.cancel()
-        sweeps = sm.events.of("sweep_end")
-        assert len(sweeps) >= 2 and sweeps[0]["smps"].get("failed", 0) > 0
-        assert sm.events.counts["subnet_up"] == 1 and sm.events.of("subnet_up")[0]["nodes"] == 36
+        await _up_after_an_unclean_cold_sweep(sm)
         # 38 requests lost: ~50 timeouts of a second of real time in a row, each 50 us
         # emulated (they were 0.2 s, and the pause between the cold sweeps 1 s, emulated)
         assert trio.current_time() - t0 < 0.01

@@ -7,13 +7,13 @@ from typing import Any, cast
 import trio
 
 from ibemu.events import EventLog
-from ibemu.sm.graph import Routes
+from ibemu.sm.graph import Routes, SmNode, SubnetGraph
 from ibemu.sm.manager import default_reroute_fn
 from ibemu.sm.program import NO_ROUTE, LftProgrammer, lft_blocks
 from ibemu.sm.routing import compute
 from ibemu.sm.transport import Transport
 from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
-from ibemu.topo import generate
+from ibemu.topo import Topology, generate
 from ibemu.wire.madpacket import INITIAL_PATH
 from ibemu.wire.umad import SimRequest
 from tests.unit.sm.helpers import run
@@ -149,17 +149,24 @@ def test_unanswered_lid_routed_sets_fall_back_to_directed_route_and_a_dead_switc
     run(main)
 
 
-def test_no_lid_routed_set_through_a_switch_whose_linear_fdb_top_is_below_the_lid() -> None:
-    """A switch routes no LID above its LinearFDBTop: with ``fdb_top`` the programmer sends
-    LID-routed only where every switch on the way (and back to the SM) has a top that
-    covers the LID. In a cold sweep the tables are written before the tops are raised."""
-    g = graph_of(generate("fat-tree", k=4))
+def _planned(topo: Topology) -> tuple[SubnetGraph, int, LftProgrammer, SmNode]:
+    """The top LID of ftree's routes on ``topo``, a programmer that has them as planned
+    (every table written), and the SM on the first CA's port 1."""
+    g = graph_of(topo)
     routes = compute(g, "ftree")
     top = max(lid for lft in routes.lfts.values() for lid in lft)
     prog = programmer()
     sm = g.cas()[0]
     prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
     written_as_planned(prog, routes, top)
+    return g, top, prog, sm
+
+
+def test_no_lid_routed_set_through_a_switch_whose_linear_fdb_top_is_below_the_lid() -> None:
+    """A switch routes no LID above its LinearFDBTop: with ``fdb_top`` the programmer sends
+    LID-routed only where every switch on the way (and back to the SM) has a top that
+    covers the LID. In a cold sweep the tables are written before the tops are raised."""
+    g, top, prog, sm = _planned(generate("fat-tree", k=4))
     switches = [s.guid for s in g.switches()]
     assert all(prog.lid_routed_ok(g, guid) for guid in switches)  # without tops: the LFTs alone
     tops = dict.fromkeys(switches, 0)
@@ -208,13 +215,7 @@ def test_no_lid_routed_set_over_an_entry_its_own_pass_changes() -> None:
     a Set goes LID-routed only when no entry on its way there or back (the target's own
     entry for the SM's LID included) is one the pass changes (a cable coming back, live:
     leaf1's new route to the SM led through spine0, whose Set had not arrived yet)."""
-    g = graph_of(generate("leaf-spine", leaves=2, spines=2, hosts_per_leaf=2))
-    routes = compute(g, "ftree")
-    top = max(lid for lft in routes.lfts.values() for lid in lft)
-    prog = programmer()
-    sm = g.cas()[0]
-    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
-    written_as_planned(prog, routes, top)
+    g, _top, prog, sm = _planned(generate("leaf-spine", leaves=2, spines=2, hosts_per_leaf=2))
     leaf = sm.ports[1].peer[0]
     far = next(s.guid for s in g.switches() if s.guid != leaf and s.desc.endswith("leaf1"))
     assert prog.lid_routed_ok(g, far) and prog.lid_routed_ok(g, far, {})
