@@ -441,7 +441,7 @@ def probe_child() -> None:
     ns), their PSNs and the frames sent."""
     spec = json.loads(sys.stdin.readline())
     flows = spec["flows"]
-    # SCHED_OTHER, as the fabric's processes: at SCHED_FIFO this child (~0.9 of a CPU: the kernel
+    # SCHED_OTHER, as the fabric's processes: at SCHED_FIFO this child (~0.9 of a CPU in `ps`: the kernel
     # carries each probe frame through the switches inside its send) starved the agent host's
     # thread whenever the scheduler put it on that thread's pinned CPU: the carrier change and
     # its trap waited up to 0.64 s. Its own stalls widen no window: a window is counted from

@@ -1037,7 +1037,7 @@ class SubnetManager:
 
         A trap that reports a change ends it (``deferred``), unanswered SMPs and all: a light
         sweep that met the cut the trap is about waited out its SMPs' timeouts and retries
-        (~0.8 s at k=8) before the trap's pass could start, which then came ~0.85 s after the
+        (~0.8 s at k=8, one instrumented run's SM log) before the trap's pass could start, which then came ~0.85 s after the
         trap; the next pass handles the trap, and the next light sweep comes a sweep interval
         later as usual."""
         if not await self._own_port_ok():

@@ -256,8 +256,8 @@ def test_kinds_are_the_strings_on_disk(kind: Kind) -> None:
 
 def test_a_tick_writes_a_bounded_piece_of_the_lazy_records_busy_or_idle(tmp_path: Path) -> None:
     """The agent host's ticker (``agenthost.lazy_flush``) never writes a whole backlog at once:
-    a k=8 bring-up's ~3,400 records went out in one ~70 ms pause at the first idle tick, which a
-    cable cut right after SUBNET UP waited for."""
+    a k=8 bring-up's ~3,400 records went out in one pause at the first idle tick (~9 ms), which
+    a cable cut right after SUBNET UP can meet."""
     from ibemu.fabric.agenthost import LAZY_IDLE_RECORDS, lazy_flush
     path = tmp_path / "events.jsonl"
     log = FabricLog(path)
