@@ -105,6 +105,17 @@ def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, o
     return result
 
 
+def job_error(job: dict[str, Any]) -> str:
+    """A traffic entry's error (a QP that gave up, a worker killed): in its ``extra``, where
+    ``scenario.measure`` puts it; "" when none."""
+    return str(job.get("extra", {}).get("error") or "")
+
+
+def job_valid(fidelity: dict[str, Any], job: dict[str, Any]) -> bool:
+    """A job's figures count: its run is marked valid and the job ended without an error."""
+    return bool(fidelity["valid"]) and not job_error(job)
+
+
 def worker_lag(fidelity: dict[str, Any]) -> float:
     """The traffic workers' worst p99 lag behind the clock (emulated us): ibemu's own CPU, which a
     step's times carry; the verdict's 2 ms bound is far above the tens of us measured here."""
@@ -155,10 +166,10 @@ def pool(args: argparse.Namespace) -> None:
                 if key not in alone:
                     one = dataclasses.replace(scen, traffic=(t,))
                     r1 = run_scenario(f"alone-{t.name}-{'-'.join(t.hosts)}", one, Path(tmp))
-                    alone[key] = (r1["traffic"][0], bool(r1["fidelity"]["valid"]) and not r1["traffic"][0].get("error"),
+                    alone[key] = (r1["traffic"][0], job_valid(r1["fidelity"], r1["traffic"][0]),
                                   worker_lag(r1["fidelity"]))
                 a, a_ok, a_lag = alone[key]
-                rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not out.get("error"),
+                rows.append((policy, t.name, t.hosts, out, a, valid and a_ok and not job_error(out),
                              worker_lag(res["fidelity"]), a_lag, lag_text(res["fidelity"])))
     load = os.getloadavg()
     buf = f", buffers {args.buffer_kb:g} KiB" if args.buffer_kb is not None and args.fabrics[0] != "ib" else ""
@@ -177,7 +188,7 @@ def pool(args: argparse.Namespace) -> None:
             print(f"  {policy:<9} {name:<3} {','.join(hosts):<24} no step measured in the pool or alone "
                   f"(resent {x.get('retransmitted', 0):,}, dropped {x.get('router_dropped', 0):,}, pauses "
                   f"{x.get('router_pause_sent', 0):,}, marked {x.get('router_ecn_marked', 0):,}) "
-                  f"{out.get('error') or x.get('error') or ''}  {worst}")
+                  f"{job_error(out)}  {worst}")
             continue
         leaves = len({int(h.split("_")[0][1:]) // 4 for h in hosts})
         print(f"  {policy:<9} {name:<3} {','.join(h.split('_')[0] for h in hosts):<24} {leaves:6d} "
@@ -250,7 +261,7 @@ def failure(args: argparse.Namespace) -> None:
     for run, label, res in rows:
         fid = res["fidelity"]
         job = next((t for t in res["traffic"] if t["kind"] == "training"), {})
-        ok = bool(fid["valid"]) and not job.get("extra", {}).get("error")
+        ok = job_valid(fid, job)
         for i, f in enumerate(res["faults"], 1):
             if f["action"] in ("sm_down", "sm_up"):
                 continue
@@ -271,7 +282,7 @@ def failure(args: argparse.Namespace) -> None:
                       f"{'-' if lf is None else format(lf, '.3f'):>8} {'-' if sm is None else format(sm, '.3f'):>6} "
                       f"{fl.get('retransmitted', 0):6,}  {lag_text(fid)}")
         if not ok:
-            print(f"      INVALID: {job.get('extra', {}).get('error') or fid['note'][:300]}")
+            print(f"      INVALID: {job_error(job) or fid['note'][:300]}")
 
 
 def main() -> None:
@@ -327,9 +338,9 @@ def main() -> None:
           f"{'model s':>8} {'proj. days':>10} {'model':>8} {'lag us':>6}  worst p99 lag")
     for label, fid, job in rows:
         x = job["extra"]
-        valid = bool(fid["valid"]) and not job.get("error")
+        valid = job_valid(fid, job)
         if "step_s" not in x:
-            print(f"  {label:<18} {'valid' if valid else 'INVALID':<8} no step completed {job.get('error') or ''}")
+            print(f"  {label:<18} {'valid' if valid else 'INVALID':<8} no step completed {job_error(job)}")
             continue
         model_comm = 1 - x["compute_s"] / x["model_scaled_step_s"]
         print(f"  {label:<18} {'valid' if valid else 'INVALID':<8} {x['steps']:5d} {x['step_s'] * 1e6:8.1f} "
@@ -339,7 +350,7 @@ def main() -> None:
               f"{x['model_step_s']:8.3f} {x['projected_time_to_train_days']:10.1f} {x['model_time_to_train_days']:8.1f} "
               f"{worker_lag(fid):6.1f}  {lag_text(fid)}")
         if not valid:
-            print(f"    INVALID: {job.get('error') or fid['note']}")
+            print(f"    INVALID: {job_error(job) or fid['note']}")
 
 
 if __name__ == "__main__":
