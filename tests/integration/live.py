@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,3 +67,16 @@ def fabric_in_thread(rt: FabricRuntime, timeout_s: float = 60.0, *, emulated_clo
         thread.join(timeout_s)
         assert not errors, errors
         assert not any(netns.exists(n) for n in rt.plan.namespaces)
+
+
+def drain_tap(tap: socket.socket, size: int = 9216) -> list[bytes]:
+    """Every frame waiting on a non-blocking capture socket, then the socket closed."""
+    frames: list[bytes] = []
+    try:
+        while True:
+            try:
+                frames.append(tap.recv(size))
+            except BlockingIOError:
+                return frames
+    finally:
+        tap.close()

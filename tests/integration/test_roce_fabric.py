@@ -26,6 +26,7 @@ from ibemu.roce.queues import ip_checksum
 from ibemu.traffic.perftest import PerfOptions, Side, bw_client
 from ibemu.wire import PcapWriter, fast
 from ibemu.wire.roce import verify_roce_icrc
+from tests.integration.live import drain_tap
 from tests.integration.roce_live import (
     CORES,
     check_reroute,
@@ -84,13 +85,7 @@ def test_write_crosses_five_routers_and_tshark_reads_rrocev2(roce: RoceRun, tmp_
     for port in (a, b):
         assert port.roce_stats.rx_bad_icrc == port.roce_stats.rx_malformed == 0
         assert port.hca.stats.crc_errors == port.hca.stats.malformed == 0
-    frames = []
-    while True:
-        try:
-            frames.append(tap.recv(9216))
-        except BlockingIOError:
-            break
-    tap.close()
+    frames = drain_tap(tap)
     data = [f for f in frames if len(f) > 1000 and f[12:14] == b"\x08\x00" and f[30:34] == socket.inet_aton(hp.ip)]
     assert len(data) >= 100
     assert {f[22] for f in data} == {64 - 5}  # TTL: five routers on the way (edge, agg, core, agg, edge)

@@ -39,6 +39,7 @@ from ibemu.traffic.perftest import (
     run_local,
 )
 from ibemu.wire import PcapWriter, pfc
+from tests.integration.live import drain_tap
 from tests.integration.roce_live import (
     CORES,
     check_reroute,
@@ -134,13 +135,7 @@ def test_write_crosses_five_user_routers_and_their_kernels_forward_nothing(roce:
     (result,), ports, _ = write_bw(roce, [("h0", "h15")], opts)
     assert result.iterations == 40
     assert ports["h15"].roce_stats.rx_bad_icrc == ports["h15"].roce_stats.rx_malformed == 0
-    frames = []
-    while True:
-        try:
-            frames.append(tap.recv(9216))
-        except BlockingIOError:
-            break
-    tap.close()
+    frames = drain_tap(tap)
     data = [f for f in frames if len(f) > 1000 and f[12:14] == b"\x08\x00" and f[30:34] == socket.inet_aton(hp.ip)]
     assert len(data) >= 40 * 16
     assert {f[22] for f in data} == {64 - 5}  # five routers decremented the TTL
@@ -214,14 +209,7 @@ def test_an_incast_sends_pfc_pauses_that_stop_queues(roce: RoceRun, tmp_path: Pa
     h0 = ports["h0"].roce_stats  # ECN: marked above 32 KiB queued, answered with CNPs
     assert h0.ce_received > 0 and h0.cnp_sent > 0
     assert sum(ports[h].roce_stats.cnp_received for h in ("h4", "h8", "h12")) > 0
-    pauses = []
-    for tap in taps:
-        while True:
-            try:
-                pauses.append(tap.recv(256))
-            except BlockingIOError:
-                break
-        tap.close()
+    pauses = [f for tap in taps for f in drain_tap(tap, 256)]
     assert pauses, "no PFC frame on edge0_0's uplinks"
     quanta = [pfc.parse_pause(f) for f in pauses]
     assert all(q is not None and set(q) == {3} for q in quanta)
