@@ -139,11 +139,8 @@ class RcTimers:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> RcTimers:
         """From a flow's spec (``rc_timeout``, ``rc_retry_cnt``; the defaults where absent)."""
-        return cls(int(spec.get("rc_timeout", 14)), int(spec.get("rc_retry_cnt", 7)))
-
-    @property
-    def timeout_s(self) -> float:
-        return 4.096e-6 * (1 << self.timeout)
+        default = cls()
+        return cls(int(spec.get("rc_timeout", default.timeout)), int(spec.get("rc_retry_cnt", default.retry_cnt)))
 
 
 class _Rank:

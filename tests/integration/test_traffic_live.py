@@ -141,7 +141,7 @@ def test_a_jobs_rc_timers_reach_its_qps(live: Running) -> None:
     g, t = run_on_ports(live, names, fn)
     qps = [qp for r in g.ranks for qp in (*r.tx.values(), *r.rx.values())]
     assert len(qps) == 6 and g.wrong == 0 and t > 0
-    assert {qp.req.timeout_ns for qp in qps} == {ack_timeout_ns(18)} and rc.timeout_s == pytest.approx(1.074, rel=1e-3)
+    assert {qp.req.timeout_ns for qp in qps} == {ack_timeout_ns(18)} and ack_timeout_ns(rc.timeout) == pytest.approx(1.074e9, rel=1e-3)
     assert {qp.req.retry_cnt for qp in qps} == {3}
     assert collectives.RcTimers.from_spec({}) == collectives.RcTimers(14, 7)  # IBA's 67 ms, 7 retries
 
