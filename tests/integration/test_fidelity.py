@@ -177,16 +177,16 @@ def test_a_default_like_run_is_judged_at_dilation_1_and_valid_at_4(tmp_path: Pat
 
 def test_an_overloaded_run_is_invalid_at_dilation_1_and_valid_at_the_factor_auto_picks(tmp_path: Path) -> None:
     """The same scenario with a probe stream no Python endpoint here carries undilated: at
-    dilation 1 its traffic worker (or the SM beside it) falls behind and the run is INVALID; ``--dilation auto``
+    dilation 1 a process of the run falls behind and the run is INVALID; ``--dilation auto``
     (a fresh calibration of this machine) picks N > 1, and at N the same run is valid."""
-    text = DEFAULT_LIKE.format(bulk=100, probe=30000, duration=1.2, cut=0.6)
+    text = DEFAULT_LIKE.format(bulk=100, probe=60000, duration=1.2, cut=0.6)
     result, _, _ = _run_cli(tmp_path, "over1", text, "--dilation", "1")
     fid = result["fidelity"]
     assert fid["dilation"] == 1 and fid["valid"] is False, fid["note"]
-    # the probe's worker falls behind, or the SM sharing a CPU with it does (the scheduler
-    # decides which of the two the overload lands on): either way a process of the run
+    # which process the overload lands on (the probe's worker, the SM or the agent host
+    # beside it) is the scheduler's choice: at 30,000 probes a second each of them, or none,
+    # was the one behind in turn on a quiet machine
     assert "fell behind the emulated clock" in fid["note"], fid["note"]
-    assert "traffic probe" in fid["note"] or "sm fell behind" in fid["note"], fid["note"]
 
     cal = tmp_path / "calibration.json"  # measured afresh
     result, stdout, foreign = _run_cli(tmp_path, "over-auto", text, "--dilation", "auto",
