@@ -4,7 +4,9 @@
 Targets (issue 4): k=8 fat-tree up (namespaces, links, agents answering) <= 3 s, teardown
 <= 2 s, agents <= 2 GB RSS; k=16 runs on this machine; a DR SMP through 3 switches <= 1 ms
 median with 64 SMPs in flight (issue 17: <= 0.5 ms, >= 100,000 SMPs/s). SMPs go through h0's
-MAD socket exactly as an SM's would. Each management path gets a fabric of its own and the
+MAD socket exactly as an SM's would, then from h0's own packet socket as ibemu's SM sends them
+(``sm.directport``: a process of its own, ``sendmmsg``), with and without the far end of h0's
+cable steered to the other CPU (``kernel.steer``, as ibemu's SM does when it has a CPU to itself). Each management path gets a fabric of its own and the
 figures are printed side by side: ``kernel`` (the eBPF SMA answers and relays,
 ``ibemu.kernel.sma``), ``python`` (the switch agents answer, the eBPF DR relay relays:
 IBEMU_KERNEL_SMA=0), ``python-only`` (no eBPF at all: IBEMU_DR_RELAY=0).
@@ -15,8 +17,10 @@ Run: sudo .venv/bin/python benchmarks/bench_agents_live.py [--k 8] [--smps 5000]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
 
 import trio
@@ -83,14 +87,15 @@ async def dr_round_trips(client: UmadClient, path: list[int], count: int, window
 def raw_dr_round_trips(ns: str, ifname: str, peer_mac: bytes, path: list[int], count: int,
                        window: int) -> tuple[list[float], float]:
     """DR SMPs from h0's own packet socket, as ``sm.directport`` sends them (the HCA's framing,
-    TIDs tagged ``sockfilter.SM_OWN_TID_TAG``), ``window`` in flight, by a client that does
-    nothing else: frames built before the clock starts, responses read in batches
-    (``recvmmsg``). What the device firmware and the kernel's cables sustain, without the
-    MAD-socket client's Python. Blocking: (round trips in ms, SMPs per second)."""
+    TIDs tagged ``sockfilter.SM_OWN_TID_TAG``, each run of requests in one ``sendmmsg``),
+    ``window`` in flight, by a client that does nothing else: frames built before the clock
+    starts, responses read in batches (``recvmmsg``). What the device firmware and the
+    kernel's cables sustain, without the SM's Python. Blocking: (round trips in ms, SMPs per
+    second). Run in a process of its own (``own_port_client``), as an SM is."""
     import select
 
     from ibemu.agents import dr
-    from ibemu.kernel import sockfilter
+    from ibemu.kernel import mmsg, sockfilter
     from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
     from ibemu.kernel.ring import RxBatcher
     from ibemu.wire.madpacket import MAD_OFFSET, QP0_QKEY, frame_mad
@@ -118,11 +123,17 @@ def raw_dr_round_trips(ns: str, ifname: str, peer_mac: bytes, path: list[int], c
     deadline = t0 + 60_000_000_000
     try:
         while len(rtts) < count and clock_ns() < deadline:
-            while inflight < window and nxt < count:
-                sent[nxt] = clock_ns()
-                sock.send(frames[nxt])
-                nxt += 1
-                inflight += 1
+            room = min(window - inflight, count - nxt)
+            if room > 0:
+                now = clock_ns()
+                try:
+                    n = mmsg.send_many(sock, frames[nxt:nxt + room])
+                except BlockingIOError:
+                    n = 0
+                for i in range(nxt, nxt + n):
+                    sent[i] = now
+                nxt += n
+                inflight += n
             got = rx.recv_batch(sock)
             if not got:
                 poller.poll(100)
@@ -137,6 +148,46 @@ def raw_dr_round_trips(ns: str, ifname: str, peer_mac: bytes, path: list[int], c
     finally:
         sock.close()
     return rtts, len(rtts) / ((clock_ns() - t0) / 1e9)
+
+
+def own_port_client(spec: str) -> None:
+    """The child process of ``own_port_round_trips``: pinned to its CPU, runs
+    ``raw_dr_round_trips`` and prints the result as JSON on stdout."""
+    a = json.loads(spec)
+    os.sched_setaffinity(0, {a["cpu"]})
+    rtts, rate = raw_dr_round_trips(a["ns"], a["ifname"], bytes.fromhex(a["peer_mac"]), a["path"], a["count"],
+                                    a["window"])
+    sys.stdout.write(json.dumps({"rtts": rtts, "rate": rate}))
+
+
+async def own_port_round_trips(ns: str, ifname: str, peer_mac: bytes, path: list[int], count: int, window: int,
+                               steered: bool) -> tuple[list[float], float, str]:
+    """``raw_dr_round_trips`` in a process of its own on one CPU, as ibemu's SM is a process of
+    its own (a thread of this one would share the GIL with the agents of the fabric). With
+    ``steered``, the far end of h0's cable receives on the other CPUs (RPS, ``kernel.steer``),
+    as ibemu's SM steers its cable when it has CPUs to itself: the SM's ``send`` returns while
+    another CPU carries the SMP through the switches. Returns (round trips, rate, how)."""
+    from ibemu.kernel import steer
+
+    cpu = min(os.sched_getaffinity(0))  # the fabric's runtime may have pinned this thread: the machine's others
+    others = steer.other_cpus([cpu])
+    how = f"client on CPU {cpu}"
+    where = peer = None
+    if steered:
+        if not others:
+            return [], 0.0, "one CPU: nothing to steer to"
+        where, peer, _ = await trio.to_thread.run_sync(steer.steer_peer, ns, ifname, others)
+        how += f", far end steered to CPU {','.join(map(str, others))}"
+    spec = json.dumps({"ns": ns, "ifname": ifname, "peer_mac": peer_mac.hex(), "path": path, "count": count,
+                       "window": window, "cpu": cpu})
+    try:
+        done = await trio.run_process([sys.executable, os.path.abspath(__file__), "--own-port-client", spec],
+                                      capture_stdout=True)
+    finally:
+        if peer is not None:
+            await trio.to_thread.run_sync(steer.set_rps, where, peer, [])
+    out = json.loads(done.stdout)
+    return out["rtts"], out["rate"], how
 
 
 PATH_ENV = {"kernel": {}, "python": {"IBEMU_KERNEL_SMA": "0"},
@@ -176,16 +227,17 @@ async def run(k: int, smps: int, window: int, path_name: str = "kernel") -> None
                       f"{statistics.median(rtts):.3f} ms, p99 {q[98]:.3f} ms, {rate:,.0f} SMPs/s")
         if smps and path_name == "kernel":
             pp = host.nodes["h0"].plan.ports[1]
-            for w in (1, window):
-                rtts, rate = await trio.to_thread.run_sync(
-                    raw_dr_round_trips, host.nodes["h0"].plan.ns, pp.ifname, pp.peer_mac, path, smps * 4, w)
+            for w, steered in ((1, False), (window, False), (window, True)):
+                rtts, rate, how = await own_port_round_trips(
+                    host.nodes["h0"].plan.ns, pp.ifname, pp.peer_mac, path, smps * 4, w, steered)
                 if len(rtts) < 100:
-                    print(f"  own packet socket, {w} in flight: only {len(rtts)} answers")
+                    print(f"  own packet socket, {w} in flight ({how}): only {len(rtts)} answers")
                     continue
                 q = statistics.quantiles(rtts, n=100)
-                RESULTS.setdefault("kernel, own port", {})[w] = (statistics.median(rtts), q[98], rate)
+                name = "kernel, own port" + (", steered" if steered else "")
+                RESULTS.setdefault(name, {})[w] = (statistics.median(rtts), q[98], rate)
                 print(f"  DR SMP NodeInfo through 3 switches from h0's own packet socket ({len(rtts)} SMPs, "
-                      f"{w} in flight, a batched client): median {statistics.median(rtts):.3f} ms, "
+                      f"{w} in flight, a batched client process, {how}): median {statistics.median(rtts):.3f} ms, "
                       f"p99 {q[98]:.3f} ms, {rate:,.0f} SMPs/s")
         client.close()
         t_down = time.perf_counter()
@@ -244,7 +296,11 @@ def main() -> None:
     ap.add_argument("--k16", action="store_true", help="also bring up a k=16 fat-tree (1,344 nodes)")
     ap.add_argument("--paths", nargs="+", choices=sorted(PATH_ENV), default=["kernel", "python"],
                     help="management paths to measure, each on a fabric of its own")
+    ap.add_argument("--own-port-client", metavar="JSON", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.own_port_client:
+        own_port_client(args.own_port_client)
+        return
     if os.geteuid() != 0:
         raise SystemExit("needs root (namespaces, veth, tc): sudo")
     kernel_cost()
@@ -256,7 +312,11 @@ def main() -> None:
         for w in (1, args.window):
             cells = []
             for name in names:
-                med, p99, rate = RESULTS.get(name, {}).get(w, (float("nan"),) * 3)
+                got = RESULTS.get(name, {}).get(w)
+                if got is None:
+                    cells.append("not measured")
+                    continue
+                med, p99, rate = got
                 cells.append(f"median {med:.3f} ms, p99 {p99:.3f} ms, {rate:,.0f}/s")
             print(f"  {w:>3} in flight: " + " | ".join(cells))
     if args.k16:
