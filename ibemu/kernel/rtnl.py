@@ -61,29 +61,56 @@ def set_up(ns: str, ifnames: Iterable[str], up: bool = True) -> int:
     names = list(ifnames)
     if not names:
         return 0
-    with netns.entered(ns):
-        sock = _socket()
-        try:
-            indexes = [socket.if_nametoindex(n) for n in names]
-        except OSError as exc:
-            sock.close()
-            raise KernelError(f"{ns}: {exc}") from exc
-    try:
+    with LinkSet(ns, names, up) as request:
+        return request.send()
+
+
+class LinkSet:
+    """``set_up`` in two steps: made ready (the namespace entered, the socket opened, the
+    interfaces' indexes looked up, the request built: the 0.3-0.5 ms of the emulator's own
+    cost), then sent when the caller says (``send``), which then costs one system call and
+    the wait for the acks, with the GIL released. ``AgentHost.set_ports`` readies the
+    request before it tells the carrier thread of a cut, so that the thread that cuts is
+    off the CPU at once after (on a CPU it shares with the agents' loop, the set-up held the
+    loop's pick-up of the cut back by ~0.4 ms). A context manager: the socket is closed on
+    exit, sent or not."""
+
+    def __init__(self, ns: str, ifnames: Iterable[str], up: bool) -> None:
+        self.ns, self.names = ns, list(ifnames)
+        with netns.entered(ns):
+            self.sock = _socket()
+            try:
+                indexes = [socket.if_nametoindex(n) for n in self.names]
+            except OSError as exc:
+                self.sock.close()
+                raise KernelError(f"{ns}: {exc}") from exc
         msgs = []
         for seq, idx in enumerate(indexes, 1):
             body = _IFINFOMSG.pack(0, 0, idx, IFF_UP if up else 0, IFF_UP)
             msgs.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK,
                                        seq, 0) + body)
-        payload = b"".join(msgs)
+        self.count = len(msgs)
+        self.payload = b"".join(msgs)
+
+    def send(self) -> int:
+        """Send the request and wait for every ack; returns ``clock.now_ns()`` just before the
+        send. Raises ``KernelError`` naming the first interface the kernel refused."""
         t = clock.now_ns()
-        sock.send(payload)
-        failed = netlink.acks(sock, 1, len(msgs))
+        self.sock.send(self.payload)
+        failed = netlink.acks(self.sock, 1, self.count)
         if failed:
             seq, err = failed[0]
-            raise KernelError(f"{ns}/{names[seq - 1]}: link set: {os.strerror(err)}")
-    finally:
-        sock.close()
-    return t
+            raise KernelError(f"{self.ns}/{self.names[seq - 1]}: link set: {os.strerror(err)}")
+        return t
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> LinkSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def carrier_down(ns: str, ifnames: Iterable[str]) -> list[str]:

@@ -24,6 +24,7 @@ from ibemu.fabric.agents import make_agents
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import bpf, lft_map, netns, ownership, rtnl
 from ibemu.kernel.carrier import CarrierChange, CarrierThread, Stop
+from ibemu.kernel.commands import KernelError
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
 from ibemu.kernel.links import Cable, LinkControl, create_cables
 from ibemu.topo import generate
@@ -152,6 +153,25 @@ def test_loss_of_signal_is_written_and_handed_over_at_once(rig: Rig) -> None:
         links.set_up(a, "p1", True)  # back up: the kernel tells, both ends
         back = {got.get(timeout=3).key, got.get(timeout=3).key}
         assert back == {"a", "b"} and word("a") == 40 and word("b") == 41
+
+
+def test_a_link_set_readied_changes_nothing_until_sent(run_state: ownership.RunState) -> None:
+    """``rtnl.LinkSet`` (``AgentHost.set_ports`` readies it before the cut): the request is
+    built and the socket opened with the interface still up; ``send`` takes it down; a name
+    the namespace does not have is refused when readied, naming the namespace."""
+    a, _b, links = _cable(run_state)
+    with rtnl.LinkSet(a, ["p1"], False) as request:
+        time.sleep(0.05)
+        assert rtnl.carrier_down(a, ["p1"]) == []
+        t = request.send()
+        assert t <= clock.now_ns()
+    deadline = time.monotonic() + 3
+    while rtnl.carrier_down(a, ["p1"]) != ["p1"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rtnl.carrier_down(a, ["p1"]) == ["p1"]
+    with pytest.raises(KernelError, match=a):
+        rtnl.LinkSet(a, ["p1", "nosuch0"], True)
+    links.set_up(a, "p1", True)
 
 
 def test_it_stops_on_close_on_an_exception_and_when_the_loop_is_gone(run_state: ownership.RunState) -> None:
