@@ -390,8 +390,9 @@ _ENCODER = json.JSONEncoder(default=_jsonable)
 class EventLog:
     """Writes events as JSON lines to ``path`` (None: memory only) for ``log`` (which kinds
     are lazy: ``LAZY``); keeps the last ``keep`` records in ``records`` and counts each kind.
-    Every record but the lazy ones is written and flushed at once, with those before it;
-    lazy ones are kept as they are (not even encoded) until then, ``flush`` or ``close``."""
+    Every record but the lazy ones is written and flushed at once, with those before it
+    (``inline_max``: when they are not too many); lazy ones are kept as they are (not even
+    encoded) until then, ``flush`` or ``close``."""
 
     def __init__(self, path: Path | str | None = None, *, log: Log = Log.SM, clock: Clock | None = None,
                  keep: int = 100_000) -> None:
@@ -404,6 +405,9 @@ class EventLog:
         self._lazy: list[tuple[str | None, Mapping[str, Any]]] = []
         self._lazy_since = 0
         """``time.monotonic_ns()`` when the oldest lazy record waiting was kept."""
+        self.inline_max: int | None = None
+        """At most this many lazy records are written ahead of another record (None: all of
+        them); a longer backlog is left to ``flush`` (see ``FabricLog``)."""
         self._f: IO[str] | None = None
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -434,7 +438,10 @@ class EventLog:
             if len(self._lazy) >= LAZY_LIMIT:
                 self.flush()
             return
-        self._f.write(self._encoded() + _line(node, record))
+        if self._lazy and self.inline_max is not None and len(self._lazy) > self.inline_max:
+            self._f.write(_line(node, record))  # now; the backlog goes out later (``flush``)
+        else:
+            self._f.write(self._encoded() + _line(node, record))
         self._f.flush()
 
     def _encoded(self) -> str:
@@ -468,10 +475,22 @@ class EventLog:
 
 class FabricLog(EventLog):
     """The agent host's log (``Log.FABRIC``): records come stamped and are written with the
-    node that logged them; nothing is kept in memory but the counts."""
+    node that logged them; nothing is kept in memory but the counts.
+
+    A record that is not lazy goes out at once, with the lazy ones before it when they are
+    at most ``INLINE_MAX``; a longer backlog (a burst's: a k=8 bring-up leaves ~3,000 lazy
+    records, which the agent host's ticker writes in pieces over the next ~0.6 s) stays for
+    ``flush``. Written ahead of it, the first fault of a run paid for the whole backlog in
+    the middle of its carrier change: 27 ms (hand-timed, load ~1.5) between a cut switch
+    port going down and the far end's trap, in ``benchmarks/bench_sm.py``'s first cut. So
+    this log is in time order except while such a backlog drains: records written then
+    come before the older lazy ones; each has its ``t_ns``."""
+
+    INLINE_MAX = 64
 
     def __init__(self, path: Path | None) -> None:
         super().__init__(path, log=Log.FABRIC, keep=0)
+        self.inline_max = self.INLINE_MAX
 
 
 def _line(node: str | None, record: Mapping[str, Any]) -> str:

@@ -1,4 +1,5 @@
-"""Event logs: lazy kinds (one per SMP) are written late but in order, the rest at once; every
+"""Event logs: lazy kinds (one per SMP) are written late but in order (the fabric's: unless a
+long backlog waits), the rest at once; every
 kind written or read anywhere in ibemu is in the one vocabulary, with the fields it lists."""
 
 from __future__ import annotations
@@ -41,6 +42,28 @@ def test_fabric_log_keeps_lazy_records_until_the_next_other_record_or_a_flush(tm
     log.write("sw4", {"kind": "lft_set", "t_ns": 5, "block": 2})
     log.close()  # nothing lost on the way out
     assert lines(path)[-1]["node"] == "sw4" and log.counts == {"lft_set": 3, "lft_programmed": 1, "carrier": 1}
+
+
+def test_fabric_log_writes_a_record_at_once_past_a_long_lazy_backlog(tmp_path: Path) -> None:
+    """A backlog of more than ``INLINE_MAX`` lazy records (a bring-up's) is not written ahead
+    of the next other record (a fault's carrier change): that one goes out at once, the
+    backlog with the next flushes, nothing lost; a short backlog still goes first, in order."""
+    path = tmp_path / "events.jsonl"
+    log = FabricLog(path)
+    n = FabricLog.INLINE_MAX + 1
+    for i in range(n):
+        log.write("sw1", {"kind": "lft_set", "t_ns": i, "block": i})
+    log.write("sw2", {"kind": "carrier", "t_ns": n, "port": 1, "up": False})
+    assert [r["kind"] for r in lines(path)] == ["carrier"]
+    log.flush(at_most=n - 1)
+    log.flush()
+    got = lines(path)
+    assert [r["t_ns"] for r in got[1:]] == list(range(n))
+    log.write("sw1", {"kind": "lft_set", "t_ns": n + 1, "block": 0})
+    log.write("sw2", {"kind": "carrier", "t_ns": n + 2, "port": 1, "up": True})
+    log.close()
+    assert [r["t_ns"] for r in lines(path)][-2:] == [n + 1, n + 2]
+    assert EventLog(tmp_path / "sm.jsonl").inline_max is None  # the SM's log: always in order
 
 
 def test_sm_log_flushes_with_the_record_that_closes_a_pass(tmp_path: Path) -> None:
