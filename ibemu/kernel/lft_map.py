@@ -28,9 +28,12 @@ the Ethernet type and the LRH, so a frame whose LRH is not in the linear part st
    whose carrier went down, ``set_port_up``): the LID's alternates (``alts[DLID >> 6]``,
    4 bytes per LID) are tried in order, the first whose port is cabled and not down wins
    (``stats[STAT_FAILOVER]`` += 1); alternates but none up -> ``stats[STAT_ALL_DOWN]`` += 1
-   and TC_ACT_UNSPEC (not forwarded); no alternates for the LID -> the primary as before
-   (the veth drops the frame), so without alternates nothing changes. Three unrolled tries:
-   no loop for the verifier;
+   and TC_ACT_UNSPEC (not forwarded); no alternates for the LID -> ``stats[STAT_DOWN]`` += 1
+   and TC_ACT_SHOT: a port without carrier sends nothing. (It used to go to the primary, for
+   the veth to drop: but the map says down at the cut, from the loss of signal, while the
+   kernel closes the veth only later, after an RCU grace period, and until then the veth
+   delivered what the switch sent into the cut cable.) Three unrolled tries: no loop for
+   the verifier;
 6. ``skb->cb[0] = ifindex``, ``return bpf_redirect(ifindex, 0)``.
 
 Partition enforcement (``ibemu.agents.forwarder``'s rules), only for data frames (not VL15)
@@ -71,7 +74,10 @@ Maps, per switch (so a switch's program reads nothing of another's):
 
 Deviations from the userspace forwarder (``ibemu.agents.forwarder``), all shared with the u32
 LFT this replaces: the VCRC is not checked (the next receiver checks it), port states are
-not (a frame for a port without carrier is dropped by the veth, not counted), and an entry
+checked only for the egress port's carrier (a frame for a port without carrier is dropped and
+counted per switch, ``counters()["down"]``, not in the port's PortXmitDiscards; the ingress
+port's state is not checked: a frame a host sends into a cut cable before the kernel has
+closed it is forwarded), and an entry
 whose egress is the ingress port sends the frame back (a hairpin, as mirred did).
 ``skb->cb[0]`` (scratch space of tc programs, read by nothing else) holds the target so that
 BPF_PROG_TEST_RUN shows where a frame would go.
@@ -119,6 +125,8 @@ ALT_ATTR_LIDS = 16
 """LIDs per vendor SMP block of alternates (``ATTR_ALTERNATES``: 16 x 4 bytes = 64)."""
 STAT_FAILOVER = 0
 STAT_ALL_DOWN = 1
+STAT_DOWN = 2
+N_STATS = 3
 FN_SKB_LOAD_BYTES = 26
 SKB_CB0 = 48
 
@@ -324,10 +332,15 @@ def program(blocks_fd: int, ports_fd: int, alts_fd: int, stats_fd: int, pkey_fd:
     a.mov(R1, R9)
     a.jmp("jeq", R1, 0, "pass")
     a.goto("redirect")
-    a.label("primary")
-    a.mov(R1, R9)
-    a.alu64("and", R1, ~PORT_DOWN & 0xFFFFFFFF)
-    a.goto("redirect")
+    a.label("primary")  # no alternates: a port without carrier sends nothing (counted)
+    a.st(4, R10, _S_KEY, STAT_DOWN)
+    a.map_lookup(stats_fd, _S_KEY)
+    a.jmp("jeq", R0, 0, "shot")
+    a.movi(R1, 1)
+    a.atomic_add(8, R0, 0, R1)
+    a.label("shot")
+    a.movi(R0, bpf.TC_ACT_SHOT)
+    a.exit()
     return a.assemble()
 
 
@@ -341,7 +354,7 @@ class LftProgram:
         self.ports = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 4, MAX_PORTS, "ibemu_lft_port")
         self.alts = bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, ALT_VALUE, N_BLOCKS, "ibemu_lft_alt",
                             flags=bpf.BPF_F_NO_PREALLOC)
-        self.stats = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, 2, "ibemu_lft_stat")
+        self.stats = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 8, N_STATS, "ibemu_lft_stat")
         self.pkeys = bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, PKEY_VALUE, MAX_PORTS, "ibemu_pkey")
         self._flags = 0
         self._enforcing: set[int] = set()
@@ -478,10 +491,11 @@ class LftProgram:
         return tuple(p for p in value[at:at + MAX_ALTERNATES] if p)
 
     def counters(self) -> dict[str, int]:
-        """Frames the classifier sent to an alternate (``failover``) and frames whose primary
-        and alternates were all down (``all_down``, not forwarded)."""
+        """Frames the classifier sent to an alternate (``failover``), frames whose primary
+        and alternates were all down (``all_down``, not forwarded) and frames for a port
+        without carrier that has no alternates (``down``, dropped)."""
         out = {}
-        for name, slot in (("failover", STAT_FAILOVER), ("all_down", STAT_ALL_DOWN)):
+        for name, slot in (("failover", STAT_FAILOVER), ("all_down", STAT_ALL_DOWN), ("down", STAT_DOWN)):
             value = self.stats.lookup(struct.pack("=I", slot))
             out[name] = struct.unpack("=Q", value)[0] if value is not None else 0
         return out

@@ -196,8 +196,8 @@ def _target(prog: lft_map.LftProgram, frame: bytes) -> tuple[int, int]:
 
 def test_local_failover_takes_the_first_alternate_that_is_up() -> None:
     """Primary up -> primary; primary down -> the first alternate up (counted); all down ->
-    not forwarded (counted); no alternates -> as before (the down port's ifindex: the veth
-    drops it); an alternates block that does not name the LID changes nothing."""
+    not forwarded (counted); no alternates -> dropped (counted); an alternates block that
+    does not name the LID changes nothing."""
     prog = lft_map.LftProgram(CABLED)
     eth = fast.ethernet_header(b"\x02" * 6, b"\x04" * 6)
 
@@ -214,7 +214,7 @@ def test_local_failover_takes_the_first_alternate_that_is_up() -> None:
         assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # primary up
         assert prog.set_port_up(2, False)
         assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[4])  # first alternate
-        assert _target(prog, f41) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # no alternates: as before
+        assert _target(prog, f41) == (bpf.TC_ACT_SHOT, 0)  # no alternates: dropped
         assert _target(prog, f100) == (bpf.TC_ACT_REDIRECT, CABLED[3])  # another block
         prog.set_port_up(4, False)
         assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[5])
@@ -225,22 +225,24 @@ def test_local_failover_takes_the_first_alternate_that_is_up() -> None:
         assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[6])
         prog.set_port_up(2, True)
         assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])  # primary back
-        assert prog.counters() == {"failover": 3, "all_down": 1}
+        assert prog.counters() == {"failover": 3, "all_down": 1, "down": 1}
         # an alternate without a cable (port 7) is skipped; a list ends at its first 0
         prog.set_alternates(40, bytes([7, 0, 5, 0]))
         assert prog.alternates(40) == (7,)
         prog.set_port_up(2, False)
         assert _target(prog, f40) == (bpf.TC_ACT_UNSPEC, 0)
         prog.set_alternates(40, bytes(4))  # cleared: as without failover
-        assert _target(prog, f40) == (bpf.TC_ACT_REDIRECT, CABLED[2])
+        assert _target(prog, f40) == (bpf.TC_ACT_SHOT, 0)
         assert not prog.set_port_up(8, False)  # no cable
     finally:
         prog.close()
 
 
-def test_no_alternates_leaves_the_decisions_unchanged() -> None:
-    """With ports down but no alternates anywhere the classifier decides as it did before
-    local failover (the random reference run of the first test, ports marked down)."""
+def test_no_alternates_a_down_port_drops_what_the_python_forwarder_drops() -> None:
+    """With ports down and no alternates anywhere the classifier decides as the switch
+    agent's forwarder with the same ports down (the random reference run of the first test):
+    what it sends to a cabled port that is down (EGRESS_DOWN) is dropped in the kernel and
+    counted; the rest as before (an uncabled port: up to the agent, which counts it)."""
     rng = random.Random(5)
     sw = _switch()
     prog = lft_map.LftProgram(CABLED)
@@ -248,10 +250,19 @@ def test_no_alternates_leaves_the_decisions_unchanged() -> None:
         _random_lft(rng, sw, prog, 300)
         for port in (1, 3):
             prog.set_port_up(port, False)
+            sw.link_down(port)
+        dropped = 0
         for frame in _frames(rng, 300):
-            ingress = rng.choice(list(CABLED))
+            ingress = rng.choice([p for p in CABLED if p not in (1, 3)])  # the kernel does not check the ingress
             want = _reference(sw, frame, ingress)
+            if not want and frame[12:14] == b"\x88\xb5":
+                verdict = sw.forwarder.decide(frame[14:], ingress, count_traffic=False)
+                dlid = int.from_bytes(frame[16:18], "big")
+                if verdict.reason is Reason.EGRESS_DOWN and sw.lft.raw(dlid) in (1, 3):  # (not an uncabled port)
+                    dropped += 1
+                    assert _target(prog, frame) == (bpf.TC_ACT_SHOT, 0)
+                    continue
             assert _target(prog, frame) == ((bpf.TC_ACT_REDIRECT, want) if want else (bpf.TC_ACT_UNSPEC, 0))
-        assert prog.counters() == {"failover": 0, "all_down": 0}
+        assert dropped > 0 and prog.counters() == {"failover": 0, "all_down": 0, "down": dropped}
     finally:
         prog.close()
