@@ -75,6 +75,7 @@ from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
+from ibemu.kernel.notice import NoticeLog
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.sma import KernelSma, SmaLog
@@ -91,7 +92,7 @@ ETH_LEN = 14
 MAD_AT = ETH_LEN + 28
 BATCH_FRAMES = 32
 """Frames the agents answer at most before their answers go out (``_kernel_reader``)."""
-_SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016)
+_SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016, 0xFF31)
 """What an SMP Set the agent answered may change in the kernel SMA's images."""
 TICK_S = 0.05
 LAZY_BUSY_S = 1.0
@@ -113,6 +114,8 @@ class _Touched:
     port_info: set[int] = field(default_factory=set)
     pkeys: set[int] = field(default_factory=set)
     switch_info: bool = False
+    failover: bool = False
+    """A FailoverConfig Set: its image (the kernel's notice program reads it)."""
 
 
 class Agent(Protocol):
@@ -197,6 +200,8 @@ class AgentHost:
             name: NodeRuntime(fabric.plan.nodes[name], agent) for name, agent in agents.items()
         }
         self.lft_ops = 0
+        self.notices_in_kernel = 0
+        """Fault notices the kernel handled (``kernel.notice``), as its records told."""
         self.frames_served = 0
         """Frames the agents took from their sockets (``_kernel_reader``)."""
         self._opened = False
@@ -389,10 +394,11 @@ class AgentHost:
         lft_ = getattr(agent, "lft", None)
         if slot is not None and lft_ is not None:
             kernel_lft = self.fabric.lfts.get(name)
-            fwd = kernel_lft._prog.blocks.fd if isinstance(kernel_lft, MapLft) and kernel_lft._prog else None
+            prog = kernel_lft._prog if isinstance(kernel_lft, MapLft) else None
             lft_.bind(sma.lft_view(slot))
             sma.add_device(dev, is_switch=True, num_ports=agent.num_ports, lft_slot=slot,
-                           lft_blocks=lft_.blocks, fwd_map_fd=fwd)
+                           lft_blocks=lft_.blocks, fwd_map_fd=prog.blocks.fd if prog else None,
+                           alt_map_fd=prog.alts.fd if prog else None)
         else:
             sma.add_device(dev, is_switch=bool(rt.plan.is_switch), num_ports=agent.num_ports)
         sma.forget(dev)
@@ -423,6 +429,8 @@ class AgentHost:
             touched.port_info.add(mod & 0xFF if switch or mod & 0xFF else port)
         elif attr == 0x0016:
             touched.pkeys.add((mod >> 16) & 0xFF if switch else port)
+        elif attr == 0xFF31:
+            touched.failover = True
         else:
             touched.switch_info = True
 
@@ -442,6 +450,8 @@ class AgentHost:
                 out.append((dev, agent.sma_images(attrs=(0x0012, 0x0015), ports=t.port_info)))
             if t.pkeys:
                 out.append((dev, agent.sma_images(attrs=(0x0016,), ports=t.pkeys)))
+            if t.failover:
+                out.append((dev, agent.sma_images(attrs=(0xFF31,), ports=())))
         if out:
             sma.publish_many(out)
 
@@ -543,6 +553,8 @@ class AgentHost:
                 nursery.start_soon(self._ticker)
                 if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
                     nursery.start_soon(self._kernel_sma_log, self.kernel_sma.lft_log)
+                if self.kernel_sma is not None and self.kernel_sma.notice_log is not None:
+                    nursery.start_soon(self._kernel_notice_log, self.kernel_sma.notice_log)
                 task_status.started()
         finally:
             self._stop_carrier_thread()
@@ -1158,6 +1170,31 @@ class AgentHost:
             self.lft_ops += 1
             self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t, "entries": rec.changed,
                                      "ops": 1, "apply_us": 0, "queued_us": 0})
+
+    async def _kernel_notice_log(self, ring: NoticeLog) -> None:
+        """Hand the fault notices the kernel handled (``kernel.notice``) to their switch
+        agents, which take the same state and log the events with the kernel's stamps
+        (``SwitchAgent.notice_in_kernel``). Read as the LFT Set log is, a little after the
+        first record of a burst: the kernel has acted already, only the record is late."""
+        while True:
+            await trio.lowlevel.wait_readable(ring.fd)
+            await trio.sleep(clock.emulated_s(SMA_LOG_DELAY_S))
+            self._kernel_notices(ring)
+
+    def _kernel_notices(self, ring: NoticeLog) -> None:
+        records = ring.read()
+        if not records:
+            return
+        names = {dev: name for name, dev in self._relay_ids.items()}
+        for rec in records:
+            name = names.get(rec.dev)
+            rt = self.nodes.get(name) if name is not None else None
+            mirror = getattr(rt.agent, "notice_in_kernel", None) if rt is not None else None
+            if name is None or rt is None or mirror is None:
+                continue
+            self.notices_in_kernel += 1
+            self.dispatch(name, rt, mirror(rec.port, rec.lids, rec.moved, rec.noted, rec.lost, rec.fresh,
+                                           rec.sent, clock.to_emulated_ns(rec.t_ns)))
 
     @property
     def lft_backlog(self) -> int:
