@@ -323,6 +323,26 @@ class SwitchAgent(DeviceAgent):
         return ({lid: frozenset(ports) for lid, ports in self._dead_ends.items() if ports},
                 dict(self._repaired), frozenset(self._announced))
 
+    def announce_port_lost(self, port: int) -> list[Action]:
+        """The fault notices ``link_down`` sends, at the instant the port loses its signal
+        (called by the agent host's carrier thread, before this agent has taken the port
+        down: the port is left out of the ways here): the LIDs routed to ``port`` with no
+        other way up, on every other up port facing a switch. ``link_down`` later finds them
+        announced and sends nothing more. Reads the tables, updates only the announcements
+        and counters (safe beside the agent host's loop under the GIL: at worst a LID is
+        announced twice)."""
+        if not self.notices:
+            return []
+        ports, dead_ends, repaired = self.ports, self._dead_ends, self._repaired
+        lost = []
+        for lid in self.lft.lids_to(port):  # as _egress_candidates, the LFT's entry (port) aside
+            dead = dead_ends.get(lid, ())
+            rep = repaired.get(lid)
+            if not any(p != port and p not in dead and (q := ports.get(p)) is not None and q.link_is_up
+                       for p in (*(rep[:1] if rep else ()), *self.alternates_of(lid)) if p):
+                lost.append(lid)
+        return self._announce(lost, exclude=port)
+
     def alternates_of(self, lid: int) -> tuple[int, ...]:
         """The alternate ports the SM gave ``lid`` (preferred first)."""
         return self.forwarder.alternates_of(lid)

@@ -76,7 +76,7 @@ from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
 from ibemu.kernel.notice import NoticeLog
-from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket, send_holding_gil
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.sma import KernelSma, SmaLog
 from ibemu.kernel.tc import KernelLft
@@ -202,6 +202,8 @@ class AgentHost:
         self.lft_ops = 0
         self.notices_in_kernel = 0
         """Fault notices the kernel handled (``kernel.notice``), as its records told."""
+        self._early_actions: deque[tuple[str, list[Action]]] = deque()
+        """Events of the fault notices sent at a cut from the carrier thread, for the loop."""
         self.frames_served = 0
         """Frames the agents took from their sockets (``_kernel_reader``)."""
         self._opened = False
@@ -570,6 +572,17 @@ class AgentHost:
                 send.send_nowait(changes)
 
         def hand_over(changes: list[CarrierChange[str]]) -> None:  # in the carrier thread
+            ends = []  # every port map written first (a cut's two ends), then the notices
+            for ch in changes:
+                rt = self.nodes.get(ch.key)
+                port = rt.by_ifindex.get(ch.ifindex) if rt is not None else None
+                if not ch.carrier and ch.t_written_ns and rt is not None and port is not None and rt.powered:
+                    ends.append((ch.key, rt, port))
+            if ends:
+                try:
+                    self._announce_early(ends)
+                except Exception:  # the loop's link_down announces what is left
+                    log.exception("early fault notices failed")
             try:
                 token.run_sync_soon(deliver, changes)
             except trio.RunFinishedError:
@@ -874,9 +887,37 @@ class AgentHost:
         lft = self.fabric.lfts.get(name)
         return port is not None and isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier)
 
+    def _announce_early(self, ends: list[tuple[str, NodeRuntime, int]]) -> None:
+        """In the carrier thread, switch ports lost, their port maps written: their fault
+        notices leave now (``SwitchAgent.announce_port_lost``), every end's computed first,
+        then sent on the agents' sockets from this thread keeping the GIL
+        (``packet.send_holding_gil``: each ``send`` let the loop take it for up to its switch
+        interval), not after the loop has heard of the change (0.4-4 ms later on this
+        machine: README). Their events go to the loop with the change."""
+        sends: list[tuple[str, NodeRuntime, list[Send]]] = []
+        for name, rt, port in ends:
+            announce = getattr(rt.agent, "announce_port_lost", None)
+            if announce is None:
+                continue
+            actions = announce(port)
+            sends.append((name, rt, [a for a in actions if isinstance(a, Send)]))
+            rest = [a for a in actions if not isinstance(a, Send)]
+            if rest:
+                self._early_actions.append((name, rest))
+        for _name, rt, frames in sends:
+            by_port: dict[int, list[bytes]] = {}
+            for a in frames:
+                by_port.setdefault(a.port, []).append(rt.eth[a.port] + a.packet)
+            for port, out in by_port.items():
+                sock = rt.sockets.get(port)
+                rt.tx_dropped += len(out) if sock is None else send_holding_gil(sock, out)
+
     async def _carrier_events(self, receive: trio.MemoryReceiveChannel[list[CarrierChange[str]]]) -> None:
         """The carrier thread's changes, on this loop: everything but the map write."""
         async for changes in receive:
+            while self._early_actions:  # what the carrier thread's early notices logged
+                name, actions = self._early_actions.popleft()
+                self.dispatch(name, self.nodes[name], actions)
             for ch in changes:
                 rt = self.nodes.get(ch.key)
                 port = rt.by_ifindex.get(ch.ifindex) if rt is not None else None
