@@ -352,6 +352,12 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
             if by_notice:
                 out["cut_to_first_notice_move_ms"] = (by_notice[0] - t_fault) / 1e6
                 out["cut_to_last_notice_move_ms"] = (by_notice[-1] - t_fault) / 1e6
+                # moves the kernel made on a notice (``kernel.notice``), of all moves on one
+                out["notice_moves_in_kernel"] = sum(1 for r in moves if r.get("via") == "notice" and r.get("kernel"))
+                out["notice_moves"] = len(by_notice)
+            sent = run.fabric_events("fault_notice_sent", t_fault, timeout_s=0.0)
+            if sent:  # the switches at the cut announcing (the first notices of the fault)
+                out["cut_to_first_notice_sent_ms"] = (min(r["t_ns"] for r in sent) - t_fault) / 1e6
             return out
         finally:
             run.close()
@@ -813,8 +819,8 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
         print(f"    {'median blackout of a run (ms)':<32} {cells[0]:>30} {cells[1]:>30}")
     keys = ("cut_to_carrier_seen_ms", "cut_to_map_written_ms", "seen_to_written_ms", "cut_to_last_carrier_seen_ms",
             "cut_to_last_map_written_ms", "cut_to_agent_notified_ms", "cut_to_trap_sent_ms", "cut_to_sm_trap_ms",
-            "cut_to_first_notice_move_ms", "cut_to_last_notice_move_ms", "cut_to_sm_routed_ms",
-            "cut_to_sm_programmed_ms")
+            "cut_to_first_notice_sent_ms", "cut_to_first_notice_move_ms", "cut_to_last_notice_move_ms",
+            "notice_moves", "notice_moves_in_kernel", "cut_to_sm_routed_ms", "cut_to_sm_programmed_ms")
     print("  steps, per run (fault = the netlink request leaving for the kernel):")
     for k in keys:
         cells = [mmm([r[k] for r in rows[engine] if k in r], "{:.3f}") for engine in rows]
