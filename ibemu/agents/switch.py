@@ -309,7 +309,8 @@ class SwitchAgent(DeviceAgent):
                 self._repaired[lid] = (self._repaired.get(lid, (prev, 0))[0], now)
             self.stats["notice_lids_moved"] += len(moved)
             actions.append(Event("local_failover", t_ns, self.node_guid,
-                                 {"port": port, "lids": len(moved), "via": "notice", "kernel": True}))
+                                 {"port": port, "lids": len(moved), "via": "notice", "kernel": True,
+                                  "moved_lids": sorted(moved)}))
         if fresh:
             self._announced.update(fresh)
             self.stats["notices_sent"] += sent
@@ -452,7 +453,8 @@ class SwitchAgent(DeviceAgent):
             changes = self._write_entries(moves)
             self.stats["notice_lids_moved"] += len(moves)
             actions += [LftUpdate(changes, local=True),
-                        self._event("local_failover", port=ingress, lids=len(moves), via="notice")]
+                        self._event("local_failover", port=ingress, lids=len(moves), via="notice",
+                                    moved_lids=sorted(moves))]
         return actions + self._announce(lost, exclude=ingress)
 
     def _write_entries(self, entries: dict[int, int]) -> dict[int, int]:
