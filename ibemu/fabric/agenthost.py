@@ -889,27 +889,31 @@ class AgentHost:
 
     def _announce_early(self, ends: list[tuple[str, NodeRuntime, int]]) -> None:
         """In the carrier thread, switch ports lost, their port maps written: their fault
-        notices leave now (``SwitchAgent.announce_port_lost``), every end's computed first,
-        then sent on the agents' sockets from this thread keeping the GIL
-        (``packet.send_holding_gil``: each ``send`` let the loop take it for up to its switch
-        interval), not after the loop has heard of the change (0.4-4 ms later on this
-        machine: README). Their events go to the loop with the change."""
-        sends: list[tuple[str, NodeRuntime, list[Send]]] = []
-        for name, rt, port in ends:
+        notices leave now (``SwitchAgent.announce_port_lost``), not after the loop has heard
+        of the change (0.4-4 ms later on this machine: README). The ends go shortest first
+        (fewest LIDs routed through the lost port: the least Python before their notices
+        leave, which minimizes the ends' mean wait), each sent as soon as computed, on the
+        agents' sockets from this thread keeping the GIL (``packet.send_holding_gil``: each
+        ``send`` let the loop take it for up to its switch interval). Their events go to the
+        loop with the change."""
+        def work(end: tuple[str, NodeRuntime, int]) -> int:
+            lft = getattr(end[1].agent, "lft", None)
+            return len(lft.lids_to(end[2])) if lft is not None else 0
+
+        for name, rt, port in sorted(ends, key=work):
             announce = getattr(rt.agent, "announce_port_lost", None)
             if announce is None:
                 continue
             actions = announce(port)
-            sends.append((name, rt, [a for a in actions if isinstance(a, Send)]))
             rest = [a for a in actions if not isinstance(a, Send)]
             if rest:
                 self._early_actions.append((name, rest))
-        for _name, rt, frames in sends:
             by_port: dict[int, list[bytes]] = {}
-            for a in frames:
-                by_port.setdefault(a.port, []).append(rt.eth[a.port] + a.packet)
-            for port, out in by_port.items():
-                sock = rt.sockets.get(port)
+            for a in actions:
+                if isinstance(a, Send):
+                    by_port.setdefault(a.port, []).append(rt.eth[a.port] + a.packet)
+            for egress, out in by_port.items():
+                sock = rt.sockets.get(egress)
                 rt.tx_dropped += len(out) if sock is None else send_holding_gil(sock, out)
 
     async def _carrier_events(self, receive: trio.MemoryReceiveChannel[list[CarrierChange[str]]]) -> None:
