@@ -308,6 +308,8 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
                     far = topo.peer(*hops[i - 1])
                     assert far is not None
                     ports.append((far.node, far.port))
+            # each flow's switches before the fault (the notices move its LID on some of them)
+            on_path = {pair: {node for node, _ in path_of(run, lids, *pair)} for pair in flows}
             res, t_fault = probe_flows(fab, lids, flows, spacing_us, inject, ports)
             try:
                 reroutes = run.wait_sm("reroute", count=n_before + 1, timeout_s=30)[n_before:]
@@ -352,6 +354,17 @@ def one(engine: str, tmp: Path, k: int, fault: str, flows_n: int, spacing_us: fl
             if by_notice:
                 out["cut_to_first_notice_move_ms"] = (by_notice[0] - t_fault) / 1e6
                 out["cut_to_last_notice_move_ms"] = (by_notice[-1] - t_fault) / 1e6
+                # moves the kernel made on a notice (``kernel.notice``), of all moves on one
+                out["notice_moves_in_kernel"] = sum(1 for r in moves if r.get("via") == "notice" and r.get("kernel"))
+                out["notice_moves"] = len(by_notice)
+                for pair, f in zip(flows, res, strict=True):  # a flow's last move on a notice: by
+                    ts = [r["t_ns"] for r in moves if r.get("via") == "notice"  # then it is off the
+                          and r.get("node") in on_path[pair] and lids[pair[1]] in r.get("moved_lids", ())]
+                    if ts:  # cut at the switch level, whatever the cut veth still delivers
+                        f["notice_moved_ms"] = (max(ts) - t_fault) / 1e6
+            sent = run.fabric_events("fault_notice_sent", t_fault, timeout_s=0.0)
+            if sent:  # the switches at the cut announcing (the first notices of the fault)
+                out["cut_to_first_notice_sent_ms"] = (min(r["t_ns"] for r in sent) - t_fault) / 1e6
             return out
         finally:
             run.close()
@@ -787,6 +800,7 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
         for key, name in (("blackout_ms", "blackout (ms)"), ("resume_ms", "resume after fault (ms)"),
                           ("told_ms", "fault -> a bystander told (ms)"),
                           ("port_down_ms", "fault -> carrier thread saw (ms)"),
+                          ("notice_moved_ms", "fault -> its LID moved (notices)"),
                           ("resume_after_port_ms", "resume after thread saw (ms)")):
             cells = []
             for engine in rows:
@@ -813,8 +827,8 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
         print(f"    {'median blackout of a run (ms)':<32} {cells[0]:>30} {cells[1]:>30}")
     keys = ("cut_to_carrier_seen_ms", "cut_to_map_written_ms", "seen_to_written_ms", "cut_to_last_carrier_seen_ms",
             "cut_to_last_map_written_ms", "cut_to_agent_notified_ms", "cut_to_trap_sent_ms", "cut_to_sm_trap_ms",
-            "cut_to_first_notice_move_ms", "cut_to_last_notice_move_ms", "cut_to_sm_routed_ms",
-            "cut_to_sm_programmed_ms")
+            "cut_to_first_notice_sent_ms", "cut_to_first_notice_move_ms", "cut_to_last_notice_move_ms",
+            "notice_moves", "notice_moves_in_kernel", "cut_to_sm_routed_ms", "cut_to_sm_programmed_ms")
     print("  steps, per run (fault = the netlink request leaving for the kernel):")
     for k in keys:
         cells = [mmm([r[k] for r in rows[engine] if k in r], "{:.3f}") for engine in rows]

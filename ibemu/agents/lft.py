@@ -53,6 +53,17 @@ class Lft:
         """The stored entry, ignoring LinearFDBTop."""
         return self._ports[lid]
 
+    def lids_to(self, port: int) -> list[int]:
+        """The LIDs (0 < LID <= LinearFDBTop) whose entry is ``port`` (a scan of the bytes,
+        not a call per LID)."""
+        data = bytes(self._ports[: self.top + 1])
+        out: list[int] = []
+        i = data.find(port, 1)
+        while i >= 0:
+            out.append(i)
+            i = data.find(port, i + 1)
+        return out
+
     def get_block(self, block: int) -> bytes:
         self._check_block(block)
         return bytes(self._ports[block * BLOCK : (block + 1) * BLOCK])

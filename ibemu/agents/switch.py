@@ -62,11 +62,13 @@ pass only ``Reason.TO_SMA`` ones to ``receive``.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import ClassVar
 
 from ibemu.agents.actions import (
     Action,
     AltUpdate,
+    Event,
     LftUpdate,
     LinkRequest,
     LinkRequestKind,
@@ -269,6 +271,79 @@ class SwitchAgent(DeviceAgent):
             actions += self._announce(lost, exclude=port)
         return actions
 
+    SMA_ATTRS: ClassVar[frozenset[int]] = DeviceAgent.SMA_ATTRS | {ATTR_FAILOVER_CONFIG}
+    """As a device's, and FailoverConfig: the kernel's notice program reads it
+    (``ibemu.kernel.notice``)."""
+
+    def sma_images(self, *, attrs: Iterable[int] | None = None,
+                   ports: Iterable[int] | None = None) -> dict[tuple[int, int], bytes]:
+        attrs = None if attrs is None else set(attrs)
+        out = super().sma_images(attrs=attrs, ports=ports)
+        if attrs is None or ATTR_FAILOVER_CONFIG in attrs:
+            buf = bytearray(64)
+            self._attr_failover_config(GET, 0, buf, 0, 0)
+            out[(ATTR_FAILOVER_CONFIG, 0)] = bytes(buf)
+        return out
+
+    @property
+    def generation(self) -> int:
+        """The SM's generation of the last FailoverConfig Set."""
+        return self._generation
+
+    def notice_in_kernel(self, port: int, lids: Sequence[int], moved: Mapping[int, tuple[int, int]],
+                         noted: Sequence[int], lost: Sequence[int], fresh: Sequence[int], sent: int,
+                         t_ns: int) -> list[Action]:
+        """A fault notice the kernel handled on ``port`` (``ibemu.kernel.notice``: the LIDs
+        of its bitmap, those moved (entry before, after), noted, lost and announced now,
+        notices sent, the kernel's time): this agent's state, counters and events become
+        what ``_rx_fault_notice`` would have made them, and nothing is done a second time
+        (the kernel wrote the LFT entries and sent the notices). Events carry ``t_ns``."""
+        self.stats["notices_received"] += 1
+        for lid in (*moved, *noted, *lost):
+            self._dead_ends.setdefault(lid, set()).add(port)
+        self.stats["notice_lids_ignored"] += len(lids) - len(moved) - len(noted) - len(lost)
+        self.stats["notice_lids_noted"] += len(noted)
+        actions: list[Action] = []
+        if moved:
+            for lid, (prev, now) in moved.items():
+                self._repaired[lid] = (self._repaired.get(lid, (prev, 0))[0], now)
+            self.stats["notice_lids_moved"] += len(moved)
+            actions.append(Event("local_failover", t_ns, self.node_guid,
+                                 {"port": port, "lids": len(moved), "via": "notice", "kernel": True,
+                                  "moved_lids": sorted(moved)}))
+        if fresh:
+            self._announced.update(fresh)
+            self.stats["notices_sent"] += sent
+            actions.append(Event("fault_notice_sent", t_ns, self.node_guid,
+                                 {"lids": len(fresh), "ports": sent, "exclude": port, "kernel": True}))
+        return actions
+
+    def notice_state(self) -> tuple[dict[int, frozenset[int]], dict[int, tuple[int, int]], frozenset[int]]:
+        """(dead ends, repairs, LIDs announced): what a notice leaves behind (for tests that
+        compare the kernel's state with this agent's)."""
+        return ({lid: frozenset(ports) for lid, ports in self._dead_ends.items() if ports},
+                dict(self._repaired), frozenset(self._announced))
+
+    def announce_port_lost(self, port: int) -> list[Action]:
+        """The fault notices ``link_down`` sends, at the instant the port loses its signal
+        (called by the agent host's carrier thread, before this agent has taken the port
+        down: the port is left out of the ways here): the LIDs routed to ``port`` with no
+        other way up, on every other up port facing a switch. ``link_down`` later finds them
+        announced and sends nothing more. Reads the tables, updates only the announcements
+        and counters (safe beside the agent host's loop under the GIL: at worst a LID is
+        announced twice)."""
+        if not self.notices:
+            return []
+        ports, dead_ends, repaired = self.ports, self._dead_ends, self._repaired
+        lost = []
+        for lid in self.lft.lids_to(port):  # as _egress_candidates, the LFT's entry (port) aside
+            dead = dead_ends.get(lid, ())
+            rep = repaired.get(lid)
+            if not any(p != port and p not in dead and (q := ports.get(p)) is not None and q.link_is_up
+                       for p in (*(rep[:1] if rep else ()), *self.alternates_of(lid)) if p):
+                lost.append(lid)
+        return self._announce(lost, exclude=port)
+
     def alternates_of(self, lid: int) -> tuple[int, ...]:
         """The alternate ports the SM gave ``lid`` (preferred first)."""
         return self.forwarder.alternates_of(lid)
@@ -378,7 +453,8 @@ class SwitchAgent(DeviceAgent):
             changes = self._write_entries(moves)
             self.stats["notice_lids_moved"] += len(moves)
             actions += [LftUpdate(changes, local=True),
-                        self._event("local_failover", port=ingress, lids=len(moves), via="notice")]
+                        self._event("local_failover", port=ingress, lids=len(moves), via="notice",
+                                    moved_lids=sorted(moves))]
         return actions + self._announce(lost, exclude=ingress)
 
     def _write_entries(self, entries: dict[int, int]) -> dict[int, int]:

@@ -75,7 +75,8 @@ from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
-from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket
+from ibemu.kernel.notice import NoticeLog
+from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket, send_holding_gil
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.sma import KernelSma, SmaLog
 from ibemu.kernel.tc import KernelLft
@@ -91,7 +92,7 @@ ETH_LEN = 14
 MAD_AT = ETH_LEN + 28
 BATCH_FRAMES = 32
 """Frames the agents answer at most before their answers go out (``_kernel_reader``)."""
-_SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016)
+_SMA_SET_ATTRS = (0x0012, 0x0015, 0x0016, 0xFF31)
 """What an SMP Set the agent answered may change in the kernel SMA's images."""
 TICK_S = 0.05
 LAZY_BUSY_S = 1.0
@@ -113,6 +114,8 @@ class _Touched:
     port_info: set[int] = field(default_factory=set)
     pkeys: set[int] = field(default_factory=set)
     switch_info: bool = False
+    failover: bool = False
+    """A FailoverConfig Set: its image (the kernel's notice program reads it)."""
 
 
 class Agent(Protocol):
@@ -200,6 +203,10 @@ class AgentHost:
             name: NodeRuntime(fabric.plan.nodes[name], agent) for name, agent in agents.items()
         }
         self.lft_ops = 0
+        self.notices_in_kernel = 0
+        """Fault notices the kernel handled (``kernel.notice``), as its records told."""
+        self._early_actions: deque[tuple[str, list[Action]]] = deque()
+        """Events of the fault notices sent at a cut from the carrier thread, for the loop."""
         self.frames_served = 0
         """Frames the agents took from their sockets (``_kernel_reader``)."""
         self._opened = False
@@ -396,10 +403,11 @@ class AgentHost:
         lft_ = getattr(agent, "lft", None)
         if slot is not None and lft_ is not None:
             kernel_lft = self.fabric.lfts.get(name)
-            fwd = kernel_lft._prog.blocks.fd if isinstance(kernel_lft, MapLft) and kernel_lft._prog else None
+            prog = kernel_lft._prog if isinstance(kernel_lft, MapLft) else None
             lft_.bind(sma.lft_view(slot))
             sma.add_device(dev, is_switch=True, num_ports=agent.num_ports, lft_slot=slot,
-                           lft_blocks=lft_.blocks, fwd_map_fd=fwd)
+                           lft_blocks=lft_.blocks, fwd_map_fd=prog.blocks.fd if prog else None,
+                           alt_map_fd=prog.alts.fd if prog else None)
         else:
             sma.add_device(dev, is_switch=bool(rt.plan.is_switch), num_ports=agent.num_ports)
         sma.forget(dev)
@@ -430,6 +438,8 @@ class AgentHost:
             touched.port_info.add(mod & 0xFF if switch or mod & 0xFF else port)
         elif attr == 0x0016:
             touched.pkeys.add((mod >> 16) & 0xFF if switch else port)
+        elif attr == 0xFF31:
+            touched.failover = True
         else:
             touched.switch_info = True
 
@@ -449,6 +459,8 @@ class AgentHost:
                 out.append((dev, agent.sma_images(attrs=(0x0012, 0x0015), ports=t.port_info)))
             if t.pkeys:
                 out.append((dev, agent.sma_images(attrs=(0x0016,), ports=t.pkeys)))
+            if t.failover:
+                out.append((dev, agent.sma_images(attrs=(0xFF31,), ports=())))
         if out:
             sma.publish_many(out)
 
@@ -551,6 +563,8 @@ class AgentHost:
                 nursery.start_soon(self._ticker)
                 if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
                     nursery.start_soon(self._kernel_sma_log, self.kernel_sma.lft_log)
+                if self.kernel_sma is not None and self.kernel_sma.notice_log is not None:
+                    nursery.start_soon(self._kernel_notice_log, self.kernel_sma.notice_log)
                 task_status.started()
         finally:
             self._stop_carrier_thread()
@@ -566,6 +580,17 @@ class AgentHost:
                 send.send_nowait(changes)
 
         def hand_over(changes: list[CarrierChange[str]]) -> None:  # in the carrier thread
+            ends = []  # every port map written first (a cut's two ends), then the notices
+            for ch in changes:
+                rt = self.nodes.get(ch.key)
+                port = rt.by_ifindex.get(ch.ifindex) if rt is not None else None
+                if not ch.carrier and ch.t_written_ns and rt is not None and port is not None and rt.powered:
+                    ends.append((ch.key, rt, port))
+            if ends:
+                try:
+                    self._announce_early(ends)
+                except Exception:  # the loop's link_down announces what is left
+                    log.exception("early fault notices failed")
             try:
                 token.run_sync_soon(deliver, changes)
             except trio.RunFinishedError:
@@ -870,9 +895,41 @@ class AgentHost:
         lft = self.fabric.lfts.get(name)
         return port is not None and isinstance(lft, MapLft) and lft.set_port_up(port, ev.carrier)
 
+    def _announce_early(self, ends: list[tuple[str, NodeRuntime, int]]) -> None:
+        """In the carrier thread, switch ports lost, their port maps written: their fault
+        notices leave now (``SwitchAgent.announce_port_lost``), not after the loop has heard
+        of the change (0.4-4 ms later on this machine: README). The ends go shortest first
+        (fewest LIDs routed through the lost port: the least Python before their notices
+        leave, which minimizes the ends' mean wait), each sent as soon as computed, on the
+        agents' sockets from this thread keeping the GIL (``packet.send_holding_gil``: each
+        ``send`` let the loop take it for up to its switch interval). Their events go to the
+        loop with the change."""
+        def work(end: tuple[str, NodeRuntime, int]) -> int:
+            lft = getattr(end[1].agent, "lft", None)
+            return len(lft.lids_to(end[2])) if lft is not None else 0
+
+        for name, rt, port in sorted(ends, key=work):
+            announce = getattr(rt.agent, "announce_port_lost", None)
+            if announce is None:
+                continue
+            actions = announce(port)
+            rest = [a for a in actions if not isinstance(a, Send)]
+            if rest:
+                self._early_actions.append((name, rest))
+            by_port: dict[int, list[bytes]] = {}
+            for a in actions:
+                if isinstance(a, Send):
+                    by_port.setdefault(a.port, []).append(rt.eth[a.port] + a.packet)
+            for egress, out in by_port.items():
+                sock = rt.sockets.get(egress)
+                rt.tx_dropped += len(out) if sock is None else send_holding_gil(sock, out)
+
     async def _carrier_events(self, receive: trio.MemoryReceiveChannel[list[CarrierChange[str]]]) -> None:
         """The carrier thread's changes, on this loop: everything but the map write."""
         async for changes in receive:
+            while self._early_actions:  # what the carrier thread's early notices logged
+                name, actions = self._early_actions.popleft()
+                self.dispatch(name, self.nodes[name], actions)
             for ch in changes:
                 rt = self.nodes.get(ch.key)
                 port = rt.by_ifindex.get(ch.ifindex) if rt is not None else None
@@ -1176,6 +1233,31 @@ class AgentHost:
             self.lft_ops += 1
             self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t, "entries": rec.changed,
                                      "ops": 1, "apply_us": 0, "queued_us": 0})
+
+    async def _kernel_notice_log(self, ring: NoticeLog) -> None:
+        """Hand the fault notices the kernel handled (``kernel.notice``) to their switch
+        agents, which take the same state and log the events with the kernel's stamps
+        (``SwitchAgent.notice_in_kernel``). Read as the LFT Set log is, a little after the
+        first record of a burst: the kernel has acted already, only the record is late."""
+        while True:
+            await trio.lowlevel.wait_readable(ring.fd)
+            await trio.sleep(clock.emulated_s(SMA_LOG_DELAY_S))
+            self._kernel_notices(ring)
+
+    def _kernel_notices(self, ring: NoticeLog) -> None:
+        records = ring.read()
+        if not records:
+            return
+        names = {dev: name for name, dev in self._relay_ids.items()}
+        for rec in records:
+            name = names.get(rec.dev)
+            rt = self.nodes.get(name) if name is not None else None
+            mirror = getattr(rt.agent, "notice_in_kernel", None) if rt is not None else None
+            if name is None or rt is None or mirror is None:
+                continue
+            self.notices_in_kernel += 1
+            self.dispatch(name, rt, mirror(rec.port, rec.lids, rec.moved, rec.noted, rec.lost, rec.fresh,
+                                           rec.sent, clock.to_emulated_ns(rec.t_ns)))
 
     @property
     def lft_backlog(self) -> int:

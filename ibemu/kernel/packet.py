@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import socket
 import struct
 from collections.abc import Iterable
@@ -114,3 +115,19 @@ def kernel_stamp(ancillary: Iterable[tuple[int, int, bytes]]) -> int | None:
             sec, nsec = _TIMESPEC.unpack_from(data)
             return int(sec * 1_000_000_000 + nsec)
     return None
+
+
+_libc_held = ctypes.PyDLL(None, use_errno=True)
+"""libc called without releasing the GIL (``send_holding_gil``)."""
+
+
+def send_holding_gil(sock: socket.socket, frames: Iterable[bytes]) -> int:
+    """Send ``frames`` on a packet socket, one ``send`` each, keeping the GIL across them (a
+    thread that has just got it must not queue for it again per frame: the agent host's loop
+    takes it for up to its switch interval each time). Returns how many failed."""
+    fd, failed = sock.fileno(), 0
+    for frame in frames:
+        if _libc_held.send(fd, frame, len(frame), 0) < 0:
+            failed += 1
+    return failed
+

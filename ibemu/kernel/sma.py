@@ -30,6 +30,12 @@ classifier leaves VL15 to it (``MapLft.set_vl15_to_sma``) and it forwards LID-ro
 itself, by the same LFT, as ``Forwarder.route`` does for VL15, with each cable's addresses:
 every SMP reaches the next node addressed to the port it arrives on.
 
+Fault notices (ibemu's vendor Trap FaultNotice 0xFF32, one hop, at a switch): after the same
+checks the program tail-calls the notice programs (``sma_tail``, ``kernel.notice``), which
+handle the notice in the kernel as the switch agent would and log it for the agent; where
+they are not loaded, or decline (notices off, a port not facing a switch), the notice goes
+up to the agent as before.
+
 Everything else goes up to the agent unchanged (TC_ACT_UNSPEC): PortInfo/SwitchInfo/P_Key
 Sets and every other attribute or method, traps, responses, PMA, LID-routed heads and tails
 of DR SMPs, permissive-DLID LID-routed SMPs, bad versions, modifiers the maps lack (the
@@ -70,6 +76,7 @@ Deviations (documented, deliberate):
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import logging
 import mmap
@@ -80,7 +87,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ibemu.kernel import bpf, clsact, elf
+from ibemu.kernel import bpf, clsact, elf, lft_map, notice
 from ibemu.kernel.commands import KernelError
 from ibemu.kernel.dr_relay import (
     CRC16_TABLE,
@@ -121,12 +128,18 @@ def object_path(src: str = SRC) -> tuple[str | None, str]:
     """The compiled object for ``src`` (built next to it by ``make bpf``, else in the user's
     cache, compiled there on first use): (path or None, why not)."""
     try:
+        h = hashlib.sha256()
         with open(src, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()[:16]
+            h.update(f.read())
+        for header in sorted(glob.glob(os.path.join(os.path.dirname(src), "*.h"))):
+            with open(header, "rb") as f:  # what the sources include (crc.h)
+                h.update(f.read())
+        digest = h.hexdigest()[:16]
     except OSError as exc:
         return None, f"no source {src}: {exc}"
     beside = os.path.splitext(src)[0] + ".o"
-    if os.path.exists(beside) and os.path.getmtime(beside) >= os.path.getmtime(src):
+    newest = max([os.path.getmtime(src)] + [os.path.getmtime(h) for h in glob.glob(os.path.join(os.path.dirname(src), "*.h"))])
+    if os.path.exists(beside) and os.path.getmtime(beside) >= newest:
         return beside, ""
     cached = os.path.join(_cache_dir(), f"{os.path.basename(src)[:-2]}-{digest}.o")
     if os.path.exists(cached):
@@ -168,6 +181,16 @@ class SmaLog:
         self._ring.close()
 
 
+BPF_MAP_TYPE_PROG_ARRAY = 3
+
+
+def alt_template() -> bpf.Map:
+    """A map shaped like every switch's alternates (``lft_map``'s ``ibemu_lft_alt``), for
+    ``sma_alt``."""
+    return bpf.Map(bpf.BPF_MAP_TYPE_HASH, 4, lft_map.ALT_VALUE, lft_map.N_BLOCKS, "ibemu_alt_tmpl",
+                   flags=bpf.BPF_F_NO_PREALLOC)
+
+
 def lft_template() -> bpf.Map:
     """A map shaped like every switch's forwarding map (``lft_map``), for ``sma_fwd``."""
     return bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS, "ibemu_lft_tmpl", flags=bpf.BPF_F_MMAPABLE)
@@ -177,7 +200,8 @@ class KernelSma:
     """The loaded program and its maps (see the module docstring). ``lft_slots``: how many
     switches keep their raw LFT in ``sma_lft``."""
 
-    def __init__(self, *, lft_slots: int, attr_entries: int = 131072, obj_path: str | None = None) -> None:
+    def __init__(self, *, lft_slots: int, attr_entries: int = 131072, obj_path: str | None = None,
+                 notices: bool = True) -> None:
         path = obj_path
         if path is None:
             path, why = object_path()
@@ -188,6 +212,13 @@ class KernelSma:
         self._template = lft_template()
         self.fwd = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, "sma_fwd",
                            inner_map_fd=self._template.fd)
+        self._alt_template = alt_template()
+        self.alt = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, "sma_alt",
+                           inner_map_fd=self._alt_template.fd)
+        self.tail = bpf.Map(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 2, "sma_tail")
+        self.notices: elf.Loaded | None = None
+        self.notices_tx: elf.Loaded | None = None
+        self.notice_log: notice.NoticeLog | None = None
         self.lft = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY, 4, 64, max(1, lft_slots) * LFT_BLOCKS, "sma_lft",
                            flags=bpf.BPF_F_MMAPABLE)
         self._mm: mmap.mmap | None = None
@@ -196,7 +227,7 @@ class KernelSma:
         try:
             self._mm = mmap.mmap(self.lft.fd, self.lft.max_entries * 64, mmap.MAP_SHARED,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
-            self.loaded = elf.load(obj, maps={"sma_fwd": self.fwd, "sma_lft": self.lft},
+            self.loaded = elf.load(obj, maps={"sma_fwd": self.fwd, "sma_lft": self.lft, "sma_tail": self.tail},
                                    sizes={"sma_attr": attr_entries})
         except BaseException:
             self.close()
@@ -205,6 +236,8 @@ class KernelSma:
         self.ports, self.out, self.dev, self.attr = m["sma_ports"], m["sma_out"], m["sma_dev"], m["sma_attr"]
         m["sma_crc"].update(b"\0\0\0\0", bpf.pack_u32s(bpf.crc_slices(CRC32_TABLE))
                             + bpf.pack_u32s(bpf.crc_slices(CRC16_TABLE)))
+        if notices:
+            self._load_notices(m)
         try:
             self.lft_log = SmaLog(m["sma_log"])
         except BaseException:
@@ -217,10 +250,50 @@ class KernelSma:
         self._outs: dict[tuple[int, int], tuple[int, bytes, bytes]] = {}
         self._enabled: dict[int, bool] = {}
 
+    def _load_notices(self, m: Mapping[str, bpf.Map]) -> None:
+        """The fault notice programs (``kernel.notice``), sharing the SMA's maps, into
+        ``sma_tail``. Where they cannot load, notices stay with the agents (logged once)."""
+        paths = [object_path(src) for src in (notice.SRC, notice.TX_SRC)]
+        why = next((w for path, w in paths if path is None), None)
+        if why is not None:
+            log.warning("fault notices are handled by the Python agents only: %s", why)
+            return
+        shared = {name: m[name] for name in ("sma_out", "sma_dev", "sma_attr", "sma_crc")}
+        shared.update({"sma_lft": self.lft, "sma_fwd": self.fwd, "sma_alt": self.alt, "sma_tail": self.tail})
+        try:
+            with open(str(paths[1][0]), "rb") as f:
+                self.notices_tx = elf.load(elf.parse(f.read()), maps=shared)
+            deltas = notice.crc_deltas()
+            self.notices_tx.maps["sma_ndelta"].update_many(
+                [(struct.pack("=I", v), deltas[v * 8:v * 8 + 8]) for v in range(256)])
+            with open(str(paths[0][0]), "rb") as f:
+                self.notices = elf.load(elf.parse(f.read()), maps=shared)
+            self.notice_log = notice.NoticeLog(self.notices.maps["sma_nlog"])
+            self.tail.update(struct.pack("=I", 1), struct.pack("=I", self.notices_tx.prog_fd))
+            self.tail.update(struct.pack("=I", 0), struct.pack("=I", self.notices.prog_fd))
+        except elf.LoadError as exc:
+            log.warning("fault notices are handled by the Python agents only: eBPF program %s rejected (%s)\n%s",
+                        exc.name, exc.reason, exc.tail)
+            self._close_notices()
+        except (OSError, KernelError) as exc:
+            log.warning("fault notices are handled by the Python agents only: %s", exc)
+            self._close_notices()
+
+    def _close_notices(self) -> None:
+        with contextlib.suppress(OSError):
+            self.tail.delete(struct.pack("=I", 0))
+        if self.notice_log is not None:
+            self.notice_log.close()
+            self.notice_log = None
+        for loaded in (self.notices, self.notices_tx):
+            if loaded is not None:
+                loaded.close()
+        self.notices = self.notices_tx = None
+
     # ------------------------------------------------------------------ devices
 
     def add_device(self, dev: int, *, is_switch: bool, num_ports: int, lft_slot: int | None = None,
-                   lft_blocks: int = 0, fwd_map_fd: int | None = None) -> None:
+                   lft_blocks: int = 0, fwd_map_fd: int | None = None, alt_map_fd: int | None = None) -> None:
         """Device ``dev`` (1 .. 16383). A switch with ``lft_slot`` keeps its raw LFT in the
         shared array (``lft_view``); with ``fwd_map_fd`` (its ``ibemu_lft`` map) the kernel
         answers LFT Sets too."""
@@ -238,6 +311,11 @@ class KernelSma:
                 self.fwd.update(struct.pack("=I", dev), struct.pack("=I", fwd_map_fd))
             except OSError as exc:  # a forwarding map of another shape: LFT Sets stay in Python
                 log.debug("device %d: no kernel LFT Set: %s", dev, exc)
+        if alt_map_fd is not None and lft_blocks:
+            try:  # fault notices in the kernel (``kernel.notice``) read the alternates there
+                self.alt.update(struct.pack("=I", dev), struct.pack("=I", alt_map_fd))
+            except OSError as exc:
+                log.debug("device %d: no alternates for the notice program: %s", dev, exc)
         self.dev.update(struct.pack("=I", dev), _DEV.pack(base, lft_blocks, int(is_switch), num_ports))
 
     def lft_view(self, slot: int) -> memoryview:
@@ -325,6 +403,7 @@ class KernelSma:
         if self.lft_log is not None:
             self.lft_log.close()
             self.lft_log = None
+        self._close_notices()
         if self.loaded is not None:
             self.loaded.close()
             self.loaded = None
@@ -332,5 +411,5 @@ class KernelSma:
             with contextlib.suppress(BufferError):  # an agent still holds a view: it goes with that
                 self._mm.close()
             self._mm = None
-        for m in (self.fwd, self.lft, self._template):
+        for m in (self.fwd, self.lft, self._template, self.alt, self._alt_template, self.tail):
             m.close()

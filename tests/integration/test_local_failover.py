@@ -178,6 +178,9 @@ def test_ftree_ar_fails_over_in_the_kernel_before_the_sm_reroutes(live: Live) ->
             moved = [r for r in _fabric_events(live, "local_failover", t_cut, 0) if r.get("via") == "notice"]
         assert far.node in {r["node"] for r in sent}, "the far side of the cut sent no notice"
         assert moved, "no switch moved on a fault notice"
+        sma = live.rt.host.kernel_sma if live.rt.host is not None else None
+        if sma is not None and sma.notices is not None:  # the kernel moved them (kernel.notice)
+            assert all(r.get("kernel") for r in moved), moved
         deadline = time.monotonic() + 1  # the notices travel 3 switches (a few ms)
         while live.blast("h15", "h1", 20) < 20 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from ibemu.agents.actions import Action, Send
 from ibemu.agents.ca import CaAgent
 from ibemu.agents.switch import ATTR_FAULT_NOTICE, SwitchAgent
 from ibemu.sm.program import alt_blocks, failover_config, lft_blocks
@@ -16,6 +17,7 @@ from ibemu.sm.routing.alternates import compute_ar
 from ibemu.testing.fromtopo import graph_of
 from ibemu.testing.wiring import InMemoryFabric
 from ibemu.topo.generators import generate
+from ibemu.wire.madpacket import MAD_OFFSET
 
 ATTR_FAILOVER_CONFIG = 0xFF31
 
@@ -233,3 +235,28 @@ def test_a_notice_from_a_switch_the_sm_did_not_list_is_counted_and_ignored() -> 
         assert sw.stats["notice_ignored"] >= 1, name
         assert {lid: sw.lft.raw(lid) for lid in lids.values()} == before
     assert unreachable(fab, lids, edge_of)  # nobody upstream moved: the far side blackholes
+
+
+def _notices(actions: list[Action]) -> list[tuple[int, bytes]]:
+    return sorted((a.port, bytes(a.packet[MAD_OFFSET + 64:MAD_OFFSET + 128])) for a in actions
+                  if isinstance(a, Send) and struct.unpack_from("!H", a.packet, MAD_OFFSET + 16)[0] == ATTR_FAULT_NOTICE)
+
+
+def test_notices_at_loss_of_signal_are_link_downs_and_not_sent_twice() -> None:
+    """``announce_port_lost`` (the agent host's carrier thread, at the cut, before the agent
+    has taken the port down) sends what ``link_down`` would, and ``link_down`` after it sends
+    nothing more, for every switch port of the tree."""
+    fab_a, _lids, _edge_of = build()
+    fab_b, _lids, _edge_of = build()
+    checked = 0
+    for name, a in fab_a.agents.items():
+        if not isinstance(a, SwitchAgent):
+            continue
+        b = fab_b.agents[name]
+        assert isinstance(b, SwitchAgent)
+        for port in sorted(p for p in a.ports if p):
+            early = a.announce_port_lost(port)
+            assert _notices(early) == _notices(b.link_down(port))
+            assert _notices(a.link_down(port)) == []
+            checked += bool(_notices(early))
+    assert checked >= 8, "the tree must have ports whose loss is announced"

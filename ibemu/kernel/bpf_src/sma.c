@@ -46,6 +46,8 @@ struct ibemu_map {
 #define ATTR_PORT_INFO 0x0015
 #define ATTR_PKEY_TABLE 0x0016
 #define ATTR_LFT 0x0019
+#define ATTR_FAULT_NOTICE 0xFF32
+#define METHOD_TRAP 5
 /* Not an attribute (IDs are 16 bits): the agent's M_Key state of a port (DeviceAgent.mkey_guard):
  * M_Key (8 bytes, big-endian), protect bits, 1 while a lease countdown runs. */
 #define ATTR_MKEY_GUARD 0x10015
@@ -88,6 +90,9 @@ struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_M
 struct ibemu_map sma_fwd SEC("maps") = { BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, 0 };
 /* What the kernel did that the agents would have logged: one record per LFT block Set that
  * changed the block, read by the agent host (ibemu/kernel/sma.py, SmaLog). */
+/* [0]: the fault notice program (notice.c), tail-called for a FaultNotice checked here;
+ * [1]: its second half (notice_tx.c) */
+struct ibemu_map sma_tail SEC("maps") = { BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 2, 0 };
 struct ibemu_map sma_log SEC("maps") = { BPF_MAP_TYPE_RINGBUF, 0, 0, 1 << 18, 0 };
 struct lft_rec {	/* sma_log record */
 	__u64 t_ns;		/* bpf_ktime_get_ns(): CLOCK_MONOTONIC when the forwarding map had it */
@@ -350,6 +355,15 @@ int ibemu_sma(struct __sk_buff *skb)
 			} else {	/* hp == n: ours if DrDLID is permissive */
 				if (be16(p + MAD + 34) != 0xffff)
 					return PASS;
+				/* a neighbour's fault notice (one hop): the notice program takes it */
+				if (n == 1 && dv->is_switch && p[MAD + 3] == METHOD_TRAP && p[MAD] == 1 &&
+				    p[MAD + 2] == 1 && be16(p + MAD + 16) == ATTR_FAULT_NOTICE) {
+					skb->cb[0] = 0;	/* the notice program's first stage */
+					skb->cb[1] = dev;
+					skb->cb[2] = ingress;
+					bpf_tail_call(skb, &sma_tail, 0);
+					return PASS;	/* no notice program: the agent */
+				}
 				rp_at = hp;
 				answer = 1;
 			}

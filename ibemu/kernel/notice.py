@@ -1,0 +1,141 @@
+"""Fault notices handled in the kernel: the eBPF SMA's second program (``bpf_src/notice.c``).
+
+The kernel SMA (``sma``) checks a FaultNotice (ibemu's vendor attribute 0xFF32,
+``ibemu.agents.switch``) like any SMP it takes: canonical frame, CRCs, a port it knows whose
+link is up, a directed route at its last hop with DrDLID permissive; one hop (HopCount 1),
+method Trap, on a switch. It then tail-calls this program (``sma_tail[0]``) with the device
+and the ingress port in ``skb->cb[1..2]``. The program does what the switch agent's
+``_rx_fault_notice`` does, in the kernel, so that a notice costs each hop one program run
+instead of a trip through the agent host's loop (measured before: 2-7 ms a hop, mostly
+waiting for the loop; README, "Fault notices between switches"):
+
+- it takes the notice only if the switch's FailoverConfig (published by the agent into
+  ``sma_attr`` as ``(0xFF31, 0)``, as every other image) has notices on and the ingress port
+  among the ports facing a switch, the switch has at most 63 ports (the per-LID state keeps
+  a bit per port) and its maps are there; anything else goes up to the agent unchanged,
+  which counts and ignores it (``notice_ignored``, ``notice_not_neighbour``);
+- for each LID of the bitmap (0 < LID <= LinearFDBTop) whose ways include the ingress port
+  (the ways: the LFT entry, the SM's entry of a LID repaired before, the alternates of
+  ``ibemu_lft_alt``, reached through the map of maps ``sma_alt``; each with its link up in
+  the agent's PortInfo and not a dead end) the port becomes a dead end; if it was the way in
+  use, the LID moves to the first other way (the raw LFT ``sma_lft``, shared with the
+  agent's ``Lft``, and the forwarding map ``ibemu_lft`` written, as ``LftUpdate(local=True)``
+  would), else, if none is left, it is announced onwards once;
+- the LIDs to announce go out at once: the frame is rewritten into the agent's notice
+  (bitmap, TID, hop fields, both paths cleared, ICRC and VCRC recomputed once) and cloned to
+  every other port facing a switch whose link is up (``bpf_clone_redirect``), each clone with
+  InitialPath[1] = its port and both CRCs patched by a table (``sma_ndelta``: the CRCs are
+  linear, so setting one byte of a fixed-length frame changes them by a constant per value);
+- one record per notice to the ring buffer ``sma_nlog`` (:class:`NoticeRecord`): what moved
+  (entry before and after), what was noted, lost and announced, how many notices went out,
+  the kernel's time. The frame itself is consumed.
+
+The agent stays the reference model and sees the same state: the agent host reads the
+records and hands each to ``SwitchAgent.notice_in_kernel``, which updates the agent's dead
+ends, repairs, announcements and counters from it and writes the ``local_failover`` and
+``fault_notice_sent`` events stamped with the kernel's time, acting no second time (no LFT
+write, nothing sent). The kernel keeps its own state per (switch, 64-LID block) in
+``sma_nstate`` (dead-end port bits, the SM's entry and the repaired entry, the LIDs
+announced), tagged with the FailoverConfig generation: a new generation published by the
+agent (the SM's ``groups_programmed``) ends the kernel's repairs with the agent's.
+``tests/integration/test_notice_bpf.py`` proves kernel and agent equal on generated tables
+and notices (BPF_PROG_TEST_RUN).
+
+Deviations (documented, deliberate):
+- The onward notices' TID: ``node GUID & 0xFFFF << 48 | 1 << 47 | 1 << 46 | n``, one per
+  announcement for all its ports (the agent: bit 46 clear, one per port sent); their BTH PSN
+  is the received notice's. Nothing reads either.
+- LIDs the agent announced itself on a carrier loss are not in the kernel's state: a notice
+  that later makes the kernel find them without a way announces them once more, and the
+  neighbours ignore a LID they no longer route through the sender.
+- LFT Sets the agent answers itself end its repairs of that block (``_forget_repairs``); the
+  kernel's state of those LIDs stays until the next generation.
+- The TID counter is not atomic (two CPUs announcing for one switch at once may repeat one).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from ibemu.kernel import bpf
+from ibemu.wire.madpacket import reseal
+
+SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice.c")
+TX_SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice_tx.c")
+PROG_NAME = "ibemu_notice"
+ATTR_FAILOVER_CONFIG = 0xFF31
+FRAME = 290
+"""A management packet's bytes, LRH .. VCRC (the program sees 14 more: Ethernet)."""
+IP1_AT = 28 + 128 + 1
+"""InitialPath[1] in the packet (LRH at 0)."""
+_REC = struct.Struct("=QIIIHH64s64s64s64s64s512s512s")
+
+
+def crc_deltas() -> bytes:
+    """``sma_ndelta``: per value v of InitialPath[1], (ICRC, VCRC) of a management packet
+    with v there XOR the same packet with 0 there (any packet: CRCs of equal lengths are
+    linear), 256 entries of two u32."""
+    base = bytearray(FRAME)
+    base[0] = 0xF0
+    base[1] = 0x02
+    zero = reseal(bytearray(base))
+    out = bytearray()
+    for v in range(256):
+        b = bytearray(base)
+        b[IP1_AT] = v
+        sealed = reseal(b)
+        icrc = int.from_bytes(sealed[-6:-2], "little") ^ int.from_bytes(zero[-6:-2], "little")
+        vcrc = int.from_bytes(sealed[-2:], "little") ^ int.from_bytes(zero[-2:], "little")
+        out += struct.pack("=II", icrc, vcrc)
+    return bytes(out)
+
+
+def _bits(bitmap: bytes, base: int) -> list[int]:
+    return [base + i * 8 + b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte >> b & 1]
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeRecord:
+    """One notice the kernel handled (``sma_nlog``); LIDs absolute."""
+
+    t_ns: int
+    """``CLOCK_MONOTONIC`` once the maps had every move (before the onward notices left)."""
+    dev: int
+    port: int
+    block: int
+    sent: int
+    """Onward notices sent (ports)."""
+    lids: tuple[int, ...]
+    moved: dict[int, tuple[int, int]]
+    """LID -> (entry before, entry after)."""
+    noted: tuple[int, ...]
+    lost: tuple[int, ...]
+    fresh: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, raw: bytes | memoryview) -> NoticeRecord:
+        (t_ns, dev, port, block, sent, _flags, bitmap, moved, noted, lost, fresh, prev,
+         now) = _REC.unpack_from(raw)
+        base = block * 512
+        return cls(t_ns, dev, port, block, sent, tuple(_bits(bitmap, base)),
+                   {lid: (prev[lid - base], now[lid - base]) for lid in _bits(moved, base)},
+                   tuple(_bits(noted, base)), tuple(_bits(lost, base)), tuple(_bits(fresh, base)))
+
+
+class NoticeLog:
+    """The agent host's reader of ``sma_nlog``: ``fd`` polls readable when records wait."""
+
+    def __init__(self, ring: bpf.Map) -> None:
+        self._ring = bpf.RingBuffer(ring)
+        self.fd = self._ring.fd
+
+    def read(self) -> list[NoticeRecord]:
+        return [NoticeRecord.parse(raw) for raw in self._ring.read() if len(raw) >= _REC.size]
+
+    def close(self) -> None:
+        self._ring.close()
+
+
+__all__ = ["ATTR_FAILOVER_CONFIG", "NoticeLog", "NoticeRecord", "crc_deltas"]
