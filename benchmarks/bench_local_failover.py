@@ -25,7 +25,8 @@ arrival, from the fault); when the agent host's carrier thread saw the flow's po
 notifications) was told, so that the kernel's share of the carrier path shows. Per run the
 steps of the carrier path (fault -> notification read -> port map written -> the agent host's
 loop notified -> trap 128 sent -> trap received by the SM) and the SM's reroute. The fault's
-stamp is the netlink request leaving for the kernel (``rtnl.set_up``).
+stamp is the cut as the injector makes it (``AgentHost.set_ports``: the loss of signal told to
+the carrier thread; the kernel is asked to close the interfaces after).
 
 ``--stall-ms N`` (with ``--stall-s S``, default 3): from the fault on, this process (the agent
 host's: its agents answer every SMP of the SM's MAD socket) is held N ms at a time, 5 ms
@@ -829,7 +830,7 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
             "cut_to_last_map_written_ms", "cut_to_agent_notified_ms", "cut_to_trap_sent_ms", "cut_to_sm_trap_ms",
             "cut_to_first_notice_sent_ms", "cut_to_first_notice_move_ms", "cut_to_last_notice_move_ms",
             "notice_moves", "notice_moves_in_kernel", "cut_to_sm_routed_ms", "cut_to_sm_programmed_ms")
-    print("  steps, per run (fault = the netlink request leaving for the kernel):")
+    print("  steps, per run (fault = the cut, AgentHost.set_ports' stamp):")
     for k in keys:
         cells = [mmm([r[k] for r in rows[engine] if k in r], "{:.3f}") for engine in rows]
         if cells != ["-", "-"]:
