@@ -1138,7 +1138,7 @@ class AgentHost:
         events logged from them are as timely either way."""
         while True:
             await trio.lowlevel.wait_readable(ring.fd)
-            await trio.sleep(clock.emulated_s(SMA_LOG_DELAY_S))
+            await trio.sleep(clock.loop_s(SMA_LOG_DELAY_S))
             self._log_kernel_lft_sets(ring)
 
     def _log_kernel_lft_sets(self, ring: SmaLog) -> None:
