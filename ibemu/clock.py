@@ -126,6 +126,26 @@ def emulated_s(real_s: float) -> float:
     return real_s / _dilation
 
 
+def loop_s(real_s: float) -> float:
+    """A real duration in the running trio loop's seconds, for a sleep that must last
+    ``real_s`` of real time (a poll, a refresh period): emulated seconds (``emulated_s``) on a
+    ``trio_clock()`` loop, ``real_s`` itself on a loop on trio's own clock in a process whose
+    emulated clock is dilated (the benchmarks' live fabric, dilated after it came up), where
+    ``emulated_s`` would make a 50 ms poll 2.5 us at N = 20,000: a busy loop. Outside trio:
+    ``emulated_s``."""
+    if _dilation == 1.0:
+        return real_s
+    import trio
+
+    try:
+        running = trio.lowlevel.current_clock()
+    except RuntimeError:  # not in a trio run
+        return real_s / _dilation
+    if _trio_clock_class is not None and isinstance(running, _trio_clock_class):
+        return real_s / _dilation
+    return real_s
+
+
 def real_s(emulated_s: float) -> float:
     """An emulated duration in real seconds."""
     return emulated_s * _dilation

@@ -503,6 +503,12 @@ def append(path: Path, record: Mapping[str, Any]) -> None:
         f.write(encode(record))
 
 
+def append_all(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Append the records to the log at ``path``, opened once for them."""
+    with open(path, "a") as f:
+        f.writelines(encode(r) for r in records)
+
+
 def write_all(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
     """Write the log at ``path`` anew with ``records``."""
     with open(path, "w") as f:

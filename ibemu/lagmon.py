@@ -204,5 +204,5 @@ async def watch_from_env(name: str, *, task_status: trio.TaskStatus[None] = trio
         return
     # the schedule in real time (10 ms, a record a second) at any dilation: at N = 20,000 an
     # emulated 10 ms period would be 200 s of real time, and a run would end unsampled
-    await watch(name, file_sink(path), period_s=clock.emulated_s(PERIOD_S), report_s=clock.emulated_s(REPORT_S),
+    await watch(name, file_sink(path), period_s=clock.loop_s(PERIOD_S), report_s=clock.loop_s(REPORT_S),
                 task_status=task_status)

@@ -1002,8 +1002,9 @@ class AgentHost:
             busy, served = self.frames_served != served, self.frames_served
             waited_s, at_most = lazy_flush(busy)
             self.events.flush(waited_s=waited_s, at_most=at_most)
-            if self.links is not None:
-                self.links.tick({name: rt.agent for name, rt in self.nodes.items()})
+            if self.links is not None:  # in steps, a checkpoint between them (LinkPlane.tick_steps)
+                for _ in self.links.tick_steps({name: rt.agent for name, rt in self.nodes.items()}):
+                    await trio.lowlevel.checkpoint()
             now = clock.now_ns()
             for name, rt in self.nodes.items():
                 if not rt.plan.is_switch and isinstance(rt.agent, DeviceAgent) and rt.agent.next_deadline() is None:
@@ -1213,7 +1214,7 @@ class AgentHost:
         events logged from them are as timely either way."""
         while True:
             await trio.lowlevel.wait_readable(ring.fd)
-            await trio.sleep(clock.emulated_s(SMA_LOG_DELAY_S))
+            await trio.sleep(clock.loop_s(SMA_LOG_DELAY_S))
             self._log_kernel_lft_sets(ring)
 
     def _log_kernel_lft_sets(self, ring: SmaLog) -> None:

@@ -211,7 +211,7 @@ async def watch(host: AgentHost, run_dir: Path, feed: LiveFeed) -> None:
     next_pass = 0.0
     next_events = 0.0
     while True:
-        await trio.sleep(clock.emulated_s(STATE_POLL_S))  # real seconds, on a dilated fabric too
+        await trio.sleep(clock.loop_s(STATE_POLL_S))  # real seconds, on a dilated fabric too
         now = _ports_json(port_states(host))
         changed: dict[str, dict[str, list[Any]]] = {}
         for node, ports in now.items():
@@ -223,14 +223,14 @@ async def watch(host: AgentHost, run_dir: Path, feed: LiveFeed) -> None:
             last = now
         t = trio.current_time()
         if t >= next_events:
-            next_events = t + clock.emulated_s(EVENT_POLL_S)
+            next_events = t + clock.loop_s(EVENT_POLL_S)
             records = [{"source": source, **r} for source, tail in tails for r in tail.new() if _shown(source, r)]
             if records:
                 records.sort(key=lambda r: r.get("t_ns", 0))
                 feed.publish("events", records, "events")
         if feed.clients and (cursor or t >= next_pass):  # a pass over the nodes, a batch a tick
             if not cursor:
-                next_pass = t + clock.emulated_s(COUNTER_POLL_S)
+                next_pass = t + clock.loop_s(COUNTER_POLL_S)
             batch = order[cursor:cursor + COUNTER_BATCH]
             feed.publish("counters", port_counters(host, nodes=batch), "counters", merge=True)
             cursor = cursor + COUNTER_BATCH if cursor + COUNTER_BATCH < len(order) else 0

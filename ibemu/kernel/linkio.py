@@ -32,12 +32,15 @@ from typing import Any
 import trio
 
 from ibemu import clock, lagmon
-from ibemu.events import Kind, append
+from ibemu.events import Kind, append_all
 from ibemu.kernel.packet import take_drops
 from ibemu.kernel.ring import TxBatcher
 from ibemu.kernel.timerfd import TimerFd
 from ibemu.physics.live import Departure, LinkStats, LivePlane
 from ibemu.physics.model import Node
+
+REPORT_CHUNK = 16
+"""Ports per piece of a link report (``LiveLinks.report_parts``)."""
 
 
 class LiveLinks:
@@ -124,23 +127,35 @@ class LiveLinks:
         """The ``link_fidelity`` records of the interval since the last call (written to the
         lag log when there is one): per switch port that sent frames or whose socket dropped
         some it was sent (the kernel's count: the datapath did not read them in time)."""
+        return [rec for part in self.report_parts(final=final) for rec in part()]
+
+    def report_parts(self, *, final: bool = False, chunk: int = REPORT_CHUNK) -> list[Callable[[], list[dict[str, Any]]]]:
+        """``report_links`` in pieces, for a caller that yields its loop between them: the
+        interval ends now (the stats are taken at once), and each piece reads the socket drops,
+        builds and writes the records of ``chunk`` ports. A k=4 fat-tree's report in one piece
+        held the agent host's loop 2.3-3.4 ms once a second (timed by hand), one late
+        wake-up a second: 1% of the lag monitor's samples, its p99."""
         stats = self.plane.take_stats()
-        drops: dict[tuple[str, int], int] = {}
-        for key, st in self.plane.stats.items():
+        since, self._since_ns = self._since_ns, clock.now_ns()
+        keys = sorted(set(self.plane.stats) | set(stats))
+        return [lambda part=keys[i:i + chunk]: self._report(part, stats, since, final)  # type: ignore[misc]
+                for i in range(0, len(keys), chunk)]
+
+    def _report(self, keys: list[tuple[str, int]], stats: dict[tuple[str, int], LinkStats], since: int,
+                final: bool) -> list[dict[str, Any]]:
+        recs = []
+        for key in keys:
             sock = self._sockets(*key)
             n = take_drops(sock) if sock is not None else 0
-            if n:
-                drops[key] = n
-                stats.setdefault(key, LinkStats(st.gbps))
-        since, self._since_ns = self._since_ns, clock.now_ns()
-        recs = [link_record(f"{sw}:{port}", st, since, final=final, rx_drops=drops.get((sw, port), 0))
-                for (sw, port), st in sorted(stats.items())]
+            st = stats.get(key)
+            if st is None:
+                if not n:
+                    continue
+                st = LinkStats(self.plane.stats[key].gbps)
+            recs.append(link_record(f"{key[0]}:{key[1]}", st, since, final=final, rx_drops=n))
         if self.lag_log and recs:
-            for rec in recs:
-                try:
-                    append(Path(self.lag_log), rec)
-                except OSError:
-                    break
+            with contextlib.suppress(OSError):
+                append_all(Path(self.lag_log), recs)
         return recs
 
 

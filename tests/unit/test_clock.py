@@ -138,3 +138,25 @@ def test_trio_timeouts_dilated() -> None:
 
     real = trio.run(main, clock=clock.trio_clock())
     assert 0.115 <= real < 0.5
+
+
+def test_a_real_time_poll_lasts_its_real_time_on_either_loop() -> None:
+    """``loop_s``: a poll of 20 ms of real time sleeps 20 ms of real time on a loop on trio's own
+    clock in a process whose emulated clock is dilated (the benchmarks' live fabric, dilated
+    after it came up), where ``emulated_s`` slept 1 us at N = 20,000 and the sysfs refresh spun
+    (a third of the agent host's loop); and 20 ms of real time on a ``trio_clock()`` loop."""
+    clock.configure(20_000)
+
+    async def poll(n: int) -> tuple[float, float]:
+        t0 = time.monotonic()
+        for _ in range(n):
+            await trio.sleep(clock.loop_s(0.02))
+        return clock.loop_s(0.02), (time.monotonic() - t0) / n
+
+    dur, real = trio.run(poll, 3)  # trio's own clock
+    assert dur == 0.02 and 0.019 < real < 0.2
+    dur, real = trio.run(poll, 3, clock=clock.trio_clock())
+    assert dur == pytest.approx(0.02 / 20_000) and 0.019 < real < 0.2
+    assert clock.loop_s(0.02) == pytest.approx(0.02 / 20_000)  # outside trio: emulated_s
+    clock.configure(1)
+    assert trio.run(poll, 1)[0] == 0.02

@@ -116,3 +116,36 @@ def test_the_qos_the_sm_programmed_reaches_the_model_once_per_change() -> None:
         assert up.credits[1] == full - 65 and up.credits[0] == full  # SL1 went on VL1
     finally:
         lp.close()
+
+
+def test_the_report_goes_in_pieces_with_the_records_of_one_report(tmp_path: Any) -> None:
+    """``tick_steps`` yields between the QoS tables, the counters, the credit loops and each
+    piece of the link report (``report_parts``, 16 ports a piece), so the agent host's ticker
+    can give its loop a checkpoint between them; the pieces write, in order, the records the
+    report in one piece writes, in one interval."""
+    from ibemu import clock
+    from ibemu.events import read_events
+
+    sim, _lids = fabric_sim(generate("fat-tree", k=4), "minhop")
+    log, counts = Log(), []
+    lp = plane_of(sim.nodes, log, counts)
+    try:
+        keys = sorted(lp.plane.stats)
+        assert len(keys) > 32  # more than two pieces
+        for i, key in enumerate(keys):  # every port sent i + 1 frames since the last report
+            lp.plane.stats[key] = LinkStats(100.0, frames=i + 1, bytes=100 * (i + 1), late_ns=[i * 10])
+        lp.lag_log = str(tmp_path / "one.jsonl")
+        one = lp.report_links()
+        for i, key in enumerate(keys):
+            lp.plane.stats[key] = LinkStats(100.0, frames=i + 1, bytes=100 * (i + 1), late_ns=[i * 10])
+        lp.lag_log = str(tmp_path / "pieces.jsonl")
+        lp._last_report = clock.monotonic() - 10.0  # a report is due
+        steps = sum(1 for _ in lp.tick_steps({}))
+        assert steps == 2 + -(-len(keys) // 16)  # QoS, counters; then a yield before each piece
+        pieces = read_events(tmp_path / "pieces.jsonl")
+        strip = ("t_ns", "since_ns")
+        assert [{k: v for k, v in r.items() if k not in strip} for r in pieces] == \
+               [{k: v for k, v in r.items() if k not in strip} for r in one]
+        assert len({r["since_ns"] for r in pieces}) == 1 and len(pieces) == len(keys)
+    finally:
+        lp.close()
