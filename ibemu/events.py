@@ -178,8 +178,9 @@ VOCABULARY: dict[Kind, KindInfo] = {
         {Log.FABRIC: (_AGENT, "block")}),
     Kind.LOCAL_FAILOVER: KindInfo(
         "a switch forwards LIDs on alternates by itself from t_ns: a port lost carrier (the kernel's "
-        "failover), or a neighbour's fault notice arrived on port (via notice)",
-        {Log.FABRIC: ("port", "lids", "carrier_t_ns", "via")}),
+        "failover), or a neighbour's fault notice arrived on port (via notice; moved_lids: which "
+        "LIDs it moved)",
+        {Log.FABRIC: ("port", "lids", "carrier_t_ns", "via", "moved_lids")}),
     Kind.FAULT_NOTICE_SENT: KindInfo(
         "a switch told its switch neighbours which LIDs it can no longer reach (vendor attribute 0xFF32)",
         {Log.FABRIC: (_AGENT, "lids", "ports", "exclude")}),
