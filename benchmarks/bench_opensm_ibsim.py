@@ -25,6 +25,8 @@ Measured on each side:
   ``ReLink`` (trap 128 again). So both sides measure the same thing: two traps 128 -> OpenSM's
   heavy sweep -> SUBNET UP.
 
+The live fabric writes no per-node sysfs trees, as ``ibemu run`` and ``bench_sm.py`` have it.
+
 On ibsim no SMP crosses a cable: a switch answers within the simulator's one process. On ibemu
 every SMP crosses the emulated cables and is answered by the switches (their eBPF SMA, or the
 switch agents of this same process), so every ibemu figure includes ibemu's own CPU cost.
@@ -246,6 +248,10 @@ class LiveFabric(harness.LiveFabric):
     def __init__(self, topo: Topology, engine: str, tmp: Path) -> None:
         super().__init__(topo, tmp, scenario="bench-opensm-ibsim", ready_s=300, sm="opensm",
                          sm_host=SM_HOST, sm_engine=engine)
+        # as ``ibemu run`` and bench_sm.py have it: no per-node sysfs trees, which are rewritten
+        # after every port change in an unpinned worker thread (2.6 s of CPU in 9 s of sweeps,
+        # on the SM's CPU beside OpenSM, timed with perf sched)
+        self.rt.sysfs = False
 
     def alive(self) -> bool:
         proc = self.rt._sm_proc
