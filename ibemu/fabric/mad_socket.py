@@ -11,9 +11,9 @@ GSI classes, traps, control) comes here. A client is OpenSM when its process's n
 ``opensm`` (``/proc/PID/comm``; the client's PID is in its CONNECT). The twin's requests carry
 no slot in TID bits 48-63 and time out after the same ``timeout_s``, in real time; its
 counters are ``CaMadPort.twin_counters``. The twin runs on the SM's CPU, as a real SM host's
-umad path does, the runtime's placement passed in (``twin_cpus``), and the switches' share of
-each SMP (the round trip through their eBPF SMA, which the kernel would otherwise run inside
-the twin's ``send``) is steered to the other CPUs (``madtwin`` module docstring). Deviation: the CA port's own packet
+umad path does (the kernel runs each SMP's round trip through the switches' eBPF SMA in the
+sender's context, so that work lands there too); on the agent host's CPU, OpenSM's reroutes
+were slower in interleaved runs of ``bench_opensm_ibsim.py`` (README). Deviation: the CA port's own packet
 counters do not count the twin's SMPs (its interface's do).
 """
 
@@ -29,7 +29,7 @@ from ibemu.agents.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.agents.ca import CaAgent
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.hca.umad_server import UmadServer
-from ibemu.kernel import madtwin, steer
+from ibemu.kernel import madtwin
 from ibemu.wire.umad import CLASS_SA, Client, SimRequest, rmpp_length, rmpp_seal
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,7 @@ class CaMadPort:
             return None
         twin = madtwin.Twin.start(data_sock, rt.plan.ns, pp.ifname, pp.peer_mac, port=self.port,
                                   timeout_ns=int(self.timeout_ns * clock.dilation()),
-                                  cpus=self.twin_cpus,
-                                  steer_cpus=steer.other_cpus(self.twin_cpus) if self.twin_cpus else None)
+                                  cpus=self.twin_cpus)
         try:
             self.host.fabric.state.claim_process(twin.pid, "madtwin")
         except BaseException:

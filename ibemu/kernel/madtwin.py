@@ -19,17 +19,6 @@ its end is close-on-exec, held by no other process; not PR_SET_PDEATHSIG, which 
 the worker thread that started it is retired), is ended by PID on ``stop``, and is claimed in
 the run's state so that ``ibemu clean RUN`` ends it by PID.
 
-The twin runs on the SM's CPU, beside OpenSM (``Twin.start``'s ``cpus``), and steers its cable's
-far end (``steer``: RPS of the switch-side veth) to the other CPUs (``steer_cpus``): the frame
-it writes is then queued there instead of being carried through the switches and back (tc, the
-eBPF SMA at each hop, its answer) inside its own ``send`` on the SM's CPU, as a real SM host's
-HCA hands the SMP to the wire and the switches' processors do the rest. OpenSM itself needs
-that CPU: on ibsim it is what limits a reroute (~20 us of OpenSM per SMP, timed with
-``perf sched``), and the twin's ~35 us per SMP (its own and the kernel's hops) on the same CPU
-nearly doubled it. Set when the twin starts (in a thread: the ``ip`` calls take tens of ms),
-taken back on ``stop``; it applies to the host's other traffic on that cable too, and
-``IBEMU_SM_STEER=0`` turns it off, as for ibemu's own SM.
-
 ``madtwin`` is built by ``make native`` (scripts/setup.sh does it); without it the MAD socket
 stays on the Python path and says so once (``notice_if_missing``). ``IBEMU_MADTWIN=0`` turns
 it off, to compare.
@@ -44,12 +33,9 @@ import os
 import socket
 import struct
 import subprocess
-import threading
-from collections.abc import Iterable
 from pathlib import Path
 
-from ibemu.kernel import sockfilter, steer
-from ibemu.kernel.commands import KernelError
+from ibemu.kernel import sockfilter
 from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
 
 log = logging.getLogger(__name__)
@@ -123,19 +109,6 @@ class Twin:
         self.fwd = fwd
         self._stats = stats
         self._final: dict[str, int] | None = None
-        self.steered: tuple[str | None, str] | None = None
-        """(namespace, interface) of the cable's far end once its receive is steered."""
-        self._steering: threading.Thread | None = None
-
-    def _steer(self, ns: str | None, ifname: str, cpus: list[int]) -> None:
-        try:
-            where, peer, queues = steer.steer_peer(ns, ifname, cpus)
-        except (KernelError, OSError, ValueError) as exc:
-            log.warning("madtwin %d: cannot steer %s/%s: %s", self.pid, ns or "-", ifname, exc)
-            return
-        self.steered = (where, peer)
-        log.info("madtwin %d: frames it sends on %s are carried by CPUs %s (%s/%s, %d queues)",
-                 self.pid, ifname, cpus, where or "-", peer, queues)
 
     @property
     def pid(self) -> int:
@@ -144,11 +117,9 @@ class Twin:
     @classmethod
     def start(cls, data_sock: socket.socket, ns: str | None, ifname: str, peer_mac: bytes, *,
               port: int = 1, timeout_ns: int = 500_000_000,
-              cpus: frozenset[int] | None = None, steer_cpus: Iterable[int] | None = None) -> Twin:
+              cpus: frozenset[int] | None = None) -> Twin:
         """``madtwin`` serving the slot whose server data socket is ``data_sock``, sending on
-        ``ifname`` in ``ns`` to the cable's far end ``peer_mac``; ``timeout_ns`` real time.
-        ``cpus``: where it runs; ``steer_cpus``: where the far end's receive is steered (see
-        the module docstring; none or empty: not steered)."""
+        ``ifname`` in ``ns`` to the cable's far end ``peer_mac``; ``timeout_ns`` real time."""
         if len(peer_mac) != 6:
             raise ValueError("a MAC address is 6 bytes")
         if not available():
@@ -181,13 +152,7 @@ class Twin:
                 os.sched_setaffinity(proc.pid, cpus)
         ours.setblocking(False)
         log.info("madtwin %d serves the MAD-socket slot on %s/%s", proc.pid, ns or "-", ifname)
-        twin = cls(proc, ours, stats)
-        steer_to = sorted(steer_cpus or ())
-        if steer_to and os.environ.get(steer.ENV, "1") != "0":
-            twin._steering = threading.Thread(target=twin._steer, args=(ns, ifname, steer_to),
-                                              name=f"madtwin {proc.pid} steering", daemon=True)
-            twin._steering.start()
-        return twin
+        return cls(proc, ours, stats)
 
     def counters(self) -> dict[str, int]:
         """The twin's counters now (after ``stop``: their last values)."""
@@ -202,12 +167,6 @@ class Twin:
         """End the process (by its PID) and close the socketpair; returns the last counters."""
         if self._final is not None:
             return dict(self._final)
-        if self._steering is not None:
-            self._steering.join(30)
-        if self.steered is not None:
-            with contextlib.suppress(KernelError, OSError, ValueError):  # the fabric may be gone
-                steer.set_rps(*self.steered, [])
-            self.steered = None
         self.fwd.close()  # end of file: the program returns by itself
         if self.proc.poll() is None:
             self.proc.terminate()
