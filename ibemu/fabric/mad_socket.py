@@ -10,10 +10,11 @@ that process, as through an HCA, and only the rest (HopCount 0, which this CA's 
 GSI classes, traps, control) comes here. A client is OpenSM when its process's name is
 ``opensm`` (``/proc/PID/comm``; the client's PID is in its CONNECT). The twin's requests carry
 no slot in TID bits 48-63 and time out after the same ``timeout_s``, in real time; its
-counters are ``CaMadPort.twin_counters``. The twin runs on the SM's CPU, as a real SM host's
-umad path does (the kernel runs each SMP's round trip through the switches' eBPF SMA in the
-sender's context, so that work lands there too); on the agent host's CPU, OpenSM's reroutes
-were slower in interleaved runs of ``bench_opensm_ibsim.py`` (README). Deviation: the CA port's own packet
+counters are ``CaMadPort.twin_counters``. The twin runs on the SM's CPU (the runtime's
+placement, ``twin_cpus``), as a real SM host's umad path does (the kernel runs each SMP's round
+trip through the switches' eBPF SMA in the sender's context, so that work lands there too); on
+the agents' CPU, which it inherited before, OpenSM's reroutes were slower (189 ms against
+156-162, one round of ``bench_opensm_ibsim.py``, README). Deviation: the CA port's own packet
 counters do not count the twin's SMPs (its interface's do).
 """
 
@@ -29,7 +30,7 @@ from ibemu.agents.actions import STATUS_UNDELIVERABLE, DeliverMad
 from ibemu.agents.ca import CaAgent
 from ibemu.fabric.agenthost import AgentHost
 from ibemu.hca.umad_server import UmadServer
-from ibemu.kernel import cpus, madtwin
+from ibemu.kernel import madtwin
 from ibemu.wire.umad import CLASS_SA, Client, SimRequest, rmpp_length, rmpp_seal
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class CaMadPort:
     """
 
     def __init__(self, host: AgentHost, name: str, port: int = 1, *,
-                 timeout_s: float = DEFAULT_MAD_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_MAD_TIMEOUT_S, twin_cpus: frozenset[int] | None = None) -> None:
         rt = host.nodes[name]
         if not isinstance(rt.agent, CaAgent):
             raise TypeError(f"{name} is not a CA: MAD sockets live on hosts")
@@ -69,6 +70,11 @@ class CaMadPort:
         self.pending: dict[int, tuple[int, SimRequest]] = {}  # TID -> (deadline, request)
         self.timed_out = 0
         self._armed: trio.Event | None = None  # set when a request starts waiting
+        self.twin_cpus = twin_cpus
+        """Where the C twin runs: the SM's CPU as the runtime placed it (``FabricRuntime.placement``);
+        not ``cpus.placement()`` here, which reads the calling thread's CPUs: in the agent
+        host's worker thread, pinned to the agents' one CPU, that gave no placement at all and
+        the twin inherited the agents' CPU."""
         host.attach_mad_sink(name, self._from_fabric)
 
     # the C twin ------------------------------------------------------------------
@@ -85,7 +91,7 @@ class CaMadPort:
             return None
         twin = madtwin.Twin.start(data_sock, rt.plan.ns, pp.ifname, pp.peer_mac, port=self.port,
                                   timeout_ns=int(self.timeout_ns * clock.dilation()),
-                                  cpus=cpus.placement().sm)
+                                  cpus=self.twin_cpus)
         try:
             self.host.fabric.state.claim_process(twin.pid, "madtwin")
         except BaseException:
@@ -180,10 +186,11 @@ class CaMadPort:
                                        mad=mad.mad, status=mad.status, length=rmpp_length(mad.mad)))
 
 
-async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *,
+async def serve_mad_port(host: AgentHost, name: str, port: int = 1, *, twin_cpus: frozenset[int] | None = None,
                          task_status: trio.TaskStatus[CaMadPort] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run the MAD socket of ``name``'s ``port`` in its namespace until cancelled."""
-    backend = CaMadPort(host, name, port)
+    """Run the MAD socket of ``name``'s ``port`` in its namespace until cancelled; ``twin_cpus``:
+    where a C twin it starts runs (the SM's CPU)."""
+    backend = CaMadPort(host, name, port, twin_cpus=twin_cpus)
     server = UmadServer(backend, host.nodes[name].plan.ns)
     server.takeover = backend.twin_for
     backend.server = server

@@ -134,6 +134,31 @@ def parse(lines: Iterable[str], *, offset_ns: int | None = None, now: float | No
     return events
 
 
+def reroute_answering(events: list[dict[str, Any]], t_ns: int) -> dict[str, Any] | None:
+    """The sweep that answered the first trap at or after ``t_ns`` in ``events`` (``parse``),
+    once its SUBNET UP is there: the first ``reroute`` whose SUBNET UP follows that trap, its
+    ``t_trap`` that trap's stamp. None while there is none.
+
+    A sweep's ``t_trap`` is its first trap, and a trap can come before the change one waits
+    for: ibemu's switches repeat a trap that found no route to the SM (~1-2 s later), and a
+    repeat landing just after a SUBNET UP starts the sweep that the next change's traps join
+    (OpenSM sweeps once for all of them). Such a sweep is returned with ``t_trap`` moved to
+    the first trap at or after ``t_ns``, ``t_routed`` kept only if it came after it, and
+    ``merged`` True."""
+    trap = next((e["t_ns"] for e in events if e["kind"] == Kind.TRAP and e["t_ns"] >= t_ns), None)
+    if trap is None:
+        return None
+    for e in events:
+        if e["kind"] == Kind.REROUTE and e["t_subnet_up"] is not None and e["t_subnet_up"] >= trap:
+            found = {**e, "merged": e["t_trap"] < trap}
+            if found["merged"]:
+                found["t_trap"] = trap
+                if found["t_routed"] is not None and found["t_routed"] < trap:
+                    found["t_routed"] = None
+            return found
+    return None
+
+
 def stamped(lines: Iterable[str], offset_ns: int, now_s: float, faked: bool = False) -> Iterator[tuple[int, str]]:
     """(emulated ns, message) of each stamped line."""
     for line in lines:

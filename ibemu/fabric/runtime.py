@@ -296,7 +296,8 @@ class FabricRuntime:
                 self._serving = True
                 nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag
                 for name in self._mad_hosts():
-                    self.mad_ports[name] = await nursery.start(serve_mad_port, self.host, name, 1)
+                    self.mad_ports[name] = await nursery.start(
+                        functools.partial(serve_mad_port, twin_cpus=self.placement.sm), self.host, name, 1)
                 if self.sm != "none":
                     await self._start_sm()
                 self.state.status = "up"

@@ -2,7 +2,8 @@
 
 One small leaf-spine (4 leaves, 2 spines, 2 hosts each: hop counts 1 to 3) brought up by the
 real OpenSM on h0 through ``ibemu up``: the twin is started for OpenSM's slot and owned by the
-run, its counters (read from its memfd) show the sweep's SMPs sent and answered by it with no
+run, runs on OpenSM's CPU (the SM's, as the runtime places it, not the agent host's), its
+counters (read from its memfd) show the sweep's SMPs sent and answered by it with no
 bad frame and no timeout, infiniband-diags on other slots (the SM host's too) still work
 through the agent host's path, and ``ibemu down`` leaves no twin behind.
 """
@@ -48,6 +49,12 @@ def test_opensm_reaches_subnet_up_through_the_twin_and_diags_still_work(tmp_path
         procs = json.loads(run_file.read_text())["processes"]
         (twin,) = [p for p in procs if p["role"] == "madtwin"]
         assert madtwin.process_name(twin["pid"]) == "madtwin"
+        (sm,) = [p for p in procs if p["role"] == "sm-opensm"]
+        if len(os.sched_getaffinity(0)) >= 2 and os.environ.get("IBEMU_PIN", "1") != "0":
+            # beside OpenSM, on the SM's one CPU (it once inherited the agent host's CPU from
+            # the worker thread that started it)
+            assert os.sched_getaffinity(twin["pid"]) == os.sched_getaffinity(sm["pid"])
+            assert len(os.sched_getaffinity(twin["pid"])) == 1
         counters = madtwin.read_counters(twin["pid"])
         assert counters["sent"] > 50 and counters["answered"] == counters["sent"]
         assert counters["bad_frame"] == counters["timed_out"] == counters["dr_discard"] == 0

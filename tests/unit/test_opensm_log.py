@@ -95,3 +95,41 @@ def test_state_changes_of_a_standby_that_takes_over() -> None:
     assert [(e["kind"], e.get("new")) for e in events] == [
         ("sm_state", "discovering"), ("sm_state", "standby"), ("sm_state", "master"), ("subnet_up", None)]
     assert events[3]["t_ns"] - events[2]["t_ns"] == 116_298_000
+
+
+RESTORE_AFTER_A_REPEAT = """\
+Dec 05 03:29:50 743808 [70EC66C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:119 TID:0x0000019000000001
+Dec 05 03:29:50 913290 [6EEC26C0] 0x02 -> SUBNET UP
+Dec 05 03:29:50 913367 [70EC66C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:3 TID:0x0000010000000001
+Dec 05 03:29:50 927111 [716C76C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:171 TID:0x000001d000000002
+Dec 05 03:29:50 927335 [70EC66C0] 0x01 -> log_trap_info: Received Generic Notice type:1 num:128 (Link state change) Producer:2 (Switch) from LID:119 TID:0x0000019000000002
+Dec 05 03:29:51 050000 [6EEC26C0] 0x02 -> osm_ucast_mgr_process: minhop tables configured on all switches
+Dec 05 03:29:51 076476 [6EEC26C0] 0x02 -> SUBNET UP
+"""
+
+
+def test_the_sweep_answering_a_change_that_an_earlier_repeated_trap_began() -> None:
+    """A repeated trap of an earlier change (LID 3, 14 us after a SUBNET UP: ibemu's switches
+    repeat a trap that found no route) starts the sweep that the restore's traps (LIDs 171 and
+    119, after the restore at 50.920) join: OpenSM sweeps once. The sweep answering the restore
+    is that one, timed from the restore's first trap (bench_opensm_ibsim.py stopped on such a
+    log: it looked for a sweep whose first trap came after the restore)."""
+    now = _at((2026, 12, 5, 3, 30, 0))
+    offset = 7_000_000_000
+    events = opensm_log.parse(RESTORE_AFTER_A_REPEAT.splitlines(), offset_ns=offset, now=now)
+    second = int(_at((2026, 12, 5, 3, 29, 50))) * 10**9 - offset
+    t_restore = second + 920_000_000
+    assert not [e for e in events if e["kind"] == "reroute" and e["t_trap"] >= t_restore]
+    found = opensm_log.reroute_answering(events, t_restore)
+    assert found is not None and found["merged"]
+    assert found["t_trap"] == second + 927_111_000
+    assert found["t_subnet_up"] == second + 1_076_476_000
+    assert found["t_routed"] == second + 1_050_000_000 and found["engine"] == "minhop"
+    # the cut before it: its own sweep, not merged
+    cut = opensm_log.reroute_answering(events, second + 700_000_000)
+    assert cut is not None and not cut["merged"] and cut["t_trap"] == second + 743_808_000
+    assert cut["t_subnet_up"] == second + 913_290_000
+    # nothing yet: no trap after, or its SUBNET UP not in the log
+    assert opensm_log.reroute_answering(events, second + 2_000_000_000) is None
+    head = RESTORE_AFTER_A_REPEAT.splitlines()[:5]
+    assert opensm_log.reroute_answering(opensm_log.parse(head, offset_ns=offset, now=now), t_restore) is None

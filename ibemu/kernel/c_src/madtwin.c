@@ -570,14 +570,16 @@ static int serve(struct twin *t)
 			if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
 				return 0; /* the agent host closed its end: the slot is its own again */
 		}
-		/* responses first: they free their requests' places */
-		for (int k = 0; k < 256; k++) {
+		/* responses first: they free their requests' places. Only a socket poll said is
+		 * readable is read (one system call fewer per idle socket and wake-up: they run on
+		 * OpenSM's CPU) */
+		for (int k = 0; k < 256 && fds[0].revents & POLLIN; k++) {
 			ssize_t n = recv(t->pkt_fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
 			if (n < 0)
 				break;
 			on_frame(t, buf, n > (ssize_t)sizeof(buf) ? -1 : n);
 		}
-		for (int k = 0; k < 256; k++) {
+		for (int k = 0; k < 256 && fds[1].revents & POLLIN; k++) {
 			ssize_t n = recv(t->data_fd, buf, sizeof(buf), MSG_DONTWAIT);
 			if (n < 0)
 				break;
