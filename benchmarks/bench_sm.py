@@ -13,8 +13,9 @@ the event log) used from the SM's start to SUBNET UP. Then, on k=max,
 its fault injector cuts (``AgentHost.set_ports``: the carrier thread is told of the loss of
 signal at both ends at the cut, before the interface is set down, not at the kernel's
 notification), once
-the kernel has every entry of the bring-up: trap received -> rediscovered -> routed -> last LFT
-block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
+the kernel has every entry of the bring-up: trap received (``fault_to_trap_at_port_ms``: by
+the kernel at the SM's port, ``sm.directport``'s stamp, before the SM process woke up and took
+it; ``fault_to_trap_ms``: by the SM) -> rediscovered -> routed -> last LFT block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
 last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
 while the LFT was tc filters written when the agents fell idle), and how long after the SM's
 last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). With the
@@ -279,9 +280,14 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
                 far = min((r["t_ns"] for r in lost if r.get("node") != name), default=t_fault)
                 sent = min((r["t_ns"] for r in records if r["kind"] == "trap_sent" and r["t_ns"] >= t_fault),
                            default=t_fault)
+                # the first trap at the SM's port (the kernel's stamp, own port only), before the
+                # SM process woke and took it
+                at_port = min((r["t_port_ns"] for r in _tails[events].records
+                               if r["kind"] == "trap" and r.get("t_port_ns", 0) >= t_fault), default=None)
                 out.append({"cable": f"{name}:{half + 1 + up}",
                             "detect_near_ms": (near - t_fault) / 1e6, "detect_far_ms": (far - t_fault) / 1e6,
                             "fault_to_trap_sent_ms": (sent - t_fault) / 1e6,
+                            "fault_to_trap_at_port_ms": (at_port - t_fault) / 1e6 if at_port else None,
                             "fault_to_trap_ms": (rr["t_trap"] - t_fault) / 1e6,
                             "trap_to_rediscovered_ms": (rr["t_rediscovered"] - rr["t_trap"]) / 1e6,
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
@@ -367,10 +373,13 @@ def main() -> None:
             for row in rows:
                 print("  " + ", ".join(f"{key} {v:.2f}" if isinstance(v, float) else f"{key} {v}"
                                        for key, v in row.items()))
-            for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_sent_ms", "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
+            for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_sent_ms", "fault_to_trap_at_port_ms",
+                        "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
                         "routed_to_programmed_ms", "planned_to_first_ack_ms", "first_to_last_ack_ms",
                         "trap_to_programmed_ms", "trap_to_kernel_ms", "kernel_after_ack_ms"):
-                vals = [float(r[key]) for r in rows]
+                vals = [float(r[key]) for r in rows if r.get(key) is not None]
+                if not vals:
+                    continue
                 print(f"median {key}: {statistics.median(vals):.2f} (range {min(vals):.2f} to {max(vals):.2f})")
 
 

@@ -277,8 +277,10 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "the subnet is up: the SM's \"SUBNET UP\" (seconds of the cold sweep)",
         {Log.SM: ("seconds", "nodes", "ports", "reason"), Log.OPENSM: ()}),
     Kind.TRAP: KindInfo(
-        "the SM received a trap (its TrapRepress goes out at once): t_trap",
-        {Log.SM: ("issuer_lid", "trap_number", "tid", "slid"), Log.OPENSM: ("trap_number", "issuer_lid", "tid")}),
+        "the SM received a trap (its TrapRepress goes out at once): t_trap; t_port_ns: when the "
+        "kernel received it at the SM's port (its own packet socket), before the SM process took it",
+        {Log.SM: ("issuer_lid", "trap_number", "tid", "slid", "t_port_ns"),
+         Log.OPENSM: ("trap_number", "issuer_lid", "tid")}),
     Kind.LINK_DOWN: KindInfo(
         "the SM found a cable gone (peer \"guid:port\")",
         {Log.SM: ("guid", "port", "peer")}),

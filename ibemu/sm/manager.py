@@ -492,8 +492,10 @@ class SubnetManager:
         data = mb.smp_data(req.mad)
         trap_number, issuer = struct.unpack_from("!HH", data, 4)
         self.stats["traps"] += 1
+        arrival = getattr(self.transport.port, "arrival_ns", None)  # ``DirectPort``: the HCA's stamp
+        t_port = arrival(req) if arrival is not None else None
         self.events.emit(Kind.TRAP, t_ns=now, issuer_lid=issuer, trap_number=trap_number,
-                         tid=req.tid, slid=req.slid)
+                         tid=req.tid, slid=req.slid, **({"t_port_ns": t_port} if t_port else {}))
         repress = bytearray(req.mad)
         repress[3] = mb.TRAP_REPRESS
         self._queue_out(bytes(repress), req.slid or issuer)

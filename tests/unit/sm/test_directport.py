@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import socket
+import struct
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from ibemu.kernel import sockfilter
+from ibemu import clock
+from ibemu.kernel import packet, sockfilter
+from ibemu.sm import directport
 from ibemu.sm.directport import TID_TAG, DirectPort
 from ibemu.wire import madcodec as mb
 from ibemu.wire.madpacket import INITIAL_PATH, M_HOP_POINTER, MAD_OFFSET, check, frame_mad
@@ -99,6 +103,26 @@ def test_a_trap_arriving_both_ways_is_handed_on_once(port: DirectPort) -> None:
     other = SimRequest(1, 5, 0, 0, bytes(trap))  # another switch's
     assert not port._is_repeat_trap(other)
     assert port.stats["rx_trap_second_copy"] == 1
+
+
+def test_a_traps_arrival_at_the_port_is_kept_for_the_sm_once(port: DirectPort) -> None:
+    """The kernel's receive stamp of a trap that came by wire, on the emulated clock, taken by
+    the SM once (its ``trap`` record's ``t_port_ns``); another trap's is its own; a frame
+    without a stamp leaves none; only the last ``_ARRIVALS_KEPT`` are kept."""
+    trap = mb.lr_smp(0x05, 0x0002, tid=5)
+    req = SimRequest(1, 4, 0, 0, trap)
+    wall = time.clock_gettime_ns(time.CLOCK_REALTIME) - 2_000_000  # received 2 ms ago
+    anc = [(socket.SOL_SOCKET, packet.SO_TIMESTAMPNS, struct.pack("qq", wall // 10**9, wall % 10**9))]
+    port._note_arrival(req, anc)
+    got = port.arrival_ns(req)
+    assert got is not None and 1_000_000 <= clock.now_ns() - got <= 50_000_000
+    assert port.arrival_ns(req) is None  # taken
+    port._note_arrival(req, [])
+    assert port.arrival_ns(req) is None
+    for tid in range(directport._ARRIVALS_KEPT + 1):
+        port._note_arrival(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100 + tid)), anc)
+    assert port.arrival_ns(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100))) is None  # the oldest went
+    assert port.arrival_ns(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=101))) is not None
 
 
 def test_the_socket_filter_takes_qp0_responses_and_traps_only() -> None:
