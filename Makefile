@@ -10,7 +10,8 @@ setup:
 BPF_OBJS := ibemu/kernel/bpf_src/sma.o ibemu/kernel/bpf_src/notice.o ibemu/kernel/bpf_src/notice_tx.o
 MULTIARCH := $(shell gcc -print-multiarch 2>/dev/null || echo $$(uname -m)-linux-gnu)
 bpf: $(BPF_OBJS)
-ibemu/kernel/bpf_src/notice_tx.o: ibemu/kernel/bpf_src/crc.h
+$(BPF_OBJS): ibemu/kernel/bpf_src/frame.h
+ibemu/kernel/bpf_src/sma.o ibemu/kernel/bpf_src/notice_tx.o: ibemu/kernel/bpf_src/crc.h
 ibemu/kernel/bpf_src/%.o: ibemu/kernel/bpf_src/%.c
 	clang -O2 -g0 -target bpf -I/usr/include -I/usr/include/$(MULTIARCH) -Wall -c $< -o $@
 

@@ -40,7 +40,7 @@ import socket
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -562,9 +562,9 @@ class AgentHost:
                     nursery.start_soon(self._kernel_reader, kernel)
                 nursery.start_soon(self._ticker)
                 if self.kernel_sma is not None and self.kernel_sma.lft_log is not None:
-                    nursery.start_soon(self._kernel_sma_log, self.kernel_sma.lft_log)
+                    nursery.start_soon(self._kernel_ring, self.kernel_sma.lft_log, self._log_kernel_lft_sets)
                 if self.kernel_sma is not None and self.kernel_sma.notice_log is not None:
-                    nursery.start_soon(self._kernel_notice_log, self.kernel_sma.notice_log)
+                    nursery.start_soon(self._kernel_ring, self.kernel_sma.notice_log, self._kernel_notices)
                 task_status.started()
         finally:
             self._stop_carrier_thread()
@@ -1201,9 +1201,9 @@ class AgentHost:
             self.events.write(name, {"kind": Kind.LFT_ERROR, "t_ns": clock.now_ns(),
                                      "entries": len(action.entries) // 4, "error": str(exc)})
 
-    async def _kernel_sma_log(self, ring: SmaLog) -> None:
-        """Log the LFT Sets the kernel SMA answered, as the agent and ``_program`` would have
-        (``kernel.sma``: one ring-buffer record per block Set that changed it).
+    async def _kernel_ring(self, ring: SmaLog | NoticeLog, take: Callable[[Any], None]) -> None:
+        """Read a ring of the kernel SMA's records (its LFT Sets, ``_log_kernel_lft_sets``; the
+        fault notices it handled, ``_kernel_notices``) with ``take``.
 
         Read ``SMA_LOG_DELAY_S`` after the first record of a burst, not at once: the ring
         wakes its reader only when the reader has caught up, so a reader that waits lets a
@@ -1211,22 +1211,26 @@ class AgentHost:
         wake-ups preempted the SM mid-send (it runs the kernel's round trip in its own
         system call): measured on k=8, the SM's ``send`` took 60-110 us a Set with the reader
         woken per record, 36-55 us without it. The records carry the kernel's stamps, so the
-        events logged from them are as timely either way."""
+        events logged from them are as timely either way; the kernel has acted already."""
         while True:
             await trio.lowlevel.wait_readable(ring.fd)
             await trio.sleep(clock.loop_s(SMA_LOG_DELAY_S))
-            self._log_kernel_lft_sets(ring)
+            take(ring)
 
-    def _log_kernel_lft_sets(self, ring: SmaLog) -> None:
-        records = ring.read()
-        if not records:
-            return
+    def _by_node(self, records: Iterable[Any]) -> Iterator[tuple[str, NodeRuntime, Any]]:
+        """The kernel SMA's records (``rec.dev``: its device id) with their nodes; those of a
+        device no node has (gone) are left out."""
         names = {dev: name for name, dev in self._relay_ids.items()}
         for rec in records:
             name = names.get(rec.dev)
             rt = self.nodes.get(name) if name is not None else None
-            if name is None or rt is None:
-                continue
+            if name is not None and rt is not None:
+                yield name, rt, rec
+
+    def _log_kernel_lft_sets(self, ring: SmaLog) -> None:
+        """Log the LFT Sets the kernel SMA answered, as the agent and ``_program`` would have
+        (``kernel.sma``: one ring-buffer record per block Set that changed it)."""
+        for name, rt, rec in self._by_node(ring.read()):
             t = clock.to_emulated_ns(rec.t_ns)
             guid = f"{getattr(rt.agent, 'node_guid', 0):#018x}"
             self.events.write(name, {"kind": Kind.LFT_SET, "t_ns": t, "node_guid": guid,
@@ -1235,26 +1239,13 @@ class AgentHost:
             self.events.write(name, {"kind": Kind.LFT_PROGRAMMED, "t_ns": t, "entries": rec.changed,
                                      "ops": 1, "apply_us": 0, "queued_us": 0})
 
-    async def _kernel_notice_log(self, ring: NoticeLog) -> None:
+    def _kernel_notices(self, ring: NoticeLog) -> None:
         """Hand the fault notices the kernel handled (``kernel.notice``) to their switch
         agents, which take the same state and log the events with the kernel's stamps
-        (``SwitchAgent.notice_in_kernel``). Read as the LFT Set log is, a little after the
-        first record of a burst: the kernel has acted already, only the record is late."""
-        while True:
-            await trio.lowlevel.wait_readable(ring.fd)
-            await trio.sleep(clock.emulated_s(SMA_LOG_DELAY_S))
-            self._kernel_notices(ring)
-
-    def _kernel_notices(self, ring: NoticeLog) -> None:
-        records = ring.read()
-        if not records:
-            return
-        names = {dev: name for name, dev in self._relay_ids.items()}
-        for rec in records:
-            name = names.get(rec.dev)
-            rt = self.nodes.get(name) if name is not None else None
-            mirror = getattr(rt.agent, "notice_in_kernel", None) if rt is not None else None
-            if name is None or rt is None or mirror is None:
+        (``SwitchAgent.notice_in_kernel``)."""
+        for name, rt, rec in self._by_node(ring.read()):
+            mirror = getattr(rt.agent, "notice_in_kernel", None)
+            if mirror is None:
                 continue
             self.notices_in_kernel += 1
             self.dispatch(name, rt, mirror(rec.port, rec.lids, rec.moved, rec.noted, rec.lost, rec.fresh,

@@ -1,20 +1,19 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * The ICRC and VCRC of a canonical management packet (Ethernet + 290 bytes), as sma.c
- * computes them, for the fault notice programs (notice.c, notice_tx.c). The tables are
- * sma_crc's (written by the loader): slicing-by-8, CRC-32 T_0..T_7 at 0..2047, CRC-16 at
- * 2048..4095.
+ * The ICRC and VCRC of a canonical management packet (Ethernet + 290 bytes), for the kernel
+ * SMA (sma.c) and the fault notice programs (notice.c, notice_tx.c). The tables are
+ * sma_crc's (written by the loader): slicing-by-8, T_k[n] = T_{k-1}[n] >> 8 ^
+ * T_0[T_{k-1}[n] & 0xff]; CRC-32 (ICRC) T_0..T_7 at 0..2047, CRC-16 (VCRC) at 2048..4095.
  */
 #ifndef IBEMU_CRC_H
 #define IBEMU_CRC_H
 
-#ifndef BTH
-#define BTH (ETH + 8)
-#endif
+#include "frame.h"
 
 #define T32(k, i) t[((k) << 8) | ((i) & 0xff)]
 #define T16(k, i) t[2048 | ((k) << 8) | ((i) & 0xff)]
 
+/* Byte-wise reflected CRC over frame bytes [from, to), t0 its byte-wise table. */
 static __always_inline __u32 crc_bytes(__u8 *p, void *end, const __u32 *t0, __u32 crc,
 				       __u32 from, __u32 to)
 {
@@ -29,6 +28,7 @@ static __always_inline __u32 crc_bytes(__u8 *p, void *end, const __u32 *t0, __u3
 	return crc;
 }
 
+/* Reflected CRC-32 over frame bytes [from, to), eight bytes per step, then byte-wise. */
 static __always_inline __u32 crc32_run(__u8 *p, void *end, const __u32 *t, __u32 crc,
 				       __u32 from, __u32 to)
 {
@@ -48,6 +48,7 @@ static __always_inline __u32 crc32_run(__u8 *p, void *end, const __u32 *t, __u32
 	return crc_bytes(p, end, t, crc, i, to);
 }
 
+/* Reflected CRC-16 over frame bytes [from, to), eight bytes per step, then byte-wise. */
 static __always_inline __u32 crc16_run(__u8 *p, void *end, const __u32 *t, __u32 crc,
 				       __u32 from, __u32 to)
 {
@@ -67,6 +68,7 @@ static __always_inline __u32 crc16_run(__u8 *p, void *end, const __u32 *t, __u32
 	return crc_bytes(p, end, t + 2048, crc, i, to);
 }
 
+/* ICRC: LRH with the VL nibble as ones, BTH byte 4 as ones (ib-wire.md, CRCs). */
 static __always_inline __u32 icrc(__u8 *p, void *end, const __u32 *t)
 {
 	__u32 crc = 0xffffffff;

@@ -13,16 +13,8 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
-struct ibemu_map {
-	__u32 type, key_size, value_size, max_entries, flags;
-};
+#include "frame.h"
 
-#define ETH 14
-#define LRH ETH
-#define MAD (ETH + 28)
-#define ICRC_AT (ETH + 284)
-#define VCRC_AT (ETH + 288)
-#define FRAME_LEN (ETH + 290)
 #define IP1_AT (MAD + 129)
 #define MAX_PORT 63
 
