@@ -98,7 +98,7 @@ from harness import LiveFabric
 
 from ibemu import clock, lagmon
 from ibemu.fabric.probe import send_and_count
-from ibemu.kernel import rtnl
+from ibemu.kernel import cpus, rtnl
 from ibemu.kernel.linkevents import open_link_monitor, read_events
 from ibemu.kernel.packet import kernel_stamp, open_packet_socket, stamp_received
 from ibemu.scenario.fidelity import (
@@ -804,6 +804,9 @@ def report(rows: dict[str, list[dict[str, Any]]], args: argparse.Namespace, load
              else "left to the kernel's link notifications"))
     print(f"  load before: {load0}")
     print(f"  load after:  {load1}")
+    idle = os.environ.get(cpus.IDLE_ENV) == "1" or cpus.idle_latency_us() is None
+    print("  CPUs " + ("may halt between events" if idle else
+                       "kept out of halt while each fabric ran (PM QoS 0 us, kernel.cpus.awake)"))
     if args.stall_ms:
         print(f"  this process held {args.stall_ms:g} ms at a time for {args.stall_s:g} s from the fault (--stall-ms)")
         for engine, runs in rows.items():

@@ -424,7 +424,11 @@ def main() -> int:
     topo = generate("fat-tree", k=args.k)
     cut = cables(topo, args.k, args.cuts)
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-opensm-ibsim-") as d:
+        # both sides with the CPUs out of halt, as ibemu's fabric keeps them while it runs
+        # (``cpus.awake``): ibsim's figures would otherwise carry the wake-ups ibemu's no longer do
+        with cpus.awake() as awake, tempfile.TemporaryDirectory(prefix="bench-opensm-ibsim-") as d:
+            print("CPUs kept out of halt for both sides (PM QoS 0 us)" if awake
+                  else "CPUs may halt between events (no PM QoS request)", file=sys.stderr, flush=True)
             tmp = Path(d) if args.keep is None else args.keep
             tmp.mkdir(parents=True, exist_ok=True)
             print(f"k={args.k}: cables {', '.join(f'{n}:{p}' for n, p in cut)}", file=sys.stderr, flush=True)

@@ -256,6 +256,9 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
             wait_kind(events, "subnet_up", proc, 600)
             settle_s = wait_tc(fab)
             print(f"  the kernel had every LFT entry {settle_s:.1f} s after SUBNET UP (the cuts start then)")
+            held = cpus.idle_latency_us()
+            print("  CPUs kept out of halt while the fabric runs (PM QoS 0 us, kernel.cpus.awake)" if held == 0
+                  else f"  CPUs may halt between events (PM QoS latency {held} us; IBEMU_CPU_IDLE=1?)")
             assert fab.rt.fabric is not None
             host = fab.rt.host
             assert host is not None

@@ -29,7 +29,7 @@ from ibemu.errors import ConfigError
 from ibemu.fabric.faults import FAULT_ACTIONS, FaultSpec, actions_on, run_schedule
 from ibemu.fabric.plan import plan_fabric
 from ibemu.fabric.roce_fabric import RoceRun
-from ibemu.kernel import ownership, rtnl
+from ibemu.kernel import cpus, ownership, rtnl
 from ibemu.kernel.ecn import EcnMarking
 from ibemu.kernel.impair import Impairment
 from ibemu.roce.queues import QueueConfig
@@ -64,7 +64,14 @@ class RoceRuntime:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[RoceRun]:
-        """Build and bring up (routes programmed); always torn down on the way out."""
+        """Build and bring up (routes programmed); always torn down on the way out. The CPUs
+        are kept out of halt meanwhile (``kernel.cpus.awake``)."""
+        with cpus.awake():
+            async with self._running() as run:
+                yield run
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[RoceRun]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             t0 = time.perf_counter()

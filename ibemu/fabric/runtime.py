@@ -279,6 +279,12 @@ class FabricRuntime:
 
     @asynccontextmanager
     async def _running(self) -> AsyncIterator[AgentHost]:
+        with cpus.awake():  # the CPUs out of halt while the fabric runs (``cpus.awake``)
+            async with self._serving_fabric() as host:
+                yield host
+
+    @asynccontextmanager
+    async def _serving_fabric(self) -> AsyncIterator[AgentHost]:
         unpinned = None
         try:
             if self.host is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,21 @@ def test_realtime_raises_the_thread_for_the_block_and_gives_its_policy_back() ->
     else:
         assert not granted and inside == before
     assert after == before and os.sched_getscheduler(0) == before
+
+
+def test_awake_holds_a_zero_latency_request_while_the_block_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PM QoS request is 0 us inside the block and gone after it; ``IBEMU_CPU_IDLE=1``
+    makes none; without the device the block runs all the same."""
+    monkeypatch.delenv(cpus.IDLE_ENV, raising=False)
+    before = cpus.idle_latency_us()
+    if before is None or os.geteuid() != 0:
+        pytest.skip("no readable /dev/cpu_dma_latency here")
+    with cpus.awake() as held:
+        assert held and cpus.idle_latency_us() == 0
+    assert cpus.idle_latency_us() == before
+    monkeypatch.setenv(cpus.IDLE_ENV, "1")
+    with cpus.awake() as held:
+        assert not held and cpus.idle_latency_us() == before
+    monkeypatch.delenv(cpus.IDLE_ENV)
+    with cpus.awake(str(tmp_path / "absent")) as held:
+        assert not held
