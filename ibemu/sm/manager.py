@@ -91,9 +91,7 @@ from ibemu.sm.transport import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT_S,
-    Call,
     MadPort,
-    Reply,
     Transport,
 )
 from ibemu.wire import madcodec as mb
@@ -862,30 +860,11 @@ class SubnetManager:
     async def _probe(self, guids: list[int]) -> set[int]:
         """One NodeInfo (``suspect_probe_s``, no retry) to each of ``guids``, sent in that
         order in one pass; those that answered as themselves."""
-        alive: set[int] = set()
-        left = len(guids)
-        finished = trio.Event()
-
-        def answered(guid: int, r: Reply | None) -> None:
-            nonlocal left
-            if r is not None and r.ok and mb.parse_node_info(r.data).node_guid == guid:
-                alive.add(guid)
-            left -= 1
-            if not left:
-                finished.set()
-
-        calls = [Call(mb.dr_smp(mb.GET, 0x0011, path=list(self.graph.nodes[guid].dr_path)),
-                      functools.partial(answered, guid), timeout_s=self.config.suspect_probe_s, retries=0)
-                 for guid in guids]
-        if not calls:
-            return alive
-        self.transport.submit(calls)
-        try:
-            await finished.wait()
-        finally:
-            for call in calls:
-                self.transport.cancel(call)
-        return alive
+        replies = await self.transport.request_many(
+            [mb.dr_smp(mb.GET, 0x0011, path=list(self.graph.nodes[guid].dr_path)) for guid in guids],
+            timeout_s=self.config.suspect_probe_s, retries=0)
+        return {guid for guid, r in zip(guids, replies, strict=True)
+                if r is not None and r.ok and mb.parse_node_info(r.data).node_guid == guid}
 
     async def _check_far_ends(self, guids: set[int]) -> None:
         """The far switches of cables just found down: are their other cables down too (a
@@ -1039,9 +1018,9 @@ class SubnetManager:
 
         A trap that reports a change ends it (``deferred``), unanswered SMPs and all: a light
         sweep that met the cut the trap is about waited out its SMPs' timeouts and retries
-        (~0.8 s at k=8, one instrumented run's SM log) before the trap's pass could start, which then came ~0.85 s after the
-        trap; the next pass handles the trap, and the next light sweep comes a sweep interval
-        later as usual."""
+        (~0.8 s at k=8, one instrumented run's SM log) before the trap's pass could start,
+        which then came ~0.85 s after the trap; the next pass handles the trap, and the next
+        light sweep comes a sweep interval later as usual."""
         if not await self._own_port_ok():
             return
         t0, before = self._begin("light")

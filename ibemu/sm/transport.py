@@ -589,8 +589,10 @@ class Transport:
                 return
         self._window.release()
 
-    async def request_many(self, reqs: Sequence[Request | bytes]) -> list[Reply | None]:
-        """Like ``request_all``, as calls: one task waits for the whole batch."""
+    async def request_many(self, reqs: Sequence[Request | bytes], *, timeout_s: float | None = None,
+                           retries: int | None = None) -> list[Reply | None]:
+        """Like ``request_all``, as calls: one task waits for the whole batch, sent in order in
+        one pass. ``timeout_s``, ``retries``: as for ``request`` (default: the transport's)."""
         out: list[Reply | None] = [None] * len(reqs)
         left = len(reqs)
         all_done = trio.Event()
@@ -602,7 +604,8 @@ class Transport:
             if not left:
                 all_done.set()
 
-        calls = [Call(r, functools.partial(done, i)) for i, r in enumerate(reqs)]
+        calls = [Call(r, functools.partial(done, i), timeout_s=timeout_s, retries=retries)
+                 for i, r in enumerate(reqs)]
         if not calls:
             return out
         self.submit(calls)
