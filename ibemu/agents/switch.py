@@ -265,10 +265,7 @@ class SwitchAgent(DeviceAgent):
     def link_down(self, port: int) -> list[Action]:
         actions = super().link_down(port)
         if self.notices and actions:
-            top = self.lft.top
-            lids = [lid for lid in range(1, top + 1) if self.lft.raw(lid) == port]
-            lost = [lid for lid in lids if not self._egress_candidates(lid)]
-            actions += self._announce(lost, exclude=port)
+            actions += self._announce(self._lost_through(port), exclude=port)
         return actions
 
     SMA_ATTRS: ClassVar[frozenset[int]] = DeviceAgent.SMA_ATTRS | {ATTR_FAILOVER_CONFIG}
@@ -334,15 +331,7 @@ class SwitchAgent(DeviceAgent):
         announced twice)."""
         if not self.notices:
             return []
-        ports, dead_ends, repaired = self.ports, self._dead_ends, self._repaired
-        lost = []
-        for lid in self.lft.lids_to(port):  # as _egress_candidates, the LFT's entry (port) aside
-            dead = dead_ends.get(lid, ())
-            rep = repaired.get(lid)
-            if not any(p != port and p not in dead and (q := ports.get(p)) is not None and q.link_is_up
-                       for p in (*(rep[:1] if rep else ()), *self.alternates_of(lid)) if p):
-                lost.append(lid)
-        return self._announce(lost, exclude=port)
+        return self._announce(self._lost_through(port), exclude=port)
 
     def alternates_of(self, lid: int) -> tuple[int, ...]:
         """The alternate ports the SM gave ``lid`` (preferred first)."""
@@ -365,17 +354,22 @@ class SwitchAgent(DeviceAgent):
 
     # ================================================================== fault notices
 
-    def _egress_candidates(self, lid: int) -> list[int]:
+    def _egress_candidates(self, lid: int, *, lost: int = 0) -> list[int]:
         """Ports that may carry ``lid`` now: the primary, then its alternates, each with its
-        link up and not announced dead-ended by a neighbour."""
+        link up and not announced dead-ended by a neighbour; ``lost``: a port taken as down
+        whatever its state says (its signal lost, the agent not told yet)."""
         dead = self._dead_ends.get(lid, ())
         repaired = self._repaired.get(lid)
         out: list[int] = []
         for p in (self.lft.raw(lid), *(repaired[:1] if repaired else ()), *self.alternates_of(lid)):
             port = self.ports.get(p)
-            if p and port is not None and port.link_is_up and p not in dead and p not in out:
+            if p and p != lost and port is not None and port.link_is_up and p not in dead and p not in out:
                 out.append(p)
         return out
+
+    def _lost_through(self, port: int) -> list[int]:
+        """The LIDs the LFT sends to ``port`` that have no other way once it is down."""
+        return [lid for lid in self.lft.lids_to(port) if not self._egress_candidates(lid, lost=port)]
 
     def _announce(self, lids: Sequence[int], *, exclude: int) -> list[Action]:
         """Fault notices for ``lids`` (those not announced yet) on every up port facing a
