@@ -16,8 +16,9 @@ import mmap
 import os
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from ibemu.kernel.commands import KernelError
 
@@ -39,8 +40,11 @@ BPF_MAP_UPDATE_BATCH = 26
 ENOTSUPP = 524
 """What bpf(2) returns for a command the map type lacks (the kernel's own errno, not ENOTSUP)."""
 
+T = TypeVar("T")
+
 BPF_MAP_TYPE_HASH = 1
 BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_PROG_ARRAY = 3
 BPF_MAP_TYPE_ARRAY_OF_MAPS = 12
 BPF_MAP_TYPE_RINGBUF = 27
 BPF_F_NO_PREALLOC = 1
@@ -226,6 +230,23 @@ class RingBuffer:
     def close(self) -> None:
         self._data.close()
         self._cons.close()
+
+
+class RecordRing(Generic[T]):
+    """A reader of a ring buffer whose records are of one kind: ``fd`` polls readable when
+    records wait; :meth:`read` returns them parsed (``parse``), those shorter than ``size``
+    left out."""
+
+    def __init__(self, ring: Map, size: int, parse: Callable[[bytes], T]) -> None:
+        self._ring = RingBuffer(ring)
+        self.fd = self._ring.fd
+        self._size, self._parse = size, parse
+
+    def read(self) -> list[T]:
+        return [self._parse(raw) for raw in self._ring.read() if len(raw) >= self._size]
+
+    def close(self) -> None:
+        self._ring.close()
 
 
 def _map_info(fd: int) -> bytes:

@@ -64,7 +64,6 @@ from ibemu.wire.madpacket import reseal
 
 SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice.c")
 TX_SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice_tx.c")
-PROG_NAME = "ibemu_notice"
 ATTR_FAILOVER_CONFIG = 0xFF31
 FRAME = 290
 """A management packet's bytes, LRH .. VCRC (the program sees 14 more: Ethernet)."""
@@ -124,18 +123,11 @@ class NoticeRecord:
                    tuple(_bits(noted, base)), tuple(_bits(lost, base)), tuple(_bits(fresh, base)))
 
 
-class NoticeLog:
+class NoticeLog(bpf.RecordRing[NoticeRecord]):
     """The agent host's reader of ``sma_nlog``: ``fd`` polls readable when records wait."""
 
     def __init__(self, ring: bpf.Map) -> None:
-        self._ring = bpf.RingBuffer(ring)
-        self.fd = self._ring.fd
-
-    def read(self) -> list[NoticeRecord]:
-        return [NoticeRecord.parse(raw) for raw in self._ring.read() if len(raw) >= _REC.size]
-
-    def close(self) -> None:
-        self._ring.close()
+        super().__init__(ring, _REC.size, NoticeRecord.parse)
 
 
 __all__ = ["ATTR_FAILOVER_CONFIG", "NoticeLog", "NoticeRecord", "crc_deltas"]

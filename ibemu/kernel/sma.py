@@ -127,18 +127,17 @@ def clang_argv(src: str, out: str) -> list[str]:
 def object_path(src: str = SRC) -> tuple[str | None, str]:
     """The compiled object for ``src`` (built next to it by ``make bpf``, else in the user's
     cache, compiled there on first use): (path or None, why not)."""
+    inputs = [src, *sorted(glob.glob(os.path.join(os.path.dirname(src), "*.h")))]  # and what it includes
     try:
         h = hashlib.sha256()
-        with open(src, "rb") as f:
-            h.update(f.read())
-        for header in sorted(glob.glob(os.path.join(os.path.dirname(src), "*.h"))):
-            with open(header, "rb") as f:  # what the sources include (crc.h)
+        for path in inputs:
+            with open(path, "rb") as f:
                 h.update(f.read())
         digest = h.hexdigest()[:16]
+        newest = max(os.path.getmtime(path) for path in inputs)
     except OSError as exc:
         return None, f"no source {src}: {exc}"
     beside = os.path.splitext(src)[0] + ".o"
-    newest = max([os.path.getmtime(src)] + [os.path.getmtime(h) for h in glob.glob(os.path.join(os.path.dirname(src), "*.h"))])
     if os.path.exists(beside) and os.path.getmtime(beside) >= newest:
         return beside, ""
     cached = os.path.join(_cache_dir(), f"{os.path.basename(src)[:-2]}-{digest}.o")
@@ -166,22 +165,11 @@ class LftSetRecord:
     changed: int
 
 
-class SmaLog:
+class SmaLog(bpf.RecordRing[LftSetRecord]):
     """The agent host's reader of ``sma_log``: ``fd`` polls readable when records wait."""
 
     def __init__(self, ring: bpf.Map) -> None:
-        self._ring = bpf.RingBuffer(ring)
-        self.fd = self._ring.fd
-
-    def read(self) -> list[LftSetRecord]:
-        return [LftSetRecord(*_LOG_REC.unpack_from(raw)) for raw in self._ring.read()
-                if len(raw) >= _LOG_REC.size]
-
-    def close(self) -> None:
-        self._ring.close()
-
-
-BPF_MAP_TYPE_PROG_ARRAY = 3
+        super().__init__(ring, _LOG_REC.size, lambda raw: LftSetRecord(*_LOG_REC.unpack_from(raw)))
 
 
 def alt_template() -> bpf.Map:
@@ -215,7 +203,7 @@ class KernelSma:
         self._alt_template = alt_template()
         self.alt = bpf.Map(bpf.BPF_MAP_TYPE_ARRAY_OF_MAPS, 4, 4, 16384, "sma_alt",
                            inner_map_fd=self._alt_template.fd)
-        self.tail = bpf.Map(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 2, "sma_tail")
+        self.tail = bpf.Map(bpf.BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 2, "sma_tail")
         self.notices: elf.Loaded | None = None
         self.notices_tx: elf.Loaded | None = None
         self.notice_log: notice.NoticeLog | None = None
@@ -325,16 +313,8 @@ class KernelSma:
         return memoryview(self._mm)[slot * LFT_SLOT:(slot + 1) * LFT_SLOT]
 
     def publish(self, dev: int, images: Mapping[tuple[int, int], bytes]) -> int:
-        """Write the attribute images that changed; returns how many map updates it took."""
-        n = 0
-        for (attr, mod), data in images.items():
-            key = (dev, attr, mod)
-            if self._published.get(key) == data:
-                continue
-            self.attr.update(_ATTR_KEY.pack(dev, attr, mod), data)
-            self._published[key] = data
-            n += 1
-        return n
+        """Write the attribute images that changed; returns how many changed."""
+        return self.publish_many([(dev, images)])
 
     def publish_many(self, images: Iterable[tuple[int, Mapping[tuple[int, int], bytes]]]) -> int:
         """``publish`` for several devices (``(dev, images)`` each), every changed image
