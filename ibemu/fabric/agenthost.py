@@ -117,6 +117,12 @@ class _Touched:
     failover: bool = False
     """A FailoverConfig Set: its image (the kernel's notice program reads it)."""
 
+    def note_state_changes(self, actions: Iterable[Action]) -> None:
+        """The ports whose state or M_Key state ``actions`` change (their PortInfo images)."""
+        for a in actions:
+            if isinstance(a, PortStateChange | MKeyChange):
+                self.port_info.add(a.port)
+
 
 class Agent(Protocol):
     """What the host needs of a device agent (``ibemu.agents.device.DeviceAgent``)."""
@@ -242,13 +248,14 @@ class AgentHost:
         self._ifindex_of: dict[tuple[str, int], int] = {}
         """(node, port) -> its interface's index, for ``set_ports``' loss of signal."""
         self.loss_of_signal = True
+        """``set_ports`` tells the carrier thread of the ends it cuts (a PHY's loss of signal);
+        False: the kernel's notifications alone tell (``bench_local_failover --loss-of-signal
+        off`` compares the two)."""
         self._carrier_taken = threading.Event()
         """Set by the loop each time it has taken a batch of carrier changes (``set_ports``
         waits for it, bounded by ``CUT_HANDOVER_WAIT_S``)."""
         self._loop_thread: int | None = None
-        """``set_ports`` tells the carrier thread of the ends it cuts (a PHY's loss of signal);
-        False: the kernel's notifications alone tell (``bench_local_failover --loss-of-signal
-        off`` compares the two)."""
+        """The thread of this host's trio loop (``serve``)."""
         self._cpus: set[int] | None = None
 
     # ------------------------------------------------------------------ set-up (sync)
@@ -672,9 +679,7 @@ class AgentHost:
                     if t is None:
                         t = touched[name] = _Touched()
                     self._set_touches(rt, port, frame, t)
-                    for a in actions:
-                        if isinstance(a, PortStateChange | MKeyChange):
-                            t.port_info.add(a.port)
+                    t.note_state_changes(actions)
                 if actions:
                     done.append((name, rt, actions))
             if n >= BATCH_FRAMES:
@@ -1042,8 +1047,10 @@ class AgentHost:
         reading it, while the loop was taking the cut up: by hand-timing over 40 alternated
         k=4 cuts (not a benchmark), the loop took the cut up 0.30 ms after it (median) instead
         of 0.39, and had done with the first end 0.55 ms after instead of 0.69. The kernel's
-        own word comes after its linkwatch work, an RCU grace period per device for one cable here, longest on a quiet machine), and it handles a request for several devices one after the other, a grace period each inside the request
-        (2-22 ms for a k=8 switch's 8 ports): the fabric no longer waits for either.
+        own word comes after its linkwatch work, an RCU grace period per device (0.2-81 ms for
+        one cable here, longest on a quiet machine), and it handles a request for several
+        devices one after the other, a grace period each inside the request (2-22 ms for a
+        k=8 switch's 8 ports): the fabric no longer waits for either.
         Deviation: until the kernel has closed a veth, frames already in it and frames a host
         sends into it are still delivered (the switches' maps stop their own at once): at most
         that window's frames that a real cut would lose; the wait above widens it by the
@@ -1126,9 +1133,7 @@ class AgentHost:
             # kernel; the kernel would hand the next SMP over where the agent would not)
             actions = list(actions)
             t = _Touched()
-            for a in actions:
-                if isinstance(a, PortStateChange | MKeyChange):
-                    t.port_info.add(a.port)
+            t.note_state_changes(actions)
             if t.port_info:
                 self._republish({name: t})
         for action in actions:

@@ -19,8 +19,9 @@ agents' loop taking the cut, the SM taking the trap, each burst of responses), s
 fabric runs ibemu asks the kernel to keep every CPU in its polling idle state: a PM QoS CPU
 latency request of 0 us (``/dev/cpu_dma_latency``), held by an open descriptor of this
 process and dropped by the kernel when it closes, at exit or a crash. On k=8
-(``benchmarks/bench_sm.py``, quiet machine) fault -> trap at the SM went 1.09 -> 0.81 ms and
-trap -> last LFT ack 5.44 -> 4.91 ms at the median. The cost: an idle CPU polls instead of
+(``benchmarks/bench_sm.py``, quiet machine, the medians of two invocations without it and
+three with it) fault -> trap at the SM went 1.09-1.21 -> 0.85-1.05 ms and trap -> last LFT
+ack 5.44-5.55 -> 5.03-5.42 ms. The cost: an idle CPU polls instead of
 halting while the fabric runs (a virtual machine's host sees its CPUs busy).
 ``IBEMU_CPU_IDLE=1`` lets them sleep; without the device (or root) the run says so in one
 line and goes on.
