@@ -35,6 +35,7 @@ pytestmark = pytest.mark.root
 bpf = pytest.importorskip("ibemu.kernel.bpf")
 from ibemu.kernel import lft_map, notice, sma  # noqa: E402
 from ibemu.kernel.dr_relay import egress_key, egress_value  # noqa: E402
+from tests.integration.test_sma_bpf import load_kernel_sma  # noqa: E402
 
 NUM_PORTS = 8
 UP = (1, 2, 3, 4, 5, 6)  # 7 and 8: no link
@@ -56,13 +57,7 @@ def _peer(port: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def kernel() -> sma.KernelSma:
-    path, why = sma.object_path()
-    if path is None:
-        pytest.skip(f"no eBPF object for the kernel SMA: {why}")
-    try:
-        k = sma.KernelSma(lft_slots=1, attr_entries=4096, obj_path=path)
-    except OSError as exc:
-        pytest.skip(f"cannot load the kernel SMA here: {exc}")
+    k = load_kernel_sma()
     if k.notices is None:
         k.close()
         pytest.fail("the fault notice programs did not load (see the log for the verifier's words)")

@@ -47,15 +47,21 @@ def _peer(dev: int, port: int) -> bytes:
     return bytes([6, 0, 0, 0, dev, port])
 
 
-@pytest.fixture(scope="module")
-def kernel() -> sma.KernelSma:
+def load_kernel_sma() -> sma.KernelSma:
+    """The kernel SMA with one switch slot, for BPF_PROG_TEST_RUN (skipped where it cannot
+    load); the caller closes it."""
     path, why = sma.object_path()
     if path is None:
         pytest.skip(f"no eBPF object for the kernel SMA: {why}")
     try:
-        k = sma.KernelSma(lft_slots=1, attr_entries=4096, obj_path=path)
+        return sma.KernelSma(lft_slots=1, attr_entries=4096, obj_path=path)
     except OSError as exc:
         pytest.skip(f"cannot load the kernel SMA here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def kernel() -> sma.KernelSma:
+    k = load_kernel_sma()
     yield k
     k.close()
 
