@@ -273,18 +273,14 @@ class FabricRuntime:
         def serving() -> AgentHost | None:
             return self.host if self._serving else None
 
-        async with metrics.serve(self.metrics, serving, self.run_dir, self.metrics_extras), \
-                self._running() as host:
-            yield host
-
-    @asynccontextmanager
-    async def _running(self) -> AsyncIterator[AgentHost]:
-        with cpus.awake():  # the CPUs out of halt while the fabric runs (``cpus.awake``)
-            async with self._serving_fabric() as host:
+        # the CPUs out of halt while the fabric runs (``cpus.awake``)
+        with cpus.awake():
+            async with metrics.serve(self.metrics, serving, self.run_dir, self.metrics_extras), \
+                    self._running() as host:
                 yield host
 
     @asynccontextmanager
-    async def _serving_fabric(self) -> AsyncIterator[AgentHost]:
+    async def _running(self) -> AsyncIterator[AgentHost]:
         unpinned = None
         try:
             if self.host is None:
