@@ -6,7 +6,7 @@ module computes those groups, purely, from a SubnetGraph and the primary ``Route
 deadlock-free engine, and checks them (``ibemu.sm.checker.check_alternates``) before
 offering them.
 
-Rules (CA LIDs only: switch LIDs carry management traffic on VL15 and keep one path):
+Rules for CA LIDs:
 
 - ``ftree_ar`` (base ``ftree``): where the primary goes *up* (the destination is not below
   the switch), the alternates are the switch's other up-ports that reach the destination
@@ -16,6 +16,16 @@ Rules (CA LIDs only: switch LIDs carry management traffic on VL15 and keep one p
   with the ranks ``updn`` chose (never a down->up turn: a switch that reaches the
   destination by down-links alone may only go down, every other switch only up) and that
   keep the primary's up*/down* distance (a neighbour one layer closer).
+
+Switch LIDs (both engines): the other ports one minhop layer closer to the switch (equal-cost
+paths, as the engines route switch LIDs by minhop). Their traffic is management: SMPs on VL15,
+which has no credits, so it takes no part in the channel dependency graph (the checker leaves
+switch LIDs out of it, alternates or not; it still walks them for loops and black holes). A
+switch that loses the port a switch LID goes through then moves it instead of announcing it
+lost: before, every equal-cost detour was unknown to the switches, and a cut cable made the
+switches above it announce the LIDs of the switches beyond it, a round of fault notices each
+(``benchmarks/bench_local_failover.py``: ~50 of the ~160 notices of a k=8 edge-aggregation
+cut, all in front of the notices for the hosts' LIDs).
 
 Both rules read the engine's own hop layers (``State.updown`` and ``State.cand_mask``): the
 alternates are the candidates the engine chose the primary from. Every choice stays up*
@@ -101,6 +111,24 @@ def updown_alternates(graph: SubnetGraph, routes: Routes, base: str) -> Alternat
                     if p in ports:
                         assert p is not None
                         found[v][lid] = (p, ports)
+    # switch LIDs: the equal-cost ports of their minhop layers (management on VL15: not part
+    # of the channel dependency graph, see the module docstring)
+    for w, lay in enumerate(st.minhop):
+        lid = fab.sw_lid[w]
+        if lay is None or not lid:
+            continue
+        for k in range(1, len(lay.rings)):
+            for v in bits(lay.rings[k]):
+                mask = st.cand_mask(lay, v, k)
+                if mask & (mask - 1) == 0:  # one neighbour: one way
+                    continue
+                ports = cache.get((v, mask))
+                if ports is None:
+                    ports = cache[(v, mask)] = tuple(ports_of(fab, v, mask))
+                p = routes.lfts.get(fab.guids[v], {}).get(lid)
+                if len(ports) >= 2 and p in ports:
+                    assert p is not None
+                    found[v][lid] = (p, ports)
     out: Alternates = {}
     for v, entries in enumerate(found):
         if not entries:

@@ -61,10 +61,13 @@ def test_ftree_ar_k4_groups() -> None:
     assert ar.engine == "ftree_ar" and ar.primary.engine == "ftree" and ar.compute_s > 0
     edge_of = {ca.lid: desc(g, ca.ports[1].peer[0]) for ca in g.cas() if ca.ports[1].peer}
     assert len(edge_of) == 16
+    switch_lids = {sw.lid for sw in g.switches()}
+    switch_alts = 0
     for sw in g.switches():
         name = desc(g, sw.guid)
-        table = ar.alternates.get(sw.guid, {})
-        assert sw.lid not in table  # switch LIDs keep one path
+        table = {lid: ports for lid, ports in ar.alternates.get(sw.guid, {}).items() if lid not in switch_lids}
+        assert sw.lid not in ar.alternates.get(sw.guid, {})  # a switch delivers its own LID
+        switch_alts += sum(len(p) for lid, p in ar.alternates.get(sw.guid, {}).items() if lid in switch_lids)
         if name.startswith("core"):
             assert not table  # a core reaches each pod by its single down port
             continue
@@ -82,7 +85,8 @@ def test_ftree_ar_k4_groups() -> None:
             assert desc(g, up.guid).startswith("agg" if name.startswith("edge") else "core")
     rep = check_alternates(g, ar)
     assert rep.ok, rep.errors
-    assert rep.alternates == 8 * 14 + 8 * 12  # edges: remote LIDs; aggs: other pods' LIDs
+    assert rep.alternates == 8 * 14 + 8 * 12 + switch_alts  # edges: remote LIDs; aggs: other pods'
+    assert switch_alts > 0
     assert rep.alt_longer == 0 and rep.loops == rep.blackholes == 0
     assert rep.cdg_cycle is None and rep.cdg_edges > 0
 
@@ -141,6 +145,8 @@ def test_updn_ar_keeps_the_cdg_acyclic_and_turns_legal(name: str) -> None:
         v = fab.index[guid]
         for lid, ports in table.items():
             assert len(ports) <= MAX_ALTERNATES
+            if lid not in fab.ca_at:
+                continue  # a switch LID: minhop's equal-cost ports (management, VL15)
             dest = fab.lid_switch(lid)
             for p in (ar.primary.lfts[guid][lid], *ports):
                 u = fab.port_peer[v][p]
@@ -153,10 +159,13 @@ def test_updn_ar_keeps_the_cdg_acyclic_and_turns_legal(name: str) -> None:
 
 def test_ring_alternates_only_where_both_ways_are_legal_and_equal() -> None:
     """6 switches, updn's root sw0: the bottom sw3 may go up either way to sw0's hosts, and
-    sw0 down either way to sw3's; every other pair has one legal shortest way."""
+    sw0 down either way to sw3's; every other pair has one legal shortest way (for CA LIDs;
+    a switch LID has minhop's equal-cost ports, see the next test)."""
     g = topo("ring")
     ar = compute_ar(g, "updn_ar")
-    by_name = {desc(g, guid): table for guid, table in ar.alternates.items()}
+    by_name = {desc(g, guid): {lid: p for lid, p in table.items() if lid in {ca.lid for ca in g.cas()}}
+               for guid, table in ar.alternates.items()}
+    by_name = {name: table for name, table in by_name.items() if table}
     assert set(by_name) == {"sw0", "sw3"}
     hosts = {sw: {ca.lid for ca in g.cas() if desc(g, ca.ports[1].peer[0]) == sw} for sw in ("sw0", "sw3")}
     assert set(by_name["sw3"]) == hosts["sw0"] and set(by_name["sw0"]) == hosts["sw3"]
@@ -348,3 +357,40 @@ def test_degraded_fabric_keeps_the_promise(name: str, engine: str) -> None:
     assert rep.ok and rep.cdg_cycle is None and rep.alternates > 0
     if name.startswith("fat-tree"):
         assert rep.alternates < full  # the same ranks: only the cut links' alternates go
+
+
+@pytest.mark.parametrize(("name", "engine"), [("fat-tree-k4", "ftree_ar"), ("ring", "updn_ar"), ("torus-4x4", "updn_ar")])
+def test_switch_lids_get_the_equal_cost_ports_of_minhop(name: str, engine: str) -> None:
+    """A switch LID's alternates at a switch are exactly its other neighbours one hop closer to
+    that switch (capped at MAX_ALTERNATES), so a switch that loses the port moves the LID
+    instead of announcing it lost; the CDG is built from CA LIDs only, and stays acyclic."""
+    g = topo(name)
+    ar = compute_ar(g, engine)
+    fab = Fabric.of(g)
+    dist = {}
+    for w in range(fab.n):  # BFS hop counts between switches
+        d = {w: 0}
+        todo = [w]
+        for v in todo:
+            for u in (i for i in range(fab.n) if fab.adj[v] >> i & 1):
+                if u not in d:
+                    d[u] = d[v] + 1
+                    todo.append(u)
+        dist[w] = d
+    seen = 0
+    for v, guid in enumerate(fab.guids):
+        table = ar.alternates.get(guid, {})
+        for w, lid in enumerate(fab.sw_lid):
+            if not lid or w == v:
+                continue
+            primary = ar.primary.lfts[guid][lid]
+            closer = sorted({p for p, u in fab.port_peer[v].items() if dist[w].get(u, -1) == dist[w][v] - 1})
+            assert primary in closer
+            want = [p for p in closer if p != primary]
+            got = table.get(lid, ())
+            assert sorted(got) == want[:MAX_ALTERNATES] or (len(want) > MAX_ALTERNATES and len(got) == MAX_ALTERNATES
+                                                            and set(got) <= set(want)), (name, v, lid)
+            seen += len(got)
+    assert seen > 0
+    rep = check_alternates(g, ar)
+    assert rep.ok and rep.cdg_cycle is None, rep.errors
