@@ -315,6 +315,22 @@ class SwitchAgent(DeviceAgent):
                                  {"lids": len(fresh), "ports": sent, "exclude": port, "kernel": True}))
         return actions
 
+    def mark_announced(self, lids: Iterable[int]) -> None:
+        """LIDs the kernel has just announced for a port that lost its signal
+        (``ibemu.kernel.notice.announce_loss``, in the agent host's cutting thread), before
+        its record comes: ``link_down`` must not announce them again. (Beside the agent
+        host's loop under the GIL, as ``announce_port_lost``.)"""
+        self._announced.update(lids)
+
+    def lost_in_kernel(self, port: int, fresh: Sequence[int], sent: int, t_ns: int) -> list[Action]:
+        """The kernel's record of a loss of signal on ``port`` (``announce_loss``): what
+        ``announce_port_lost`` leaves (the LIDs announced, the counter, the event, stamped
+        with the kernel's time); nothing is sent a second time."""
+        self._announced.update(fresh)
+        self.stats["notices_sent"] += sent
+        return [Event("fault_notice_sent", t_ns, self.node_guid,
+                      {"lids": len(fresh), "ports": sent, "exclude": port, "kernel": True})]
+
     def notice_state(self) -> tuple[dict[int, frozenset[int]], dict[int, tuple[int, int]], frozenset[int]]:
         """(dead ends, repairs, LIDs announced): what a notice leaves behind (for tests that
         compare the kernel's state with this agent's)."""

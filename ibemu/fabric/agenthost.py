@@ -75,7 +75,7 @@ from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
-from ibemu.kernel.notice import NoticeLog
+from ibemu.kernel.notice import NoticeLog, announce_loss
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket, send_holding_gil
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.sma import KernelSma, SmaLog
@@ -222,6 +222,8 @@ class AgentHost:
         self.dr_relay: DrRelay | None = None
         self._lft_lock = threading.Lock()  # power() clears an LFT from a worker thread
         self._relay_ids: dict[str, int] = {}
+        self._notice_ns: dict[str, int] = {}
+        """Switch -> its namespace, open (``netns.open_fd``) where the kernel announces a cut."""
         self._relay_on: dict[str, bool] = {}
         self._tx: TxBatcher | None = None
         """The user datapath's sender (a worker thread batching frames into sendmmsg)."""
@@ -397,6 +399,10 @@ class AgentHost:
             sma.close()
             return False
         self.kernel_sma = sma
+        if sma.notices is not None:  # the switches' namespaces, for the cut's announcements
+            for name, rt in nodes:
+                if name in self._relay_ids and hasattr(rt.agent, "mark_announced"):
+                    self._notice_ns[name] = netns.open_fd(rt.plan.ns)
         log.info("kernel SMA on %d nodes (%d switches) in %.0f ms", len(nodes), n_switches,
                  (clock.now_ns() - t0) / 1e6)
         return True
@@ -521,6 +527,9 @@ class AgentHost:
         if self.dr_relay is not None:
             self.dr_relay.close()
             self.dr_relay = None
+        for fd in self._notice_ns.values():
+            os.close(fd)
+        self._notice_ns.clear()
         if self.kernel_sma is not None:
             for name in self._sma_slots:  # the agents keep their tables in their own memory again
                 lft_ = getattr(self.nodes[name].agent, "lft", None)
@@ -902,21 +911,43 @@ class AgentHost:
 
     def _announce_early(self, ends: list[tuple[str, NodeRuntime, int]]) -> None:
         """In the carrier thread, switch ports lost, their port maps written: their fault
-        notices leave now (``SwitchAgent.announce_port_lost``), not after the loop has heard
-        of the change (0.4-4 ms later on this machine: README). The ends go shortest first
-        (fewest LIDs routed through the lost port: the least Python before their notices
-        leave, which minimizes the ends' mean wait), each sent as soon as computed, on the
-        agents' sockets from this thread keeping the GIL (``packet.send_holding_gil``: each
-        ``send`` let the loop take it for up to its switch interval). Their events go to the
-        loop with the change."""
+        notices leave now, not after the loop has heard of the change (0.4-4 ms later on
+        this machine: README). Where the kernel handles the switch's notices, the kernel
+        announces (``kernel.notice.announce_loss``: the notice program run on the LIDs the
+        LFT sends to the port, in the switch's namespace, its clones sent from there; the
+        agent marks them announced at once and takes the kernel's record later); it takes
+        ~0.2 ms of this thread's Python per end off the path (``announce_port_lost`` of an
+        aggregation switch above a k=8 cut: 180-250 us of CPU, hand-timed). Else the agent's
+        ``announce_port_lost``. The ends go shortest first (fewest LIDs routed through the
+        lost port: the least work before their notices leave, which minimizes the ends' mean
+        wait), each sent as soon as computed, on the agents' sockets from this thread keeping
+        the GIL (``packet.send_holding_gil``: each ``send`` let the loop take it for up to its
+        switch interval; the kernel's runs keep it likewise). Their events go to the loop with
+        the change."""
         def work(end: tuple[str, NodeRuntime, int]) -> int:
             lft = getattr(end[1].agent, "lft", None)
             return len(lft.lids_to(end[2])) if lft is not None else 0
 
+        ksma = self.kernel_sma
+        prog = ksma.notices.prog_fd if ksma is not None and ksma.notices is not None else None
         for name, rt, port in sorted(ends, key=work):
             announce = getattr(rt.agent, "announce_port_lost", None)
             if announce is None:
                 continue
+            dev, ifindex = self._relay_ids.get(name), self._ifindex_of.get((name, port))
+            ns_fd = self._notice_ns.get(name)
+            mark = getattr(rt.agent, "mark_announced", None)
+            lft = getattr(rt.agent, "lft", None)
+            if prog is not None and dev is not None and ifindex is not None and ns_fd is not None and mark is not None \
+                    and lft is not None:
+                lids = lft.lids_to(port)
+                if not lids:
+                    continue
+                with netns.entered_fd(ns_fd):  # the program's clones go to its devices
+                    fresh = announce_loss(prog, dev, port, ifindex, lids)
+                if fresh is not None:
+                    mark(fresh)
+                    continue
             actions = announce(port)
             rest = [a for a in actions if not isinstance(a, Send)]
             if rest:
@@ -1249,6 +1280,11 @@ class AgentHost:
         agents, which take the same state and log the events with the kernel's stamps
         (``SwitchAgent.notice_in_kernel``)."""
         for name, rt, rec in self._by_node(ring.read()):
+            if rec.loss:  # its own port's loss of signal, announced by the kernel (_announce_early)
+                lost = getattr(rt.agent, "lost_in_kernel", None)
+                if lost is not None:
+                    self.dispatch(name, rt, lost(rec.port, rec.fresh, rec.sent, clock.to_emulated_ns(rec.t_ns)))
+                continue
             mirror = getattr(rt.agent, "notice_in_kernel", None)
             if mirror is None:
                 continue

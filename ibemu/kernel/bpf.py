@@ -62,6 +62,7 @@ FN_REDIRECT = 23
 # __sk_buff fields
 SKB_LEN = 0
 SKB_IFINDEX = 40
+SKB_CB = 48
 SKB_DATA = 76
 SKB_DATA_END = 80
 
@@ -328,20 +329,37 @@ SKB_CTX_SIZE = 192
 """sizeof(struct __sk_buff) as test runs pass it (``test_run(..., ctx=True)``)."""
 
 
-def test_run(prog_fd: int, data: bytes, repeat: int = 1, *, ctx: bool = False) -> tuple[int, bytes, int]:
+def skb_ctx(*, ifindex: int = 0, cb: Sequence[int] = ()) -> bytes:
+    """A ``struct __sk_buff`` to run a program on (``test_run(..., ctx_in=...)``): the device
+    the packet is on (``ifindex``: found in the calling thread's network namespace; its
+    redirects go to that namespace's devices) and ``cb[0..4]``; the rest zero, as the kernel
+    requires of what it does not take."""
+    out = bytearray(SKB_CTX_SIZE)
+    struct.pack_into("=I", out, SKB_IFINDEX, ifindex)
+    for i, v in enumerate(cb[:5]):
+        struct.pack_into("=I", out, SKB_CB + 4 * i, v & 0xFFFFFFFF)
+    return bytes(out)
+
+
+def test_run(prog_fd: int, data: bytes, repeat: int = 1, *, ctx: bool = False, ctx_in: bytes | None = None,
+             hold_gil: bool = False) -> tuple[int, bytes, int]:
     """BPF_PROG_TEST_RUN: (return value, packet after the run, average ns per run).
 
     ``ctx``: the packet after the run is followed by the ``struct __sk_buff`` the program
-    left (``SKB_CTX_SIZE`` bytes: ``cb[0]`` at offset 48, ...)."""
+    left (``SKB_CTX_SIZE`` bytes: ``cb[0]`` at offset 48, ...). ``ctx_in``: the one it starts
+    with (``skb_ctx``). ``hold_gil``: the GIL kept through the run (a run whose redirects set
+    off the kernel's own work, on a path that must not queue for the GIL again half-way)."""
     din = ctypes.create_string_buffer(data, len(data))
     dout = ctypes.create_string_buffer(len(data) + 256)
     cout = ctypes.create_string_buffer(SKB_CTX_SIZE)
+    cin = ctypes.create_string_buffer(ctx_in, len(ctx_in)) if ctx_in is not None else None
     fields = struct.pack("=IIIIQQII", prog_fd, 0, len(data), len(dout), _addr(din), _addr(dout), repeat, 0)
-    if ctx:
-        fields += struct.pack("=IIQQ", 0, SKB_CTX_SIZE, 0, _addr(cout))
+    if ctx or cin is not None:
+        fields += struct.pack("=IIQQ", len(cin) if cin is not None else 0, SKB_CTX_SIZE,
+                              _addr(cin) if cin is not None else 0, _addr(cout))
     attr = bytearray(fields.ljust(128, b"\0"))
     buf = ctypes.create_string_buffer(bytes(attr), len(attr))
-    ret = _libc.syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, len(attr))
+    ret = (_libc_held if hold_gil else _libc).syscall(SYS_BPF, BPF_PROG_TEST_RUN, buf, len(attr))
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"BPF_PROG_TEST_RUN: {os.strerror(err)}")

@@ -99,6 +99,33 @@ def entered(name: str) -> Iterator[None]:
         os.close(home)
 
 
+def open_fd(name: str) -> int:
+    """A descriptor of namespace ``name`` for ``entered_fd`` (the caller closes it; while it
+    is open the namespace lives on, so its owner closes it before removing the namespace)."""
+    try:
+        return os.open(NETNS_RUN_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KernelError(f"namespace {name} does not exist") from None
+
+
+@contextlib.contextmanager
+def entered_fd(fd: int) -> Iterator[None]:
+    """``entered`` for a namespace already open (``open_fd``): two ``setns`` and the calling
+    thread's own namespace opened, ~15 us less than opening the target as well (hand-timed)."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    outer = getattr(_where, "ns", None)
+    try:
+        _setns(fd)
+        _where.ns = None  # (by descriptor: no name to nest on)
+        try:
+            yield
+        finally:
+            _setns(home)
+            _where.ns = outer
+    finally:
+        os.close(home)
+
+
 def quiet_ipv6(names: Iterable[str]) -> None:
     """Disable IPv6 in each namespace (before its interfaces exist).
 

@@ -41,6 +41,22 @@ agent (the SM's ``groups_programmed``) ends the kernel's repairs with the agent'
 ``tests/integration/test_notice_bpf.py`` proves kernel and agent equal on generated tables
 and notices (BPF_PROG_TEST_RUN).
 
+A switch's own port losing its signal is announced by the same program (``announce_loss``,
+LOSS: ``skb->cb[0]`` bit 8): at a cut the agent host runs it on a notice of the LIDs the LFT
+sends to the lost port, as if that port's neighbour had sent it, with three differences:
+the port counts as up and in use whatever its PortInfo says yet, no dead end is noted and
+nothing moves (the forwarding classifier takes the alternates of a port without signal by
+itself), and only an announcement leaves a record (flagged LOSS, taken by
+``SwitchAgent.lost_in_kernel``). It is the agent's ``announce_port_lost``, proven equal by
+the same test file. The run is a BPF_PROG_TEST_RUN with the switch's device as the packet's
+(``bpf.skb_ctx``), from a thread inside the switch's namespace (a test run's redirects go to
+the devices of the namespace the device is looked up in): the clones leave from there as
+the softirq's would, and the cascade they set off runs inside that system call. Before, the
+agent built and sent these notices in Python in the cutting thread: 180-250 us of CPU for an
+aggregation switch above a k=8 cut (hand-timed). A LOSS run has its own per-CPU work record
+(a softirq may interrupt it on its CPU); runs from two threads at once on one CPU would
+share it (the agent host cuts from one thread at a time).
+
 Deviations (documented, deliberate):
 - The onward notices' TID: ``node GUID & 0xFFFF << 48 | 1 << 47 | 1 << 46 | n``, one per
   announcement for all its ports (the agent: bit 46 clear, one per port sent); their BTH PSN
@@ -57,10 +73,11 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ibemu.kernel import bpf
-from ibemu.wire.madpacket import reseal
+from ibemu.wire.madpacket import MAD_OFFSET, frame_mad, reseal
 
 SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice.c")
 TX_SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice_tx.c")
@@ -70,6 +87,11 @@ FRAME = 290
 IP1_AT = 28 + 128 + 1
 """InitialPath[1] in the packet (LRH at 0)."""
 _REC = struct.Struct("=QIIIHH64s64s64s64s64s512s512s")
+LOSS = 1 << 8
+"""``skb->cb[0]`` of a LOSS run (``announce_loss``); a record's flag bit 0."""
+ETH_P_IB = 0x88B5
+LIDS_PER_NOTICE = 512
+_NOTICE_HEAD = struct.Struct("!BBBBHBBQHHI")
 
 
 def crc_deltas() -> bytes:
@@ -95,6 +117,44 @@ def _bits(bitmap: bytes, base: int) -> list[int]:
     return [base + i * 8 + b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte >> b & 1]
 
 
+def loss_frame(block: int, lids: Iterable[int]) -> bytes:
+    """The frame a LOSS run starts from: a FaultNotice as the agent builds it (one-hop
+    directed route, permissive LIDs, VL15, TID 0) for ``lids`` of 512-LID ``block``, behind an
+    Ethernet header the program rewrites per port."""
+    mad = bytearray(256)
+    _NOTICE_HEAD.pack_into(mad, 0, 1, 0x81, 1, 5, 0, 1, 1, 0, 0xFF32, 0, block)
+    struct.pack_into("!HH", mad, 32, 0xFFFF, 0xFFFF)  # DrSLID, DrDLID
+    for lid in lids:
+        off = lid - block * LIDS_PER_NOTICE
+        mad[64 + (off >> 3)] |= 1 << (off & 7)
+    return bytes(12) + ETH_P_IB.to_bytes(2, "big") + frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0,
+                                                               qkey=0, vl=15)
+
+
+def announce_loss(prog_fd: int, dev: int, port: int, ifindex: int, lids: Iterable[int]) -> list[int] | None:
+    """Port ``port`` of switch ``dev`` has lost its signal: the kernel announces the LIDs of
+    ``lids`` (those the LFT sends to the port) that have no other way, as the agent's
+    ``announce_port_lost`` would, and sends the notices itself (``notice.c``, LOSS). Runs the
+    program (BPF_PROG_TEST_RUN, the GIL kept) on the device ``ifindex``, which the calling
+    thread must see (its network namespace: the program's clones go to that namespace's
+    devices). Returns the LIDs announced now (the kernel's record follows on the ring), or
+    None when the program declined (notices off, a switch it does not take: the agent's
+    own ``announce_port_lost`` then, which declines likewise or does the work)."""
+    blocks: dict[int, list[int]] = {}
+    for lid in lids:
+        blocks.setdefault(lid // LIDS_PER_NOTICE, []).append(lid)
+    fresh: list[int] = []
+    for block, some in sorted(blocks.items()):
+        ctx = bpf.skb_ctx(ifindex=ifindex, cb=(LOSS, dev, port))
+        ret, out, _ns = bpf.test_run(prog_fd, loss_frame(block, some), ctx_in=ctx, hold_gil=True)
+        if ret != bpf.TC_ACT_SHOT:
+            return None
+        mad = 14 + MAD_OFFSET
+        if len(out) >= mad + 128 and any(out[mad + 8:mad + 16]):  # a TID: it announced
+            fresh += _bits(out[mad + 64:mad + 128], block * LIDS_PER_NOTICE)
+    return fresh
+
+
 @dataclass(frozen=True, slots=True)
 class NoticeRecord:
     """One notice the kernel handled (``sma_nlog``); LIDs absolute."""
@@ -112,15 +172,18 @@ class NoticeRecord:
     noted: tuple[int, ...]
     lost: tuple[int, ...]
     fresh: tuple[int, ...]
+    loss: bool = False
+    """A LOSS run's record (``announce_loss``): the switch's own port, LIDs announced."""
 
     @classmethod
     def parse(cls, raw: bytes | memoryview) -> NoticeRecord:
-        (t_ns, dev, port, block, sent, _flags, bitmap, moved, noted, lost, fresh, prev,
+        (t_ns, dev, port, block, sent, flags, bitmap, moved, noted, lost, fresh, prev,
          now) = _REC.unpack_from(raw)
         base = block * 512
         return cls(t_ns, dev, port, block, sent, tuple(_bits(bitmap, base)),
                    {lid: (prev[lid - base], now[lid - base]) for lid in _bits(moved, base)},
-                   tuple(_bits(noted, base)), tuple(_bits(lost, base)), tuple(_bits(fresh, base)))
+                   tuple(_bits(noted, base)), tuple(_bits(lost, base)), tuple(_bits(fresh, base)),
+                   bool(flags & 1))
 
 
 class NoticeLog(bpf.RecordRing[NoticeRecord]):
@@ -130,4 +193,4 @@ class NoticeLog(bpf.RecordRing[NoticeRecord]):
         super().__init__(ring, _REC.size, NoticeRecord.parse)
 
 
-__all__ = ["ATTR_FAILOVER_CONFIG", "NoticeLog", "NoticeRecord", "crc_deltas"]
+__all__ = ["ATTR_FAILOVER_CONFIG", "LOSS", "NoticeLog", "NoticeRecord", "announce_loss", "crc_deltas", "loss_frame"]

@@ -41,7 +41,7 @@ NUM_PORTS = 8
 UP = (1, 2, 3, 4, 5, 6)  # 7 and 8: no link
 SWITCH_PORTS = (1, 2, 3, 4, 5, 7)  # 6 faces a CA
 TOP = 300
-OUT_BASE = 100
+OUT_BASE = 0x7FFFFF00
 DEV = 5
 TRAP = 5
 _NSTATE = struct.Struct("=IIQ64Q64s64s")
@@ -315,3 +315,86 @@ def test_crc_patches_seal_every_port() -> None:
         struct.pack_into("<I", got, 284, struct.unpack_from("<I", sealed0, 284)[0] ^ di)
         struct.pack_into("<H", got, 288, struct.unpack_from("<H", sealed0, 288)[0] ^ dv)
         assert bytes(got) == want
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_loss_of_signal_announced_by_the_kernel_as_by_the_agent(kernel: sma.KernelSma, seed: int) -> None:
+    """A port losing its signal (``notice.announce_loss``, the LOSS run the agent host makes at
+    a cut) against ``SwitchAgent.announce_port_lost``: the same LIDs announced, on as many
+    ports, nothing moved, no dead end; the kernel's onward notice is the agent's (but for its
+    TID and PSN); its record, taken by ``lost_in_kernel``, leaves the agent as the reference.
+    Earlier notices (dead ends, repairs) shape what is left to announce; a port whose LIDs all
+    have another way announces nothing and leaves no record; with notices off the kernel
+    declines."""
+    rng = random.Random(seed)
+    h = Harness(kernel)
+    assert kernel.notices is not None and kernel.notice_log is not None
+    prog = kernel.notices.prog_fd
+    try:  # a generation of its own: the kernel's notice state of earlier tests is not this one's
+        h.failover_config(on=True, generation=100 + seed)
+        h.tables(rng)
+        announced = 0
+        for step in range(24):
+            if step % 3 == 2:  # a neighbour's notice first: dead ends and repairs to reckon with
+                h.notice(rng.choice((1, 2, 3, 4, 5)), rng.sample(range(1, TOP), 40), expect=True)
+            port = rng.choice((1, 2, 3, 4, 5))
+            lids = h.a.lft.lids_to(port)
+            assert lids == h.b.lft.lids_to(port)
+            ref = h.b.announce_port_lost(port)
+            ref_sends = [a for a in ref if isinstance(a, Send)]
+            want = sorted({lid for a in ref_sends
+                           for lid in _lids(a.packet[MAD_OFFSET + 64:MAD_OFFSET + 128], 0)})
+            got = notice.announce_loss(prog, DEV, port, 1, lids)
+            assert got is not None and sorted(got) == want, (step, port)
+            h.a.mark_announced(got)
+            recs = kernel.notice_log.read()
+            if not want:
+                assert not recs and not ref_sends
+                continue
+            announced += 1
+            assert len(recs) == 1 and recs[0].loss and (recs[0].dev, recs[0].port) == (DEV, port)
+            rec = recs[0]
+            assert not rec.moved and not rec.noted and list(rec.fresh) == want
+            assert rec.sent == len(ref_sends)
+            events = h.a.lost_in_kernel(rec.port, rec.fresh, rec.sent, rec.t_ns)
+            assert [e.kind for e in events] == ["fault_notice_sent"]
+            h.assert_same()
+        assert announced >= 3, "the tables must leave LIDs with no other way"
+        h.failover_config(on=False, generation=100 + seed)
+        assert notice.announce_loss(prog, DEV, 1, 1, h.a.lft.lids_to(1) or [1]) is None
+    finally:
+        h.close()
+
+
+def test_loss_frame_is_the_agents_notice(kernel: sma.KernelSma) -> None:
+    """What a LOSS run sends: the agent's FaultNotice for the same LIDs but its TID and PSN, on
+    the agent's last port, CRCs sealed (the run's packet after it is the last clone)."""
+    rng = random.Random(9)
+    h = Harness(kernel)
+    assert kernel.notices is not None and kernel.notice_log is not None
+    try:
+        h.failover_config(on=True, generation=200)
+        h.tables(rng)
+        for port in (1, 2, 3, 4, 5):
+            ref_sends = [a for a in h.b.announce_port_lost(port) if isinstance(a, Send)]
+            lids = h.a.lft.lids_to(port)
+            by_block: dict[int, list[int]] = {}
+            for lid in lids:
+                by_block.setdefault(lid // 512, []).append(lid)
+            if not ref_sends or len(by_block) != 1:
+                continue
+            ctx = bpf.skb_ctx(ifindex=1, cb=(notice.LOSS, DEV, port))
+            ret, out, _ns = bpf.test_run(kernel.notices.prog_fd, notice.loss_frame(0, lids), ctx_in=ctx)
+            kernel.notice_log.read()
+            assert ret == bpf.TC_ACT_SHOT
+            last = max(ref_sends, key=lambda a: a.port)
+            sent = bytearray(out[14:])
+            assert out[:12] == _peer(last.port) + _mac(last.port)
+            assert reseal(bytearray(sent)) == bytes(sent), "the onward notice's CRCs"
+            sent[MAD_OFFSET + 8:MAD_OFFSET + 16] = last.packet[MAD_OFFSET + 8:MAD_OFFSET + 16]  # TID
+            sent[17:20] = last.packet[17:20]  # BTH PSN
+            assert reseal(sent) == last.packet
+            return
+        pytest.fail("no port with LIDs to announce in one block")
+    finally:
+        h.close()

@@ -18,6 +18,13 @@
  * is consumed. Anything it does not take (notices off, a port not facing a switch, a
  * switch with more than 63 ports, no maps) goes up to the agent unchanged (TC_ACT_UNSPEC),
  * which counts and ignores it.
+ *
+ * LOSS (skb->cb[0] bit 8): not a neighbour's notice but the switch's own port cb[2] losing
+ * its signal, run by the agent host at the cut (BPF_PROG_TEST_RUN, kernel/notice.py) on a
+ * notice of the LIDs the LFT sends to that port: the agent's announce_port_lost. The port
+ * counts as up and in use; no dead end is noted, nothing moves (the forwarding classifier
+ * takes the alternates of a port without signal by itself); the LIDs with no other way are
+ * announced as above; a record only when something was announced, flagged LOSS.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -93,7 +100,9 @@ struct nwork {		/* sma_nwork: the record being built, across the stages */
 	__u64 up;		/* the ports whose link is up */
 	__u64 any_fresh;
 };
-struct ibemu_map sma_nwork SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, sizeof(struct nwork), 1, 0 };
+/* [0]: the runs in the softirq (a neighbour's notice); [1]: LOSS runs, in a process's system
+ * call, which a softirq may interrupt on the same CPU (one cutting thread at a time) */
+struct ibemu_map sma_nwork SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, sizeof(struct nwork), 2, 0 };
 struct ibemu_map sma_nzero SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct nstate), 1, 0 };
 struct ibemu_map sma_ntid SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 4, 16384, 0 };
 
@@ -154,7 +163,8 @@ int ibemu_notice(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	__u8 *p = data;
-	__u32 zero = 0, dev = skb->cb[1], ingress = skb->cb[2], k = skb->cb[0], top, gen, block, port;
+	__u32 zero = 0, dev = skb->cb[1], ingress = skb->cb[2], k = skb->cb[0] & 0xff, top, gen, block, port;
+	__u32 loss = (skb->cb[0] >> 8) & 1;	/* LOSS: the switch's own port lost its signal */
 	__u32 lblk, idx, j, next;
 	__u64 sw = 0, bits, moved = 0, noted = 0, lost = 0, fresh = 0, w;
 	struct dev_val *dv;
@@ -168,7 +178,7 @@ int ibemu_notice(struct __sk_buff *skb)
 
 	if (skb->len != FRAME_LEN || data + FRAME_LEN > end)
 		return PASS;
-	if (ingress == 0 || ingress > MAX_PORT || k > 7)
+	if (ingress == 0 || ingress > MAX_PORT || k > 7 || (skb->cb[0] >> 9))
 		return PASS;
 	dv = bpf_map_lookup_elem(&sma_dev, &dev);
 	if (!dv || !dv->is_switch || dv->lft_blocks == 0 || dv->num_ports > MAX_PORT)
@@ -180,7 +190,7 @@ int ibemu_notice(struct __sk_buff *skb)
 	alt = bpf_map_lookup_elem(&sma_alt, &dev);
 	zst = bpf_map_lookup_elem(&sma_nzero, &zero);
 	tid = bpf_map_lookup_elem(&sma_ntid, &dev);
-	wk = bpf_map_lookup_elem(&sma_nwork, &zero);
+	wk = bpf_map_lookup_elem(&sma_nwork, &loss);
 	if (!fo || !si || !ni || !fwd || !alt || !zst || !tid || !wk)
 		return PASS;
 	/* notices off, or from a port the SM did not say faces a switch: the agent counts it */
@@ -199,7 +209,7 @@ int ibemu_notice(struct __sk_buff *skb)
 		wk->up = 0;
 		wk->any_fresh = 0;
 		wk->rec.sent = 0;
-		wk->rec.flags = 0;
+		wk->rec.flags = loss;
 		wk->rec.dev = dev;
 		wk->rec.port = ingress;
 		wk->rec.block = block;
@@ -217,6 +227,8 @@ int ibemu_notice(struct __sk_buff *skb)
 			if (pi && (pi[33] >> 4) == PHYS_LINK_UP)
 				wk->up |= 1ULL << port;
 		}
+		if (loss)	/* the lost port is the way in use, whatever its PortInfo says yet */
+			wk->up |= 1ULL << ingress;
 	}
 
 	/* this stage's 64 LIDs (LFT block lblk) */
@@ -266,11 +278,11 @@ int ibemu_notice(struct __sk_buff *skb)
 			WAY(ab[j * 4 + 2]);
 			/* a LID of the notice, 0 < LID <= top, the notifying port one of its ways */
 			act = opaque(((bits >> j) & 1) & nz(lid) & (1 ^ (((__u64)top - lid) >> 63)) & inw);
-			st->dead[j] |= act << ingress;
+			st->dead[j] |= (act & (1 ^ loss)) << ingress;
 			inuse = act & (1 ^ nz(first ^ ingress));	/* it was the way in use */
-			noted |= (act & (1 ^ inuse)) << j;
-			mv = opaque(inuse & nz(rest));
-			ls = inuse & (1 ^ mv);
+			noted |= (act & (1 ^ inuse) & (1 ^ loss)) << j;
+			mv = opaque(inuse & nz(rest) & (1 ^ loss));	/* LOSS: the classifier fails over */
+			ls = inuse & (1 ^ nz(rest));
 			sm_new = SEL(nz(rep), (__u64)st->sm[j], cur);
 			st->sm[j] = SEL(mv, sm_new, (__u64)st->sm[j]);
 			st->rep[j] = SEL(mv, rest, rep);
@@ -303,7 +315,7 @@ int ibemu_notice(struct __sk_buff *skb)
 		}
 	}
 	if (next < 8) {
-		skb->cb[0] = next;
+		skb->cb[0] = next | loss << 8;
 		bpf_tail_call(skb, &sma_tail, 0);
 		return TC_ACT_SHOT;	/* not reached */
 	}
@@ -355,7 +367,8 @@ int ibemu_notice(struct __sk_buff *skb)
 		bpf_tail_call(skb, &sma_tail, 1);
 		return TC_ACT_SHOT;	/* not reached: the loader puts notice_tx.c at 1 */
 	}
-	bpf_ringbuf_output(&sma_nlog, &wk->rec, sizeof(wk->rec), 0);
+	if (!loss)	/* LOSS with nothing to announce: nothing to tell */
+		bpf_ringbuf_output(&sma_nlog, &wk->rec, sizeof(wk->rec), 0);
 	return TC_ACT_SHOT;
 }
 
