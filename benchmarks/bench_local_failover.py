@@ -431,7 +431,10 @@ def analyse(flow: dict[str, Any], sent_t: list[int], t_fault: int) -> dict[str, 
     1 ms before the fault on, its window from the send of the last frame that arrived before
     it to the send of the first that arrived after it (an upper bound of the blackout, by up
     to one probe interval); ``blackout_ms`` the longest window, ``resume_ms`` the arrival
-    that ended it, from the fault; no frame lost: 0 and 0. ``blackout_low_ms``: that run's
+    that ended it, from the fault. No frame lost: the blackout was over before the first send
+    after the fault (that frame arrived), so its bound is that send's time from the fault,
+    and ``resume_ms`` that frame's arrival; 0 would claim what the probes cannot see (a probe
+    child that stalls across the fault loses nothing and proves little). ``blackout_low_ms``: that run's
     lower bound, from the send of its first frame lost to the send of its last (0 for one
     frame): the blackout lies between the two, and the gap is up to two probe intervals
     (wider where the probe child fell behind its pacing). ``lost``: frames lost in all;
@@ -442,6 +445,9 @@ def analyse(flow: dict[str, Any], sent_t: list[int], t_fault: int) -> dict[str, 
     if not any(t > t_fault for t in got.values()):
         return {"blackout_ms": None, "blackout_low_ms": None, "resume_ms": None, "lost": lost}
     best = (0, t_fault, 0)
+    after = next((i for i in range(n) if sent_t[i] >= t_fault), n)
+    if after < n and after in got:  # no blackout outlasted this send
+        best = (sent_t[after] - t_fault, got[after], 0)
     seq = next((i for i in range(n) if sent_t[i] >= t_fault - 1_000_000), n)
     while seq < n:
         if seq in got:

@@ -76,6 +76,7 @@ from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
 from ibemu.kernel.linkevents import LinkEvent, open_link_monitor
 from ibemu.kernel.notice import NoticeLog, announce_loss
+from ibemu.kernel.notice import warm as warm_notices
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket, send_holding_gil
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.sma import KernelSma, SmaLog
@@ -1086,6 +1087,10 @@ class AgentHost:
         sends into it are still delivered (the switches' maps stop their own at once): at most
         that window's frames that a real cut would lose; the wait above widens it by the
         loop's pick-up (~0.3 ms, at most ``CUT_HANDOVER_WAIT_S``).
+        Where the kernel announces the cut's fault notices (``_announce_early``), the system
+        call that does it is made warm before the stamp (``kernel.notice.warm``: ~0.1 ms of a
+        first call after the thread slept kept out of the fault's time, as the netlink request
+        readied first is).
         Up, the kernel's notifications tell, as a link trains in its own time."""
         rt = self.nodes[name]
         ifnames = [rt.plan.ports[p].ifname for p in ports]
@@ -1097,6 +1102,9 @@ class AgentHost:
         lost = [(node, index[(node, port)]) for node, port in ends if (node, port) in index]
         with rtnl.LinkSet(rt.plan.ns, ifnames, False) as request:  # readied first: sent at once after
             self._carrier_taken.clear()
+            ksma = self.kernel_sma
+            if ksma is not None and ksma.notices is not None and self._notice_ns:
+                warm_notices(ksma.notices.prog_fd)  # the cut's announcements' system call, warm
             with cpus.realtime():
                 t = clock.now_ns()
                 thread.signal_lost(lost)
