@@ -54,13 +54,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ibemu.sm.checker import check_alternates
 from ibemu.sm.graph import ArRoutes, Routes, SubnetGraph
 from ibemu.sm.routing import ENGINES, compute
-from ibemu.sm.routing.core import RoutingError, State, ports_of
+from ibemu.sm.routing.core import Layers, RoutingError, State, ports_of
 from ibemu.sm.routing.fabric import bits
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,20 @@ def _state(graph: SubnetGraph, routes: Routes, base: str) -> State:
     return fresh
 
 
+def _choices(st: State, lay: Layers, cache: dict[tuple[int, int], tuple[int, ...]]) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """Per switch ``v`` of ``lay``'s rings: the ports one layer closer (the engine's
+    candidates), where there are at least two."""
+    fab = st.fabric
+    for k in range(1, len(lay.rings)):
+        for v in bits(lay.rings[k]):
+            mask = st.cand_mask(lay, v, k)
+            ports = cache.get((v, mask))
+            if ports is None:
+                ports = cache[(v, mask)] = tuple(ports_of(fab, v, mask)) if mask else ()
+            if len(ports) >= 2:
+                yield v, ports
+
+
 def updown_alternates(graph: SubnetGraph, routes: Routes, base: str) -> Alternates:
     """The alternates of ``routes`` (from the up*/down* engine ``base``): see the module."""
     st = _state(graph, routes, base)
@@ -93,40 +107,18 @@ def updown_alternates(graph: SubnetGraph, routes: Routes, base: str) -> Alternat
     # per switch: LID -> (primary, candidate ports), gathered then ordered by LID
     found: list[dict[int, tuple[int, tuple[int, ...]]]] = [{} for _ in range(fab.n)]
     cache: dict[tuple[int, int], tuple[int, ...]] = {}
-    for w, lay in enumerate(st.updown):
-        lids = fab.ca_lids[w]
+    # CA LIDs: up*/down* layers; switch LIDs: their minhop layers (management on VL15, not
+    # part of the channel dependency graph: see the module docstring)
+    jobs = [(lay, fab.ca_lids[w]) for w, lay in enumerate(st.updown)]
+    jobs += [(lay, [fab.sw_lid[w]] if fab.sw_lid[w] else []) for w, lay in enumerate(st.minhop)]
+    for lay, lids in jobs:
         if lay is None or not lids:
             continue
-        for k in range(1, len(lay.rings)):
-            for v in bits(lay.rings[k]):
-                mask = st.cand_mask(lay, v, k)
-                ports = cache.get((v, mask))
-                if ports is None:
-                    ports = cache[(v, mask)] = tuple(ports_of(fab, v, mask)) if mask else ()
-                if len(ports) < 2:
-                    continue
-                lft = routes.lfts.get(fab.guids[v], {})
-                for lid in lids:
-                    p = lft.get(lid)
-                    if p in ports:
-                        assert p is not None
-                        found[v][lid] = (p, ports)
-    # switch LIDs: the equal-cost ports of their minhop layers (management on VL15: not part
-    # of the channel dependency graph, see the module docstring)
-    for w, lay in enumerate(st.minhop):
-        lid = fab.sw_lid[w]
-        if lay is None or not lid:
-            continue
-        for k in range(1, len(lay.rings)):
-            for v in bits(lay.rings[k]):
-                mask = st.cand_mask(lay, v, k)
-                if mask & (mask - 1) == 0:  # one neighbour: one way
-                    continue
-                ports = cache.get((v, mask))
-                if ports is None:
-                    ports = cache[(v, mask)] = tuple(ports_of(fab, v, mask))
-                p = routes.lfts.get(fab.guids[v], {}).get(lid)
-                if len(ports) >= 2 and p in ports:
+        for v, ports in _choices(st, lay, cache):
+            lft = routes.lfts.get(fab.guids[v], {})
+            for lid in lids:
+                p = lft.get(lid)
+                if p in ports:
                     assert p is not None
                     found[v][lid] = (p, ports)
     out: Alternates = {}
