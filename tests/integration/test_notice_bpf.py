@@ -398,3 +398,40 @@ def test_loss_frame_is_the_agents_notice(kernel: sma.KernelSma) -> None:
         pytest.fail("no port with LIDs to announce in one block")
     finally:
         h.close()
+
+
+def test_entered_fd_goes_in_and_back_keeping_the_thread_home_open() -> None:
+    """``netns.entered_fd`` (the agent host's way into a switch's namespace at a cut): the
+    calling thread is in the namespace inside, home after, also after an error; the home
+    descriptor is the thread's own and opened once."""
+    import os
+    import threading
+
+    from ibemu.kernel import netns
+
+    name = f"ibemu-t{os.getpid()}-efd"
+    netns.create([name])
+    fd = netns.open_fd(name)
+    try:
+        home = os.stat("/proc/thread-self/ns/net").st_ino
+        inside = os.stat(netns.NETNS_RUN_DIR / name).st_ino
+        seen: list[int] = []
+
+        def body() -> None:
+            for _ in range(2):
+                with netns.entered_fd(fd):
+                    seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
+                seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
+            with pytest.raises(RuntimeError), netns.entered_fd(fd):
+                raise RuntimeError("inside")
+            seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join()
+        assert seen == [inside, home, inside, home, home]
+        assert os.stat("/proc/thread-self/ns/net").st_ino == home
+    finally:
+        os.close(fd)
+        netns.delete([name])
+    assert not netns.exists(name)
