@@ -142,7 +142,7 @@ _WAKE, _RECEIVE, _CREDIT, _PAUSE = 0, 1, 2, 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Departure:
     """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes. (Not frozen, to be
     treated as immutable: one is made per frame and hop; see ``model``'s actions.)"""
@@ -154,6 +154,10 @@ class Departure:
     """When the model has its last bit at the far end (the real send time)."""
     start_ns: int
     end_ns: int
+
+    def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int) -> None:
+        self.switch, self.port, self.frame = switch, port, frame
+        self.due_ns, self.start_ns, self.end_ns = due_ns, start_ns, end_ns
 
 
 @dataclass(slots=True)

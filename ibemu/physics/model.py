@@ -99,34 +99,45 @@ PRIORITIES = 8
 NUM_VLS = 16
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Frame:
     """What the model needs to know of a frame; ``meta`` carries the caller's packet."""
 
     size: int
     """Bytes on the wire without framing (IB: LRH .. VCRC; Ethernet: MAC .. FCS)."""
-    sl: int = 0
+    sl: int
     """IB: the service level (LRH). Ethernet: the priority (DSCP >> 3 or a map)."""
-    dst: Hashable = None
-    flow: Hashable = None
-    ecn_capable: bool = False
-    ce: bool = False
-    vl15: bool = False
-    meta: Any = None
-    born_ns: int = 0
-    vl: int = 0
+    dst: Hashable
+    flow: Hashable
+    ecn_capable: bool
+    ce: bool
+    vl15: bool
+    meta: Any
+    born_ns: int
+    vl: int
     """The VL (or priority) it travels on over the current hop; the model sets it."""
-    in_port: int = -1
-    in_class: int = -1
+    in_port: int
+    in_class: int
+
+    def __init__(self, size: int, sl: int = 0, dst: Hashable = None, flow: Hashable = None,
+                 ecn_capable: bool = False, ce: bool = False, vl15: bool = False, meta: Any = None,
+                 born_ns: int = 0, vl: int = 0, in_port: int = -1, in_class: int = -1) -> None:
+        # (written out, not the dataclass's: compiled (``ibemu.physics.native``), a generated
+        # ``__init__`` stays interpreted, and one is made per frame)
+        self.size, self.sl, self.dst, self.flow = size, sl, dst, flow
+        self.ecn_capable, self.ce, self.vl15, self.meta = ecn_capable, ce, vl15, meta
+        self.born_ns, self.vl, self.in_port, self.in_class = born_ns, vl, in_port, in_class
 
 
 # --- actions ------------------------------------------------------------------------------
 # Plain (not frozen) slotted dataclasses, to be treated as immutable: several are made per
 # frame and hop, and a frozen dataclass's constructor costs ~1.2 us more (it sets each field
-# through object.__setattr__), a tenth of the live datapath's model work per hop.
+# through object.__setattr__), a tenth of the live datapath's model work per hop. Their
+# ``__init__`` is written out: compiled (``ibemu.physics.native``), a generated one stays
+# interpreted (the dataclass still gives ``__eq__`` and ``__repr__``).
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Transmit:
     node: str
     port: int
@@ -136,8 +147,17 @@ class Transmit:
     end_ns: int
     arrive_ns: int
 
+    def __init__(self, node: str, port: int, frame: Frame, vl: int, start_ns: int, end_ns: int, arrive_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.frame = frame
+        self.vl = vl
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.arrive_ns = arrive_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class CreditReturn:
     """``blocks`` credits of ``vl`` from ``node`` to the peer of its ``port``, there at ``at_ns``."""
 
@@ -147,8 +167,15 @@ class CreditReturn:
     blocks: int
     at_ns: int
 
+    def __init__(self, node: str, port: int, vl: int, blocks: int, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.vl = vl
+        self.blocks = blocks
+        self.at_ns = at_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Pause:
     """A PFC frame from ``node`` out of ``port``: ``xoff`` (pause) or XON for ``priority``."""
 
@@ -158,22 +185,42 @@ class Pause:
     xoff: bool
     at_ns: int
 
+    def __init__(self, node: str, port: int, priority: int, xoff: bool, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.priority = priority
+        self.xoff = xoff
+        self.at_ns = at_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Deliver:
     node: str
     port: int
     frame: Frame
     at_ns: int
 
+    def __init__(self, node: str, port: int, frame: Frame, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.frame = frame
+        self.at_ns = at_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Drop:
     node: str
     port: int
     frame: Frame
     reason: str
     at_ns: int
+
+    def __init__(self, node: str, port: int, frame: Frame, reason: str, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.frame = frame
+        self.reason = reason
+        self.at_ns = at_ns
 
 
 Action = Transmit | CreditReturn | Pause | Deliver | Drop

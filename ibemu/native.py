@@ -1,0 +1,106 @@
+"""Compiled twins of the hot pure-Python modules (mypyc), and the way back to the sources.
+
+The live link model (``physics.live`` and the modules it runs on) does plain integer
+bookkeeping per frame and hop, and in the interpreter that was most of the IB user datapath's
+CPU time. ``make native`` (which ``scripts/setup.sh`` runs) compiles the modules of
+:data:`MODULES`, unchanged, with mypyc (it ships with mypy; a C compiler and Python's headers
+are needed) into C extensions next to their sources (``scripts/build_native.py``). Python
+imports an extension module before a source file of the same name, so where they are built
+they are what runs, and where not (no compiler, a fresh checkout) the sources run: the same
+code, slower. The trace digests of ``tests/unit/physics/test_live_trace.py`` hold for both
+(``tests/unit/test_native.py`` plays them with the sources when the twins are built).
+
+``IBEMU_NATIVE=0`` in the environment makes a process import the sources even where the
+twins are built (:func:`prefer_sources`, installed by ``ibemu/__init__``): to compare, or
+to debug with the interpreter's tools. A source edited after the build is not what runs
+until ``make native`` again: :func:`stale` lists such modules (the benchmarks print it).
+
+What mypyc changes at runtime: the classes of these modules are native (no attributes
+beyond those declared, methods cannot be replaced on an instance, no subclass outside the
+compiled modules) and the annotations are checked as values are stored (a wrong type raises
+``TypeError`` where the interpreter would carry it on).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+MODULES: tuple[str, ...] = (
+    "ibemu.physics.qos",
+    "ibemu.physics.link",
+    "ibemu.physics.model",
+    "ibemu.physics.live",
+)
+"""The modules compiled, in one group (calls between them are C calls)."""
+GROUP = "ibemu.physics._native"
+"""The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def source(module: str) -> Path:
+    return ROOT / (module.replace(".", "/") + ".py")
+
+
+def extension(module: str) -> Path | None:
+    """The built extension of ``module`` next to its source, if any."""
+    src = source(module)
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = src.with_suffix(suffix)
+        if path.exists():
+            return path
+    return None
+
+
+def compiled(module: ModuleType | str) -> bool:
+    """Whether ``module`` (imported, or its name) runs compiled in this process."""
+    if isinstance(module, str):
+        module = sys.modules.get(module) or importlib.import_module(module)
+    return not (getattr(module, "__file__", None) or "").endswith(".py")
+
+
+def stale() -> list[str]:
+    """Modules whose extension is older than their source (built before an edit)."""
+    out = []
+    for m in MODULES:
+        ext = extension(m)
+        if ext is not None and ext.stat().st_mtime < source(m).stat().st_mtime:
+            out.append(m)
+    return out
+
+
+def status() -> str:
+    """One line: which of :data:`MODULES` run compiled here (for the benchmarks' output)."""
+    done = [m for m in MODULES if compiled(m)]
+    if not done:
+        why = "IBEMU_NATIVE=0" if os.environ.get("IBEMU_NATIVE") == "0" else "not built (make native)"
+        return f"link model interpreted ({why})"
+    old = stale()
+    return (f"link model compiled (mypyc: {len(done)} of {len(MODULES)} modules)"
+            + (f"; STALE, rebuild: {', '.join(old)}" if old else ""))
+
+
+class _Sources(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`MODULES` as their source files only."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        self.modules = set(modules)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.modules:
+            return None
+        src = source(fullname)
+        return importlib.util.spec_from_file_location(fullname, src) if src.exists() else None
+
+
+def prefer_sources(modules: Sequence[str] = MODULES) -> None:
+    """Import ``modules`` from their sources from now on (before anything imported them)."""
+    if not any(isinstance(f, _Sources) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Sources(modules))
