@@ -58,6 +58,16 @@ def extension(module: str) -> Path | None:
     return None
 
 
+def group_library() -> Path | None:
+    """The group's shared library (the per-module extensions are stubs that load it)."""
+    base = ROOT / GROUP.replace(".", "/")
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = base.with_name(base.name + "__mypyc" + suffix)
+        if path.exists():
+            return path
+    return None
+
+
 def compiled(module: ModuleType | str) -> bool:
     """Whether ``module`` (imported, or its name) runs compiled in this process."""
     if isinstance(module, str):
@@ -67,12 +77,10 @@ def compiled(module: ModuleType | str) -> bool:
 
 def stale() -> list[str]:
     """Modules whose extension is older than their source (built before an edit)."""
-    out = []
-    for m in MODULES:
-        ext = extension(m)
-        if ext is not None and ext.stat().st_mtime < source(m).stat().st_mtime:
-            out.append(m)
-    return out
+    lib = group_library()
+    built = lib.stat().st_mtime if lib is not None else None
+    return [m for m in MODULES if extension(m) is not None
+            and (built is None or built < source(m).stat().st_mtime)]
 
 
 def status() -> str:

@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ["IBEMU_NATIVE"] = "0"  # (ibemu imported for its list only)
 
-from ibemu.native import GROUP, MODULES, extension, source  # noqa: E402
+from ibemu.native import GROUP, MODULES, extension, group_library, source  # noqa: E402
 
 
 def built() -> list[Path]:
-    group = ROOT / (GROUP.replace(".", "/") + "__mypyc")
     out = [e for m in MODULES if (e := extension(m)) is not None]
-    return out + sorted(group.parent.glob(group.name + ".*.so"))
+    lib = group_library()
+    return out + ([lib] if lib is not None else [])
 
 
 def main() -> int:

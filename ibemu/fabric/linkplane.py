@@ -181,8 +181,9 @@ class LinkPlane(LiveLinks):
             for f in frames:
                 batch.add(id(f))
                 b0 = f[ETH_LEN]
-                fr = Frame(len(f) - ETH_LEN, sl=f[ETH_LEN + 1] >> 4, dst=egress, flow=f[ETH_LEN + 2:ETH_LEN + 20],
-                           vl15=b0 >> 4 == 15, meta=f)  # (flow: match_key, inlined)
+                # (positional: a compiled Frame parses keywords slowly; flow: match_key, inlined)
+                fr = Frame(len(f) - ETH_LEN, f[ETH_LEN + 1] >> 4, egress, f[ETH_LEN + 2:ETH_LEN + 20],
+                           False, False, b0 >> 4 == 15, f)
                 arrive(switch, in_port, fr, now)
         self._depth += 1
         try:

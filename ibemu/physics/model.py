@@ -436,6 +436,10 @@ class Node:
         self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
         self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
         self.delivered = 0
+        self.live_wake = -1
+        """``physics.live``: the time of this node's wake-up among the plane's events (-1: none)."""
+        self.live_last = 0
+        """``physics.live``: the latest time the plane drove this node to (it never goes back)."""
 
     # --- wiring ---------------------------------------------------------------------------
 
