@@ -66,7 +66,7 @@ def native_status() -> str:
     try:
         from ibemu.native import status
     except ImportError:  # (a tree from before the compiled twins)
-        return "link model interpreted"
+        return "hot path interpreted"
     return status()
 
 

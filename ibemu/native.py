@@ -1,8 +1,10 @@
 """Compiled twins of the hot pure-Python modules (mypyc), and the way back to the sources.
 
-The live link model (``physics.live`` and the modules it runs on) does plain integer
-bookkeeping per frame and hop, and in the interpreter that was most of the IB user datapath's
-CPU time. ``make native`` (which ``scripts/setup.sh`` runs) compiles the modules of
+The live link model (``physics.live`` and the modules it runs on) and the switches'
+forwarding fast path (``agents.forwarder``, ``agents.lft``) do plain integer bookkeeping per
+frame and hop, and in the interpreter that was most of the IB user datapath's CPU time
+(the model ~60% of the forwarding thread, the forwarder ~10%: py-spy,
+``benchmarks/bench_user_datapath.py --profile``). ``make native`` (which ``scripts/setup.sh`` runs) compiles the modules of
 :data:`MODULES`, unchanged, with mypyc (it ships with mypy; a C compiler and Python's headers
 are needed) into C extensions next to their sources (``scripts/build_native.py``). Python
 imports an extension module before a source file of the same name, so where they are built
@@ -37,8 +39,11 @@ MODULES: tuple[str, ...] = (
     "ibemu.physics.link",
     "ibemu.physics.model",
     "ibemu.physics.live",
+    "ibemu.agents.lft",
+    "ibemu.agents.forwarder",
 )
-"""The modules compiled, in one group (calls between them are C calls)."""
+"""The modules compiled, in one group (calls between them are C calls): the link model, and
+the switches' LFT and forwarding decision (``Forwarder.forward_run``, every frame's)."""
 GROUP = "ibemu.physics._native"
 """The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,9 +93,9 @@ def status() -> str:
     done = [m for m in MODULES if compiled(m)]
     if not done:
         why = "IBEMU_NATIVE=0" if os.environ.get("IBEMU_NATIVE") == "0" else "not built (make native)"
-        return f"link model interpreted ({why})"
+        return f"hot path interpreted ({why})"
     old = stale()
-    return (f"link model compiled (mypyc: {len(done)} of {len(MODULES)} modules)"
+    return (f"hot path compiled (mypyc: {len(done)} of {len(MODULES)} modules)"
             + (f"; STALE, rebuild: {', '.join(old)}" if old else ""))
 
 

@@ -39,10 +39,10 @@ def main() -> int:
         from mypyc.build import mypycify
         from setuptools import Distribution
     except ImportError as exc:
-        print(f"build_native: {exc}: the link model runs interpreted", file=sys.stderr)
+        print(f"build_native: {exc}: the hot path runs interpreted", file=sys.stderr)
         return 0
     if shutil.which(os.environ.get("CC", "cc")) is None:
-        print("build_native: no C compiler: the link model runs interpreted", file=sys.stderr)
+        print("build_native: no C compiler: the hot path runs interpreted", file=sys.stderr)
         return 0
     os.chdir(ROOT)  # mypycify takes paths relative to here, and the build writes in place
     paths = [str(source(m).relative_to(ROOT)) for m in MODULES]
