@@ -222,7 +222,8 @@ class LivePlane:
         :class:`Node` itself, not its name (no lookup per event). Tuples,
         not closures: several per frame and hop. ``order``: the sequence they were scheduled
         in, or a seeded random draw (``tie_seed``)."""
-        self._seq = itertools.count()
+        self._seq = 0
+        """The next sequence number (events' order without seeded ties, departures')."""
         for node in self.nodes.values():  # (its wake-up among the events, the latest time driven to)
             node.live_wake, node.live_last = -1, 0
         self._due: list[tuple[int, int, Departure]] = []
@@ -389,7 +390,7 @@ class LivePlane:
             node.live_last = start
             self._schedule_wake(node)
         # --- the departure (as _dispatch records a Transmit)
-        heapq.heappush(self._due, (due, next(self._seq), Departure(name, out_port, frame, due, start, end)))
+        heapq.heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end)))
         peer = p.peer
         if peer is not None:
             pnode = self.nodes.get(peer[0])
@@ -772,7 +773,13 @@ class LivePlane:
         return t
 
     def _order(self) -> float:
-        return self._tie() if self._tie is not None else next(self._seq)
+        return self._tie() if self._tie is not None else self._next()
+
+    def _next(self) -> int:
+        """``next`` of a counter, without the call into an iterator (compiled: plain C)."""
+        n = self._seq
+        self._seq = n + 1
+        return n
 
     def _at(self, t: int, what: int, node: Node, a: Any = None, b: Any = None, c: Any = None) -> None:
         heapq.heappush(self._events, (t, self._order(), what, node, a, b, c))
@@ -796,7 +803,7 @@ class LivePlane:
                         self._at(a.arrive_ns, _RECEIVE, nodes[peer[0]], peer[1], a.frame)
                     continue
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
-                heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
+                heapq.heappush(self._due, (a.arrive_ns, self._next(), d))
                 pnode = nodes.get(peer[0]) if peer is not None else None
                 if pnode is not None and pnode.switch:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)

@@ -85,7 +85,6 @@ the switch is store-and-forward (see :mod:`ibemu.physics.link`).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
@@ -427,7 +426,7 @@ class Node:
         self.sl2vl: dict[tuple[int, int], Sl2Vl] = {}
         """(input port, output port) -> map; a host's ports use (0, port)."""
         self._pipeline: list[tuple[int, int, Frame, int]] = []
-        self._seq = itertools.count()
+        self._seq = 0
         self.ingress_bytes: dict[tuple[int, int], int] = {}
         """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
         self.ingress_blocks: dict[tuple[int, int], int] = {}
@@ -515,7 +514,9 @@ class Node:
                     p.counters.buffer_overruns += 1
             if self.kind == "eth":
                 out += self._pfc_check(in_port, frame.vl, now)
-        heapq.heappush(self._pipeline, (now + self.latency_ns, next(self._seq), frame, out_port))
+        seq = self._seq
+        self._seq = seq + 1
+        heapq.heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
         return out + self.advance(now)
 
     def inject(self, port: int, frame: Frame, now: int) -> list[Action]:
