@@ -570,7 +570,6 @@ class LivePlane:
         if now < self.now:
             now = self.now
         ev = self._events
-        nodes = self.nodes
         fast = self.fast and self.adapt is None
         while ev and ev[0][0] <= now:
             t, _, what, node, a, b, c = heapq.heappop(ev)
