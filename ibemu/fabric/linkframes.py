@@ -9,10 +9,12 @@ RoCE, is). Without the compiled twins this runs as it reads.
 
 from __future__ import annotations
 
+from typing import Final
+
 from ibemu.physics.live import LivePlane
 from ibemu.physics.model import Frame
 
-ETH_LEN = 14
+ETH_LEN: Final = 14
 
 
 def hand_in(plane: LivePlane, switch: str, in_port: int, out: dict[int, list[bytes]], now: int,

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Final
 
 from ibemu.errors import ConfigError
 from ibemu.topo.rates import LANE_GBPS, LinkRate
@@ -79,13 +80,13 @@ LANE_CODING: dict[str, tuple[float, str, float]] = {
 }
 assert set(LANE_CODING) == set(LANE_GBPS)
 
-IB_FRAMING_BYTES = 2
+IB_FRAMING_BYTES: Final = 2
 """Start and end delimiter of an IB packet on the wire (see the module docstring)."""
-ETH_FRAMING_BYTES = 20
+ETH_FRAMING_BYTES: Final = 20
 """Preamble (7), SFD (1) and the minimum inter-frame gap (12) of an Ethernet frame."""
-NS_PER_METRE = 5.0
+NS_PER_METRE: Final = 5.0
 """Propagation delay of a cable per metre of length."""
-MAX_CABLE_M = 100_000.0
+MAX_CABLE_M: Final = 100_000.0
 """Longest cable a scenario may state (100 km: long-haul IB range extenders go that far)."""
 
 

@@ -123,7 +123,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, EgressPort, Frame, Node, Pause, Transmit
@@ -131,14 +131,17 @@ from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
 
-MATCH_WINDOW = 16
+MATCH_WINDOW: Final = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
-MATCH_STALE_NS = 1_000_000_000
+MATCH_STALE_NS: Final = 1_000_000_000
 """A record older than this (emulated ns) is dropped (its frame was lost): long, because a
 datapath that falls behind the clock receives frames long after the model's arrival."""
 
 Port = tuple[str, int]
-_WAKE, _RECEIVE, _CREDIT, _PAUSE = 0, 1, 2, 3
+_WAKE: Final = 0
+_RECEIVE: Final = 1
+_CREDIT: Final = 2
+_PAUSE: Final = 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 

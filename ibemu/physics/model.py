@@ -88,14 +88,14 @@ import heapq
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from ibemu.physics.link import LinkModel
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
 
 Kind = Literal["ib", "eth"]
-PRIORITIES = 8
-NUM_VLS = 16
+PRIORITIES: Final = 8
+NUM_VLS: Final = 16
 
 
 @dataclass(slots=True, eq=False, init=False)
