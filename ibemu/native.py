@@ -13,9 +13,11 @@ code, slower. The trace digests of ``tests/unit/physics/test_live_trace.py`` hol
 (``tests/unit/test_native.py`` plays them with the sources when the twins are built).
 
 ``IBEMU_NATIVE=0`` in the environment makes a process import the sources even where the
-twins are built (:func:`prefer_sources`, installed by ``ibemu/__init__``): to compare, or
-to debug with the interpreter's tools. A source edited after the build is not what runs
-until ``make native`` again: :func:`stale` lists such modules (the benchmarks print it).
+twins are built (:func:`prefer_sources`, installed by ``ibemu/__init__`` through
+:func:`choose`): to compare, or to debug with the interpreter's tools. Where a source was
+edited after the build (:func:`stale`), the sources run too, with a warning, until ``make
+native`` again: a test or a benchmark never runs compiled code older than what it reads. All
+of the group or none: a compiled module calls the others' compiled code directly.
 
 What mypyc changes at runtime: the classes of these modules are native (no attributes
 beyond those declared, methods cannot be replaced on an instance, no subclass outside the
@@ -28,6 +30,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -49,6 +52,10 @@ the IB user datapath's hand-in of frames to the model (``fabric.linkframes``).""
 GROUP = "ibemu.physics._native"
 """The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
 ROOT = Path(__file__).resolve().parents[1]
+
+log = logging.getLogger(__name__)
+_why = "not built (make native)"
+"""Why the sources run where they do (for :func:`status`)."""
 
 
 def source(module: str) -> Path:
@@ -94,11 +101,24 @@ def status() -> str:
     """One line: which of :data:`MODULES` run compiled here (for the benchmarks' output)."""
     done = [m for m in MODULES if compiled(m)]
     if not done:
-        why = "IBEMU_NATIVE=0" if os.environ.get("IBEMU_NATIVE") == "0" else "not built (make native)"
-        return f"hot path interpreted ({why})"
+        return f"hot path interpreted ({_why})"
+    return f"hot path compiled (mypyc: {len(done)} of {len(MODULES)} modules)"
+
+
+def choose() -> None:
+    """At ``ibemu``'s import: the sources instead of the compiled twins when
+    ``IBEMU_NATIVE=0`` or when a source is newer than the build (module docstring)."""
+    global _why
+    if os.environ.get("IBEMU_NATIVE") == "0":
+        _why = "IBEMU_NATIVE=0"
+        prefer_sources()
+        return
     old = stale()
-    return (f"hot path compiled (mypyc: {len(done)} of {len(MODULES)} modules)"
-            + (f"; STALE, rebuild: {', '.join(old)}" if old else ""))
+    if old:
+        _why = f"the build is older than {', '.join(old)}: make native"
+        log.warning("ibemu: the compiled hot path is older than %s: running the sources (make native)",
+                    ", ".join(old))
+        prefer_sources()
 
 
 class _Sources(importlib.abc.MetaPathFinder):

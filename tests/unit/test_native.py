@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +55,23 @@ def test_the_sources_run_where_asked() -> None:
                          capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.split()[0].endswith("live.py")
     assert "interpreted (IBEMU_NATIVE=0)" in out
+
+
+@pytest.mark.skipif(not BUILT, reason="the compiled twins are not built (make native) or are stale")
+def test_a_source_newer_than_the_build_runs_from_source(tmp_path: Path) -> None:
+    """An edit after ``make native``: the sources run (all of the group), with a warning."""
+    shutil.copytree(Path(ROOT) / "ibemu", tmp_path / "ibemu", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", "bpf_src", "c_src"))
+    src = tmp_path / "ibemu" / "physics" / "live.py"
+    lib = native.group_library()
+    assert lib is not None
+    when = lib.stat().st_mtime + 10
+    os.utime(src, (when, when))
+    run = subprocess.run([sys.executable, "-c", "from ibemu import native; import ibemu.physics.live as l, "
+                          "ibemu.physics.model as m; print(l.__file__, m.__file__); print(native.status())"],
+                         env={**os.environ, "PYTHONPATH": str(tmp_path), "IBEMU_NATIVE": "1"}, cwd=tmp_path,
+                         capture_output=True, text=True, check=True, timeout=60)
+    files, status = run.stdout.splitlines()
+    assert all(f.endswith(".py") for f in files.split()), files
+    assert "ibemu.physics.live: make native" in status
+    assert "older than ibemu.physics.live" in run.stderr
