@@ -16,8 +16,16 @@ ibemu/kernel/bpf_src/%.o: ibemu/kernel/bpf_src/%.c
 	clang -O2 -g0 -target bpf -I/usr/include -I/usr/include/$(MULTIARCH) -Wall -c $< -o $@
 
 # The C twin of OpenSM's MAD-socket hot path (ibemu/kernel/madtwin.py): plain C, libc only.
+# And the link model and the forwarder compiled with mypyc (ibemu/native.py; the sources run where it is not
+# built): with the venv's Python, or NATIVE_PY=... (a Python with mypy), skipped without one.
 NATIVE := ibemu/kernel/c_src/madtwin
-native: $(NATIVE)
+NATIVE_PY ?= $(PY)
+MYPYC_SRC := ibemu/physics/qos.py ibemu/physics/link.py ibemu/physics/model.py ibemu/physics/live.py \
+	ibemu/agents/lft.py ibemu/agents/forwarder.py ibemu/fabric/linkframes.py
+native: $(NATIVE) build/mypyc/stamp
+build/mypyc/stamp: $(MYPYC_SRC) scripts/build_native.py ibemu/native.py
+	@if [ -x "$(NATIVE_PY)" ]; then $(NATIVE_PY) scripts/build_native.py >/dev/null && mkdir -p build/mypyc && touch $@; \
+	else echo "native: no $(NATIVE_PY): the hot path runs interpreted (NATIVE_PY=... to build it)"; fi
 ibemu/kernel/c_src/%: ibemu/kernel/c_src/%.c
 	$(CC) -O2 -Wall -Wextra -o $@ $<
 
@@ -41,4 +49,5 @@ bench: setup
 
 clean:
 	-rm -f $(BPF_OBJS) $(NATIVE)
+	-[ -x "$(PY)" ] && $(PY) scripts/build_native.py --clean
 	-$(VENV)/bin/ibemu clean

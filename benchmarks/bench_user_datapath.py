@@ -43,6 +43,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,15 @@ BEFORE_REF = "fb28488"
 PAIRS = [("h0", "h15"), ("h1", "h14"), ("h2", "h13"), ("h3", "h12")]
 SIZE = 1024
 HOPS = 5
+
+
+def native_status() -> str:
+    """Whether this tree's link model runs compiled (``ibemu.native``; IBEMU_NATIVE=0: the sources)."""
+    try:
+        from ibemu.native import status
+    except ImportError:  # (a tree from before the compiled twins)
+        return "hot path interpreted"
+    return status()
 
 
 # ------------------------------------------------------------------ the blaster
@@ -119,8 +129,10 @@ def profiler(pid: int, seconds: float, name: str) -> subprocess.Popen[bytes] | N
         return None
     PROFILE.mkdir(parents=True, exist_ok=True)
     spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():  # (installed outside the venv: on PATH)
+        spy = Path(shutil.which("py-spy") or spy)
     out = PROFILE / f"{name}-{int(time.time())}.txt"  # collapsed stacks (flamegraph.pl, speedscope)
-    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "250", "-f", "raw",
+    return subprocess.Popen([str(spy), "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "250", "--nonblocking", "-f", "raw",
                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -354,7 +366,8 @@ def model_only(args: argparse.Namespace) -> None:
     rows["event loop only"] = [measure_model(False) for _ in range(args.repeat)]
     rows["fast path"] = [measure_model(True) for _ in range(args.repeat)]
     print(f"The IB link model alone (physics.live), the benchmark's four flows of 1 KiB frames over 5 switches, "
-          f"8 data VLs, {args.repeat} runs each (CPU time of this process: the model and this driver)")
+          f"8 data VLs, {args.repeat} runs each (CPU time of this process: the model and this driver); "
+          f"this tree: {native_status()}")
     for name, r in rows.items():
         loads = ", ".join(f"{x['load']:.1f}" for x in r)
         print(f"  {name:20} CPU us per departure {fmt(r, 'cpu_us_per_departure', 1):>12}"
@@ -521,6 +534,7 @@ def main() -> int:
             b = results[kind].get("before", [])
             print(f"  {kind} CPU us per frame-hop of the forwarding thread alone (the agent host's trio loop): "
                   f"before {fmt(b, 'loop_us_per_hop', 1)}, after {fmt(a, 'loop_us_per_hop', 1)}")
+    print(f"  this tree: {native_status()}; before: the commit's sources as they are (not built)")
     print("  frame-hops/s: frames forwarded by all switches per second (target >= 250,000 each);")
     print("  CPU us/hop: CPU time of the forwarding process (all its threads) per frame-hop")
     return 0

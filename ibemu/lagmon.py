@@ -26,10 +26,11 @@ Cost: one wake-up per period (100 per second), one file append per ``REPORT_S``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,32 @@ class LagStats:
         self.samples += 1
         if lag_us > self.max_us:
             self.max_us = lag_us
+
+    def add_all(self, lags_us: Iterable[float]) -> None:
+        """:meth:`add` of every lag, the same histogram, but bucketed in one pass over them
+        sorted: a bucket's run found by bisection, ``bucket_of`` once per bucket, not per
+        lag (a cable's fidelity record has thousands of lags a second; ``add`` each cost
+        ~0.7 us of the IB user datapath's ~8 us per frame-hop, py-spy)."""
+        xs = sorted(lags_us)
+        n = len(xs)
+        if not n:
+            return
+        counts = self.counts
+        i = bisect.bisect_right(xs, 0.0)  # (negative ones taken as 0, as ``add`` does)
+        if i:
+            counts[0] += i
+        while i < n:
+            b = bucket_of(xs[i])
+            j = n if b == NBUCKETS - 1 else bisect.bisect_left(xs, upper_us(b), i + 1)
+            while j < n and bucket_of(xs[j]) == b:  # (an edge rounded either way)
+                j += 1
+            while j > i + 1 and bucket_of(xs[j - 1]) != b:
+                j -= 1
+            counts[b] += j - i
+            i = j
+        self.samples += n
+        if xs[-1] > self.max_us:
+            self.max_us = xs[-1]
 
     def reset(self) -> None:
         for i, c in enumerate(self.counts):

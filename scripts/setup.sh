@@ -56,7 +56,9 @@ if command -v clang >/dev/null 2>&1; then
     make -s bpf || echo "setup: the eBPF SMA did not build: management stays with the Python agents"
 fi
 if command -v cc >/dev/null 2>&1; then
-    make -s native || echo "setup: madtwin did not build: OpenSM's SMPs take the agent host's Python path"
+    # madtwin, and the link model and forwarder compiled with mypyc (python3-dev: Python's headers)
+    make -s native VENV="$VENV" || echo "setup: madtwin or the compiled link model did not build:" \
+        "OpenSM's SMPs take the agent host's Python path, the hot path runs interpreted"
 fi
 # Shell completion (`ibemu completion bash`): into bash-completion's folder (IBEMU_BASH_COMPLETION_DIR)
 # when root; rewritten

@@ -92,24 +92,24 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from ibemu.agents.lft import NO_ROUTE, Lft
 from ibemu.agents.port import PhysState, Port, PortState
 from ibemu.wire import crc as _crc
 
 _vcrc = _crc.vcrc_calc
-ALT_LIDS = 16
+ALT_LIDS: Final = 16
 """LIDs per block of alternates (the vendor attribute AlternatePorts' modifier is LID >> 4)."""
-ALT_SLOT = 4
+ALT_SLOT: Final = 4
 """Bytes per LID in a block: up to ``MAX_ALTERNATES`` ports, preferred first, 0 after the last."""
-MAX_ALTERNATES = 3
+MAX_ALTERNATES: Final = 3
 _RX_OK = (PortState.ARMED, PortState.ACTIVE)
 AR_MODES = ("packet", "flowlet")
-DEFAULT_FLOWLET_GAP_NS = 2_000
+DEFAULT_FLOWLET_GAP_NS: Final = 2_000
 """A flowlet ends after this much emulated silence: longer than the delay differences of a
 fat-tree's equal paths under light load, so a new flowlet rarely overtakes the last one."""
-MAX_FLOWLETS = 4096
+MAX_FLOWLETS: Final = 4096
 """Flows remembered per switch; beyond it, those idle longer than the gap are forgotten."""
 
 
@@ -150,12 +150,15 @@ class Reason(StrEnum):
     PKEY_OUTBOUND = "pkey_outbound"
 
 
-ENFORCE_IN, ENFORCE_OUT, FILTER_RAW_IN, FILTER_RAW_OUT = 8, 4, 2, 1
+ENFORCE_IN: Final = 8
+ENFORCE_OUT: Final = 4
+FILTER_RAW_IN: Final = 2
+FILTER_RAW_OUT: Final = 1
 """PortInfo PartitionEnforcementInbound/Outbound, FilterRawInbound/Outbound (``Port.partition_flags``)."""
-_IN_FLAGS = ENFORCE_IN | FILTER_RAW_IN
-_OUT_FLAGS = ENFORCE_OUT | FILTER_RAW_OUT
+_IN_FLAGS: Final = ENFORCE_IN | FILTER_RAW_IN
+_OUT_FLAGS: Final = ENFORCE_OUT | FILTER_RAW_OUT
 _DEFAULT_TABLE = (0xFFFF,)
-MAX_PKEY_DROPS = 256
+MAX_PKEY_DROPS: Final = 256
 """Drops remembered for the agent's traps between two ticks (older ones are forgotten)."""
 
 

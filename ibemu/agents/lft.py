@@ -11,10 +11,12 @@ write and read them back; ibemu does not forward multicast.
 
 from __future__ import annotations
 
-NO_ROUTE = 0xFF
-BLOCK = 64
-MCAST_BASE = 0xC000
-MFT_BLOCK = 32
+from typing import Final
+
+NO_ROUTE: Final = 0xFF
+BLOCK: Final = 64
+MCAST_BASE: Final = 0xC000
+MFT_BLOCK: Final = 32
 
 
 class Lft:

@@ -82,6 +82,7 @@ from typing import Any
 
 from ibemu import clock
 from ibemu.events import FabricLog, Kind
+from ibemu.fabric.linkframes import ETH_LEN, hand_in
 from ibemu.kernel.linkio import LiveLinks, link_record
 from ibemu.kernel.ring import packet_taps
 from ibemu.physics.link import SwitchModel
@@ -92,7 +93,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LinkPlane", "link_record", "match_key"]
 
-ETH_LEN = 14
 REPORT_S = 1.0
 """How often (real seconds) counters, credit loops and link fidelity are reported."""
 LOOP_STALL_NS = 1_000_000
@@ -174,16 +174,7 @@ class LinkPlane(LiveLinks):
     def submit(self, switch: str, in_port: int, out: dict[int, list[bytes]]) -> None:
         """The frames ``switch`` received on ``in_port`` and decided to send (egress port ->
         frames with their old Ethernet header): into the model; then what is due goes."""
-        now = clock.now_ns()
-        arrive = self.plane.arrive
-        batch = self._batch
-        for egress, frames in out.items():
-            for f in frames:
-                batch.add(id(f))
-                b0 = f[ETH_LEN]
-                fr = Frame(len(f) - ETH_LEN, sl=f[ETH_LEN + 1] >> 4, dst=egress, flow=f[ETH_LEN + 2:ETH_LEN + 20],
-                           vl15=b0 >> 4 == 15, meta=f)  # (flow: match_key, inlined)
-                arrive(switch, in_port, fr, now)
+        hand_in(self.plane, switch, in_port, out, clock.now_ns(), self._batch)  # (compiled)
         self._depth += 1
         try:
             self.pump()

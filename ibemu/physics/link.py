@@ -60,7 +60,8 @@ shorter). Throughput and queueing are the same either way.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Final
 
 from ibemu.errors import ConfigError
 from ibemu.topo.rates import LANE_GBPS, LinkRate
@@ -79,13 +80,13 @@ LANE_CODING: dict[str, tuple[float, str, float]] = {
 }
 assert set(LANE_CODING) == set(LANE_GBPS)
 
-IB_FRAMING_BYTES = 2
+IB_FRAMING_BYTES: Final = 2
 """Start and end delimiter of an IB packet on the wire (see the module docstring)."""
-ETH_FRAMING_BYTES = 20
+ETH_FRAMING_BYTES: Final = 20
 """Preamble (7), SFD (1) and the minimum inter-frame gap (12) of an Ethernet frame."""
-NS_PER_METRE = 5.0
+NS_PER_METRE: Final = 5.0
 """Propagation delay of a cable per metre of length."""
-MAX_CABLE_M = 100_000.0
+MAX_CABLE_M: Final = 100_000.0
 """Longest cable a scenario may state (100 km: long-haul IB range extenders go that far)."""
 
 
@@ -112,12 +113,16 @@ class LinkModel:
     framing_bytes: int = IB_FRAMING_BYTES
     rate: LinkRate | None = None
     """The width x speed it came from (None: a bare Gb/s figure)."""
+    propagation: int = field(init=False, repr=False, compare=False, default=0)
+    """``propagation_ns`` rounded to whole ns (the model's clock is integer ns); set once, not
+    a property: the model reads it several times per frame and hop."""
 
     def __post_init__(self) -> None:
         if not self.gbps > 0 or not math.isfinite(self.gbps):
             raise ValueError(f"a link's data rate is a positive number of Gb/s, not {self.gbps!r}")
         if self.propagation_ns < 0 or self.framing_bytes < 0:
             raise ValueError("propagation delay and framing are not negative")
+        object.__setattr__(self, "propagation", round(self.propagation_ns))  # (frozen)
 
     @classmethod
     def of(cls, rate: LinkRate, *, delay_us: float = 0.0, cable_m: float = 0.0,
@@ -133,10 +138,6 @@ class LinkModel:
     def frame_ns(self, nbytes: int) -> int:
         """``serialization_ns`` rounded up to whole ns (the model's clock is integer ns)."""
         return math.ceil(self.serialization_ns(nbytes) - 1e-9)
-
-    @property
-    def propagation(self) -> int:
-        return round(self.propagation_ns)
 
     def byte_ns(self) -> float:
         return 8 / self.gbps

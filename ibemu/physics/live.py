@@ -123,7 +123,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
 from ibemu.physics.model import Action, CreditReturn, Drop, EgressPort, Frame, Node, Pause, Transmit
@@ -131,18 +131,21 @@ from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
 
-MATCH_WINDOW = 16
+MATCH_WINDOW: Final = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
-MATCH_STALE_NS = 1_000_000_000
+MATCH_STALE_NS: Final = 1_000_000_000
 """A record older than this (emulated ns) is dropped (its frame was lost): long, because a
 datapath that falls behind the clock receives frames long after the model's arrival."""
 
 Port = tuple[str, int]
-_WAKE, _RECEIVE, _CREDIT, _PAUSE = 0, 1, 2, 3
+_WAKE: Final = 0
+_RECEIVE: Final = 1
+_CREDIT: Final = 2
+_PAUSE: Final = 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Departure:
     """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes. (Not frozen, to be
     treated as immutable: one is made per frame and hop; see ``model``'s actions.)"""
@@ -154,6 +157,10 @@ class Departure:
     """When the model has its last bit at the far end (the real send time)."""
     start_ns: int
     end_ns: int
+
+    def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int) -> None:
+        self.switch, self.port, self.frame = switch, port, frame
+        self.due_ns, self.start_ns, self.end_ns = due_ns, start_ns, end_ns
 
 
 @dataclass(slots=True)
@@ -212,14 +219,16 @@ class LivePlane:
         self.fast_hops = 0
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, float, int, str, Any, Any, Any]] = []
+        self._events: list[tuple[int, float, int, Node, Any, Any, Any]] = []
         """(time, order, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
-        _CREDIT (node, its port, VL, blocks), _PAUSE (node, its port, priority, XOFF). Tuples,
+        _CREDIT (node, its port, VL, blocks), _PAUSE (node, its port, priority, XOFF); the
+        :class:`Node` itself, not its name (no lookup per event). Tuples,
         not closures: several per frame and hop. ``order``: the sequence they were scheduled
         in, or a seeded random draw (``tie_seed``)."""
-        self._seq = itertools.count()
-        self._wake: dict[str, int] = {}
-        self._last: dict[str, int] = {}
+        self._seq = 0
+        """The next sequence number (events' order without seeded ties, departures')."""
+        for node in self.nodes.values():  # (its wake-up among the events, the latest time driven to)
+            node.live_wake, node.live_last = -1, 0
         self._due: list[tuple[int, int, Departure]] = []
         self._flight: dict[Port, deque[tuple[Hashable, int, int, int]]] = {}
         """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
@@ -271,10 +280,10 @@ class LivePlane:
         peer = None if port is None else port.peer
         src = self.nodes.get(peer[0]) if peer is not None else None
         if src is not None and not src.switch and peer is not None:
-            t0 = self._clamp(src.name, self.now)
+            t0 = self._clamp(src, self.now)
             if not (self.fast and self._fast_inject(src, peer[1], frame, t0)):
                 self._dispatch(src.inject(peer[1], frame, t0))
-            self._schedule_wake(src.name)
+            self._schedule_wake(src)
             return
         # The model's arrival, earlier than now by the veth's and the reading's real latency:
         # the node takes a frame back in time (it cannot start a port that was busy since, and
@@ -286,7 +295,7 @@ class LivePlane:
             vl = self._debit(peer, frame)
         frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
         node = self.nodes[switch]
-        t = self._clamp(switch, t)
+        t = self._clamp(node, t)
         if self.fast and self.adapt is None:
             ev = self._events
             horizon = self.now if not ev or ev[0][0] > self.now else ev[0][0] - 1
@@ -295,7 +304,7 @@ class LivePlane:
         if self.adapt is not None and not frame.vl15:
             self.adapt(switch, in_port, frame, t)
         self._dispatch(node.receive(in_port, frame, t, frame.dst))  # type: ignore[arg-type]
-        self._schedule_wake(switch)  # a frame in the switch's pipeline is an action to come
+        self._schedule_wake(node)  # a frame in the switch's pipeline is an action to come
 
     def _fast_hop(self, node: Node, in_port: int, frame: Frame, t: int, vl: int, horizon: int) -> bool:
         """The fast path (module docstring): ``frame``, from a neighbour switch, taken by
@@ -355,7 +364,7 @@ class LivePlane:
         assert arb is not None
         if (arb.pick(_ready, 1 << c) is None if arb.arb.high else not arb.pick_only(c, True)):
             _wait_unserved(p, frame, in_port, c, size, start)  # the tables never serve it
-            self._last[node.name] = start
+            node.live_last = start
             self.fast_hops += 1
             return True
         if p.waiting_since is not None:
@@ -381,10 +390,10 @@ class LivePlane:
         if end > horizon:  # its end is the event loop's (Node._finish at a wake-up)
             p.in_flight = (frame, in_port, vl)
             heapq.heappush(busy, (end, out_port))
-            self._last[name] = start
-            self._schedule_wake(name)
+            node.live_last = start
+            self._schedule_wake(node)
         # --- the departure (as _dispatch records a Transmit)
-        heapq.heappush(self._due, (due, next(self._seq), Departure(name, out_port, frame, due, start, end)))
+        heapq.heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end)))
         peer = p.peer
         if peer is not None:
             pnode = self.nodes.get(peer[0])
@@ -398,7 +407,7 @@ class LivePlane:
             return True
         # --- its end on the wire, in the past too (Node._finish, Node._release): the input
         # buffer freed, the credits on their way back upstream
-        self._last[name] = end
+        node.live_last = end
         ingress_bytes[key] -= size
         if key in ingress_blocks:
             ingress_blocks[key] -= nblocks
@@ -407,10 +416,10 @@ class LivePlane:
             return True
         at = end + pin.link.propagation
         if at > horizon:
-            self._at(at, _CREDIT, up[0], up[1], vl, nblocks)
+            self._at(at, _CREDIT, self.nodes[up[0]], up[1], vl, nblocks)
             return True
         unode = self.nodes[up[0]]
-        tu = self._clamp(up[0], at)
+        tu = self._clamp(unode, at)
         uport = unode.ports[up[1]]
         ubusy, upipe = unode._busy, unode._pipeline
         if uport.up and not uport.total_bytes and not (ubusy and ubusy[0][0] <= tu) \
@@ -421,7 +430,7 @@ class LivePlane:
             uport.last_credit_ns[vl] = tu
             return True
         out = unode.credit_return(up[1], vl, nblocks, tu)
-        self._schedule_wake(up[0])
+        self._schedule_wake(unode)
         self._dispatch(out)
         return True
 
@@ -475,7 +484,7 @@ class LivePlane:
         heapq.heappush(busy, (end, port))
         counters.xmit_frames += 1
         counters.xmit_bytes += size
-        self._at(end + link.propagation, _RECEIVE, p.peer[0], p.peer[1], frame)
+        self._at(end + link.propagation, _RECEIVE, self.nodes[p.peer[0]], p.peer[1], frame)
         return True
 
     def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
@@ -544,8 +553,9 @@ class LivePlane:
         if peer is None or not rec[3]:
             return
         self.run_events(now)
-        self._dispatch(self.nodes[peer[0]].credit_return(peer[1], rec[2], rec[3], self._clamp(peer[0], now)))
-        self._schedule_wake(peer[0])
+        node = self.nodes[peer[0]]
+        self._dispatch(node.credit_return(peer[1], rec[2], rec[3], self._clamp(node, now)))
+        self._schedule_wake(node)
 
     # --- time -----------------------------------------------------------------------------
 
@@ -563,33 +573,31 @@ class LivePlane:
         if now < self.now:
             now = self.now
         ev = self._events
-        nodes = self.nodes
         fast = self.fast and self.adapt is None
         while ev and ev[0][0] <= now:
-            t, _, what, name, a, b, c = heapq.heappop(ev)
+            t, _, what, node, a, b, c = heapq.heappop(ev)
             if t > self.now:
                 self.now = t
-            node = nodes[name]
             if what == _WAKE:
-                if self._wake.get(name) == t:
-                    del self._wake[name]
-                out = node.advance(self._clamp(name, t))
+                if node.live_wake == t:
+                    node.live_wake = -1
+                out = node.advance(self._clamp(node, t))
             elif what == _RECEIVE:
                 if self.redecide is not None and b.dst is not None and not node.ports[b.dst].up:
-                    self.redecide(name, a, b)  # from a host: the switch looks its LFT up now
+                    self.redecide(node.name, a, b)  # from a host: the switch looks its LFT up now
                     self.redecided += 1
-                tn = self._clamp(name, t)
+                tn = self._clamp(node, t)
                 if fast and self._fast_hop(node, a, b, tn, b.vl,
                                            now if not ev or ev[0][0] > now else ev[0][0] - 1):
                     continue
                 if self.adapt is not None and not b.vl15:
-                    self.adapt(name, a, b, tn)
+                    self.adapt(node.name, a, b, tn)
                 out = node.receive(a, b, tn, b.dst)
             elif what == _CREDIT:
-                out = node.credit_return(a, b, c, self._clamp(name, t))
+                out = node.credit_return(a, b, c, self._clamp(node, t))
             else:
-                out = node.pause(a, b, c, self._clamp(name, t))
-            self._schedule_wake(name)
+                out = node.pause(a, b, c, self._clamp(node, t))
+            self._schedule_wake(node)
             self._dispatch(out)
         if now > self.now:
             self.now = now
@@ -666,12 +674,13 @@ class LivePlane:
             self._due = [e for e in self._due if (e[2].switch, e[2].port) not in dead]
             heapq.heapify(self._due)
         for a in ends:
-            out = self.nodes[a[0]].port_down(a[1], self._clamp(a[0], now))
+            node = self.nodes[a[0]]
+            out = node.port_down(a[1], self._clamp(node, now))
             lost = sum(1 for x in out if type(x) is Drop)
             if lost:
                 log.info("%s:%d down: %d frames queued for it discarded", a[0], a[1], lost)
             self._dispatch(out)
-            self._schedule_wake(a[0])
+            self._schedule_wake(node)
 
     def link_up(self, name: str, port: int, now: int) -> None:
         """The cable at ``name:port`` came up: both ports are LinkUp again, each with the
@@ -686,8 +695,8 @@ class LivePlane:
                 cfg = dst.ib_config[b[1]]
                 free = {vl: cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
                         for vl in range(min(cfg.data_vls, src.vls))}
-            self._dispatch(node.port_up(a[1], self._clamp(a[0], now), free))
-            self._schedule_wake(a[0])
+            self._dispatch(node.port_up(a[1], self._clamp(node, now), free))
+            self._schedule_wake(node)
 
     def link_reset(self, name: str, port: int, now: int) -> None:
         """The cable at ``name:port`` went down or came up: link training re-initializes flow
@@ -714,8 +723,8 @@ class LivePlane:
             for vl in range(min(cfg.data_vls, src.vls)):
                 src.credits[vl] = cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
             self.nodes[a[0]]._dirty.add(a[1])
-            self._dispatch(self.nodes[a[0]].advance(self._clamp(a[0], now)))
-            self._schedule_wake(a[0])
+            self._dispatch(self.nodes[a[0]].advance(self._clamp(self.nodes[a[0]], now)))
+            self._schedule_wake(self.nodes[a[0]])
 
     def set_qos(self, name: str, port: int, *, data_vls: int, vlarb: VlArb,
                 sl2vl: Mapping[int, Sl2Vl]) -> None:
@@ -755,21 +764,27 @@ class LivePlane:
 
     # --- actions --------------------------------------------------------------------------
 
-    def _clamp(self, name: str, t: int) -> int:
+    def _clamp(self, node: Node, t: int) -> int:
         """``t``, or the latest time node ``name`` was driven to if later: a node's own time
         never goes back (a frame matched to its model arrival may be older than what the node
         did since; it is then taken as arriving now, for that node)."""
-        last = self._last.get(name, 0)
+        last = node.live_last
         if t < last:
             return last
-        self._last[name] = t
+        node.live_last = t
         return t
 
     def _order(self) -> float:
-        return self._tie() if self._tie is not None else next(self._seq)
+        return self._tie() if self._tie is not None else self._next()
 
-    def _at(self, t: int, what: int, name: str, a: Any = None, b: Any = None, c: Any = None) -> None:
-        heapq.heappush(self._events, (t, self._order(), what, name, a, b, c))
+    def _next(self) -> int:
+        """``next`` of a counter, without the call into an iterator (compiled: plain C)."""
+        n = self._seq
+        self._seq = n + 1
+        return n
+
+    def _at(self, t: int, what: int, node: Node, a: Any = None, b: Any = None, c: Any = None) -> None:
+        heapq.heappush(self._events, (t, self._order(), what, node, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
         if not actions:
@@ -787,10 +802,10 @@ class LivePlane:
                 peer = node.ports[a.port].peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
                     if peer is not None:
-                        self._at(a.arrive_ns, _RECEIVE, peer[0], peer[1], a.frame)
+                        self._at(a.arrive_ns, _RECEIVE, nodes[peer[0]], peer[1], a.frame)
                     continue
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
-                heapq.heappush(self._due, (a.arrive_ns, next(self._seq), d))
+                heapq.heappush(self._due, (a.arrive_ns, self._next(), d))
                 pnode = nodes.get(peer[0]) if peer is not None else None
                 if pnode is not None and pnode.switch:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
@@ -800,12 +815,14 @@ class LivePlane:
                     q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
             elif type(a) is CreditReturn:
                 peer = nodes[a.node].ports[a.port].peer
-                if peer is not None and peer[0] in nodes:
-                    self._at(a.at_ns, _CREDIT, peer[0], peer[1], a.vl, a.blocks)
+                pn = nodes.get(peer[0]) if peer is not None else None
+                if pn is not None and peer is not None:
+                    self._at(a.at_ns, _CREDIT, pn, peer[1], a.vl, a.blocks)
             elif type(a) is Pause:
                 peer = nodes[a.node].ports[a.port].peer
-                if peer is not None and peer[0] in nodes:
-                    self._at(a.at_ns, _PAUSE, peer[0], peer[1], a.priority, a.xoff)
+                pn = nodes.get(peer[0]) if peer is not None else None
+                if pn is not None and peer is not None:
+                    self._at(a.at_ns, _PAUSE, pn, peer[1], a.priority, a.xoff)
                 if self.keep_notes:
                     self.notes.append(a)
             elif type(a) is Drop:
@@ -814,21 +831,21 @@ class LivePlane:
                 if self.keep_notes:
                     self.notes.append(a)
         if touched is None:
-            self._schedule_wake(first)
+            self._schedule_wake(nodes[first])
         else:
             for name in touched:
-                self._schedule_wake(name)
+                self._schedule_wake(nodes[name])
 
 
     def pause_port(self, name: str, port: int, priority: int, xoff: bool, now: int) -> None:
         """The peer of ``name:port`` paused (or resumed) ``priority`` from outside the model
         (a host's own PFC frame)."""
         self.run_events(now)
-        self._dispatch(self.nodes[name].pause(port, priority, xoff, self._clamp(name, now)))
-        self._schedule_wake(name)
-
-    def _schedule_wake(self, name: str) -> None:
         node = self.nodes[name]
+        self._dispatch(node.pause(port, priority, xoff, self._clamp(node, now)))
+        self._schedule_wake(node)
+
+    def _schedule_wake(self, node: Node) -> None:
         busy, pipeline = node._busy, node._pipeline  # node.next_deadline(), inlined
         if busy:
             t = busy[0][0]
@@ -838,10 +855,10 @@ class LivePlane:
             t = pipeline[0][0]
         else:
             return
-        if self._wake.get(name) == t:
+        if node.live_wake == t:
             return
-        self._wake[name] = t
-        heapq.heappush(self._events, (t, self._order(), _WAKE, name, None, None, None))
+        node.live_wake = t
+        heapq.heappush(self._events, (t, self._order(), _WAKE, node, None, None, None))
 
 
 def _ready(vl: int) -> bool:

@@ -85,48 +85,58 @@ the switch is store-and-forward (see :mod:`ibemu.physics.link`).
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from ibemu.physics.link import LinkModel
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
 
 Kind = Literal["ib", "eth"]
-PRIORITIES = 8
-NUM_VLS = 16
+PRIORITIES: Final = 8
+NUM_VLS: Final = 16
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Frame:
     """What the model needs to know of a frame; ``meta`` carries the caller's packet."""
 
     size: int
     """Bytes on the wire without framing (IB: LRH .. VCRC; Ethernet: MAC .. FCS)."""
-    sl: int = 0
+    sl: int
     """IB: the service level (LRH). Ethernet: the priority (DSCP >> 3 or a map)."""
-    dst: Hashable = None
-    flow: Hashable = None
-    ecn_capable: bool = False
-    ce: bool = False
-    vl15: bool = False
-    meta: Any = None
-    born_ns: int = 0
-    vl: int = 0
+    dst: Hashable
+    flow: Hashable
+    ecn_capable: bool
+    ce: bool
+    vl15: bool
+    meta: Any
+    born_ns: int
+    vl: int
     """The VL (or priority) it travels on over the current hop; the model sets it."""
-    in_port: int = -1
-    in_class: int = -1
+    in_port: int
+    in_class: int
+
+    def __init__(self, size: int, sl: int = 0, dst: Hashable = None, flow: Hashable = None,
+                 ecn_capable: bool = False, ce: bool = False, vl15: bool = False, meta: Any = None,
+                 born_ns: int = 0, vl: int = 0, in_port: int = -1, in_class: int = -1) -> None:
+        # (written out, not the dataclass's: compiled (``ibemu.physics.native``), a generated
+        # ``__init__`` stays interpreted, and one is made per frame)
+        self.size, self.sl, self.dst, self.flow = size, sl, dst, flow
+        self.ecn_capable, self.ce, self.vl15, self.meta = ecn_capable, ce, vl15, meta
+        self.born_ns, self.vl, self.in_port, self.in_class = born_ns, vl, in_port, in_class
 
 
 # --- actions ------------------------------------------------------------------------------
 # Plain (not frozen) slotted dataclasses, to be treated as immutable: several are made per
 # frame and hop, and a frozen dataclass's constructor costs ~1.2 us more (it sets each field
-# through object.__setattr__), a tenth of the live datapath's model work per hop.
+# through object.__setattr__), a tenth of the live datapath's model work per hop. Their
+# ``__init__`` is written out: compiled (``ibemu.physics.native``), a generated one stays
+# interpreted (the dataclass still gives ``__eq__`` and ``__repr__``).
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Transmit:
     node: str
     port: int
@@ -136,8 +146,17 @@ class Transmit:
     end_ns: int
     arrive_ns: int
 
+    def __init__(self, node: str, port: int, frame: Frame, vl: int, start_ns: int, end_ns: int, arrive_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.frame = frame
+        self.vl = vl
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.arrive_ns = arrive_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class CreditReturn:
     """``blocks`` credits of ``vl`` from ``node`` to the peer of its ``port``, there at ``at_ns``."""
 
@@ -147,8 +166,15 @@ class CreditReturn:
     blocks: int
     at_ns: int
 
+    def __init__(self, node: str, port: int, vl: int, blocks: int, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.vl = vl
+        self.blocks = blocks
+        self.at_ns = at_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Pause:
     """A PFC frame from ``node`` out of ``port``: ``xoff`` (pause) or XON for ``priority``."""
 
@@ -158,22 +184,42 @@ class Pause:
     xoff: bool
     at_ns: int
 
+    def __init__(self, node: str, port: int, priority: int, xoff: bool, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.priority = priority
+        self.xoff = xoff
+        self.at_ns = at_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Deliver:
     node: str
     port: int
     frame: Frame
     at_ns: int
 
+    def __init__(self, node: str, port: int, frame: Frame, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.frame = frame
+        self.at_ns = at_ns
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Drop:
     node: str
     port: int
     frame: Frame
     reason: str
     at_ns: int
+
+    def __init__(self, node: str, port: int, frame: Frame, reason: str, at_ns: int) -> None:
+        self.node = node
+        self.port = port
+        self.frame = frame
+        self.reason = reason
+        self.at_ns = at_ns
 
 
 Action = Transmit | CreditReturn | Pause | Deliver | Drop
@@ -380,7 +426,7 @@ class Node:
         self.sl2vl: dict[tuple[int, int], Sl2Vl] = {}
         """(input port, output port) -> map; a host's ports use (0, port)."""
         self._pipeline: list[tuple[int, int, Frame, int]] = []
-        self._seq = itertools.count()
+        self._seq = 0
         self.ingress_bytes: dict[tuple[int, int], int] = {}
         """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
         self.ingress_blocks: dict[tuple[int, int], int] = {}
@@ -389,6 +435,10 @@ class Node:
         self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
         self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
         self.delivered = 0
+        self.live_wake = -1
+        """``physics.live``: the time of this node's wake-up among the plane's events (-1: none)."""
+        self.live_last = 0
+        """``physics.live``: the latest time the plane drove this node to (it never goes back)."""
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -464,7 +514,9 @@ class Node:
                     p.counters.buffer_overruns += 1
             if self.kind == "eth":
                 out += self._pfc_check(in_port, frame.vl, now)
-        heapq.heappush(self._pipeline, (now + self.latency_ns, next(self._seq), frame, out_port))
+        seq = self._seq
+        self._seq = seq + 1
+        heapq.heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
         return out + self.advance(now)
 
     def inject(self, port: int, frame: Frame, now: int) -> list[Action]:

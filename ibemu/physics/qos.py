@@ -24,15 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
-VL15 = 15
-NUM_SLS = 16
-ARB_ENTRIES = 64
+VL15: Final = 15
+NUM_SLS: Final = 16
+ARB_ENTRIES: Final = 64
 """Entries a VL arbitration table may have at most (two 32-entry blocks)."""
-ARB_BLOCK_ENTRIES = 32
-HIGH_LIMIT_UNLIMITED = 255
-HIGH_LIMIT_UNIT = 4096
-CREDIT_BYTES = 64
+ARB_BLOCK_ENTRIES: Final = 32
+HIGH_LIMIT_UNLIMITED: Final = 255
+HIGH_LIMIT_UNIT: Final = 4096
+CREDIT_BYTES: Final = 64
 """IB flow control block: credits count 64-byte units."""
 
 _VL_CODES = {1: 1, 2: 2, 3: 4, 4: 8, 5: 15}

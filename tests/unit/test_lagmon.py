@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ibemu import lagmon
 from ibemu.events import Kind, read_events
-from ibemu.lagmon import NBUCKETS, LagStats, bucket_of, upper_us
+from ibemu.lagmon import FLOOR_US, NBUCKETS, LagStats, bucket_of, upper_us
 
 
 def test_buckets_cover_each_lag_within_a_ninth() -> None:
@@ -127,3 +129,20 @@ def test_watch_from_env_writes_the_run_log_or_nothing(tmp_path: Path, monkeypatc
     trio.run(one, "sm")
     recs = read_events(path)
     assert len(recs) == 1 and recs[0]["process"] == "sm" and recs[0]["final"] and recs[0]["samples"] >= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.floats(min_value=-5.0, max_value=1e13, allow_nan=False),
+    st.sampled_from([0.0, FLOOR_US, upper_us(1), upper_us(17), upper_us(200), upper_us(NBUCKETS - 2), 1e300]),
+    st.integers(min_value=0, max_value=10**9).map(lambda ns: ns / 1000.0)), max_size=400))
+def test_add_all_is_add_of_each(lags: list[float]) -> None:
+    """The one-pass histogram (a link fidelity record's) is the per-lag one, bucket edges included."""
+    one, each = LagStats(), LagStats()
+    one.add(3.0)
+    each.add(3.0)  # (onto a histogram that holds something already)
+    one.add_all(lags)
+    for x in lags:
+        each.add(x)
+    assert one.counts == each.counts
+    assert one.samples == each.samples and one.max_us == each.max_us
