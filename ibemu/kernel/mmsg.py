@@ -10,6 +10,13 @@ The kernel stops at the first frame it cannot take: ``send_many`` returns how ma
 first frames went out. Fewer than all means the next one would block or failed; sending
 that one alone reports why (the error of a later frame is not returned by ``sendmmsg``).
 Nothing sent raises ``BlockingIOError`` (a full socket) or ``OSError`` as ``send`` would.
+
+Cost: up to ``SLOTS`` frames of at most ``SLOT`` bytes are copied into slots made once per
+thread, whose ``mmsghdr`` and ``iovec`` arrays already point at them: per frame, one copy
+and its length. Building those arrays for every call (a ``c_char_p``, a cast, a pointer and
+five field writes per frame) cost ~4 us a frame, more than the system calls ``sendmmsg``
+saves (a ``send`` per frame on a datagram socket pair: ~1.3 us each; hand-timed with
+``timeit``). Larger batches or frames take that general path.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -48,6 +56,43 @@ class HasFileno(Protocol):
     def fileno(self) -> int: ...
 
 
+SLOT = 2048
+"""Bytes of a preallocated slot (a MAD frame is 304)."""
+SLOTS = 64
+"""Frames a call sends through the preallocated slots at most."""
+
+
+class _Slots:
+    """``SLOTS`` frame buffers with the ``mmsghdr``/``iovec`` arrays that point at them (one
+    set per thread: ``sendmmsg`` runs with the GIL released, so another thread may send
+    meanwhile)."""
+
+    __slots__ = ("data", "iov", "lens", "msgs", "view")
+
+    def __init__(self) -> None:
+        self.data = ctypes.create_string_buffer(SLOTS * SLOT)
+        self.view = memoryview(self.data).cast("B")
+        self.iov = (_Iovec * SLOTS)()
+        self.msgs = (_Mmsghdr * SLOTS)()
+        base = ctypes.addressof(self.data)
+        for i in range(SLOTS):
+            self.iov[i].iov_base = base + i * SLOT
+            self.msgs[i].msg_hdr.msg_iov = ctypes.pointer(self.iov[i])
+            self.msgs[i].msg_hdr.msg_iovlen = 1
+        self.lens = memoryview(self.iov).cast("B").cast("Q")
+        """The arrays' words: ``iov_len`` of slot i is word 2i + 1."""
+
+
+_local = threading.local()
+
+
+def _slots() -> _Slots:
+    slots: _Slots | None = getattr(_local, "slots", None)
+    if slots is None:
+        slots = _local.slots = _Slots()
+    return slots
+
+
 def send_many(sock: HasFileno, frames: Sequence[bytes]) -> int:
     """Send ``frames`` in order in one ``sendmmsg`` (without blocking); returns how many of the
     first went out (see the module docstring)."""
@@ -57,6 +102,19 @@ def send_many(sock: HasFileno, frames: Sequence[bytes]) -> int:
     n = len(frames)
     if not n:
         return 0
+    if n <= SLOTS:
+        slots = _slots()
+        view, lens = slots.view, slots.lens
+        at = 0
+        for i, f in enumerate(frames):
+            size = len(f)
+            if size > SLOT:
+                break
+            view[at:at + size] = f
+            lens[2 * i + 1] = size
+            at += SLOT
+        else:
+            return _check(_sendmmsg(fileno(), slots.msgs, n, MSG_DONTWAIT))
     iov = (_Iovec * n)()
     msgs = (_Mmsghdr * n)()
     keep = [ctypes.c_char_p(f) for f in frames]  # the bytes' own buffers, not copies
@@ -66,7 +124,10 @@ def send_many(sock: HasFileno, frames: Sequence[bytes]) -> int:
         hdr = msgs[i].msg_hdr
         hdr.msg_iov = ctypes.pointer(iov[i])
         hdr.msg_iovlen = 1
-    sent = _sendmmsg(fileno(), msgs, n, MSG_DONTWAIT)
+    return _check(_sendmmsg(fileno(), msgs, n, MSG_DONTWAIT))
+
+
+def _check(sent: int) -> int:
     if sent < 0:
         err = ctypes.get_errno()
         if err in (errno.EAGAIN, errno.EWOULDBLOCK):
