@@ -18,9 +18,11 @@ round trips waited behind whatever it was doing.
   loopback to our own LID, which the local SMA answers; DR SMPs with a LID-routed part; GSI
   classes) goes through the MAD socket as before.
 - **receive**: a packet socket on the same veth with a classic BPF filter
-  (``sockfilter.SM_REPLIES``) takes only QP0 GetResp and Trap frames; each is checked as the
-  CA agent checks it (``wire.madpacket.check``: lengths, ICRC, VCRC) and handed to the
-  transport as the MAD socket would have delivered it. The MAD socket is read as well.
+  (``sockfilter.SM_REPLIES``) takes only QP0 GetResp and Trap frames, every frame waiting
+  in one ``recvmmsg`` with the kernel's receive stamps (``kernel.mmsg.RecvMany``); each is
+  checked as the CA agent checks it (``wire.madpacket.check``: lengths, ICRC, VCRC) and
+  handed to the transport as the MAD socket would have delivered it. The MAD socket is read
+  as well.
 
 Requests sent here carry TID bits 48-63 = ``TID_TAG``, a slot the MAD socket never gives a
 client; the agent host's CA agent, whose packet socket on the same veth would get a copy of
@@ -48,7 +50,7 @@ import trio
 from ibemu import clock
 from ibemu.agents import dr
 from ibemu.kernel import mmsg, sockfilter
-from ibemu.kernel.packet import ETH_P_IB, kernel_stamp, open_packet_socket, stamp_received
+from ibemu.kernel.packet import ETH_P_IB, open_packet_socket, stamp_received
 from ibemu.sm.transport import UmadPort
 from ibemu.wire.madpacket import (
     INITIAL_PATH,
@@ -59,7 +61,6 @@ from ibemu.wire.madpacket import (
     M_METHOD,
     M_STATUS,
     MAD_OFFSET,
-    PACKET_LEN,
     PERMISSIVE_LID,
     QP0_QKEY,
     SMP_DATA,
@@ -82,7 +83,10 @@ TID_TAG = sockfilter.SM_OWN_TID_TAG << 48
 """TID bits 48-63 of SMPs sent here: no MAD-socket slot, so the agent host drops its copy."""
 TRAP_DEDUP_NS = 100_000_000
 VL15 = 15
-_ANC_SPACE = socket.CMSG_SPACE(16)  # a struct timespec
+_RX_SLOTS = 64
+"""Frames one ``recvmmsg`` takes at most."""
+_RX_SLOT = 512
+"""Bytes a received frame may have (a MAD frame: 304; the socket filter passes only those)."""
 _WAKE_KEEP = 1 << 16
 ATTR_PORT_INFO = 0x0015  # (not ibemu.wire.mad's AttrId: that module loads scapy, ~0.4 s)
 _PI_LID = 16  # PortInfo: LID at bytes 16-17 of the SMP data
@@ -110,6 +114,7 @@ class DirectPort:
         """(SLID, TID) of a trap received here -> when the kernel received it (``arrival_ns``)."""
         self._in_send, self._in_recv = trio.open_memory_channel[SimRequest](4096)
         self.wake_ns: list[int] = []
+        self._rx = mmsg.RecvMany(_RX_SLOTS, _RX_SLOT)
         with contextlib.suppress(OSError):  # without stamps, no wake-up figures
             stamp_received(sock)
 
@@ -223,35 +228,36 @@ class DirectPort:
             await self._in_send.send(req)
 
     async def _read_wire(self) -> None:
+        """Every frame waiting, in one ``recvmmsg`` (``kernel.mmsg.RecvMany``), then each
+        handed over without a checkpoint between them."""
+        rx = self._rx
         while True:
-            try:
-                frame, anc, _flags, _addr = self.sock.recvmsg(PACKET_LEN + ETH_LEN + 64, _ANC_SPACE)
-            except BlockingIOError:
+            got = rx.recv(self.sock)
+            if not got:
                 await trio.lowlevel.wait_readable(self.sock)
                 continue
-            self._note_wake(anc)
-            req = self._parse(frame)
-            if req is None or self._is_repeat_trap(req):
-                continue
-            if req.mad[M_METHOD] == TRAP:
-                self._note_arrival(req, anc)
-            self.stats["rx_direct"] += 1
-            try:  # no checkpoint per frame: a burst is read in one go, then handed over
-                self._in_send.send_nowait(req)
-            except trio.WouldBlock:
-                await self._in_send.send(req)
+            self._note_wake(got)
+            for frame, stamp in got:
+                req = self._parse(frame)
+                if req is None or self._is_repeat_trap(req):
+                    continue
+                if req.mad[M_METHOD] == TRAP:
+                    self._note_arrival(req, stamp)
+                self.stats["rx_direct"] += 1
+                try:
+                    self._in_send.send_nowait(req)
+                except trio.WouldBlock:
+                    await self._in_send.send(req)
 
-    def _note_wake(self, ancillary: list[tuple[int, int, bytes]]) -> None:
-        """How long a frame waited between the kernel and this process (real ns)."""
-        stamp = kernel_stamp(ancillary)
-        if stamp is None:
-            return
-        self.wake_ns.append(time.clock_gettime_ns(time.CLOCK_REALTIME) - stamp)
+    def _note_wake(self, got: list[tuple[bytes, int | None]]) -> None:
+        """How long each frame of a batch waited between the kernel and this process (real ns)."""
+        now = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        self.wake_ns.extend(now - stamp for _, stamp in got if stamp is not None)
         if len(self.wake_ns) > _WAKE_KEEP:
             del self.wake_ns[: _WAKE_KEEP // 2]
 
-    def _note_arrival(self, req: SimRequest, ancillary: list[tuple[int, int, bytes]]) -> None:
-        stamp = kernel_stamp(ancillary)
+    def _note_arrival(self, req: SimRequest, stamp: int | None) -> None:
+        """Trap ``req`` was received by the kernel at ``stamp`` (CLOCK_REALTIME ns; None: not known)."""
         if stamp is None:
             return
         self._arrivals[(req.slid, req.mad[8:16])] = clock.realtime_to_emulated_ns(stamp)

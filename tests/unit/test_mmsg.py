@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -59,7 +60,7 @@ def test_send_many_from_several_threads_keeps_each_threads_frames() -> None:
             for i in range(300):
                 frames = [bytes([k, i % 256, j]) * 50 for j in range(8)]
                 assert mmsg.send_many(pairs[k][0], frames) == 8
-        except BaseException as exc:  # noqa: BLE001  (reported below)
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=sender, args=(k,)) for k in range(4)]
@@ -91,6 +92,35 @@ def test_a_full_socket_raises_blocking_io_error_when_nothing_went() -> None:
             if sent > 1_000_000:
                 pytest.fail("the socket never filled")
         assert sent > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_recv_many_takes_every_waiting_frame_with_its_stamp_and_drops_what_is_too_long() -> None:
+    from ibemu.kernel import packet
+
+    a, b = _pair()
+    rx = mmsg.RecvMany(slots=4, slot=256)
+    try:
+        assert rx.recv(b) == []  # nothing waiting
+        frames = [bytes([i]) * (100 + i) for i in range(6)]
+        for f in frames:
+            a.send(f)
+        got = rx.recv(b) + rx.recv(b)  # four slots: two calls
+        assert [f for f, _ in got] == frames
+        assert all(stamp is None for _, stamp in got)  # the socket stamps nothing
+        packet.stamp_received(b)
+        a.send(b"x" * 257)  # one byte too long for a slot
+        a.send(b"y" * 256)
+        before = time.clock_gettime_ns(time.CLOCK_REALTIME)
+        got = rx.recv(b)
+        assert [f for f, _ in got] == [b"y" * 256] and rx.truncated == 1
+        stamp = got[0][1]
+        assert stamp is not None and 0 <= before - stamp < 5_000_000_000
+        b.close()
+        with pytest.raises(OSError):
+            rx.recv(b)
     finally:
         a.close()
         b.close()

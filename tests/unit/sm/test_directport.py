@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from collections.abc import Iterator
 
 import pytest
+import trio
 
 from ibemu import clock
 from ibemu.kernel import packet, sockfilter
@@ -112,15 +112,14 @@ def test_a_traps_arrival_at_the_port_is_kept_for_the_sm_once(port: DirectPort) -
     trap = mb.lr_smp(0x05, 0x0002, tid=5)
     req = SimRequest(1, 4, 0, 0, trap)
     wall = time.clock_gettime_ns(time.CLOCK_REALTIME) - 2_000_000  # received 2 ms ago
-    anc = [(socket.SOL_SOCKET, packet.SO_TIMESTAMPNS, struct.pack("qq", wall // 10**9, wall % 10**9))]
-    port._note_arrival(req, anc)
+    port._note_arrival(req, wall)
     got = port.arrival_ns(req)
     assert got is not None and 1_000_000 <= clock.now_ns() - got <= 50_000_000
     assert port.arrival_ns(req) is None  # taken
-    port._note_arrival(req, [])
+    port._note_arrival(req, None)
     assert port.arrival_ns(req) is None
     for tid in range(directport._ARRIVALS_KEPT + 1):
-        port._note_arrival(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100 + tid)), anc)
+        port._note_arrival(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100 + tid)), wall)
     assert port.arrival_ns(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100))) is None  # the oldest went
     assert port.arrival_ns(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=101))) is not None
 
@@ -186,3 +185,38 @@ def test_a_batch_goes_out_in_one_sendmmsg_per_run_of_frames_and_the_rest_by_the_
     finally:
         a.close()
         b.close()
+
+
+def test_what_waits_on_the_wire_is_read_in_one_batch_checked_stamped_and_handed_on_in_order() -> None:
+    """``_read_wire`` reads every waiting frame with one ``recvmmsg``: good responses and a
+    trap go on in arrival order, a corrupt frame and the trap's second copy do not; each
+    frame's wait since the kernel's stamp is counted, and the trap's arrival is kept."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    packet.stamp_received(a)
+    umad = _Umad()
+    p = DirectPort(umad, a, ETH)  # type: ignore[arg-type]
+    resps = [response(mb.lr_smp(mb.GET, NODE_INFO, tid=t), dlid=9, slid=3) for t in (1, 2, 3)]
+    trap = ETH + frame_mad(mb.lr_smp(0x05, 0x0002, tid=7), dlid=9, slid=4, dqp=0, sqp=0, qkey=0, vl=15)
+    bad = response(mb.lr_smp(mb.GET, NODE_INFO, tid=4), dlid=9, slid=3, corrupt=True)
+    for frame in (resps[0], bad, trap, resps[1], trap, resps[2]):
+        b.send(frame)
+
+    async def main() -> list[SimRequest]:
+        async with trio.open_nursery() as n:
+            n.start_soon(p._read_wire)
+            got: list[SimRequest] = []
+            while len(got) < 4:
+                got += await p.recv_many()
+            n.cancel_scope.cancel()
+        return got
+
+    try:
+        got = trio.run(main)
+    finally:
+        a.close()
+        b.close()
+    assert [(r.mad[3], mb.tid(r.mad)) for r in got] == [(0x81, 1), (0x05, 7), (0x81, 2), (0x81, 3)]
+    assert p.stats["rx_direct"] == 4 and p.stats["rx_bad_packet"] == 1 and p.stats["rx_trap_second_copy"] == 1
+    assert len(p.wake_ns) == 6 and all(0 <= w < 10_000_000_000 for w in p.wake_ns)
+    assert p.arrival_ns(got[1]) is not None
