@@ -492,7 +492,11 @@ class SubnetManager:
         self.stats["traps"] += 1
         arrival = getattr(self.transport.port, "arrival_ns", None)  # ``DirectPort``: the HCA's stamp
         t_port = arrival(req) if arrival is not None else None
-        self.events.emit(Kind.TRAP, t_ns=now, issuer_lid=issuer, trap_number=trap_number,
+        # a trap the master's loop takes up at once: written with the pass it starts (its
+        # records are lazy until the pass's last: no file write before the reroute starts)
+        passes = (trap_number not in (TRAP_BAD_M_KEY, TRAP_SM_PRIORITY, TRAP_BAD_P_KEY)
+                  and self.up.is_set() and self.election.state is el.SmState.MASTER)
+        self.events.emit(Kind.TRAP, t_ns=now, lazy=passes, issuer_lid=issuer, trap_number=trap_number,
                          tid=req.tid, slid=req.slid, **({"t_port_ns": t_port} if t_port else {}))
         repress = bytearray(req.mad)
         repress[3] = mb.TRAP_REPRESS
@@ -574,10 +578,12 @@ class SubnetManager:
 
     # ------------------------------------------------------------------ sweeps
 
-    def _begin(self, reason: str) -> tuple[int, Counter[str]]:
+    def _begin(self, reason: str, *, lazy: bool = False) -> tuple[int, Counter[str]]:
+        """A pass starts (``lazy``: its record written with the next, its ``sweep_end`` at the
+        latest)."""
         self.sweeps += 1
         self._sweeping = True
-        self.events.emit(Kind.SWEEP_START, sweep=self.sweeps, reason=reason)
+        self.events.emit(Kind.SWEEP_START, lazy=lazy, sweep=self.sweeps, reason=reason)
         return self.events.now(), Counter(self.transport.stats)
 
     def _end(self, reason: str, t0: int, before: Counter[str], **fields: Any) -> None:
@@ -714,7 +720,7 @@ class SubnetManager:
             self.events.emit(Kind.ERROR, what=f"routing failed: {exc!r}")
             return False
         t_routed = self.events.now()
-        self.events.emit(Kind.ROUTES_COMPUTED, t_ns=t_routed, engine=routes.engine,
+        self.events.emit(Kind.ROUTES_COMPUTED, t_ns=t_routed, lazy=info is not None, engine=routes.engine,
                          seconds=(t_routed - t) / 1e9, switches=len(routes.lfts))
         self.routes = routes
         early = None
@@ -1078,8 +1084,13 @@ class SubnetManager:
     async def _resweep(self, guids: set[int], reason: str, t_trap: int | None, *,
                        reset: set[int] | None = None) -> None:
         """Re-discover ``guids`` and act on what changed. ``reset``: switches known to have
-        lost their configuration (LIDs, LFT), rewritten in full."""
-        t0, before = self._begin(reason)
+        lost their configuration (LIDs, LFT), rewritten in full.
+
+        The pass's records up to its programming are lazy (``EventLog.emit``): its
+        ``lft_programmed``, ``reroute`` or ``sweep_end`` writes them, in order, with their own
+        stamps, instead of a file write and flush each on the way to the first LFT Set
+        (~0.03 ms each, hand-timed: ~0.13 ms of a k=8 cut's reroute)."""
+        t0, before = self._begin(reason, lazy=True)
         if not self.up.is_set():
             self._end(reason, t0, before, changed=0, deferred=True)
             return
@@ -1095,7 +1106,7 @@ class SubnetManager:
             self.prog.forget(guid)
         for c in changes:
             peer = f"{c.peer[0]:#018x}:{c.peer[1]}" if c.peer else None
-            self.events.emit(LINK_CHANGE[c.kind], guid=f"{c.guid:#018x}", port=c.port, peer=peer)
+            self.events.emit(LINK_CHANGE[c.kind], lazy=True, guid=f"{c.guid:#018x}", port=c.port, peer=peer)
         structural = [c for c in changes if c.kind in ("down", "up")]
         # a switch at the far end of a port that retrained may have rebooted in between
         peers = {c.peer[0] for c in changes if c.kind in ("up", "reinit") and c.peer}
