@@ -302,7 +302,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a reroute after a trap or sweep (FM: a cable change): t_trap/t_detect -> t_routed -> t_programmed",
         {Log.SM: ("t_trap", "t_rediscovered", "t_route_start", "t_routed", "t_planned", "t_programmed",
                   "blocks", "blocks_failed", "blocks_abandoned", "suspects", "issuers", "changes", "reset",
-                  "reason"),
+                  "reason", "cpu_ms"),
          Log.OPENSM: ("t_trap", "t_routed", "t_programmed", "t_subnet_up", "engine", "reason"),
          Log.FM: ("t_trap", "t_detect", "t_routed", "t_programmed", "reason", "cables", "changes", "routers",
                   "messages", "local_covered", "local_blackholed", "reprogrammed")}),

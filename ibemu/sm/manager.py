@@ -70,6 +70,7 @@ import json
 import logging
 import os
 import struct
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -222,6 +223,11 @@ class SubnetManager:
         heavy one, soon (``timers.next_step_delay``)."""
         """Cold sweeps that ended with SMPs unanswered after every retry."""
         self._dirty: dict[int, int] = {}  # switch GUID -> t_ns of its first trap
+        self._trap_cpu_ns = 0
+        """This process's CPU time (``time.process_time_ns``) when the first trap waiting was
+        taken: a reroute's ``cpu_ms`` counts from it."""
+        self._pass_cpu_ns = 0
+        """That stamp for the trap pass under way (0: not a trap's pass)."""
         self._trap_unknown = 0  # t_ns of a trap from a LID we do not know
         self._wake = trio.Event()
         self._light_scope: trio.CancelScope | None = None
@@ -525,6 +531,8 @@ class SubnetManager:
             return
         guid = self.lids.owner(issuer)
         node = self.graph.nodes.get(guid) if guid is not None else None
+        if not self._dirty and not self._trap_unknown:
+            self._trap_cpu_ns = time.process_time_ns()
         if node is not None and node.is_switch:
             self._dirty.setdefault(node.guid, now)
         elif not self._trap_unknown:
@@ -734,6 +742,7 @@ class SubnetManager:
         else:
             res = await self.prog.program(self.graph, routes, self.lids.top, urgent=self._wake,
                                           on_suspect=self._on_suspect)
+        cpu_done = time.process_time_ns()
         if early is not None:
             res = res.after(early)
         if self.config.local_failover and self._adaptive():
@@ -745,6 +754,8 @@ class SubnetManager:
         self.events.emit(Kind.LFT_PROGRAMMED, blocks=res.acked, failed=res.failed, abandoned=res.abandoned,
                          switches=res.switches, seconds=(self.events.now() - t_routed) / 1e9)
         if info is not None:
+            if self._pass_cpu_ns:  # a trap's pass: this process's CPU from the trap to the last ack
+                info["cpu_ms"] = (cpu_done - self._pass_cpu_ns) / 1e6
             info.update(t_route_start=t, t_routed=t_routed, t_planned=res.t_planned_ns,
                         t_programmed=res.t_last_ack_ns or self.events.now(),
                         blocks=res.acked, blocks_failed=res.failed, blocks_abandoned=res.abandoned,
@@ -1010,6 +1021,7 @@ class SubnetManager:
         """Re-discover the switches that sent traps, then reroute if anything changed."""
         dirty, self._dirty = self._dirty, {}
         unknown, self._trap_unknown = self._trap_unknown, 0
+        self._pass_cpu_ns = self._trap_cpu_ns if dirty or unknown else 0
         stamps = [*dirty.values(), *([unknown] if unknown else [])]
         t_trap = min(stamps) if stamps else None  # None: only suspects to check
         guids = set(dirty)
@@ -1027,6 +1039,7 @@ class SubnetManager:
         (~0.8 s at k=8, one instrumented run's SM log) before the trap's pass could start,
         which then came ~0.85 s after the trap; the next pass handles the trap, and the next
         light sweep comes a sweep interval later as usual."""
+        self._pass_cpu_ns = 0
         if not await self._own_port_ok():
             return
         t0, before = self._begin("light")

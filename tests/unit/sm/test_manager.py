@@ -110,6 +110,7 @@ def test_link_failure_trap_reroutes_with_only_changed_blocks_then_restoration_re
             assert not unreachable_pairs(fab)
             rr = sm.events.of("reroute")[-1]
             assert rr["t_trap"] <= rr["t_rediscovered"] <= rr["t_routed"] <= rr["t_programmed"]
+            assert 0 < rr["cpu_ms"] < 60_000  # this process's CPU from the trap to the last ack
             changed = {g for g, lft in sm.routes.lfts.items() if lft != routes_before[g]}  # type: ignore[union-attr]
             written = sm.events.counts["lft_block_acked"] - acked
             assert 0 < written == len(changed) < 20  # one block per switch whose routes moved
@@ -147,6 +148,7 @@ def test_a_lost_trap_is_caught_by_the_light_sweep() -> None:
             assert unreachable_pairs(fab)
             await sm.step()  # nothing dirty: a light sweep
             assert sm.events.counts["reroute"] == 1
+            assert "cpu_ms" not in sm.events.of("reroute")[-1]  # no trap to count from
             assert not unreachable_pairs(fab)
 
     run(main)
