@@ -1180,11 +1180,18 @@ class SubnetManager:
                 if ups:
                     await act.activate(self.disc, ups)
 
+            # A far end whose own trap came while this pass read (``_dirty``: alive a moment
+            # ago; the next pass reads its cables first-hand) is checked after the programming,
+            # not beside it: its Gets and their answers took the SM's CPU between the LFT
+            # Sets' answers (~0.3 ms of a k=8 cut, hand-timed). The others, beside it.
+            late = far & set(self._dirty)
             async with trio.open_nursery() as n:
-                if far:  # beside the programming: not on a single cable's fast path
-                    n.start_soon(self._check_far_ends, far)
+                if far - late:  # beside the programming: not on a single cable's fast path
+                    n.start_soon(self._check_far_ends, far - late)
                 await self._route_and_program(info, ends, first=fresh,
                                               between=make_ready if fresh or ups else None)
+            if late:
+                await self._check_far_ends(late)
             stale = [s.guid for s in self.graph.switches() if act.fdb_top(self.disc, s.guid) != top]
             await act.set_switch_info(self.disc, stale, top=top)
         elif self._reprogram:  # blocks a pass left unwritten (abandoned, unanswered)

@@ -822,3 +822,52 @@ def test_a_trap_ends_a_light_sweep_that_waits_for_answers() -> None:
             assert sm.events.counts["reroute"] == 1 and not unreachable_pairs(fab)
 
     run(main)
+
+
+@pytest.mark.parametrize("trapped_meanwhile", [True, False], ids=["far-end-trapped", "far-end-silent"])
+def test_a_far_end_whose_own_trap_came_during_the_pass_is_checked_after_the_programming(
+        trapped_meanwhile: bool) -> None:
+    """The far end of a cable found down is checked for a dying switch (its other cables read
+    from its neighbours). Beside the programming, its SMPs and their answers took the SM's
+    CPU between the LFT Sets' answers; a far end whose own trap came while the pass read
+    (alive a moment ago, its cables read first-hand by the next pass) is checked once the
+    programming is over. One that sent no trap is still checked beside it."""
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)
+    checked: list[tuple[set[int], int]] = []
+    check_far_ends = sm._check_far_ends
+
+    async def recorded(guids: set[int]) -> None:
+        checked.append((set(guids), sm.events.counts["lft_programmed"]))
+        await check_far_ends(guids)
+
+    sm._check_far_ends = recorded  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            edge = next(g for g, n in sm.graph.nodes.items() if n.desc.endswith("edge1_0"))
+            agg = sm.graph.nodes[edge].ports[3].peer[0]  # type: ignore[index]
+            fab.link_down("edge1_0", 3)  # edge1_0:3 - agg1_0:1
+            await settle(port)
+            # the pass starts with one end's trap alone; the other end is the far end
+            first, other = (agg, edge) if agg in sm._dirty else (edge, agg)
+            assert first in sm._dirty
+            t_other = sm._dirty.pop(other, sm._dirty[first])
+            refresh = sm.disc.refresh
+
+            async def other_traps_meanwhile(guids: set[int], **kw: bool) -> list[object]:
+                out = await refresh(guids, **kw)
+                if trapped_meanwhile:
+                    sm._dirty.setdefault(other, t_other)
+                return out  # type: ignore[return-value]
+
+            sm.disc.refresh = other_traps_meanwhile  # type: ignore[method-assign]
+            programmed = sm.events.counts["lft_programmed"]
+            await sm.step()
+            await settle(port)
+            assert sm.events.counts["reroute"] == 1 and not unreachable_pairs(fab)
+            assert checked == [({other}, programmed + (1 if trapped_meanwhile else 0))]
+            assert other not in sm.prog.suspects  # its other cables are up: not a suspect either way
+
+    run(main)
