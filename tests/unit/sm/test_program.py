@@ -61,6 +61,41 @@ def test_patched_blocks_match_fresh_ones_through_failures_and_a_restore() -> Non
     assert patched_tables >= 10
 
 
+def test_lid_routed_for_a_whole_pass_is_each_switchs_own_answer_through_cuts_and_restores() -> None:
+    """``lid_routed_all`` shares the walks back to the SM between a pass's switches; its
+    answer for each is the one ``lid_routed_ok`` gives alone, on k=8 ftree through cuts
+    (before and after their blocks are written) and restores, with and without the
+    LinearFDBTops checked, over switches that answer both ways."""
+    g = graph_of(generate("fat-tree", k=8))
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    prog = programmer()
+    sm = next(iter(g.cas()))
+    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+    written_as_planned(prog, routes, top)
+    tops = {s.guid: top for s in g.switches()}
+    tops[max(tops)] = 0  # one switch routes nothing: walks through it fail
+    answers: set[bool] = set()
+    for a, pa, b, pb in switch_links(g)[::23][:6]:
+        for what in ("down", "up"):
+            if what == "down":
+                remove_link(g, a, pa)
+            else:
+                restore_link(g, a, pa, (b, pb))
+            new = default_reroute_fn(g, routes, [(a, pa), (b, pb)])
+            plan = prog.plan(new, top)
+            for fdb_top in (None, tops.__getitem__):
+                prog.fdb_top = fdb_top
+                for p in (plan, None):
+                    alone = {guid: prog.lid_routed_ok(g, guid, p) for guid in g.nodes if g.nodes[guid].is_switch}
+                    assert prog.lid_routed_all(g, list(alone), p) == alone
+                    answers |= set(alone.values())
+            prog.fdb_top = None
+            written_as_planned(prog, new, top)
+            routes = new
+    assert answers == {True, False}
+
+
 def test_a_stale_hint_is_ignored() -> None:
     """A patch whose base table is not the one the blocks were built from is not applied."""
     g = graph_of(generate("fat-tree", k=4))
