@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import struct
 import time
 from collections import Counter, OrderedDict
 
@@ -61,11 +62,14 @@ from ibemu.wire.madpacket import (
     M_METHOD,
     M_STATUS,
     MAD_OFFSET,
+    PACKET_LEN,
     PERMISSIVE_LID,
+    PKTLEN_WORDS,
     QP0_QKEY,
     SMP_DATA,
     check,
     frame_mad,
+    reseal_at,
 )
 from ibemu.wire.umad import SimRequest
 
@@ -82,6 +86,11 @@ TRAP = 0x05
 TID_TAG = sockfilter.SM_OWN_TID_TAG << 48
 """TID bits 48-63 of SMPs sent here: no MAD-socket slot, so the agent host drops its copy."""
 TRAP_DEDUP_NS = 100_000_000
+_TID_TAG_BYTES = (TID_TAG >> 48).to_bytes(2, "big")
+_TAIL = bytes(PACKET_LEN - MAD_OFFSET - 256)
+"""ICRC and VCRC, written by ``reseal_at``."""
+_LIDS = struct.Struct("!HHH")  # LRH DLID, PktLen, SLID
+_PSN = struct.Struct("!I")  # BTH PSN (the byte above it 0: no AckReq)
 VL15 = 15
 _RX_SLOTS = 64
 """Frames one ``recvmmsg`` takes at most."""
@@ -114,6 +123,9 @@ class DirectPort:
         """(SLID, TID) of a trap received here -> when the kernel received it (``arrival_ns``)."""
         self._in_send, self._in_recv = trio.open_memory_channel[SimRequest](4096)
         self.wake_ns: list[int] = []
+        self._head = self.eth + frame_mad(bytes(256), dlid=0, slid=0, dqp=0, sqp=0, qkey=QP0_QKEY,
+                                          vl=VL15)[:MAD_OFFSET]
+        """The Ethernet header and a frame's LRH, BTH and DETH but its LIDs and PSN."""
         self._rx = mmsg.RecvMany(_RX_SLOTS, _RX_SLOT)
         with contextlib.suppress(OSError):  # without stamps, no wake-up figures
             stamp_received(sock)
@@ -288,15 +300,10 @@ class DirectPort:
         if len(mad) != 256 or req.dqp != 0 or req.status:
             return None
         mclass = mad[M_CLASS]
-        buf = bytearray(mad)
-        buf[8:10] = (TID_TAG >> 48).to_bytes(2, "big")
         if mclass == CLASS_SMP_DR:
             if (not mad[M_HOP_COUNT] or mad[M_STATUS] & 0x80
                     or int.from_bytes(mad[M_DR_SLID:M_DR_SLID + 2], "big") != PERMISSIVE_LID
                     or mad[INITIAL_PATH + 1] != self.port):
-                return None
-            kind, _ = dr.on_originate(buf, 0, self.port)
-            if kind != dr.PORT:
                 return None
             dlid = slid = PERMISSIVE_LID
         elif mclass == CLASS_SMP_LR:
@@ -305,9 +312,22 @@ class DirectPort:
             dlid, slid = req.dlid, self.lid
         else:
             return None
-        self._psn = (self._psn + 1) & 0xFFFFFF
-        return self.eth + frame_mad(buf, dlid=dlid, slid=slid, dqp=0, sqp=0, qkey=QP0_QKEY,
-                                    vl=VL15, psn=self._psn)
+        # one buffer, Ethernet header to VCRC, from a template of the fixed headers; the MAD
+        # placed and edited in it (was: a copy of the MAD, a packet built around it, its
+        # bytes, then the Ethernet header and those bytes joined: ~40% more of the SM's
+        # CPU per frame, hand-timed)
+        buf = bytearray(self._head)
+        buf += mad
+        buf += _TAIL
+        m = ETH_LEN + MAD_OFFSET
+        buf[m + 8:m + 10] = _TID_TAG_BYTES
+        if mclass == CLASS_SMP_DR and dr.on_originate(buf, m, self.port)[0] != dr.PORT:
+            return None
+        self._psn = psn = (self._psn + 1) & 0xFFFFFF
+        _LIDS.pack_into(buf, ETH_LEN + 2, dlid, PKTLEN_WORDS, slid)
+        _PSN.pack_into(buf, ETH_LEN + 16, psn)
+        reseal_at(buf, ETH_LEN)
+        return bytes(buf)
 
     def _parse(self, frame: bytes) -> SimRequest | None:
         """A received frame as the MAD socket would have delivered it (None: dropped)."""
