@@ -3,8 +3,9 @@
 ``LftProgrammer`` remembers the 64-entry blocks last acknowledged per switch. A switch it
 has never written gets every block up to the LID top (its contents are unknown); after
 that only blocks whose bytes differ are sent, all in parallel within the transport's
-window: one batch of ``transport.Call``s, framed and sent in one pass with no task per Set
-(a LID-routed Set that goes unanswered is followed by its directed-route Set from its
+window: ``transport.Call``s, framed and sent in one pass with no task per Set, a burst at a
+time as each is decided (LID-routed or not: the first are on their way while the next
+switches are decided; no answer is taken before the last is sent) (a LID-routed Set that goes unanswered is followed by its directed-route Set from its
 callback; the watcher below cancels calls). Each ack is an ``lft_block_acked`` event; ``Programmed.t_last_ack_ns`` is the
 reroute's ``t_programmed``. A block whose Set failed is forgotten, so the next pass
 sends it again.
@@ -404,25 +405,33 @@ class LftProgrammer:
                         if not urgent.is_set():
                             n.start_soon(first, urgent)
 
-        # Decide LID-routed vs directed route against the tables as they are before this pass.
-        lid_routed = self.lid_routed_all(graph, plan, plan)
         res.t_planned_ns = self.events.now()
         # farthest switches first: their round trips are the longest, so the last ack comes sooner
         order = sorted(plan, key=lambda g: -len(graph.nodes[g].dr_path) if g in graph.nodes else 0)
         batch: list[Call] = []
+        back: dict[int, bool] = {}  # ``lid_routed_all``'s shared walks back to the SM
         for guid in order:
             if guid not in self.written:
                 self.written[guid] = {}
             node = graph.nodes.get(guid)
             if node is None:
                 continue
+            if len(batch) >= tr.burst:
+                # on their way while the next switches are decided: the kernel carries them
+                # (on another CPU, ``kernel.steer``) meanwhile; no reply is looked at before
+                # the last is sent (no checkpoint here), so every switch is decided against
+                # the tables as they were before this pass
+                tr.submit(batch)
+                batch = []
+            # LID-routed or directed route, against the tables as they are before this pass
+            lid_routed = self.lid_routed_ok(graph, guid, plan, back)
             for block, data in sorted(plan[guid].items()):
                 res.sent += 1
                 if urgent is not None and urgent.is_set() and guid in self.suspects:
                     abandon(guid, block)  # suspected before this pass reached it: not even sent
                     continue
                 key = (guid, block)
-                if lid_routed.get(guid):
+                if lid_routed:
                     tr.stats["lid_routed_sets"] += 1
                     call = Call(Request(mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data), dlid=node.lid),
                                 functools.partial(lid_routed_done, key, data), retries=0,
@@ -431,11 +440,12 @@ class LftProgrammer:
                     call = directed(key, data)
                 calls[key] = call
                 batch.append(call)
+        # in one pass: every Set the window has room for is framed and sent before any reply
+        # is looked at (a task per Set, each through ``request``: ~140 us between sends on k=8)
+        if batch:
+            tr.submit(batch)
         if not calls:
             return res
-        # one pass: every Set the window has room for is framed and sent before any reply is
-        # looked at (a task per Set, each through ``request``: ~140 us between sends on k=8)
-        tr.submit(batch)
         try:
             async with trio.open_nursery() as outer:
                 if urgent is not None:

@@ -269,3 +269,72 @@ def test_no_lid_routed_set_over_an_entry_its_own_pass_changes() -> None:
     block = bytearray(prog.written[leaf][g.nodes[far].lid // 64])
     block[g.nodes[far].lid % 64] = NO_ROUTE
     assert not prog.lid_routed_ok(g, far, {leaf: {g.nodes[far].lid // 64: bytes(block)}})
+
+
+class Echo:
+    """Answers every SMP at once (LID-routed too); counts what went out."""
+
+    def __init__(self) -> None:
+        self._tx, self._rx = trio.open_memory_channel[SimRequest](1 << 12)
+        self.sent = 0
+
+    def send_nowait(self, req: SimRequest) -> None:
+        self.sent += 1
+        mad = bytearray(req.mad)
+        mad[3] = 0x81
+        if mad[1] == 0x81:
+            mad[4] |= 0x80
+        self._tx.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
+
+    async def send(self, req: SimRequest) -> None:
+        self.send_nowait(req)
+        await trio.lowlevel.checkpoint()
+
+    async def recv(self) -> SimRequest:
+        return await self._rx.receive()
+
+
+def test_a_passs_first_sets_leave_while_the_later_switches_are_decided_each_as_before_the_pass() -> None:
+    """``program`` sends each burst of Sets as soon as it has one, before deciding how the
+    next switches' Sets go (the kernel carries the first meanwhile); every switch is still
+    decided against the tables as they were before the pass (no answer is taken in between),
+    so the LID-routed ones are those ``lid_routed_all`` names beforehand."""
+    g = graph_of(generate("fat-tree", k=8))
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    port = Echo()
+    tr = Transport(port)  # type: ignore[arg-type]
+    prog = LftProgrammer(transport=tr, events=EventLog())
+    sm = next(iter(g.cas()))
+    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+    written_as_planned(prog, routes, top)
+    a, pa, b, pb = next(link for link in switch_links(g)  # an edge-aggregation cable: ~45 Sets
+                        if {g.nodes[link[0]].desc.split()[-1][:3], g.nodes[link[2]].desc.split()[-1][:3]} == {"edg", "agg"})
+    remove_link(g, a, pa)
+    new = default_reroute_fn(g, routes, [(a, pa), (b, pb)])
+    plan = prog.plan(new, top)
+    before = prog.lid_routed_all(g, plan, plan)
+    assert True in before.values() and sum(len(b) for b in plan.values()) > 2 * tr.burst
+    decided: dict[int, tuple[bool, int]] = {}
+    alone = prog.lid_routed_ok
+
+    def recorded(graph: SubnetGraph, guid: int, plan: Any = None, back: Any = None) -> bool:
+        ok = alone(graph, guid, plan, back)
+        decided[guid] = (ok, port.sent)
+        return ok
+
+    prog.lid_routed_ok = recorded  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(tr.serve)
+            res = await prog.program(g, new, top)
+            assert res.failed == 0 and res.acked == sum(len(b) for b in plan.values())
+            n.cancel_scope.cancel()
+
+    run(main)
+    assert {guid: ok for guid, (ok, _) in decided.items()} == before
+    assert max(sent for _, sent in decided.values()) >= tr.burst  # later switches decided after sends
+    assert tr.stats["lid_routed_sets"] == sum(len(plan[guid]) for guid, ok in before.items() if ok)
+    for guid, blocks in plan.items():
+        assert all(prog.written[guid][blk] == data for blk, data in blocks.items())
