@@ -904,3 +904,41 @@ def test_the_garbage_collector_is_held_for_a_traps_pass_and_back_on_after_it() -
 
     assert gc.isenabled()
     run(main)
+
+
+def test_a_traps_repress_waits_for_the_pass_it_starts_then_goes() -> None:
+    """A TrapRepress sent at once took the SM's CPU on the way to the pass's first SMP: it
+    goes once the pass the trap started is over (every trap of the cut still repressed, and
+    the devices stop repeating them); a trap that starts no pass (a bad M_Key's, say, or
+    before SUBNET UP) is repressed at once as before."""
+    _topo, fab = fat_tree(4)
+    sm, port = make_sm(fab)
+    sent: list[int] = []
+    send_only = sm.transport.send_only
+
+    async def recorded(mad: bytes, **kw: int) -> None:
+        if mad[3] == 0x07:  # TrapRepress
+            sent.append(sm.events.counts["lft_programmed"])
+        await send_only(mad, **kw)
+
+    sm.transport.send_only = recorded  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with sm.running():
+            await sm.full_sweep("cold")
+            programmed = sm.events.counts["lft_programmed"]
+            fab.link_down("edge1_0", 3)
+            await settle(port)
+            assert sm._dirty and not sent  # held: its pass is about to run
+            await sm.step()
+            await settle(port)
+            if sm._dirty:  # the far end's trap, taken while the first pass ran
+                await sm.step()
+                await settle(port)
+            assert sm.stats["trap_repress"] == sm.stats["traps"] == len(sent) >= 1
+            assert min(sent) > programmed  # after the reroute's programming
+            issuers = {r["issuer_lid"] for r in sm.events.of("trap")}
+            assert not any(a.traps.pending() for a in fab.agents.values()
+                           if isinstance(a, SwitchAgent) and a.lid in issuers)
+
+    run(main)
