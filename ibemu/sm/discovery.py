@@ -16,16 +16,17 @@ checks the cables a route crosses before a switch behind them is asked.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
 
 from ibemu.sm.graph import NodeType, SmNode, SmPort, SubnetGraph
-from ibemu.sm.transport import Reply, Transport
+from ibemu.sm.transport import Call, Reply, Transport
 from ibemu.wire import madcodec as mb
 
 log = logging.getLogger(__name__)
@@ -410,7 +411,7 @@ class Discovery:
                 if not hops:
                     await read_ports(node, got)
                     break
-                dead = await self._read_checked(node, hops, got, read_ports)
+                dead = await self._read_checked(node, hops, got)
                 changes.extend(dead)
                 if all(self.phys(h) == PHYS_LINK_UP for h in hops):
                     break
@@ -436,25 +437,68 @@ class Discovery:
                     changes.append(Change("up", node.guid, num, peer))
         return changes
 
-    async def _read_checked(self, node: SmNode, hops: list[End], got: dict[int, bytes],
-                            read_ports: Callable[[SmNode, dict[int, bytes]], Awaitable[None]]) -> list[Change]:
-        """``read_ports`` and the check of ``hops`` at once; the read is cancelled as soon as a
-        hop is found dead (the caller re-derives the route and reads again)."""
+    async def _read_checked(self, node: SmNode, hops: list[End], got: dict[int, bytes]) -> list[Change]:
+        """The check of ``hops`` (PortInfo of each; those no longer LinkUp unlinked and
+        returned) and the read of every port of ``node`` into ``got``, at once: one batch of
+        calls, the hops first (``Transport.submit``). Once a hop is found down, or any hop is
+        not LinkUp by its answer, what is still out is cancelled (the reads behind a dead
+        cable would only time out; the caller re-derives the route and reads again).
+
+        Was a task per hop, each sent alone, beside a batch of the port reads: the hops went
+        out last, after every port read of the pass had been framed and sent, and the reads
+        already answered waited for them (~0.4 ms of a k=8 cut's rediscovery, hand-timed)."""
         dead: list[Change] = []
-        reading = trio.CancelScope()
+        finished = trio.Event()
+        calls: list[Call] = []
+        left = len(hops) + node.num_ports
 
-        async def check() -> None:
-            dead.extend(await self._check_ports(hops, until_first=True))
-            if any(self.phys(h) != PHYS_LINK_UP for h in hops):
-                reading.cancel()
+        def one_less() -> None:
+            nonlocal left
+            left -= 1
+            if not left:
+                finished.set()
 
-        async def ports() -> None:
-            with reading:
-                await read_ports(node, got)
+        def hop_done(end: End, r: Reply | None) -> None:
+            hop = self.graph.nodes.get(end[0])
+            if r is not None and r.ok and hop is not None:
+                self.store_port_info(hop, end[1], r.data)
+                if r.data[33] >> 4 != PHYS_LINK_UP:
+                    if hop.ports[end[1]].peer is not None:  # (another pass may have unlinked it)
+                        dead.append(Change("down", end[0], end[1], self.unlink(*end)))
+                    stop()
+                    return
+            one_less()
 
-        async with trio.open_nursery() as n:
-            n.start_soon(check)
-            n.start_soon(ports)
+        def port_done(num: int, r: Reply | None) -> None:
+            if r is not None and r.ok:
+                got[num] = r.data
+            one_less()
+
+        def stop() -> None:
+            for call in calls:
+                self.transport.cancel(call)
+            finished.set()
+
+        path = list(node.dr_path)
+        for end in hops:
+            hop = self.graph.nodes.get(end[0])
+            if hop is None:
+                left -= 1
+                continue
+            calls.append(Call(mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=list(hop.dr_path), modifier=end[1]),
+                              functools.partial(hop_done, end)))
+        calls += [Call(mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=path, modifier=num), functools.partial(port_done, num))
+                  for num in range(1, node.num_ports + 1)]
+        if not left:
+            return dead
+        self.transport.submit(calls)
+        try:
+            await finished.wait()
+        finally:
+            for call in calls:  # cancelled (or stopped): nothing of it is waited for
+                self.transport.cancel(call)
+        if any(self.phys(h) != PHYS_LINK_UP for h in hops):
+            got.clear()  # a route cut on the way: nothing read through it is taken
         return dead
 
     def _apply_ports(self, node: SmNode, got: dict[int, bytes], changes: list[Change],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -90,6 +91,41 @@ def test_refresh_with_verify_reads_a_switch_behind_a_dead_cable_without_a_timeou
             assert ("down", e00, 3) in {(c.kind, c.guid, c.port) for c in changes}
             assert g.nodes[a00].dr_path[1] != 3 and g.nodes[a00].ports[1].peer is None
             assert t.stats["timeouts"] == 0 and t.stats["cancelled"] >= 1 and not t._pending
+
+    run(main)
+
+
+def test_refresh_with_verify_sends_the_hop_checks_and_the_port_reads_as_one_batch_hops_first() -> None:
+    """The cables a switch's route crosses and every port of the switch: one batch of calls
+    (sent in one pass), the hops first, so the reads answered first never wait for hop
+    checks sent after them (a task per hop used to send them last)."""
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        async with discovered(fab) as (t, d, g):
+            d.recompute_paths()
+            far = topo.node("edge3_1").guid  # three switches away from h0
+            node = g.nodes[far]
+            hops = sorted(d._hops(node.dr_path))
+            assert len(hops) >= 2
+            batches: list[list[bytes]] = []
+            submit = t.submit
+
+            def recorded(calls: Any) -> None:
+                calls = list(calls)
+                batches.append([c.req.mad for c in calls])
+                submit(calls)
+
+            t.submit = recorded  # type: ignore[method-assign]
+            sent = t.stats["sent"]
+            changes = await d.refresh({far}, verify=True)
+            assert not changes and far in d.read_all
+            assert len(batches) == 1 and t.stats["sent"] - sent == len(hops) + node.num_ports
+            mods = [struct.unpack_from("!I", mad, 20)[0] for mad in batches[0]]
+            paths = [tuple(mad[128 + 1:128 + 1 + mad[7]]) for mad in batches[0]]
+            assert [(p, m) for p, m in zip(paths, mods, strict=True)][:len(hops)] == [
+                (g.nodes[guid].dr_path, port) for guid, port in hops]
+            assert set(paths[len(hops):]) == {node.dr_path}
 
     run(main)
 
