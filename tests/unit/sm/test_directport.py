@@ -267,3 +267,68 @@ def test_frames_are_byte_for_byte_what_the_packet_builder_makes(port: DirectPort
     bad[M_HOP_POINTER] = 1
     assert port._frame(SimRequest(0xFFFF, 0, 0, 0, bytes(bad))) is None
     assert port._psn == made
+
+
+def test_an_attached_transport_is_handed_each_frame_by_the_reading_task_itself() -> None:
+    """``attach``: what ``recv`` had not taken goes first, then each frame read is handed to
+    the callback in order from the task that read it (no task switch between the socket and
+    the handler); a request sent through a ``Transport`` on the port is answered so; after
+    ``attach(None)`` frames queue for ``recv`` again."""
+    from ibemu.sm.transport import Request, Transport
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    p = DirectPort(_Umad(), a, ETH)  # type: ignore[arg-type]
+    p.lid = 9
+
+    def answer(tid: int) -> bytes:
+        return response(mb.lr_smp(mb.GET, NODE_INFO, tid=TID_TAG | tid), dlid=9, slid=3)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(p._read_wire)
+            b.send(answer(1))
+            first = await p.recv_many()  # queued: no one attached yet
+            assert [mb.tid(r.mad) & 0xFFFF for r in first] == [1]
+            b.send(answer(2))
+            await trio.sleep(0.05)  # read and queued
+            got: list[tuple[int, object]] = []
+            p.attach(lambda req: got.append((mb.tid(req.mad) & 0xFFFF, trio.lowlevel.current_task())))
+            assert [t for t, _ in got] == [2]  # what was queued, at once
+            for tid in (3, 4, 5):
+                b.send(answer(tid))
+            while len(got) < 4:
+                await trio.sleep(0.01)
+            assert [t for t, _ in got] == [2, 3, 4, 5]
+            readers = {task for _, task in got[1:]}
+            assert len(readers) == 1 and next(iter(readers)).name.endswith("_read_wire")
+            p.attach(None)
+            # a transport attaches itself while it serves: a request is answered by the wire
+            t = Transport(p)
+            async with trio.open_nursery() as tn:
+                await tn.start(t.serve)
+                assert p.deliver is not None
+
+                async def answer_it() -> None:
+                    while True:
+                        try:
+                            frame = b.recv(9000)
+                        except BlockingIOError:
+                            await trio.sleep(0.005)
+                            continue
+                        mad = frame[14 + MAD_OFFSET:14 + MAD_OFFSET + 256]
+                        b.send(response(mad, dlid=9, slid=3))
+                        return
+
+                tn.start_soon(answer_it)
+                reply = await t.request(Request(mb.lr_smp(mb.GET, NODE_INFO), dlid=3), timeout_s=2)
+                assert reply is not None and reply.ok
+                tn.cancel_scope.cancel()
+            assert p.deliver is None
+            n.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        a.close()
+        b.close()
