@@ -43,6 +43,14 @@ MAX_HOPS = 63
 End = tuple[int, int]  # (node GUID, port)
 
 
+@functools.lru_cache(maxsize=1 << 13)
+def get_smp(attr: int, path: tuple[int, ...], modifier: int = 0) -> bytes:
+    """A directed-route SubnGet of ``attr`` along ``path``, made once per route, attribute and
+    modifier (the transport gives each attempt its own TID): a trap's rediscovery asks the
+    same ones every time."""
+    return mb.dr_smp(mb.GET, attr, path=path, modifier=modifier)
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """What a refresh found on one port: ``kind`` down | up | reinit."""
@@ -84,7 +92,7 @@ class Discovery:
         return pi[32] & 0x0F if pi else 0
 
     async def _get(self, path: tuple[int, ...], attr: int, mod: int = 0) -> Reply | None:
-        r = await self.transport.request(mb.dr_smp(mb.GET, attr, path=list(path), modifier=mod))
+        r = await self.transport.request(get_smp(attr, tuple(path), mod))
         if r is not None and not r.ok:
             log.debug("path %s attr %#x mod %#x: status %#x", path, attr, mod, r.status)
             return None
@@ -181,7 +189,7 @@ class Discovery:
         sent in one pass, no task each); each answer's data, or None (no answer, bad status)."""
         hops = list(path)
         replies = await self.transport.request_many(
-            [mb.dr_smp(mb.GET, attr, path=hops, modifier=mod) for attr, mod in attrs])
+            [get_smp(attr, tuple(hops), mod) for attr, mod in attrs])
         return [r.data if r is not None and r.ok else None for r in replies]
 
     async def _read_switch(self, node: SmNode) -> bool:
@@ -394,9 +402,8 @@ class Discovery:
         async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
             # one batch (``Transport.request_many``): sent in one pass, no task per port
             nums = range(1, node.num_ports + 1)
-            path = list(node.dr_path)
             replies = await self.transport.request_many(
-                [mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=path, modifier=num) for num in nums])
+                [get_smp(ATTR_PORT_INFO, node.dr_path, num) for num in nums])
             for num, r in zip(nums, replies, strict=True):
                 if r is not None and r.ok:
                     got[num] = r.data
@@ -479,15 +486,14 @@ class Discovery:
                 self.transport.cancel(call)
             finished.set()
 
-        path = list(node.dr_path)
         for end in hops:
             hop = self.graph.nodes.get(end[0])
             if hop is None:
                 left -= 1
                 continue
-            calls.append(Call(mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=list(hop.dr_path), modifier=end[1]),
+            calls.append(Call(get_smp(ATTR_PORT_INFO, hop.dr_path, end[1]),
                               functools.partial(hop_done, end)))
-        calls += [Call(mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=path, modifier=num), functools.partial(port_done, num))
+        calls += [Call(get_smp(ATTR_PORT_INFO, node.dr_path, num), functools.partial(port_done, num))
                   for num in range(1, node.num_ports + 1)]
         if not left:
             return dead

@@ -203,3 +203,12 @@ def test_a_switch_dead_right_after_its_node_info_answer_is_left_out() -> None:
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_a_get_made_once_per_route_is_the_one_made_afresh() -> None:
+    from ibemu.sm.discovery import get_smp
+
+    for path in [(), (1,), (1, 3, 2), tuple(range(1, 64))]:
+        for attr, mod in [(0x0011, 0), (0x0015, 7), (0x0012, 0)]:
+            assert get_smp(attr, path, mod) == mb.dr_smp(mb.GET, attr, path=path, modifier=mod)
+            assert get_smp(attr, path, mod) is get_smp(attr, path, mod)
