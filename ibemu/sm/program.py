@@ -85,6 +85,23 @@ def failover_config(graph: SubnetGraph, guid: int, *, notices: bool = True, gene
     return bytes(data)
 
 
+@functools.lru_cache(maxsize=1024)
+def _lft_set_head(block: int) -> bytes:
+    """The first 64 bytes of a LID-routed SubnSet(LinearForwardingTable) of ``block``."""
+    return mb.lr_smp(mb.SET, ATTR_LFT, modifier=block)[:64]
+
+
+_LFT_SET_TAIL = bytes(256 - 128)
+
+
+def lft_set(block: int, data: bytes) -> bytes:
+    """``mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data)`` for a 64-byte block, from a
+    header made once per block (0.17 us instead of 0.8, timeit; a reroute makes ~45)."""
+    if len(data) != BLOCK:
+        return mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data)
+    return _lft_set_head(block) + data + _LFT_SET_TAIL
+
+
 def lft_blocks(lft: Mapping[int, int], top: int) -> dict[int, bytes]:
     """LID -> port as 64-byte blocks 0 .. top // 64 (0xFF where there is no route)."""
     count = top // BLOCK + 1
@@ -433,7 +450,7 @@ class LftProgrammer:
                 key = (guid, block)
                 if lid_routed:
                     tr.stats["lid_routed_sets"] += 1
-                    call = Call(Request(mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data), dlid=node.lid),
+                    call = Call(Request(lft_set(block, data), dlid=node.lid),
                                 functools.partial(lid_routed_done, key, data), retries=0,
                                 on_attempt=functools.partial(attempt, key), fallback=True)
                 else:

@@ -338,3 +338,13 @@ def test_a_passs_first_sets_leave_while_the_later_switches_are_decided_each_as_b
     assert tr.stats["lid_routed_sets"] == sum(len(plan[guid]) for guid, ok in before.items() if ok)
     for guid, blocks in plan.items():
         assert all(prog.written[guid][blk] == data for blk, data in blocks.items())
+
+
+def test_an_lft_set_from_its_blocks_header_is_the_one_made_afresh() -> None:
+    from ibemu.sm.program import ATTR_LFT, lft_set
+    from ibemu.wire import madcodec as mb
+
+    for block in (0, 1, 3, 767):
+        for data in (bytes(64), bytes(range(64)), b"\xff" * 64):
+            assert lft_set(block, data) == mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data)
+    assert lft_set(2, b"\x01\x02") == mb.lr_smp(mb.SET, ATTR_LFT, modifier=2, data=b"\x01\x02")  # short: made afresh
