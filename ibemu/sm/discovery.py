@@ -393,47 +393,59 @@ class Discovery:
         ``verify``: also check, at the same time, the cables each switch's directed route
         crosses; a dead one is unlinked, the route re-derived and that switch read again (its
         first read cannot have been answered: the route was cut, so nothing of it applied).
+
+        The first read of every switch and the check of every cable their routes cross (each
+        once: the routes share their first hops) go as one batch (``_read_checked``); a
+        switch whose read did not complete (a cable on the way found down) is read again on
+        its own, after its route is re-derived.
         """
         changes: list[Change] = []
         probes: list[tuple[SmNode, int]] = []
         self.answered = set()
         self.read_all = set()
 
-        async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
-            # one batch (``Transport.request_many``): sent in one pass, no task per port
-            nums = range(1, node.num_ports + 1)
-            replies = await self.transport.request_many(
-                [get_smp(ATTR_PORT_INFO, node.dr_path, num) for num in nums])
-            for num, r in zip(nums, replies, strict=True):
-                if r is not None and r.ok:
-                    got[num] = r.data
+        def finish(node: SmNode, got: dict[int, bytes]) -> None:
+            if got:
+                self.answered.add(node.guid)
+            if len(got) == node.num_ports:
+                self.read_all.add(node.guid)
+            self._apply_ports(node, got, changes, probes)
+
+        def switch(guid: int) -> SmNode | None:
+            node = self.graph.nodes.get(guid)
+            return node if node is not None and node.is_switch else None
 
         async def read(guid: int) -> None:
             for _ in range(8):
-                node = self.graph.nodes.get(guid)
-                if node is None or not node.is_switch:
+                node = switch(guid)
+                if node is None:
                     return
                 got: dict[int, bytes] = {}
                 hops = sorted(self._hops(node.dr_path)) if verify else []
-                if not hops:
-                    await read_ports(node, got)
-                    break
-                dead = await self._read_checked(node, hops, got)
+                dead, complete = await self._read_checked([(node, hops, got)])
                 changes.extend(dead)
+                if guid in complete:
+                    finish(node, got)
+                    return
                 if all(self.phys(h) == PHYS_LINK_UP for h in hops):
-                    break
+                    return  # (not reached: a read that is not cut off completes)
                 self.recompute_paths()  # the route was cut (now, or by another pass)
-            else:
-                return
-            if got:
-                self.answered.add(guid)
-            if len(got) == node.num_ports:
-                self.read_all.add(guid)
-            self._apply_ports(node, got, changes, probes)
 
-        async with trio.open_nursery() as n:
-            for guid in guids:
-                n.start_soon(read, guid)
+        reads: list[tuple[SmNode, list[End], dict[int, bytes]]] = [
+            (node, sorted(self._hops(node.dr_path)) if verify else [], {})
+            for node in (switch(g) for g in sorted(guids)) if node is not None]
+        dead, complete = await self._read_checked(reads)
+        changes.extend(dead)
+        again = [node.guid for node, _hops, _got in reads if node.guid not in complete]
+        for node, _hops, got in reads:
+            if node.guid in complete:
+                finish(node, got)
+        if again:
+            if any(self.phys(h) != PHYS_LINK_UP for _node, hops, _got in reads for h in hops):
+                self.recompute_paths()  # a route was cut (now, or by another pass)
+            async with trio.open_nursery() as n:
+                for guid in again:
+                    n.start_soon(read, guid)
         if probes:
             async with trio.open_nursery() as n:
                 for node, num in probes:
@@ -444,20 +456,26 @@ class Discovery:
                     changes.append(Change("up", node.guid, num, peer))
         return changes
 
-    async def _read_checked(self, node: SmNode, hops: list[End], got: dict[int, bytes]) -> list[Change]:
-        """The check of ``hops`` (PortInfo of each; those no longer LinkUp unlinked and
-        returned) and the read of every port of ``node`` into ``got``, at once: one batch of
-        calls, the hops first (``Transport.submit``). Once a hop is found down, or any hop is
-        not LinkUp by its answer, what is still out is cancelled (the reads behind a dead
-        cable would only time out; the caller re-derives the route and reads again).
+    async def _read_checked(self, reads: list[tuple[SmNode, list[End], dict[int, bytes]]]
+                            ) -> tuple[list[Change], set[int]]:
+        """For each (switch, the cables its route crosses, ``got``): the check of those cables
+        (PortInfo of each; those no longer LinkUp unlinked and returned) and the read of every
+        port of the switch into ``got``, all at once: one batch of calls, the cables first,
+        each once (``Transport.submit``). Once a cable is found down, what is still out is
+        cancelled (the reads behind a dead cable would only time out; the caller re-derives
+        the routes and reads again). Returns the changes and the switches whose read
+        completed (every port answered or given up on, every cable of its route LinkUp).
 
-        Was a task per hop, each sent alone, beside a batch of the port reads: the hops went
-        out last, after every port read of the pass had been framed and sent, and the reads
-        already answered waited for them (~0.4 ms of a k=8 cut's rediscovery, hand-timed)."""
+        Was a task per cable, each sent alone, beside a batch of the port reads per switch:
+        the cables went out last, after every port read of the pass had been framed and
+        sent, and the reads already answered waited for them (~0.4 ms of a k=8 cut's
+        rediscovery, hand-timed)."""
         dead: list[Change] = []
         finished = trio.Event()
         calls: list[Call] = []
-        left = len(hops) + node.num_ports
+        left = 0
+        complete: set[int] = set()
+        ports_left: dict[int, int] = {}
 
         def one_less() -> None:
             nonlocal left
@@ -476,9 +494,12 @@ class Discovery:
                     return
             one_less()
 
-        def port_done(num: int, r: Reply | None) -> None:
+        def port_done(guid: int, got: dict[int, bytes], num: int, r: Reply | None) -> None:
             if r is not None and r.ok:
                 got[num] = r.data
+            ports_left[guid] -= 1
+            if not ports_left[guid]:
+                complete.add(guid)
             one_less()
 
         def stop() -> None:
@@ -486,26 +507,29 @@ class Discovery:
                 self.transport.cancel(call)
             finished.set()
 
-        for end in hops:
+        for end in sorted({h for _node, hops, _got in reads for h in hops}):
             hop = self.graph.nodes.get(end[0])
-            if hop is None:
-                left -= 1
-                continue
-            calls.append(Call(get_smp(ATTR_PORT_INFO, hop.dr_path, end[1]),
-                              functools.partial(hop_done, end)))
-        calls += [Call(get_smp(ATTR_PORT_INFO, node.dr_path, num), functools.partial(port_done, num))
-                  for num in range(1, node.num_ports + 1)]
-        if not left:
-            return dead
-        self.transport.submit(calls)
-        try:
-            await finished.wait()
-        finally:
-            for call in calls:  # cancelled (or stopped): nothing of it is waited for
-                self.transport.cancel(call)
-        if any(self.phys(h) != PHYS_LINK_UP for h in hops):
-            got.clear()  # a route cut on the way: nothing read through it is taken
-        return dead
+            if hop is not None:
+                calls.append(Call(get_smp(ATTR_PORT_INFO, hop.dr_path, end[1]), functools.partial(hop_done, end)))
+        for node, _hops, got in reads:
+            ports_left[node.guid] = node.num_ports
+            if not node.num_ports:
+                complete.add(node.guid)
+            calls += [Call(get_smp(ATTR_PORT_INFO, node.dr_path, num), functools.partial(port_done, node.guid, got, num))
+                      for num in range(1, node.num_ports + 1)]
+        left = len(calls)
+        if calls:
+            self.transport.submit(calls)
+            try:
+                await finished.wait()
+            finally:
+                for call in calls:  # cancelled (or stopped): nothing of it is waited for
+                    self.transport.cancel(call)
+        for node, hops, got in reads:
+            if any(self.phys(h) != PHYS_LINK_UP for h in hops):
+                got.clear()  # a route cut on the way: nothing read through it is taken
+                complete.discard(node.guid)
+        return dead, complete
 
     def _apply_ports(self, node: SmNode, got: dict[int, bytes], changes: list[Change],
                      probes: list[tuple[SmNode, int]]) -> None:

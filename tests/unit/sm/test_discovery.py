@@ -130,6 +130,57 @@ def test_refresh_with_verify_sends_the_hop_checks_and_the_port_reads_as_one_batc
     run(main)
 
 
+def test_two_switches_are_read_in_one_batch_their_shared_hops_checked_once() -> None:
+    """Two trapping switches: their routes' cables, each once, then both switches' ports, in
+    one batch."""
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        async with discovered(fab) as (t, d, g):
+            d.recompute_paths()
+            a, b = topo.node("edge3_1").guid, topo.node("agg3_0").guid
+            hops = d._hops(g.nodes[a].dr_path) | d._hops(g.nodes[b].dr_path)
+            shared = d._hops(g.nodes[a].dr_path) & d._hops(g.nodes[b].dr_path)
+            assert shared
+            batches: list[int] = []
+            submit = t.submit
+
+            def recorded(calls: Any) -> None:
+                calls = list(calls)
+                batches.append(len(calls))
+                submit(calls)
+
+            t.submit = recorded  # type: ignore[method-assign]
+            sent = t.stats["sent"]
+            assert not await d.refresh({a, b}, verify=True)
+            assert d.read_all == {a, b}
+            assert batches == [len(hops) + g.nodes[a].num_ports + g.nodes[b].num_ports]
+            assert t.stats["sent"] - sent == batches[0]
+
+    run(main)
+
+
+def test_a_switch_read_with_another_behind_a_dead_cable_is_read_all_the_same() -> None:
+    """One of two switches lies behind a cable found down: the batch stops, each is read
+    again on its own (the cut one by its new route), nothing waits for a timeout."""
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        async with discovered(fab, timeout_s=5.0) as (t, d, g):
+            d.recompute_paths()
+            e00, a00, e31 = topo.node("edge0_0").guid, topo.node("agg0_0").guid, topo.node("edge3_1").guid
+            assert g.nodes[a00].dr_path == (1, 3)  # through edge0_0:3
+            fab.link_down("edge0_0", 3)
+            t0 = trio.current_time()
+            changes = await d.refresh({a00, e31}, verify=True)
+            assert trio.current_time() - t0 < 1.0  # no 5 s timeout
+            assert ("down", e00, 3) in {(c.kind, c.guid, c.port) for c in changes}
+            assert {a00, e31} <= d.answered and g.nodes[a00].dr_path[1] != 3
+            assert t.stats["timeouts"] == 0 and not t._pending
+
+    run(main)
+
+
 def test_paths_hold_exactly_when_a_recompute_would_find_the_same_routes() -> None:
     """``paths_hold`` (which lets a reroute skip the BFS) against the BFS itself, for every
     switch-to-switch cable of k=4 cut alone, with and without its far end avoided."""
