@@ -272,6 +272,9 @@ class DirectPort:
         rx = self._rx
         while True:
             got = rx.recv(self.sock)
+            if rx.truncated:  # longer than a slot (the socket filter passes MAD frames only)
+                self.stats["rx_too_long"] += rx.truncated
+                rx.truncated = 0
             if not got:
                 await trio.lowlevel.wait_readable(self.sock)
                 continue

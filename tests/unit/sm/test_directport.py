@@ -199,7 +199,7 @@ def test_what_waits_on_the_wire_is_read_in_one_batch_checked_stamped_and_handed_
     resps = [response(mb.lr_smp(mb.GET, NODE_INFO, tid=t), dlid=9, slid=3) for t in (1, 2, 3)]
     trap = ETH + frame_mad(mb.lr_smp(0x05, 0x0002, tid=7), dlid=9, slid=4, dqp=0, sqp=0, qkey=0, vl=15)
     bad = response(mb.lr_smp(mb.GET, NODE_INFO, tid=4), dlid=9, slid=3, corrupt=True)
-    for frame in (resps[0], bad, trap, resps[1], trap, resps[2]):
+    for frame in (resps[0], bad, trap, resps[1], trap, b"x" * 600, resps[2]):
         b.send(frame)
 
     async def main() -> list[SimRequest]:
@@ -218,6 +218,7 @@ def test_what_waits_on_the_wire_is_read_in_one_batch_checked_stamped_and_handed_
         b.close()
     assert [(r.mad[3], mb.tid(r.mad)) for r in got] == [(0x81, 1), (0x05, 7), (0x81, 2), (0x81, 3)]
     assert p.stats["rx_direct"] == 4 and p.stats["rx_bad_packet"] == 1 and p.stats["rx_trap_second_copy"] == 1
+    assert p.stats["rx_too_long"] == 1  # longer than a receive slot: counted, dropped
     assert len(p.wake_ns) == 6 and all(0 <= w < 10_000_000_000 for w in p.wake_ns)
     assert p.arrival_ns(got[1]) is not None
 
