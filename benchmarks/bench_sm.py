@@ -18,7 +18,9 @@ the kernel at the SM's port, ``sm.directport``'s stamp, before the SM process wo
 it; ``fault_to_trap_ms``: by the SM) -> rediscovered -> routed -> last LFT block acked (target <= 10 ms on k=8, <= 50 ms on k=16), and when the kernel forwarded on the
 last new entry (``trap_to_kernel_ms``, the fabric's last ``lft_programmed``; ``trap_to_tc_ms``
 while the LFT was tc filters written when the agents fell idle), and how long after the SM's
-last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM). With the
+last ack that was (``kernel_after_ack_ms``; negative: before the ack reached the SM), and the
+SM process's CPU from the trap to its last ack (``trap_to_programmed_cpu_ms``, the reroute's
+``cpu_ms``: what other jobs on the machine do not inflate). With the
 kernel SMA (``ibemu.kernel.sma``) the LFT Sets are answered in the kernel, which writes the
 forwarding map before the GetResp leaves: no ``lft_programmed`` event, so
 ``trap_to_kernel_ms`` is the ack's time (an upper bound) and ``kernel_after_ack_ms`` 0;
@@ -296,6 +298,9 @@ def reroutes(k: int, cuts: int, engine: str, window: int, tmp: Path, port: str) 
                             "rediscovered_to_routed_ms": (rr["t_routed"] - rr["t_rediscovered"]) / 1e6,
                             "routed_to_programmed_ms": (rr["t_programmed"] - rr["t_routed"]) / 1e6,
                             "trap_to_programmed_ms": (rr["t_programmed"] - rr["t_trap"]) / 1e6,
+                            # the SM process's CPU over that (what other jobs on the machine
+                            # do not inflate, as they do the wall time)
+                            "trap_to_programmed_cpu_ms": rr.get("cpu_ms"),
                             "planned_to_first_ack_ms": (min(acks, default=rr["t_programmed"]) - rr["t_planned"]) / 1e6,
                             "first_to_last_ack_ms": (rr["t_programmed"] - min(acks, default=rr["t_programmed"])) / 1e6,
 
@@ -379,7 +384,8 @@ def main() -> None:
             for key in ("detect_near_ms", "detect_far_ms", "fault_to_trap_sent_ms", "fault_to_trap_at_port_ms",
                         "fault_to_trap_ms", "trap_to_rediscovered_ms", "rediscovered_to_routed_ms",
                         "routed_to_programmed_ms", "planned_to_first_ack_ms", "first_to_last_ack_ms",
-                        "trap_to_programmed_ms", "trap_to_kernel_ms", "kernel_after_ack_ms"):
+                        "trap_to_programmed_ms", "trap_to_programmed_cpu_ms", "trap_to_kernel_ms",
+                        "kernel_after_ack_ms"):
                 vals = [float(r[key]) for r in rows if r.get(key) is not None]
                 if not vals:
                     continue

@@ -25,7 +25,9 @@ agents of ``ibemu.agents`` still name their kinds as strings; a test holds them 
 Writing: ``EventLog`` (``emit`` a kind with fields, or ``write`` a ready record); records of
 a log's ``LAZY`` kinds (one per SMP, in the middle of a reroute) are kept as they are, not
 even encoded, until the next other record, ``flush`` (the agent host's ticker, every 50 ms)
-or ``close``; every other record is written and flushed at once, with those before it.
+or ``close``, and so is a record emitted ``lazy`` (the SM's records in the middle of a
+reroute, which a record that closes the pass always follows: ``ibemu.sm.manager``); every
+other record is written and flushed at once, with those before it.
 ``FabricLog`` is the agent host's. ``append`` and ``write_all`` write records to a log
 without keeping it open (a fault injector of its own; OpenSM's translated log). Reading:
 ``read_events`` (a torn last line is skipped).
@@ -300,7 +302,7 @@ VOCABULARY: dict[Kind, KindInfo] = {
         "a reroute after a trap or sweep (FM: a cable change): t_trap/t_detect -> t_routed -> t_programmed",
         {Log.SM: ("t_trap", "t_rediscovered", "t_route_start", "t_routed", "t_planned", "t_programmed",
                   "blocks", "blocks_failed", "blocks_abandoned", "suspects", "issuers", "changes", "reset",
-                  "reason"),
+                  "reason", "cpu_ms"),
          Log.OPENSM: ("t_trap", "t_routed", "t_programmed", "t_subnet_up", "engine", "reason"),
          Log.FM: ("t_trap", "t_detect", "t_routed", "t_programmed", "reason", "cables", "changes", "routers",
                   "messages", "local_covered", "local_blackholed", "reprogrammed")}),
@@ -419,13 +421,15 @@ class EventLog:
     def now(self) -> int:
         return self.clock()
 
-    def emit(self, kind: str, *, t_ns: int | None = None, **fields: Any) -> dict[str, Any]:
-        """Log a ``kind`` record stamped ``t_ns`` (default: now); returns it."""
+    def emit(self, kind: str, *, t_ns: int | None = None, lazy: bool = False, **fields: Any) -> dict[str, Any]:
+        """Log a ``kind`` record stamped ``t_ns`` (default: now); returns it. ``lazy``: written
+        with the next record that is not (or ``flush``), as the log's ``LAZY`` kinds are: for a
+        caller that is sure one follows soon."""
         rec = {"kind": kind, "t_ns": self.clock() if t_ns is None else t_ns, **fields}
-        self.write(None, rec)
+        self.write(None, rec, lazy=lazy)
         return rec
 
-    def write(self, node: str | None, record: Mapping[str, Any]) -> None:
+    def write(self, node: str | None, record: Mapping[str, Any], *, lazy: bool = False) -> None:
         """Log ``record`` (with ``kind`` and ``t_ns``), led by ``"node": node`` unless None.
         Not to be changed afterwards: a lazy one is encoded later."""
         kind = str(record.get("kind", "?"))
@@ -434,7 +438,7 @@ class EventLog:
             self.records.append(record if node is None else {"node": node, **record})
         if self._f is None:
             return
-        if kind in self.lazy:
+        if lazy or kind in self.lazy:
             if not self._lazy:
                 self._lazy_since = time.monotonic_ns()
             self._lazy.append((node, record))

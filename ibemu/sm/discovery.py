@@ -16,16 +16,17 @@ checks the cables a route crosses before a switch behind them is asked.
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
 
 from ibemu.sm.graph import NodeType, SmNode, SmPort, SubnetGraph
-from ibemu.sm.transport import Reply, Transport
+from ibemu.sm.transport import Call, Reply, Transport
 from ibemu.wire import madcodec as mb
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,14 @@ STATE_DOWN, STATE_INIT, STATE_ARMED, STATE_ACTIVE = 1, 2, 3, 4
 MAX_HOPS = 63
 
 End = tuple[int, int]  # (node GUID, port)
+
+
+@functools.lru_cache(maxsize=1 << 13)
+def get_smp(attr: int, path: tuple[int, ...], modifier: int = 0) -> bytes:
+    """A directed-route SubnGet of ``attr`` along ``path``, made once per route, attribute and
+    modifier (the transport gives each attempt its own TID): a trap's rediscovery asks the
+    same ones every time."""
+    return mb.dr_smp(mb.GET, attr, path=path, modifier=modifier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +92,7 @@ class Discovery:
         return pi[32] & 0x0F if pi else 0
 
     async def _get(self, path: tuple[int, ...], attr: int, mod: int = 0) -> Reply | None:
-        r = await self.transport.request(mb.dr_smp(mb.GET, attr, path=list(path), modifier=mod))
+        r = await self.transport.request(get_smp(attr, tuple(path), mod))
         if r is not None and not r.ok:
             log.debug("path %s attr %#x mod %#x: status %#x", path, attr, mod, r.status)
             return None
@@ -180,7 +189,7 @@ class Discovery:
         sent in one pass, no task each); each answer's data, or None (no answer, bad status)."""
         hops = list(path)
         replies = await self.transport.request_many(
-            [mb.dr_smp(mb.GET, attr, path=hops, modifier=mod) for attr, mod in attrs])
+            [get_smp(attr, tuple(hops), mod) for attr, mod in attrs])
         return [r.data if r is not None and r.ok else None for r in replies]
 
     async def _read_switch(self, node: SmNode) -> bool:
@@ -384,48 +393,59 @@ class Discovery:
         ``verify``: also check, at the same time, the cables each switch's directed route
         crosses; a dead one is unlinked, the route re-derived and that switch read again (its
         first read cannot have been answered: the route was cut, so nothing of it applied).
+
+        The first read of every switch and the check of every cable their routes cross (each
+        once: the routes share their first hops) go as one batch (``_read_checked``); a
+        switch whose read did not complete (a cable on the way found down) is read again on
+        its own, after its route is re-derived.
         """
         changes: list[Change] = []
         probes: list[tuple[SmNode, int]] = []
         self.answered = set()
         self.read_all = set()
 
-        async def read_ports(node: SmNode, got: dict[int, bytes]) -> None:
-            # one batch (``Transport.request_many``): sent in one pass, no task per port
-            nums = range(1, node.num_ports + 1)
-            path = list(node.dr_path)
-            replies = await self.transport.request_many(
-                [mb.dr_smp(mb.GET, ATTR_PORT_INFO, path=path, modifier=num) for num in nums])
-            for num, r in zip(nums, replies, strict=True):
-                if r is not None and r.ok:
-                    got[num] = r.data
+        def finish(node: SmNode, got: dict[int, bytes]) -> None:
+            if got:
+                self.answered.add(node.guid)
+            if len(got) == node.num_ports:
+                self.read_all.add(node.guid)
+            self._apply_ports(node, got, changes, probes)
+
+        def switch(guid: int) -> SmNode | None:
+            node = self.graph.nodes.get(guid)
+            return node if node is not None and node.is_switch else None
 
         async def read(guid: int) -> None:
             for _ in range(8):
-                node = self.graph.nodes.get(guid)
-                if node is None or not node.is_switch:
+                node = switch(guid)
+                if node is None:
                     return
                 got: dict[int, bytes] = {}
                 hops = sorted(self._hops(node.dr_path)) if verify else []
-                if not hops:
-                    await read_ports(node, got)
-                    break
-                dead = await self._read_checked(node, hops, got, read_ports)
+                dead, complete = await self._read_checked([(node, hops, got)])
                 changes.extend(dead)
+                if guid in complete:
+                    finish(node, got)
+                    return
                 if all(self.phys(h) == PHYS_LINK_UP for h in hops):
-                    break
+                    return  # (not reached: a read that is not cut off completes)
                 self.recompute_paths()  # the route was cut (now, or by another pass)
-            else:
-                return
-            if got:
-                self.answered.add(guid)
-            if len(got) == node.num_ports:
-                self.read_all.add(guid)
-            self._apply_ports(node, got, changes, probes)
 
-        async with trio.open_nursery() as n:
-            for guid in guids:
-                n.start_soon(read, guid)
+        reads: list[tuple[SmNode, list[End], dict[int, bytes]]] = [
+            (node, sorted(self._hops(node.dr_path)) if verify else [], {})
+            for node in (switch(g) for g in sorted(guids)) if node is not None]
+        dead, complete = await self._read_checked(reads)
+        changes.extend(dead)
+        again = [node.guid for node, _hops, _got in reads if node.guid not in complete]
+        for node, _hops, got in reads:
+            if node.guid in complete:
+                finish(node, got)
+        if again:
+            if any(self.phys(h) != PHYS_LINK_UP for _node, hops, _got in reads for h in hops):
+                self.recompute_paths()  # a route was cut (now, or by another pass)
+            async with trio.open_nursery() as n:
+                for guid in again:
+                    n.start_soon(read, guid)
         if probes:
             async with trio.open_nursery() as n:
                 for node, num in probes:
@@ -436,26 +456,80 @@ class Discovery:
                     changes.append(Change("up", node.guid, num, peer))
         return changes
 
-    async def _read_checked(self, node: SmNode, hops: list[End], got: dict[int, bytes],
-                            read_ports: Callable[[SmNode, dict[int, bytes]], Awaitable[None]]) -> list[Change]:
-        """``read_ports`` and the check of ``hops`` at once; the read is cancelled as soon as a
-        hop is found dead (the caller re-derives the route and reads again)."""
+    async def _read_checked(self, reads: list[tuple[SmNode, list[End], dict[int, bytes]]]
+                            ) -> tuple[list[Change], set[int]]:
+        """For each (switch, the cables its route crosses, ``got``): the check of those cables
+        (PortInfo of each; those no longer LinkUp unlinked and returned) and the read of every
+        port of the switch into ``got``, all at once: one batch of calls, the cables first,
+        each once (``Transport.submit``). Once a cable is found down, what is still out is
+        cancelled (the reads behind a dead cable would only time out; the caller re-derives
+        the routes and reads again). Returns the changes and the switches whose read
+        completed (every port answered or given up on, every cable of its route LinkUp).
+
+        Was a task per cable, each sent alone, beside a batch of the port reads per switch:
+        the cables went out last, after every port read of the pass had been framed and
+        sent, and the reads already answered waited for them (~0.4 ms of a k=8 cut's
+        rediscovery, hand-timed)."""
         dead: list[Change] = []
-        reading = trio.CancelScope()
+        finished = trio.Event()
+        calls: list[Call] = []
+        left = 0
+        complete: set[int] = set()
+        ports_left: dict[int, int] = {}
 
-        async def check() -> None:
-            dead.extend(await self._check_ports(hops, until_first=True))
+        def one_less() -> None:
+            nonlocal left
+            left -= 1
+            if not left:
+                finished.set()
+
+        def hop_done(end: End, r: Reply | None) -> None:
+            hop = self.graph.nodes.get(end[0])
+            if r is not None and r.ok and hop is not None:
+                self.store_port_info(hop, end[1], r.data)
+                if r.data[33] >> 4 != PHYS_LINK_UP:
+                    if hop.ports[end[1]].peer is not None:  # (another pass may have unlinked it)
+                        dead.append(Change("down", end[0], end[1], self.unlink(*end)))
+                    stop()
+                    return
+            one_less()
+
+        def port_done(guid: int, got: dict[int, bytes], num: int, r: Reply | None) -> None:
+            if r is not None and r.ok:
+                got[num] = r.data
+            ports_left[guid] -= 1
+            if not ports_left[guid]:
+                complete.add(guid)
+            one_less()
+
+        def stop() -> None:
+            for call in calls:
+                self.transport.cancel(call)
+            finished.set()
+
+        for end in sorted({h for _node, hops, _got in reads for h in hops}):
+            hop = self.graph.nodes.get(end[0])
+            if hop is not None:
+                calls.append(Call(get_smp(ATTR_PORT_INFO, hop.dr_path, end[1]), functools.partial(hop_done, end)))
+        for node, _hops, got in reads:
+            ports_left[node.guid] = node.num_ports
+            if not node.num_ports:
+                complete.add(node.guid)
+            calls += [Call(get_smp(ATTR_PORT_INFO, node.dr_path, num), functools.partial(port_done, node.guid, got, num))
+                      for num in range(1, node.num_ports + 1)]
+        left = len(calls)
+        if calls:
+            self.transport.submit(calls)
+            try:
+                await finished.wait()
+            finally:
+                for call in calls:  # cancelled (or stopped): nothing of it is waited for
+                    self.transport.cancel(call)
+        for node, hops, got in reads:
             if any(self.phys(h) != PHYS_LINK_UP for h in hops):
-                reading.cancel()
-
-        async def ports() -> None:
-            with reading:
-                await read_ports(node, got)
-
-        async with trio.open_nursery() as n:
-            n.start_soon(check)
-            n.start_soon(ports)
-        return dead
+                got.clear()  # a route cut on the way: nothing read through it is taken
+                complete.discard(node.guid)
+        return dead, complete
 
     def _apply_ports(self, node: SmNode, got: dict[int, bytes], changes: list[Change],
                      probes: list[tuple[SmNode, int]]) -> None:

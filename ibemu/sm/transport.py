@@ -71,9 +71,11 @@ _MEMORY = 8192  # finished TIDs remembered, to tell late and duplicate responses
 
 class MadPort(Protocol):
     """Where the SM's MADs go in and out. A port may also offer ``async recv_many() ->
-    list[SimRequest]`` (everything waiting, at least one), which the transport then uses,
-    and ``send_nowait(req)`` (send now, without a checkpoint, or raise ``trio.WouldBlock``),
-    which lets ``submit`` send a batch in one pass."""
+    list[SimRequest]`` (everything waiting, at least one), which the transport then uses;
+    or ``attach(deliver)``, which makes the port call ``deliver(datagram)`` itself, from the
+    task that read it, for every datagram from then on (``None``: back to ``recv``): no
+    hand-over between tasks; and ``send_nowait(req)`` (send now, without a checkpoint, or
+    raise ``trio.WouldBlock``), which lets ``submit`` send a batch in one pass."""
 
     async def send(self, req: SimRequest) -> None: ...
 
@@ -223,9 +225,17 @@ class Transport:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._expire_loop)
             nursery.start_soon(self._send_loop)
+            attach = getattr(self.port, "attach", None)
+            if attach is not None:  # a port that calls ``on_datagram`` itself (``DirectPort``)
+                attach(self.on_datagram)
+                task_status.started()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    attach(None)
             task_status.started()
             recv_many = getattr(self.port, "recv_many", None)
-            if recv_many is not None:  # a port that hands over bursts (``DirectPort``)
+            if recv_many is not None:  # a port that hands over bursts
                 while True:
                     for req in await recv_many():
                         self.on_datagram(req)

@@ -84,12 +84,19 @@ def frame_mad(mad: bytes | bytearray | memoryview, *, dlid: int, slid: int, dqp:
 
 def reseal(buf: bytearray) -> bytes:
     """Recompute ICRC and VCRC of a 290-byte MAD packet in place; returns the packet bytes."""
-    mv = memoryview(buf)
-    masked = bytes((buf[0] | 0xF0,)) + bytes(mv[1:12]) + b"\xff"
-    _ICRC.pack_into(buf, _ICRC_AT, _crc32(mv[13:_ICRC_AT], _crc32(masked)))
-    _VCRC.pack_into(buf, _VCRC_AT, _vcrc(mv[:_VCRC_AT]))
-    mv.release()
+    reseal_at(buf, 0)
     return bytes(buf)
+
+
+def reseal_at(buf: bytearray, at: int) -> None:
+    """Recompute ICRC and VCRC, in place, of the 290-byte MAD packet at ``buf[at:]`` (after
+    an Ethernet header, say)."""
+    with memoryview(buf) as whole:
+        mv = whole[at:at + PACKET_LEN]
+        masked = bytes((buf[at] | 0xF0,)) + bytes(mv[1:12]) + b"\xff"
+        _ICRC.pack_into(mv, _ICRC_AT, _crc32(mv[13:_ICRC_AT], _crc32(masked)))
+        _VCRC.pack_into(mv, _VCRC_AT, _vcrc(mv[:_VCRC_AT]))
+        mv.release()
 
 
 def set_lrh(buf: bytearray, *, dlid: int, slid: int, vl: int | None = None, sl: int | None = None) -> None:

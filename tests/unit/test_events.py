@@ -44,6 +44,27 @@ def test_fabric_log_keeps_lazy_records_until_the_next_other_record_or_a_flush(tm
     assert lines(path)[-1]["node"] == "sw4" and log.counts == {"lft_set": 3, "lft_programmed": 1, "carrier": 1}
 
 
+def test_a_record_emitted_lazy_waits_for_the_next_other_record_in_order(tmp_path: Path) -> None:
+    """``emit(..., lazy=True)``: a kind written at once otherwise (the SM's ``trap``,
+    ``sweep_start``, ``link_down``, ``routes_computed`` of a reroute) is kept like a ``LAZY``
+    kind and goes out, in order, with its own stamp, with the next record that is not lazy."""
+    path = tmp_path / "sm.jsonl"
+    log = EventLog(path)
+    log.emit(Kind.TRAP, t_ns=10, lazy=True, issuer_lid=4)
+    log.emit(Kind.SWEEP_START, t_ns=11, lazy=True, sweep=2, reason="trap")
+    log.emit(Kind.LFT_BLOCK_ACKED, t_ns=12, switch="0x1", block=0)  # lazy by kind
+    assert path.read_text() == ""
+    assert [r["kind"] for r in log.records] == ["trap", "sweep_start", "lft_block_acked"]  # kept at once
+    log.emit(Kind.LFT_PROGRAMMED, t_ns=13, blocks=1)
+    assert [(r["kind"], r["t_ns"]) for r in lines(path)] == [
+        ("trap", 10), ("sweep_start", 11), ("lft_block_acked", 12), ("lft_programmed", 13)]
+    log.emit(Kind.TRAP, t_ns=14, issuer_lid=5)  # not lazy: at once
+    assert lines(path)[-1]["t_ns"] == 14
+    log.emit(Kind.LINK_DOWN, t_ns=15, lazy=True, guid="0x2", port=1, peer=None)
+    log.close()  # nothing lost on the way out
+    assert lines(path)[-1]["kind"] == "link_down"
+
+
 def test_fabric_log_writes_a_record_at_once_past_a_long_lazy_backlog(tmp_path: Path) -> None:
     """A backlog of more than ``INLINE_MAX`` lazy records (a bring-up's) is not written ahead
     of the next other record (a fault's carrier change): that one goes out at once, the
@@ -205,7 +226,7 @@ def _written(roots: tuple[Path, ...]) -> Iterator[tuple[str, str, set[str]]]:
                     assert kind is not None, f"{where}: a kind that is not named (a literal or Kind.X)"
                     kinds = [kind]
                 for kind in kinds:
-                    yield where, kind, {k.arg for k in node.keywords if k.arg and k.arg != "t_ns"}
+                    yield where, kind, {k.arg for k in node.keywords if k.arg and k.arg not in ("t_ns", "lazy")}
             elif isinstance(node, ast.Dict):
                 keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
                 if "kind" in keys and "t_ns" in keys:

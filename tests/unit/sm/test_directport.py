@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from collections.abc import Iterator
 
 import pytest
+import trio
 
 from ibemu import clock
 from ibemu.kernel import packet, sockfilter
@@ -112,15 +112,14 @@ def test_a_traps_arrival_at_the_port_is_kept_for_the_sm_once(port: DirectPort) -
     trap = mb.lr_smp(0x05, 0x0002, tid=5)
     req = SimRequest(1, 4, 0, 0, trap)
     wall = time.clock_gettime_ns(time.CLOCK_REALTIME) - 2_000_000  # received 2 ms ago
-    anc = [(socket.SOL_SOCKET, packet.SO_TIMESTAMPNS, struct.pack("qq", wall // 10**9, wall % 10**9))]
-    port._note_arrival(req, anc)
+    port._note_arrival(req, wall)
     got = port.arrival_ns(req)
     assert got is not None and 1_000_000 <= clock.now_ns() - got <= 50_000_000
     assert port.arrival_ns(req) is None  # taken
-    port._note_arrival(req, [])
+    port._note_arrival(req, None)
     assert port.arrival_ns(req) is None
     for tid in range(directport._ARRIVALS_KEPT + 1):
-        port._note_arrival(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100 + tid)), anc)
+        port._note_arrival(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100 + tid)), wall)
     assert port.arrival_ns(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=100))) is None  # the oldest went
     assert port.arrival_ns(SimRequest(1, 4, 0, 0, mb.lr_smp(0x05, 0x0002, tid=101))) is not None
 
@@ -183,6 +182,154 @@ def test_a_batch_goes_out_in_one_sendmmsg_per_run_of_frames_and_the_rest_by_the_
         assert p.send_many_nowait(far) == 0
         with pytest.raises(OSError):
             p.send_nowait(far[0])
+    finally:
+        a.close()
+        b.close()
+
+
+def test_what_waits_on_the_wire_is_read_in_one_batch_checked_stamped_and_handed_on_in_order() -> None:
+    """``_read_wire`` reads every waiting frame with one ``recvmmsg``: good responses and a
+    trap go on in arrival order, a corrupt frame and the trap's second copy do not; each
+    frame's wait since the kernel's stamp is counted, and the trap's arrival is kept."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    packet.stamp_received(a)
+    umad = _Umad()
+    p = DirectPort(umad, a, ETH)  # type: ignore[arg-type]
+    resps = [response(mb.lr_smp(mb.GET, NODE_INFO, tid=t), dlid=9, slid=3) for t in (1, 2, 3)]
+    trap = ETH + frame_mad(mb.lr_smp(0x05, 0x0002, tid=7), dlid=9, slid=4, dqp=0, sqp=0, qkey=0, vl=15)
+    bad = response(mb.lr_smp(mb.GET, NODE_INFO, tid=4), dlid=9, slid=3, corrupt=True)
+    for frame in (resps[0], bad, trap, resps[1], trap, b"x" * 600, resps[2]):
+        b.send(frame)
+
+    async def main() -> list[SimRequest]:
+        async with trio.open_nursery() as n:
+            n.start_soon(p._read_wire)
+            got: list[SimRequest] = []
+            while len(got) < 4:
+                got += await p.recv_many()
+            n.cancel_scope.cancel()
+        return got
+
+    try:
+        got = trio.run(main)
+    finally:
+        a.close()
+        b.close()
+    assert [(r.mad[3], mb.tid(r.mad)) for r in got] == [(0x81, 1), (0x05, 7), (0x81, 2), (0x81, 3)]
+    assert p.stats["rx_direct"] == 4 and p.stats["rx_bad_packet"] == 1 and p.stats["rx_trap_second_copy"] == 1
+    assert p.stats["rx_too_long"] == 1  # longer than a receive slot: counted, dropped
+    assert len(p.wake_ns) == 6 and all(0 <= w < 10_000_000_000 for w in p.wake_ns)
+    assert p.arrival_ns(got[1]) is not None
+
+
+def _old_frame(port: DirectPort, req: SimRequest, psn: int) -> bytes | None:
+    """How the port framed a request before it built frames in one buffer (the reference)."""
+    buf = bytearray(req.mad)
+    buf[8:10] = (TID_TAG >> 48).to_bytes(2, "big")
+    if buf[1] == 0x81:
+        from ibemu.agents import dr
+        if dr.on_originate(buf, 0, port.port)[0] != dr.PORT:
+            return None
+        dlid = slid = 0xFFFF
+    else:
+        dlid, slid = req.dlid, port.lid
+    return port.eth + frame_mad(buf, dlid=dlid, slid=slid, dqp=0, sqp=0, qkey=0, vl=15, psn=psn)
+
+
+def test_frames_are_byte_for_byte_what_the_packet_builder_makes(port: DirectPort) -> None:
+    """Directed-route SMPs of every hop count and LID-routed ones to any LID, Gets and Sets
+    with data: the frame is the one ``frame_mad`` builds around the tagged MAD (the
+    receive check holds, the PSN counts only frames made); a directed-route SMP whose hop
+    pointer is already set is refused as before, without using a PSN."""
+    import random
+
+    rng = random.Random(7)
+    port.lid = 3
+    made = 0
+    for i in range(200):
+        data = bytes(rng.randrange(256) for _ in range(64))
+        if i % 2:
+            hops = rng.randrange(1, 64)
+            path = [1] + [rng.randrange(1, 37) for _ in range(hops - 1)]
+            mad = mb.dr_smp(rng.choice([mb.GET, mb.SET]), rng.choice([NODE_INFO, PORT_INFO, LFT]), path=path,
+                            modifier=rng.randrange(1 << 16), data=data, tid=rng.randrange(1 << 32))
+            req = SimRequest(0xFFFF, 0, 0, 0, mad)
+        else:
+            mad = mb.lr_smp(rng.choice([mb.GET, mb.SET]), LFT, modifier=rng.randrange(4), data=data,
+                            tid=rng.randrange(1 << 32))
+            req = SimRequest(rng.randrange(4, 0xBFFF), 0, 0, 0, mad)
+        want = _old_frame(port, req, made + 1)
+        got = port._frame(req)
+        assert got == want and got is not None
+        check(got[14:])
+        made += 1
+    bad = bytearray(mb.dr_smp(mb.GET, NODE_INFO, path=[1, 2]))
+    bad[M_HOP_POINTER] = 1
+    assert port._frame(SimRequest(0xFFFF, 0, 0, 0, bytes(bad))) is None
+    assert port._psn == made
+
+
+def test_an_attached_transport_is_handed_each_frame_by_the_reading_task_itself() -> None:
+    """``attach``: what ``recv`` had not taken goes first, then each frame read is handed to
+    the callback in order from the task that read it (no task switch between the socket and
+    the handler); a request sent through a ``Transport`` on the port is answered so; after
+    ``attach(None)`` frames queue for ``recv`` again."""
+    from ibemu.sm.transport import Request, Transport
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    p = DirectPort(_Umad(), a, ETH)  # type: ignore[arg-type]
+    p.lid = 9
+
+    def answer(tid: int) -> bytes:
+        return response(mb.lr_smp(mb.GET, NODE_INFO, tid=TID_TAG | tid), dlid=9, slid=3)
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(p._read_wire)
+            b.send(answer(1))
+            first = await p.recv_many()  # queued: no one attached yet
+            assert [mb.tid(r.mad) & 0xFFFF for r in first] == [1]
+            b.send(answer(2))
+            await trio.sleep(0.05)  # read and queued
+            got: list[tuple[int, object]] = []
+            p.attach(lambda req: got.append((mb.tid(req.mad) & 0xFFFF, trio.lowlevel.current_task())))
+            assert [t for t, _ in got] == [2]  # what was queued, at once
+            for tid in (3, 4, 5):
+                b.send(answer(tid))
+            while len(got) < 4:
+                await trio.sleep(0.01)
+            assert [t for t, _ in got] == [2, 3, 4, 5]
+            readers = {task for _, task in got[1:]}
+            assert len(readers) == 1 and next(iter(readers)).name.endswith("_read_wire")
+            p.attach(None)
+            # a transport attaches itself while it serves: a request is answered by the wire
+            t = Transport(p)
+            async with trio.open_nursery() as tn:
+                await tn.start(t.serve)
+                assert p.deliver is not None
+
+                async def answer_it() -> None:
+                    while True:
+                        try:
+                            frame = b.recv(9000)
+                        except BlockingIOError:
+                            await trio.sleep(0.005)
+                            continue
+                        mad = frame[14 + MAD_OFFSET:14 + MAD_OFFSET + 256]
+                        b.send(response(mad, dlid=9, slid=3))
+                        return
+
+                tn.start_soon(answer_it)
+                reply = await t.request(Request(mb.lr_smp(mb.GET, NODE_INFO), dlid=3), timeout_s=2)
+                assert reply is not None and reply.ok
+                tn.cancel_scope.cancel()
+            assert p.deliver is None
+            n.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
     finally:
         a.close()
         b.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -94,6 +95,92 @@ def test_refresh_with_verify_reads_a_switch_behind_a_dead_cable_without_a_timeou
     run(main)
 
 
+def test_refresh_with_verify_sends_the_hop_checks_and_the_port_reads_as_one_batch_hops_first() -> None:
+    """The cables a switch's route crosses and every port of the switch: one batch of calls
+    (sent in one pass), the hops first, so the reads answered first never wait for hop
+    checks sent after them (a task per hop used to send them last)."""
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        async with discovered(fab) as (t, d, g):
+            d.recompute_paths()
+            far = topo.node("edge3_1").guid  # three switches away from h0
+            node = g.nodes[far]
+            hops = sorted(d._hops(node.dr_path))
+            assert len(hops) >= 2
+            batches: list[list[bytes]] = []
+            submit = t.submit
+
+            def recorded(calls: Any) -> None:
+                calls = list(calls)
+                batches.append([c.req.mad for c in calls])
+                submit(calls)
+
+            t.submit = recorded  # type: ignore[method-assign]
+            sent = t.stats["sent"]
+            changes = await d.refresh({far}, verify=True)
+            assert not changes and far in d.read_all
+            assert len(batches) == 1 and t.stats["sent"] - sent == len(hops) + node.num_ports
+            mods = [struct.unpack_from("!I", mad, 20)[0] for mad in batches[0]]
+            paths = [tuple(mad[128 + 1:128 + 1 + mad[7]]) for mad in batches[0]]
+            assert [(p, m) for p, m in zip(paths, mods, strict=True)][:len(hops)] == [
+                (g.nodes[guid].dr_path, port) for guid, port in hops]
+            assert set(paths[len(hops):]) == {node.dr_path}
+
+    run(main)
+
+
+def test_two_switches_are_read_in_one_batch_their_shared_hops_checked_once() -> None:
+    """Two trapping switches: their routes' cables, each once, then both switches' ports, in
+    one batch."""
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        async with discovered(fab) as (t, d, g):
+            d.recompute_paths()
+            a, b = topo.node("edge3_1").guid, topo.node("agg3_0").guid
+            hops = d._hops(g.nodes[a].dr_path) | d._hops(g.nodes[b].dr_path)
+            shared = d._hops(g.nodes[a].dr_path) & d._hops(g.nodes[b].dr_path)
+            assert shared
+            batches: list[int] = []
+            submit = t.submit
+
+            def recorded(calls: Any) -> None:
+                calls = list(calls)
+                batches.append(len(calls))
+                submit(calls)
+
+            t.submit = recorded  # type: ignore[method-assign]
+            sent = t.stats["sent"]
+            assert not await d.refresh({a, b}, verify=True)
+            assert d.read_all == {a, b}
+            assert batches == [len(hops) + g.nodes[a].num_ports + g.nodes[b].num_ports]
+            assert t.stats["sent"] - sent == batches[0]
+
+    run(main)
+
+
+def test_a_switch_read_with_another_behind_a_dead_cable_is_read_all_the_same() -> None:
+    """One of two switches lies behind a cable found down: the batch stops, each is read
+    again on its own (the cut one by its new route), nothing waits for a timeout."""
+    topo, fab = fat_tree(4)
+
+    async def main() -> None:
+        async with discovered(fab, timeout_s=5.0) as (t, d, g):
+            d.recompute_paths()
+            e00, a00, e31 = topo.node("edge0_0").guid, topo.node("agg0_0").guid, topo.node("edge3_1").guid
+            assert g.nodes[a00].dr_path == (1, 3)  # through edge0_0:3
+            fab.link_down("edge0_0", 3)
+            t0 = trio.current_time()
+            changes = await d.refresh({a00, e31}, verify=True)
+            assert trio.current_time() - t0 < 1.0  # no 5 s timeout
+            assert ("down", e00, 3) in {(c.kind, c.guid, c.port) for c in changes}
+            assert {a00, e31} <= d.answered and g.nodes[a00].dr_path[1] != 3
+            assert t.stats["timeouts"] == 0 and not t._pending
+
+    run(main)
+
+
 def test_paths_hold_exactly_when_a_recompute_would_find_the_same_routes() -> None:
     """``paths_hold`` (which lets a reroute skip the BFS) against the BFS itself, for every
     switch-to-switch cable of k=4 cut alone, with and without its far end avoided."""
@@ -167,3 +254,12 @@ def test_a_switch_dead_right_after_its_node_info_answer_is_left_out() -> None:
             n.cancel_scope.cancel()
 
     run(main)
+
+
+def test_a_get_made_once_per_route_is_the_one_made_afresh() -> None:
+    from ibemu.sm.discovery import get_smp
+
+    for path in [(), (1,), (1, 3, 2), tuple(range(1, 64))]:
+        for attr, mod in [(0x0011, 0), (0x0015, 7), (0x0012, 0)]:
+            assert get_smp(attr, path, mod) == mb.dr_smp(mb.GET, attr, path=path, modifier=mod)
+            assert get_smp(attr, path, mod) is get_smp(attr, path, mod)

@@ -61,6 +61,41 @@ def test_patched_blocks_match_fresh_ones_through_failures_and_a_restore() -> Non
     assert patched_tables >= 10
 
 
+def test_lid_routed_for_a_whole_pass_is_each_switchs_own_answer_through_cuts_and_restores() -> None:
+    """``lid_routed_all`` shares the walks back to the SM between a pass's switches; its
+    answer for each is the one ``lid_routed_ok`` gives alone, on k=8 ftree through cuts
+    (before and after their blocks are written) and restores, with and without the
+    LinearFDBTops checked, over switches that answer both ways."""
+    g = graph_of(generate("fat-tree", k=8))
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    prog = programmer()
+    sm = next(iter(g.cas()))
+    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+    written_as_planned(prog, routes, top)
+    tops = {s.guid: top for s in g.switches()}
+    tops[max(tops)] = 0  # one switch routes nothing: walks through it fail
+    answers: set[bool] = set()
+    for a, pa, b, pb in switch_links(g)[::23][:6]:
+        for what in ("down", "up"):
+            if what == "down":
+                remove_link(g, a, pa)
+            else:
+                restore_link(g, a, pa, (b, pb))
+            new = default_reroute_fn(g, routes, [(a, pa), (b, pb)])
+            plan = prog.plan(new, top)
+            for fdb_top in (None, tops.__getitem__):
+                prog.fdb_top = fdb_top
+                for p in (plan, None):
+                    alone = {guid: prog.lid_routed_ok(g, guid, p) for guid in g.nodes if g.nodes[guid].is_switch}
+                    assert prog.lid_routed_all(g, list(alone), p) == alone
+                    answers |= set(alone.values())
+            prog.fdb_top = None
+            written_as_planned(prog, new, top)
+            routes = new
+    assert answers == {True, False}
+
+
 def test_a_stale_hint_is_ignored() -> None:
     """A patch whose base table is not the one the blocks were built from is not applied."""
     g = graph_of(generate("fat-tree", k=4))
@@ -234,3 +269,82 @@ def test_no_lid_routed_set_over_an_entry_its_own_pass_changes() -> None:
     block = bytearray(prog.written[leaf][g.nodes[far].lid // 64])
     block[g.nodes[far].lid % 64] = NO_ROUTE
     assert not prog.lid_routed_ok(g, far, {leaf: {g.nodes[far].lid // 64: bytes(block)}})
+
+
+class Echo:
+    """Answers every SMP at once (LID-routed too); counts what went out."""
+
+    def __init__(self) -> None:
+        self._tx, self._rx = trio.open_memory_channel[SimRequest](1 << 12)
+        self.sent = 0
+
+    def send_nowait(self, req: SimRequest) -> None:
+        self.sent += 1
+        mad = bytearray(req.mad)
+        mad[3] = 0x81
+        if mad[1] == 0x81:
+            mad[4] |= 0x80
+        self._tx.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
+
+    async def send(self, req: SimRequest) -> None:
+        self.send_nowait(req)
+        await trio.lowlevel.checkpoint()
+
+    async def recv(self) -> SimRequest:
+        return await self._rx.receive()
+
+
+def test_a_passs_first_sets_leave_while_the_later_switches_are_decided_each_as_before_the_pass() -> None:
+    """``program`` sends each burst of Sets as soon as it has one, before deciding how the
+    next switches' Sets go (the kernel carries the first meanwhile); every switch is still
+    decided against the tables as they were before the pass (no answer is taken in between),
+    so the LID-routed ones are those ``lid_routed_all`` names beforehand."""
+    g = graph_of(generate("fat-tree", k=8))
+    routes = compute(g, "ftree")
+    top = max(lid for lft in routes.lfts.values() for lid in lft)
+    port = Echo()
+    tr = Transport(port)  # type: ignore[arg-type]
+    prog = LftProgrammer(transport=tr, events=EventLog())
+    sm = next(iter(g.cas()))
+    prog.sm_guid, prog.sm_port, prog.sm_lid = sm.guid, 1, sm.lid
+    written_as_planned(prog, routes, top)
+    a, pa, b, pb = next(link for link in switch_links(g)  # an edge-aggregation cable: ~45 Sets
+                        if {g.nodes[link[0]].desc.split()[-1][:3], g.nodes[link[2]].desc.split()[-1][:3]} == {"edg", "agg"})
+    remove_link(g, a, pa)
+    new = default_reroute_fn(g, routes, [(a, pa), (b, pb)])
+    plan = prog.plan(new, top)
+    before = prog.lid_routed_all(g, plan, plan)
+    assert True in before.values() and sum(len(b) for b in plan.values()) > 2 * tr.burst
+    decided: dict[int, tuple[bool, int]] = {}
+    alone = prog.lid_routed_ok
+
+    def recorded(graph: SubnetGraph, guid: int, plan: Any = None, back: Any = None) -> bool:
+        ok = alone(graph, guid, plan, back)
+        decided[guid] = (ok, port.sent)
+        return ok
+
+    prog.lid_routed_ok = recorded  # type: ignore[method-assign]
+
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            await n.start(tr.serve)
+            res = await prog.program(g, new, top)
+            assert res.failed == 0 and res.acked == sum(len(b) for b in plan.values())
+            n.cancel_scope.cancel()
+
+    run(main)
+    assert {guid: ok for guid, (ok, _) in decided.items()} == before
+    assert max(sent for _, sent in decided.values()) >= tr.burst  # later switches decided after sends
+    assert tr.stats["lid_routed_sets"] == sum(len(plan[guid]) for guid, ok in before.items() if ok)
+    for guid, blocks in plan.items():
+        assert all(prog.written[guid][blk] == data for blk, data in blocks.items())
+
+
+def test_an_lft_set_from_its_blocks_header_is_the_one_made_afresh() -> None:
+    from ibemu.sm.program import ATTR_LFT, lft_set
+    from ibemu.wire import madcodec as mb
+
+    for block in (0, 1, 3, 767):
+        for data in (bytes(64), bytes(range(64)), b"\xff" * 64):
+            assert lft_set(block, data) == mb.lr_smp(mb.SET, ATTR_LFT, modifier=block, data=data)
+    assert lft_set(2, b"\x01\x02") == mb.lr_smp(mb.SET, ATTR_LFT, modifier=2, data=b"\x01\x02")  # short: made afresh
