@@ -303,7 +303,7 @@ def failure(args: argparse.Namespace) -> None:
     scale = job.training.scale if job.training is not None else 1.0
     rate = first.defaults.rate
     timeout = 4.096 * 2 ** (job.rc_timeout if job.rc_timeout is not None else 14)
-    faults = ", ".join(f"{f.at_s * 1e3:g}" for f in first.faults)
+    faults = ", ".join(f"{f.at_s * 1e3:g}" for f in sorted(first.faults, key=lambda f: f.at_s))
     print(f"Training under faults ({FAILURE.name}{', --ndr' if args.ndr else ''}): Llama 2 7B steps "
           f"(1/{scale:,.0f}) on 4 H100 servers, leaf-spine 2x2, {rate.width}x {rate.speed} cables, user datapath, "
           f"dilation {dilation:g}; faults at {faults} ms of {first.duration_s * 1e3:g}; RC ACK timeout "
