@@ -37,13 +37,17 @@ its communication.
 
 The file runs at 1x SDR and dilation 100. ``--failure --ndr`` runs it at the rates and dilation
 of the training tables instead: 4x NDR cables, dilation 20,000, the job at scale 1/10,000 (a
-step of ~0.14 ms emulated, 2.8 s real: 80 us of compute and ~50 us of fabric), every fault time
-and the duration divided by 40 (faults at 1, 2 and 3 ms, 4 ms in all: 7 steps before the first
-fault and after each; ~85 s of real time a run, two variants in 3 minutes), and the job's RC
+step of ~0.14 ms emulated, 2.8 s real: 86 us of compute and first NVLink phase, ~50 us of
+fabric), every fault time and the duration divided by 40 (faults at 1, 2 and 3 ms, 4 ms in all:
+6-7 steps before the first fault, 6-9 after each; ~85 s of real time a run, two variants in 3
+minutes), and the job's RC
 local ACK timeout 4.096 us x 2^7 = 0.52 ms (``rc_timeout: 7``, ~4 steps) instead of 67 ms: a
 tail loss waits one timeout, and 67 ms would be ~500 steps, 22 minutes of real time; 0.52 ms
-stays far above the fabric's round trip and the traffic worker's lag (single us at p99) so that
-only a lost frame fires it, and seven retries (3.7 ms) outlast the SM's reroute.
+stays far above the fabric's round trip and the traffic worker's lag (a few us at p99) so that
+only a lost frame fires it, and seven retries (3.7 ms) outlast ibemu's SM's reroute at this
+dilation (a few us of emulated time), not a real SM's (20-40 ms: the QPs would give up first).
+``--sm-delay-ms`` works with ``--ndr`` too (0.5 ms: 10 s of real time a fault); ``--save FILE``
+keeps every run's result.
 
 Every run prints its worst p99 lag (any process's, emulated us, and x dilation: real ms) so
 that its figures can be judged again against another bound.
@@ -243,13 +247,13 @@ NDR_SCALE = 10000
 one rail), a step of ~0.14 ms emulated (2.8 s of real time at dilation 20,000)."""
 NDR_TIME = 40
 """The file's fault times and duration divided by this at 4x NDR: faults at 1, 2 and 3 ms, 4 ms
-in all (80 s of real time a run), 7 steps before the first fault and as many after each."""
+in all (80 s of real time a run), 6-7 steps before the first fault and 6-9 after each."""
 NDR_RC_TIMEOUT = 7
 """The job's RC local ACK timeout at 4x NDR: 4.096 us x 2^7 = 0.52 ms emulated (~4 steps, 10 s
 real). The default 14 (67 ms) would be 22 minutes of real time a tail loss at dilation 20,000,
-~500 steps; 2^7 stays far above the traffic worker's lag behind the clock (tens of us emulated
-at p99) and the fabric's round trip (a few us), so no timer fires but for a lost frame, and
-seven retries (3.7 ms) outlast the SM's reroute."""
+~500 steps; 2^7 stays far above the traffic worker's lag behind the clock (a few us emulated
+at p99 in these runs, tens under heavy load) and the fabric's round trip (a few us), so no timer
+fires but for a lost frame, and seven retries (3.7 ms) outlast ibemu's SM's reroute here."""
 
 
 def replace_once(text: str, old: str, new: str) -> str:
