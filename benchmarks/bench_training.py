@@ -302,7 +302,7 @@ def failure(args: argparse.Namespace) -> None:
     if args.save:
         Path(args.save).write_text(json.dumps([{"run": r, "recovery": lb, "result": res} for r, lb, res in rows],
                                               indent=1, default=str))
-    dilation = rows[0][2]["fidelity"].get("dilation", 1) if rows else 1
+    dilation = rows[0][2]["fidelity"].get("dilation", 1) if rows else first.time.dilation
     job = next(t for t in first.traffic if t.training is not None)
     scale = job.training.scale if job.training is not None else 1.0
     rate = first.defaults.rate
