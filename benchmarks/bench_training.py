@@ -31,7 +31,23 @@ the stalled step, the gap between finished steps around the fault, the steps aft
 many were slowed, the SM's reroute and the first local failover (ms after the fault), side by
 side. Under dilation every process's CPU time is divided by the factor: the local failover is
 an upper bound of hardware's, the SM's reroute is not to scale (its real 20-40 ms of CPU
-become tenths of a ms), and the output says so.
+become tenths of a ms), and the output says so. Each fault row says how far the step under way
+had got (``into``) and whether that was in its compute (no frame of the job on the fabric) or
+its communication.
+
+The file runs at 1x SDR and dilation 100. ``--failure --ndr`` runs it at the rates and dilation
+of the training tables instead: 4x NDR cables, dilation 20,000, the job at scale 1/10,000 (a
+step of ~0.14 ms emulated, 2.8 s real: 86 us of compute and first NVLink phase, ~50 us of
+fabric), every fault time and the duration divided by 40 (faults at 1, 2 and 3 ms, 4 ms in all:
+6-7 steps before the first fault, 6-9 after each; ~85 s of real time a run, two variants in 3
+minutes), and the job's RC
+local ACK timeout 4.096 us x 2^7 = 0.52 ms (``rc_timeout: 7``, ~4 steps) instead of 67 ms: a
+tail loss waits one timeout, and 67 ms would be ~500 steps, 22 minutes of real time; 0.52 ms
+stays far above the fabric's round trip and the traffic worker's lag (a few us at p99) so that
+only a lost frame fires it, and seven retries (3.7 ms) outlast ibemu's SM's reroute at this
+dilation (a few us of emulated time), not a real SM's (20-40 ms: the QPs would give up first).
+``--sm-delay-ms`` works with ``--ndr`` too (0.5 ms: 10 s of real time a fault); ``--save FILE``
+keeps every run's result.
 
 Every run prints its worst p99 lag (any process's, emulated us, and x dilation: real ms) so
 that its figures can be judged again against another bound.
@@ -39,14 +55,16 @@ that its figures can be judged again against another bound.
 Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
         [--algorithms hierarchical ring tree]
      sudo .venv/bin/python benchmarks/bench_training.py --pool [topology packed spread]
-     sudo .venv/bin/python benchmarks/bench_training.py --failure [--runs N]
+     sudo .venv/bin/python benchmarks/bench_training.py --failure [--ndr] [--runs N] [--save FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -222,14 +240,57 @@ def held_sm(text: str, delay_ms: float) -> str:
     return text.replace("faults:\n", "faults:\n" + "\n".join(lines) + "\n", 1)
 
 
+NDR_RATE = "4x NDR"
+NDR_DILATION = 20000
+NDR_SCALE = 10000
+"""The job's scale at 4x NDR: the training tables' (1.35 MB of gradients a step on each server's
+one rail), a step of ~0.14 ms emulated (2.8 s of real time at dilation 20,000)."""
+NDR_TIME = 40
+"""The file's fault times and duration divided by this at 4x NDR: faults at 1, 2 and 3 ms, 4 ms
+in all (80 s of real time a run), 6-7 steps before the first fault and 6-9 after each."""
+NDR_RC_TIMEOUT = 7
+"""The job's RC local ACK timeout at 4x NDR: 4.096 us x 2^7 = 0.52 ms emulated (~4 steps, 10 s
+real). The default 14 (67 ms) would be 22 minutes of real time a tail loss at dilation 20,000,
+~500 steps; 2^7 stays far above the traffic worker's lag behind the clock (a few us emulated
+at p99 in these runs, tens under heavy load) and the fabric's round trip (a few us), so no timer
+fires but for a lost frame, and seven retries (3.7 ms) outlast ibemu's SM's reroute here."""
+
+
+def replace_once(text: str, old: str, new: str) -> str:
+    """``text`` with ``old`` replaced by ``new``; exits when ``old`` is not in it exactly once."""
+    if text.count(old) != 1:
+        raise SystemExit(f"{FAILURE.name}: expected {old!r} once")
+    return text.replace(old, new)
+
+
+def ndr(text: str) -> str:
+    """The failure scenario at 4x NDR and dilation 20,000: the same fabric, job and faults, the
+    job's scale that of the training tables (``NDR_SCALE``), its RC timeout shortened
+    (``NDR_RC_TIMEOUT``), every fault time and the duration divided by ``NDR_TIME``."""
+    text = replace_once(text, "rate: 1x SDR", f"rate: {NDR_RATE}")
+    text = replace_once(text, "dilation: 100}", f"dilation: {NDR_DILATION}}}")
+    text = replace_once(text, "scale: 30000}", f"scale: {NDR_SCALE}, rc_timeout: {NDR_RC_TIMEOUT}}}")
+
+    def shorter(m: re.Match[str]) -> str:
+        return f"{m[1]}{float(m[2]) / NDR_TIME:.6f}"
+
+    text, n = re.subn(r"^(\s*- \{at_s: |duration_s: )([0-9.]+)", shorter, text, flags=re.M)
+    if n < 2:
+        raise SystemExit(f"{FAILURE.name}: expected fault times and a duration")
+    return text
+
+
 def failure(args: argparse.Namespace) -> None:
     """``scenarios/training-under-failure.yaml`` with local failover and with SM-only recovery."""
     text = FAILURE.read_text()
+    if args.ndr:
+        text = ndr(text)
     if args.dilation_given:
-        text = text.replace("dilation: 100", f"dilation: {args.dilation}")
+        text = re.sub(r"dilation: \d+", f"dilation: {args.dilation}", text, count=1)
     if args.sm_delay_ms:
         text = held_sm(text, args.sm_delay_ms)
     variants = [("local failover", text), ("SM only", sm_only(text))]
+    first = loads_scenario(text, "<failure>")
     rows: list[tuple[int, str, dict[str, Any]]] = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-failure-") as tmp:
@@ -238,14 +299,25 @@ def failure(args: argparse.Namespace) -> None:
                 scen = loads_scenario(t, f"<{label}>")
                 rows.append((run + 1, label, run_scenario(f"{label.replace(' ', '-')}-{run + 1}", scen, Path(tmp))))
     load = os.getloadavg()
-    dilation = rows[0][2]["fidelity"].get("dilation", 1) if rows else 1
-    print(f"Training under faults ({FAILURE.name}): Llama 2 7B steps (1/30,000) on 4 H100 servers, leaf-spine 2x2, "
-          f"user datapath, dilation {dilation:g}; load average {load0[0]:.2f} before, "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} after")
+    if args.save:
+        Path(args.save).write_text(json.dumps([{"run": r, "recovery": lb, "result": res} for r, lb, res in rows],
+                                              indent=1, default=str))
+    dilation = rows[0][2]["fidelity"].get("dilation", 1) if rows else first.time.dilation
+    job = next(t for t in first.traffic if t.training is not None)
+    scale = job.training.scale if job.training is not None else 1.0
+    rate = first.defaults.rate
+    timeout = 4.096 * 2 ** (job.rc_timeout if job.rc_timeout is not None else 14)
+    faults = ", ".join(f"{f.at_s * 1e3:g}" for f in sorted(first.faults, key=lambda f: f.at_s))
+    print(f"Training under faults ({FAILURE.name}{', --ndr' if args.ndr else ''}): Llama 2 7B steps "
+          f"(1/{scale:,.0f}) on 4 H100 servers, leaf-spine 2x2, {rate.width}x {rate.speed} cables, user datapath, "
+          f"dilation {dilation:g}; faults at {faults} ms of {first.duration_s * 1e3:g}; RC ACK timeout "
+          f"{timeout / 1e3:,.2f} ms; load average {load0[0]:.2f} before, {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} after")
     print("  us of the scaled step, emulated time: base = median step before the fault; stall = the step under way at")
     print("  it; gap = last step end before the fault to the stall's end; after = mean of the later steps (to the next")
     print("  fault); slow = steps over 1.1x base from the stall on; resent = the job's retransmissions (whole run);")
     print("  failover, SM: ms after the fault to the first switch on its alternates, to the SM's reroute programmed")
+    print("  (1 us resolution); into: us from the last step end to the fault, in the step's compute (its sleep and the")
+    print("  first NVLink phase: no frame of the job on the fabric) or comm (the fabric part and the last NVLink phase)")
     if dilation != 1:
         print(f"  to scale: link rates and delays, the RC transport's timers. NOT to scale at dilation {dilation:g}: every")
         print("  process's CPU time is divided by it, so the SM's reroute (20-40 ms of real CPU) takes tenths of a ms")
@@ -257,11 +329,13 @@ def failure(args: argparse.Namespace) -> None:
         print("  (emulated): a real SM's reroute time standing in for the dilated one; its faults rows are left out")
     print(f"  {'run':>3} {'recovery':<14} {'verdict':<7} {'#':>1} {'fault':<28} {'base us':>8} {'stall us':>9} "
           f"{'x':>6} {'gap us':>8} {'worst us':>9} {'after us':>9} {'x':>6} {'slow':>4} {'steps':>5} "
-          f"{'failover':>8} {'SM':>6} {'resent':>6}  worst p99 lag")
+          f"{'into us':>7} {'phase':<7} {'failover':>8} {'SM':>6} {'resent':>6}  worst p99 lag")
     for run, label, res in rows:
         fid = res["fidelity"]
         job = next((t for t in res["traffic"] if t["kind"] == "training"), {})
         ok = job_valid(fid, job)
+        jx = job.get("extra", {})
+        quiet_us = (jx.get("compute_s", 0.0) + jx.get("nvlink_s", 0.0) / 2) * 1e6  # before its frames go out
         for i, f in enumerate(res["faults"], 1):
             if f["action"] in ("sm_down", "sm_up"):
                 continue
@@ -275,12 +349,17 @@ def failure(args: argparse.Namespace) -> None:
 
                 ph = f.get("phases_ms", {})
                 lf, sm = ph.get("local_failover"), ph.get("programmed")
+                into = x.get("into_us")
+                phase = "-" if into is None or not quiet_us else "compute" if into < quiet_us else "comm"
                 print(f"  {run:3d} {label:<14} {'valid' if ok else 'INVALID':<7} {i:1d} "
                       f"{f['action'] + ' ' + f['target']:<28.28} {v('base_us', '8.1f'):>8} {v('stall_us'):>9} "
                       f"{v('stall_x', '5.2f'):>5}x {v('gap_us', '8.1f'):>8} {v('worst_us'):>9} {v('after_us'):>9} "
                       f"{v('after_x', '5.2f'):>5}x {x['slow_steps']:4d} {x['steps_after']:5d} "
-                      f"{'-' if lf is None else format(lf, '.3f'):>8} {'-' if sm is None else format(sm, '.3f'):>6} "
+                      f"{v('into_us', '7.1f'):>7} {phase:<7} {'-' if lf is None else format(lf, '.3f'):>8} {'-' if sm is None else format(sm, '.3f'):>6} "
                       f"{fl.get('retransmitted', 0):6,}  {lag_text(fid)}")
+        if quiet_us:
+            print(f"      run {run}, {label}: compute + first NVLink phase {quiet_us:.1f} us a step, fabric part "
+                  f"{jx.get('fabric_s', 0.0) * 1e6:.1f} us (mean), {jx.get('steps', 0)} steps")
         if not ok:
             print(f"      INVALID: {job_error(job) or fid['note'][:300]}")
 
@@ -302,7 +381,11 @@ def main() -> None:
     ap.add_argument("--buffer-kb", type=float, default=None, help="RoCE routers' port buffers (KiB; default 1 MiB)")
     ap.add_argument("--failure", action="store_true",
                     help="run scenarios/training-under-failure.yaml with local failover and SM-only instead")
+    ap.add_argument("--ndr", action="store_true",
+                    help="--failure: at 4x NDR and dilation 20,000 (the job at scale 1e4, RC timeout 2^7, "
+                         "times / 40) instead of 1x SDR at dilation 100")
     ap.add_argument("--runs", type=int, default=1, help="--failure: runs of each variant (default 1)")
+    ap.add_argument("--save", default=None, help="--failure: write every run's result (JSON) to this file")
     ap.add_argument("--sm-delay-ms", type=float, default=0.0,
                     help="--failure: hold the SM from each failure until this many emulated ms after it")
     ap.add_argument("--pool", nargs="*", choices=["topology", "packed", "spread"], default=None,
@@ -311,7 +394,7 @@ def main() -> None:
     args.dilation_given = "--dilation" in sys.argv
     if args.failure:
         if not args.dilation_given:
-            args.dilation = 100
+            args.dilation = NDR_DILATION if args.ndr else 100
         failure(args)
         return
     if args.pool is not None:

@@ -470,7 +470,10 @@ def fault_impact(end_ns: list[int], step_us: list[float], t_fault_ns: int, until
     ``after_us``, the mean of those after the stalled one (``after_x`` over the base);
     ``slow_steps``, the steps from the stalled one on that took more than ``SLOW`` x the base
     before the first that did not; ``steps_after``, how many ended after the fault up to
-    ``until_ns``. Empty when no step ended after the fault."""
+    ``until_ns``; ``into_us``, how far the step under way had got when the fault came (from the
+    last step end before it; None if none ended before): against the step's compute time it
+    tells whether the fault fell while the job's frames were on the fabric. Empty when no step
+    ended after the fault."""
     pairs = list(zip(end_ns, step_us, strict=False))
     before = sorted(u for e, u in pairs if e <= t_fault_ns)
     later = [(e, u) for e, u in pairs if e > t_fault_ns]
@@ -495,6 +498,7 @@ def fault_impact(end_ns: list[int], step_us: list[float], t_fault_ns: int, until
         "after_us": round(mean_rest, 3) if mean_rest is not None else None,
         "after_x": round(mean_rest / base, 3) if base and mean_rest is not None else None,
         "slow_steps": slow, "steps_after": len(window),
+        "into_us": round((t_fault_ns - last) / 1e3, 3) if before else None,
     }
 
 

@@ -100,6 +100,7 @@ def test_fault_impact_stall_and_slower_steps() -> None:
     x = fault_impact(ends, us, 450_000)
     assert x["base_us"] == 100.0 and x["stall_us"] == 700.0 and x["stall_x"] == 7.0
     assert x["gap_us"] == 700.0  # 400 us -> 1,100 us
+    assert x["into_us"] == 50.0  # the step under way had run 50 us (from 400 us) at the fault
     assert x["worst_us"] == 700.0 and x["slow_steps"] == 3 and x["steps_after"] == 5
     assert x["after_us"] == pytest.approx(125.0) and x["after_x"] == pytest.approx(1.25)
     # up to the next fault only; none before the fault: no base, no ratios
@@ -110,6 +111,7 @@ def test_fault_impact_stall_and_slower_steps() -> None:
     assert w["stall_us"] == 700.0 and w["steps_after"] == 0 and w["after_us"] is None and w["slow_steps"] == 1
     z = fault_impact(ends[4:], us[4:], 450_000)
     assert z["base_us"] is None and z["stall_x"] is None and z["slow_steps"] == 0 and z["gap_us"] == 650.0
+    assert z["into_us"] is None  # no step ended before the fault: where it fell is unknown
     assert fault_impact(ends, us, 2_000_000) == {}
 
 
