@@ -933,8 +933,8 @@ class AgentHost:
         prog = ksma.notices.prog_fd if ksma is not None and ksma.notices is not None else None
         for name, rt, port in sorted(ends, key=work):
             announce = getattr(rt.agent, "announce_port_lost", None)
-            if announce is None:
-                continue
+            if announce is None or not getattr(rt.agent, "notices", False):
+                continue  # (notices off: nothing to announce, nothing to ask the kernel)
             dev, ifindex = self._relay_ids.get(name), self._ifindex_of.get((name, port))
             ns_fd = self._notice_ns.get(name)
             mark = getattr(rt.agent, "mark_announced", None)
@@ -1103,7 +1103,8 @@ class AgentHost:
         with rtnl.LinkSet(rt.plan.ns, ifnames, False) as request:  # readied first: sent at once after
             self._carrier_taken.clear()
             ksma = self.kernel_sma
-            if ksma is not None and ksma.notices is not None and self._notice_ns:
+            if ksma is not None and ksma.notices is not None and any(
+                    getattr(self.nodes[n].agent, "notices", False) for n, _p in ends if n in self._notice_ns):
                 warm_notices(ksma.notices.prog_fd)  # the cut's announcements' system call, warm
             with cpus.realtime():
                 t = clock.now_ns()
