@@ -272,7 +272,8 @@ class LivePlane:
         elif now > self.now:
             self.now = now
         self.frames_in += 1
-        port = self.nodes[switch].ports.get(in_port)
+        node = self.nodes[switch]
+        port = node.ports.get(in_port)
         if port is not None and not port.up:  # a straggler on a cable the model has down: lost
             self.drops += 1
             self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
@@ -294,7 +295,6 @@ class LivePlane:
         if vl is None:  # no record: as if just sent, on the VL its SL maps to by default
             vl = self._debit(peer, frame)
         frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
-        node = self.nodes[switch]
         t = self._clamp(node, t)
         if self.fast and self.adapt is None:
             ev = self._events
