@@ -246,6 +246,17 @@ class Impairment:
                 raise ValueError(f"{name} probability must be within 0..1, not {value}")
 
 
+class _Sends:
+    """What one ``forward_run`` sends by one egress port: the list its frames go to, and how
+    many and how many bytes (added to the port's counters once, at the end of the run)."""
+
+    def __init__(self, port: Port, frames: list[bytes]) -> None:
+        self.port = port
+        self.frames = frames
+        self.pkts = 0
+        self.octets = 0
+
+
 class Forwarder:
     """Forwarding plane of one switch over its ``Lft`` and ``ports`` (index 0 = management)."""
 
@@ -383,15 +394,24 @@ class Forwarder:
         end = len(frames)
         if pin is None or ingress == 0 or start >= end:
             return start
+        if pin.state not in _RX_OK:  # the first frame would stop there (nothing below changes it)
+            return start
         own = ports[0]
+        own_lid, lmc = own.lid, own.lmc
+        in_flags = pin.partition_flags & _IN_FLAGS
         lft = self.lft
-        lookup = lft.lookup
         impairments = self.impairments
         vcrc = _vcrc if self.verify_vcrc and not vcrc_known_good else None
-        rx = pin.counters
         active = PortState.ACTIVE
         link_up = PhysState.LINK_UP
         alternates = self.alternates
+        # Per egress port of the run, its frames and counts (added to its counters once at the
+        # end); ``clear`` by the LFT's port when that port takes a frame as it stands (up,
+        # Active, unimpaired, no outbound enforcement): the checks per frame are then the
+        # frame's own. Nothing these checks read changes during the run.
+        sends: dict[int, _Sends] = {}
+        clear: dict[int, _Sends] = {}
+        rcv_pkts = rcv_octets = 0
         i = start
         done = 0
         failovers = 0
@@ -402,49 +422,66 @@ class Forwarder:
                 break
             if vcrc is not None and vcrc(memoryview(frame)[offset:-2]) != frame[-2] | (frame[-1] << 8):
                 break
-            if frame[offset] >> 4 == 15 or pin.state not in _RX_OK:
+            if frame[offset] >> 4 == 15:
                 break
             dlid = (frame[offset + 2] << 8) | frame[offset + 3]
-            if dlid >= 0xC000 or (own.lid != 0 and (dlid >> own.lmc) == (own.lid >> own.lmc)):
+            if dlid >= 0xC000 or (own_lid != 0 and (dlid >> lmc) == (own_lid >> lmc)):
                 break
-            if pin.partition_flags & _IN_FLAGS and pkey_refuses(pin, frame, offset, True):
+            if in_flags and pkey_refuses(pin, frame, offset, True):
                 break  # decide drops and counts it
-            egress = lookup(dlid)
-            if egress in (NO_ROUTE, 0, ingress) or egress in impairments:
-                break
-            pout = ports.get(egress)
-            if pout is None:
-                break
-            if pout.phys != link_up or pout.state != active:
-                block = alternates.get(dlid >> 4) if alternates else None
-                if block is None:
+            egress = lft.lookup(dlid)
+            e = clear.get(egress)
+            if e is None:
+                routed = egress
+                if egress in (NO_ROUTE, 0, ingress) or egress in impairments:
                     break
-                j = (dlid & 15) * ALT_SLOT
-                pout = None
-                for alt in block[j : j + MAX_ALTERNATES]:
-                    if alt == 0:
+                pout = ports.get(egress)
+                if pout is None:
+                    break
+                failed_over = False
+                if pout.phys != link_up or pout.state != active:
+                    block = alternates.get(dlid >> 4) if alternates else None
+                    if block is None:
                         break
-                    palt = ports.get(alt) if alt != ingress else None
-                    if palt is not None and palt.phys == link_up and palt.state == active:
-                        egress, pout = alt, palt
-                        break
-                if pout is None or egress in impairments:
-                    break  # none up (counted by ``decide``), or an impaired one
-                failovers += 1
-            if pout.partition_flags & _OUT_FLAGS and pkey_refuses(pout, frame, offset, False):
-                break
-            rx.rcv_pkts += 1
-            rx.rcv_octets += n
-            tx = pout.counters
-            tx.xmit_pkts += 1
-            tx.xmit_octets += n
-            q = out.get(egress)
-            if q is None:
-                q = out[egress] = []
-            q.append(frame)
+                    j = (dlid & 15) * ALT_SLOT
+                    pout = None
+                    for alt in block[j : j + MAX_ALTERNATES]:
+                        if alt == 0:
+                            break
+                        palt = ports.get(alt) if alt != ingress else None
+                        if palt is not None and palt.phys == link_up and palt.state == active:
+                            egress, pout = alt, palt
+                            break
+                    if pout is None or egress in impairments:
+                        break  # none up (counted by ``decide``), or an impaired one
+                    failovers += 1
+                    failed_over = True
+                out_flags = pout.partition_flags & _OUT_FLAGS
+                if out_flags and pkey_refuses(pout, frame, offset, False):
+                    break
+                e = sends.get(egress)
+                if e is None:
+                    q = out.get(egress)
+                    if q is None:
+                        q = out[egress] = []
+                    e = sends[egress] = _Sends(pout, q)
+                if not failed_over and not out_flags:
+                    clear[routed] = e
+            rcv_pkts += 1
+            rcv_octets += n
+            e.pkts += 1
+            e.octets += n
+            e.frames.append(frame)
             done += 1
             i += 1
         if done:
+            rx = pin.counters
+            rx.rcv_pkts += rcv_pkts
+            rx.rcv_octets += rcv_octets
+            for e in sends.values():
+                tx = e.port.counters
+                tx.xmit_pkts += e.pkts
+                tx.xmit_octets += e.octets
             self.stats["forwarded"] += done
             if failovers:
                 self.stats["local_failover"] += failovers

@@ -116,13 +116,13 @@ the link fell behind). ``take_stats`` hands them over and starts afresh.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import random
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
+from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
@@ -272,7 +272,8 @@ class LivePlane:
         elif now > self.now:
             self.now = now
         self.frames_in += 1
-        port = self.nodes[switch].ports.get(in_port)
+        node = self.nodes[switch]
+        port = node.ports.get(in_port)
         if port is not None and not port.up:  # a straggler on a cable the model has down: lost
             self.drops += 1
             self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
@@ -294,7 +295,6 @@ class LivePlane:
         if vl is None:  # no record: as if just sent, on the VL its SL maps to by default
             vl = self._debit(peer, frame)
         frame.vl = vl  # the VL it crossed the cable on: whose input buffer (and credits) it takes
-        node = self.nodes[switch]
         t = self._clamp(node, t)
         if self.fast and self.adapt is None:
             ev = self._events
@@ -389,11 +389,11 @@ class LivePlane:
         name = node.name
         if end > horizon:  # its end is the event loop's (Node._finish at a wake-up)
             p.in_flight = (frame, in_port, vl)
-            heapq.heappush(busy, (end, out_port))
+            heappush(busy, (end, out_port))
             node.live_last = start
             self._schedule_wake(node)
         # --- the departure (as _dispatch records a Transmit)
-        heapq.heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end)))
+        heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end)))
         peer = p.peer
         if peer is not None:
             pnode = self.nodes.get(peer[0])
@@ -481,7 +481,7 @@ class LivePlane:
         end = now + link.frame_ns(size)
         p.busy_until = end
         p.in_flight = (frame, -1, -1)
-        heapq.heappush(busy, (end, port))
+        heappush(busy, (end, port))
         counters.xmit_frames += 1
         counters.xmit_bytes += size
         self._at(end + link.propagation, _RECEIVE, self.nodes[p.peer[0]], p.peer[1], frame)
@@ -575,7 +575,7 @@ class LivePlane:
         ev = self._events
         fast = self.fast and self.adapt is None
         while ev and ev[0][0] <= now:
-            t, _, what, node, a, b, c = heapq.heappop(ev)
+            t, _, what, node, a, b, c = heappop(ev)
             if t > self.now:
                 self.now = t
             if what == _WAKE:
@@ -609,7 +609,7 @@ class LivePlane:
         out: list[Departure] = []
         due = self._due
         while due and due[0][0] <= now:
-            d = heapq.heappop(due)[2]
+            d = heappop(due)[2]
             self._account(d, now)
             out.append(d)
         return out
@@ -672,7 +672,7 @@ class LivePlane:
         dead = set(ends)
         if any((d.switch, d.port) in dead for _, _, d in self._due):
             self._due = [e for e in self._due if (e[2].switch, e[2].port) not in dead]
-            heapq.heapify(self._due)
+            heapify(self._due)
         for a in ends:
             node = self.nodes[a[0]]
             out = node.port_down(a[1], self._clamp(node, now))
@@ -784,7 +784,7 @@ class LivePlane:
         return n
 
     def _at(self, t: int, what: int, node: Node, a: Any = None, b: Any = None, c: Any = None) -> None:
-        heapq.heappush(self._events, (t, self._order(), what, node, a, b, c))
+        heappush(self._events, (t, self._order(), what, node, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
         if not actions:
@@ -805,7 +805,7 @@ class LivePlane:
                         self._at(a.arrive_ns, _RECEIVE, nodes[peer[0]], peer[1], a.frame)
                     continue
                 d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
-                heapq.heappush(self._due, (a.arrive_ns, self._next(), d))
+                heappush(self._due, (a.arrive_ns, self._next(), d))
                 pnode = nodes.get(peer[0]) if peer is not None else None
                 if pnode is not None and pnode.switch:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
@@ -858,7 +858,7 @@ class LivePlane:
         if node.live_wake == t:
             return
         node.live_wake = t
-        heapq.heappush(self._events, (t, self._order(), _WAKE, node, None, None, None))
+        heappush(self._events, (t, self._order(), _WAKE, node, None, None, None))
 
 
 def _ready(vl: int) -> bool:

@@ -84,10 +84,10 @@ the switch is store-and-forward (see :mod:`ibemu.physics.link`).
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Any, Final, Literal
 
 from ibemu.physics.link import LinkModel
@@ -516,7 +516,7 @@ class Node:
                 out += self._pfc_check(in_port, frame.vl, now)
         seq = self._seq
         self._seq = seq + 1
-        heapq.heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
+        heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
         return out + self.advance(now)
 
     def inject(self, port: int, frame: Frame, now: int) -> list[Action]:
@@ -615,14 +615,14 @@ class Node:
                 t = busy[0][0]
                 if t > now:
                     break
-                _, num = heapq.heappop(busy)
+                _, num = heappop(busy)
                 out += self._finish(self.ports[num], t)
                 dirty.add(num)
             else:
                 t = pipeline[0][0]
                 if t > now:
                     break
-                _, _, frame, out_port = heapq.heappop(pipeline)
+                _, _, frame, out_port = heappop(pipeline)
                 out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
             if dirty:
                 out += self._start_dirty(t)
@@ -725,7 +725,7 @@ class Node:
         end = now + p.link.frame_ns(frame.size)
         p.busy_until = end
         p.in_flight = (frame, frame.in_port, frame.in_class)
-        heapq.heappush(self._busy, (end, p.num))
+        heappush(self._busy, (end, p.num))
         p.counters.xmit_frames += 1
         p.counters.xmit_bytes += frame.size
         return [Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation)]
