@@ -354,6 +354,91 @@ def test_disabled_node_hands_everything_up(kernel: sma.KernelSma) -> None:
         h.close()
 
 
+def test_relay_deltas_are_the_crcs_change() -> None:
+    """``sma_rdelta``, every slot and value: a packet's CRCs after the byte's change are its
+    CRCs before it XOR the entry (a random packet, not the zeros the table was made from)."""
+    rng = random.Random(33)
+    deltas = sma.relay_deltas()
+    pkt = bytearray(rng.randbytes(290))
+    pkt[0] |= 0xF0
+    before = reseal(bytearray(pkt))
+    ic0, vc0 = int.from_bytes(before[-6:-2], "little"), int.from_bytes(before[-2:], "little")
+    for slot, off in enumerate(sma.RELAY_BYTES):
+        for x in range(256):
+            changed = bytearray(pkt)
+            changed[off] ^= x
+            after = reseal(changed)
+            ic, vc = deltas[slot << 8 | x]
+            assert (ic0 ^ ic, vc0 ^ vc) == (int.from_bytes(after[-6:-2], "little"),
+                                            int.from_bytes(after[-2:], "little")), (slot, x)
+
+
+def test_kernel_holds_the_relay_deltas(kernel: sma.KernelSma) -> None:
+    """What the program reads is the table proven above, every entry."""
+    assert kernel.loaded is not None
+    rdelta = kernel.loaded.maps["sma_rdelta"]
+    want = sma.relay_deltas()
+    assert rdelta.max_entries == len(want)
+    for i, (ic, vc) in enumerate(want):
+        assert rdelta.lookup(struct.pack("=I", i)) == struct.pack("=II", ic, vc), i
+
+
+def _relay(rng: random.Random, tid: int) -> tuple[int, bytes]:
+    """A directed-route SMP at an intermediate hop of this switch, either way, with a random
+    path, hop pointer, ReturnPath bytes already there and SLID: (ingress, packet)."""
+    n = rng.randint(2, 63)
+    path = [rng.choice((1, 2, 3, 4, 5, 6, 6, 7)) for _ in range(n)]
+    rpath = {i: rng.randrange(256) for i in range(64) if rng.random() < 0.5}
+    slid = rng.choice((0xFFFF, 0xFFFF, 1, rng.randrange(0x10000)))
+    back = rng.random() < 0.5
+    hp = rng.randint(2, n) if back else rng.randint(1, n - 1)
+    if back:
+        rpath[hp - 1] = rng.choice((1, 2, 3, 4, 5, 6, 6, 7))
+    mad = _mad(GET if rng.random() < 0.7 else 0x81, 0x81, rng.choice(ATTRS), rng.randrange(3), tid=tid,
+               hp=hp, hc=n, back=back, path=path, rpath=rpath, data=rng.randbytes(64))
+    return rng.choice(UP), frame_mad(mad, dlid=0xFFFF, slid=slid, dqp=0, sqp=0, qkey=0, vl=15)
+
+
+def test_relays_match_the_agent_and_corrupt_ones_go_up(kernel: sma.KernelSma) -> None:
+    """Generated relays (paths, hop pointers, ReturnPath bytes, SLIDs; both ways): the
+    kernel's patched CRCs are the agent's resealed ones, byte for byte. The same relays with a
+    byte or bit flipped anywhere (CRCs not resealed) go up unchanged, and the agent counts
+    each in PortRcvErrors."""
+    h = Harness(kernel, 4, _switch(), _switch())
+    rng = random.Random(1733)
+    try:
+        for tid in range(1, 1500):
+            port, pkt = _relay(rng, tid)
+            h.run(port, pkt)
+        assert h.answered > 900, h.answered
+        answered, errors = h.answered, sum(h.a.ports[p].counters.port_rcv_errors for p in UP)
+        for tid in range(1500, 1900):
+            port, pkt = _relay(rng, tid)
+            bad = bytearray(pkt)
+            bad[rng.randrange(len(bad))] ^= 1 << rng.randrange(8)
+            h.run(port, bytes(bad), expect=False)
+        assert h.answered == answered
+        assert sum(h.a.ports[p].counters.port_rcv_errors for p in UP) - errors == 400
+        h.assert_same_state()
+    finally:
+        h.close()
+
+
+def test_ca_hands_a_corrupt_getresp_up(kernel: sma.KernelSma) -> None:
+    """A CA port takes no CRC pass for a GetResp it hands up (the agent checks): a good one
+    and a corrupted one both go up unchanged, and the agent counts the second."""
+    h = Harness(kernel, 5, _ca(), _ca())
+    try:
+        resp = _dr(0x81, 0x11, 0, tid=1, n=2, hp=1, back=True)
+        h.run(1, resp, expect=False)
+        bad = bytearray(resp)
+        bad[100] ^= 4
+        h.run(1, bytes(bad), expect=False)
+        assert h.a.ports[1].counters.port_rcv_errors == 1
+    finally:
+        h.close()
+
+
 KEY = 0x0123456789ABCDEF
 BAD = 0x00000000DEADBEEF
 

@@ -7,8 +7,10 @@
  *
  * Per frame: a canonical management packet (0x88B5, 304 bytes, VL15, LRH+BTH, PktLen 72,
  * UD SEND Only without pad, to QP0) of a port the loader registered, with the node enabled
- * and its VCRC and ICRC correct, is
- *   - relayed, at an intermediate hop of a directed-route SMP (switches only, C14-9/C14-13);
+ * and its VCRC and ICRC correct (checked only where it answers, relays or forwards: a frame it
+ * hands up is checked by its receiver), is
+ *   - relayed, at an intermediate hop of a directed-route SMP (switches only, C14-9/C14-13),
+ *     its CRCs patched for the bytes it changes (sma_rdelta), not recomputed;
  *   - forwarded by the LFT, when it is LID-routed to another node (switches only: the LFT
  *     classifier leaves VL15 to this program, which gives it each cable's MAC addresses);
  *   - answered, when it is a SubnGet of NodeDescription, NodeInfo, SwitchInfo, PortInfo,
@@ -68,6 +70,17 @@ struct ibemu_map sma_out SEC("maps") = { BPF_MAP_TYPE_HASH, 4, sizeof(struct out
 struct ibemu_map sma_dev SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct dev_val), 16384, 0 };
 struct ibemu_map sma_attr SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct attr_key), 64, 131072, 0 };
 struct ibemu_map sma_crc SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 16384, 1, 0 };
+/* What a relay's change of one byte does to the CRCs (ibemu/kernel/sma.py, relay_deltas):
+ * key RD_SLOTS-slot << 8 | old ^ new -> (ICRC, VCRC) to XOR in, the VCRC's part taking in
+ * the ICRC's change (the CRCs of a fixed-length frame are linear in its bytes). */
+struct delta {
+	__u32 icrc, vcrc;
+};
+#define RD_SLID 0		/* LRH + 6, LRH + 7: slots 0, 1 */
+#define RD_HP 2			/* MAD + 6 */
+#define RD_RP 3			/* RETURN_PATH + i: slot 3 + i */
+#define RD_SLOTS 67
+struct ibemu_map sma_rdelta SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct delta), RD_SLOTS << 8, 0 };
 /* Raw LFT blocks of every switch (what LinearForwardingTable Get returns), mmapped by the
  * Python agents as their Lft's storage. The loader sizes it. */
 struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_MAX, BPF_F_MMAPABLE };
@@ -99,6 +112,39 @@ static __always_inline __u32 be32(const __u8 *p)
 
 /* The ICRC and VCRC (crc.h, shared with the fault notice programs). */
 #include "crc.h"
+
+static __always_inline __u32 le32_at(const __u8 *p)
+{
+	return p[0] | ((__u32)p[1] << 8) | ((__u32)p[2] << 16) | ((__u32)p[3] << 24);
+}
+
+/* The strict receive check (VCRC, then ICRC), made only where the program answers, relays
+ * or forwards: a frame it hands up unchanged is checked by the agent (DeviceAgent.receive,
+ * which counts a failure) or by ibemu's SM on its own port (sm/directport.py). */
+static __always_inline int crc_ok(__u8 *p, void *end, const __u32 *t)
+{
+	return vcrc(p, end, t) == (p[VCRC_AT] | ((__u32)p[VCRC_AT + 1] << 8)) &&
+	       icrc(p, end, t) == le32_at(p + ICRC_AT);
+}
+
+/* One byte of a checked frame goes from old to new: the CRCs' change (sma_rdelta); 0 if the
+ * table has no entry (not reached: an array's valid index). */
+static __always_inline int crc_delta(__u32 slot, __u32 old, __u32 new, __u32 *ic, __u32 *vc)
+{
+	__u32 key = (slot << 8) | ((old ^ new) & 0xff);
+	struct delta *d;
+
+	if (key >= (RD_SLOTS << 8))
+		return 0;
+	if (!(key & 0xff))
+		return 1;
+	d = bpf_map_lookup_elem(&sma_rdelta, &key);
+	if (!d)
+		return 0;
+	*ic ^= d->icrc;
+	*vc ^= d->vcrc;
+	return 1;
+}
 
 /* A frame byte at a variable offset (checked again: the verifier wants it), -1 if beyond. */
 static __always_inline int byte_at(__u8 *p, void *end, __u32 off)
@@ -171,7 +217,7 @@ int ibemu_sma(struct __sk_buff *skb)
 	struct dev_val *dv;
 	struct out_val *out = 0;
 	__u32 *t;
-	__u32 zero = 0, dev, ingress, egress, hp, n, lid, lmc, slid = 0, my_lid = 0;
+	__u32 zero = 0, dev, ingress, egress, hp, n, lid, lmc, slid = 0, my_lid = 0, ic = 0, vc = 0;
 	int answer, lid_routed, transit = 0, route_later = 0, rp_at = -1, new_hp = -1;
 	__u32 dlid;
 	__u64 mac = 0;
@@ -204,13 +250,6 @@ int ibemu_sma(struct __sk_buff *skb)
 	t = bpf_map_lookup_elem(&sma_crc, &zero);
 	if (!t)
 		return PASS;
-	/* the strict receive check: a frame that fails goes to the agent, which counts it */
-	if (vcrc(p, end, t) != (p[VCRC_AT] | ((__u32)p[VCRC_AT + 1] << 8)))
-		return PASS;
-	if (icrc(p, end, t) != (p[ICRC_AT] | ((__u32)p[ICRC_AT + 1] << 8) |
-				((__u32)p[ICRC_AT + 2] << 16) | ((__u32)p[ICRC_AT + 3] << 24)))
-		return PASS;
-
 	egress = ingress;
 	lid_routed = p[MAD + 1] == 0x01;
 	dlid = be16(p + LRH + 2);
@@ -270,6 +309,8 @@ int ibemu_sma(struct __sk_buff *skb)
 				/* a neighbour's fault notice (one hop): the notice program takes it */
 				if (n == 1 && dv->is_switch && p[MAD + 3] == METHOD_TRAP && p[MAD] == 1 &&
 				    p[MAD + 2] == 1 && be16(p + MAD + 16) == ATTR_FAULT_NOTICE) {
+					if (!crc_ok(p, end, t))
+						return PASS;
 					skb->cb[0] = 0;	/* the notice program's first stage */
 					skb->cb[1] = dev;
 					skb->cb[2] = ingress;
@@ -299,6 +340,9 @@ int ibemu_sma(struct __sk_buff *skb)
 		if (!out || !out->up)
 			return PASS;
 	}
+	/* the strict receive check: a frame that fails goes to the agent, which counts it */
+	if (!answer && !crc_ok(p, end, t))
+		return PASS;
 
 	if (answer) {
 		__u32 method = p[MAD + 3], attr, mod, key;
@@ -323,6 +367,8 @@ int ibemu_sma(struct __sk_buff *skb)
 		attr = be16(p + MAD + 16);
 		mod = be32(p + MAD + 20);
 		if (method == 2 && attr != ATTR_LFT)
+			return PASS;
+		if (!crc_ok(p, end, t))	/* before an LFT Set writes anything */
 			return PASS;
 		switch (attr) {
 		case ATTR_NODE_DESC:
@@ -426,6 +472,18 @@ int ibemu_sma(struct __sk_buff *skb)
 		}
 	}
 
+	/* a relay's CRCs: the incoming ones (checked) patched for the bytes it changes */
+	if (!answer && !transit) {
+		ic = le32_at(p + ICRC_AT);
+		vc = p[VCRC_AT] | ((__u32)p[VCRC_AT + 1] << 8);
+		if (!crc_delta(RD_SLID, p[LRH + 6], 0xff, &ic, &vc) ||
+		    !crc_delta(RD_SLID + 1, p[LRH + 7], 0xff, &ic, &vc) ||
+		    !crc_delta(RD_HP, p[MAD + 6], new_hp, &ic, &vc))
+			return PASS;
+		if (rp_at >= 0 && !crc_delta(RD_RP + (rp_at & 63), byte_at(p, end, RETURN_PATH + (rp_at & 63)),
+					     ingress, &ic, &vc))
+			return PASS;
+	}
 	/* the directed-route fields: nothing above has changed the frame but an LFT Set's data */
 	if (rp_at >= 0)
 		set_byte_at(p, end, RETURN_PATH + (rp_at & 63), ingress);
@@ -436,7 +494,14 @@ int ibemu_sma(struct __sk_buff *skb)
 		p[LRH + 7] = 0xff;
 	}
 	/* reseal: ICRC, then the VCRC over it (a frame in transit is unchanged) */
-	if (!transit) {
+	if (!answer && !transit) {
+		p[ICRC_AT] = ic;
+		p[ICRC_AT + 1] = ic >> 8;
+		p[ICRC_AT + 2] = ic >> 16;
+		p[ICRC_AT + 3] = ic >> 24;
+		p[VCRC_AT] = vc;
+		p[VCRC_AT + 1] = vc >> 8;
+	} else if (!transit) {
 		__u32 c = icrc(p, end, t);
 
 		p[ICRC_AT] = c;
