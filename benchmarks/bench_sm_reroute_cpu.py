@@ -36,39 +36,8 @@ from ibemu.sm.program import LftProgrammer
 from ibemu.sm.routing import compute
 from ibemu.sm.transport import Transport
 from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
+from ibemu.testing.madport import EchoPort
 from ibemu.topo import generate
-from ibemu.wire.umad import SimRequest
-
-
-class EchoPort:
-    """Answers every request at once: its GetResp (same TID) is queued for ``recv``."""
-
-    def __init__(self) -> None:
-        self._send, self._recv = trio.open_memory_channel[SimRequest](1 << 16)
-        self.sent = 0
-
-    def send_nowait(self, req: SimRequest) -> None:
-        self.sent += 1
-        mad = bytearray(req.mad)
-        mad[3] = 0x81
-        if mad[1] == 0x81:
-            mad[4] |= 0x80  # DR: the direction bit of a response
-        self._send.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
-
-    async def send(self, req: SimRequest) -> None:
-        self.send_nowait(req)
-        await trio.lowlevel.checkpoint()
-
-    async def recv(self) -> SimRequest:
-        return await self._recv.receive()
-
-    async def recv_many(self) -> list[SimRequest]:
-        got = [await self._recv.receive()]
-        while True:
-            try:
-                got.append(self._recv.receive_nowait())
-            except trio.WouldBlock:
-                return got
 
 
 def edge_agg_cables(g: SubnetGraph, count: int) -> list[tuple[int, int, int, int]]:

@@ -19,23 +19,8 @@ import time
 import trio
 
 from ibemu.sm.transport import DEFAULT_MAX_IN_FLIGHT, Transport
+from ibemu.testing.madport import EchoPort
 from ibemu.wire import madcodec as mb
-from ibemu.wire.umad import SimRequest
-
-
-class EchoPort:
-    """Answers every request at once (a GetResp with the request's TID)."""
-
-    def __init__(self) -> None:
-        self._send, self._recv = trio.open_memory_channel[SimRequest](1 << 20)
-
-    async def send(self, req: SimRequest) -> None:
-        mad = bytearray(req.mad)
-        mad[3], mad[4] = 0x81, mad[4] | 0x80
-        self._send.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
-
-    async def recv(self) -> SimRequest:
-        return await self._recv.receive()
 
 
 async def one_run(n: int) -> tuple[float, float]:

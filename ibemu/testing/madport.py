@@ -34,6 +34,32 @@ class MadPortLike(Protocol):
     async def recv(self) -> SimRequest: ...
 
 
+class EchoPort:
+    """A ``MadPort`` that answers every request at once, as if every SMP reached a device
+    that agreed: the request back as its GetResp (same TID; a directed route's direction bit
+    set), queued for ``recv``. ``sent`` counts the requests. For measuring an SM's own cost
+    per SMP and for tests that need answers without a fabric; no device state behind it."""
+
+    def __init__(self) -> None:
+        self._tx, self._rx = trio.open_memory_channel[SimRequest](1 << 20)
+        self.sent = 0
+
+    def send_nowait(self, req: SimRequest) -> None:
+        self.sent += 1
+        mad = bytearray(req.mad)
+        mad[3] = 0x81
+        if mad[1] == 0x81:
+            mad[4] |= 0x80  # DR: the direction bit of a response
+        self._tx.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
+
+    async def send(self, req: SimRequest) -> None:
+        self.send_nowait(req)
+        await trio.lowlevel.checkpoint()
+
+    async def recv(self) -> SimRequest:
+        return await self._rx.receive()
+
+
 class InMemoryPort:
     """A ``MadPort`` on CA ``name`` port ``port`` of an ``InMemoryFabric``.
 

@@ -13,6 +13,7 @@ from ibemu.sm.program import NO_ROUTE, LftProgrammer, lft_blocks
 from ibemu.sm.routing import compute
 from ibemu.sm.transport import Transport
 from ibemu.testing.fromtopo import graph_of, remove_link, restore_link
+from ibemu.testing.madport import EchoPort
 from ibemu.topo import Topology, generate
 from ibemu.wire.madpacket import INITIAL_PATH
 from ibemu.wire.umad import SimRequest
@@ -271,29 +272,6 @@ def test_no_lid_routed_set_over_an_entry_its_own_pass_changes() -> None:
     assert not prog.lid_routed_ok(g, far, {leaf: {g.nodes[far].lid // 64: bytes(block)}})
 
 
-class Echo:
-    """Answers every SMP at once (LID-routed too); counts what went out."""
-
-    def __init__(self) -> None:
-        self._tx, self._rx = trio.open_memory_channel[SimRequest](1 << 12)
-        self.sent = 0
-
-    def send_nowait(self, req: SimRequest) -> None:
-        self.sent += 1
-        mad = bytearray(req.mad)
-        mad[3] = 0x81
-        if mad[1] == 0x81:
-            mad[4] |= 0x80
-        self._tx.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
-
-    async def send(self, req: SimRequest) -> None:
-        self.send_nowait(req)
-        await trio.lowlevel.checkpoint()
-
-    async def recv(self) -> SimRequest:
-        return await self._rx.receive()
-
-
 def test_a_passs_first_sets_leave_while_the_later_switches_are_decided_each_as_before_the_pass() -> None:
     """``program`` sends each burst of Sets as soon as it has one, before deciding how the
     next switches' Sets go (the kernel carries the first meanwhile); every switch is still
@@ -302,7 +280,7 @@ def test_a_passs_first_sets_leave_while_the_later_switches_are_decided_each_as_b
     g = graph_of(generate("fat-tree", k=8))
     routes = compute(g, "ftree")
     top = max(lid for lft in routes.lfts.values() for lid in lft)
-    port = Echo()
+    port = EchoPort()
     tr = Transport(port)  # type: ignore[arg-type]
     prog = LftProgrammer(transport=tr, events=EventLog())
     sm = next(iter(g.cas()))
