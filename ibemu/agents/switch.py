@@ -309,10 +309,7 @@ class SwitchAgent(DeviceAgent):
                                  {"port": port, "lids": len(moved), "via": "notice", "kernel": True,
                                   "moved_lids": sorted(moved)}))
         if fresh:
-            self._announced.update(fresh)
-            self.stats["notices_sent"] += sent
-            actions.append(Event("fault_notice_sent", t_ns, self.node_guid,
-                                 {"lids": len(fresh), "ports": sent, "exclude": port, "kernel": True}))
+            actions += self.lost_in_kernel(port, fresh, sent, t_ns)
         return actions
 
     def mark_announced(self, lids: Iterable[int]) -> None:
@@ -323,9 +320,10 @@ class SwitchAgent(DeviceAgent):
         self._announced.update(lids)
 
     def lost_in_kernel(self, port: int, fresh: Sequence[int], sent: int, t_ns: int) -> list[Action]:
-        """The kernel's record of a loss of signal on ``port`` (``announce_loss``): what
-        ``announce_port_lost`` leaves (the LIDs announced, the counter, the event, stamped
-        with the kernel's time); nothing is sent a second time."""
+        """LIDs the kernel announced on the switch's other ports, ``port`` left out (its
+        record of a loss of signal on ``port``, ``announce_loss``, or of a neighbour's notice
+        there, ``notice_in_kernel``): what ``_announce`` leaves (the LIDs announced, the
+        counter, the event, stamped with the kernel's time); nothing is sent a second time."""
         self._announced.update(fresh)
         self.stats["notices_sent"] += sent
         return [Event("fault_notice_sent", t_ns, self.node_guid,

@@ -935,19 +935,15 @@ class AgentHost:
             announce = getattr(rt.agent, "announce_port_lost", None)
             if announce is None or not getattr(rt.agent, "notices", False):
                 continue  # (notices off: nothing to announce, nothing to ask the kernel)
-            dev, ifindex = self._relay_ids.get(name), self._ifindex_of.get((name, port))
-            ns_fd = self._notice_ns.get(name)
-            mark = getattr(rt.agent, "mark_announced", None)
-            lft = getattr(rt.agent, "lft", None)
-            if prog is not None and dev is not None and ifindex is not None and ns_fd is not None and mark is not None \
-                    and lft is not None:
-                lids = lft.lids_to(port)
+            ns_fd = self._notice_ns.get(name)  # (a switch of the kernel SMA with the notice programs)
+            if prog is not None and ns_fd is not None:
+                lids = getattr(rt.agent, "lft").lids_to(port)  # noqa: B009 - a switch agent
                 if not lids:
                     continue
                 with netns.entered_fd(ns_fd):  # the program's clones go to its devices
-                    fresh = announce_loss(prog, dev, port, ifindex, lids)
+                    fresh = announce_loss(prog, self._relay_ids[name], port, self._ifindex_of[(name, port)], lids)
                 if fresh is not None:
-                    mark(fresh)
+                    getattr(rt.agent, "mark_announced")(fresh)  # noqa: B009
                     continue
             actions = announce(port)
             rest = [a for a in actions if not isinstance(a, Send)]

@@ -77,6 +77,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ibemu.kernel import bpf
+from ibemu.wire import madcodec as mb
 from ibemu.wire.madpacket import MAD_OFFSET, frame_mad, reseal
 
 SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "notice.c")
@@ -91,7 +92,8 @@ LOSS = 1 << 8
 """``skb->cb[0]`` of a LOSS run (``announce_loss``); a record's flag bit 0."""
 ETH_P_IB = 0x88B5
 LIDS_PER_NOTICE = 512
-_NOTICE_HEAD = struct.Struct("!BBBBHBBQHHI")
+TRAP = 5
+ATTR_FAULT_NOTICE = 0xFF32
 
 
 def crc_deltas() -> bytes:
@@ -121,12 +123,12 @@ def loss_frame(block: int, lids: Iterable[int]) -> bytes:
     """The frame a LOSS run starts from: a FaultNotice as the agent builds it (one-hop
     directed route, permissive LIDs, VL15, TID 0) for ``lids`` of 512-LID ``block``, behind an
     Ethernet header the program rewrites per port."""
-    mad = bytearray(256)
-    _NOTICE_HEAD.pack_into(mad, 0, 1, 0x81, 1, 5, 0, 1, 1, 0, 0xFF32, 0, block)
-    struct.pack_into("!HH", mad, 32, 0xFFFF, 0xFFFF)  # DrSLID, DrDLID
+    bitmap = bytearray(64)
     for lid in lids:
         off = lid - block * LIDS_PER_NOTICE
-        mad[64 + (off >> 3)] |= 1 << (off & 7)
+        bitmap[off >> 3] |= 1 << (off & 7)
+    mad = bytearray(mb.dr_smp(TRAP, ATTR_FAULT_NOTICE, path=[0], modifier=block, tid=0, data=bytes(bitmap)))
+    mad[mb.M_HOP_POINTER] = 1  # at its one hop, as a neighbour's notice arrives
     return bytes(12) + ETH_P_IB.to_bytes(2, "big") + frame_mad(mad, dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0,
                                                                qkey=0, vl=15)
 

@@ -114,32 +114,24 @@ def test_a_stale_hint_is_ignored() -> None:
     assert plan[guid][lid // 64][lid % 64] == lft[lid]
 
 
-class Answering:
-    """A port that answers every SMP at once except LID-routed ones and those to ``dead``
-    (directed routes whose path starts with it); counts what it was sent."""
+class Answering(EchoPort):
+    """An ``EchoPort`` that leaves LID-routed SMPs and those to ``dead`` (directed routes
+    whose path starts with it) unanswered; counts what it was sent."""
 
     def __init__(self) -> None:
-        self._tx, self._rx = trio.open_memory_channel[SimRequest](1 << 12)
+        super().__init__()
         self.lid_routed = self.directed = 0
         self.dead_path: tuple[int, ...] | None = None
 
     def send_nowait(self, req: SimRequest) -> None:
-        mad = bytearray(req.mad)
+        mad = req.mad
         if mad[1] == 0x01:
             self.lid_routed += 1
             return
         self.directed += 1
         if self.dead_path is not None and tuple(mad[INITIAL_PATH + 1:INITIAL_PATH + 1 + len(self.dead_path)]) == self.dead_path:
             return
-        mad[3], mad[4] = 0x81, mad[4] | 0x80
-        self._tx.send_nowait(SimRequest(req.slid, req.dlid, 0, 0, bytes(mad)))
-
-    async def send(self, req: SimRequest) -> None:
-        self.send_nowait(req)
-        await trio.lowlevel.checkpoint()
-
-    async def recv(self) -> SimRequest:
-        return await self._rx.receive()
+        super().send_nowait(req)
 
 
 def test_unanswered_lid_routed_sets_fall_back_to_directed_route_and_a_dead_switch_is_suspected() -> None:
