@@ -68,7 +68,7 @@ def _setns(fd: int, *, hold_gil: bool = False) -> None:
 
 
 class _Home:
-    """A thread's own namespace, open for as long as the thread lives (``entered_fd``)."""
+    """A thread's own namespace, open for as long as the thread lives (``_inside``)."""
 
     __slots__ = ("fd",)
 
@@ -110,41 +110,39 @@ def open_fd(name: str) -> int:
         raise KernelError(f"namespace {name} does not exist") from None
 
 
-@contextlib.contextmanager
-def entered_fd(fd: int) -> Iterator[None]:
+def entered_fd(fd: int) -> contextlib.AbstractContextManager[None]:
     """``entered`` for a namespace already open (``open_fd``), on a path that must not queue
-    for the GIL again half-way: two ``setns`` keeping it, and nothing opened (the calling
-    thread's own namespace stays open for the thread's life), where ``entered`` opens two
-    files and makes four system calls that release it, each a chance for another thread
-    (the agent host's loop) to take it for up to its switch interval. 8-13 us here at a
-    cut, hand-timed (the first of a thread's: ~40 us). (By descriptor: no name to nest on.)"""
-    home = getattr(_where, "home", None)
-    if home is None:
-        home = _where.home = _Home()
-    outer = getattr(_where, "ns", None)
-    _setns(fd, hold_gil=True)
-    _where.ns = None
-    try:
-        yield
-    finally:
-        _setns(home.fd, hold_gil=True)
-        _where.ns = outer
+    for the GIL again half-way: two ``setns`` keeping it, where ``entered`` opens the target
+    too and releases the GIL in each system call, each a chance for another thread (the
+    agent host's loop) to take it for up to its switch interval. 8-13 us here at a cut,
+    hand-timed (the first of a thread's: ~40 us). (By descriptor: no name to nest on.)"""
+    return _inside(fd, "", hold_gil=True)
 
 
 @contextlib.contextmanager
-def _inside(fd: int, name: str | None) -> Iterator[None]:
-    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+def _inside(fd: int, name: str, *, hold_gil: bool = False) -> Iterator[None]:
+    """The calling thread into namespace ``fd`` and back: to its own (kept open for the
+    thread's life: ``_Home``), or, nested, to the one it was in (opened for the while).
+    ``name``: "" for a namespace entered by descriptor."""
     outer = getattr(_where, "ns", None)
+    if outer is None:
+        home = getattr(_where, "home", None)
+        if home is None:
+            home = _where.home = _Home()
+        back, opened = home.fd, False
+    else:
+        back, opened = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC), True
     try:
-        _setns(fd)
+        _setns(fd, hold_gil=hold_gil)
         _where.ns = name
         try:
             yield
         finally:
-            _setns(home)
+            _setns(back, hold_gil=hold_gil)
             _where.ns = outer
     finally:
-        os.close(home)
+        if opened:
+            os.close(back)
 
 
 def quiet_ipv6(names: Iterable[str]) -> None:

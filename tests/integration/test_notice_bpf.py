@@ -409,29 +409,42 @@ def test_entered_fd_goes_in_and_back_keeping_the_thread_home_open() -> None:
 
     from ibemu.kernel import netns
 
-    name = f"ibemu-t{os.getpid()}-efd"
-    netns.create([name])
+    name, other = f"ibemu-t{os.getpid()}-efd", f"ibemu-t{os.getpid()}-efd2"
+    netns.create([name, other])
     fd = netns.open_fd(name)
     try:
         home = os.stat("/proc/thread-self/ns/net").st_ino
         inside = os.stat(netns.NETNS_RUN_DIR / name).st_ino
+        second = os.stat(netns.NETNS_RUN_DIR / other).st_ino
         seen: list[int] = []
+
+        def here() -> None:
+            seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
 
         def body() -> None:
             for _ in range(2):
                 with netns.entered_fd(fd):
-                    seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
-                seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
+                    here()
+                here()
             with pytest.raises(RuntimeError), netns.entered_fd(fd):
                 raise RuntimeError("inside")
-            seen.append(os.stat("/proc/thread-self/ns/net").st_ino)
+            here()
+            with netns.entered_fd(fd):  # nested, by name: back to where it was
+                with netns.entered(other):
+                    here()
+                here()
+            with netns.entered(other):
+                with netns.entered_fd(fd):
+                    here()
+                here()
+            here()
 
         t = threading.Thread(target=body)
         t.start()
         t.join()
-        assert seen == [inside, home, inside, home, home]
+        assert seen == [inside, home, inside, home, home, second, inside, inside, second, home]
         assert os.stat("/proc/thread-self/ns/net").st_ino == home
     finally:
         os.close(fd)
-        netns.delete([name])
-    assert not netns.exists(name)
+        netns.delete([name, other])
+    assert not netns.exists(name) and not netns.exists(other)
