@@ -481,20 +481,35 @@ class ScenarioRun:
 
     async def _wait_workers(self, *, signal_first: bool = False) -> None:
         if signal_first:
-            for proc in self.workers:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
+            self._signal_workers()
         # the drain is the fabric's time (retransmissions, the last packets), bounded in real
         # time too; the polls and the grace after a signal are real time at any dilation
-        deadline = trio.current_time() + (clock.emulated_s(5.0) if signal_first
+        t_drain = trio.current_time()
+        deadline = t_drain + (clock.emulated_s(5.0) if signal_first
                                           else min(DRAIN_S, clock.emulated_s(DRAIN_S * 4)))
-        while any(p.poll() is None for p in self.workers) and trio.current_time() < deadline:
-            await trio.sleep(clock.emulated_s(0.05))
+        await self._until_exited(deadline)
+        if not signal_first and self._signal_workers(f"still running {deadline - t_drain:.0f} s after the flows' end"):
+            # told to stop, they write what they measured (their flows marked interrupted)
+            # rather than nothing
+            await self._until_exited(trio.current_time() + clock.emulated_s(5.0))
         for proc in self.workers:
             if proc.poll() is None:
                 log.warning("traffic worker %d still running: killing it", proc.pid)
                 proc.kill()
                 await trio.to_thread.run_sync(proc.wait)
+
+    def _signal_workers(self, why: str = "") -> bool:
+        """SIGTERM to every worker still running (``why``: logged); whether there was one."""
+        running = [p for p in self.workers if p.poll() is None]
+        for proc in running:
+            if why:
+                log.warning("traffic worker %d %s: stopping it", proc.pid, why)
+            proc.send_signal(signal.SIGTERM)
+        return bool(running)
+
+    async def _until_exited(self, deadline: float) -> None:
+        while any(p.poll() is None for p in self.workers) and trio.current_time() < deadline:
+            await trio.sleep(clock.emulated_s(0.05))
 
     def _read_workers(self) -> list[FlowOutput]:
         outputs: list[FlowOutput] = []

@@ -30,7 +30,8 @@ registry (``ibemu.traffic.flows``), and ``ibemu validate`` need not load numpy f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ from ibemu.hca.transport import (
     WcStatus,
     WrOpcode,
 )
+from ibemu.hca.transport.timers import ack_timeout_ns
 from ibemu.traffic.perftest import TransportError
 
 COLLECTIVES = ("allreduce", "alltoall")
@@ -159,6 +161,8 @@ class _Rank:
         self.rx: dict[int, RcQp] = {}
         self.arrived: dict[int, int] = {}  # immediate -> count
         self.sends_done = 0
+        self.waiting: int | None = None  # the immediate it waits for (a stall's report says)
+        self.completions = 0  # work completions reaped: its progress, for a stall's watch
 
     def vector(self) -> np.ndarray:
         import numpy as np
@@ -169,7 +173,9 @@ class _Rank:
         return np.frombuffer(self.stage.buf, dtype=np.float32, count=count, offset=offset)
 
     def reap(self) -> None:
-        for wc in self.cq.poll(1 << 16):
+        wcs = self.cq.poll(1 << 16)
+        self.completions += len(wcs)
+        for wc in wcs:
             if wc.status is not WcStatus.SUCCESS:
                 raise TransportError(f"rank {self.index}: {wc.opcode.name} completed with {wc.status.name}")
             if wc.opcode >= WcOpcode.RECV:
@@ -182,12 +188,22 @@ class _Rank:
                 self.sends_done += 1
 
     async def wait_imm(self, imm: int, count: int = 1) -> None:
+        self.waiting = imm
         while True:
             self.reap()
             if self.arrived.get(imm, 0) >= count:
                 self.arrived[imm] -= count
+                self.waiting = None
                 return
             await self.port.wait_progress()
+
+    def describe(self) -> str:
+        """Where this rank is: the immediate it waits for, its QPs' send queues."""
+        wait = "not waiting" if self.waiting is None else f"waits for step {self.waiting & 0xFFFF:#x}"
+        qps = "; ".join(f"to rank {peer}: QP {qp.qpn:#x} {qp.state.name}, {len(qp.req.outstanding)} sent "
+                        f"unacknowledged, {len(qp.req.pending)} queued, retries left {qp.req.retry_left}"
+                        for peer, qp in sorted(self.tx.items()))
+        return f"rank {self.index} (LID {self.port.hca.lid:#x}) {wait}; {qps or 'no send QP'}"
 
     def write(self, peer: int, src_off: int, length: int, raddr: int, rkey: int, imm: int) -> None:
         self.port.post(self.tx[peer], SendWr(imm, WrOpcode.RDMA_WRITE_WITH_IMM,
@@ -408,6 +424,12 @@ async def _alltoall(r: _Rank, ranks: list[_Rank], count: int, it: int) -> None:
     await r.wait_imm(imm, n - 1)
 
 
+class CollectiveStalled(TransportError):
+    """A collective under way when its flow was told to stop did not finish in the time an RC
+    QP of it takes to give up: no rank errs and none advances. The message says where each
+    rank is."""
+
+
 class CollectiveGroup:
     """The ranks of one collective over ``ports``, connected once, run as often as wanted.
 
@@ -432,6 +454,7 @@ class CollectiveGroup:
             raise ValueError("a collective needs at least 2 hosts")
         self.kind = kind
         self.algorithm = algorithm
+        self.rc = rc
         self.count = max(n, size // 4 // n * n)
         self.size = self.count * 4
         self.trees = double_tree(n)
@@ -477,25 +500,74 @@ class CollectiveGroup:
     def retransmitted(self) -> int:
         return sum(q.stats.retransmitted for r in self.ranks for q in r.tx.values())
 
+    @property
+    def completions(self) -> int:
+        return sum(r.completions for r in self.ranks)
+
+    @property
+    def stall_s(self) -> float:
+        """How long a collective under way after its flow's stop may go without any rank
+        completing anything (emulated s): twice the time an RC QP of the group takes to give up on a peer that is gone, its
+        local ACK timeout x (retry count + 1) (IBA 9.7.6.1.3), and at least 1 s; 5 s where
+        the timeout is infinite (``rc_timeout: 0``)."""
+        ack = ack_timeout_ns(self.rc.timeout)
+        return 5.0 if ack is None else max(1.0, 2 * ack * (self.rc.retry_cnt + 1) / 1e9)
+
+    def describe(self) -> str:
+        return " | ".join(r.describe() for r in self.ranks)
+
     def close(self) -> None:
         for r in self.ranks:
             for qp in (*r.tx.values(), *r.rx.values()):
                 r.port.hca.destroy_qp(qp)
 
 
+@asynccontextmanager
+async def stall_bound(groups: Sequence[CollectiveGroup], stop: trio.Event | None) -> AsyncIterator[None]:
+    """The body, watched once ``stop`` is set: if no rank of ``groups`` completes anything
+    for their longest ``stall_s``, it is cancelled and ``CollectiveStalled`` says where each
+    rank is (a QP that retries gives up sooner than that, and errs instead)."""
+    if stop is None:
+        yield
+        return
+    bound = max(g.stall_s for g in groups)
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            async def _watch() -> None:
+                await stop.wait()
+                seen = -1
+                while (now := sum(g.completions for g in groups)) != seen:
+                    seen = now
+                    await trio.sleep(bound)
+                scope.cancel()
+            nursery.start_soon(_watch)
+            yield
+            nursery.cancel_scope.cancel()
+    if scope.cancelled_caught:
+        raise CollectiveStalled(f"{groups[0].kind} stalled: no rank completed anything in {bound:.2f} s after "
+                                f"the flow's stop: " + " || ".join(g.describe() for g in groups))
+
+
 async def run_collective(kind: str, ports: Sequence[HcaPort], size: int, *, iterations: int = 5,
                          warmup: int = 1, mtu: int = 4096, algorithm: str = "ring",
-                         rc: RcTimers | None = None) -> CollectiveResult:
+                         rc: RcTimers | None = None, stop: trio.Event | None = None) -> CollectiveResult:
     """``kind`` ("allreduce" or "alltoall") over ``ports`` (their serve tasks running); an
-    allreduce by ``algorithm`` ("ring" or "tree"); ``rc`` the QPs' timers."""
+    allreduce by ``algorithm`` ("ring" or "tree"); ``rc`` the QPs' timers.
+
+    ``stop``: once set, a collective under way whose ranks complete nothing for
+    ``CollectiveGroup.stall_s`` raises ``CollectiveStalled`` saying where each rank is, so
+    that a flow's end is bounded (``stall_bound``)."""
     group = CollectiveGroup(kind, ports, size, mtu=mtu, algorithm=algorithm, rc=rc)
     seconds: list[float] = []
-    for it in range(warmup + iterations):
-        t = await group.run(it)
-        if it >= warmup:
-            seconds.append(t)
-    retrans = group.retransmitted
-    group.close()
+    try:
+        async with stall_bound([group], stop):
+            for it in range(warmup + iterations):
+                t = await group.run(it)
+                if it >= warmup:
+                    seconds.append(t)
+    finally:
+        retrans = group.retransmitted
+        group.close()
     return CollectiveResult(kind, len(ports), group.size, iterations, seconds, group.wrong, retrans)
 
 

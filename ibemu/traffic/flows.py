@@ -240,7 +240,7 @@ async def _collective(f: Flow) -> None:
     while not f.stop.is_set():
         cr = await collectives.run_collective(f.kind, group, f.size, iterations=1,
                                               warmup=1 if not it else 0,
-                                              rc=collectives.RcTimers.from_spec(f.spec))
+                                              rc=collectives.RcTimers.from_spec(f.spec), stop=f.stop)
         runs.append(cr)
         out.t_ns.append(clock.now_ns())
         out.nbytes.append(cr.size)
@@ -284,7 +284,7 @@ async def _training(f: Flow) -> None:
                 nonlocal fabric_ns
                 await trio.sleep(plan.nvlink_s / 2)  # NVLink reduce-scatter inside each server
                 t = clock.now_ns()
-                async with trio.open_nursery() as rails_n:
+                async with collectives.stall_bound(groups, f.stop), trio.open_nursery() as rails_n:
                     for g in groups:
                         rails_n.start_soon(g.run, i)
                 fabric_ns = clock.now_ns() - t

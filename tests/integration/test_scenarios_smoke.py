@@ -56,11 +56,15 @@ def test_shipped_scenario_runs(path: Path, state_dir: Path, tmp_path: Path) -> N
     for t in result["traffic"]:
         ends = {*([t["from"]] if isinstance(t["from"], str) else t["from"]),
                 *([t["to"]] if isinstance(t["to"], str) else t["to"])}
+        gave_up = "RETRY_EXC_ERR" in t["extra"].get("error", "")
         if not ends & cut_hosts and not flapping:
             assert "error" not in t["extra"], (t["name"], t["extra"]["error"])
         else:
-            assert "RETRY_EXC_ERR" in t["extra"].get("error", "RETRY_EXC_ERR"), t["extra"]["error"]
-        assert t["bytes"] > 0 or (t["kind"].endswith("_lat") and t["packets"] > 0), t["name"]
+            assert gave_up or "error" not in t["extra"], t["extra"]["error"]
+        # data moved; but a collective cut off before its first iteration ended (a 4 MiB ring
+        # takes 0.25-0.5 s an iteration here, the compressed cut comes at 1.7 s) has none to show
+        assert (t["bytes"] > 0 or (t["kind"].endswith("_lat") and t["packets"] > 0)
+                or (gave_up and ends & cut_hosts)), t["name"]
         if t["kind"] == "training":  # at least one step measured, every rank's sums right
             assert t["extra"]["steps"] >= 1 and t["extra"]["step_s"] > 0 and t["extra"]["wrong"] == 0, t["extra"]
     injected = result["faults"]

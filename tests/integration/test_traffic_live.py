@@ -146,6 +146,38 @@ def test_a_jobs_rc_timers_reach_its_qps(live: Running) -> None:
     assert collectives.RcTimers.from_spec({}) == collectives.RcTimers(14, 7)  # IBA's 67 ms, 7 retries
 
 
+def test_a_collective_that_stalls_after_its_flows_stop_is_ended_and_located(live: Running) -> None:
+    """A ring whose last rank never runs (its HCA answers, its task is absent): the others
+    wait for ever for an immediate, and no QP errs. Once the flow's stop is set, ``stall_bound``
+    ends it after ``stall_s`` without a completion and says where each rank waits. A real
+    collective that keeps completing after the stop is left to finish."""
+    names = ["h0", "h5", "h10"]
+
+    async def fn(ports: dict[str, HcaPort]):  # type: ignore[no-untyped-def]
+        g = collectives.CollectiveGroup("allreduce", [ports[x] for x in names], 16 * 1024)
+        stop = trio.Event()
+        stop.set()
+        t0 = trio.current_time()
+        with pytest.raises(collectives.CollectiveStalled) as stalled:
+            async with collectives.stall_bound([g], stop), trio.open_nursery() as n:
+                for r in g.ranks[:-1]:
+                    n.start_soon(collectives._ring_allreduce, r, g.ranks, g.count, 0)
+        waited = trio.current_time() - t0
+        g.close()
+        g2 = collectives.CollectiveGroup("allreduce", [ports[x] for x in names], 16 * 1024)
+        async with collectives.stall_bound([g2], stop):  # progress after the stop: not cut
+            for it in range(3):
+                await g2.run(it)
+        g2.close()
+        return g, str(stalled.value), waited, g2
+
+    g, msg, waited, g2 = run_on_ports(live, names, fn)
+    assert g.stall_s == pytest.approx(2 * 8 * ack_timeout_ns(14) / 1e9) and g.stall_s <= waited < 2 * g.stall_s + 1
+    assert "rank 0 (LID" in msg and "waits for step 0x0" in msg and "0 sent unacknowledged" in msg, msg
+    assert "rank 2 (LID" in msg and "not waiting" in msg.split("rank 2 (LID")[1], msg  # the one that never ran
+    assert g2.wrong == 0
+
+
 @pytest.mark.parametrize("transport", ["rc", "ud"])
 def test_streams_record_every_delivery(live: Running, transport: str) -> None:
     opts = stream.StreamOptions(rate_pps=5000, size=128, transport=transport, count=2000)
