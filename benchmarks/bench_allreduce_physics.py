@@ -16,11 +16,17 @@ Prints, per fabric: the fidelity verdict (figures of an INVALID run are marked a
 compared), iterations completed, time per iteration and bus bandwidth in emulated time (to
 scale: link physics and the transport's timers follow the emulated clock), busbw against IB's,
 and the RoCE routers' drops, ECN marks and pauses with the transport's retransmissions. The
-model's analytic bound beside them: a ring allreduce moves 2 (n - 1) / n of the buffer through
-each rank's cable, so busbw cannot exceed the cable's rate (50 GB/s at NDR); what is left
-below it is per-message software, window and per-hop latency on the emulated clock.
+model's analytic bound beside them (``ring_bound``): a ring allreduce moves 2 (n - 1) / n of the
+buffer through each rank's cable in 2 (n - 1) steps, each a chunk of S / n bytes sent at the
+cable's payload rate B (4 KiB payloads, the IB headers and framing on the wire) plus the longest
+neighbour path's latency L (k=4: 5 switches and 6 cables, store-and-forward as the link model:
+switch latency + one frame's serialization + propagation a hop), so busbw <= B x / (x + L) with
+x = S / (n B). "bw-lim" marks the sizes where that bound is bandwidth-limited (x >= 9 L: the
+bandwidth term is >= 90% of a step), where the issue asks for busbw within 10% of the bound; at
+the default 256 KiB a step is latency-bound and software (ibemu's HCAs, on the emulated clock /
+dilation) adds to L. ``--sizes`` runs several buffer sizes.
 
-Run: sudo .venv/bin/python benchmarks/bench_allreduce_physics.py [--dilation N] [--size BYTES]
+Run: sudo .venv/bin/python benchmarks/bench_allreduce_physics.py [--dilation N] [--size BYTES | --sizes B ...]
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ from typing import Any
 
 from ibemu import clock
 from ibemu.kernel.timerfd import run_trio
+from ibemu.physics.link import SWITCH_MODELS, LinkModel
 from ibemu.scenario import loads_scenario
 from ibemu.scenario.runner import ScenarioRun
+from ibemu.topo.rates import parse_rate
 
 SCENARIO = """
 name: bench-allreduce-{label}
@@ -55,7 +63,24 @@ FABRICS = {
     "roce-ecn": "{kind: roce, datapath: user, ecn_mark_kb: ECN}",
 }
 LINE_GBS = 400 / 8
-"""4x NDR's data rate in GB/s: the ring's busbw bound."""
+"""4x NDR's data rate in GB/s."""
+MTU = 4096
+IB_HEADERS = 8 + 12 + 4 + 2
+"""LRH, BTH, ICRC, VCRC of every data packet of an RDMA WRITE (the first's RETH left out)."""
+RING_PATH = (5, 6)
+"""The longest path between ring neighbours in a k=4 fat-tree: switches, cables."""
+
+
+def ring_bound(size: int, ranks: int, cable_m: float) -> tuple[float, float, bool]:
+    """The ring's busbw bound (GB/s), its step latency L (us), and whether it is bandwidth-
+    limited, from the link model's own figures for a 4x NDR cable and an NDR switch."""
+    link = LinkModel.of(parse_rate("4x NDR"), cable_m=cable_m)
+    frame_ns = link.serialization_ns(MTU + IB_HEADERS)
+    payload_gbs = link.gbps / 8 * MTU / (MTU + IB_HEADERS + link.framing_bytes)
+    switches, cables = RING_PATH
+    lat_ns = switches * SWITCH_MODELS["ib-ndr"].latency_ns + cables * (frame_ns + link.propagation_ns)
+    x_ns = size / ranks / payload_gbs  # bytes / (GB/s) = ns
+    return payload_gbs * x_ns / (x_ns + lat_ns), lat_ns / 1e3, x_ns >= 9 * lat_ns
 
 
 def run_one(label: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -75,34 +100,42 @@ def main() -> None:
     ap.add_argument("--dilation", type=int, default=20000, help="time dilation factor (default 20000)")
     ap.add_argument("--duration", type=float, default=0.002, help="emulated seconds of traffic (default 2 ms)")
     ap.add_argument("--size", type=int, default=256 * 1024, help="allreduce buffer in bytes (default 256 KiB)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="several buffer sizes (instead of --size)")
     ap.add_argument("--cable-m", type=float, default=2.0, help="cable length in metres (default 2)")
     ap.add_argument("--ecn-kb", type=float, default=100.0, help="roce-ecn's marking threshold, KiB (default 100)")
     ap.add_argument("--fabrics", nargs="+", choices=list(FABRICS), default=list(FABRICS))
     args = ap.parse_args()
-    if args.dilation < 1 or args.duration <= 0 or args.size < 1:
-        ap.error("--dilation >= 1, --duration > 0 and --size >= 1")
-    rows: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    sizes = args.sizes or [args.size]
+    if args.dilation < 1 or args.duration <= 0 or min(sizes) < 1:
+        ap.error("--dilation >= 1, --duration > 0 and every size >= 1")
+    rows: list[tuple[int, str, dict[str, Any], dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="bench-allreduce-") as tmp:
-        for label in args.fabrics:
-            result = run_one(label, args, Path(tmp))
-            ring = next(t for t in result["traffic"] if t["kind"] == "allreduce")
-            rows.append((label, result["fidelity"], ring))
-    print(f"Ring allreduce, 16 ranks x {args.size // 1024} KiB, k=4 fat-tree, 4x NDR, {args.cable_m:g} m cables, "
-          f"dilation {args.dilation:,} ({args.duration * 1e3:g} ms emulated per run)")
-    print("  emulated-time figures, to scale; the bound: busbw <= the cable's "
-          f"{LINE_GBS:g} GB/s (2(n-1)/n of the buffer through each rank's cable)")
-    print(f"  {'fabric':<11} {'fidelity':<9} {'iters':>5} {'us/iter':>8} {'busbw GB/s':>10} {'of line':>7} "
-          f"{'vs IB':>6} {'dropped':>7} {'marked':>6} {'pauses':>6} {'resent':>6} {'wrong':>5}")
-    ib = next((r for lab, f, r in rows if lab == "ib" and f["valid"] and not r.get("error")), None)
-    ib_bw = ib["extra"].get("busbw_gbs", 0.0) if ib else 0.0
-    for label, fid, ring in rows:
+        for size in sizes:
+            args.size = size
+            for label in args.fabrics:
+                result = run_one(f"{label}-{size}" if len(sizes) > 1 else label, args, Path(tmp))
+                ring = next(t for t in result["traffic"] if t["kind"] == "allreduce")
+                rows.append((size, label, result["fidelity"], ring))
+    _, lat_us, _ = ring_bound(sizes[0], 16, args.cable_m)
+    print(f"Ring allreduce, 16 ranks x {', '.join(f'{s // 1024} KiB' for s in sizes)}, k=4 fat-tree, 4x NDR, "
+          f"{args.cable_m:g} m cables, dilation {args.dilation:,} ({args.duration * 1e3:g} ms emulated per run)")
+    print("  emulated-time figures, to scale; bound: the ring's busbw on the link model, B x / (x + L), x = S / (n B), "
+          f"B = the cable's payload rate, L = {lat_us:.2f} us (the longest neighbour path); bw-lim: x >= 9 L")
+    print(f"  {'size KiB':>8} {'fabric':<11} {'fidelity':<9} {'iters':>5} {'us/iter':>8} {'busbw GB/s':>10} {'of line':>7} "
+          f"{'bound':>6} {'of bound':>8} {'bw-lim':>6} {'vs IB':>6} {'dropped':>7} {'marked':>6} {'pauses':>6} "
+          f"{'resent':>6} {'wrong':>5}")
+    for size, label, fid, ring in rows:
+        ib = next((r for sz, lab, f, r in rows if sz == size and lab == "ib" and f["valid"] and not r.get("error")), None)
+        ib_bw = ib["extra"].get("busbw_gbs", 0.0) if ib else 0.0
         x = ring.get("extra", {})
         valid = bool(fid["valid"]) and not ring.get("error")
         mark = "valid" if valid else "INVALID"
         bw = float(x.get("busbw_gbs", 0.0))
+        bound, _, bw_lim = ring_bound(size, 16, args.cable_m)
         vs = f"{bw / ib_bw * 100:5.1f}%" if valid and ib_bw else "   -- "
-        print(f"  {label:<11} {mark:<9} {x.get('iterations', 0):5d} {x.get('time_us', 0.0):8.1f} "
-              f"{bw:10.2f} {bw / LINE_GBS * 100:6.1f}% {vs:>6} {x.get('router_dropped', 0):7,} "
+        print(f"  {size // 1024:8d} {label:<11} {mark:<9} {x.get('iterations', 0):5d} {x.get('time_us', 0.0):8.1f} "
+              f"{bw:10.2f} {bw / LINE_GBS * 100:6.1f}% {bound:6.2f} {bw / bound * 100:7.1f}% {'yes' if bw_lim else 'no':>6} "
+              f"{vs:>6} {x.get('router_dropped', 0):7,} "
               f"{x.get('router_ecn_marked', 0):6,} {x.get('router_pause_sent', 0):6,} "
               f"{x.get('retransmitted', 0):6,} {x.get('wrong', 0):5d}")
         if not valid:

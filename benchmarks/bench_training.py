@@ -64,7 +64,9 @@ import argparse
 import dataclasses
 import json
 import os
+import random
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -280,6 +282,22 @@ def ndr(text: str) -> str:
     return text
 
 
+def drawn(text: str, rng: random.Random, window_s: float) -> tuple[str, list[float]]:
+    """The scenario with each fault's time moved later by its own draw from U(0, ``window_s``)
+    (the offsets, in the file's order): faults land anywhere in a step, its compute or its
+    communication, where fixed times land in the same part of a step every run."""
+    offsets: list[float] = []
+
+    def later(m: re.Match[str]) -> str:
+        offsets.append(rng.uniform(0.0, window_s))
+        return f"{m[1]}{float(m[2]) + offsets[-1]:.9f}"
+
+    text = re.sub(r"^(\s*- \{at_s: )([0-9.]+)", later, text, flags=re.M)
+    if not offsets:
+        raise SystemExit(f"{FAILURE.name}: expected fault times")
+    return text, offsets
+
+
 def failure(args: argparse.Namespace) -> None:
     """``scenarios/training-under-failure.yaml`` with local failover and with SM-only recovery."""
     text = FAILURE.read_text()
@@ -287,16 +305,23 @@ def failure(args: argparse.Namespace) -> None:
         text = ndr(text)
     if args.dilation_given:
         text = re.sub(r"dilation: \d+", f"dilation: {args.dilation}", text, count=1)
-    if args.sm_delay_ms:
-        text = held_sm(text, args.sm_delay_ms)
-    variants = [("local failover", text), ("SM only", sm_only(text))]
     first = loads_scenario(text, "<failure>")
+    plan = next(t.training for t in first.traffic if t.training is not None)
+    window_s = plan.scaled_step_s  # the model's scaled step: a draw covers one whole step
+    rng = random.Random(args.draw_faults)
     rows: list[tuple[int, str, dict[str, Any]]] = []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-failure-") as tmp:
         for run in range(args.runs):
-            for label, t in variants:
-                scen = loads_scenario(t, f"<{label}>")
+            t = text
+            if args.draw_faults is not None:  # the same drawn times for both variants of a run
+                t, offsets = drawn(text, rng, window_s)
+                print(f"  run {run + 1}: faults moved later by " + ", ".join(f"{o * 1e6:.1f}" for o in offsets)
+                      + " us (emulated)", file=sys.stderr, flush=True)
+            if args.sm_delay_ms:
+                t = held_sm(t, args.sm_delay_ms)
+            for label, v in (("local failover", t), ("SM only", sm_only(t))):
+                scen = loads_scenario(v, f"<{label}>")
                 rows.append((run + 1, label, run_scenario(f"{label.replace(' ', '-')}-{run + 1}", scen, Path(tmp))))
     load = os.getloadavg()
     if args.save:
@@ -308,6 +333,9 @@ def failure(args: argparse.Namespace) -> None:
     rate = first.defaults.rate
     timeout = 4.096 * 2 ** (job.rc_timeout if job.rc_timeout is not None else 14)
     faults = ", ".join(f"{f.at_s * 1e3:g}" for f in sorted(first.faults, key=lambda f: f.at_s))
+    if args.draw_faults is not None:
+        faults += (f" each + U(0, {window_s * 1e6:.1f} us: the model's scaled step) drawn per run "
+                   f"(seed {args.draw_faults})")
     print(f"Training under faults ({FAILURE.name}{', --ndr' if args.ndr else ''}): Llama 2 7B steps "
           f"(1/{scale:,.0f}) on 4 H100 servers, leaf-spine 2x2, {rate.width}x {rate.speed} cables, user datapath, "
           f"dilation {dilation:g}; faults at {faults} ms of {first.duration_s * 1e3:g}; RC ACK timeout "
@@ -330,6 +358,7 @@ def failure(args: argparse.Namespace) -> None:
     print(f"  {'run':>3} {'recovery':<14} {'verdict':<7} {'#':>1} {'fault':<28} {'base us':>8} {'stall us':>9} "
           f"{'x':>6} {'gap us':>8} {'worst us':>9} {'after us':>9} {'x':>6} {'slow':>4} {'steps':>5} "
           f"{'into us':>7} {'phase':<7} {'failover':>8} {'SM':>6} {'resent':>6}  worst p99 lag")
+    stalls: dict[tuple[str, str, str], list[float]] = {}  # (recovery, fault, phase) -> valid runs' stall x
     for run, label, res in rows:
         fid = res["fidelity"]
         job = next((t for t in res["traffic"] if t["kind"] == "training"), {})
@@ -351,6 +380,8 @@ def failure(args: argparse.Namespace) -> None:
                 lf, sm = ph.get("local_failover"), ph.get("programmed")
                 into = x.get("into_us")
                 phase = "-" if into is None or not quiet_us else "compute" if into < quiet_us else "comm"
+                if ok and x.get("stall_x") is not None and phase != "-":
+                    stalls.setdefault((label, f["action"], phase), []).append(float(x["stall_x"]))
                 print(f"  {run:3d} {label:<14} {'valid' if ok else 'INVALID':<7} {i:1d} "
                       f"{f['action'] + ' ' + f['target']:<28.28} {v('base_us', '8.1f'):>8} {v('stall_us'):>9} "
                       f"{v('stall_x', '5.2f'):>5}x {v('gap_us', '8.1f'):>8} {v('worst_us'):>9} {v('after_us'):>9} "
@@ -362,6 +393,12 @@ def failure(args: argparse.Namespace) -> None:
                   f"{jx.get('fabric_s', 0.0) * 1e6:.1f} us (mean), {jx.get('steps', 0)} steps")
         if not ok:
             print(f"      INVALID: {job_error(job) or fid['note'][:300]}")
+    if stalls:
+        print("  stall x by where the fault fell (valid runs): median [min-max] (n)")
+        for key in sorted(stalls):
+            xs = stalls[key]
+            print(f"    {key[0]:<14} {key[1]:<12} in {key[2]:<7} {statistics.median(xs):5.2f}x "
+                  f"[{min(xs):.2f}-{max(xs):.2f}] ({len(xs)})")
 
 
 def main() -> None:
@@ -385,6 +422,9 @@ def main() -> None:
                     help="--failure: at 4x NDR and dilation 20,000 (the job at scale 1e4, RC timeout 2^7, "
                          "times / 40) instead of 1x SDR at dilation 100")
     ap.add_argument("--runs", type=int, default=1, help="--failure: runs of each variant (default 1)")
+    ap.add_argument("--draw-faults", type=int, default=None, metavar="SEED",
+                    help="--failure: each run moves every fault later by its own draw from U(0, the model's "
+                         "scaled step) (seeded), so faults land in compute and in communication alike")
     ap.add_argument("--save", default=None, help="--failure: write every run's result (JSON) to this file")
     ap.add_argument("--sm-delay-ms", type=float, default=0.0,
                     help="--failure: hold the SM from each failure until this many emulated ms after it")
