@@ -47,7 +47,10 @@ stays far above the fabric's round trip and the traffic worker's lag (a few us a
 only a lost frame fires it, and seven retries (3.7 ms) outlast ibemu's SM's reroute at this
 dilation (a few us of emulated time), not a real SM's (20-40 ms: the QPs would give up first).
 ``--sm-delay-ms`` works with ``--ndr`` too (0.5 ms: 10 s of real time a fault); ``--save FILE``
-keeps every run's result.
+keeps every run's result. ``--draw-faults SEED`` moves each fault of each run later by its own
+draw from U(0, the model's scaled step), the same times for both variants of a run: with the
+file's times a fault falls in the same part of a step every run (the cut in the compute), with
+drawn ones anywhere; a last table gives the stalls by fault and by where it fell.
 
 Every run prints its worst p99 lag (any process's, emulated us, and x dilation: real ms) so
 that its figures can be judged again against another bound.
@@ -55,7 +58,7 @@ that its figures can be judged again against another bound.
 Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
         [--algorithms hierarchical ring tree]
      sudo .venv/bin/python benchmarks/bench_training.py --pool [topology packed spread]
-     sudo .venv/bin/python benchmarks/bench_training.py --failure [--ndr] [--runs N] [--save FILE.json]
+     sudo .venv/bin/python benchmarks/bench_training.py --failure [--ndr] [--runs N] [--draw-faults SEED] [--save FILE.json]
 """
 
 from __future__ import annotations
