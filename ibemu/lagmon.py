@@ -21,7 +21,17 @@ the runner merges a process's intervals over any window (``LagStats.from_buckets
 every child inherits (``clock.child_env()`` copies it): without it the task returns at once
 (``ibemu up``, tests), costing nothing.
 
-Cost: one wake-up per period (100 per second), one file append per ``REPORT_S``.
+**Busy share.** A process can keep its timers on time and still be the bottleneck: a traffic
+worker that spends all its CPU carrying frames wakes its monitor a few ms late (trio runs the
+monitor between batches) while every frame it handles waits for it, so a throughput figure
+is its CPU's, not the fabric's. ``BusyMeter`` (a trio instrument) adds up the real time the
+loop waited for IO with something to wait for (``before_io_wait`` with a timeout: no task
+runnable); each record carries ``busy``, the share of the interval's real time (``wall_s``)
+the process was not idle (running, or runnable and waiting for a CPU). The fidelity judge
+(``ibemu.scenario.fidelity``) merges it per process.
+
+Cost: one wake-up per period (100 per second), one file append per ``REPORT_S``; two clock
+reads per idle wait of the loop.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import bisect
 import contextlib
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -175,21 +186,52 @@ def round_us(us: float) -> float:
     return round(us, max(1, 2 - math.floor(math.log10(us))))
 
 
-def record(name: str, stats: LagStats, since_ns: int, *, period_s: float, final: bool) -> dict[str, Any]:
-    """The ``Kind.LAG`` record of one interval (stamped now)."""
+class BusyMeter(trio.abc.Instrument):
+    """The real time a trio loop spends idle, waiting for IO with no task runnable (module
+    docstring: busy share)."""
+
+    def __init__(self) -> None:
+        self.idle_s = 0.0
+        self._waiting: float | None = None
+        self._since = time.perf_counter()
+
+    def before_io_wait(self, timeout: float) -> None:
+        if timeout > 0:  # 0: tasks are runnable, the loop only polls
+            self._waiting = time.perf_counter()
+
+    def after_io_wait(self, timeout: float) -> None:
+        if self._waiting is not None:
+            self.idle_s += time.perf_counter() - self._waiting
+            self._waiting = None
+
+    def take(self) -> tuple[float, float]:
+        """(busy share, real seconds) of the interval since the last ``take``; a new one starts."""
+        now = time.perf_counter()
+        wall, idle = now - self._since, self.idle_s
+        self._since, self.idle_s = now, 0.0
+        return (min(1.0, max(0.0, 1.0 - idle / wall)) if wall > 0 else 0.0), wall
+
+
+def record(name: str, stats: LagStats, since_ns: int, *, period_s: float, final: bool,
+           busy: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The ``Kind.LAG`` record of one interval (stamped now); ``busy``: ``BusyMeter.take()``."""
+    extra = {} if busy is None else {"busy": round(busy[0], 4), "wall_s": round(busy[1], 4)}
     return {"kind": Kind.LAG, "t_ns": clock.now_ns(), "process": name, "pid": os.getpid(),
             "since_ns": since_ns, "period_us": round(period_s * 1e6), **stats.summary(),
-            "buckets": stats.buckets(), "final": final}
+            "buckets": stats.buckets(), "final": final, **extra}
 
 
 async def watch(name: str, sink: Sink, *, period_s: float = PERIOD_S, report_s: float = REPORT_S,
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Sleep to deadlines ``period_s`` apart on trio's clock, count how late each wake-up was,
-    hand ``sink`` a record every ``report_s`` and one (``final``) when cancelled."""
+    hand ``sink`` a record every ``report_s`` and one (``final``) when cancelled; each with the
+    loop's busy share over its interval (``BusyMeter``)."""
     stats = LagStats()
     since = clock.now_ns()
     deadline = trio.current_time() + period_s
     next_report = deadline - period_s + report_s
+    meter = BusyMeter()
+    trio.lowlevel.add_instrument(meter)
     task_status.started()
     try:
         while True:
@@ -199,13 +241,15 @@ async def watch(name: str, sink: Sink, *, period_s: float = PERIOD_S, report_s: 
                 stats.add((now - deadline) * 1e6)
                 deadline += period_s
             if now >= next_report:
-                sink(record(name, stats, since, period_s=period_s, final=False))
+                sink(record(name, stats, since, period_s=period_s, final=False, busy=meter.take()))
                 stats.reset()
                 since = clock.now_ns()
                 next_report = now + report_s
     finally:
+        with contextlib.suppress(KeyError):
+            trio.lowlevel.remove_instrument(meter)
         with contextlib.suppress(OSError):  # the run directory is gone: nothing to report to
-            sink(record(name, stats, since, period_s=period_s, final=True))
+            sink(record(name, stats, since, period_s=period_s, final=True, busy=meter.take()))
 
 
 def file_sink(path: Path | str) -> Sink:

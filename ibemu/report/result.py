@@ -11,7 +11,7 @@ at dilation 1 writes what it wrote before it existed.
 
 ``ibemu.run/2`` adds ``fidelity`` (required; null: not judged): whether every ibemu process kept up with the
 emulated clock (``ibemu.scenario.fidelity``): ``{valid, dilation, threshold_us, worst_lag_us,
-worst_process, processes: {name: {p50_us, p99_us, max_us, samples}}, worst_link, note}``
+worst_process, processes: {name: {p50_us, p99_us, max_us, samples[, busy_pct]}}, worst_link, note}``
 (``threshold_us`` and the lags in emulated us). Optional in it (``ibemu.run/3``, absent from
 results written before): ``threshold_real_us`` (the threshold in real time, ``threshold_us`` x
 the dilation), ``threshold_basis`` (what set it: the real-time rule, the run's smallest time
@@ -329,13 +329,17 @@ class ProcessLag:
     p99_us: float
     max_us: float
     samples: int
+    busy_pct: float | None = None
+    """The share of the window's real time the process had work waiting (``lagmon.BusyMeter``);
+    optional (None: not measured, or a result from before)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"p50_us": self.p50_us, "p99_us": self.p99_us, "max_us": self.max_us, "samples": self.samples}
+        return {"p50_us": self.p50_us, "p99_us": self.p99_us, "max_us": self.max_us, "samples": self.samples,
+                **({"busy_pct": self.busy_pct} if self.busy_pct is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProcessLag:
-        return cls(d["p50_us"], d["p99_us"], d["max_us"], d["samples"])
+        return cls(d["p50_us"], d["p99_us"], d["max_us"], d["samples"], d.get("busy_pct"))
 
 
 @dataclass
@@ -848,7 +852,8 @@ def _nullable(check: Check) -> Check:
     return nullable
 
 
-_PROCESS_LAG = _object({"p50_us": _NUM, "p99_us": _NUM, "max_us": _NUM, "samples": _count})
+_PROCESS_LAG = _object({"p50_us": _NUM, "p99_us": _NUM, "max_us": _NUM, "samples": _count},
+                       optional={"busy_pct": _NUM_OR_NULL})
 _FIDELITY = _object(
     {
         "valid": _boolean,

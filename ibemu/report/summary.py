@@ -16,6 +16,7 @@ from ibemu.report.result import (
     CaptureFile,
     FaultResult,
     Fidelity,
+    ProcessLag,
     RunResult,
     TrafficResult,
     as_result,
@@ -161,16 +162,19 @@ def _fidelity(r: RunResult) -> list[str]:
         else:
             lines.append(f"  INVALID: {f.note}")
     if f.processes:
+        def busy(p: ProcessLag) -> str:  # the share of the time it had work waiting
+            return "-" if p.busy_pct is None else f"{p.busy_pct:.0f}%"
+
         if f.dilation == 1:
-            rows = [[n, _ms_of(p.p50_us), _ms_of(p.p99_us), _ms_of(p.max_us), _int(p.samples)]
+            rows = [[n, _ms_of(p.p50_us), _ms_of(p.p99_us), _ms_of(p.max_us), _int(p.samples), busy(p)]
                     for n, p in f.processes.items()]
-            lines.append(table(["process", "p50 lag", "p99 lag", "max lag", "samples"], rows,
-                               [False, True, True, True, True]))
-        else:  # emulated lags are fractions of a us at high factors: the real ones beside them
-            rows = [[n, _dur(p.p50_us), _dur(p.p99_us), _dur(p.p99_us * f.dilation), _dur(p.max_us), _int(p.samples)]
-                    for n, p in f.processes.items()]
-            lines.append(table(["process", "p50 lag", "p99 lag", "p99 real", "max lag", "samples"], rows,
+            lines.append(table(["process", "p50 lag", "p99 lag", "max lag", "samples", "busy"], rows,
                                [False, True, True, True, True, True]))
+        else:  # emulated lags are fractions of a us at high factors: the real ones beside them
+            rows = [[n, _dur(p.p50_us), _dur(p.p99_us), _dur(p.p99_us * f.dilation), _dur(p.max_us), _int(p.samples),
+                     busy(p)] for n, p in f.processes.items()]
+            lines.append(table(["process", "p50 lag", "p99 lag", "p99 real", "max lag", "samples", "busy"], rows,
+                               [False, True, True, True, True, True, True]))
     if f.worst_link:
         lines.append(f"  links: worst {f.worst_link} (see the note: {f.note.split('; ', 1)[-1]})")
     else:

@@ -54,6 +54,16 @@ departures were late at p99 by ``threshold_us`` (the processes' threshold) or mo
 busy for at least :data:`MIN_BUSY_NS`, it achieved less than :data:`MIN_BUSY_RATIO` of its
 configured rate; a run with such a link is invalid like one with a lagging process. ``worst_link`` names the link furthest behind (else the one with the
 latest departures) with its figures; null when no link reported (the kernel datapaths).
+
+Saturated traffic workers (``busy_pct``, ``ibemu.lagmon.BusyMeter``): a worker whose trio loop
+had work waiting :data:`MAX_WORKER_BUSY_PCT` of the window's real time or more carried its
+HCAs' frames as fast as its CPU went, so its throughput figures are that CPU's, not the
+fabric's, whatever its lag said (it wakes its monitor between batches, a few ms late: a 16-rank
+ring of 16 MiB at 4x NDR and dilation 20,000 reached 65% of the line with every lag under the
+bound, and 89% at dilation 60,000, ``benchmarks/bench_allreduce_physics.py``). Under dilation
+(N > 1, where figures claim to be to scale) such a run is invalid and the note says which
+worker and how busy; at dilation 1 every figure is ibemu's CPU anyway and nothing changes.
+Every process's ``busy_pct`` is in the block where its records carry one.
 """
 
 from __future__ import annotations
@@ -76,6 +86,8 @@ DEFAULT_THRESHOLD_US = DEFAULT_REAL_THRESHOLD_US
 FIGURE_FRACTION = 0.05
 """A p99 lag under 5% of the run's smallest time figure passes whatever it is in real time."""
 LINK_NOTE = "no link reported (links are timed on the user datapaths, IB and RoCE): worst_link is null"
+MAX_WORKER_BUSY_PCT = 90.0
+"""A traffic worker busy this share of the window (or more) set the pace (module docstring)."""
 MIN_BUSY_RATIO = 0.97
 """A busy link achieving less than 97% of its configured rate fell behind."""
 MIN_BUSY_NS = 100_000
@@ -98,6 +110,27 @@ def merge(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
         part = LagStats.from_buckets(r["buckets"], float(r.get("max_us", 0.0)))
         out.setdefault(name, LagStats()).merge(part)
     return out
+
+
+def merge_busy(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
+               hi_ns: int | None = None) -> dict[str, float]:
+    """Per process, its busy share over the ``Kind.LAG`` intervals overlapping [lo_ns, hi_ns]
+    (weighted by their real length), in percent; processes whose records carry none are absent."""
+    busy: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    for r in records:
+        if r.get("kind") != Kind.LAG or not isinstance(r.get("busy"), (int, float)):
+            continue
+        t, since = r.get("t_ns"), r.get("since_ns", r.get("t_ns"))
+        w = r.get("wall_s")
+        if not (isinstance(t, int) and isinstance(since, int) and isinstance(w, (int, float)) and w > 0):
+            continue
+        if (lo_ns is not None and t < lo_ns) or (hi_ns is not None and since > hi_ns):
+            continue
+        name = str(r.get("process", "?"))
+        busy[name] = busy.get(name, 0.0) + float(r["busy"]) * float(w)
+        wall[name] = wall.get(name, 0.0) + float(w)
+    return {name: 100.0 * busy[name] / wall[name] for name in busy}
 
 
 @dataclass(slots=True)
@@ -269,16 +302,22 @@ def figure_scale(traffic: Iterable[Mapping[str, Any]]) -> tuple[str, float] | No
 def judge(per_process: Mapping[str, LagStats], *, dilation: float,
           threshold_us: float | None = None, threshold_real_us: float | None = None,
           figure: tuple[str, float] | None = None,
-          links: Mapping[str, LinkTotals] | None = None) -> dict[str, Any]:
+          links: Mapping[str, LinkTotals] | None = None,
+          busy: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The result's ``fidelity`` block from each process's lag distribution, judged on
     :func:`threshold` (``threshold_us``: emulated outright; ``threshold_real_us``: the real-time
-    part; ``figure``: the run's smallest time figure, :func:`figure_scale`)."""
+    part; ``figure``: the run's smallest time figure, :func:`figure_scale`), and the traffic
+    workers' busy shares (``busy``, percent: :func:`merge_busy`)."""
     th = threshold(dilation, emulated_us=threshold_us, real_us=threshold_real_us, figure=figure)
     n, t_us = th.dilation, _round(th.us)  # as the block says it (result.Fidelity.behind compares the same)
-    processes = {name: s.summary() for name, s in sorted(per_process.items()) if s.samples}
+    busy = busy or {}
+    processes = {name: {**s.summary(), **({"busy_pct": round(busy[name], 1)} if name in busy else {})}
+                 for name, s in sorted(per_process.items()) if s.samples}
     worst = max(processes, key=lambda n: (processes[n]["p99_us"], processes[n]["max_us"]), default=None)
     behind = [name for name, p in processes.items() if p["p99_us"] >= t_us]
-    valid = bool(processes) and not behind
+    saturated = ([name for name, p in processes.items() if name.startswith("traffic")
+                  and p.get("busy_pct", 0.0) >= MAX_WORKER_BUSY_PCT] if n > 1 else [])
+    valid = bool(processes) and not behind and not saturated
     limit = f"{lag_text(t_us, n)} ({th.basis})"
     if not processes:
         note = "no process reported its lag behind the emulated clock: fidelity unknown"
@@ -288,15 +327,20 @@ def judge(per_process: Mapping[str, LagStats], *, dilation: float,
                          for name in sorted(behind, key=lambda name: -processes[name]["p99_us"]))
     else:
         note = f"every process kept up: p99 lag under {limit}"
+    if saturated:
+        note += "; " + "; ".join(
+            f"{name} was busy {processes[name]['busy_pct']:g}% of the time (>= {MAX_WORKER_BUSY_PCT:g}%): its HCAs' "
+            f"frames went as fast as its CPU, so its throughput is ibemu's, not the fabric's (a larger dilation)"
+            for name in saturated)
     if links:
         lj = judge_links(links, threshold_us=t_us)
         valid = valid and lj["valid"]
         worst_link: str | None = lj["worst_link"]
         w = lj["links"][worst_link]
-        busy = "not busy long enough to judge" if w["busy_pct"] is None else f"{w['busy_pct']}% of its rate while busy"
+        rate = "not busy long enough to judge" if w["busy_pct"] is None else f"{w['busy_pct']}% of its rate while busy"
         link_note = ("; ".join(f"link {name} fell behind: {why}" for name, why in sorted(lj["behind"].items()))
                      if lj["behind"] else f"every link kept to the model ({len(links)} cable directions)")
-        link_note += (f"; worst link {worst_link} ({w['gbps']:g} Gb/s): {busy}, departures late by "
+        link_note += (f"; worst link {worst_link} ({w['gbps']:g} Gb/s): {rate}, departures late by "
                       f"{w['late_p99_us']} us at p99 (max {w['late_max_us']} us)")
     else:
         worst_link, link_note = None, LINK_NOTE
@@ -332,4 +376,5 @@ def fidelity(records: Iterable[Mapping[str, Any]], *, dilation: float, threshold
     """``judge`` of ``merge``: the fidelity block of a run from its lag log's records."""
     records = list(records)
     return judge(merge(records, lo_ns, hi_ns), dilation=dilation, threshold_us=threshold_us,
-                 threshold_real_us=threshold_real_us, figure=figure, links=merge_links(records, lo_ns, hi_ns))
+                 threshold_real_us=threshold_real_us, figure=figure, links=merge_links(records, lo_ns, hi_ns),
+                 busy=merge_busy(records, lo_ns, hi_ns))

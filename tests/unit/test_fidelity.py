@@ -9,17 +9,19 @@ import pytest
 from ibemu.events import Kind
 from ibemu.lagmon import LagStats
 from ibemu.report.result import validate
-from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, fidelity, judge, merge
+from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, MAX_WORKER_BUSY_PCT, fidelity, judge, merge, merge_busy
 from tests.unit.report.sample import result
 
 
-def _rec(process: str, t_ns: int, lags_us: list[float], since_ns: int | None = None) -> dict[str, Any]:
+def _rec(process: str, t_ns: int, lags_us: list[float], since_ns: int | None = None,
+         busy: tuple[float, float] | None = None) -> dict[str, Any]:
     s = LagStats()
     for v in lags_us:
         s.add(v)
     return {"kind": Kind.LAG.value, "t_ns": t_ns, "process": process, "pid": 1,
             "since_ns": t_ns - 1_000_000_000 if since_ns is None else since_ns, "period_us": 10_000,
-            **s.summary(), "buckets": s.buckets(), "final": False}
+            **s.summary(), "buckets": s.buckets(), "final": False,
+            **({} if busy is None else {"busy": busy[0], "wall_s": busy[1]})}
 
 
 def _stats(lags: list[float]) -> LagStats:
@@ -78,6 +80,34 @@ def test_records_merge_per_process_within_the_window() -> None:
     assert everything["sm"].samples == 300 and everything["sm"].max_us == 90_000.0
     block = fidelity(recs, dilation=1.0, lo_ns=10 * s, hi_ns=20 * s)
     assert block["valid"] is True and block["worst_process"] == "agent-host"
+
+
+def test_a_saturated_traffic_worker_invalidates_a_dilated_run_whatever_its_lag() -> None:
+    """Busy shares merge per process over the window, weighted by real time; a traffic worker
+    at or over MAX_WORKER_BUSY_PCT makes a dilated run invalid with its lag far under the
+    threshold, an agent host as busy does not, and at dilation 1 nothing changes."""
+    s = 1_000_000_000
+    recs = [
+        _rec("traffic ring", 1 * s, [0.01] * 100, busy=(0.2, 1.0)),   # before the window: left out
+        _rec("traffic ring", 11 * s, [0.01] * 100, busy=(0.99, 3.0)),
+        _rec("traffic ring", 12 * s, [0.01] * 100, busy=(0.87, 1.0)),
+        _rec("agent-host", 12 * s, [0.01] * 100, busy=(0.99, 1.0)),
+        _rec("sm", 12 * s, [0.01] * 100),                            # an old record: no share
+    ]
+    shares = merge_busy(recs, 10 * s, 20 * s)
+    assert set(shares) == {"traffic ring", "agent-host"}
+    assert shares["traffic ring"] == pytest.approx(100 * (0.99 * 3 + 0.87) / 4)
+    block = fidelity(recs, dilation=20_000.0, lo_ns=10 * s, hi_ns=20 * s, figure=("ring time_us", 963.0))
+    assert block["worst_lag_us"] < block["threshold_us"]
+    assert block["valid"] is False and "traffic ring was busy 96% of the time" in block["note"], block["note"]
+    assert "agent-host was busy" not in block["note"]
+    assert block["processes"]["traffic ring"]["busy_pct"] == 96.0 and "busy_pct" not in block["processes"]["sm"]
+    assert fidelity(recs, dilation=1.0, lo_ns=10 * s, hi_ns=20 * s)["valid"] is True
+    calm = [_rec("traffic ring", 11 * s, [0.01] * 100, busy=((MAX_WORKER_BUSY_PCT - 1) / 100, 1.0))]
+    assert fidelity(calm, dilation=20_000.0, figure=("ring time_us", 963.0))["valid"] is True
+    d = result()
+    d["fidelity"] = block
+    assert validate(d) == []
 
 
 def test_the_block_fits_the_run_schema() -> None:

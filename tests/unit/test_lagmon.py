@@ -115,6 +115,29 @@ def test_a_blocked_loop_on_the_real_clock_is_seen_as_lag() -> None:
     assert recs[-1]["final"] and recs[-1]["period_us"] == 10_000
 
 
+def test_the_busy_share_tells_a_loop_that_had_work_from_one_that_waited() -> None:
+    """A loop that computes without sleeping (checkpoints between slices, as a worker carrying
+    frames does: its monitor stays on time) is busy ~100% of the time; one that sleeps, ~0%."""
+    async def working() -> None:
+        end = time.perf_counter() + 0.4
+        while time.perf_counter() < end:
+            t = time.perf_counter() + 0.001
+            while time.perf_counter() < t:
+                pass
+            await trio.lowlevel.checkpoint()
+
+    async def idle() -> None:
+        await trio.sleep(0.4)
+
+    busy = _run_watch(working, period_s=0.01, report_s=0.1)
+    lazy = _run_watch(idle, period_s=0.01, report_s=0.1)
+    share = sum(r["busy"] * r["wall_s"] for r in busy) / sum(r["wall_s"] for r in busy)
+    assert share > 0.9, busy
+    assert max(r["max_us"] for r in busy) < 50_000  # its timers kept (nearly) on time all the same
+    assert sum(r["busy"] * r["wall_s"] for r in lazy) / sum(r["wall_s"] for r in lazy) < 0.2, lazy
+    assert all(0.0 <= r["busy"] <= 1.0 and r["wall_s"] > 0 for r in busy + lazy)
+
+
 def test_watch_from_env_writes_the_run_log_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     async def one(name: str) -> None:
         async with trio.open_nursery() as n:

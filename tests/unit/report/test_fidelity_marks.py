@@ -88,7 +88,7 @@ def test_under_dilation_the_lags_and_the_threshold_read_in_both_clocks() -> None
     assert fid[0].startswith("  INVALID: fell behind the emulated clock: traffic job p99 lag 3.2 us emulated = "
                              "64 ms real (max 3.2 us emulated = 64 ms real); threshold 1.68 us emulated = "
                              "33.6 ms real: 5% of job fabric_s 33.6 us"), fid[0]
-    assert fid[1].split() == ["process", "p50", "lag", "p99", "lag", "p99", "real", "max", "lag", "samples"]
+    assert fid[1].split() == ["process", "p50", "lag", "p99", "lag", "p99", "real", "max", "lag", "samples", "busy"]
     assert "threshold 1.68 us emulated = 33.60 ms real: 5% of job fabric_s" in render_html(d)
     d["fidelity"]["threshold_real_us"] = "2 ms"
     assert validate(d) == ["fidelity.threshold_real_us: expected number, got str '2 ms'"]
