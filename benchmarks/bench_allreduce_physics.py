@@ -158,6 +158,10 @@ def main() -> None:
               f"{vs:>6} {x.get('router_dropped', 0):7,} "
               f"{x.get('router_ecn_marked', 0):6,} {x.get('router_pause_sent', 0):6,} "
               f"{x.get('retransmitted', 0):6,} {x.get('wrong', 0):5d}")
+        shares = ", ".join(f"{name} {p['busy_pct']:g}%" for name, p in fid.get("processes", {}).items()
+                           if p.get("busy_pct") is not None)
+        if shares:
+            print(f"    busy (share of the time each process had work waiting): {shares}")
         if not valid:
             print(f"    INVALID: {ring.get('error') or fid['note']}")
     print("  resent: the transport's retransmitted packets; dropped/marked/pauses: all RoCE routers' ports "
