@@ -46,18 +46,12 @@ from dataclasses import dataclass
 from ibemu import clock
 from ibemu.kernel.linkio import LiveLinks
 from ibemu.physics.live import Departure
-from ibemu.physics.model import Drop, Frame, Node, Pause
+from ibemu.physics.model import Drop, Node, Pause
+from ibemu.roce.linkframes import FCS, MIN_FRAME, hand_in, match_key
 from ibemu.roce.queues import ip_checksum
 from ibemu.wire import pfc
 
-FCS = 4
-MIN_FRAME = 64
-
-
-def match_key(frame: bytes | bytearray | memoryview) -> bytes:
-    """What identifies a RoCE frame on a cable at both ends: IP ID, addresses, UDP header and
-    BTH (``frame`` with its Ethernet header); what a router rewrites is left out."""
-    return bytes(frame[18:20]) + bytes(frame[26:54])
+__all__ = ["FCS", "MIN_FRAME", "PrioCounters", "RoceLinks", "match_key"]
 
 
 @dataclass(slots=True)
@@ -83,8 +77,13 @@ class RoceLinks(LiveLinks):
 
     def __init__(self, nodes: Mapping[str, Node], *, sockets: Callable[[str, int], socket.socket | None],
                  macs: Callable[[str, int], bytes], down: Callable[[str, int], bool], loss_pct: float = 0.0,
-                 seed: int = 0) -> None:
-        super().__init__(nodes, sockets=sockets, tie_seed=seed)
+                 seed: int = 0, deliver: Callable[[str, int, list[bytearray]], None] | None = None,
+                 where: Callable[[str, int], tuple[str | None, str]] | None = None) -> None:
+        """``deliver(router, port, frames)`` and ``where(router, port)`` (its namespace and
+        device): the hand-over in memory between routers (``LiveLinks``; a port's carrier is
+        ``not down``); the routers' ports each have one ETH_P_ALL socket of the datapath's."""
+        super().__init__(nodes, sockets=sockets, tie_seed=seed, deliver=deliver, where=where,
+                         carrier=(lambda r, p: not down(r, p)) if deliver is not None else None, own_taps=1)
         self._macs = macs
         self._down = down
         self._loss = loss_pct / 100
@@ -100,18 +99,11 @@ class RoceLinks(LiveLinks):
 
     # --- in -------------------------------------------------------------------------------
 
-    def submit(self, router: str, in_port: int, out: Mapping[int, list[bytes | bytearray]], prio: bytes) -> None:
+    def submit(self, router: str, in_port: int, out: dict[int, list[bytes | bytearray]], prio: bytes) -> None:
         """A batch's forwarding decisions (egress port -> rewritten frames) of ``router``,
         received on ``in_port`` (ports are the topology's numbers): into the model; then what
         is due goes. ``prio``: priority by TOS byte."""
-        now = clock.now_ns()
-        arrive = self.plane.arrive
-        for egress, frames in out.items():
-            for f in frames:
-                tos = f[15]
-                fr = Frame(max(MIN_FRAME, len(f) + FCS), sl=prio[tos], dst=egress, flow=match_key(f),
-                           ecn_capable=tos & 3 in (1, 2), meta=f)
-                arrive(router, in_port, fr, now)
+        hand_in(self.plane, router, in_port, out, clock.now_ns(), prio)  # (compiled)
         self.pump()
 
     def settle(self, router: str, in_port: int, frame: bytes | bytearray) -> None:
@@ -133,6 +125,11 @@ class RoceLinks(LiveLinks):
         self.pump()
 
     # --- out ------------------------------------------------------------------------------
+
+    def handed_frame(self, data: bytes | bytearray) -> bytes | bytearray:
+        """A frame handed to the next router as it is (its MACs are already the cable's; the
+        router's forwarding copies it)."""
+        return data
 
     def outgoing(self, d: Departure) -> bytes | bytearray | None:
         f: bytearray = d.frame.meta

@@ -50,6 +50,7 @@ class RouterPlane:
         self.fib = Fib(seed)
         self.down: set[int] = set()
         self.local_ips = local_ips
+        self._local = frozenset(int.from_bytes(ip, "big") for ip in local_ips)
         self.stats: Counter[str] = Counter()
         self.rng = random.Random(seed)
         self._loss = cfg.loss_pct / 100
@@ -106,14 +107,14 @@ class RouterPlane:
         if frame[14] >> 4 != 4 or ihl < 20 or total < ihl or 14 + total > n or 14 + ihl + 4 > n:
             self.stats["malformed"] += 1
             return []
-        dst = frame[30:34]
-        if dst in self.local_ips:
+        dst = int.from_bytes(frame[30:34], "big")  # (a frame handed over is a bytearray)
+        if dst in self._local:
             self.stats["to_router"] += 1
             return []
         if frame[22] <= 1:
             self.stats["ttl_expired"] += 1
             return []
-        hops = self.fib.lookup(int.from_bytes(dst, "big"))
+        hops = self.fib.lookup(dst)
         if hops is None:
             self.stats["no_route"] += 1
             return []
