@@ -45,10 +45,15 @@ MODULES: tuple[str, ...] = (
     "ibemu.agents.lft",
     "ibemu.agents.forwarder",
     "ibemu.fabric.linkframes",
+    "ibemu.kernel.fib",
+    "ibemu.roce.userplane",
+    "ibemu.roce.linkframes",
 )
 """The modules compiled, in one group (calls between them are C calls): the link model, and
 the switches' LFT and forwarding decision (``Forwarder.forward_run``, every frame's), and
-the IB user datapath's hand-in of frames to the model (``fabric.linkframes``)."""
+the IB user datapath's hand-in of frames to the model (``fabric.linkframes``); the RoCE
+user datapath's routers (``roce.userplane``: checks, FIB lookup and ECMP in ``kernel.fib``,
+TTL, MACs) and its hand-in of frames to the model (``roce.linkframes``)."""
 GROUP = "ibemu.physics._native"
 """The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
 ROOT = Path(__file__).resolve().parents[1]

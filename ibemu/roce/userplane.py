@@ -59,7 +59,7 @@ class RouterPlane:
         self.host_pauses: list[tuple[int, dict[int, int]]] = []
         """(ifindex, quanta by priority) of the PFC frames hosts sent (taken by the datapath)."""
 
-    def receive(self, ifindex: int, frame: bytes, now: int) -> list[Send]:
+    def receive(self, ifindex: int, frame: bytes | bytearray, now: int) -> list[Send]:
         """A frame received on ``ifindex``: where it goes (none, one)."""
         port = self.ports.get(ifindex)
         if port is None or ifindex in self.down:
@@ -80,7 +80,7 @@ class RouterPlane:
             return []
         return self.forward(ifindex, frame, now)
 
-    def receive_batch(self, ifindex: int, frames: Sequence[bytes], now: int,
+    def receive_batch(self, ifindex: int, frames: Sequence[bytes | bytearray], now: int,
                       out: dict[int, list[bytes | bytearray]]) -> int:
         """``receive`` for each of ``frames`` in order, what it sends appended to
         ``out[egress]``; how many were not forwarded."""
@@ -97,7 +97,7 @@ class RouterPlane:
                     q.append(data)
         return dropped
 
-    def forward(self, ifindex: int, frame: bytes, now: int) -> list[Send]:
+    def forward(self, ifindex: int, frame: bytes | bytearray, now: int) -> list[Send]:
         n = len(frame)
         if n < 34 or frame[12] != 0x08 or frame[13] != 0x00:
             self.stats["not_ipv4"] += 1
