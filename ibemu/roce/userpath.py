@@ -140,9 +140,11 @@ class UserDatapath:
             r = routers[name]
             return r.plane.ports[r.by_port[port]].mac
 
-        def down(name: str, port: int) -> bool:
-            r = routers.get(name)
-            return r is None or r.by_port.get(port) in r.plane.down
+        ports_down = {(name, port): (r.plane.down, i) for name, r in routers.items() for port, i in r.by_port.items()}
+
+        def down(name: str, port: int) -> bool:  # (every departure's: one lookup)
+            where = ports_down.get((name, port))
+            return where is None or where[1] in where[0]
 
         def deliver(name: str, port: int, frames: list[bytearray]) -> None:  # as if read on its socket
             r = routers[name]
