@@ -19,12 +19,15 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
-from ibemu.kernel.fib import Fib, flow_key
+from ibemu.kernel.fib import Fib
 from ibemu.roce.queues import QueueConfig
 from ibemu.wire import pfc
 
 Send = tuple[int, bytes | bytearray]
+HEADERS: Final = 14 + 60 + 4
+"""Bytes of a frame its forwarding reads: Ethernet, the longest IPv4 header, UDP's ports."""
 
 
 @dataclass(slots=True)
@@ -118,21 +121,23 @@ class RouterPlane:
 
     def _forward(self, ifindex: int, frame: bytes | bytearray) -> int | None:
         """The egress port of an IPv4 frame received on ``ifindex``; None (counted why) where
-        it goes nowhere."""
+        it goes nowhere. (Its headers are read from a ``bytes`` copy of them: compiled, a
+        ``bytes`` index is a C read, a ``bytes | bytearray`` one a generic call.)"""
         n = len(frame)
-        if n < 34 or frame[12] != 0x08 or frame[13] != 0x00:
+        h = bytes(frame[:HEADERS])
+        if n < 34 or h[12] != 0x08 or h[13] != 0x00:
             self.stats["not_ipv4"] += 1
             return None
-        ihl = (frame[14] & 0x0F) * 4
-        total = (frame[16] << 8) | frame[17]
-        if frame[14] >> 4 != 4 or ihl < 20 or total < ihl or 14 + total > n or 14 + ihl + 4 > n:
+        ihl = (h[14] & 0x0F) * 4
+        total = (h[16] << 8) | h[17]
+        if h[14] >> 4 != 4 or ihl < 20 or total < ihl or 14 + total > n or 14 + ihl + 4 > n:
             self.stats["malformed"] += 1
             return None
-        dst = (frame[30] << 24) | (frame[31] << 16) | (frame[32] << 8) | frame[33]
+        dst = (h[30] << 24) | (h[31] << 16) | (h[32] << 8) | h[33]
         if dst in self._local:
             self.stats["to_router"] += 1
             return None
-        if frame[22] <= 1:
+        if h[22] <= 1:
             self.stats["ttl_expired"] += 1
             return None
         hops = self.fib.lookup(dst)
@@ -143,7 +148,8 @@ class RouterPlane:
         if len(hops) == 1 and not down:
             out: int | None = hops[0]  # no choice to make: no flow key
         else:
-            out = self.fib.choose(hops, flow_key(frame), down)
+            l4 = 14 + ihl  # kernel.fib.flow_key, from the header copy
+            out = self.fib.choose(hops, h[26:34] + h[23:24] + h[l4:l4 + 4], down)
         if out is None or out not in self.ports:
             self.stats["egress_down"] += 1
             return None
@@ -155,11 +161,12 @@ class RouterPlane:
     def _rewritten(self, egress: int, frame: bytes | bytearray) -> bytearray:
         """``frame`` (checked by :meth:`_forward`) as it leaves on ``egress``: a copy up to the
         IP total length, the egress port's MACs, TTL - 1 with the checksum fixed."""
-        end = 14 + ((frame[16] << 8) | frame[17])
+        h = bytes(frame[16:26])
+        end = 14 + ((h[0] << 8) | h[1])
         buf = bytearray(frame) if end == len(frame) else bytearray(frame[:end])  # one copy
         buf[0:12] = self.ports[egress].eth
-        buf[22] -= 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
-        s = ((buf[24] << 8) | buf[25]) + 0x0100
+        buf[22] = h[6] - 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
+        s = ((h[8] << 8) | h[9]) + 0x0100
         s = (s & 0xFFFF) + (s >> 16)
         buf[24] = s >> 8
         buf[25] = s & 0xFF

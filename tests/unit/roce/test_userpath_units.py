@@ -144,6 +144,15 @@ def test_a_frame_handed_over_by_the_router_before_is_forwarded_as_one_read_from_
     assert [len(q) for q in out.values()] == [1] and r.stats["to_router"] == 1
 
 
+def test_the_planes_ecmp_choice_is_the_fibs_on_the_kernels_flow_key() -> None:
+    """The plane reads the 5-tuple from its own header copy: the same key as ``flow_key``
+    (what ``testing.bisection`` predicts paths with), so the same next hop."""
+    r = plane(QueueConfig())
+    frames = [ip_frame(sport=0xC000 + i) for i in range(32)]
+    got = [r.receive(1, bytes(f), 0)[0][0] for f in frames]
+    assert got == [r.fib.choose((2, 3), flow_key(f)) for f in frames] and set(got) == {2, 3}
+
+
 def test_dscp_maps_to_priorities() -> None:
     default = QueueConfig().priorities()
     assert default[26 << 2 | 2] == 3 and default[48 << 2] == 6 and default[0] == 0
