@@ -159,11 +159,16 @@ class RouterPlane:
         return out
 
     def _rewritten(self, egress: int, frame: bytes | bytearray) -> bytearray:
-        """``frame`` (checked by :meth:`_forward`) as it leaves on ``egress``: a copy up to the
-        IP total length, the egress port's MACs, TTL - 1 with the checksum fixed."""
+        """``frame`` (checked by :meth:`_forward`) as it leaves on ``egress``: up to the IP
+        total length, the egress port's MACs, TTL - 1 with the checksum fixed. A copy, except
+        for a ``bytearray`` of that length: a frame the router before handed over in memory
+        (``LiveLinks``), which nothing else holds, is rewritten in place."""
         h = bytes(frame[16:26])
         end = 14 + ((h[0] << 8) | h[1])
-        buf = bytearray(frame) if end == len(frame) else bytearray(frame[:end])  # one copy
+        if isinstance(frame, bytearray) and end == len(frame):
+            buf = frame
+        else:
+            buf = bytearray(frame) if end == len(frame) else bytearray(frame[:end])  # one copy
         buf[0:12] = self.ports[egress].eth
         buf[22] = h[6] - 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
         s = ((h[8] << 8) | h[9]) + 0x0100

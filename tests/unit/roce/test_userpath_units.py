@@ -141,6 +141,9 @@ def test_a_frame_handed_over_by_the_router_before_is_forwarded_as_one_read_from_
     out: dict[int, list[bytes | bytearray]] = {}
     assert r.receive_batch(2, [bytearray(ip_frame()), bytearray(ip_frame(dst="198.18.1.0"))], 0, out) == 1
     assert again[0] == 3 and Ether(bytes(again[1]))[IP].ttl == 62 and checksum_ok(again[1])
+    assert again[1] is first[1]  # the router's own copy, rewritten in place (no copy a hop)
+    read = bytes(ip_frame())
+    assert r.receive(1, read, 0)[0][1] is not read and read == bytes(ip_frame())  # what it read: copied
     assert [len(q) for q in out.values()] == [1] and r.stats["to_router"] == 1
 
 
