@@ -191,6 +191,7 @@ class LiveLinks:
         # this call's verdict per sending port: (the peer's list, the header); True: the veth;
         # False: dropped (the switch is off)
         ways: dict[tuple[str, int], tuple[list[Any], bytes] | bool] = {}
+        touch = self.outgoing if type(self).outgoing is not LiveLinks.outgoing else None  # (IB: none)
         for d in due:
             end = (d.switch, d.port)
             way = ways.get(end)
@@ -209,7 +210,7 @@ class LiveLinks:
             if way is True:
                 rest.append(d)
             elif way is not False:
-                data = self.outgoing(d)
+                data = d.frame.meta if touch is None else touch(d)
                 if data is None:
                     continue
                 frames, head = way
