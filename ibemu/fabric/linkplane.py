@@ -73,7 +73,7 @@ from ibemu.events import FabricLog, Kind
 from ibemu.fabric.linkframes import ETH_LEN, hand_in
 from ibemu.kernel.linkio import CAPTURE_CHECK_S, LiveLinks, link_record
 from ibemu.physics.link import SwitchModel
-from ibemu.physics.live import Departure, egress_load
+from ibemu.physics.live import egress_load
 from ibemu.physics.model import Frame, Node
 
 log = logging.getLogger(__name__)

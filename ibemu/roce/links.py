@@ -25,6 +25,10 @@ What :class:`RoceLinks` adds to ``LiveLinks``:
   stops), a neighbour router's datapath only counts it (the model already paused that port,
   at the time the frame's propagation says). A PFC frame a host sends pauses the router's port
   towards it in the model (XOFF until XON, quanta not aged).
+- The hand-over in memory between routers (``LiveLinks``): a router port's carrier is its
+  link state (``down``); a departure is touched (:meth:`RoceLinks.outgoing`) before it is
+  handed over as before it is sent, and handed as the ``bytearray`` it is (the next router
+  rewrites it in place).
 - Counters per router port and priority (``tx_frames``, ``dropped``, ``ecn_marked``,
   ``lost``, ``pause_sent``, ``pause_received``, ``paused_us``), as the user datapath reports
   them.

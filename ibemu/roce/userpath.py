@@ -12,7 +12,10 @@ announce the routes it drops with a link). Frames go through ``RouterPlane`` (fo
 host-side loss), then the link model (``ibemu.roce.links``: ``ibemu.physics`` with Ethernet
 nodes, the IB user datapath's model and live adapter): egress queues, line rate, switch
 latency, propagation, drop tail, ECN, PFC, on the emulated clock; one timerfd wakes the
-datapath when the next frame is due. The cables (rates, delays) come in ``userpath.json``
+datapath when the next frame is due. A frame onto a cable between two routers is handed to
+the next router in memory (``kernel.linkio.LiveLinks``, as the IB user datapath's switches
+do), not through the veth, unless either end has no carrier or a capture listens on it;
+``"handover": false`` in the config sends every frame through its veth. The cables (rates, delays) come in ``userpath.json``
 (``physics``: the topology's, as ``physics.plan.cables_of`` gives them). The routers' kernels
 do not forward (``ip_forward=0``) and drop RoCE frames at ingress (the hosts' guard).
 Counters go to ``--counters`` every second and at exit, each cable direction's fidelity
