@@ -340,7 +340,7 @@ class UserDatapath:
         """Every ``CAPTURE_CHECK_S``: which cables between routers a capture listens on (they
         go through their veth, not in memory)."""
         while self.links is not None:
-            await trio.sleep(CAPTURE_CHECK_S)
+            await trio.sleep(clock.loop_s(CAPTURE_CHECK_S))  # (real seconds, at any dilation)
             self.links.check_captures()
 
     async def serve(self, counters: Path | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
