@@ -21,7 +21,8 @@ ibemu/kernel/bpf_src/%.o: ibemu/kernel/bpf_src/%.c
 NATIVE := ibemu/kernel/c_src/madtwin
 NATIVE_PY ?= $(PY)
 MYPYC_SRC := ibemu/physics/qos.py ibemu/physics/link.py ibemu/physics/model.py ibemu/physics/live.py \
-	ibemu/agents/lft.py ibemu/agents/forwarder.py ibemu/fabric/linkframes.py
+	ibemu/agents/lft.py ibemu/agents/forwarder.py ibemu/fabric/linkframes.py \
+	ibemu/kernel/fib.py ibemu/roce/userplane.py ibemu/roce/linkframes.py
 native: $(NATIVE) build/mypyc/stamp
 build/mypyc/stamp: $(MYPYC_SRC) scripts/build_native.py ibemu/native.py
 	@if [ -x "$(NATIVE_PY)" ]; then $(NATIVE_PY) scripts/build_native.py >/dev/null && mkdir -p build/mypyc && touch $@; \

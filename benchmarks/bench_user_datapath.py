@@ -167,7 +167,8 @@ def run_blaster(senders: list[dict[str, Any]], offered: float, seconds: float,
 LINK_MODEL = True
 """``--no-link-model``: the IB forwarding alone (see ``measure_ib``)."""
 HANDOVER = True
-"""``--no-handover``: frames between switches cross their veths (see ``measure_ib``)."""
+"""``--no-handover``: frames between switches (routers) cross their veths (see ``measure_ib``,
+``measure_roce``)."""
 
 
 def measure_ib(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
@@ -385,6 +386,10 @@ def measure_roce(seconds: float, offered: float, tmp: Path) -> dict[str, float]:
 
     state = ownership.RunState(ownership.new_run_id(), scenario="bench-user-datapath")
     state.save()
+    if not HANDOVER:  # every frame through its veth: the datapath's "handover" key (the benchmark only)
+        from ibemu.fabric.roce_fabric import RoceFabric
+        config = RoceFabric.userpath_config
+        RoceFabric.userpath_config = lambda self: {**config(self), "handover": False}  # type: ignore[method-assign]
     run = RoceRun.up(generate("fat-tree", k=4), state, queues=QueueConfig())
     try:
         senders = []
@@ -482,7 +487,7 @@ def main() -> int:
     ap.add_argument("--no-link-model", action="store_true",
                     help="IB: forward without the link model (the forwarding alone; the datapath always has it)")
     ap.add_argument("--no-handover", action="store_true",
-                    help="IB: frames between switches cross their veths (no hand-over in memory)")
+                    help="frames between switches (IB) or routers (RoCE) cross their veths (no hand-over in memory)")
     ap.add_argument("--model-only", action="store_true",
                     help="IB: the link model alone (no fabric), with its fast path and without")
     ap.add_argument("--blast", help=argparse.SUPPRESS)

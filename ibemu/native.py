@@ -4,7 +4,9 @@ The live link model (``physics.live`` and the modules it runs on) and the switch
 forwarding fast path (``agents.forwarder``, ``agents.lft``) do plain integer bookkeeping per
 frame and hop, and in the interpreter that was most of the IB user datapath's CPU time
 (the model ~60% of the forwarding thread, the forwarder ~10%: py-spy,
-``benchmarks/bench_user_datapath.py --profile``). ``make native`` (which ``scripts/setup.sh`` runs) compiles the modules of
+``benchmarks/bench_user_datapath.py --profile``); the RoCE user datapath's routers
+(``roce.userplane`` with ``kernel.fib``, and ``roce.linkframes``) likewise. ``make native``
+(which ``scripts/setup.sh`` runs) compiles the modules of
 :data:`MODULES`, unchanged, with mypyc (it ships with mypy; a C compiler and Python's headers
 are needed) into C extensions next to their sources (``scripts/build_native.py``). Python
 imports an extension module before a source file of the same name, so where they are built
@@ -45,10 +47,15 @@ MODULES: tuple[str, ...] = (
     "ibemu.agents.lft",
     "ibemu.agents.forwarder",
     "ibemu.fabric.linkframes",
+    "ibemu.kernel.fib",
+    "ibemu.roce.userplane",
+    "ibemu.roce.linkframes",
 )
 """The modules compiled, in one group (calls between them are C calls): the link model, and
 the switches' LFT and forwarding decision (``Forwarder.forward_run``, every frame's), and
-the IB user datapath's hand-in of frames to the model (``fabric.linkframes``)."""
+the IB user datapath's hand-in of frames to the model (``fabric.linkframes``); the RoCE
+user datapath's routers (``roce.userplane``: checks, FIB lookup and ECMP in ``kernel.fib``,
+TTL, MACs) and its hand-in of frames to the model (``roce.linkframes``)."""
 GROUP = "ibemu.physics._native"
 """The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
 ROOT = Path(__file__).resolve().parents[1]

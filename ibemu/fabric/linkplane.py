@@ -52,22 +52,10 @@ data frame reaching a switch in the model to it (``LivePlane.adapt``) with the l
 switch's egress ports (``physics.live.egress_load``); ``adapt`` is the switch's
 ``Forwarder.adapt``, which picks the group's least-loaded port.
 
-Hand-over in memory: every switch lives in this process, so a frame onto a cable between two
-of them goes to the other switch's forwarding (``deliver``, as if read on its socket) with the
-Ethernet header the veth would carry, instead of through the veth: a kernel send and receive
-fewer per hop, and no frame lost in a full socket buffer (whose credits the model would only
-get back when the record expires, 1 s later). What is due for switches is collected while a
-batch is forwarded and handed over after it (:meth:`drain`, from the timer's wake-up or a
-pump outside a batch), one switch's batch at a time, so no switch's forwarding is entered
-inside another's. A cable keeps its veth while either end has no carrier as the agent host
-last saw it (a cut: the kernel drops what is sent on it; the carrier event comes within a
-millisecond of the cut, and frames handed over in between are not lost as on the veth) and
-while a capture listens on either end: an ETH_P_ALL packet socket on the port's device or on
-every device of its namespace (``tcpdump``, ``ibemu run --capture``), looked for every
-:data:`CAPTURE_CHECK_S` (``kernel.ring.packet_taps``); a capture started sees the cable's
-frames from its next check on. Deviation: the veths between switches carry no data frames
-(their kernel counters, ``ip -s link``, show only what the SMAs send), and nothing of the
-hand-over is timed: the model's times are what the frames get either way.
+Hand-over in memory (``LiveLinks``, shared with the RoCE user datapath): a frame onto a cable
+between two switches goes to the other switch's forwarding (``deliver``) with the Ethernet
+header the veth would carry, instead of through the veth, unless either end has no carrier or a
+capture listens on it (``ibemu.kernel.linkio``'s docstring).
 
 Deviations: VL15 frames the SMAs send themselves (``Send`` actions, answers
 and traps) leave at once, outside the model: only the SMPs the forwarders relay are timed.
@@ -83,22 +71,19 @@ from typing import Any
 from ibemu import clock
 from ibemu.events import FabricLog, Kind
 from ibemu.fabric.linkframes import ETH_LEN, hand_in
-from ibemu.kernel.linkio import LiveLinks, link_record
-from ibemu.kernel.ring import packet_taps
+from ibemu.kernel.linkio import CAPTURE_CHECK_S, LiveLinks, link_record
 from ibemu.physics.link import SwitchModel
-from ibemu.physics.live import Departure, egress_load
+from ibemu.physics.live import egress_load
 from ibemu.physics.model import Frame, Node
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LinkPlane", "link_record", "match_key"]
+__all__ = ["CAPTURE_CHECK_S", "LinkPlane", "link_record", "match_key"]
 
 REPORT_S = 1.0
 """How often (real seconds) counters, credit loops and link fidelity are reported."""
 LOOP_STALL_NS = 1_000_000
 """A cycle of ports with no credit returned for 1 ms of emulated time is a credit loop."""
-CAPTURE_CHECK_S = 0.2
-"""How often (real seconds) the switch ports' namespaces are looked at for captures."""
 SYMBOL_BYTES = 4
 """PortXmitWait's tick: the time a cable takes for this many bytes (one symbol on each of 4 lanes)."""
 
@@ -131,27 +116,8 @@ class LinkPlane(LiveLinks):
         (with their Ethernet headers) on ``switch:port``; ``carrier(switch, port)``, the port's
         carrier as the datapath last saw it; ``where(switch, port)``, the port's namespace
         and device (for captures on it)."""
-        super().__init__(nodes, sockets=sockets, heads=heads, powered=powered)
-        self._deliver = deliver if carrier is not None and where is not None else None
-        self._carrier = carrier or (lambda s, p: False)
-        self._where = where
-        self.peers: dict[tuple[str, int], tuple[str, int]] = {
-            (name, num): p.peer for name, node in nodes.items() if node.switch
-            for num, p in node.ports.items() if p.peer is not None and p.peer[0] in nodes
-            and nodes[p.peer[0]].switch}
-        """Switch port -> the switch port at the other end of its cable (both in the plane)."""
-        self.captured: set[tuple[str, int]] = set()
-        """Switch ports a capture listens on (``kernel.ring.packet_taps``): their cables'
-        frames cross the veth (so the capture sees them), in both directions."""
-        self.handed = 0
-        """Frames handed over in memory."""
-        self._local: dict[tuple[str, int], list[bytes]] = {}
-        self._depth = 0
-        self._draining = False
-        self._held: list[Departure] = []
-        """Departures for the veths while a drain goes on (sent together at its end)."""
-        if self._deliver is not None:
-            self.check_captures()
+        super().__init__(nodes, sockets=sockets, heads=heads, powered=powered, deliver=deliver, carrier=carrier,
+                         where=where)
         self._decide = decide
         if decide is not None:
             self.plane.redecide = self._redecide
@@ -180,111 +146,6 @@ class LinkPlane(LiveLinks):
             self.pump()
         finally:
             self._depth -= 1
-
-    # --- the hand-over in memory between switches -----------------------------------------
-
-    def pump(self) -> None:
-        """``LiveLinks.pump``; then, outside a batch of the datapath's, the frames due for a
-        switch of the plane go to it (:meth:`drain`); inside one, the timer is armed to fire
-        at once, so they go as soon as the batch is done (a switch's forwarding is not
-        entered again while it forwards)."""
-        if self._draining:  # within drain: the timer is armed once it is done
-            due = self.plane.run(clock.now_ns())
-            if due:
-                self._send(due)
-            return
-        super().pump()
-        if self._local:
-            if self._depth:
-                self.timer.arm(1)  # (an instant long past: at once)
-                self._armed = -1
-            else:
-                self.drain()
-
-    def drain(self) -> None:
-        """Hand the frames due for switches of the plane to them, in order per port, until
-        none is left (what they forward onwards comes back here); what is due for the veths
-        meanwhile (towards hosts, captured cables) goes to the sending thread at the end, in
-        one hand-over (one per pump cost a thread switch each)."""
-        self._draining = True
-        try:
-            while self._local:
-                groups, self._local = self._local, {}
-                for (switch, port), frames in groups.items():
-                    self.handed += len(frames)
-                    if self._deliver is not None:
-                        self._deliver(switch, port, frames)
-        finally:
-            self._draining = False
-        if self._held:
-            held, self._held = self._held, []
-            super()._send(held)
-        nxt = self.plane.next_deadline()  # armed afresh: a pump inside may have armed it for at once
-        self._armed = nxt
-        if nxt is None:
-            self.timer.disarm()
-        else:
-            self.timer.arm(clock.to_real_ns(nxt))
-
-    def _send(self, due: list[Departure]) -> None:
-        """``LiveLinks._send``, except for a frame onto a cable between two switches of the
-        plane whose carrier is up at both ends and that no capture listens on: it is handed
-        to the other switch in memory, with the Ethernet header the veth would carry."""
-        if self._deliver is None or self.tx is None:
-            super()._send(due)
-            return
-        rest: list[Departure] = []
-        peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
-        # this call's verdict per sending port: (the peer's list, the header); True: the veth;
-        # False: dropped (the switch is off)
-        ways: dict[tuple[str, int], tuple[list[bytes], bytes] | bool] = {}
-        for d in due:
-            end = (d.switch, d.port)
-            way = ways.get(end)
-            if way is None:
-                peer = peers.get(end)
-                if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
-                    way = True
-                elif not self._powered(d.switch):
-                    way = False
-                else:
-                    frames = local.get(peer)
-                    if frames is None:
-                        frames = local[peer] = []
-                    way = (frames, self._heads(*end))
-                ways[end] = way
-            if way is True:
-                rest.append(d)
-            elif way is not False:
-                frames, head = way
-                data: bytes = d.frame.meta
-                frames.append(head + data[len(head):] if head else bytes(data))
-                self.sent += 1
-        if rest:
-            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
-                self._held += rest
-            else:
-                super()._send(rest)
-
-    def check_captures(self) -> None:
-        """Which switch ports a capture listens on (an ETH_P_ALL socket on the port's device
-        or on every device of its namespace): both ends of such a cable send on the veth."""
-        if self._where is None:
-            return
-        taps: dict[str | None, set[str]] = {}
-        captured = set()
-        for end, peer in self.peers.items():
-            for sw, port in (end, peer):
-                ns, ifname = self._where(sw, port)
-                if ns not in taps:
-                    taps[ns] = packet_taps(ns)
-                t = taps[ns]
-                if t and ("" in t or ifname in t):
-                    captured.add(end)
-        if captured != self.captured:
-            log.info("cables handed over through their veth (captured): %s",
-                     ", ".join(f"{s}:{p}" for s, p in sorted(captured)) or "none")
-        self.captured = captured
 
     def _redecide(self, switch: str, in_port: int, frame: Frame) -> None:
         assert self._decide is not None

@@ -16,6 +16,25 @@ how a received frame becomes a model frame, and, per kind, credits and PMA count
 frames, ECN marks and cable loss. A datapath whose departures need a last touch (the RoCE CE
 mark, a lost frame) overrides :meth:`LiveLinks.outgoing`.
 
+Hand-over in memory (both datapaths): every switch or router lives in the one process, so a
+frame onto a cable between two of them goes to the other one's forwarding (``deliver``, as if
+read on its socket; with the Ethernet header the veth would carry, ``heads``) instead of through
+the veth: a kernel send and receive fewer per hop, and no frame lost in a full socket buffer
+(whose model record would only go when it expires, 1 s later). What is due for switches is
+collected while a batch is forwarded and handed over after it (:meth:`LiveLinks.drain`, from
+the timer's wake-up, the end of the datapath's wake-up, or a pump outside a batch), one
+switch's batch at a time, so no switch's forwarding is entered inside another's. A cable keeps
+its veth while either end has no carrier as the datapath last saw it (a cut: the kernel drops
+what is sent on it; the carrier event comes within a millisecond of the cut, and frames handed
+over in between are not lost as on the veth) and while a capture listens on either end: an
+ETH_P_ALL packet socket on the port's device beyond the datapath's own ones there
+(``own_taps``), or on every device of its namespace (``tcpdump``, ``ibemu run --capture``),
+looked for every :data:`CAPTURE_CHECK_S` (``kernel.ring.packet_tap_counts``); a capture
+started sees the cable's frames from its next check on. Deviation: the veths between switches
+carry no data frames (their kernel counters, ``ip -s link``, show only what else is sent on
+them: SMPs, PFC frames), and nothing of the hand-over is timed: the model's times are what the
+frames get either way.
+
 This lives in ``ibemu.kernel`` because it is what stands between the pure model and the
 sockets (timerfd, sendmmsg), below both datapaths' packages (fabric and roce may not import
 each other).
@@ -24,8 +43,9 @@ each other).
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +54,17 @@ import trio
 from ibemu import clock, lagmon
 from ibemu.events import Kind, append_all
 from ibemu.kernel.packet import take_drops
-from ibemu.kernel.ring import TxBatcher
+from ibemu.kernel.ring import TxBatcher, packet_tap_counts
 from ibemu.kernel.timerfd import TimerFd
 from ibemu.physics.live import Departure, LinkStats, LivePlane
 from ibemu.physics.model import Node
 
+log = logging.getLogger(__name__)
+
 REPORT_CHUNK = 16
 """Ports per piece of a link report (``LiveLinks.report_parts``)."""
+CAPTURE_CHECK_S = 0.2
+"""How often (real seconds) the switch ports' namespaces are looked at for captures."""
 
 
 class LiveLinks:
@@ -48,11 +72,22 @@ class LiveLinks:
 
     ``sockets(switch, port)``: the port's packet socket (None: not open); ``heads(switch,
     port)``: the Ethernet header to put on its frames (``b""``: leave them as they are);
-    ``powered(switch)``: False drops what it would send."""
+    ``powered(switch)``: False drops what it would send.
+
+    The hand-over in memory between two switches of the plane (module docstring) needs all
+    three of: ``deliver(switch, port, frames)``, the datapath's reading of ``frames`` (with
+    their Ethernet headers) on ``switch:port``; ``carrier(switch, port)``, the port's carrier
+    as the datapath last saw it; ``where(switch, port)``, the port's namespace and device (for
+    captures on it). ``own_taps``: the ETH_P_ALL sockets the datapath itself has on each
+    port's device (not captures)."""
 
     def __init__(self, nodes: Mapping[str, Node], *, sockets: Callable[[str, int], socket.socket | None],
                  heads: Callable[[str, int], bytes] | None = None,
-                 powered: Callable[[str], bool] | None = None, tie_seed: int | None = None) -> None:
+                 powered: Callable[[str], bool] | None = None, tie_seed: int | None = None,
+                 deliver: Callable[[str, int, list[Any]], None] | None = None,
+                 carrier: Callable[[str, int], bool] | None = None,
+                 where: Callable[[str, int], tuple[str | None, str]] | None = None,
+                 own_taps: int = 0) -> None:
         self.plane = LivePlane(nodes, tie_seed=tie_seed)
         self._sockets = sockets
         self._heads = heads or (lambda s, p: b"")
@@ -63,16 +98,57 @@ class LiveLinks:
         self._since_ns = clock.now_ns()
         self.sent = 0
         self.lag_log = lagmon.log_path()
+        self._deliver = deliver if carrier is not None and where is not None else None
+        self._carrier = carrier or (lambda s, p: False)
+        self._where = where
+        self._own_taps = own_taps
+        self.peers: dict[tuple[str, int], tuple[str, int]] = {
+            (name, num): p.peer for name, node in nodes.items() if node.switch
+            for num, p in node.ports.items() if p.peer is not None and p.peer[0] in nodes
+            and nodes[p.peer[0]].switch}
+        """Switch port -> the switch port at the other end of its cable (both in the plane)."""
+        self.captured: set[tuple[str, int]] = set()
+        """Switch ports a capture listens on (``kernel.ring.packet_tap_counts``): their
+        cables' frames cross the veth (so the capture sees them), in both directions."""
+        self.handed = 0
+        """Frames handed over in memory."""
+        self._local: dict[tuple[str, int], list[Any]] = {}
+        self._depth = 0
+        self._draining = False
+        self._held: list[Departure] = []
+        """Departures for the veths while a drain goes on (sent together at its end)."""
+        if self._deliver is not None:
+            self.check_captures()
 
     # --- departures -----------------------------------------------------------------------
 
     def pump(self) -> None:
-        """Send every frame due now; arm the timer for the next deadline."""
+        """Send every frame due now; arm the timer for the next deadline. Then, outside a
+        batch of the datapath's (:meth:`batch`), the frames due for a switch of the plane go to
+        it (:meth:`drain`); inside one, the timer is armed to fire at once, so they go as soon
+        as the batch is done (a switch's forwarding is not entered again while it forwards)."""
         now = clock.now_ns()
+        if self._draining:  # within drain: the timer is armed once it is done
+            due = self.plane.run(now)
+            if due:
+                self._send(due)
+            self.after_pump(now)
+            return
         due = self.plane.run(now)
         if due:
             self._send(due)
         self.after_pump(now)
+        if self._local:
+            if self._depth:
+                if self._armed != -1:
+                    self.timer.arm(1)  # (an instant long past: at once)
+                    self._armed = -1
+            else:
+                self.drain()
+            return
+        self._arm()
+
+    def _arm(self) -> None:
         nxt = self.plane.next_deadline()
         if nxt != self._armed:
             self._armed = nxt
@@ -80,6 +156,19 @@ class LiveLinks:
                 self.timer.disarm()
             else:
                 self.timer.arm(clock.to_real_ns(nxt))
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """A datapath's forwarding of one batch (or of every port served at a wake-up):
+        pumps inside it leave the hand-over for its end, where it is drained (the timer is
+        armed to do it at once if an exception ends the batch)."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+        if not self._depth and self._local and not self._draining:
+            self.drain()
 
     def after_pump(self, now: int) -> None:
         """What a datapath does after each pump (the RoCE one: its pause frames)."""
@@ -90,6 +179,55 @@ class LiveLinks:
         return meta
 
     def _send(self, due: list[Departure]) -> None:
+        """The frames of ``due`` onto their cables: a frame onto a cable between two switches
+        of the plane whose carrier is up at both ends and that no capture listens on is handed
+        to the other switch in memory, with the Ethernet header the veth would carry; the
+        rest go to the sending thread (:meth:`_send_veth`)."""
+        if self._deliver is None or self.tx is None:
+            self._send_veth(due)
+            return
+        rest: list[Departure] = []
+        peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
+        # this call's verdict per sending port: (the peer's list, the header); True: the veth;
+        # False: dropped (the switch is off)
+        ways: dict[tuple[str, int], tuple[list[Any], bytes] | bool] = {}
+        touch = self.outgoing if type(self).outgoing is not LiveLinks.outgoing else None  # (IB: none)
+        for d in due:
+            end = (d.switch, d.port)
+            way = ways.get(end)
+            if way is None:
+                peer = peers.get(end)
+                if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
+                    way = True
+                elif not self._powered(d.switch):
+                    way = False
+                else:
+                    frames = local.get(peer)
+                    if frames is None:
+                        frames = local[peer] = []
+                    way = (frames, self._heads(*end))
+                ways[end] = way
+            if way is True:
+                rest.append(d)
+            elif way is not False:
+                data = d.frame.meta if touch is None else touch(d)
+                if data is None:
+                    continue
+                frames, head = way
+                frames.append(head + data[len(head):] if head else self.handed_frame(data))
+                self.sent += 1
+        if rest:
+            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
+                self._held += rest
+            else:
+                self._send_veth(rest)
+
+    def handed_frame(self, data: bytes | bytearray) -> Any:
+        """What the next switch's forwarding gets for a frame handed over without a header of
+        the port's own (IB: ``bytes``, what its compiled forwarder takes)."""
+        return bytes(data)
+
+    def _send_veth(self, due: list[Departure]) -> None:
         tx = self.tx
         if tx is None:
             return
@@ -106,6 +244,48 @@ class LiveLinks:
             self.sent += len(frames)
             out.append((sock, frames, switch, self._heads(switch, port)))
         tx.send_groups(out)  # every port's frames due now in one hand-over to the sending thread
+
+    def drain(self) -> None:
+        """Hand the frames due for switches of the plane to them, in order per port, until
+        none is left (what they forward onwards comes back here); what is due for the veths
+        meanwhile (towards hosts, captured cables) goes to the sending thread at the end, in
+        one hand-over (one per pump cost a thread switch each)."""
+        self._draining = True
+        try:
+            while self._local:
+                groups, self._local = self._local, {}
+                for (switch, port), frames in groups.items():
+                    self.handed += len(frames)
+                    if self._deliver is not None:
+                        self._deliver(switch, port, frames)
+        finally:
+            self._draining = False
+        if self._held:
+            held, self._held = self._held, []
+            self._send_veth(held)
+        self._armed = None  # armed afresh: a pump inside may have armed it for at once
+        self._arm()
+
+    def check_captures(self) -> None:
+        """Which switch ports a capture listens on (an ETH_P_ALL socket on the port's device
+        beyond the datapath's own, or on every device of its namespace): both ends of such a
+        cable send on the veth."""
+        if self._where is None:
+            return
+        taps: dict[str | None, dict[str, int]] = {}
+        captured = set()
+        for end, peer in self.peers.items():
+            for sw, port in (end, peer):
+                ns, ifname = self._where(sw, port)
+                if ns not in taps:
+                    taps[ns] = packet_tap_counts(ns)
+                t = taps[ns]
+                if t and (t.get("", 0) or t.get(ifname, 0) > self._own_taps):
+                    captured.add(end)
+        if captured != self.captured:
+            log.info("cables handed over through their veth (captured): %s",
+                     ", ".join(f"{s}:{p}" for s, p in sorted(captured)) or "none")
+        self.captured = captured
 
     async def serve(self) -> None:
         """Wake at each deadline the timer was armed for and pump."""

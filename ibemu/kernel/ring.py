@@ -312,17 +312,25 @@ class RxBatcher:
 def packet_taps(ns: str | None) -> set[str]:
     """The devices of namespace ``ns`` (None: this thread's) that an ETH_P_ALL packet socket
     (a capture: ``tcpdump``, ``fabric.cable_capture``) is bound to, "" for one bound to every
-    device; from the kernel's list of protocol handlers (``/proc/net/ptype``). The user
-    datapaths' own sockets are bound to their ethertype and are not listed. Empty when the
-    namespace is gone."""
+    device; from the kernel's list of protocol handlers (``/proc/net/ptype``). The IB user
+    datapath's own sockets are bound to their ethertype and are not listed (the RoCE one's
+    are: :func:`packet_tap_counts`). Empty when the namespace is gone."""
+    return set(packet_tap_counts(ns))
+
+
+def packet_tap_counts(ns: str | None) -> dict[str, int]:
+    """How many ETH_P_ALL packet sockets are bound to each device of namespace ``ns`` ("":
+    to every device); :func:`packet_taps` with counts, for a datapath that has such sockets
+    of its own (the RoCE routers' ports, for IPv4 and PFC frames: one each)."""
     try:
         with netns.entered(ns) if ns else contextlib.nullcontext(), open("/proc/thread-self/net/ptype") as f:
             text = f.read()
     except (OSError, KernelError):
-        return set()
-    out = set()
+        return {}
+    out: dict[str, int] = {}
     for line in text.splitlines()[1:]:
         fields = line.split()
         if fields and fields[0] == "ALL":
-            out.add(fields[1] if len(fields) == 3 else "")
+            dev = fields[1] if len(fields) == 3 else ""
+            out[dev] = out.get(dev, 0) + 1
     return out

@@ -25,6 +25,10 @@ What :class:`RoceLinks` adds to ``LiveLinks``:
   stops), a neighbour router's datapath only counts it (the model already paused that port,
   at the time the frame's propagation says). A PFC frame a host sends pauses the router's port
   towards it in the model (XOFF until XON, quanta not aged).
+- The hand-over in memory between routers (``LiveLinks``): a router port's carrier is its
+  link state (``down``); a departure is touched (:meth:`RoceLinks.outgoing`) before it is
+  handed over as before it is sent, and handed as the ``bytearray`` it is (the next router
+  rewrites it in place).
 - Counters per router port and priority (``tx_frames``, ``dropped``, ``ecn_marked``,
   ``lost``, ``pause_sent``, ``pause_received``, ``paused_us``), as the user datapath reports
   them.
@@ -46,18 +50,12 @@ from dataclasses import dataclass
 from ibemu import clock
 from ibemu.kernel.linkio import LiveLinks
 from ibemu.physics.live import Departure
-from ibemu.physics.model import Drop, Frame, Node, Pause
+from ibemu.physics.model import Drop, Node, Pause
+from ibemu.roce.linkframes import FCS, MIN_FRAME, hand_in, match_key
 from ibemu.roce.queues import ip_checksum
 from ibemu.wire import pfc
 
-FCS = 4
-MIN_FRAME = 64
-
-
-def match_key(frame: bytes | bytearray | memoryview) -> bytes:
-    """What identifies a RoCE frame on a cable at both ends: IP ID, addresses, UDP header and
-    BTH (``frame`` with its Ethernet header); what a router rewrites is left out."""
-    return bytes(frame[18:20]) + bytes(frame[26:54])
+__all__ = ["FCS", "MIN_FRAME", "PrioCounters", "RoceLinks", "match_key"]
 
 
 @dataclass(slots=True)
@@ -83,8 +81,13 @@ class RoceLinks(LiveLinks):
 
     def __init__(self, nodes: Mapping[str, Node], *, sockets: Callable[[str, int], socket.socket | None],
                  macs: Callable[[str, int], bytes], down: Callable[[str, int], bool], loss_pct: float = 0.0,
-                 seed: int = 0) -> None:
-        super().__init__(nodes, sockets=sockets, tie_seed=seed)
+                 seed: int = 0, deliver: Callable[[str, int, list[bytearray]], None] | None = None,
+                 where: Callable[[str, int], tuple[str | None, str]] | None = None) -> None:
+        """``deliver(router, port, frames)`` and ``where(router, port)`` (its namespace and
+        device): the hand-over in memory between routers (``LiveLinks``; a port's carrier is
+        ``not down``); the routers' ports each have one ETH_P_ALL socket of the datapath's."""
+        super().__init__(nodes, sockets=sockets, tie_seed=seed, deliver=deliver, where=where,
+                         carrier=(lambda r, p: not down(r, p)) if deliver is not None else None, own_taps=1)
         self._macs = macs
         self._down = down
         self._loss = loss_pct / 100
@@ -100,18 +103,11 @@ class RoceLinks(LiveLinks):
 
     # --- in -------------------------------------------------------------------------------
 
-    def submit(self, router: str, in_port: int, out: Mapping[int, list[bytes | bytearray]], prio: bytes) -> None:
+    def submit(self, router: str, in_port: int, out: dict[int, list[bytes | bytearray]], prio: bytes) -> None:
         """A batch's forwarding decisions (egress port -> rewritten frames) of ``router``,
         received on ``in_port`` (ports are the topology's numbers): into the model; then what
         is due goes. ``prio``: priority by TOS byte."""
-        now = clock.now_ns()
-        arrive = self.plane.arrive
-        for egress, frames in out.items():
-            for f in frames:
-                tos = f[15]
-                fr = Frame(max(MIN_FRAME, len(f) + FCS), sl=prio[tos], dst=egress, flow=match_key(f),
-                           ecn_capable=tos & 3 in (1, 2), meta=f)
-                arrive(router, in_port, fr, now)
+        hand_in(self.plane, router, in_port, out, clock.now_ns(), prio)  # (compiled)
         self.pump()
 
     def settle(self, router: str, in_port: int, frame: bytes | bytearray) -> None:
@@ -134,20 +130,28 @@ class RoceLinks(LiveLinks):
 
     # --- out ------------------------------------------------------------------------------
 
+    def handed_frame(self, data: bytes | bytearray) -> bytes | bytearray:
+        """A frame handed to the next router as it is (its MACs are already the cable's; the
+        router's forwarding copies it)."""
+        return data
+
     def outgoing(self, d: Departure) -> bytes | bytearray | None:
-        f: bytearray = d.frame.meta
-        prio = d.frame.vl
-        c = self.count(d.switch, d.port, prio)
-        if self._down(d.switch, d.port):
+        fr = d.frame
+        f: bytearray = fr.meta
+        switch, port = d.switch, d.port
+        c = self.counts.get((switch, port, fr.vl))  # (every departure's: count() inlined)
+        if c is None:
+            c = self.count(switch, port, fr.vl)
+        if self._down(switch, port):
             c.dropped += 1
             return None
         if self._loss and self.rng.random() < self._loss:
             c.lost += 1
-            peer = self.plane.peer(d.switch, d.port)
+            peer = self.plane.peer(switch, port)
             if peer is not None and self.plane.nodes[peer[0]].switch:
-                self.plane.consume(peer[0], peer[1], d.frame.flow, d.due_ns)
+                self.plane.consume(peer[0], peer[1], fr.flow, d.due_ns)
             return None
-        if d.frame.ce and f[15] & 3 in (1, 2):
+        if fr.ce and f[15] & 3 in (1, 2):
             f[15] |= 3
             ip_checksum(f)
             c.ecn_marked += 1

@@ -12,7 +12,10 @@ announce the routes it drops with a link). Frames go through ``RouterPlane`` (fo
 host-side loss), then the link model (``ibemu.roce.links``: ``ibemu.physics`` with Ethernet
 nodes, the IB user datapath's model and live adapter): egress queues, line rate, switch
 latency, propagation, drop tail, ECN, PFC, on the emulated clock; one timerfd wakes the
-datapath when the next frame is due. The cables (rates, delays) come in ``userpath.json``
+datapath when the next frame is due. A frame onto a cable between two routers is handed to
+the next router in memory (``kernel.linkio.LiveLinks``, as the IB user datapath's switches
+do), not through the veth, unless either end has no carrier or a capture listens on it;
+``"handover": false`` in the config sends every frame through its veth. The cables (rates, delays) come in ``userpath.json``
 (``physics``: the topology's, as ``physics.plan.cables_of`` gives them). The routers' kernels
 do not forward (``ip_forward=0``) and drop RoCE frames at ingress (the hosts' guard).
 Counters go to ``--counters`` every second and at exit, each cable direction's fidelity
@@ -38,6 +41,7 @@ import trio
 from ibemu import clock, lagmon
 from ibemu.kernel import linkevents, rtnl, sockfilter
 from ibemu.kernel.fib import RouteMsg, parse_routes
+from ibemu.kernel.linkio import CAPTURE_CHECK_S
 from ibemu.kernel.packet import ETH_P_ALL, ignore_outgoing, open_packet_socket
 from ibemu.kernel.ring import RxBatcher, TxBatcher
 from ibemu.kernel.routeevents import dump_routes, open_route_monitor
@@ -93,6 +97,9 @@ class UserDatapath:
         self.tx = TxBatcher()
         """Sends every frame (sendmmsg batches from a worker thread; refused frames counted)."""
         self.links: RoceLinks | None = None
+        self.handover = bool(config.get("handover", True))
+        """Frames between routers handed over in memory (``LiveLinks``); False: every one
+        through its veth (``handover: false`` in the config)."""
 
     def open(self) -> None:
         """Sockets in every router namespace, FIBs dumped, the link model built (blocking)."""
@@ -136,12 +143,24 @@ class UserDatapath:
             r = routers[name]
             return r.plane.ports[r.by_port[port]].mac
 
-        def down(name: str, port: int) -> bool:
-            r = routers.get(name)
-            return r is None or r.by_port.get(port) in r.plane.down
+        ports_down = {(name, port): (r.plane.down, i) for name, r in routers.items() for port, i in r.by_port.items()}
+
+        def down(name: str, port: int) -> bool:  # (every departure's: one lookup)
+            where = ports_down.get((name, port))
+            return where is None or where[1] in where[0]
+
+        def deliver(name: str, port: int, frames: list[bytearray]) -> None:  # as if read on its socket
+            r = routers[name]
+            i = r.by_port.get(port)
+            if i is not None:
+                self.receive_batch(r, i, frames, clock.now_ns())  # type: ignore[arg-type]
+
+        def where(name: str, port: int) -> tuple[str | None, str]:
+            r = routers[name]
+            return r.ns, r.plane.ports[r.by_port[port]].ifname
 
         return RoceLinks(nodes, sockets=sock, macs=mac, down=down, loss_pct=self.cfg.loss_pct,
-                         seed=int(phys.get("seed", 0)))
+                         seed=int(phys.get("seed", 0)), deliver=deliver if self.handover else None, where=where)
 
     def close(self) -> None:
         self.tx.close()  # first: what it has queued goes out on sockets still open (no reused fd)
@@ -168,8 +187,11 @@ class UserDatapath:
         frames, and a port's waiting frames are taken with one ``recvmmsg``
         (``kernel.ring.RxBatcher``). The batch goes through the router's ``RouterPlane``
         frame by frame (forwarding), its decisions per egress port into the link model
-        (``RoceLinks.submit``), which sends what is due at once and arms its timer.
+        (``RoceLinks.submit``), which sends what is due at once and arms its timer; what is
+        due for other routers is handed to them at the end of the wake-up (``LiveLinks.batch``).
         """
+        links = self.links
+        assert links is not None
         ep = select.epoll()
         by_fd: dict[int, tuple[Router, int, socket.socket]] = {}
         rx = RxBatcher()
@@ -181,11 +203,12 @@ class UserDatapath:
             while True:
                 await trio.lowlevel.wait_readable(ep.fileno())
                 now = clock.now_ns()
-                for fd, _ in ep.poll(0):
-                    r, ifindex, sock = by_fd[fd]
-                    frames = rx.recv_batch(sock)
-                    if frames:
-                        self.receive_batch(r, ifindex, frames, now)
+                with links.batch():
+                    for fd, _ in ep.poll(0):
+                        r, ifindex, sock = by_fd[fd]
+                        frames = rx.recv_batch(sock)
+                        if frames:
+                            self.receive_batch(r, ifindex, frames, now)
         finally:
             ep.close()
 
@@ -294,7 +317,7 @@ class UserDatapath:
                      if p.counters.paused_ns or p.paused_since}
             state = {"hosts_paused_us": hosts, "frames_in": lp.frames_in, "unmatched": lp.unmatched, "drops": lp.drops,
                      "drop_reasons": dict(lp.drop_reasons), "queued_bytes": queued, "paused": paused,
-                     "sent": self.links.sent}
+                     "sent": self.links.sent, "handed": self.links.handed}
         return {"schema": "ibemu.roce-userpath/1", "t_ns": now, "config": self.cfg.to_dict(),
                 "totals": totals, "routers": per, "model": state}
 
@@ -313,10 +336,19 @@ class UserDatapath:
                 self.links.plane.expire(clock.now_ns())
                 self.links.report_links()
 
+    async def capture_watch(self) -> None:
+        """Every ``CAPTURE_CHECK_S``: which cables between routers a capture listens on (they
+        go through their veth, not in memory)."""
+        while self.links is not None:
+            await trio.sleep(clock.loop_s(CAPTURE_CHECK_S))  # (real seconds, at any dilation)
+            self.links.check_captures()
+
     async def serve(self, counters: Path | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as n:
             if self.links is not None:
                 n.start_soon(self.links.serve)
+                if self.handover:
+                    n.start_soon(self.capture_watch)
             n.start_soon(self.forward)
             for r in self.routers.values():
                 n.start_soon(self.route_watch, r)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ibemu.fabric import linkplane as lp_mod
 from ibemu.fabric.linkplane import ETH_LEN, LinkPlane
+from ibemu.kernel import linkio
 from ibemu.kernel.packet import open_packet_socket
-from ibemu.kernel.ring import packet_taps
+from ibemu.kernel.ring import packet_tap_counts, packet_taps
 from ibemu.physics.link import SWITCH_MODELS
 from ibemu.physics.plan import build_nodes
 from ibemu.topo import generate
@@ -93,12 +93,12 @@ def test_a_cut_or_captured_cable_carries_its_frames_on_the_veth(end: tuple[str, 
     rig.carrier[end] = False  # either end without carrier: the veth (where the kernel drops them)
     rig.run()
     assert rig.got == [] and [s for s, _ in rig.tx.sent] == ["leaf0:2"] * 3
-    monkeypatch.setattr(lp_mod, "packet_taps", lambda ns: {f"port{end[1]}"} if ns == f"ns-{end[0]}" else set())
+    monkeypatch.setattr(linkio, "packet_tap_counts", lambda ns: {f"port{end[1]}": 1} if ns == f"ns-{end[0]}" else {})
     rig = Rig()  # a capture on either end of leaf0 -- spine0: that cable's frames cross its veth
     assert rig.lp.captured == {("leaf0", 2), ("spine0", 1)}
     rig.run()
     assert rig.got == [] and [s for s, _ in rig.tx.sent] == ["leaf0:2"] * 3
-    monkeypatch.setattr(lp_mod, "packet_taps", lambda ns: set())
+    monkeypatch.setattr(linkio, "packet_tap_counts", lambda ns: {})
     rig = Rig()
     rig.lp.captured = {("x", 1)}
     rig.lp.check_captures()  # the capture has stopped
@@ -122,7 +122,10 @@ def test_packet_taps_sees_a_capture_on_a_port_or_on_every_port() -> None:
         own = open_packet_socket(ns, "pa", 0x88B5)  # a datapath's own socket: not a capture
         assert packet_taps(ns) == set()
         cap = open_packet_socket(ns, "pb", 0x0003)
-        assert packet_taps(ns) == {"pb"}
+        assert packet_taps(ns) == {"pb"} and packet_tap_counts(ns) == {"pb": 1}
+        cap2 = open_packet_socket(ns, "pb", 0x0003)  # (a datapath's ETH_P_ALL socket and a capture)
+        assert packet_tap_counts(ns) == {"pb": 2}
+        cap2.close()
         cap.close()
         own.close()
         assert packet_taps(ns) == set()

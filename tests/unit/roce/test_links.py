@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Any
 
 import pytest
 
+from ibemu.kernel import linkio
 from ibemu.physics import expect
 from ibemu.physics.link import SWITCH_MODELS
 from ibemu.physics.live import Departure, LivePlane
@@ -131,3 +133,60 @@ def test_a_frame_through_two_routers_is_matched_and_timed_at_the_cables_rate() -
     assert d.due_ns == 2 * (ser + 1000) + switch_model(cfg).latency_ns  # host cable, leaf0, its uplink
     plane.arrive("spine0", 1, Frame(size, sl=3, dst=2, flow=match_key(f), meta=f), d.due_ns + 50_000)
     assert plane.unmatched == 0  # the record of leaf0's departure matched: the model's time, not the real one
+
+
+class Handover:
+    """leaf0 -> spine0 -> leaf1 -> h1 with the hand-over in memory (``LiveLinks``): each
+    router's "forwarding" sends every frame on towards h1, as the datapath's batch does."""
+
+    ROUTE = {"leaf0": 2, "spine0": 2, "leaf1": 1}
+
+    def __init__(self, down: set[tuple[str, int]] | None = None) -> None:
+        cfg = QueueConfig()
+        topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
+        nodes = nodes_from_cables({n: v.is_switch for n, v in topo.nodes.items()}, cables(topo, cfg), kind="eth",
+                                  switch=switch_model(cfg), eth=eth_config(cfg))
+        self.got: list[tuple[str, int, list[bytearray]]] = []
+        self.prio = cfg.priorities()
+        self.lk = RoceLinks(nodes, sockets=lambda n, p: (n, p), macs=lambda n, p: bytes(6),  # type: ignore[arg-type,return-value]
+                            down=lambda n, p: (n, p) in (down or set()), seed=3, deliver=self.deliver,
+                            where=lambda n, p: (f"ns-{n}", f"port{p}"))
+        self.sent: list[tuple[Any, Any]] = []
+        self.lk.tx = self  # type: ignore[assignment]
+
+    def send_groups(self, groups: Any) -> None:
+        self.sent += [(sock, f) for sock, frames, _key, _head in groups for f in frames]
+
+    def deliver(self, name: str, port: int, frames: list[bytearray]) -> None:
+        self.got.append((name, port, frames))
+        with self.lk.batch():
+            self.lk.submit(name, port, {self.ROUTE[name]: frames}, self.prio)
+
+    def run(self, frames: list[bytearray]) -> None:
+        with self.lk.batch():
+            self.lk.submit("leaf0", 1, {2: frames}, self.prio)
+        for _ in range(50):
+            time.sleep(0.001)
+            self.lk.pump()
+        self.lk.close()
+
+
+def test_frames_between_routers_go_in_memory_unless_a_port_is_down_or_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    rig = Handover()
+    frames = [roce_frame(n=i) for i in range(3)]
+    rig.run(frames)
+    assert [(n, p, len(f)) for n, p, f in rig.got] == [("spine0", 1, 3), ("leaf1", 2, 3)]
+    assert all(a is b for a, b in zip(rig.got[1][2], frames, strict=True))  # the router's own bytearrays, in order
+    assert [s for s, _ in rig.sent] == [("leaf1", 1)] * 3  # onto h1's cable: the veth
+    assert rig.lk.handed == 6 and rig.lk.plane.unmatched == 0
+    rig = Handover(down={("spine0", 1)})  # either end without carrier: the veth (the kernel drops them)
+    rig.run([roce_frame(n=i) for i in range(3)])
+    assert rig.got == [] and [s for s, _ in rig.sent] == [("leaf0", 2)] * 3
+    # the routers' own ETH_P_ALL socket on each port is not a capture; a second one is
+    monkeypatch.setattr(linkio, "packet_tap_counts", lambda ns: {"port2": 1})
+    assert Handover().lk.captured == set()
+    monkeypatch.setattr(linkio, "packet_tap_counts", lambda ns: {"port2": 2} if ns == "ns-leaf0" else {"port2": 1})
+    rig = Handover()
+    assert rig.lk.captured == {("leaf0", 2), ("spine0", 1)}
+    rig.run([roce_frame(n=i) for i in range(3)])
+    assert rig.got == [] and [s for s, _ in rig.sent] == [("leaf0", 2)] * 3

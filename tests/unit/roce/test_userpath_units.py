@@ -132,6 +132,30 @@ def test_forwarding_rewrites_ttl_checksum_and_macs() -> None:
     assert r.stats["egress_down"] == 1
 
 
+def test_a_frame_handed_over_by_the_router_before_is_forwarded_as_one_read_from_a_socket() -> None:
+    """Between two routers the frame arrives as the first one's bytearray (``LiveLinks``'s
+    hand-over), not as bytes: the same forwarding, compiled or not, local addresses included."""
+    r = plane(QueueConfig())
+    first, = r.receive(1, bytes(ip_frame()), 0)
+    again, = r.receive(2, first[1], 0)
+    out: dict[int, list[bytes | bytearray]] = {}
+    assert r.receive_batch(2, [bytearray(ip_frame()), bytearray(ip_frame(dst="198.18.1.0"))], 0, out) == 1
+    assert again[0] == 3 and Ether(bytes(again[1]))[IP].ttl == 62 and checksum_ok(again[1])
+    assert again[1] is first[1]  # the router's own copy, rewritten in place (no copy a hop)
+    read = bytes(ip_frame())
+    assert r.receive(1, read, 0)[0][1] is not read and read == bytes(ip_frame())  # what it read: copied
+    assert [len(q) for q in out.values()] == [1] and r.stats["to_router"] == 1
+
+
+def test_the_planes_ecmp_choice_is_the_fibs_on_the_kernels_flow_key() -> None:
+    """The plane reads the 5-tuple from its own header copy: the same key as ``flow_key``
+    (what ``testing.bisection`` predicts paths with), so the same next hop."""
+    r = plane(QueueConfig())
+    frames = [ip_frame(sport=0xC000 + i) for i in range(32)]
+    got = [r.receive(1, bytes(f), 0)[0][0] for f in frames]
+    assert got == [r.fib.choose((2, 3), flow_key(f)) for f in frames] and set(got) == {2, 3}
+
+
 def test_dscp_maps_to_priorities() -> None:
     default = QueueConfig().priorities()
     assert default[26 << 2 | 2] == 3 and default[48 << 2] == 6 and default[0] == 0
