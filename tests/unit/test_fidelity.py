@@ -9,7 +9,14 @@ import pytest
 from ibemu.events import Kind
 from ibemu.lagmon import LagStats
 from ibemu.report.result import validate
-from ibemu.scenario.fidelity import DEFAULT_THRESHOLD_US, MAX_WORKER_BUSY_PCT, fidelity, judge, merge, merge_busy
+from ibemu.scenario.fidelity import (
+    DEFAULT_THRESHOLD_US,
+    MAX_WORKER_BUSY_PCT,
+    fidelity,
+    judge,
+    merge,
+    merge_busy,
+)
 from tests.unit.report.sample import result
 
 
