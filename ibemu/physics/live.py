@@ -157,10 +157,14 @@ class Departure:
     """When the model has its last bit at the far end (the real send time)."""
     start_ns: int
     end_ns: int
+    eport: EgressPort | None = field(repr=False, compare=False)
+    """The model's port it leaves (its statistics: ``EgressPort.live_stats``)."""
 
-    def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int) -> None:
+    def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int,
+                 eport: EgressPort | None = None) -> None:
         self.switch, self.port, self.frame = switch, port, frame
         self.due_ns, self.start_ns, self.end_ns = due_ns, start_ns, end_ns
+        self.eport = eport
 
 
 @dataclass(slots=True)
@@ -219,7 +223,7 @@ class LivePlane:
         self.fast_hops = 0
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, float, int, Node, Any, Any, Any]] = []
+        self._events: list[tuple[int, int | float, int, Node, Any, Any, Any]] = []
         """(time, order, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
         _CREDIT (node, its port, VL, blocks), _PAUSE (node, its port, priority, XOFF); the
         :class:`Node` itself, not its name (no lookup per event). Tuples,
@@ -230,10 +234,9 @@ class LivePlane:
         for node in self.nodes.values():  # (its wake-up among the events, the latest time driven to)
             node.live_wake, node.live_last = -1, 0
         self._due: list[tuple[int, int, Departure]] = []
-        self._flight: dict[Port, deque[tuple[Hashable, int, int, int]]] = {}
-        """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
-        cable to it."""
         self.stats: dict[Port, LinkStats] = {}
+        self._flight_ports: dict[Port, EgressPort] = {}
+        """The receiving ports with records (``EgressPort.live_flight``), in the order made."""
         self.frames_in = 0
         self.unmatched = 0
         self.drops = 0
@@ -250,9 +253,37 @@ class LivePlane:
         """Adaptive routing (module docstring): ``adapt(switch, in_port, frame, now)`` may
         change ``frame.dst`` to another port of the frame's group."""
         for node in self.nodes.values():
-            if node.switch:
-                for num, p in node.ports.items():
-                    self.stats[(node.name, num)] = LinkStats(p.link.gbps)
+            for num, p in node.ports.items():
+                # the cable's other end, the frames on it and the port's statistics, on the
+                # port itself (no lookup per frame by name and number)
+                peer = p.peer
+                pnode = self.nodes.get(peer[0]) if peer is not None else None
+                p.live_peer_node = pnode
+                p.live_peer = pnode.ports.get(peer[1]) if pnode is not None and peer is not None else None
+                p.live_flight = None
+                p.live_key = (node.name, num)
+                if node.switch:
+                    p.live_stats = self.stats[(node.name, num)] = LinkStats(p.link.gbps)
+
+    @property
+    def _flight(self) -> dict[Port, deque[tuple[Hashable, int, int, int]]]:
+        """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
+        cable to it (a view: the records live on the receiving port, ``EgressPort.live_flight``),
+        in the order the cables first had one."""
+        return {k: p.live_flight for k, p in self._flight_ports.items() if p.live_flight is not None}
+
+    def _new_flight(self, rx: EgressPort) -> deque[tuple[Hashable, int, int, int]]:
+        """The records of the cable into ``rx``, made (it had none)."""
+        q: deque[tuple[Hashable, int, int, int]] = deque()
+        rx.live_flight = q
+        self._flight_ports[rx.live_key] = rx
+        return q
+
+    def _drop_flight(self, key: Port) -> None:
+        """Forget the records of the cable into ``key`` (``dict.pop`` of the view)."""
+        rx = self._flight_ports.pop(key, None)
+        if rx is not None:
+            rx.live_flight = None
 
     # --- input ----------------------------------------------------------------------------
 
@@ -279,7 +310,7 @@ class LivePlane:
             self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
             return
         peer = None if port is None else port.peer
-        src = self.nodes.get(peer[0]) if peer is not None else None
+        src = None if port is None else port.live_peer_node
         if src is not None and not src.switch and peer is not None:
             t0 = self._clamp(src, self.now)
             if not (self.fast and self._fast_inject(src, peer[1], frame, t0)):
@@ -290,7 +321,7 @@ class LivePlane:
         # the node takes a frame back in time (it cannot start a port that was busy since, and
         # what it starts late is sent at once and counted late), so the next hop does not
         # inherit this one's real latency.
-        t, vl = self._match(switch, in_port, frame.flow, now)
+        t, vl = self._match(switch, in_port, frame.flow, now, port)
         t = min(t, now)
         if vl is None:  # no record: as if just sent, on the VL its SL maps to by default
             vl = self._debit(peer, frame)
@@ -331,8 +362,9 @@ class LivePlane:
         busy, pipeline = node._busy, node._pipeline
         if (busy and busy[0][0] <= horizon) or (pipeline and pipeline[0][0] <= horizon):
             return False  # (never: the node's next deadline has its wake-up among the events)
-        table = node.sl2vl.get((in_port, out_port)) or node.sl2vl.get((0, out_port))  # _class_of
-        vls = node.ib_config[out_port].data_vls
+        maps = p.vl_maps  # Node._class_of
+        table = maps[in_port] if 0 <= in_port < len(maps) else p.vl_map0
+        vls = p.vls
         c = table[frame.sl] if table is not None else frame.sl % vls
         if c >= vls:
             return False  # discarded (PortXmitDiscards): the event loop's way
@@ -346,15 +378,12 @@ class LivePlane:
         pc.rcv_frames += 1
         pc.rcv_bytes += size
         frame.in_port, frame.in_class = in_port, vl
-        key = (in_port, vl)
-        ingress_bytes, ingress_blocks = node.ingress_bytes, node.ingress_blocks
-        ingress_bytes[key] = ingress_bytes.get(key, 0) + size
-        cfg = node.ib_config.get(in_port)
-        if cfg is not None:
-            held = ingress_blocks.get(key, 0) + nblocks
-            ingress_blocks[key] = held
-            if held > cfg.buffer_bytes // 64:
-                pc.buffer_overruns += 1
+        in_bytes, in_blocks = pin.in_bytes, pin.in_blocks
+        in_bytes[vl] += size
+        held = in_blocks[vl] + nblocks
+        in_blocks[vl] = held
+        if held > pin.buffer_blocks:
+            pc.buffer_overruns += 1
         # --- the wake-up at ``start``: into the egress queue (Node._enqueue), picked (Node._start)
         frame.vl = c
         counters = p.counters
@@ -393,34 +422,32 @@ class LivePlane:
             node.live_last = start
             self._schedule_wake(node)
         # --- the departure (as _dispatch records a Transmit)
-        heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end)))
-        peer = p.peer
-        if peer is not None:
-            pnode = self.nodes.get(peer[0])
-            if pnode is not None and pnode.switch:
-                q = self._flight.get(peer)
-                if q is None:
-                    q = self._flight[peer] = deque()
-                q.append((frame.flow, due, c, nblocks))
+        heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end, p)))
+        pnode = p.live_peer_node
+        rx = p.live_peer
+        if pnode is not None and pnode.switch and rx is not None:
+            q = rx.live_flight
+            if q is None:
+                q = self._new_flight(rx)
+            q.append((frame.flow, due, c, nblocks))
         self.fast_hops += 1
         if end > horizon:
             return True
         # --- its end on the wire, in the past too (Node._finish, Node._release): the input
         # buffer freed, the credits on their way back upstream
         node.live_last = end
-        ingress_bytes[key] -= size
-        if key in ingress_blocks:
-            ingress_blocks[key] -= nblocks
+        in_bytes[vl] -= size
+        in_blocks[vl] -= nblocks
         up = pin.peer
-        if up is None or up[0] not in self.nodes:
+        unode = pin.live_peer_node
+        uport = pin.live_peer
+        if up is None or unode is None or uport is None:
             return True
         at = end + pin.link.propagation
         if at > horizon:
-            self._at(at, _CREDIT, self.nodes[up[0]], up[1], vl, nblocks)
+            self._at(at, _CREDIT, unode, up[1], vl, nblocks)
             return True
-        unode = self.nodes[up[0]]
         tu = self._clamp(unode, at)
-        uport = unode.ports[up[1]]
         ubusy, upipe = unode._busy, unode._pipeline
         if uport.up and not uport.total_bytes and not (ubusy and ubusy[0][0] <= tu) \
                 and not (upipe and upipe[0][0] <= tu):
@@ -449,8 +476,8 @@ class LivePlane:
         busy = host._busy
         if (busy and busy[0][0] <= now) or host._pipeline:
             return False
-        table = host.sl2vl.get((0, port))  # Node._class_of (a host's input port is 0)
-        vls = host.ib_config[port].data_vls
+        table = p.vl_map0  # Node._class_of (a host's input port is 0)
+        vls = p.vls
         c = table[frame.sl] if table is not None else frame.sl % vls
         if c >= vls:
             return False
@@ -484,13 +511,17 @@ class LivePlane:
         heappush(busy, (end, port))
         counters.xmit_frames += 1
         counters.xmit_bytes += size
-        self._at(end + link.propagation, _RECEIVE, self.nodes[p.peer[0]], p.peer[1], frame)
+        pnode = p.live_peer_node
+        if pnode is None:
+            pnode = self.nodes[p.peer[0]]
+        self._at(end + link.propagation, _RECEIVE, pnode, p.peer[1], frame)
         return True
 
-    def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
+    def _match(self, switch: str, in_port: int, key: Hashable, now: int,
+               rx: EgressPort | None) -> tuple[int, int | None]:
         """The model's arrival time and VL of the frame ``key`` on the cable into
-        ``switch:in_port`` (now and None when there is no record of it)."""
-        q = self._flight.get((switch, in_port))
+        ``switch:in_port`` (``rx``; now and None when there is no record of it)."""
+        q = None if rx is None else rx.live_flight
         if q and key is not None:
             rec = q[0]
             if rec[0] == key:  # (the usual case: the frame at the head of the cable)
@@ -526,7 +557,9 @@ class LivePlane:
         """A frame from a neighbour switch that ``switch`` did not forward (its SMA took it,
         or its forwarder dropped it): its buffer is free at once and its credits go back to
         the sender, as a real port frees what it consumed or discarded. False: no record."""
-        q = self._flight.get((switch, in_port))
+        node = self.nodes.get(switch)
+        rx = None if node is None else node.ports.get(in_port)
+        q = None if rx is None else rx.live_flight
         if not q:
             return False
         for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
@@ -541,8 +574,9 @@ class LivePlane:
         (lost on the veth: a cable pulled, a full socket), their credits given back, as the
         periodic flow-control packets of a real link resynchronize them. How many."""
         n = 0
-        for key in [port] if port is not None else list(self._flight):
-            q = self._flight.get(key)
+        for key in [port] if port is not None else list(self._flight_ports):
+            rx = self._flight_ports.get(key)
+            q = None if rx is None else rx.live_flight
             while q and q[0][1] < now - MATCH_STALE_NS:
                 self._lost(key[0], key[1], q.popleft(), now)
                 n += 1
@@ -615,7 +649,8 @@ class LivePlane:
         return out
 
     def _account(self, d: Departure, sent: int) -> None:
-        st = self.stats.get((d.switch, d.port))
+        ep = d.eport
+        st: LinkStats | None = ep.live_stats if ep is not None else self.stats.get((d.switch, d.port))
         if st is None:
             return
         st.frames += 1
@@ -636,7 +671,10 @@ class LivePlane:
         """Each egress port's stats since the last call (ports that sent nothing left out)."""
         out = {k: s for k, s in self.stats.items() if s.frames}
         for k in out:
-            self.stats[k] = out[k].fresh()
+            st = self.stats[k] = out[k].fresh()
+            node = self.nodes.get(k[0])
+            if node is not None and k[1] in node.ports:
+                node.ports[k[1]].live_stats = st
         return out
 
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
@@ -659,7 +697,7 @@ class LivePlane:
         if ends:
             self.run_events(now)
             for a in ends:
-                self._flight.pop(a, None)
+                self._drop_flight(a)
         return ends
 
     def link_down(self, name: str, port: int, now: int) -> None:
@@ -693,8 +731,8 @@ class LivePlane:
             dst = self.nodes.get(b[0]) if b is not None else None
             if node.kind == "ib" and b is not None and dst is not None and dst.switch:
                 cfg = dst.ib_config[b[1]]
-                free = {vl: cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
-                        for vl in range(min(cfg.data_vls, src.vls))}
+                held = dst.ports[b[1]].in_blocks
+                free = {vl: cfg.buffer_bytes // 64 - held[vl] for vl in range(min(cfg.data_vls, src.vls))}
             self._dispatch(node.port_up(a[1], self._clamp(node, now), free))
             self._schedule_wake(node)
 
@@ -710,7 +748,7 @@ class LivePlane:
         peer = node.ports[port].peer
         ends = [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
         for a in ends:
-            self._flight.pop(a, None)
+            self._drop_flight(a)
         if node.kind == "eth":
             return  # no credits to resynchronize
         for a in ends:
@@ -720,8 +758,9 @@ class LivePlane:
             if b is None or dst is None or not dst.switch:
                 continue  # towards a host: never short of credits
             cfg = dst.ib_config[b[1]]
+            held = dst.ports[b[1]].in_blocks
             for vl in range(min(cfg.data_vls, src.vls)):
-                src.credits[vl] = cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
+                src.credits[vl] = cfg.buffer_bytes // 64 - held[vl]
             self.nodes[a[0]]._dirty.add(a[1])
             self._dispatch(self.nodes[a[0]].advance(self._clamp(self.nodes[a[0]], now)))
             self._schedule_wake(self.nodes[a[0]])
@@ -774,7 +813,9 @@ class LivePlane:
         node.live_last = t
         return t
 
-    def _order(self) -> float:
+    def _order(self) -> int | float:
+        """An event's place among those due at the same ns: the sequence (an int: a float
+        made per event costs an allocation) or a seeded draw."""
         return self._tie() if self._tie is not None else self._next()
 
     def _next(self) -> int:
@@ -799,23 +840,26 @@ class LivePlane:
                 touched.add(a.node)
             if type(a) is Transmit:
                 node = nodes[a.node]
-                peer = node.ports[a.port].peer
+                ep = node.ports[a.port]
+                peer = ep.peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
                     if peer is not None:
                         self._at(a.arrive_ns, _RECEIVE, nodes[peer[0]], peer[1], a.frame)
                     continue
-                d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
+                d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns, ep)
                 heappush(self._due, (a.arrive_ns, self._next(), d))
-                pnode = nodes.get(peer[0]) if peer is not None else None
-                if pnode is not None and pnode.switch:
+                pnode = ep.live_peer_node
+                rx = ep.live_peer
+                if pnode is not None and pnode.switch and rx is not None:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
-                    q = self._flight.get(peer)  # type: ignore[arg-type]
+                    q = rx.live_flight
                     if q is None:
-                        q = self._flight[peer] = deque()  # type: ignore[index]
+                        q = self._new_flight(rx)
                     q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
             elif type(a) is CreditReturn:
-                peer = nodes[a.node].ports[a.port].peer
-                pn = nodes.get(peer[0]) if peer is not None else None
+                cp = nodes[a.node].ports[a.port]
+                peer = cp.peer
+                pn = cp.live_peer_node
                 if pn is not None and peer is not None:
                     self._at(a.at_ns, _CREDIT, pn, peer[1], a.vl, a.blocks)
             elif type(a) is Pause:

@@ -381,6 +381,30 @@ class EgressPort:
     queued: int = 0
     """A bit per class whose queue holds frames (with eight VLs operated and one busy, the
     arbiter and the credit-wait bookkeeping skip the empty ones without looking)."""
+    in_bytes: list[int] = field(default_factory=lambda: [0] * NUM_VLS)
+    """As an input port: bytes held per class (IB: VL buffer use; Ethernet: PFC's count), what
+    ``Node.ingress_bytes`` shows keyed by (this port, class)."""
+    in_blocks: list[int] = field(default_factory=lambda: [0] * NUM_VLS)
+    """As an input port, IB: credits' worth held per VL (64-byte blocks, each frame rounded
+    up), what ``Node.ingress_blocks`` shows."""
+    buffer_blocks: int = 0
+    """As an input port, IB: its buffer per data VL in 64-byte blocks (its ``IbPortConfig``)."""
+    vl_maps: list[tuple[int, ...] | None] = field(default_factory=list)
+    """IB, as an output port: the SL -> VL map of frames from input port ``i`` at index ``i``
+    (``Node.sl2vl``'s (i, this port), else its (0, this port); None: neither), kept by
+    ``Node.set_sl2vl``; an input port beyond the list takes :attr:`vl_map0`."""
+    vl_map0: tuple[int, ...] | None = None
+    """``Node.sl2vl``'s (0, this port) map (None: none)."""
+    live_peer: EgressPort | None = field(default=None, repr=False, compare=False)
+    """``physics.live``: the port at the other end of the cable, where it is in the plane."""
+    live_peer_node: Node | None = field(default=None, repr=False, compare=False)
+    """``physics.live``: the node of :attr:`live_peer`."""
+    live_flight: deque[tuple[Hashable, int, int, int]] | None = field(default=None, repr=False, compare=False)
+    """``physics.live``, as an input port: the records of the frames on the cable to it."""
+    live_key: tuple[str, int] = field(default=("", -1), repr=False, compare=False)
+    """``physics.live``: (its node's name, its number)."""
+    live_stats: Any = field(default=None, repr=False, compare=False)
+    """``physics.live``: the ``LinkStats`` of this port's sending (a switch's), or None."""
 
     def pending(self) -> bool:
         return self.total_bytes > 0
@@ -427,10 +451,6 @@ class Node:
         """(input port, output port) -> map; a host's ports use (0, port)."""
         self._pipeline: list[tuple[int, int, Frame, int]] = []
         self._seq = 0
-        self.ingress_bytes: dict[tuple[int, int], int] = {}
-        """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
-        self.ingress_blocks: dict[tuple[int, int], int] = {}
-        """IB: (input port, VL) -> credits' worth held (64-byte blocks, each frame rounded up)."""
         self._xoff_sent: set[tuple[int, int]] = set()
         self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
         self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
@@ -439,6 +459,20 @@ class Node:
         """``physics.live``: the time of this node's wake-up among the plane's events (-1: none)."""
         self.live_last = 0
         """``physics.live``: the latest time the plane drove this node to (it never goes back)."""
+
+    @property
+    def ingress_bytes(self) -> dict[tuple[int, int], int]:
+        """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count): a
+        snapshot of the ports' ``in_bytes`` (where the model keeps them, a list per port)."""
+        return {(num, c): n for num, p in self.ports.items() for c, n in enumerate(p.in_bytes)}
+
+    @property
+    def ingress_blocks(self) -> dict[tuple[int, int], int]:
+        """IB: (input port, VL) -> credits' worth held (64-byte blocks, each frame rounded up):
+        a snapshot of the ports' ``in_blocks``. Ethernet: empty."""
+        if self.kind != "ib":
+            return {}
+        return {(num, c): n for num, p in self.ports.items() for c, n in enumerate(p.in_blocks)}
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -459,7 +493,11 @@ class Node:
                           [0] * classes, credits, arb)
         if self.kind == "ib":
             port.vls = self.ib_config[num].data_vls
+            port.buffer_blocks = self.ib_config[num].buffer_bytes // 64
         self.ports[num] = port
+        for (i, o), table in list(self.sl2vl.items()):  # (maps set before the port was)
+            if o == num:
+                self.set_sl2vl(i, o, table)
         return port
 
     def connect(self, port: int, peer: tuple[str, int], peer_buffer_bytes: int | None,
@@ -479,6 +517,19 @@ class Node:
 
     def set_sl2vl(self, in_port: int, out_port: int, table: Sl2Vl) -> None:
         self.sl2vl[(in_port, out_port)] = table
+        p = self.ports.get(out_port)
+        if p is None or in_port < 0:
+            return
+        maps = p.vl_maps
+        while len(maps) <= in_port:  # (the ports without a map of their own take (0, out)'s)
+            maps.append(p.vl_map0)
+        maps[in_port] = table.vls
+        if in_port == 0:
+            p.vl_map0 = table.vls
+            sl2vl = self.sl2vl
+            for i in range(1, len(maps)):
+                if (i, out_port) not in sl2vl:
+                    maps[i] = table.vls
 
     def set_vlarb(self, port: int, arb: VlArb) -> None:
         p = self.ports[port]
@@ -503,17 +554,16 @@ class Node:
                                         now + p.link.propagation))
             return out + self.advance(now)
         frame.in_port, frame.in_class = in_port, frame.vl
-        if not frame.vl15:
-            key = (in_port, frame.vl)
-            self.ingress_bytes[key] = self.ingress_bytes.get(key, 0) + frame.size
-            cfg = self.ib_config.get(in_port)
-            if cfg is not None and p is not None:
-                held = self.ingress_blocks.get(key, 0) + blocks(frame.size)
-                self.ingress_blocks[key] = held
-                if held > cfg.buffer_bytes // 64:
+        if not frame.vl15 and p is not None:
+            vl = frame.vl
+            p.in_bytes[vl] += frame.size
+            if self.kind == "ib":
+                held = p.in_blocks[vl] + blocks(frame.size)
+                p.in_blocks[vl] = held
+                if held > p.buffer_blocks:
                     p.counters.buffer_overruns += 1
-            if self.kind == "eth":
-                out += self._pfc_check(in_port, frame.vl, now)
+            else:
+                out += self._pfc_check(in_port, vl, now)
         seq = self._seq
         self._seq = seq + 1
         heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
@@ -653,8 +703,10 @@ class Node:
             return frame.sl if 0 <= frame.sl < PRIORITIES else 0
         if frame.vl15:
             return VL15
-        table = self.sl2vl.get((in_port, out_port)) or self.sl2vl.get((0, out_port))
-        vls = self.ib_config[out_port].data_vls
+        p = self.ports[out_port]
+        maps = p.vl_maps  # (Node.sl2vl's (in_port, out_port), else its (0, out_port))
+        table = maps[in_port] if 0 <= in_port < len(maps) else p.vl_map0
+        vls = p.vls  # (its IbPortConfig's data_vls)
         vl = table[frame.sl] if table is not None else frame.sl % vls
         return vl if vl < vls else None
 
@@ -744,20 +796,20 @@ class Node:
         in_class = frame.in_class if in_class is None else in_class
         if in_port < 0 or frame.vl15:
             return []
-        self.ingress_bytes[(in_port, in_class)] -= frame.size
-        if (in_port, in_class) in self.ingress_blocks:
-            self.ingress_blocks[(in_port, in_class)] -= blocks(frame.size)
+        pin = self.ports[in_port]
+        pin.in_bytes[in_class] -= frame.size
         if self.kind == "ib":
-            prop = self.ports[in_port].link.propagation
-            return [CreditReturn(self.name, in_port, in_class, blocks(frame.size), now + prop)]
+            nb = blocks(frame.size)
+            pin.in_blocks[in_class] -= nb
+            return [CreditReturn(self.name, in_port, in_class, nb, now + pin.link.propagation)]
         return self._pfc_check(in_port, in_class, now)
 
     def _pfc_check(self, in_port: int, prio: int, now: int) -> list[Action]:
         if prio not in self.eth.lossless:
             return []
         key = (in_port, prio)
-        held = self.ingress_bytes.get(key, 0)
         p = self.ports[in_port]
+        held = p.in_bytes[prio]
         if key not in self._xoff_sent and held > self.eth.xoff_bytes:
             self._xoff_sent.add(key)
             p.counters.pause_sent += 1
