@@ -300,20 +300,40 @@ class PortCounters:
 class ClassQueue:
     """One egress class's (VL's or priority's) frames: FIFO per input port, the input ports
     served round robin, a packet at a time (a crossbar's output arbiter). The head is the
-    frame sent next."""
+    frame sent next.
 
-    __slots__ = ("_n", "_order", "_sub")
+    Lists indexed by input port number with a head index each, not a dict of deques: compiled
+    (``ibemu.native``) a list is read and written in C, where a deque's methods and a dict's
+    lookups are calls into the interpreter's objects (several per frame and hop). A FIFO's
+    list drops what was taken from it when it empties, or when that is more than half of it."""
+
+    __slots__ = ("_heads", "_n", "_ohead", "_order", "_seen", "_sub")
 
     def __init__(self) -> None:
-        self._sub: dict[int, deque[Frame]] = {}
-        self._order: deque[int] = deque()
+        self._sub: list[list[Frame]] = []
+        """Input port -> its FIFO, from ``_heads[port]`` on."""
+        self._heads: list[int] = []
+        self._order: list[int] = []
+        """The input ports holding frames, from ``_ohead`` on, in the order they are served."""
+        self._ohead = 0
+        self._seen: list[int] = []
+        """The input ports in the order they first queued a frame (iteration's order)."""
         self._n = 0
 
     def append(self, frame: Frame, in_port: int) -> None:
-        q = self._sub.get(in_port)
-        if q is None:
-            q = self._sub[in_port] = deque()
-        if not q:
+        sub = self._sub
+        if in_port >= len(sub):
+            if in_port < 0:
+                raise ValueError(f"an input port number is not negative ({in_port})")
+            while len(sub) <= in_port:
+                sub.append([])
+                self._heads.append(-1)  # (-1: never seen)
+        h = self._heads[in_port]
+        q = sub[in_port]
+        if h < 0:
+            h = self._heads[in_port] = 0
+            self._seen.append(in_port)
+        if len(q) == h:  # (empty)
             self._order.append(in_port)
         q.append(frame)
         self._n += 1
@@ -327,24 +347,44 @@ class ClassQueue:
     def __getitem__(self, i: int) -> Frame:
         if i != 0 or not self._n:
             raise IndexError("only the head of a class queue is visible")
-        return self._sub[self._order[0]][0]
+        return self.head()
 
     def head(self) -> Frame:
         """The frame sent next (the queue is not empty)."""
-        return self._sub[self._order[0]][0]
+        key = self._order[self._ohead]
+        return self._sub[key][self._heads[key]]
 
     def popleft(self) -> Frame:
-        key = self._order.popleft()
+        order = self._order
+        oh = self._ohead
+        key = order[oh]
+        oh += 1
         q = self._sub[key]
-        frame = q.popleft()
-        if q:
-            self._order.append(key)
+        h = self._heads[key]
+        frame = q[h]
+        h += 1
+        if h == len(q):  # this input port's FIFO is empty: out of the rotation
+            q.clear()
+            h = 0
+        else:
+            if h > 32 and 2 * h > len(q):
+                del q[:h]
+                h = 0
+            order.append(key)
+        self._heads[key] = h
+        if oh == len(order):
+            order.clear()
+            oh = 0
+        elif oh > 32 and 2 * oh > len(order):
+            del order[:oh]
+            oh = 0
+        self._ohead = oh
         self._n -= 1
         return frame
 
     def __iter__(self) -> Iterator[Frame]:
-        for q in self._sub.values():
-            yield from q
+        for key in self._seen:
+            yield from self._sub[key][self._heads[key]:]
 
 
 @dataclass(slots=True)
@@ -758,7 +798,8 @@ class Node:
             p.queued &= ~(1 << c)
         p.queued_bytes[c] -= frame.size
         p.total_bytes -= frame.size
-        p.blocked_since.pop(c, None)
+        if p.blocked_since:
+            p.blocked_since.pop(c, None)
         if p.kind == "ib":
             assert p.arbiter is not None
             p.arbiter.sent(c, frame.size)
