@@ -82,7 +82,7 @@ from typing import Any
 
 from ibemu import clock
 from ibemu.events import FabricLog, Kind
-from ibemu.fabric.linkframes import ETH_LEN, hand_in
+from ibemu.fabric.linkframes import ETH_LEN, hand_in, hand_over
 from ibemu.kernel.linkio import LiveLinks, link_record
 from ibemu.kernel.ring import packet_taps
 from ibemu.physics.link import SwitchModel
@@ -233,33 +233,9 @@ class LinkPlane(LiveLinks):
         if self._deliver is None or self.tx is None:
             super()._send(due)
             return
-        rest: list[Departure] = []
-        peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
-        # this call's verdict per sending port: (the peer's list, the header); True: the veth;
-        # False: dropped (the switch is off)
-        ways: dict[tuple[str, int], tuple[list[bytes], bytes] | bool] = {}
-        for d in due:
-            end = (d.switch, d.port)
-            way = ways.get(end)
-            if way is None:
-                peer = peers.get(end)
-                if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
-                    way = True
-                elif not self._powered(d.switch):
-                    way = False
-                else:
-                    frames = local.get(peer)
-                    if frames is None:
-                        frames = local[peer] = []
-                    way = (frames, self._heads(*end))
-                ways[end] = way
-            if way is True:
-                rest.append(d)
-            elif way is not False:
-                frames, head = way
-                data: bytes = d.frame.meta
-                frames.append(head + data[len(head):] if head else bytes(data))
-                self.sent += 1
+        rest, handed = hand_over(due, self.peers, self._local, self.captured, self._carrier,  # (compiled)
+                                 self._powered, self._heads)
+        self.sent += handed
         if rest:
             if self._draining:  # sent once the drain is done: one hand-over to the sending thread
                 self._held += rest

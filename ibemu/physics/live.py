@@ -188,6 +188,10 @@ class LinkStats:
             return None
         return self.busy_model_ns / max(self.busy_real_ns, 1)
 
+    def late_us(self) -> list[float]:
+        """``late_ns`` in microseconds (for the link's fidelity record, ``kernel.linkio``)."""
+        return [ns / 1000.0 for ns in self.late_ns]
+
     def fresh(self) -> LinkStats:
         """An empty interval that carries on the back-to-back bookkeeping."""
         return LinkStats(self.gbps, last_due=self.last_due, last_end=self.last_end, last_sent=self.last_sent)

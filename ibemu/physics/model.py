@@ -592,7 +592,8 @@ class Node:
             if self.kind == "ib" and not frame.vl15 and p is not None:
                 out.append(CreditReturn(self.name, in_port, frame.vl, blocks(frame.size),
                                         now + p.link.propagation))
-            return out + self.advance(now)
+            self._advance(now, out)
+            return out
         frame.in_port, frame.in_class = in_port, frame.vl
         if not frame.vl15 and p is not None:
             vl = frame.vl
@@ -603,17 +604,20 @@ class Node:
                 if held > p.buffer_blocks:
                     p.counters.buffer_overruns += 1
             else:
-                out += self._pfc_check(in_port, vl, now)
+                self._pfc_check(in_port, vl, now, out)
         seq = self._seq
         self._seq = seq + 1
         heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
-        return out + self.advance(now)
+        self._advance(now, out)
+        return out
 
     def inject(self, port: int, frame: Frame, now: int) -> list[Action]:
         """A host's transport sends ``frame`` out of ``port`` (no input buffer held)."""
         frame.in_port, frame.in_class = -1, -1
-        out = self._enqueue(port, frame, now, in_port=0)
-        return out + self.advance(now)
+        out: list[Action] = []
+        self._enqueue(port, frame, now, 0, out)
+        self._advance(now, out)
+        return out
 
     def credit_return(self, port: int, vl: int, nblocks: int, now: int) -> list[Action]:
         p = self.ports[port]
@@ -658,7 +662,7 @@ class Node:
                 p.counters.xmit_discards += 1
                 p.counters.inactive_discards += 1
                 out.append(Drop(self.name, port, frame, "port_down", now))
-                out += self._release(frame, now)
+                self._release(frame, now, out)
             p.queued_bytes[c] = 0
         p.total_bytes = 0
         p.queued = 0
@@ -667,7 +671,8 @@ class Node:
         for prio in list(p.paused):  # pauses are not aged in the model: forget them
             p.counters.paused_ns += now - p.paused_since.pop(prio, now)
         p.paused.clear()
-        return out + self.advance(now)
+        self._advance(now, out)
+        return out
 
     def port_up(self, port: int, now: int, free: dict[int, int] | None = None) -> list[Action]:
         """The link of ``port`` came up at ``now``. IB: its credits per data VL are ``free``
@@ -699,6 +704,13 @@ class Node:
         """Run what is due by ``now``: frames leaving the wire, frames leaving the switch
         pipeline for their egress queue, ports starting their next frame."""
         out: list[Action] = []
+        self._advance(now, out)
+        return out
+
+    # (The internals append their actions to the caller's list ``out``, in the order they
+    # happen: compiled, a list made and concatenated per step was a good part of the work.)
+
+    def _advance(self, now: int, out: list[Action]) -> None:
         busy, pipeline, dirty = self._busy, self._pipeline, self._dirty
         while busy or pipeline:  # next_deadline(), inlined: the busy port first on a tie
             if busy and (not pipeline or busy[0][0] <= pipeline[0][0]):
@@ -706,35 +718,33 @@ class Node:
                 if t > now:
                     break
                 _, num = heappop(busy)
-                out += self._finish(self.ports[num], t)
+                self._finish(self.ports[num], t, out)
                 dirty.add(num)
             else:
                 t = pipeline[0][0]
                 if t > now:
                     break
                 _, _, frame, out_port = heappop(pipeline)
-                out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
+                self._enqueue(out_port, frame, t, frame.in_port, out)
             if dirty:
-                out += self._start_dirty(t)
+                self._start_dirty(t, out)
         if dirty:
-            out += self._start_dirty(now)
-        return out
+            self._start_dirty(now, out)
 
-    def _start_dirty(self, now: int) -> list[Action]:
+    def _start_dirty(self, now: int, out: list[Action]) -> None:
         dirty = self._dirty
         if not dirty:
-            return []
+            return
         ports = self.ports
         if len(dirty) == 1:
             p = ports[dirty.pop()]
             if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
-                return []  # (``_start``'s own first test: nothing to start)
-            return self._start(p, now)
-        out = []
+                return  # (``_start``'s own first test: nothing to start)
+            self._start(p, now, out)
+            return
         for num in sorted(dirty):
-            out += self._start(ports[num], now)
+            self._start(ports[num], now, out)
         dirty.clear()
-        return out
 
     # --- internals ------------------------------------------------------------------------
 
@@ -750,20 +760,26 @@ class Node:
         vl = table[frame.sl] if table is not None else frame.sl % vls
         return vl if vl < vls else None
 
-    def _enqueue(self, out_port: int, frame: Frame, now: int, *, in_port: int) -> list[Action]:
+    def _enqueue(self, out_port: int, frame: Frame, now: int, in_port: int, out: list[Action]) -> None:
         p = self.ports[out_port]
         if not p.up:  # decided for a port whose link is down: discarded (PortXmitDiscards)
             p.counters.xmit_discards += 1
             p.counters.inactive_discards += 1
-            return [Drop(self.name, out_port, frame, "port_down", now), *self._release(frame, now)]
+            out.append(Drop(self.name, out_port, frame, "port_down", now))
+            self._release(frame, now, out)
+            return
         c = self._class_of(frame, in_port, out_port)
         if c is None:  # SL mapped to VL15 or to a VL the port does not operate
             p.counters.xmit_discards += 1
-            return [Drop(self.name, out_port, frame, "vl_mapping", now), *self._release(frame, now)]
+            out.append(Drop(self.name, out_port, frame, "vl_mapping", now))
+            self._release(frame, now, out)
+            return
         if self.kind == "eth" and self.switch:  # a host's queue (its NIC's send queue) neither drops nor marks
             if c not in self.eth.lossless and p.total_bytes + frame.size > self.eth.buffer_bytes:
                 p.counters.drops += 1
-                return [Drop(self.name, out_port, frame, "buffer", now), *self._release(frame, now)]
+                out.append(Drop(self.name, out_port, frame, "buffer", now))
+                self._release(frame, now, out)
+                return
             if frame.ecn_capable and self.eth.ecn_mark_bytes and p.queued_bytes[c] > self.eth.ecn_mark_bytes:
                 frame.ce = True
                 p.counters.ecn_marked += 1
@@ -774,11 +790,10 @@ class Node:
         p.total_bytes += frame.size
         p.counters.max_queue_bytes = max(p.counters.max_queue_bytes, p.total_bytes)
         self._dirty.add(out_port)
-        return []
 
-    def _start(self, p: EgressPort, now: int) -> list[Action]:
+    def _start(self, p: EgressPort, now: int, out: list[Action]) -> None:
         if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
-            return []
+            return
         c = p.pick()
         if c is None:
             if p.waiting_since is None:
@@ -788,7 +803,7 @@ class Node:
                     if p.queues[vl] and vl not in p.blocked_since:
                         p.blocked_since[vl] = now
                         p.counters.credit_stalls += 1
-            return []
+            return
         if p.waiting_since is not None:
             p.counters.xmit_wait_ns += now - p.waiting_since
             p.waiting_since = None
@@ -821,42 +836,43 @@ class Node:
         heappush(self._busy, (end, p.num))
         p.counters.xmit_frames += 1
         p.counters.xmit_bytes += frame.size
-        return [Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation)]
+        out.append(Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation))
 
-    def _finish(self, p: EgressPort, t: int) -> list[Action]:
+    def _finish(self, p: EgressPort, t: int, out: list[Action]) -> None:
         assert p.in_flight is not None
         frame, in_port, in_class = p.in_flight
         p.in_flight = None
-        return self._release(frame, t, in_port, in_class)
+        self._release(frame, t, out, in_port, in_class)
 
-    def _release(self, frame: Frame, now: int, in_port: int | None = None,
-                 in_class: int | None = None) -> list[Action]:
+    def _release(self, frame: Frame, now: int, out: list[Action], in_port: int | None = None,
+                 in_class: int | None = None) -> None:
         """``frame`` no longer holds its input buffer: credits back (IB) or PFC (Ethernet).
         (The frame object moves on: its input port here is passed in once it is on the wire.)"""
         in_port = frame.in_port if in_port is None else in_port
         in_class = frame.in_class if in_class is None else in_class
         if in_port < 0 or frame.vl15:
-            return []
+            return
         pin = self.ports[in_port]
         pin.in_bytes[in_class] -= frame.size
         if self.kind == "ib":
             nb = blocks(frame.size)
             pin.in_blocks[in_class] -= nb
-            return [CreditReturn(self.name, in_port, in_class, nb, now + pin.link.propagation)]
-        return self._pfc_check(in_port, in_class, now)
+            out.append(CreditReturn(self.name, in_port, in_class, nb, now + pin.link.propagation))
+            return
+        self._pfc_check(in_port, in_class, now, out)
 
-    def _pfc_check(self, in_port: int, prio: int, now: int) -> list[Action]:
+    def _pfc_check(self, in_port: int, prio: int, now: int, out: list[Action]) -> None:
         if prio not in self.eth.lossless:
-            return []
+            return
         key = (in_port, prio)
         p = self.ports[in_port]
         held = p.in_bytes[prio]
         if key not in self._xoff_sent and held > self.eth.xoff_bytes:
             self._xoff_sent.add(key)
             p.counters.pause_sent += 1
-            return [Pause(self.name, in_port, prio, True, now + p.link.propagation)]
+            out.append(Pause(self.name, in_port, prio, True, now + p.link.propagation))
+            return
         if key in self._xoff_sent and held < self.eth.xon_bytes:
             self._xoff_sent.discard(key)
             p.counters.pause_sent += 1
-            return [Pause(self.name, in_port, prio, False, now + p.link.propagation)]
-        return []
+            out.append(Pause(self.name, in_port, prio, False, now + p.link.propagation))
