@@ -19,18 +19,19 @@ from ibemu.physics.model import Frame
 ETH_LEN: Final = 14
 
 
-def hand_in(plane: LivePlane, switch: str, in_port: int, out: dict[int, list[bytes]], now: int,
-            batch: set[int]) -> None:
+def hand_in(plane: LivePlane, switch: str, in_port: int, out: dict[int, list[bytes]], now: int) -> int:
     """Every frame of ``out`` (egress port -> frames with their Ethernet header), received on
-    ``switch:in_port``, into ``plane`` at ``now``; their ids into ``batch``. A frame's size
+    ``switch:in_port``, into ``plane`` at ``now``; how many. A frame's size
     is LRH .. VCRC, its SL the LRH's, VL15 by its VL nibble, its key on the cable its LRH
     from the DLID on and its BTH (``linkplane.match_key``), its ``meta`` the frame itself."""
+    n = 0
     for egress, frames in out.items():
+        n += len(frames)
         for f in frames:
-            batch.add(id(f))
             fr = Frame(len(f) - ETH_LEN, f[ETH_LEN + 1] >> 4, egress, f[ETH_LEN + 2:ETH_LEN + 20],
                        False, False, f[ETH_LEN] >> 4 == 15, f)
             plane.arrive(switch, in_port, fr, now)
+    return n
 
 
 def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]],
@@ -68,6 +69,7 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
             assert isinstance(way, tuple)
             frames, head = way
             data: bytes = d.frame.meta
-            frames.append(head + data[len(head):] if head else bytes(data))
+            # (one copy: the slice as a view, not a bytes of its own)
+            frames.append(head + memoryview(data)[len(head):] if head else bytes(data))
             handed += 1
     return rest, handed
