@@ -145,6 +145,27 @@ _PAUSE: Final = 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
+class _Event:
+    """One event of the plane: at ``t``, ``what`` (_WAKE, _RECEIVE, _CREDIT, _PAUSE) to
+    ``node`` with ``a``, ``b``, ``c``; ``order`` among those due at the same ns. A record of its
+    own, ordered by (t, order), not a tuple: compiled, its times are C values in it (a tuple
+    holds an object made for each) and two of them compare in one native call."""
+
+    __slots__ = ("a", "b", "c", "node", "order", "t", "what")
+
+    def __init__(self, t: int, order: float, what: int, node: Node, a: Any, b: Any, c: Any) -> None:
+        self.t = t
+        self.order = order
+        self.what = what
+        self.node = node
+        self.a = a
+        self.b = b
+        self.c = c
+
+    def __lt__(self, other: _Event) -> bool:
+        return self.t < other.t or (self.t == other.t and self.order < other.order)
+
+
 @dataclass(slots=True, init=False)
 class Departure:
     """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes. (Not frozen, to be
@@ -178,9 +199,11 @@ class LinkStats:
     """How late each departure left (>= 0), in emulated ns."""
     busy_model_ns: int = 0
     busy_real_ns: int = 0
-    last_due: int | None = None
-    last_end: int | None = None
-    last_sent: int | None = None
+    last_due: int = -1
+    last_end: int = -1
+    last_sent: int = -1
+    """The last departure's due time, end on the wire and real send time (-1: none yet; ints,
+    not None: compiled, an optional int is an object made per departure)."""
 
     def busy_ratio(self) -> float | None:
         """Achieved over configured rate while busy (None: never two frames back to back)."""
@@ -227,12 +250,12 @@ class LivePlane:
         self.fast_hops = 0
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, int | float, int, Node, Any, Any, Any]] = []
-        """(time, order, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
-        _CREDIT (node, its port, VL, blocks), _PAUSE (node, its port, priority, XOFF); the
-        :class:`Node` itself, not its name (no lookup per event). Tuples,
-        not closures: several per frame and hop. ``order``: the sequence they were scheduled
-        in, or a seeded random draw (``tie_seed``)."""
+        self._events: list[_Event] = []
+        """A heap of (time, order, what, node, a, b, c) (:class:`_Event`): _WAKE (node),
+        _RECEIVE (node, its port, frame), _CREDIT (node, its port, VL, blocks), _PAUSE (node,
+        its port, priority, XOFF); the :class:`Node` itself, not its name (no lookup per
+        event). Records, not closures: several per frame and hop. ``order``: the sequence
+        they were scheduled in, or a seeded random draw (``tie_seed``)."""
         self._seq = 0
         """The next sequence number (events' order without seeded ties, departures')."""
         for node in self.nodes.values():  # (its wake-up among the events, the latest time driven to)
@@ -302,7 +325,7 @@ class LivePlane:
         ``frame.flow``, a key the caller derives from the frame's bytes the same way at both
         ends, e.g. its LRH and BTH)."""
         ev = self._events
-        if ev and (ev[0][0] <= now or ev[0][0] <= self.now):  # (run_events' own first test)
+        if ev and (ev[0].t <= now or ev[0].t <= self.now):  # (run_events' own first test)
             self.run_events(now)
         elif now > self.now:
             self.now = now
@@ -333,7 +356,7 @@ class LivePlane:
         t = self._clamp(node, t)
         if self.fast and self.adapt is None:
             ev = self._events
-            horizon = self.now if not ev or ev[0][0] > self.now else ev[0][0] - 1
+            horizon = self.now if not ev or ev[0].t > self.now else ev[0].t - 1
             if self._fast_hop(node, in_port, frame, t, vl, horizon):
                 return
         if self.adapt is not None and not frame.vl15:
@@ -599,7 +622,7 @@ class LivePlane:
 
     def next_deadline(self) -> int | None:
         """The next time :meth:`run` has something to do (None: nothing until a frame)."""
-        t = self._events[0][0] if self._events else None
+        t = self._events[0].t if self._events else None
         if self._due and (t is None or self._due[0][0] < t):
             t = self._due[0][0]
         return t
@@ -612,8 +635,9 @@ class LivePlane:
             now = self.now
         ev = self._events
         fast = self.fast and self.adapt is None
-        while ev and ev[0][0] <= now:
-            t, _, what, node, a, b, c = heappop(ev)
+        while ev and ev[0].t <= now:
+            e = heappop(ev)
+            t, what, node, a, b, c = e.t, e.what, e.node, e.a, e.b, e.c
             if t > self.now:
                 self.now = t
             if what == _WAKE:
@@ -626,7 +650,7 @@ class LivePlane:
                     self.redecided += 1
                 tn = self._clamp(node, t)
                 if fast and self._fast_hop(node, a, b, tn, b.vl,
-                                           now if not ev or ev[0][0] > now else ev[0][0] - 1):
+                                           now if not ev or ev[0].t > now else ev[0].t - 1):
                     continue
                 if self.adapt is not None and not b.vl15:
                     self.adapt(node.name, a, b, tn)
@@ -660,8 +684,7 @@ class LivePlane:
         st.frames += 1
         st.bytes += d.frame.size
         st.late_ns.append(max(0, sent - d.due_ns))
-        if st.last_end is not None and d.start_ns == st.last_end and st.last_due is not None \
-                and st.last_sent is not None:
+        if d.start_ns == st.last_end and st.last_end >= 0:
             st.busy_model_ns += d.due_ns - st.last_due
             st.busy_real_ns += sent - st.last_sent
         st.last_due, st.last_end, st.last_sent = d.due_ns, d.end_ns, sent
@@ -817,9 +840,8 @@ class LivePlane:
         node.live_last = t
         return t
 
-    def _order(self) -> int | float:
-        """An event's place among those due at the same ns: the sequence (an int: a float
-        made per event costs an allocation) or a seeded draw."""
+    def _order(self) -> float:
+        """An event's place among those due at the same ns: the sequence or a seeded draw."""
         return self._tie() if self._tie is not None else self._next()
 
     def _next(self) -> int:
@@ -829,7 +851,7 @@ class LivePlane:
         return n
 
     def _at(self, t: int, what: int, node: Node, a: Any = None, b: Any = None, c: Any = None) -> None:
-        heappush(self._events, (t, self._order(), what, node, a, b, c))
+        heappush(self._events, _Event(t, self._order(), what, node, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
         if not actions:
@@ -906,7 +928,7 @@ class LivePlane:
         if node.live_wake == t:
             return
         node.live_wake = t
-        heappush(self._events, (t, self._order(), _WAKE, node, None, None, None))
+        heappush(self._events, _Event(t, self._order(), _WAKE, node, None, None, None))
 
 
 def _ready(vl: int) -> bool:
