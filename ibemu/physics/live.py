@@ -180,12 +180,19 @@ class Departure:
     end_ns: int
     eport: EgressPort | None = field(repr=False, compare=False)
     """The model's port it leaves (its statistics: ``EgressPort.live_stats``)."""
+    seq: int = field(repr=False, compare=False)
+    """Its place among the departures due at the same ns (the order they were timed in)."""
 
     def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int,
-                 eport: EgressPort | None = None) -> None:
+                 eport: EgressPort | None = None, seq: int = 0) -> None:
         self.switch, self.port, self.frame = switch, port, frame
         self.due_ns, self.start_ns, self.end_ns = due_ns, start_ns, end_ns
         self.eport = eport
+        self.seq = seq
+
+    def __lt__(self, other: Departure) -> bool:
+        """(due_ns, seq): the plane's heap of departures orders them so, without a tuple each."""
+        return self.due_ns < other.due_ns or (self.due_ns == other.due_ns and self.seq < other.seq)
 
 
 @dataclass(slots=True)
@@ -260,7 +267,8 @@ class LivePlane:
         """The next sequence number (events' order without seeded ties, departures')."""
         for node in self.nodes.values():  # (its wake-up among the events, the latest time driven to)
             node.live_wake, node.live_last = -1, 0
-        self._due: list[tuple[int, int, Departure]] = []
+        self._due: list[Departure] = []
+        """A heap of the departures timed, by (due_ns, seq)."""
         self.stats: dict[Port, LinkStats] = {}
         self._flight_ports: dict[Port, EgressPort] = {}
         """The receiving ports with records (``EgressPort.live_flight``), in the order made."""
@@ -449,7 +457,7 @@ class LivePlane:
             node.live_last = start
             self._schedule_wake(node)
         # --- the departure (as _dispatch records a Transmit)
-        heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end, p)))
+        heappush(self._due, Departure(name, out_port, frame, due, start, end, p, self._next()))
         pnode = p.live_peer_node
         rx = p.live_peer
         if pnode is not None and pnode.switch and rx is not None:
@@ -623,8 +631,8 @@ class LivePlane:
     def next_deadline(self) -> int | None:
         """The next time :meth:`run` has something to do (None: nothing until a frame)."""
         t = self._events[0].t if self._events else None
-        if self._due and (t is None or self._due[0][0] < t):
-            t = self._due[0][0]
+        if self._due and (t is None or self._due[0].due_ns < t):
+            t = self._due[0].due_ns
         return t
 
     def run_events(self, now: int) -> None:
@@ -670,8 +678,8 @@ class LivePlane:
         self.run_events(now)
         out: list[Departure] = []
         due = self._due
-        while due and due[0][0] <= now:
-            d = heappop(due)[2]
+        while due and due[0].due_ns <= now:
+            d = heappop(due)
             self._account(d, now)
             out.append(d)
         return out
@@ -735,8 +743,8 @@ class LivePlane:
         the model had timed on it that are not out yet."""
         ends = self._cable_change(name, port, now)
         dead = set(ends)
-        if any((d.switch, d.port) in dead for _, _, d in self._due):
-            self._due = [e for e in self._due if (e[2].switch, e[2].port) not in dead]
+        if any((d.switch, d.port) in dead for d in self._due):
+            self._due = [d for d in self._due if (d.switch, d.port) not in dead]
             heapify(self._due)
         for a in ends:
             node = self.nodes[a[0]]
@@ -872,8 +880,8 @@ class LivePlane:
                     if peer is not None:
                         self._at(a.arrive_ns, _RECEIVE, nodes[peer[0]], peer[1], a.frame)
                     continue
-                d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns, ep)
-                heappush(self._due, (a.arrive_ns, self._next(), d))
+                heappush(self._due, Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns, ep,
+                                              self._next()))
                 pnode = ep.live_peer_node
                 rx = ep.live_peer
                 if pnode is not None and pnode.switch and rx is not None:
