@@ -69,7 +69,6 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
             assert isinstance(way, tuple)
             frames, head = way
             data: bytes = d.frame.meta
-            # (one copy: the slice as a view, not a bytes of its own)
-            frames.append(head + memoryview(data)[len(head):] if head else bytes(data))
+            frames.append(head + data[len(head):] if head else bytes(data))
             handed += 1
     return rest, handed

@@ -653,16 +653,17 @@ class LivePlane:
                     node.live_wake = -1
                 out = node.advance(self._clamp(node, t))
             elif what == _RECEIVE:
-                if self.redecide is not None and b.dst is not None and not node.ports[b.dst].up:
-                    self.redecide(node.name, a, b)  # from a host: the switch looks its LFT up now
+                fr: Frame = b  # (typed: compiled, its fields are read natively)
+                if self.redecide is not None and fr.dst is not None and not node.ports[fr.dst].up:  # type: ignore[index]
+                    self.redecide(node.name, a, fr)  # from a host: the switch looks its LFT up now
                     self.redecided += 1
                 tn = self._clamp(node, t)
-                if fast and self._fast_hop(node, a, b, tn, b.vl,
+                if fast and self._fast_hop(node, a, fr, tn, fr.vl,
                                            now if not ev or ev[0].t > now else ev[0].t - 1):
                     continue
-                if self.adapt is not None and not b.vl15:
-                    self.adapt(node.name, a, b, tn)
-                out = node.receive(a, b, tn, b.dst)
+                if self.adapt is not None and not fr.vl15:
+                    self.adapt(node.name, a, fr, tn)
+                out = node.receive(a, fr, tn, fr.dst)  # type: ignore[arg-type]
             elif what == _CREDIT:
                 out = node.credit_return(a, b, c, self._clamp(node, t))
             else:
