@@ -116,13 +116,13 @@ the link fell behind). ``take_stats`` hands them over and starts afresh.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import random
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
@@ -130,6 +130,11 @@ from ibemu.physics.model import Action, CreditReturn, Drop, EgressPort, Frame, N
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
+heapify: Final = heapq.heapify
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+"""(Bound once: compiled, a ``Final`` is a C static, where an imported name is looked up in the
+module's globals at every call, several times per frame and hop.)"""
 
 MATCH_WINDOW: Final = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""

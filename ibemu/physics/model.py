@@ -84,14 +84,19 @@ the switch is store-and-forward (see :mod:`ibemu.physics.link`).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
 from typing import Any, Final, Literal
 
 from ibemu.physics.link import LinkModel
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
+
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+"""(Bound once: compiled, a ``Final`` is a C static, where an imported name is looked up in the
+module's globals at every call, several times per frame and hop.)"""
 
 Kind = Literal["ib", "eth"]
 PRIORITIES: Final = 8
