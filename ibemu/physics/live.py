@@ -117,11 +117,9 @@ the link fell behind). ``take_stats`` hands them over and starts afresh.
 from __future__ import annotations
 
 import heapq
-import itertools
 import logging
 import random
-from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -148,6 +146,59 @@ _RECEIVE: Final = 1
 _CREDIT: Final = 2
 _PAUSE: Final = 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
+
+
+Record = tuple[Hashable, int, int, int]
+"""A frame on a cable: (key, model arrival, VL, credits)."""
+
+
+class _Flight:
+    """The records of the frames on one cable, oldest first: a list and the index of its head
+    (compiled: list reads and appends in C, where a deque's are method calls). The list
+    drops what was taken from it when it empties, or when that is more than half of it."""
+
+    __slots__ = ("head", "recs")
+
+    def __init__(self) -> None:
+        self.recs: list[Record] = []
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.recs) - self.head
+
+    def __bool__(self) -> bool:
+        return len(self.recs) > self.head
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.recs[self.head:])
+
+    def first(self) -> Record:
+        return self.recs[self.head]
+
+    def window(self, n: int) -> list[Record]:
+        """The first ``n`` records (fewer if there are not as many)."""
+        return self.recs[self.head:self.head + n]
+
+    def append(self, rec: Record) -> None:
+        self.recs.append(rec)
+
+    def popleft(self) -> Record:
+        recs = self.recs
+        h = self.head
+        rec = recs[h]
+        h += 1
+        if h == len(recs):
+            recs.clear()
+            h = 0
+        elif h > 32 and 2 * h > len(recs):
+            del recs[:h]
+            h = 0
+        self.head = h
+        return rec
+
+    def remove(self, i: int) -> None:
+        """Take out the ``i``-th record from the head."""
+        del self.recs[self.head + i]
 
 
 class _Event:
@@ -306,15 +357,15 @@ class LivePlane:
                     p.live_stats = self.stats[(node.name, num)] = LinkStats(p.link.gbps)
 
     @property
-    def _flight(self) -> dict[Port, deque[tuple[Hashable, int, int, int]]]:
+    def _flight(self) -> dict[Port, list[Record]]:
         """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
         cable to it (a view: the records live on the receiving port, ``EgressPort.live_flight``),
         in the order the cables first had one."""
-        return {k: p.live_flight for k, p in self._flight_ports.items() if p.live_flight is not None}
+        return {k: list(p.live_flight) for k, p in self._flight_ports.items() if p.live_flight is not None}
 
-    def _new_flight(self, rx: EgressPort) -> deque[tuple[Hashable, int, int, int]]:
+    def _new_flight(self, rx: EgressPort) -> _Flight:
         """The records of the cable into ``rx``, made (it had none)."""
-        q: deque[tuple[Hashable, int, int, int]] = deque()
+        q = _Flight()
         rx.live_flight = q
         self._flight_ports[rx.live_key] = rx
         return q
@@ -466,7 +517,7 @@ class LivePlane:
         pnode = p.live_peer_node
         rx = p.live_peer
         if pnode is not None and pnode.switch and rx is not None:
-            q = rx.live_flight
+            q: _Flight | None = rx.live_flight
             if q is None:
                 q = self._new_flight(rx)
             q.append((frame.flow, due, c, nblocks))
@@ -561,13 +612,13 @@ class LivePlane:
                rx: EgressPort | None) -> tuple[int, int | None]:
         """The model's arrival time and VL of the frame ``key`` on the cable into
         ``switch:in_port`` (``rx``; now and None when there is no record of it)."""
-        q = None if rx is None else rx.live_flight
+        q: _Flight | None = None if rx is None else rx.live_flight
         if q and key is not None:
-            rec = q[0]
+            rec = q.first()
             if rec[0] == key:  # (the usual case: the frame at the head of the cable)
                 q.popleft()
                 return rec[1], rec[2]
-            for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+            for i, rec in enumerate(q.window(MATCH_WINDOW)):
                 if rec[0] == key:
                     for _ in range(i):  # lost on the way: their credits come back
                         self._lost(switch, in_port, q.popleft(), now)
@@ -599,12 +650,12 @@ class LivePlane:
         the sender, as a real port frees what it consumed or discarded. False: no record."""
         node = self.nodes.get(switch)
         rx = None if node is None else node.ports.get(in_port)
-        q = None if rx is None else rx.live_flight
+        q: _Flight | None = None if rx is None else rx.live_flight
         if not q:
             return False
-        for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+        for i, rec in enumerate(q.window(MATCH_WINDOW)):
             if rec[0] == key:
-                del q[i]
+                q.remove(i)
                 self._lost(switch, in_port, rec, now)
                 return True
         return False
@@ -616,8 +667,8 @@ class LivePlane:
         n = 0
         for key in [port] if port is not None else list(self._flight_ports):
             rx = self._flight_ports.get(key)
-            q = None if rx is None else rx.live_flight
-            while q and q[0][1] < now - MATCH_STALE_NS:
+            q: _Flight | None = None if rx is None else rx.live_flight
+            while q and q.first()[1] < now - MATCH_STALE_NS:
                 self._lost(key[0], key[1], q.popleft(), now)
                 n += 1
         return n
@@ -892,10 +943,10 @@ class LivePlane:
                 rx = ep.live_peer
                 if pnode is not None and pnode.switch and rx is not None:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
-                    q = rx.live_flight
-                    if q is None:
-                        q = self._new_flight(rx)
-                    q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
+                    fq: _Flight | None = rx.live_flight
+                    if fq is None:
+                        fq = self._new_flight(rx)
+                    fq.append((a.frame.flow, a.arrive_ns, a.vl, credited))
             elif type(a) is CreditReturn:
                 cp = nodes[a.node].ports[a.port]
                 peer = cp.peer

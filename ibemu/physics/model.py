@@ -85,7 +85,6 @@ the switch is store-and-forward (see :mod:`ibemu.physics.link`).
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -444,8 +443,9 @@ class EgressPort:
     """``physics.live``: the port at the other end of the cable, where it is in the plane."""
     live_peer_node: Node | None = field(default=None, repr=False, compare=False)
     """``physics.live``: the node of :attr:`live_peer`."""
-    live_flight: deque[tuple[Hashable, int, int, int]] | None = field(default=None, repr=False, compare=False)
-    """``physics.live``, as an input port: the records of the frames on the cable to it."""
+    live_flight: Any = field(default=None, repr=False, compare=False)
+    """``physics.live``, as an input port: the records of the frames on the cable to it (its
+    ``_Flight``, or None)."""
     live_key: tuple[str, int] = field(default=("", -1), repr=False, compare=False)
     """``physics.live``: (its node's name, its number)."""
     live_stats: Any = field(default=None, repr=False, compare=False)
