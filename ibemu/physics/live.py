@@ -923,14 +923,17 @@ class LivePlane:
             return
         nodes = self.nodes
         first = actions[0].node
+        fnode = nodes[first]  # (looked up once: usually every action is the first node's)
         touched: set[str] | None = None  # the nodes other than the first (rare: usually one acts)
         for a in actions:
+            anode = fnode
             if a.node != first:
                 if touched is None:
                     touched = {first}
                 touched.add(a.node)
+                anode = nodes[a.node]
             if type(a) is Transmit:
-                node = nodes[a.node]
+                node = anode
                 ep = node.ports[a.port]
                 peer = ep.peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
@@ -948,7 +951,7 @@ class LivePlane:
                         fq = self._new_flight(rx)
                     fq.append((a.frame.flow, a.arrive_ns, a.vl, credited))
             elif type(a) is CreditReturn:
-                cp = nodes[a.node].ports[a.port]
+                cp = anode.ports[a.port]
                 peer = cp.peer
                 pn = cp.live_peer_node
                 if pn is not None and peer is not None:
@@ -966,7 +969,7 @@ class LivePlane:
                 if self.keep_notes:
                     self.notes.append(a)
         if touched is None:
-            self._schedule_wake(nodes[first])
+            self._schedule_wake(fnode)
         else:
             for name in touched:
                 self._schedule_wake(nodes[name])
