@@ -112,6 +112,14 @@ and bytes, how late each departure really left (``now`` at the ``run`` that retu
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
 real one: ``busy_ratio`` is the achieved rate over the configured rate while busy (below 1:
 the link fell behind). ``take_stats`` hands them over and starts afresh.
+
+Records, for the compiled twin (``ibemu.native``): the plane's events (:class:`_Event`) and
+departures are native records its heaps order by (time, order) and (due, seq) themselves,
+not tuples (whose times are objects made per entry); a cable's other end, the records of its
+frames in flight (:class:`_Flight`: a list and its head, not a deque) and the statistics of
+a port's sending hang on the model's port (``EgressPort.live_peer``, ``live_flight``,
+``live_stats``), found once when the plane is made, not looked up by (switch, port) per
+frame. ``_flight`` shows the records by (switch, port) as before.
 """
 
 from __future__ import annotations

@@ -80,6 +80,18 @@ draining by timeouts, which is what makes a deadlock visible; real switches woul
 discard, slowly); credits return per frame after the propagation delay (real links send
 flow-control packets every 65,536 symbol times at most, so returns bunch up slightly); and
 the switch is store-and-forward (see :mod:`ibemu.physics.link`).
+
+Where the state lives (for the compiled twin, ``ibemu.native``; the rules above are the same
+either way): what the model keeps per port and per (port, VL) is on the port's
+:class:`EgressPort`, in lists indexed by VL or port number: an input port's buffer use per VL
+(``in_bytes``, ``in_blocks``), the SL -> VL map of each input port towards an output port
+(``vl_maps``, kept by ``Node.set_sl2vl``), and a class queue's FIFOs (:class:`ClassQueue`: a
+list per input port, not a dict of deques). ``Node.ingress_bytes`` / ``ingress_blocks`` show
+the buffer use keyed by (input port, class) as before. Compiled, a list read is C, where a
+dict lookup by a tuple made for it, or a deque's method, was a call into the interpreter's
+objects several times per frame and hop (perf, issue 18). The internals (``_advance``,
+``_start``, ``_release`` ...) append their actions to the caller's list instead of returning
+lists to be concatenated.
 """
 
 from __future__ import annotations
