@@ -48,7 +48,8 @@ MODULES: tuple[str, ...] = (
 )
 """The modules compiled, in one group (calls between them are C calls): the link model, and
 the switches' LFT and forwarding decision (``Forwarder.forward_run``, every frame's), and
-the IB user datapath's hand-in of frames to the model (``fabric.linkframes``)."""
+the IB user datapath's hand-in of frames to the model and hand-over of the departures between
+switches (``fabric.linkframes``)."""
 GROUP = "ibemu.physics._native"
 """The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
 ROOT = Path(__file__).resolve().parents[1]
