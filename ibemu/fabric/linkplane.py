@@ -70,10 +70,10 @@ from typing import Any
 
 from ibemu import clock
 from ibemu.events import FabricLog, Kind
-from ibemu.fabric.linkframes import ETH_LEN, hand_in
+from ibemu.fabric.linkframes import ETH_LEN, hand_in, hand_over
 from ibemu.kernel.linkio import CAPTURE_CHECK_S, LiveLinks, link_record
 from ibemu.physics.link import SwitchModel
-from ibemu.physics.live import egress_load
+from ibemu.physics.live import Departure, egress_load
 from ibemu.physics.model import Frame, Node
 
 log = logging.getLogger(__name__)
@@ -132,20 +132,38 @@ class LinkPlane(LiveLinks):
         self._last_report = clock.monotonic()
         self._last_capture = clock.monotonic()
         self._qos_seen: dict[str, tuple[int, ...]] = {}
-        self._batch: set[int] = set()
-        """ids of the frames submitted since ``begin`` (what a batch forwarded)."""
+        self._batch: list[dict[int, list[bytes]]] = []
+        """What was submitted since ``begin`` (what a batch forwarded: :meth:`settle`)."""
+        self._batch_n = 0
+        """How many frames that is."""
 
     # --- the forwarding loop's side -------------------------------------------------------
 
     def submit(self, switch: str, in_port: int, out: dict[int, list[bytes]]) -> None:
         """The frames ``switch`` received on ``in_port`` and decided to send (egress port ->
         frames with their old Ethernet header): into the model; then what is due goes."""
-        hand_in(self.plane, switch, in_port, out, clock.now_ns(), self._batch)  # (compiled)
+        self._batch_n += hand_in(self.plane, switch, in_port, out, clock.now_ns())  # (compiled)
+        self._batch.append(out)
         self._depth += 1
         try:
             self.pump()
         finally:
             self._depth -= 1
+
+    def _send(self, due: list[Departure]) -> None:
+        """``LiveLinks._send`` with its loop compiled (``linkframes.hand_over``): an IB frame
+        is handed over as it stands (no ``outgoing`` of its own, unlike a RoCE router's)."""
+        if self._deliver is None or self.tx is None:
+            self._send_veth(due)
+            return
+        rest, handed = hand_over(due, self.peers, self._local, self.captured, self._carrier,  # (compiled)
+                                 self._powered, self._heads)
+        self.sent += handed
+        if rest:
+            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
+                self._held += rest
+            else:
+                self._send_veth(rest)
 
     def _redecide(self, switch: str, in_port: int, frame: Frame) -> None:
         assert self._decide is not None
@@ -163,6 +181,7 @@ class LinkPlane(LiveLinks):
     def begin(self) -> None:
         """A batch of frames received on one port starts (see :meth:`settle`)."""
         self._batch.clear()
+        self._batch_n = 0
 
     def settle(self, switch: str, in_port: int, frames: list[bytes]) -> None:
         self._depth += 1
@@ -176,9 +195,9 @@ class LinkPlane(LiveLinks):
         them, the forwarder dropped them) free their buffer: credits back to the sender.
         (A frame the forwarder corrupted leaves as a new object: its original is settled here
         and the copy enters the model anew, unmatched, its sender's credits debited for it.)"""
-        batch = self._batch
-        if len(batch) >= len(frames):
+        if self._batch_n >= len(frames):
             return
+        batch = {id(f) for out in self._batch for fs in out.values() for f in fs}
         now = clock.now_ns()
         for f in frames:
             if id(f) not in batch and len(f) > ETH_LEN + 20:

@@ -343,7 +343,7 @@ def link_record(link: str, st: LinkStats, since_ns: int, *, final: bool = False,
     """The ``Kind.LINK_FIDELITY`` record of one cable direction over an interval (``rx_drops``:
     frames lost arriving at this port, its socket full)."""
     late = lagmon.LagStats()
-    late.add_all([ns / 1000.0 for ns in st.late_ns])
+    late.add_all(st.late_us())  # (compiled with the model)
     return {"kind": Kind.LINK_FIDELITY, "t_ns": clock.now_ns(), "since_ns": since_ns, "link": link,
             "gbps": st.gbps, "frames": st.frames, "bytes": st.bytes, "busy_model_ns": st.busy_model_ns,
             "busy_real_ns": st.busy_real_ns, "rx_drops": rx_drops, **late.summary(), "buckets": late.buckets(), "final": final}

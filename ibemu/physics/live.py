@@ -112,17 +112,23 @@ and bytes, how late each departure really left (``now`` at the ``run`` that retu
 less its due time) and, over back-to-back frames (a busy link), the model's time against the
 real one: ``busy_ratio`` is the achieved rate over the configured rate while busy (below 1:
 the link fell behind). ``take_stats`` hands them over and starts afresh.
+
+Records, for the compiled twin (``ibemu.native``): the plane's events (:class:`_Event`) and
+departures are native records its heaps order by (time, order) and (due, seq) themselves,
+not tuples (whose times are objects made per entry); a cable's other end, the records of its
+frames in flight (:class:`_Flight`: a list and its head, not a deque) and the statistics of
+a port's sending hang on the model's port (``EgressPort.live_peer``, ``live_flight``,
+``live_stats``), found once when the plane is made, not looked up by (switch, port) per
+frame. ``_flight`` shows the records by (switch, port) as before.
 """
 
 from __future__ import annotations
 
-import itertools
+import heapq
 import logging
 import random
-from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
 from ibemu.physics.deadlock import CreditLoop, find_credit_loops
@@ -130,6 +136,11 @@ from ibemu.physics.model import Action, CreditReturn, Drop, EgressPort, Frame, N
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Sl2Vl, VlArb, blocks
 
 log = logging.getLogger(__name__)
+heapify: Final = heapq.heapify
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+"""(Bound once: compiled, a ``Final`` is a C static, where an imported name is looked up in the
+module's globals at every call, several times per frame and hop.)"""
 
 MATCH_WINDOW: Final = 16
 """Records of frames in flight on a cable skipped at most to match an arrival (lost frames)."""
@@ -145,6 +156,80 @@ _PAUSE: Final = 3
 """What an event of the plane does: advance a node, a node receives a frame, a node gets credits."""
 
 
+Record = tuple[Hashable, int, int, int]
+"""A frame on a cable: (key, model arrival, VL, credits)."""
+
+
+class _Flight:
+    """The records of the frames on one cable, oldest first: a list and the index of its head
+    (compiled: list reads and appends in C, where a deque's are method calls). The list
+    drops what was taken from it when it empties, or when that is more than half of it."""
+
+    __slots__ = ("head", "recs")
+
+    def __init__(self) -> None:
+        self.recs: list[Record] = []
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.recs) - self.head
+
+    def __bool__(self) -> bool:
+        return len(self.recs) > self.head
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self.recs[self.head:])
+
+    def first(self) -> Record:
+        return self.recs[self.head]
+
+    def window(self, n: int) -> list[Record]:
+        """The first ``n`` records (fewer if there are not as many)."""
+        return self.recs[self.head:self.head + n]
+
+    def append(self, rec: Record) -> None:
+        self.recs.append(rec)
+
+    def popleft(self) -> Record:
+        recs = self.recs
+        h = self.head
+        rec = recs[h]
+        h += 1
+        if h == len(recs):
+            recs.clear()
+            h = 0
+        elif h > 32 and 2 * h > len(recs):
+            del recs[:h]
+            h = 0
+        self.head = h
+        return rec
+
+    def remove(self, i: int) -> None:
+        """Take out the ``i``-th record from the head."""
+        del self.recs[self.head + i]
+
+
+class _Event:
+    """One event of the plane: at ``t``, ``what`` (_WAKE, _RECEIVE, _CREDIT, _PAUSE) to
+    ``node`` with ``a``, ``b``, ``c``; ``order`` among those due at the same ns. A record of its
+    own, ordered by (t, order), not a tuple: compiled, its times are C values in it (a tuple
+    holds an object made for each) and two of them compare in one native call."""
+
+    __slots__ = ("a", "b", "c", "node", "order", "t", "what")
+
+    def __init__(self, t: int, order: float, what: int, node: Node, a: Any, b: Any, c: Any) -> None:
+        self.t = t
+        self.order = order
+        self.what = what
+        self.node = node
+        self.a = a
+        self.b = b
+        self.c = c
+
+    def __lt__(self, other: _Event) -> bool:
+        return self.t < other.t or (self.t == other.t and self.order < other.order)
+
+
 @dataclass(slots=True, init=False)
 class Departure:
     """A frame to send on ``switch:port`` now: ``frame.meta`` is its bytes. (Not frozen, to be
@@ -157,10 +242,21 @@ class Departure:
     """When the model has its last bit at the far end (the real send time)."""
     start_ns: int
     end_ns: int
+    eport: EgressPort | None = field(repr=False, compare=False)
+    """The model's port it leaves (its statistics: ``EgressPort.live_stats``)."""
+    seq: int = field(repr=False, compare=False)
+    """Its place among the departures due at the same ns (the order they were timed in)."""
 
-    def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int) -> None:
+    def __init__(self, switch: str, port: int, frame: Frame, due_ns: int, start_ns: int, end_ns: int,
+                 eport: EgressPort | None = None, seq: int = 0) -> None:
         self.switch, self.port, self.frame = switch, port, frame
         self.due_ns, self.start_ns, self.end_ns = due_ns, start_ns, end_ns
+        self.eport = eport
+        self.seq = seq
+
+    def __lt__(self, other: Departure) -> bool:
+        """(due_ns, seq): the plane's heap of departures orders them so, without a tuple each."""
+        return self.due_ns < other.due_ns or (self.due_ns == other.due_ns and self.seq < other.seq)
 
 
 @dataclass(slots=True)
@@ -174,15 +270,21 @@ class LinkStats:
     """How late each departure left (>= 0), in emulated ns."""
     busy_model_ns: int = 0
     busy_real_ns: int = 0
-    last_due: int | None = None
-    last_end: int | None = None
-    last_sent: int | None = None
+    last_due: int = -1
+    last_end: int = -1
+    last_sent: int = -1
+    """The last departure's due time, end on the wire and real send time (-1: none yet; ints,
+    not None: compiled, an optional int is an object made per departure)."""
 
     def busy_ratio(self) -> float | None:
         """Achieved over configured rate while busy (None: never two frames back to back)."""
         if self.busy_model_ns <= 0:
             return None
         return self.busy_model_ns / max(self.busy_real_ns, 1)
+
+    def late_us(self) -> list[float]:
+        """``late_ns`` in microseconds (for the link's fidelity record, ``kernel.linkio``)."""
+        return [ns / 1000.0 for ns in self.late_ns]
 
     def fresh(self) -> LinkStats:
         """An empty interval that carries on the back-to-back bookkeeping."""
@@ -219,21 +321,21 @@ class LivePlane:
         self.fast_hops = 0
         self.now = 0
         """The latest time the model has been played to."""
-        self._events: list[tuple[int, float, int, Node, Any, Any, Any]] = []
-        """(time, order, what, node, a, b, c): _WAKE (node), _RECEIVE (node, its port, frame),
-        _CREDIT (node, its port, VL, blocks), _PAUSE (node, its port, priority, XOFF); the
-        :class:`Node` itself, not its name (no lookup per event). Tuples,
-        not closures: several per frame and hop. ``order``: the sequence they were scheduled
-        in, or a seeded random draw (``tie_seed``)."""
+        self._events: list[_Event] = []
+        """A heap of (time, order, what, node, a, b, c) (:class:`_Event`): _WAKE (node),
+        _RECEIVE (node, its port, frame), _CREDIT (node, its port, VL, blocks), _PAUSE (node,
+        its port, priority, XOFF); the :class:`Node` itself, not its name (no lookup per
+        event). Records, not closures: several per frame and hop. ``order``: the sequence
+        they were scheduled in, or a seeded random draw (``tie_seed``)."""
         self._seq = 0
         """The next sequence number (events' order without seeded ties, departures')."""
         for node in self.nodes.values():  # (its wake-up among the events, the latest time driven to)
             node.live_wake, node.live_last = -1, 0
-        self._due: list[tuple[int, int, Departure]] = []
-        self._flight: dict[Port, deque[tuple[Hashable, int, int, int]]] = {}
-        """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
-        cable to it."""
+        self._due: list[Departure] = []
+        """A heap of the departures timed, by (due_ns, seq)."""
         self.stats: dict[Port, LinkStats] = {}
+        self._flight_ports: dict[Port, EgressPort] = {}
+        """The receiving ports with records (``EgressPort.live_flight``), in the order made."""
         self.frames_in = 0
         self.unmatched = 0
         self.drops = 0
@@ -250,9 +352,37 @@ class LivePlane:
         """Adaptive routing (module docstring): ``adapt(switch, in_port, frame, now)`` may
         change ``frame.dst`` to another port of the frame's group."""
         for node in self.nodes.values():
-            if node.switch:
-                for num, p in node.ports.items():
-                    self.stats[(node.name, num)] = LinkStats(p.link.gbps)
+            for num, p in node.ports.items():
+                # the cable's other end, the frames on it and the port's statistics, on the
+                # port itself (no lookup per frame by name and number)
+                peer = p.peer
+                pnode = self.nodes.get(peer[0]) if peer is not None else None
+                p.live_peer_node = pnode
+                p.live_peer = pnode.ports.get(peer[1]) if pnode is not None and peer is not None else None
+                p.live_flight = None
+                p.live_key = (node.name, num)
+                if node.switch:
+                    p.live_stats = self.stats[(node.name, num)] = LinkStats(p.link.gbps)
+
+    @property
+    def _flight(self) -> dict[Port, list[Record]]:
+        """(switch, port) receiving: (key, model arrival, VL, credits) of the frames on the
+        cable to it (a view: the records live on the receiving port, ``EgressPort.live_flight``),
+        in the order the cables first had one."""
+        return {k: list(p.live_flight) for k, p in self._flight_ports.items() if p.live_flight is not None}
+
+    def _new_flight(self, rx: EgressPort) -> _Flight:
+        """The records of the cable into ``rx``, made (it had none)."""
+        q = _Flight()
+        rx.live_flight = q
+        self._flight_ports[rx.live_key] = rx
+        return q
+
+    def _drop_flight(self, key: Port) -> None:
+        """Forget the records of the cable into ``key`` (``dict.pop`` of the view)."""
+        rx = self._flight_ports.pop(key, None)
+        if rx is not None:
+            rx.live_flight = None
 
     # --- input ----------------------------------------------------------------------------
 
@@ -267,7 +397,7 @@ class LivePlane:
         ``frame.flow``, a key the caller derives from the frame's bytes the same way at both
         ends, e.g. its LRH and BTH)."""
         ev = self._events
-        if ev and (ev[0][0] <= now or ev[0][0] <= self.now):  # (run_events' own first test)
+        if ev and (ev[0].t <= now or ev[0].t <= self.now):  # (run_events' own first test)
             self.run_events(now)
         elif now > self.now:
             self.now = now
@@ -279,7 +409,7 @@ class LivePlane:
             self.drop_reasons["port_down"] = self.drop_reasons.get("port_down", 0) + 1
             return
         peer = None if port is None else port.peer
-        src = self.nodes.get(peer[0]) if peer is not None else None
+        src = None if port is None else port.live_peer_node
         if src is not None and not src.switch and peer is not None:
             t0 = self._clamp(src, self.now)
             if not (self.fast and self._fast_inject(src, peer[1], frame, t0)):
@@ -290,7 +420,7 @@ class LivePlane:
         # the node takes a frame back in time (it cannot start a port that was busy since, and
         # what it starts late is sent at once and counted late), so the next hop does not
         # inherit this one's real latency.
-        t, vl = self._match(switch, in_port, frame.flow, now)
+        t, vl = self._match(switch, in_port, frame.flow, now, port)
         t = min(t, now)
         if vl is None:  # no record: as if just sent, on the VL its SL maps to by default
             vl = self._debit(peer, frame)
@@ -298,7 +428,7 @@ class LivePlane:
         t = self._clamp(node, t)
         if self.fast and self.adapt is None:
             ev = self._events
-            horizon = self.now if not ev or ev[0][0] > self.now else ev[0][0] - 1
+            horizon = self.now if not ev or ev[0].t > self.now else ev[0].t - 1
             if self._fast_hop(node, in_port, frame, t, vl, horizon):
                 return
         if self.adapt is not None and not frame.vl15:
@@ -331,8 +461,9 @@ class LivePlane:
         busy, pipeline = node._busy, node._pipeline
         if (busy and busy[0][0] <= horizon) or (pipeline and pipeline[0][0] <= horizon):
             return False  # (never: the node's next deadline has its wake-up among the events)
-        table = node.sl2vl.get((in_port, out_port)) or node.sl2vl.get((0, out_port))  # _class_of
-        vls = node.ib_config[out_port].data_vls
+        maps = p.vl_maps  # Node._class_of
+        table = maps[in_port] if 0 <= in_port < len(maps) else p.vl_map0
+        vls = p.vls
         c = table[frame.sl] if table is not None else frame.sl % vls
         if c >= vls:
             return False  # discarded (PortXmitDiscards): the event loop's way
@@ -346,15 +477,12 @@ class LivePlane:
         pc.rcv_frames += 1
         pc.rcv_bytes += size
         frame.in_port, frame.in_class = in_port, vl
-        key = (in_port, vl)
-        ingress_bytes, ingress_blocks = node.ingress_bytes, node.ingress_blocks
-        ingress_bytes[key] = ingress_bytes.get(key, 0) + size
-        cfg = node.ib_config.get(in_port)
-        if cfg is not None:
-            held = ingress_blocks.get(key, 0) + nblocks
-            ingress_blocks[key] = held
-            if held > cfg.buffer_bytes // 64:
-                pc.buffer_overruns += 1
+        in_bytes, in_blocks = pin.in_bytes, pin.in_blocks
+        in_bytes[vl] += size
+        held = in_blocks[vl] + nblocks
+        in_blocks[vl] = held
+        if held > pin.buffer_blocks:
+            pc.buffer_overruns += 1
         # --- the wake-up at ``start``: into the egress queue (Node._enqueue), picked (Node._start)
         frame.vl = c
         counters = p.counters
@@ -393,34 +521,32 @@ class LivePlane:
             node.live_last = start
             self._schedule_wake(node)
         # --- the departure (as _dispatch records a Transmit)
-        heappush(self._due, (due, self._next(), Departure(name, out_port, frame, due, start, end)))
-        peer = p.peer
-        if peer is not None:
-            pnode = self.nodes.get(peer[0])
-            if pnode is not None and pnode.switch:
-                q = self._flight.get(peer)
-                if q is None:
-                    q = self._flight[peer] = deque()
-                q.append((frame.flow, due, c, nblocks))
+        heappush(self._due, Departure(name, out_port, frame, due, start, end, p, self._next()))
+        pnode = p.live_peer_node
+        rx = p.live_peer
+        if pnode is not None and pnode.switch and rx is not None:
+            q: _Flight | None = rx.live_flight
+            if q is None:
+                q = self._new_flight(rx)
+            q.append((frame.flow, due, c, nblocks))
         self.fast_hops += 1
         if end > horizon:
             return True
         # --- its end on the wire, in the past too (Node._finish, Node._release): the input
         # buffer freed, the credits on their way back upstream
         node.live_last = end
-        ingress_bytes[key] -= size
-        if key in ingress_blocks:
-            ingress_blocks[key] -= nblocks
+        in_bytes[vl] -= size
+        in_blocks[vl] -= nblocks
         up = pin.peer
-        if up is None or up[0] not in self.nodes:
+        unode = pin.live_peer_node
+        uport = pin.live_peer
+        if up is None or unode is None or uport is None:
             return True
         at = end + pin.link.propagation
         if at > horizon:
-            self._at(at, _CREDIT, self.nodes[up[0]], up[1], vl, nblocks)
+            self._at(at, _CREDIT, unode, up[1], vl, nblocks)
             return True
-        unode = self.nodes[up[0]]
         tu = self._clamp(unode, at)
-        uport = unode.ports[up[1]]
         ubusy, upipe = unode._busy, unode._pipeline
         if uport.up and not uport.total_bytes and not (ubusy and ubusy[0][0] <= tu) \
                 and not (upipe and upipe[0][0] <= tu):
@@ -449,8 +575,8 @@ class LivePlane:
         busy = host._busy
         if (busy and busy[0][0] <= now) or host._pipeline:
             return False
-        table = host.sl2vl.get((0, port))  # Node._class_of (a host's input port is 0)
-        vls = host.ib_config[port].data_vls
+        table = p.vl_map0  # Node._class_of (a host's input port is 0)
+        vls = p.vls
         c = table[frame.sl] if table is not None else frame.sl % vls
         if c >= vls:
             return False
@@ -484,19 +610,23 @@ class LivePlane:
         heappush(busy, (end, port))
         counters.xmit_frames += 1
         counters.xmit_bytes += size
-        self._at(end + link.propagation, _RECEIVE, self.nodes[p.peer[0]], p.peer[1], frame)
+        pnode = p.live_peer_node
+        if pnode is None:
+            pnode = self.nodes[p.peer[0]]
+        self._at(end + link.propagation, _RECEIVE, pnode, p.peer[1], frame)
         return True
 
-    def _match(self, switch: str, in_port: int, key: Hashable, now: int) -> tuple[int, int | None]:
+    def _match(self, switch: str, in_port: int, key: Hashable, now: int,
+               rx: EgressPort | None) -> tuple[int, int | None]:
         """The model's arrival time and VL of the frame ``key`` on the cable into
-        ``switch:in_port`` (now and None when there is no record of it)."""
-        q = self._flight.get((switch, in_port))
+        ``switch:in_port`` (``rx``; now and None when there is no record of it)."""
+        q: _Flight | None = None if rx is None else rx.live_flight
         if q and key is not None:
-            rec = q[0]
+            rec = q.first()
             if rec[0] == key:  # (the usual case: the frame at the head of the cable)
                 q.popleft()
                 return rec[1], rec[2]
-            for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+            for i, rec in enumerate(q.window(MATCH_WINDOW)):
                 if rec[0] == key:
                     for _ in range(i):  # lost on the way: their credits come back
                         self._lost(switch, in_port, q.popleft(), now)
@@ -526,12 +656,14 @@ class LivePlane:
         """A frame from a neighbour switch that ``switch`` did not forward (its SMA took it,
         or its forwarder dropped it): its buffer is free at once and its credits go back to
         the sender, as a real port frees what it consumed or discarded. False: no record."""
-        q = self._flight.get((switch, in_port))
+        node = self.nodes.get(switch)
+        rx = None if node is None else node.ports.get(in_port)
+        q: _Flight | None = None if rx is None else rx.live_flight
         if not q:
             return False
-        for i, rec in enumerate(itertools.islice(q, MATCH_WINDOW)):
+        for i, rec in enumerate(q.window(MATCH_WINDOW)):
             if rec[0] == key:
-                del q[i]
+                q.remove(i)
                 self._lost(switch, in_port, rec, now)
                 return True
         return False
@@ -541,9 +673,10 @@ class LivePlane:
         (lost on the veth: a cable pulled, a full socket), their credits given back, as the
         periodic flow-control packets of a real link resynchronize them. How many."""
         n = 0
-        for key in [port] if port is not None else list(self._flight):
-            q = self._flight.get(key)
-            while q and q[0][1] < now - MATCH_STALE_NS:
+        for key in [port] if port is not None else list(self._flight_ports):
+            rx = self._flight_ports.get(key)
+            q: _Flight | None = None if rx is None else rx.live_flight
+            while q and q.first()[1] < now - MATCH_STALE_NS:
                 self._lost(key[0], key[1], q.popleft(), now)
                 n += 1
         return n
@@ -561,9 +694,9 @@ class LivePlane:
 
     def next_deadline(self) -> int | None:
         """The next time :meth:`run` has something to do (None: nothing until a frame)."""
-        t = self._events[0][0] if self._events else None
-        if self._due and (t is None or self._due[0][0] < t):
-            t = self._due[0][0]
+        t = self._events[0].t if self._events else None
+        if self._due and (t is None or self._due[0].due_ns < t):
+            t = self._due[0].due_ns
         return t
 
     def run_events(self, now: int) -> None:
@@ -574,8 +707,9 @@ class LivePlane:
             now = self.now
         ev = self._events
         fast = self.fast and self.adapt is None
-        while ev and ev[0][0] <= now:
-            t, _, what, node, a, b, c = heappop(ev)
+        while ev and ev[0].t <= now:
+            e = heappop(ev)
+            t, what, node, a, b, c = e.t, e.what, e.node, e.a, e.b, e.c
             if t > self.now:
                 self.now = t
             if what == _WAKE:
@@ -583,16 +717,17 @@ class LivePlane:
                     node.live_wake = -1
                 out = node.advance(self._clamp(node, t))
             elif what == _RECEIVE:
-                if self.redecide is not None and b.dst is not None and not node.ports[b.dst].up:
-                    self.redecide(node.name, a, b)  # from a host: the switch looks its LFT up now
+                fr: Frame = b  # (typed: compiled, its fields are read natively)
+                if self.redecide is not None and fr.dst is not None and not node.ports[fr.dst].up:  # type: ignore[index]
+                    self.redecide(node.name, a, fr)  # from a host: the switch looks its LFT up now
                     self.redecided += 1
                 tn = self._clamp(node, t)
-                if fast and self._fast_hop(node, a, b, tn, b.vl,
-                                           now if not ev or ev[0][0] > now else ev[0][0] - 1):
+                if fast and self._fast_hop(node, a, fr, tn, fr.vl,
+                                           now if not ev or ev[0].t > now else ev[0].t - 1):
                     continue
-                if self.adapt is not None and not b.vl15:
-                    self.adapt(node.name, a, b, tn)
-                out = node.receive(a, b, tn, b.dst)
+                if self.adapt is not None and not fr.vl15:
+                    self.adapt(node.name, a, fr, tn)
+                out = node.receive(a, fr, tn, fr.dst)  # type: ignore[arg-type]
             elif what == _CREDIT:
                 out = node.credit_return(a, b, c, self._clamp(node, t))
             else:
@@ -608,21 +743,21 @@ class LivePlane:
         self.run_events(now)
         out: list[Departure] = []
         due = self._due
-        while due and due[0][0] <= now:
-            d = heappop(due)[2]
+        while due and due[0].due_ns <= now:
+            d = heappop(due)
             self._account(d, now)
             out.append(d)
         return out
 
     def _account(self, d: Departure, sent: int) -> None:
-        st = self.stats.get((d.switch, d.port))
+        ep = d.eport
+        st: LinkStats | None = ep.live_stats if ep is not None else self.stats.get((d.switch, d.port))
         if st is None:
             return
         st.frames += 1
         st.bytes += d.frame.size
         st.late_ns.append(max(0, sent - d.due_ns))
-        if st.last_end is not None and d.start_ns == st.last_end and st.last_due is not None \
-                and st.last_sent is not None:
+        if d.start_ns == st.last_end and st.last_end >= 0:
             st.busy_model_ns += d.due_ns - st.last_due
             st.busy_real_ns += sent - st.last_sent
         st.last_due, st.last_end, st.last_sent = d.due_ns, d.end_ns, sent
@@ -636,7 +771,10 @@ class LivePlane:
         """Each egress port's stats since the last call (ports that sent nothing left out)."""
         out = {k: s for k, s in self.stats.items() if s.frames}
         for k in out:
-            self.stats[k] = out[k].fresh()
+            st = self.stats[k] = out[k].fresh()
+            node = self.nodes.get(k[0])
+            if node is not None and k[1] in node.ports:
+                node.ports[k[1]].live_stats = st
         return out
 
     def credit_loops(self, stall_ns: int) -> list[CreditLoop]:
@@ -659,7 +797,7 @@ class LivePlane:
         if ends:
             self.run_events(now)
             for a in ends:
-                self._flight.pop(a, None)
+                self._drop_flight(a)
         return ends
 
     def link_down(self, name: str, port: int, now: int) -> None:
@@ -670,8 +808,8 @@ class LivePlane:
         the model had timed on it that are not out yet."""
         ends = self._cable_change(name, port, now)
         dead = set(ends)
-        if any((d.switch, d.port) in dead for _, _, d in self._due):
-            self._due = [e for e in self._due if (e[2].switch, e[2].port) not in dead]
+        if any((d.switch, d.port) in dead for d in self._due):
+            self._due = [d for d in self._due if (d.switch, d.port) not in dead]
             heapify(self._due)
         for a in ends:
             node = self.nodes[a[0]]
@@ -693,8 +831,8 @@ class LivePlane:
             dst = self.nodes.get(b[0]) if b is not None else None
             if node.kind == "ib" and b is not None and dst is not None and dst.switch:
                 cfg = dst.ib_config[b[1]]
-                free = {vl: cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
-                        for vl in range(min(cfg.data_vls, src.vls))}
+                held = dst.ports[b[1]].in_blocks
+                free = {vl: cfg.buffer_bytes // 64 - held[vl] for vl in range(min(cfg.data_vls, src.vls))}
             self._dispatch(node.port_up(a[1], self._clamp(node, now), free))
             self._schedule_wake(node)
 
@@ -710,7 +848,7 @@ class LivePlane:
         peer = node.ports[port].peer
         ends = [(name, port)] + ([peer] if peer is not None and peer[0] in self.nodes else [])
         for a in ends:
-            self._flight.pop(a, None)
+            self._drop_flight(a)
         if node.kind == "eth":
             return  # no credits to resynchronize
         for a in ends:
@@ -720,8 +858,9 @@ class LivePlane:
             if b is None or dst is None or not dst.switch:
                 continue  # towards a host: never short of credits
             cfg = dst.ib_config[b[1]]
+            held = dst.ports[b[1]].in_blocks
             for vl in range(min(cfg.data_vls, src.vls)):
-                src.credits[vl] = cfg.buffer_bytes // 64 - dst.ingress_blocks.get((b[1], vl), 0)
+                src.credits[vl] = cfg.buffer_bytes // 64 - held[vl]
             self.nodes[a[0]]._dirty.add(a[1])
             self._dispatch(self.nodes[a[0]].advance(self._clamp(self.nodes[a[0]], now)))
             self._schedule_wake(self.nodes[a[0]])
@@ -775,6 +914,7 @@ class LivePlane:
         return t
 
     def _order(self) -> float:
+        """An event's place among those due at the same ns: the sequence or a seeded draw."""
         return self._tie() if self._tie is not None else self._next()
 
     def _next(self) -> int:
@@ -784,38 +924,44 @@ class LivePlane:
         return n
 
     def _at(self, t: int, what: int, node: Node, a: Any = None, b: Any = None, c: Any = None) -> None:
-        heappush(self._events, (t, self._order(), what, node, a, b, c))
+        heappush(self._events, _Event(t, self._order(), what, node, a, b, c))
 
     def _dispatch(self, actions: list[Action]) -> None:
         if not actions:
             return
         nodes = self.nodes
         first = actions[0].node
+        fnode = nodes[first]  # (looked up once: usually every action is the first node's)
         touched: set[str] | None = None  # the nodes other than the first (rare: usually one acts)
         for a in actions:
+            anode = fnode
             if a.node != first:
                 if touched is None:
                     touched = {first}
                 touched.add(a.node)
+                anode = nodes[a.node]
             if type(a) is Transmit:
-                node = nodes[a.node]
-                peer = node.ports[a.port].peer
+                node = anode
+                ep = node.ports[a.port]
+                peer = ep.peer
                 if not node.switch:  # the host's cable, modelled here: the switch receives it
                     if peer is not None:
                         self._at(a.arrive_ns, _RECEIVE, nodes[peer[0]], peer[1], a.frame)
                     continue
-                d = Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns)
-                heappush(self._due, (a.arrive_ns, self._next(), d))
-                pnode = nodes.get(peer[0]) if peer is not None else None
-                if pnode is not None and pnode.switch:
+                heappush(self._due, Departure(a.node, a.port, a.frame, a.arrive_ns, a.start_ns, a.end_ns, ep,
+                                              self._next()))
+                pnode = ep.live_peer_node
+                rx = ep.live_peer
+                if pnode is not None and pnode.switch and rx is not None:
                     credited = 0 if a.frame.vl15 else blocks(a.frame.size)
-                    q = self._flight.get(peer)  # type: ignore[arg-type]
-                    if q is None:
-                        q = self._flight[peer] = deque()  # type: ignore[index]
-                    q.append((a.frame.flow, a.arrive_ns, a.vl, credited))
+                    fq: _Flight | None = rx.live_flight
+                    if fq is None:
+                        fq = self._new_flight(rx)
+                    fq.append((a.frame.flow, a.arrive_ns, a.vl, credited))
             elif type(a) is CreditReturn:
-                peer = nodes[a.node].ports[a.port].peer
-                pn = nodes.get(peer[0]) if peer is not None else None
+                cp = anode.ports[a.port]
+                peer = cp.peer
+                pn = cp.live_peer_node
                 if pn is not None and peer is not None:
                     self._at(a.at_ns, _CREDIT, pn, peer[1], a.vl, a.blocks)
             elif type(a) is Pause:
@@ -831,7 +977,7 @@ class LivePlane:
                 if self.keep_notes:
                     self.notes.append(a)
         if touched is None:
-            self._schedule_wake(nodes[first])
+            self._schedule_wake(fnode)
         else:
             for name in touched:
                 self._schedule_wake(nodes[name])
@@ -858,7 +1004,7 @@ class LivePlane:
         if node.live_wake == t:
             return
         node.live_wake = t
-        heappush(self._events, (t, self._order(), _WAKE, node, None, None, None))
+        heappush(self._events, _Event(t, self._order(), _WAKE, node, None, None, None))
 
 
 def _ready(vl: int) -> bool:

@@ -80,18 +80,34 @@ draining by timeouts, which is what makes a deadlock visible; real switches woul
 discard, slowly); credits return per frame after the propagation delay (real links send
 flow-control packets every 65,536 symbol times at most, so returns bunch up slightly); and
 the switch is store-and-forward (see :mod:`ibemu.physics.link`).
+
+Where the state lives (for the compiled twin, ``ibemu.native``; the rules above are the same
+either way): what the model keeps per port and per (port, VL) is on the port's
+:class:`EgressPort`, in lists indexed by VL or port number: an input port's buffer use per VL
+(``in_bytes``, ``in_blocks``), the SL -> VL map of each input port towards an output port
+(``vl_maps``, kept by ``Node.set_sl2vl``), and a class queue's FIFOs (:class:`ClassQueue`: a
+list per input port, not a dict of deques). ``Node.ingress_bytes`` / ``ingress_blocks`` show
+the buffer use keyed by (input port, class) as before. Compiled, a list read is C, where a
+dict lookup by a tuple made for it, or a deque's method, was a call into the interpreter's
+objects several times per frame and hop (perf, issue 18). The internals (``_advance``,
+``_start``, ``_release`` ...) append their actions to the caller's list instead of returning
+lists to be concatenated.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
 from typing import Any, Final, Literal
 
 from ibemu.physics.link import LinkModel
 from ibemu.physics.qos import CREDIT_BYTES, VL15, Arbiter, Sl2Vl, VlArb, blocks
+
+heappop: Final = heapq.heappop
+heappush: Final = heapq.heappush
+"""(Bound once: compiled, a ``Final`` is a C static, where an imported name is looked up in the
+module's globals at every call, several times per frame and hop.)"""
 
 Kind = Literal["ib", "eth"]
 PRIORITIES: Final = 8
@@ -300,20 +316,40 @@ class PortCounters:
 class ClassQueue:
     """One egress class's (VL's or priority's) frames: FIFO per input port, the input ports
     served round robin, a packet at a time (a crossbar's output arbiter). The head is the
-    frame sent next."""
+    frame sent next.
 
-    __slots__ = ("_n", "_order", "_sub")
+    Lists indexed by input port number with a head index each, not a dict of deques: compiled
+    (``ibemu.native``) a list is read and written in C, where a deque's methods and a dict's
+    lookups are calls into the interpreter's objects (several per frame and hop). A FIFO's
+    list drops what was taken from it when it empties, or when that is more than half of it."""
+
+    __slots__ = ("_heads", "_n", "_ohead", "_order", "_seen", "_sub")
 
     def __init__(self) -> None:
-        self._sub: dict[int, deque[Frame]] = {}
-        self._order: deque[int] = deque()
+        self._sub: list[list[Frame]] = []
+        """Input port -> its FIFO, from ``_heads[port]`` on."""
+        self._heads: list[int] = []
+        self._order: list[int] = []
+        """The input ports holding frames, from ``_ohead`` on, in the order they are served."""
+        self._ohead = 0
+        self._seen: list[int] = []
+        """The input ports in the order they first queued a frame (iteration's order)."""
         self._n = 0
 
     def append(self, frame: Frame, in_port: int) -> None:
-        q = self._sub.get(in_port)
-        if q is None:
-            q = self._sub[in_port] = deque()
-        if not q:
+        sub = self._sub
+        if in_port >= len(sub):
+            if in_port < 0:
+                raise ValueError(f"an input port number is not negative ({in_port})")
+            while len(sub) <= in_port:
+                sub.append([])
+                self._heads.append(-1)  # (-1: never seen)
+        h = self._heads[in_port]
+        q = sub[in_port]
+        if h < 0:
+            h = self._heads[in_port] = 0
+            self._seen.append(in_port)
+        if len(q) == h:  # (empty)
             self._order.append(in_port)
         q.append(frame)
         self._n += 1
@@ -327,24 +363,44 @@ class ClassQueue:
     def __getitem__(self, i: int) -> Frame:
         if i != 0 or not self._n:
             raise IndexError("only the head of a class queue is visible")
-        return self._sub[self._order[0]][0]
+        return self.head()
 
     def head(self) -> Frame:
         """The frame sent next (the queue is not empty)."""
-        return self._sub[self._order[0]][0]
+        key = self._order[self._ohead]
+        return self._sub[key][self._heads[key]]
 
     def popleft(self) -> Frame:
-        key = self._order.popleft()
+        order = self._order
+        oh = self._ohead
+        key = order[oh]
+        oh += 1
         q = self._sub[key]
-        frame = q.popleft()
-        if q:
-            self._order.append(key)
+        h = self._heads[key]
+        frame = q[h]
+        h += 1
+        if h == len(q):  # this input port's FIFO is empty: out of the rotation
+            q.clear()
+            h = 0
+        else:
+            if h > 32 and 2 * h > len(q):
+                del q[:h]
+                h = 0
+            order.append(key)
+        self._heads[key] = h
+        if oh == len(order):
+            order.clear()
+            oh = 0
+        elif oh > 32 and 2 * oh > len(order):
+            del order[:oh]
+            oh = 0
+        self._ohead = oh
         self._n -= 1
         return frame
 
     def __iter__(self) -> Iterator[Frame]:
-        for q in self._sub.values():
-            yield from q
+        for key in self._seen:
+            yield from self._sub[key][self._heads[key]:]
 
 
 @dataclass(slots=True)
@@ -381,6 +437,31 @@ class EgressPort:
     queued: int = 0
     """A bit per class whose queue holds frames (with eight VLs operated and one busy, the
     arbiter and the credit-wait bookkeeping skip the empty ones without looking)."""
+    in_bytes: list[int] = field(default_factory=lambda: [0] * NUM_VLS)
+    """As an input port: bytes held per class (IB: VL buffer use; Ethernet: PFC's count), what
+    ``Node.ingress_bytes`` shows keyed by (this port, class)."""
+    in_blocks: list[int] = field(default_factory=lambda: [0] * NUM_VLS)
+    """As an input port, IB: credits' worth held per VL (64-byte blocks, each frame rounded
+    up), what ``Node.ingress_blocks`` shows."""
+    buffer_blocks: int = 0
+    """As an input port, IB: its buffer per data VL in 64-byte blocks (its ``IbPortConfig``)."""
+    vl_maps: list[tuple[int, ...] | None] = field(default_factory=list)
+    """IB, as an output port: the SL -> VL map of frames from input port ``i`` at index ``i``
+    (``Node.sl2vl``'s (i, this port), else its (0, this port); None: neither), kept by
+    ``Node.set_sl2vl``; an input port beyond the list takes :attr:`vl_map0`."""
+    vl_map0: tuple[int, ...] | None = None
+    """``Node.sl2vl``'s (0, this port) map (None: none)."""
+    live_peer: EgressPort | None = field(default=None, repr=False, compare=False)
+    """``physics.live``: the port at the other end of the cable, where it is in the plane."""
+    live_peer_node: Node | None = field(default=None, repr=False, compare=False)
+    """``physics.live``: the node of :attr:`live_peer`."""
+    live_flight: Any = field(default=None, repr=False, compare=False)
+    """``physics.live``, as an input port: the records of the frames on the cable to it (its
+    ``_Flight``, or None)."""
+    live_key: tuple[str, int] = field(default=("", -1), repr=False, compare=False)
+    """``physics.live``: (its node's name, its number)."""
+    live_stats: Any = field(default=None, repr=False, compare=False)
+    """``physics.live``: the ``LinkStats`` of this port's sending (a switch's), or None."""
 
     def pending(self) -> bool:
         return self.total_bytes > 0
@@ -427,10 +508,6 @@ class Node:
         """(input port, output port) -> map; a host's ports use (0, port)."""
         self._pipeline: list[tuple[int, int, Frame, int]] = []
         self._seq = 0
-        self.ingress_bytes: dict[tuple[int, int], int] = {}
-        """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count)."""
-        self.ingress_blocks: dict[tuple[int, int], int] = {}
-        """IB: (input port, VL) -> credits' worth held (64-byte blocks, each frame rounded up)."""
         self._xoff_sent: set[tuple[int, int]] = set()
         self._busy: list[tuple[int, int]] = []  # (busy_until, port) of ports with a frame on the wire
         self._dirty: set[int] = set()  # ports whose eligibility may have changed since they last tried
@@ -439,6 +516,20 @@ class Node:
         """``physics.live``: the time of this node's wake-up among the plane's events (-1: none)."""
         self.live_last = 0
         """``physics.live``: the latest time the plane drove this node to (it never goes back)."""
+
+    @property
+    def ingress_bytes(self) -> dict[tuple[int, int], int]:
+        """(input port, class) -> bytes held (IB: VL buffer use; Ethernet: PFC's count): a
+        snapshot of the ports' ``in_bytes`` (where the model keeps them, a list per port)."""
+        return {(num, c): n for num, p in self.ports.items() for c, n in enumerate(p.in_bytes)}
+
+    @property
+    def ingress_blocks(self) -> dict[tuple[int, int], int]:
+        """IB: (input port, VL) -> credits' worth held (64-byte blocks, each frame rounded up):
+        a snapshot of the ports' ``in_blocks``. Ethernet: empty."""
+        if self.kind != "ib":
+            return {}
+        return {(num, c): n for num, p in self.ports.items() for c, n in enumerate(p.in_blocks)}
 
     # --- wiring ---------------------------------------------------------------------------
 
@@ -459,7 +550,11 @@ class Node:
                           [0] * classes, credits, arb)
         if self.kind == "ib":
             port.vls = self.ib_config[num].data_vls
+            port.buffer_blocks = self.ib_config[num].buffer_bytes // 64
         self.ports[num] = port
+        for (i, o), table in list(self.sl2vl.items()):  # (maps set before the port was)
+            if o == num:
+                self.set_sl2vl(i, o, table)
         return port
 
     def connect(self, port: int, peer: tuple[str, int], peer_buffer_bytes: int | None,
@@ -479,6 +574,19 @@ class Node:
 
     def set_sl2vl(self, in_port: int, out_port: int, table: Sl2Vl) -> None:
         self.sl2vl[(in_port, out_port)] = table
+        p = self.ports.get(out_port)
+        if p is None or in_port < 0:
+            return
+        maps = p.vl_maps
+        while len(maps) <= in_port:  # (the ports without a map of their own take (0, out)'s)
+            maps.append(p.vl_map0)
+        maps[in_port] = table.vls
+        if in_port == 0:
+            p.vl_map0 = table.vls
+            sl2vl = self.sl2vl
+            for i in range(1, len(maps)):
+                if (i, out_port) not in sl2vl:
+                    maps[i] = table.vls
 
     def set_vlarb(self, port: int, arb: VlArb) -> None:
         p = self.ports[port]
@@ -501,29 +609,32 @@ class Node:
             if self.kind == "ib" and not frame.vl15 and p is not None:
                 out.append(CreditReturn(self.name, in_port, frame.vl, blocks(frame.size),
                                         now + p.link.propagation))
-            return out + self.advance(now)
+            self._advance(now, out)
+            return out
         frame.in_port, frame.in_class = in_port, frame.vl
-        if not frame.vl15:
-            key = (in_port, frame.vl)
-            self.ingress_bytes[key] = self.ingress_bytes.get(key, 0) + frame.size
-            cfg = self.ib_config.get(in_port)
-            if cfg is not None and p is not None:
-                held = self.ingress_blocks.get(key, 0) + blocks(frame.size)
-                self.ingress_blocks[key] = held
-                if held > cfg.buffer_bytes // 64:
+        if not frame.vl15 and p is not None:
+            vl = frame.vl
+            p.in_bytes[vl] += frame.size
+            if self.kind == "ib":
+                held = p.in_blocks[vl] + blocks(frame.size)
+                p.in_blocks[vl] = held
+                if held > p.buffer_blocks:
                     p.counters.buffer_overruns += 1
-            if self.kind == "eth":
-                out += self._pfc_check(in_port, frame.vl, now)
+            else:
+                self._pfc_check(in_port, vl, now, out)
         seq = self._seq
         self._seq = seq + 1
         heappush(self._pipeline, (now + self.latency_ns, seq, frame, out_port))
-        return out + self.advance(now)
+        self._advance(now, out)
+        return out
 
     def inject(self, port: int, frame: Frame, now: int) -> list[Action]:
         """A host's transport sends ``frame`` out of ``port`` (no input buffer held)."""
         frame.in_port, frame.in_class = -1, -1
-        out = self._enqueue(port, frame, now, in_port=0)
-        return out + self.advance(now)
+        out: list[Action] = []
+        self._enqueue(port, frame, now, 0, out)
+        self._advance(now, out)
+        return out
 
     def credit_return(self, port: int, vl: int, nblocks: int, now: int) -> list[Action]:
         p = self.ports[port]
@@ -568,7 +679,7 @@ class Node:
                 p.counters.xmit_discards += 1
                 p.counters.inactive_discards += 1
                 out.append(Drop(self.name, port, frame, "port_down", now))
-                out += self._release(frame, now)
+                self._release(frame, now, out)
             p.queued_bytes[c] = 0
         p.total_bytes = 0
         p.queued = 0
@@ -577,7 +688,8 @@ class Node:
         for prio in list(p.paused):  # pauses are not aged in the model: forget them
             p.counters.paused_ns += now - p.paused_since.pop(prio, now)
         p.paused.clear()
-        return out + self.advance(now)
+        self._advance(now, out)
+        return out
 
     def port_up(self, port: int, now: int, free: dict[int, int] | None = None) -> list[Action]:
         """The link of ``port`` came up at ``now``. IB: its credits per data VL are ``free``
@@ -609,6 +721,13 @@ class Node:
         """Run what is due by ``now``: frames leaving the wire, frames leaving the switch
         pipeline for their egress queue, ports starting their next frame."""
         out: list[Action] = []
+        self._advance(now, out)
+        return out
+
+    # (The internals append their actions to the caller's list ``out``, in the order they
+    # happen: compiled, a list made and concatenated per step was a good part of the work.)
+
+    def _advance(self, now: int, out: list[Action]) -> None:
         busy, pipeline, dirty = self._busy, self._pipeline, self._dirty
         while busy or pipeline:  # next_deadline(), inlined: the busy port first on a tie
             if busy and (not pipeline or busy[0][0] <= pipeline[0][0]):
@@ -616,35 +735,33 @@ class Node:
                 if t > now:
                     break
                 _, num = heappop(busy)
-                out += self._finish(self.ports[num], t)
+                self._finish(self.ports[num], t, out)
                 dirty.add(num)
             else:
                 t = pipeline[0][0]
                 if t > now:
                     break
                 _, _, frame, out_port = heappop(pipeline)
-                out += self._enqueue(out_port, frame, t, in_port=frame.in_port)
+                self._enqueue(out_port, frame, t, frame.in_port, out)
             if dirty:
-                out += self._start_dirty(t)
+                self._start_dirty(t, out)
         if dirty:
-            out += self._start_dirty(now)
-        return out
+            self._start_dirty(now, out)
 
-    def _start_dirty(self, now: int) -> list[Action]:
+    def _start_dirty(self, now: int, out: list[Action]) -> None:
         dirty = self._dirty
         if not dirty:
-            return []
+            return
         ports = self.ports
         if len(dirty) == 1:
             p = ports[dirty.pop()]
             if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
-                return []  # (``_start``'s own first test: nothing to start)
-            return self._start(p, now)
-        out = []
+                return  # (``_start``'s own first test: nothing to start)
+            self._start(p, now, out)
+            return
         for num in sorted(dirty):
-            out += self._start(ports[num], now)
+            self._start(ports[num], now, out)
         dirty.clear()
-        return out
 
     # --- internals ------------------------------------------------------------------------
 
@@ -653,25 +770,33 @@ class Node:
             return frame.sl if 0 <= frame.sl < PRIORITIES else 0
         if frame.vl15:
             return VL15
-        table = self.sl2vl.get((in_port, out_port)) or self.sl2vl.get((0, out_port))
-        vls = self.ib_config[out_port].data_vls
+        p = self.ports[out_port]
+        maps = p.vl_maps  # (Node.sl2vl's (in_port, out_port), else its (0, out_port))
+        table = maps[in_port] if 0 <= in_port < len(maps) else p.vl_map0
+        vls = p.vls  # (its IbPortConfig's data_vls)
         vl = table[frame.sl] if table is not None else frame.sl % vls
         return vl if vl < vls else None
 
-    def _enqueue(self, out_port: int, frame: Frame, now: int, *, in_port: int) -> list[Action]:
+    def _enqueue(self, out_port: int, frame: Frame, now: int, in_port: int, out: list[Action]) -> None:
         p = self.ports[out_port]
         if not p.up:  # decided for a port whose link is down: discarded (PortXmitDiscards)
             p.counters.xmit_discards += 1
             p.counters.inactive_discards += 1
-            return [Drop(self.name, out_port, frame, "port_down", now), *self._release(frame, now)]
+            out.append(Drop(self.name, out_port, frame, "port_down", now))
+            self._release(frame, now, out)
+            return
         c = self._class_of(frame, in_port, out_port)
         if c is None:  # SL mapped to VL15 or to a VL the port does not operate
             p.counters.xmit_discards += 1
-            return [Drop(self.name, out_port, frame, "vl_mapping", now), *self._release(frame, now)]
+            out.append(Drop(self.name, out_port, frame, "vl_mapping", now))
+            self._release(frame, now, out)
+            return
         if self.kind == "eth" and self.switch:  # a host's queue (its NIC's send queue) neither drops nor marks
             if c not in self.eth.lossless and p.total_bytes + frame.size > self.eth.buffer_bytes:
                 p.counters.drops += 1
-                return [Drop(self.name, out_port, frame, "buffer", now), *self._release(frame, now)]
+                out.append(Drop(self.name, out_port, frame, "buffer", now))
+                self._release(frame, now, out)
+                return
             if frame.ecn_capable and self.eth.ecn_mark_bytes and p.queued_bytes[c] > self.eth.ecn_mark_bytes:
                 frame.ce = True
                 p.counters.ecn_marked += 1
@@ -682,11 +807,10 @@ class Node:
         p.total_bytes += frame.size
         p.counters.max_queue_bytes = max(p.counters.max_queue_bytes, p.total_bytes)
         self._dirty.add(out_port)
-        return []
 
-    def _start(self, p: EgressPort, now: int) -> list[Action]:
+    def _start(self, p: EgressPort, now: int, out: list[Action]) -> None:
         if p.in_flight is not None or now < p.busy_until or not p.total_bytes:
-            return []
+            return
         c = p.pick()
         if c is None:
             if p.waiting_since is None:
@@ -696,7 +820,7 @@ class Node:
                     if p.queues[vl] and vl not in p.blocked_since:
                         p.blocked_since[vl] = now
                         p.counters.credit_stalls += 1
-            return []
+            return
         if p.waiting_since is not None:
             p.counters.xmit_wait_ns += now - p.waiting_since
             p.waiting_since = None
@@ -706,7 +830,8 @@ class Node:
             p.queued &= ~(1 << c)
         p.queued_bytes[c] -= frame.size
         p.total_bytes -= frame.size
-        p.blocked_since.pop(c, None)
+        if p.blocked_since:
+            p.blocked_since.pop(c, None)
         if p.kind == "ib":
             assert p.arbiter is not None
             p.arbiter.sent(c, frame.size)
@@ -728,42 +853,43 @@ class Node:
         heappush(self._busy, (end, p.num))
         p.counters.xmit_frames += 1
         p.counters.xmit_bytes += frame.size
-        return [Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation)]
+        out.append(Transmit(self.name, p.num, frame, c, now, end, end + p.link.propagation))
 
-    def _finish(self, p: EgressPort, t: int) -> list[Action]:
+    def _finish(self, p: EgressPort, t: int, out: list[Action]) -> None:
         assert p.in_flight is not None
         frame, in_port, in_class = p.in_flight
         p.in_flight = None
-        return self._release(frame, t, in_port, in_class)
+        self._release(frame, t, out, in_port, in_class)
 
-    def _release(self, frame: Frame, now: int, in_port: int | None = None,
-                 in_class: int | None = None) -> list[Action]:
+    def _release(self, frame: Frame, now: int, out: list[Action], in_port: int | None = None,
+                 in_class: int | None = None) -> None:
         """``frame`` no longer holds its input buffer: credits back (IB) or PFC (Ethernet).
         (The frame object moves on: its input port here is passed in once it is on the wire.)"""
         in_port = frame.in_port if in_port is None else in_port
         in_class = frame.in_class if in_class is None else in_class
         if in_port < 0 or frame.vl15:
-            return []
-        self.ingress_bytes[(in_port, in_class)] -= frame.size
-        if (in_port, in_class) in self.ingress_blocks:
-            self.ingress_blocks[(in_port, in_class)] -= blocks(frame.size)
+            return
+        pin = self.ports[in_port]
+        pin.in_bytes[in_class] -= frame.size
         if self.kind == "ib":
-            prop = self.ports[in_port].link.propagation
-            return [CreditReturn(self.name, in_port, in_class, blocks(frame.size), now + prop)]
-        return self._pfc_check(in_port, in_class, now)
+            nb = blocks(frame.size)
+            pin.in_blocks[in_class] -= nb
+            out.append(CreditReturn(self.name, in_port, in_class, nb, now + pin.link.propagation))
+            return
+        self._pfc_check(in_port, in_class, now, out)
 
-    def _pfc_check(self, in_port: int, prio: int, now: int) -> list[Action]:
+    def _pfc_check(self, in_port: int, prio: int, now: int, out: list[Action]) -> None:
         if prio not in self.eth.lossless:
-            return []
+            return
         key = (in_port, prio)
-        held = self.ingress_bytes.get(key, 0)
         p = self.ports[in_port]
+        held = p.in_bytes[prio]
         if key not in self._xoff_sent and held > self.eth.xoff_bytes:
             self._xoff_sent.add(key)
             p.counters.pause_sent += 1
-            return [Pause(self.name, in_port, prio, True, now + p.link.propagation)]
+            out.append(Pause(self.name, in_port, prio, True, now + p.link.propagation))
+            return
         if key in self._xoff_sent and held < self.eth.xon_bytes:
             self._xoff_sent.discard(key)
             p.counters.pause_sent += 1
-            return [Pause(self.name, in_port, prio, False, now + p.link.propagation)]
-        return []
+            out.append(Pause(self.name, in_port, prio, False, now + p.link.propagation))
