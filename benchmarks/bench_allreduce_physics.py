@@ -20,8 +20,8 @@ model's analytic bound beside them (``ring_bound``): a ring allreduce moves 2 (n
 buffer through each rank's cable in 2 (n - 1) steps, each a chunk of S / n bytes sent at the
 cable's payload rate B (4 KiB payloads, the IB headers and framing on the wire) plus the
 neighbour path's latency L, its mean over the ring's hops (k=4: 1, 3 or 5 switches;
-store-and-forward as the link model: switch latency + one frame's serialization + propagation a
-cable), so busbw <= B x / (x + L) with x = S / (n B). "bw-lim" marks the sizes where that bound is bandwidth-limited (x >= 9 L: the
+store-and-forward as the link model: a switch's latency and one frame's serialization a switch,
+the propagation a cable), so busbw <= B x / (x + L) with x = S / (n B). "bw-lim" marks the sizes where that bound is bandwidth-limited (x >= 9 L: the
 bandwidth term is >= 90% of a step), where the issue asks for busbw within 10% of the bound; at
 the default 256 KiB a step is latency-bound and software (ibemu's HCAs, on the emulated clock /
 dilation) adds to L. ``--sizes`` runs several buffer sizes.
@@ -88,14 +88,15 @@ def ring_bound(size: int, ranks: int, cable_m: float) -> tuple[float, float, boo
 
     Each of the 2 (n - 1) steps of a rank waits for its predecessor's chunk of the step
     before: the critical path crosses 2 (n - 1) consecutive ring hops, each costing the chunk's
-    time at the payload rate, x = S / (n B), plus the hop's path latency (store-and-forward:
-    switch latency + one frame's serialization + propagation a cable), so a step averages
-    x + L with L the mean over the ring's hops."""
+    time at the payload rate, x = S / (n B), plus the hop's path latency: the chunk's frames
+    follow each other store-and-forward, so its last frame leaves the first cable after x and
+    then costs each switch its latency and one frame's serialization, each cable its
+    propagation; a step averages x + L, L the mean over the ring's hops."""
     link = LinkModel.of(parse_rate("4x NDR"), cable_m=cable_m)
     frame_ns = link.serialization_ns(MTU + IB_HEADERS)
     payload_gbs = link.gbps / 8 * MTU / (MTU + IB_HEADERS + link.framing_bytes)
     paths = ring_paths(ranks)
-    lat_ns = sum(sw * SWITCH_MODELS["ib-ndr"].latency_ns + cab * (frame_ns + link.propagation_ns)
+    lat_ns = sum(sw * (SWITCH_MODELS["ib-ndr"].latency_ns + frame_ns) + cab * link.propagation_ns
                  for sw, cab in paths) / len(paths)
     x_ns = size / ranks / payload_gbs  # bytes / (GB/s) = ns
     return payload_gbs * x_ns / (x_ns + lat_ns), lat_ns / 1e3, x_ns >= 9 * lat_ns
