@@ -639,6 +639,15 @@ def measured_figures(plan: JobPlan, steps: list[StepMeasure]) -> dict[str, Any]:
     time times ``scale``, and the time to train from that step. The projection takes the fabric
     part as bandwidth-bound: it holds where ``fabric_busbw_gbs`` is close to ``rail_gbs``, and
     overstates the fabric's time where per-step latency dominated the scaled ring.
+
+    With tensor or pipeline parallelism (or microbatches) also: the layout (``tensor``,
+    ``pipeline``, ``microbatches``, ``replicas``), ``pp_bytes`` (a rail's transfer a microbatch
+    and direction), the model's ``model_tp_s``, ``model_bubble_s``, ``model_bubble_share``,
+    ``model_pp_s``, ``model_pp_bytes_per_step`` and ``model_scaled_pipeline_s``; with a pipeline,
+    measured ``pipeline_s`` (until the first stage's last backward pass ended),
+    ``pipeline_idle_share`` (the pipeline beyond its compute and TP work, over the step) beside
+    ``model_pipeline_idle_share``, and ``pp_bytes_per_step``. ``comm_share`` then leaves out the
+    model's bubble, and the projection takes the model's step with the measured DP fabric time.
     """
     m = plan.model
     job = plan.job
