@@ -258,9 +258,9 @@ class TrainingJob:
     """Microbatches a step is cut into (0: ``default_microbatches(pipeline)``)."""
 
     def __post_init__(self) -> None:
-        if self.tensor < 1 or self.pipeline < 1 or self.microbatches < 0:
-            raise ValueError(f"tensor and pipeline must be >= 1 and microbatches >= 1, got {self.tensor}, "
-                             f"{self.pipeline}, {self.microbatches}")
+        if self.tensor < 1 or self.pipeline < 1 or not 0 <= self.microbatches <= MAX_MICROBATCHES:
+            raise ValueError(f"tensor and pipeline must be >= 1 and microbatches 1-{MAX_MICROBATCHES}, got "
+                             f"{self.tensor}, {self.pipeline}, {self.microbatches}")
         if self.servers % self.pipeline:
             raise ValueError(f"pipeline ({self.pipeline}) must divide the job's servers ({self.servers})")
         if self.model not in MODELS:
@@ -357,10 +357,16 @@ def _allreduce(algorithm: str, size: float, s: int, g: int, fabric_bps: float, c
     raise ValueError(f"unknown allreduce algorithm {algorithm!r} (one of {', '.join(ALGORITHMS)})")
 
 
+MAX_MICROBATCHES = 256
+"""A step's microbatches are all in flight at once on a stage boundary's QPs, each a WRITE with
+immediate that takes one of the 256 receives a QP keeps posted (``collectives._connect``)."""
+
+
 def default_microbatches(pipeline: int) -> int:
     """4 microbatches per stage (the pipeline bubble (P - 1)/m then stays under a quarter of the
-    work); 1 without a pipeline (no gradient accumulation: the step as pure data parallelism)."""
-    return 4 * pipeline if pipeline > 1 else 1
+    work), at most ``MAX_MICROBATCHES``; 1 without a pipeline (no gradient accumulation: the step
+    as pure data parallelism)."""
+    return min(MAX_MICROBATCHES, 4 * pipeline) if pipeline > 1 else 1
 
 
 def dp_allreduce_time(job: TrainingJob, c: GpuCluster, scale: float = 1.0) -> AllreduceTime:

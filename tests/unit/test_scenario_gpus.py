@@ -88,6 +88,8 @@ def test_pool_jobs_that_do_not_fit() -> None:
      "x.yaml:5 traffic[0].pipeline: pipeline (4) must divide the job's 6 servers"),
     ("gpus: {}\n", TRAIN + ", pipeline: 2, microbatches: 0}",
      "x.yaml:5 traffic[0].microbatches: expected an integer from 1"),
+    ("gpus: {}\n", TRAIN + ", pipeline: 2, microbatches: 300}",
+     "x.yaml:5 traffic[0].microbatches: expected an integer from 1 to 256, got 300"),
     ("gpus: {}\n", TRAIN + ", tensor: 2.5}", "x.yaml:5 traffic[0].tensor: expected an integer from 1"),
     ("gpus: {}\n", TRAIN + ", pipeline: two}", "x.yaml:5 traffic[0].pipeline: expected an integer from 1"),
     ("gpus: {}\n", TRAIN + ",\n     pipeline: 2, microbatches: 1.5}",

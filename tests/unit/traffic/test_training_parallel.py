@@ -84,6 +84,7 @@ def test_tensor_and_pipeline_by_hand() -> None:
     assert model_step(o, NDR).step_s == pytest.approx(m.pipeline_s + max(0.0, nv + fab - t_b))
     # the default: 4 microbatches a stage
     assert TrainingJob(pipeline=2, servers=2).m == 8 and TrainingJob(servers=2).m == 1
+    assert TrainingJob(pipeline=128, servers=128).m == 256
 
 
 def _gpipe(p: int, m: int, t_f: float, t_b: float, x: float, a: float) -> float:
@@ -146,6 +147,7 @@ def test_plan_scales_the_pipeline() -> None:
     ({"servers": 3, "pipeline": 2}, "pipeline (2) must divide the job's servers (3)"),
     ({"servers": 2, "pipeline": 0}, "tensor and pipeline must be >= 1"),
     ({"servers": 2, "tensor": 0}, "tensor and pipeline must be >= 1"),
+    ({"servers": 2, "pipeline": 2, "microbatches": 257}, "microbatches 1-256"),
 ])
 def test_bad_parallelism(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
