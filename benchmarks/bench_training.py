@@ -23,6 +23,13 @@ leaves) under each placement policy, and every job alone on the servers it got, 
 ``--fabrics`` (ib, roce with PFC, roce-lossy); prints each
 job's step and fabric time in the pool and alone, and the slowdown (pool / alone).
 
+With ``--pipeline P [P ...]``: one job per stage count (``--tensor T``, ``--microbatches m``,
+default 4P) on the first of ``--fabrics`` with the first of ``--algorithms``; prints the step
+and its pipeline part (until the first stage's last backward pass) measured beside the model's
+scaled ones, the model's bubble share, the pipeline's idle share (beyond its compute and TP
+work: bubble and exposed transfers) measured and modelled, each stage's DP fabric time, the
+bytes the pipeline moved a step and the wrong elements (0: every microbatch and sum exact).
+
 With ``--failure``: ``scenarios/training-under-failure.yaml`` (a job on four servers of a
 leaf-spine fabric; a leaf uplink down, back, then a spine down) twice a run, with local failover
 (``ftree_ar``, ``fabric.local_failover``: the switches move destinations to their alternates by
@@ -58,6 +65,7 @@ that its figures can be judged again against another bound.
 Run: sudo .venv/bin/python benchmarks/bench_training.py [--dilation N] [--scale S] [--fabrics ib roce]
         [--algorithms hierarchical ring tree]
      sudo .venv/bin/python benchmarks/bench_training.py --pool [topology packed spread]
+     sudo .venv/bin/python benchmarks/bench_training.py --pipeline 1 2 4 [--tensor T] [--microbatches m]
      sudo .venv/bin/python benchmarks/bench_training.py --failure [--ndr] [--runs N] [--draw-faults SEED] [--save FILE.json]
 """
 
@@ -94,7 +102,7 @@ fabric: {fabric}
 time: {{dilation: {dilation}}}
 traffic:
   - {{name: job, kind: training, hosts: all, model: {model}, tokens_per_step: {tokens}, algorithm: {algorithm},
-     overlap: {overlap}, scale: {scale}}}
+     overlap: {overlap}, scale: {scale}{extra}}}
 duration_s: {duration}
 """
 FABRICS = {"ib": "{kind: ib, datapath: user}", "roce": "{kind: roce, datapath: user, pfc: true}",
@@ -112,14 +120,15 @@ def fabric_text(name: str, buffer_kb: float | None) -> str:
     return text
 
 
-def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_one(label: str, fabric: str, algorithm: str, args: argparse.Namespace, out: Path,
+            extra: str = "") -> dict[str, Any]:
     net = f", net_latency_us: {args.net_latency_us:g}" if args.net_latency_us is not None else ""
     sm = "sm: {impl: ibemu, engine: updn}\n" if fabric == "ib" else ""  # RoCE: a fabric manager, no SM
     text = SCENARIO.format(label=label, servers=args.servers, rails=args.rails, fabric=fabric_text(fabric, args.buffer_kb),
                            sm=sm, net=net,
                            dilation=args.dilation, model=args.model, tokens=f"{args.tokens:.6e}",
                            algorithm=algorithm, overlap=args.overlap, scale=f"{args.scale:.6e}",
-                           duration=args.duration)
+                           duration=args.duration, extra=extra)
     scen = loads_scenario(text, f"<{label}>")
     t0 = time.perf_counter()
     clock.configure(scen.time.dilation)  # as `ibemu run` does: every process of the run on this clock
@@ -404,6 +413,53 @@ def failure(args: argparse.Namespace) -> None:
                   f"[{min(xs):.2f}-{max(xs):.2f}] ({len(xs)})")
 
 
+def pipeline(args: argparse.Namespace) -> None:
+    """One job per ``--pipeline`` stage count (``--tensor``, ``--microbatches``) on the first of
+    ``--fabrics`` with the first of ``--algorithms``: the measured step and pipeline part beside
+    the model's scaled ones, the bubble, the pipeline's idle share measured and modelled."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        for p in args.pipeline:
+            m = f", microbatches: {args.microbatches}" if args.microbatches else ""
+            extra = f", tensor: {args.tensor}, pipeline: {p}{m}"
+            label = f"{args.fabrics[0]}-t{args.tensor}-p{p}"
+            result = run_one(label, args.fabrics[0], args.algorithms[0], args, Path(tmp), extra)
+            rows.append((label, result["fidelity"], next(t for t in result["traffic"] if t["kind"] == "training")))
+    load = os.getloadavg()
+    x0 = rows[0][2]["extra"]
+    print(f"Training with a pipeline: {args.model}, {args.tokens:,.0f} tokens/step, {x0['gpus']} H100 on "
+          f"{args.servers} servers x {args.rails} rails of 4x NDR (gpu-rails), tensor {args.tensor}, "
+          f"{args.algorithms[0]} DP allreduce, overlap {args.overlap:g}, scale 1/{args.scale:g}, dilation "
+          f"{args.dilation:,}, fabric {args.fabrics[0]}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print("  emulated us of the scaled step; pipe: until the first stage's last backward pass ended; bubble: the")
+    print("  model's (P - 1)/m of the work over its full-size step; idle: the pipeline beyond its work (compute,")
+    print("  TP) over the step, measured, the scaled model's and the full-size model's (the model's transfers pay")
+    print("  its network step latency, NCCL's 9.6 us unless --net-latency-us, whole in the scaled step)")
+    print(f"  {'run':<16} {'fidelity':<8} {'m':>3} {'steps':>5} {'step us':>8} {'model':>8} {'pipe us':>8} {'model':>8} "
+          f"{'bubble':>6} {'idle':>6} {'model':>6} {'full':>6} {'DP fabric us':>12} {'PP B/step':>10} {'wrong':>5} "
+          f"{'lag us':>6}")
+    for label, fid, job in rows:
+        x = job["extra"]
+        valid = job_valid(fid, job)
+        if "step_s" not in x:
+            print(f"  {label:<16} {'valid' if valid else 'INVALID':<8} no step completed {job_error(job)}")
+            continue
+        piped = x.get("pipeline", 1) > 1
+        work = x["model_compute_s"] + x.get("model_tp_s", 0.0)
+        model_idle = x.get("model_pipeline_idle_share", 0.0)
+        scaled_pipe = x.get("model_scaled_pipeline_s", work / x["scale"])
+        scaled_idle = (scaled_pipe - work / x["scale"]) / x["model_scaled_step_s"]
+        print(f"  {label:<16} {'valid' if valid else 'INVALID':<8} {x.get('microbatches', 1):3d} {x['steps']:5d} "
+              f"{x['step_s'] * 1e6:8.1f} {x['model_scaled_step_s'] * 1e6:8.1f} "
+              f"{x['pipeline_s'] * 1e6 if piped else work / x['scale'] * 1e6:8.1f} "
+              f"{scaled_pipe * 1e6:8.1f} "
+              f"{x.get('model_bubble_share', 0.0) * 100:5.1f}% {x.get('pipeline_idle_share', 0.0) * 100:5.1f}% "
+              f"{scaled_idle * 100:5.1f}% {model_idle * 100:5.1f}% {x['fabric_s'] * 1e6:12.2f} {x.get('pp_bytes_per_step', 0):10,d} "
+              f"{x['wrong']:5d} {worker_lag(fid):6.2f}")
+        if not valid:
+            print(f"    INVALID: {job_error(job) or fid['note']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dilation", type=int, default=20000, help="time dilation (default 20000)")
@@ -433,6 +489,10 @@ def main() -> None:
                     help="--failure: hold the SM from each failure until this many emulated ms after it")
     ap.add_argument("--pool", nargs="*", choices=["topology", "packed", "spread"], default=None,
                     help="run scenarios/gpu-pool.yaml under these placements (none given: all three) instead")
+    ap.add_argument("--pipeline", nargs="+", type=int, default=None, metavar="P",
+                    help="one job per stage count P (dividing --servers) instead: the pipeline's figures")
+    ap.add_argument("--tensor", type=int, default=1, help="--pipeline: tensor-parallel degree (default 1)")
+    ap.add_argument("--microbatches", type=int, default=0, help="--pipeline: microbatches (default 4P)")
     args = ap.parse_args()
     args.dilation_given = "--dilation" in sys.argv
     if args.failure:
@@ -443,6 +503,9 @@ def main() -> None:
     if args.pool is not None:
         args.pool = args.pool or ["topology", "packed", "spread"]
         pool(args)
+        return
+    if args.pipeline is not None:
+        pipeline(args)
         return
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-training-") as tmp:

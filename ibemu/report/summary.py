@@ -313,6 +313,37 @@ def _training(traffic: list[TrafficResult], mark: list[str] | None = None) -> li
                                   True, True, True])]
 
 
+def _parallelism(traffic: list[TrafficResult]) -> list[str]:
+    """Training jobs with tensor or pipeline parallelism: the layout, the pipeline's bubble (the
+    model's) and its idle share (the measured pipeline beyond its work, beside the model's), the
+    TP time on NVLink and what the pipeline moved between stages (``training.measured_figures``)."""
+    jobs = [t for t in traffic if t.kind == "training" and "tensor" in t.extra]
+    if not jobs:
+        return []
+    rows = []
+    for t in jobs:
+        x = t.extra
+
+        def pct(key: str, x: Mapping[str, Any] = x) -> str:
+            return f"{x[key] * 100:.1f}%" if key in x else "-"
+
+        rows.append([
+            t.name, f"{x['tensor']} x {x['pipeline']} x {x['replicas']}", str(x["microbatches"]),
+            pct("model_bubble_share"), pct("pipeline_idle_share"), pct("model_pipeline_idle_share"),
+            f"{x['model_tp_s']:.2f}", f"{x['pp_bytes_per_step']:,}" if "pp_bytes_per_step" in x else "-",
+            f"{x['model_pp_bytes_per_step'] / 1e9:,.1f}",
+        ])
+    headers = ["job", "TP x PP x DP", "microbatches", "bubble", "idle", "model idle", "TP s", "PP bytes/step",
+               "model PP GB/step"]
+    return ["", f"Tensor and pipeline parallelism ({len(jobs)})",
+            "  bubble: the model's (P - 1)/m of the work over the step; idle: the measured pipeline beyond its "
+            "work (bubble",
+            "  and exposed transfers) over the step; TP s: the model's NVLink time a step; PP: activations and "
+            "gradients",
+            "  between stages over the fabric, measured (scaled) and the model's (full size)",
+            table(headers, rows, [False, False, True, True, True, True, True, True, True])]
+
+
 def _training_faults(r: RunResult, mark: list[str] | None = None) -> list[str]:
     """Training jobs under faults (``training.fault_impact`` per fault and job): the step
     before, the stalled step, the steps after; under dilation, which part is to scale."""
@@ -386,7 +417,7 @@ def summary(result: RunResult | Mapping[str, Any]) -> str:
     r = as_result(result)
     mark = _mark(r)
     lines = (_header(r) + _fabric(r) + _fidelity(r) + _faults(r.faults, mark) + _traffic(r.traffic, mark)
-             + _training(r.traffic, mark) + _training_faults(r, mark) + _credit_loops(r) + _files(r))
+             + _training(r.traffic, mark) + _parallelism(r.traffic) + _training_faults(r, mark) + _credit_loops(r) + _files(r))
     return "\n".join(lines) + "\n"
 
 

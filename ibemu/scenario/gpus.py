@@ -9,8 +9,11 @@ user datapath's ``fabric.line_gbps`` when given). A training entry's keys (``mod
 for a number of them (``servers: N``), which the pool places by ``gpus.placement`` (packed,
 spread, topology: ``training.place``, each server's leaf the switch its first CA is cabled to)
 among the servers no job before it took; at least two (one server's allreduce is all NVLink:
-nothing would cross the fabric). Every problem is located: unknown presets, rails that do not
-divide the GPUs, a job that does not fit or takes part of a server.
+nothing would cross the fabric). ``tensor`` (T), ``pipeline`` (P) and ``microbatches`` make it
+tensor and pipeline parallel (``training`` module docstring). Every problem is located: unknown
+presets, rails that do not divide the GPUs, a job that does not fit or takes part of a server, a
+tensor degree that does not divide the GPUs per server, stages that do not divide the job's
+servers, microbatches below 1, parallelism that is not a whole number.
 """
 
 from __future__ import annotations
@@ -106,6 +109,16 @@ def read_job(r: Reader, m: Pairs, item: yaml.Node, path: str, hosts: tuple[str, 
             v = r.number(m[key][1], f"{path}.{key}", f.lo, f.hi, f.lo_open)
             if v is not None:
                 values[key] = v
+    for key in ("tensor", "pipeline", "microbatches"):
+        if key in m:
+            f = TRAFFIC_FIELDS[key]
+            v = r.integer(m[key][1], f"{path}.{key}", int(f.lo or 1), int(f.hi or 1))
+            if v is not None:
+                kw[key] = v
+    tensor = kw.get("tensor", 1)
+    if isinstance(tensor, int) and pool.cluster.per_server % tensor:
+        r.error(m["tensor"][1], f"{path}.tensor", f"tensor ({tensor}) must divide the GPUs per server "
+                f"({pool.cluster.per_server}): a tensor-parallel group stays inside a server, on NVLink")
     asked = None
     if "servers" in m:
         f = TRAFFIC_FIELDS["servers"]
@@ -134,10 +147,15 @@ def read_job(r: Reader, m: Pairs, item: yaml.Node, path: str, hosts: tuple[str, 
                 f"a training job on the fabric needs at least 2 servers, got {len(servers)} "
                 "(one server's allreduce is all NVLink)")
         return None, hosts
+    stages = kw.get("pipeline", 1)
+    if isinstance(stages, int) and len(servers) % stages:
+        r.error(m["pipeline"][1], f"{path}.pipeline", f"pipeline ({stages}) must divide the job's "
+                f"{len(servers)} servers: every stage is a group of as many servers")
+        return None, hosts
     scale = values.pop("scale", DEFAULT_SCALE)
     job = TrainingJob(servers=len(servers), **kw, **values)  # type: ignore[arg-type]
     plan = JobPlan(job, pool.cluster, scale)
-    if plan.rail_bytes < 4 * len(servers):
+    if job.stage_servers >= 2 and plan.rail_bytes < 4 * job.stage_servers:
         r.error(m["scale"][1] if "scale" in m else item, f"{path}.scale",
                 f"leaves {plan.rail_bytes} bytes per rail a step: at least one float32 per server is needed")
         return None, hosts

@@ -317,6 +317,12 @@ TRAFFIC_FIELDS: dict[str, Field] = {
     "scale": _num("training: each step's gradient bytes and compute time divided by this", 1, 1e15),
     "train_tokens": _num("training: tokens to train on (default: the model's)", 0, 1e18, lo_open=True),
     "servers": _int("training: servers the pool places the job on (instead of hosts)", 1, 1 << 16),
+    "tensor": _int("training: tensor-parallel degree T, inside a server over NVLink (divides gpus.per_server; "
+                   "default 1)", 1, 1 << 10),
+    "pipeline": _int("training: pipeline stages P, each servers / P servers (divides the job's servers; "
+                     "default 1)", 1, 1 << 16),
+    "microbatches": _int("training: microbatches a step is cut into (default 4 x pipeline; 1 without one; at "
+                         "most 256, the receives each transfer's QP keeps posted)", 1, 256),
     "rc_timeout": _int("collectives and training: the RC local ACK timeout, 4.096 us x 2^N (default 14: "
                        "67 ms; NCCL_IB_TIMEOUT, whose default is 20: 4.3 s)", 1, 31),
     "rc_retry_cnt": _int("collectives and training: RC retries before a QP gives up (default 7; "

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -522,8 +522,97 @@ class CollectiveGroup:
                 r.port.hca.destroy_qp(qp)
 
 
+class PipeLink:
+    """Two ports joined both ways, for a pipeline's stage boundary: ``send(0, it, slot)`` writes
+    ``size`` bytes of microbatch ``slot``'s activations from ``a`` to ``b``, ``send(1, ...)`` its
+    gradients back from ``b`` to ``a``, each into the receiver's own slot (``slots`` of them: a
+    step's microbatches are all in flight at once without overwriting each other); ``await
+    recv(direction, it, slot)`` waits for it at the receiver and checks every element
+    (``wrong``). The sender does not wait: a stage computes on while its transfer goes out, as
+    Megatron-LM's non-blocking sends do. Quacks like a ``CollectiveGroup`` for ``stall_bound``."""
+
+    kind = "pipeline transfer"
+
+    def __init__(self, a: HcaPort, b: HcaPort, size: int, slots: int, *, mtu: int = 4096,
+                 rc: RcTimers | None = None) -> None:
+        self.rc = rc or RcTimers()
+        self.count = max(1, size // 4)
+        self.size = self.count * 4
+        self.slots = slots
+        self.ranks = [_Rank(i, p, 4, self.size * slots) for i, p in enumerate((a, b))]
+        _connect(self.ranks[0], self.ranks[1], mtu, self.rc)
+        _connect(self.ranks[1], self.ranks[0], mtu, self.rc)
+        self.wrong = 0
+
+    def _pattern(self, direction: int, it: int, slot: int) -> np.ndarray:
+        """Small integers (exact in float32), different per step, microbatch and direction."""
+        import numpy as np
+        base = (np.arange(self.count, dtype=np.int64) % 251).astype(np.float32)
+        return base + float((it * 7 + slot * 3 + direction) % 4099)
+
+    @staticmethod
+    def _imm(direction: int, it: int, slot: int) -> int:
+        return ((it & 0xFFFF) << 16) | (direction << 15) | slot
+
+    def send(self, direction: int, it: int, slot: int) -> None:
+        import numpy as np
+        src, dst = (self.ranks[0], self.ranks[1]) if direction == 0 else (self.ranks[1], self.ranks[0])
+        off = slot * self.size
+        np.frombuffer(src.out.buf, dtype=np.float32, count=self.count, offset=off)[:] = \
+            self._pattern(direction, it, slot)
+        src.write(dst.index, off, self.size, dst.stage.addr + off, dst.stage.rkey, self._imm(direction, it, slot))
+
+    async def recv(self, direction: int, it: int, slot: int) -> None:
+        import numpy as np
+        dst = self.ranks[1] if direction == 0 else self.ranks[0]
+        await dst.wait_imm(self._imm(direction, it, slot))
+        got = dst.staged(slot * self.size, self.count)
+        self.wrong += int(np.count_nonzero(got != self._pattern(direction, it, slot)))
+
+    def reap(self) -> None:
+        """Collect the send completions (a stage that only sends reaps them here)."""
+        for r in self.ranks:
+            r.reap()
+
+    @property
+    def retransmitted(self) -> int:
+        return sum(q.stats.retransmitted for r in self.ranks for q in r.tx.values())
+
+    @property
+    def completions(self) -> int:
+        return sum(r.completions for r in self.ranks)
+
+    @property
+    def stall_s(self) -> float:
+        """As ``CollectiveGroup.stall_s``."""
+        ack = ack_timeout_ns(self.rc.timeout)
+        return 5.0 if ack is None else max(1.0, 2 * ack * (self.rc.retry_cnt + 1) / 1e9)
+
+    def describe(self) -> str:
+        return " | ".join(r.describe() for r in self.ranks)
+
+    def close(self) -> None:
+        for r in self.ranks:
+            for qp in (*r.tx.values(), *r.rx.values()):
+                r.port.hca.destroy_qp(qp)
+
+
+class Watched(Protocol):
+    """What ``stall_bound`` watches: a ``CollectiveGroup`` or a ``PipeLink``."""
+
+    kind: str
+
+    @property
+    def stall_s(self) -> float: ...
+
+    @property
+    def completions(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+
 @asynccontextmanager
-async def stall_bound(groups: Sequence[CollectiveGroup], stop: trio.Event | None) -> AsyncIterator[None]:
+async def stall_bound(groups: Sequence[Watched], stop: trio.Event | None) -> AsyncIterator[None]:
     """The body, watched once ``stop`` is set: if no rank of ``groups`` completes anything
     for their longest ``stall_s``, it is cancelled and ``CollectiveStalled`` says where each
     rank is (a QP that retries gives up sooner than that, and errs instead)."""

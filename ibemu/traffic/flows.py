@@ -266,6 +266,9 @@ async def _training(f: Flow) -> None:
     every server), all rails at once: a ring, or a double binary tree for ``algorithm: tree``. ``hosts`` are the job's servers' CAs, rail by rail."""
     out = f.out
     plan = training.JobPlan.from_json(f.spec["training"])
+    if plan.job.tensor > 1 or plan.job.pipeline > 1 or plan.job.m > 1:
+        await _parallel_training(f, plan)
+        return
     rails = plan.cluster.rails
     servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]
     algorithm = "tree" if plan.job.algorithm == "tree" else "ring"
@@ -308,6 +311,114 @@ async def _training(f: Flow) -> None:
                      "retransmitted": out.retransmitted}
         for g in groups:
             g.close()
+
+
+async def _parallel_training(f: Flow, plan: training.JobPlan) -> None:
+    """A job with tensor or pipeline parallelism (or microbatches): ``pipeline`` stages of
+    ``servers / pipeline`` consecutive servers each. Each step runs GPipe's schedule in emulated
+    time: every stage runs the m microbatches' forward passes in order (each the modelled compute
+    and TP time), each waiting for its activations from the stage before and sending its own on to
+    the next as real RDMA writes (``collectives.PipeLink``: every server of a stage to the server
+    in the same place of the next, rail by rail), then the backward passes in reverse order, the
+    gradients going back the same way. A stage's data-parallel allreduce (NVLink as modelled
+    time, the fabric part one RDMA allreduce per rail among the stage's servers, as a pure
+    data-parallel job's) starts once ``1 - overlap`` of its last backward pass has run; a stage of
+    one server has only NVLink to allreduce over. The step ends when every stage is done."""
+    out = f.out
+    job, c = plan.job, plan.cluster
+    rails, per, p, m = c.rails, job.stage_servers, job.pipeline, job.m
+    servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]
+    stages = [servers[k * per:(k + 1) * per] for k in range(p)]
+    algorithm = "tree" if job.algorithm == "tree" else "ring"
+    rc = collectives.RcTimers.from_spec(f.spec)
+    mtu = int(f.spec.get("mtu", 4096))
+    dp: list[list[collectives.CollectiveGroup]] = [
+        [collectives.CollectiveGroup("allreduce", [f.ports[sv[r]] for sv in st], plan.rail_bytes, mtu=mtu,
+                                     algorithm=algorithm, rc=rc) for r in range(rails)] if per >= 2 else []
+        for st in stages]
+    links = [[collectives.PipeLink(f.ports[stages[k][j][r]], f.ports[stages[k + 1][j][r]], plan.pp_bytes, m,
+                                   mtu=mtu, rc=rc) for j in range(per) for r in range(rails)]
+             for k in range(p - 1)]
+    o = job.overlap
+    steps: list[training.StepMeasure] = []
+
+    async def _recv(group: list[collectives.PipeLink], direction: int, it: int, mb: int) -> None:
+        async with collectives.stall_bound(group, f.stop), trio.open_nursery() as n:
+            for lk in group:
+                n.start_soon(lk.recv, direction, it, mb)
+
+    def _send(group: list[collectives.PipeLink], direction: int, it: int, mb: int) -> None:
+        for lk in group:
+            lk.send(direction, it, mb)
+
+    fabric_ns = [0] * p  # this step's DP fabric time, per stage
+    pipe_end = [0]  # when the first stage's last backward pass ended
+
+    async def _allreduce(k: int, it: int) -> None:
+        if not dp[k]:
+            await trio.sleep(plan.nvlink_s)  # one server a stage: all NVLink
+            return
+        await trio.sleep(plan.nvlink_s / 2)
+        t = clock.now_ns()
+        async with collectives.stall_bound(dp[k], f.stop), trio.open_nursery() as rails_n:
+            for g in dp[k]:
+                rails_n.start_soon(g.run, it)
+        fabric_ns[k] = clock.now_ns() - t
+        await trio.sleep(plan.nvlink_s / 2)
+
+    async def _last_backward(k: int, it: int) -> None:
+        await trio.sleep(o * plan.mb_backward_s)
+        if k > 0:
+            _send(links[k - 1], 1, it, 0)
+        else:
+            pipe_end[0] = clock.now_ns()
+
+    async def _stage(k: int, it: int) -> None:
+        for mb in range(m):  # forward passes
+            if k > 0:
+                await _recv(links[k - 1], 0, it, mb)
+            await trio.sleep(plan.mb_forward_s)
+            if k < p - 1:
+                _send(links[k], 0, it, mb)
+        for mb in reversed(range(m)):  # backward passes
+            if k < p - 1:
+                await _recv(links[k], 1, it, mb)
+            if mb:
+                await trio.sleep(plan.mb_backward_s)
+                if k > 0:
+                    _send(links[k - 1], 1, it, mb)
+                continue
+            await trio.sleep((1 - o) * plan.mb_backward_s)
+            async with trio.open_nursery() as n:
+                n.start_soon(_last_backward, k, it)
+                n.start_soon(_allreduce, k, it)
+        for lk in links[k] if k < p - 1 else ():
+            lk.reap()
+
+    try:
+        it = 0
+        while not f.stop.is_set():
+            fabric_ns[:] = [0] * p
+            t0 = clock.now_ns()
+            async with trio.open_nursery() as n:
+                for k in range(p):
+                    n.start_soon(_stage, k, it)
+            t1 = clock.now_ns()
+            steps.append(training.StepMeasure((t1 - t0) / 1e9, max(fabric_ns) / 1e9,
+                                              (pipe_end[0] - t0) / 1e9 if p > 1 else 0.0))
+            out.t_ns.append(t1)
+            out.nbytes.append(sum(g.size for st in dp for g in st) + sum(2 * m * lk.size for b in links for lk in b))
+            it += 1
+    finally:
+        f.drained.set()
+        everything: list[collectives.CollectiveGroup | collectives.PipeLink] = [
+            *(g for st in dp for g in st), *(lk for b in links for lk in b)]
+        out.retransmitted = sum(x.retransmitted for x in everything)
+        out.packets = sum(out.nbytes) // max(1, mtu)
+        out.extra = {**training.measured_figures(plan, steps), "wrong": sum(x.wrong for x in everything),
+                     "retransmitted": out.retransmitted}
+        for x in everything:
+            x.close()
 
 
 async def _stream(f: Flow) -> None:
@@ -367,6 +478,7 @@ TRAFFIC_KINDS: dict[str, TrafficKind] = {
     "stream": TrafficKind(("from", "to", "size", "rate_pps", "transport"), "pair", _stream, size=256,
                           timestamps=True),
     "training": TrafficKind(("hosts", "model", "tokens_per_step", "mfu", "algorithm", "overlap", "scale",
-                             "train_tokens", "servers", "rc_timeout", "rc_retry_cnt"), "group", _training),
+                             "train_tokens", "servers", "tensor", "pipeline", "microbatches", "rc_timeout",
+                             "rc_retry_cnt"), "group", _training),
 }
 """Every traffic kind, by name (the order scenario errors list them in)."""

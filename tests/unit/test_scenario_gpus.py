@@ -80,11 +80,36 @@ def test_pool_jobs_that_do_not_fit() -> None:
     ("gpus: {}\n", TRAIN.replace("1000000", "1.0e+15") + "}",
      "x.yaml:5 traffic[0].scale: leaves 4 bytes per rail a step: at least one float32 per server"),
     ("gpus: {}\n", TRAIN + ", qps: 2}", "x.yaml:5 traffic[0].qps: not a key of kind training"),
+    ("gpus: {}\n", TRAIN + ", tensor: 3}",
+     "x.yaml:5 traffic[0].tensor: tensor (3) must divide the GPUs per server (8): a tensor-parallel group stays"),
+    ("gpus: {}\n", TRAIN + ", pipeline: 3}",
+     "x.yaml:5 traffic[0].pipeline: pipeline (3) must divide the job's 8 servers: every stage is a group"),
+    ("gpus: {}\n", TRAIN.replace("hosts: all", "servers: 6") + ", pipeline: 4}",
+     "x.yaml:5 traffic[0].pipeline: pipeline (4) must divide the job's 6 servers"),
+    ("gpus: {}\n", TRAIN + ", pipeline: 2, microbatches: 0}",
+     "x.yaml:5 traffic[0].microbatches: expected an integer from 1"),
+    ("gpus: {}\n", TRAIN + ", pipeline: 2, microbatches: 300}",
+     "x.yaml:5 traffic[0].microbatches: expected an integer from 1 to 256, got 300"),
+    ("gpus: {}\n", TRAIN + ", tensor: 2.5}", "x.yaml:5 traffic[0].tensor: expected an integer from 1"),
+    ("gpus: {}\n", TRAIN + ", pipeline: two}", "x.yaml:5 traffic[0].pipeline: expected an integer from 1"),
+    ("gpus: {}\n", TRAIN + ",\n     pipeline: 2, microbatches: 1.5}",
+     "x.yaml:6 traffic[0].microbatches: expected an integer from 1"),
 ])
 def test_bad_gpus_and_jobs(gpus: str, job: str, message: str) -> None:
     with pytest.raises(ScenarioError) as exc:
         load(gpus, job)
     assert str(exc.value).splitlines()[0].startswith(message), str(exc.value)
+
+
+def test_tensor_and_pipeline_job() -> None:
+    """tensor, pipeline and microbatches reach the plan; stages of one server are allowed (the
+    pipeline's transfers cross the fabric, the DP allreduce is NVLink's)."""
+    scen = load("gpus: {per_server: 4, rails: 2}\n", TRAIN + ", tensor: 4, pipeline: 2, microbatches: 6}")
+    plan = scen.traffic[0].training  # type: ignore[attr-defined]
+    assert (plan.job.servers, plan.job.tensor, plan.job.pipeline, plan.job.m) == (4, 4, 2, 6)
+    assert plan.job.stage_servers == 2 and plan.pp_bytes > 0
+    one = load("gpus: {per_server: 4, rails: 2}\n", TRAIN + ", pipeline: 4}").traffic[0].training  # type: ignore[attr-defined]
+    assert (one.job.stage_servers, one.rail_bytes, one.job.m) == (1, 0, 16)
 
 
 def test_gpu_rails_is_rail_optimized() -> None:

@@ -58,3 +58,26 @@ def test_training_under_faults_table() -> None:
     # without a training row: no section
     r["faults"][0]["flows"] = r["faults"][0]["flows"][:-1]
     assert "Training jobs under faults" not in summary(r)
+
+
+def test_tensor_and_pipeline_table() -> None:
+    """A job with tensor and pipeline parallelism gets a row: its layout, the model's bubble, the
+    measured idle share beside the model's and what its pipeline moved; a pure data-parallel
+    job gets none."""
+    plan = JobPlan(TrainingJob(model="llama2-70b", servers=4, tensor=8, pipeline=2, microbatches=8),
+                   GpuCluster(rails=2), 1e6)
+    r = result()
+    pp = dict(r["traffic"][0], name="pp", kind="training",
+              extra=measured_figures(plan, [StepMeasure(180e-6, 2e-6, 170e-6)]))
+    dp_plan = JobPlan(TrainingJob(model="llama2-7b", servers=4), GpuCluster(rails=2), 1e4)
+    dp = dict(r["traffic"][0], name="dp", kind="training", extra=measured_figures(dp_plan, [StepMeasure(1e-4, 5e-5)]))
+    r["traffic"] = [*r["traffic"], pp, dp]
+    assert validate(r) == []
+    lines = summary(r).splitlines()
+    start = lines.index("Tensor and pipeline parallelism (1)")
+    rows = [ln.split() for ln in lines[start:start + 10] if ln.strip().startswith(("pp ", "dp "))]
+    assert len(rows) == 1
+    m = plan.model
+    idle = (170e-6 - (m.compute_s + m.tp_s) / 1e6) / 180e-6
+    assert rows[0] == ["pp", "8", "x", "2", "x", "2", "8", f"{m.bubble_share * 100:.1f}%", f"{idle * 100:.1f}%",
+                       f"{(m.bubble_s + m.pp_s) / m.step_s * 100:.1f}%", f"{m.tp_s:.2f}", "131,072", "131.1"]
