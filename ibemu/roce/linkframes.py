@@ -41,10 +41,11 @@ def hand_in(plane: LivePlane, router: str, in_port: int, out: dict[int, list[byt
     the cable :func:`match_key`, its ``meta`` the frame itself."""
     for egress, frames in out.items():
         for f in frames:
-            tos = f[15]
+            h = bytes(f[:54])  # (one copy of the headers read: a ``bytes`` index and slice are C's)
+            tos = h[15]
             ecn = tos & 3
             n = len(f) + FCS
-            fr = Frame(n if n > MIN_FRAME else MIN_FRAME, prio[tos], egress, bytes(f[18:20]) + bytes(f[26:54]),
+            fr = Frame(n if n > MIN_FRAME else MIN_FRAME, prio[tos], egress, h[18:20] + h[26:54],
                        ecn == 1 or ecn == 2, False, False, f)
             plane.arrive(router, in_port, fr, now)
 
