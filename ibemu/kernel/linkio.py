@@ -227,15 +227,20 @@ class LiveLinks:
         the port's own (IB: ``bytes``, what its compiled forwarder takes)."""
         return bytes(data)
 
-    def _send_veth(self, due: list[Departure]) -> None:
-        tx = self.tx
-        if tx is None:
-            return
+    def _veth_groups(self, due: list[Departure]) -> dict[tuple[str, int], list[bytes | bytearray]]:
+        """What to send of each departure of ``due`` (:meth:`outgoing`), grouped by port."""
         groups: dict[tuple[str, int], list[bytes | bytearray]] = {}
         for d in due:
             data = self.outgoing(d)
             if data is not None:
                 groups.setdefault((d.switch, d.port), []).append(data)
+        return groups
+
+    def _send_veth(self, due: list[Departure]) -> None:
+        tx = self.tx
+        if tx is None:
+            return
+        groups = self._veth_groups(due)
         out = []
         for (switch, port), frames in groups.items():
             sock = self._sockets(switch, port)

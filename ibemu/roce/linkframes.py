@@ -190,3 +190,26 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
             way.frames.append(f)
             handed += 1
     return rest, handed
+
+
+def veth_groups(due: list[Departure], counts: Callable[[str, int], list[PrioCounters]],
+                down: Callable[[str, int], bool], loss: float, rng: random.Random,
+                plane: LivePlane) -> dict[tuple[str, int], list[bytes | bytearray]]:
+    """``RoceLinks._veth_groups``: the bytes to send of each departure of ``due`` (each as
+    :func:`outgoing` makes them; a port's counters and whether it is ``down`` found once per
+    call), grouped by port in the order the ports first come."""
+    groups: dict[tuple[str, int], list[bytes | bytearray]] = {}
+    ways: dict[tuple[str, int], _Way] = {}
+    for d in due:
+        end = (d.switch, d.port)
+        way = ways.get(end)
+        if way is None:
+            way = ways[end] = _Way(OFF if down(d.switch, d.port) else VETH, None, counts(d.switch, d.port))
+        data = outgoing(d, way.cs, way.kind == OFF, loss, rng, plane)
+        if data is not None:
+            frames = groups.get(end)
+            if frames is None:
+                groups[end] = [data]
+            else:
+                frames.append(data)
+    return groups

@@ -127,6 +127,11 @@ class RoceLinks(LiveLinks):
         return linkframes.outgoing(d, self.port_counts(d.switch, d.port), self._down(d.switch, d.port), self._loss,
                                    self.rng, self.plane)
 
+    def _veth_groups(self, due: list[Departure]) -> dict[tuple[str, int], list[bytes | bytearray]]:
+        """The departures onto veths (towards hosts, captured or cut cables), each as
+        :meth:`outgoing` makes it, grouped by port (``linkframes.veth_groups``, compiled)."""
+        return linkframes.veth_groups(due, self.port_counts, self._down, self._loss, self.rng, self.plane)
+
     def _send(self, due: list[Departure]) -> None:
         """``LiveLinks._send`` with its loop and :meth:`outgoing`'s work compiled
         (``linkframes.hand_over``)."""
