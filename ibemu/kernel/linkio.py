@@ -14,7 +14,8 @@ The IB user datapath (``ibemu.fabric.linkplane``: the agent host's switches) and
 datapath (``ibemu.roce.links``: the routers of ``ibemu.roce.userpath``) each add what is theirs:
 how a received frame becomes a model frame, and, per kind, credits and PMA counters, or pause
 frames, ECN marks and cable loss. A datapath whose departures need a last touch (the RoCE CE
-mark, a lost frame) overrides :meth:`LiveLinks.outgoing`.
+mark, a lost frame) overrides :meth:`LiveLinks.outgoing` (and, to compile those loops,
+``_send`` and ``_veth_groups``).
 
 Hand-over in memory (both datapaths): every switch or router lives in the one process, so a
 frame onto a cable between two of them goes to the other one's forwarding (``deliver``, as if

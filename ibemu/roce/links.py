@@ -28,7 +28,8 @@ What :class:`RoceLinks` adds to ``LiveLinks``:
 - The hand-over in memory between routers (``LiveLinks``): a router port's carrier is its
   link state (``down``); a departure is touched (:meth:`RoceLinks.outgoing`) before it is
   handed over as before it is sent, and handed as the ``bytearray`` it is (the next router
-  rewrites it in place).
+  rewrites it in place). Both loops over the departures, with that touch, are compiled
+  (``linkframes.hand_over``, ``linkframes.veth_groups``).
 - Counters per router port and priority (``tx_frames``, ``dropped``, ``ecn_marked``,
   ``lost``, ``pause_sent``, ``pause_received``, ``paused_us``), as the user datapath reports
   them.
