@@ -55,8 +55,8 @@ MODULES: tuple[str, ...] = (
 the switches' LFT and forwarding decision (``Forwarder.forward_run``, every frame's), and
 the IB user datapath's hand-in of frames to the model and hand-over of the departures between
 switches (``fabric.linkframes``); the RoCE user datapath's routers (``roce.userplane``: checks,
-FIB lookup and ECMP in ``kernel.fib``, TTL, MACs) and its hand-in of frames to the model
-(``roce.linkframes``)."""
+FIB lookup and ECMP in ``kernel.fib``, TTL, MACs) and its hand-in of frames to the model and
+hand-over of the departures (``roce.linkframes``)."""
 GROUP = "ibemu.physics._native"
 """The group's shared library (``ibemu/physics/_native__mypyc*.so``)."""
 ROOT = Path(__file__).resolve().parents[1]

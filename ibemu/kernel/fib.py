@@ -63,18 +63,27 @@ def parse_routes(data: bytes) -> Iterator[RouteMsg]:
                 yield RouteMsg(kind == RTM_DELROUTE, dst & mask, dst_len, tuple(sorted(set(oifs))))
 
 
+MEMO_MAX = 65536
+"""Destinations whose match a ``Fib`` remembers (beyond: it forgets them all and starts again)."""
+
+
 class Fib:
-    """Prefix -> egress interfaces; longest-prefix match, then a 5-tuple hash among the live ones."""
+    """Prefix -> egress interfaces; longest-prefix match, then a 5-tuple hash among the live ones.
+
+    A destination's match is remembered until the routes change (every frame of a flow looks
+    up the same address: one dict read, not one per prefix length tried)."""
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed & 0xFFFFFFFF
         self.tables: dict[int, dict[int, tuple[int, ...]]] = {}
         self.lengths: list[int] = []
+        self._memo: dict[int, tuple[int, ...]] = {}
 
     def __len__(self) -> int:
         return sum(map(len, self.tables.values()))
 
     def apply(self, msg: RouteMsg) -> None:
+        self._memo.clear()
         table = self.tables.get(msg.length)
         if msg.deleted:
             if table is not None:
@@ -88,15 +97,23 @@ class Fib:
         table[msg.prefix] = msg.oifs
 
     def clear(self) -> None:
+        self._memo.clear()
         self.tables.clear()
         self.lengths = []
 
     def lookup(self, dst: int) -> tuple[int, ...] | None:
         """The egress interfaces of the longest prefix covering ``dst``."""
+        memo = self._memo
+        hops = memo.get(dst)
+        if hops is not None:
+            return hops
         tables = self.tables
         for ln in self.lengths:
             hops = tables[ln].get(dst & ((0xFFFFFFFF << (32 - ln)) & 0xFFFFFFFF) if ln else 0)
             if hops is not None:
+                if len(memo) >= MEMO_MAX:
+                    memo.clear()
+                memo[dst] = hops
                 return hops
         return None
 

@@ -14,7 +14,8 @@ The IB user datapath (``ibemu.fabric.linkplane``: the agent host's switches) and
 datapath (``ibemu.roce.links``: the routers of ``ibemu.roce.userpath``) each add what is theirs:
 how a received frame becomes a model frame, and, per kind, credits and PMA counters, or pause
 frames, ECN marks and cable loss. A datapath whose departures need a last touch (the RoCE CE
-mark, a lost frame) overrides :meth:`LiveLinks.outgoing`.
+mark, a lost frame) overrides :meth:`LiveLinks.outgoing` (and, to compile those loops,
+``_send`` and ``_veth_groups``).
 
 Hand-over in memory (both datapaths): every switch or router lives in the one process, so a
 frame onto a cable between two of them goes to the other one's forwarding (``deliver``, as if
@@ -227,15 +228,20 @@ class LiveLinks:
         the port's own (IB: ``bytes``, what its compiled forwarder takes)."""
         return bytes(data)
 
-    def _send_veth(self, due: list[Departure]) -> None:
-        tx = self.tx
-        if tx is None:
-            return
+    def _veth_groups(self, due: list[Departure]) -> dict[tuple[str, int], list[bytes | bytearray]]:
+        """What to send of each departure of ``due`` (:meth:`outgoing`), grouped by port."""
         groups: dict[tuple[str, int], list[bytes | bytearray]] = {}
         for d in due:
             data = self.outgoing(d)
             if data is not None:
                 groups.setdefault((d.switch, d.port), []).append(data)
+        return groups
+
+    def _send_veth(self, due: list[Departure]) -> None:
+        tx = self.tx
+        if tx is None:
+            return
+        groups = self._veth_groups(due)
         out = []
         for (switch, port), frames in groups.items():
             sock = self._sockets(switch, port)

@@ -28,7 +28,8 @@ What :class:`RoceLinks` adds to ``LiveLinks``:
 - The hand-over in memory between routers (``LiveLinks``): a router port's carrier is its
   link state (``down``); a departure is touched (:meth:`RoceLinks.outgoing`) before it is
   handed over as before it is sent, and handed as the ``bytearray`` it is (the next router
-  rewrites it in place).
+  rewrites it in place). Both loops over the departures, with that touch, are compiled
+  (``linkframes.hand_over``, ``linkframes.veth_groups``).
 - Counters per router port and priority (``tx_frames``, ``dropped``, ``ecn_marked``,
   ``lost``, ``pause_sent``, ``pause_received``, ``paused_us``), as the user datapath reports
   them.
@@ -45,35 +46,16 @@ from __future__ import annotations
 import random
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from ibemu import clock
 from ibemu.kernel.linkio import LiveLinks
 from ibemu.physics.live import Departure
 from ibemu.physics.model import Drop, Node, Pause
-from ibemu.roce.linkframes import FCS, MIN_FRAME, hand_in, match_key
-from ibemu.roce.queues import ip_checksum
+from ibemu.roce import linkframes
+from ibemu.roce.linkframes import FCS, MIN_FRAME, PrioCounters, hand_in, match_key
 from ibemu.wire import pfc
 
 __all__ = ["FCS", "MIN_FRAME", "PrioCounters", "RoceLinks", "match_key"]
-
-
-@dataclass(slots=True)
-class PrioCounters:
-    tx_frames: int = 0
-    dropped: int = 0
-    ecn_marked: int = 0
-    lost: int = 0
-    pause_sent: int = 0
-    pause_received: int = 0
-    paused_ns: int = 0
-    paused_since: int | None = None
-
-    def as_dict(self, now: int) -> dict[str, int]:
-        paused = self.paused_ns + (max(0, now - self.paused_since) if self.paused_since is not None else 0)
-        d = {"tx_frames": self.tx_frames, "dropped": self.dropped, "ecn_marked": self.ecn_marked, "lost": self.lost,
-             "pause_sent": self.pause_sent, "pause_received": self.pause_received, "paused_us": paused // 1000}
-        return {k: v for k, v in d.items() if v}
 
 
 class RoceLinks(LiveLinks):
@@ -93,6 +75,8 @@ class RoceLinks(LiveLinks):
         self._loss = loss_pct / 100
         self.rng = random.Random(seed)
         self.counts: dict[tuple[str, int, int], PrioCounters] = {}
+        self._port_counts: dict[tuple[str, int], list[PrioCounters]] = {}
+        """A port's counters of ``counts`` by priority (``linkframes.port_counts``)."""
 
     def count(self, router: str, port: int, prio: int) -> PrioCounters:
         key = (router, port, prio)
@@ -100,6 +84,14 @@ class RoceLinks(LiveLinks):
         if c is None:
             c = self.counts[key] = PrioCounters()
         return c
+
+    def port_counts(self, router: str, port: int) -> list[PrioCounters]:
+        """``router:port``'s counters (those of :attr:`counts`), indexed by priority."""
+        key = (router, port)
+        cs = self._port_counts.get(key)
+        if cs is None:
+            cs = self._port_counts[key] = linkframes.port_counts(self.counts, router, port)
+        return cs
 
     # --- in -------------------------------------------------------------------------------
 
@@ -130,33 +122,31 @@ class RoceLinks(LiveLinks):
 
     # --- out ------------------------------------------------------------------------------
 
-    def handed_frame(self, data: bytes | bytearray) -> bytes | bytearray:
-        """A frame handed to the next router as it is (its MACs are already the cable's; the
-        router's forwarding copies it)."""
-        return data
-
     def outgoing(self, d: Departure) -> bytes | bytearray | None:
-        fr = d.frame
-        f: bytearray = fr.meta
-        switch, port = d.switch, d.port
-        c = self.counts.get((switch, port, fr.vl))  # (every departure's: count() inlined)
-        if c is None:
-            c = self.count(switch, port, fr.vl)
-        if self._down(switch, port):
-            c.dropped += 1
-            return None
-        if self._loss and self.rng.random() < self._loss:
-            c.lost += 1
-            peer = self.plane.peer(switch, port)
-            if peer is not None and self.plane.nodes[peer[0]].switch:
-                self.plane.consume(peer[0], peer[1], fr.flow, d.due_ns)
-            return None
-        if fr.ce and f[15] & 3 in (1, 2):
-            f[15] |= 3
-            ip_checksum(f)
-            c.ecn_marked += 1
-        c.tx_frames += 1
-        return f
+        """A departure onto a veth: dropped (its port down), lost, or CE-marked and counted
+        (``linkframes.outgoing``, compiled)."""
+        return linkframes.outgoing(d, self.port_counts(d.switch, d.port), self._down(d.switch, d.port), self._loss,
+                                   self.rng, self.plane)
+
+    def _veth_groups(self, due: list[Departure]) -> dict[tuple[str, int], list[bytes | bytearray]]:
+        """The departures onto veths (towards hosts, captured or cut cables), each as
+        :meth:`outgoing` makes it, grouped by port (``linkframes.veth_groups``, compiled)."""
+        return linkframes.veth_groups(due, self.port_counts, self._down, self._loss, self.rng, self.plane)
+
+    def _send(self, due: list[Departure]) -> None:
+        """``LiveLinks._send`` with its loop and :meth:`outgoing`'s work compiled
+        (``linkframes.hand_over``)."""
+        if self._deliver is None or self.tx is None:
+            self._send_veth(due)
+            return
+        rest, handed = linkframes.hand_over(due, self.peers, self._local, self.captured, self._carrier,  # (compiled)
+                                 self._powered, self.port_counts, self._loss, self.rng, self.plane)
+        self.sent += handed
+        if rest:
+            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
+                self._held += rest
+            else:
+                self._send_veth(rest)
 
     def after_pump(self, now: int) -> None:
         notes = self.plane.take_notes()

@@ -94,9 +94,10 @@ class RouterPlane:
             if lossy and self.rng.random() < self._loss:
                 self.stats["lost_ingress"] += 1
                 continue
-            egress = self._forward(ifindex, frame)
+            h = bytes(frame[:HEADERS])
+            egress = self._forward(ifindex, frame, h)
             if egress is not None:
-                buf = self._rewritten(egress, frame)
+                buf = self._rewritten(egress, frame, h)
                 q = out.get(egress)
                 if q is None:
                     out[egress] = [buf]
@@ -113,18 +114,19 @@ class RouterPlane:
     def forward(self, ifindex: int, frame: bytes | bytearray, now: int) -> list[Send]:
         """An IPv4 frame received on ``ifindex``, forwarded: (egress, the rewritten frame),
         or none (counted why)."""
-        egress = self._forward(ifindex, frame)
+        h = bytes(frame[:HEADERS])
+        egress = self._forward(ifindex, frame, h)
         if egress is None:
             return []
         self.stats["forwarded"] += 1
-        return [(egress, self._rewritten(egress, frame))]
+        return [(egress, self._rewritten(egress, frame, h))]
 
-    def _forward(self, ifindex: int, frame: bytes | bytearray) -> int | None:
+    def _forward(self, ifindex: int, frame: bytes | bytearray, h: bytes) -> int | None:
         """The egress port of an IPv4 frame received on ``ifindex``; None (counted why) where
-        it goes nowhere. (Its headers are read from a ``bytes`` copy of them: compiled, a
-        ``bytes`` index is a C read, a ``bytes | bytearray`` one a generic call.)"""
+        it goes nowhere. Its headers are read from ``h``, a ``bytes`` copy of its first
+        :data:`HEADERS` bytes (compiled, a ``bytes`` index is a C read, a ``bytes | bytearray``
+        one a generic call), made once for this and :meth:`_rewritten`."""
         n = len(frame)
-        h = bytes(frame[:HEADERS])
         if n < 34 or h[12] != 0x08 or h[13] != 0x00:
             self.stats["not_ipv4"] += 1
             return None
@@ -158,20 +160,20 @@ class RouterPlane:
             return None
         return out
 
-    def _rewritten(self, egress: int, frame: bytes | bytearray) -> bytearray:
-        """``frame`` (checked by :meth:`_forward`) as it leaves on ``egress``: up to the IP
-        total length, the egress port's MACs, TTL - 1 with the checksum fixed. A copy, except
-        for a ``bytearray`` of that length: a frame the router before handed over in memory
-        (``LiveLinks``), which nothing else holds, is rewritten in place."""
-        h = bytes(frame[16:26])
-        end = 14 + ((h[0] << 8) | h[1])
+    def _rewritten(self, egress: int, frame: bytes | bytearray, h: bytes) -> bytearray:
+        """``frame`` (checked by :meth:`_forward`; ``h`` its headers' copy) as it leaves on
+        ``egress``: up to the IP total length, the egress port's MACs, TTL - 1 with the
+        checksum fixed. A copy, except for a ``bytearray`` of that length: a frame the router
+        before handed over in memory (``LiveLinks``), which nothing else holds, is rewritten in
+        place."""
+        end = 14 + ((h[16] << 8) | h[17])
         if isinstance(frame, bytearray) and end == len(frame):
             buf = frame
         else:
             buf = bytearray(frame) if end == len(frame) else bytearray(frame[:end])  # one copy
         buf[0:12] = self.ports[egress].eth
-        buf[22] = h[6] - 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
-        s = ((h[8] << 8) | h[9]) + 0x0100
+        buf[22] = h[22] - 1  # TTL; the checksum grows by 0x0100 (RFC 1141)
+        s = ((h[24] << 8) | h[25]) + 0x0100
         s = (s & 0xFFFF) + (s >> 16)
         buf[24] = s >> 8
         buf[25] = s & 0xFF

@@ -141,7 +141,7 @@ class Handover:
 
     ROUTE = {"leaf0": 2, "spine0": 2, "leaf1": 1}
 
-    def __init__(self, down: set[tuple[str, int]] | None = None) -> None:
+    def __init__(self, down: set[tuple[str, int]] | None = None, loss_pct: float = 0.0) -> None:
         cfg = QueueConfig()
         topo = generate("leaf-spine", leaves=2, spines=1, hosts_per_leaf=1)
         nodes = nodes_from_cables({n: v.is_switch for n, v in topo.nodes.items()}, cables(topo, cfg), kind="eth",
@@ -149,7 +149,8 @@ class Handover:
         self.got: list[tuple[str, int, list[bytearray]]] = []
         self.prio = cfg.priorities()
         self.lk = RoceLinks(nodes, sockets=lambda n, p: (n, p), macs=lambda n, p: bytes(6),  # type: ignore[arg-type,return-value]
-                            down=lambda n, p: (n, p) in (down or set()), seed=3, deliver=self.deliver,
+                            down=lambda n, p: (n, p) in (down or set()), loss_pct=loss_pct, seed=3,
+                            deliver=self.deliver,
                             where=lambda n, p: (f"ns-{n}", f"port{p}"))
         self.sent: list[tuple[Any, Any]] = []
         self.lk.tx = self  # type: ignore[assignment]
@@ -190,3 +191,23 @@ def test_frames_between_routers_go_in_memory_unless_a_port_is_down_or_captured(m
     assert rig.lk.captured == {("leaf0", 2), ("spine0", 1)}
     rig.run([roce_frame(n=i) for i in range(3)])
     assert rig.got == [] and [s for s, _ in rig.sent] == [("leaf0", 2)] * 3
+
+
+def test_departures_handed_over_are_counted_and_lost_as_those_sent() -> None:
+    """The compiled hand-over loop does ``outgoing``'s work: counters per port and priority,
+    cable loss (the next router's record settled at once)."""
+    rig = Handover()
+    rig.run([roce_frame(n=i) for i in range(3)])
+    prio = rig.prio[26 << 2 | 2]
+    c = rig.lk.port_counters(0)
+    assert {(r, p): d[prio] for r, ports in c.items() for p, d in ports.items()} == {
+        ("leaf0", 2): {"tx_frames": 3}, ("spine0", 2): {"tx_frames": 3}, ("leaf1", 1): {"tx_frames": 3}}
+    assert all(set(d) == {prio} for ports in c.values() for d in ports.values())  # no other priority shows
+    rig = Handover(loss_pct=100)
+    rig.run([roce_frame(n=i) for i in range(3)])
+    assert not any(f for _, _, f in rig.got) and rig.sent == [] and rig.lk.handed == 0
+    assert rig.lk.port_counters(0) == {"leaf0": {2: {prio: {"lost": 3}}}}
+    assert rig.lk.plane.unmatched == 0 and not rig.lk.plane.nodes["spine0"].ports[1].live_flight  # settled
+    rig = Handover(down={("leaf1", 1)})  # h1's cable without carrier: dropped as it leaves
+    rig.run([roce_frame(n=i) for i in range(3)])
+    assert rig.sent == [] and rig.lk.port_counters(0)["leaf1"] == {1: {prio: {"dropped": 3}}}

@@ -97,6 +97,10 @@ def test_lpm_and_ecmp_spreading() -> None:
     assert fib.choose((11,), one, {11}) is None
     fib.apply(RouteMsg(True, ip("198.18.0.5"), 32, ()))
     assert fib.lookup(ip("198.18.0.5")) == (13,)
+    fib.apply(RouteMsg(False, ip("198.18.0.6"), 32, (12,)))  # a longer prefix than the one remembered
+    assert fib.lookup(ip("198.18.0.6")) == (12,) and fib.lookup(ip("198.18.0.5")) == (13,)
+    fib.clear()
+    assert fib.lookup(ip("198.18.0.6")) is None
 
 
 # ------------------------------------------------------------------ one router
