@@ -40,9 +40,12 @@ from typing import Any
 
 from ibemu import clock
 from ibemu.kernel.timerfd import run_trio
+from ibemu.physics.expect import path_latency_ns, wire_efficiency
 from ibemu.physics.link import SWITCH_MODELS, LinkModel
 from ibemu.scenario import loads_scenario
 from ibemu.scenario.runner import ScenarioRun
+from ibemu.topo import generate
+from ibemu.topo.analysis import hop_distances
 from ibemu.topo.rates import parse_rate
 
 SCENARIO = """
@@ -70,16 +73,11 @@ IB_HEADERS = 8 + 12 + 4 + 2
 RING_HOPS = 16
 
 
-def ring_paths(ranks: int = RING_HOPS) -> list[tuple[int, int]]:
-    """(switches, cables) between ring neighbours h_i -> h_i+1 of a k=4 fat-tree (2 hosts an
-    edge switch, 2 edge switches a pod): the same edge switch, the same pod, or across pods."""
-    def where(h: int) -> tuple[int, int]:
-        return h // 4, h // 2
-    out = []
-    for i in range(ranks):
-        (pa, ea), (pb, eb) = where(i), where((i + 1) % ranks)
-        out.append((1, 2) if ea == eb else (3, 4) if pa == pb else (5, 6))
-    return out
+def ring_switches(ranks: int = RING_HOPS) -> list[int]:
+    """Switches between ring neighbours h_i -> h_i+1 of the benchmark's k=4 fat-tree (hosts in
+    the order ``hosts: all`` gives them): 1, 3 or 5 (``topo.analysis.hop_distances``)."""
+    topo = generate("fat-tree", k=4)
+    return [hop_distances(topo, f"h{i}")[f"h{(i + 1) % ranks}"] - 1 for i in range(ranks)]
 
 
 def ring_bound(size: int, ranks: int, cable_m: float) -> tuple[float, float, bool]:
@@ -89,15 +87,16 @@ def ring_bound(size: int, ranks: int, cable_m: float) -> tuple[float, float, boo
     Each of the 2 (n - 1) steps of a rank waits for its predecessor's chunk of the step
     before: the critical path crosses 2 (n - 1) consecutive ring hops, each costing the chunk's
     time at the payload rate, x = S / (n B), plus the hop's path latency: the chunk's frames
-    follow each other store-and-forward, so its last frame leaves the first cable after x and
-    then costs each switch its latency and one frame's serialization, each cable its
-    propagation; a step averages x + L, L the mean over the ring's hops."""
+    follow each other store-and-forward, so its last frame is off the first cable after x and
+    then costs the rest of an unloaded path (``physics.expect.path_latency_ns`` less the one
+    serialization x holds); a step averages x + L, L the mean over the ring's hops."""
     link = LinkModel.of(parse_rate("4x NDR"), cable_m=cable_m)
-    frame_ns = link.serialization_ns(MTU + IB_HEADERS)
-    payload_gbs = link.gbps / 8 * MTU / (MTU + IB_HEADERS + link.framing_bytes)
-    paths = ring_paths(ranks)
-    lat_ns = sum(sw * (SWITCH_MODELS["ib-ndr"].latency_ns + frame_ns) + cab * link.propagation_ns
-                 for sw, cab in paths) / len(paths)
+    frame = MTU + IB_HEADERS
+    payload_gbs = link.gbps / 8 * wire_efficiency(frame, link) * MTU / frame
+    switch_ns = SWITCH_MODELS["ib-ndr"].latency_ns
+    hops = ring_switches(ranks)
+    lat_ns = sum(path_latency_ns(frame, [link] * (n + 1), [switch_ns] * n) - link.frame_ns(frame)
+                 for n in hops) / len(hops)
     x_ns = size / ranks / payload_gbs  # bytes / (GB/s) = ns
     return payload_gbs * x_ns / (x_ns + lat_ns), lat_ns / 1e3, x_ns >= 9 * lat_ns
 

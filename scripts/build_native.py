@@ -54,6 +54,11 @@ def main() -> int:
     cmd.build_temp = "build/mypyc/temp"  # type: ignore[attr-defined]
     cmd.build_lib = "build/mypyc/lib"  # type: ignore[attr-defined]
     dist.run_command("build_ext")
+    # The build is current now. build_ext leaves an extension whose C did not change (an edit
+    # to a docstring or a comment) untouched, with its old time, which ``native.stale`` would
+    # then take for a build older than the edit, and run the sources for ever.
+    for path in built():
+        os.utime(path)
     print(f"build_native: {len(MODULES)} modules compiled: {', '.join(MODULES)}")
     return 0
 

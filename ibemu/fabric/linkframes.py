@@ -1,7 +1,7 @@
 """The IB user datapath's frames into the link model and out of it, one loop per batch, compiled.
 
 ``LinkPlane.submit``'s per-frame work (a :class:`~ibemu.physics.model.Frame` from the frame's
-bytes, then ``LivePlane.arrive``) and ``LinkPlane._send``'s (each departure onto its cable:
+bytes, then ``LivePlane.arrive``) and ``LinkPlane._hand_over``'s (each departure onto its cable:
 handed to the next switch in memory, or kept for the veth) as functions of their own, so that
 they are compiled with the model (``ibemu.native``: one mypyc group, so the call into
 ``arrive`` is a C call and the loops run no bytecode); ``LinkPlane`` itself stays interpreted
@@ -38,8 +38,8 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
               local: dict[tuple[str, int], list[bytes]], captured: set[tuple[str, int]],
               carrier: Callable[[str, int], bool], powered: Callable[[str], bool],
               heads: Callable[[str, int], bytes]) -> tuple[list[Departure], int]:
-    """``LinkPlane._send``'s loop: each departure of ``due`` onto a cable between two
-    switches of the plane (``peers``) whose carrier is up at both ends and that no capture
+    """``LinkPlane._hand_over`` (``LiveLinks._hand_over``'s loop for IB): each departure of
+    ``due`` onto a cable between two switches of the plane (``peers``) whose carrier is up at both ends and that no capture
     listens on (``captured``) goes into ``local`` (the peer switch port -> frames, with the
     Ethernet header the veth would carry: ``heads``), or nowhere when its switch is off
     (``powered``); the others come back, for the veth. Also: how many were handed over."""

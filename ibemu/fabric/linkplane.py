@@ -150,20 +150,10 @@ class LinkPlane(LiveLinks):
         finally:
             self._depth -= 1
 
-    def _send(self, due: list[Departure]) -> None:
-        """``LiveLinks._send`` with its loop compiled (``linkframes.hand_over``): an IB frame
-        is handed over as it stands (no ``outgoing`` of its own, unlike a RoCE router's)."""
-        if self._deliver is None or self.tx is None:
-            self._send_veth(due)
-            return
-        rest, handed = hand_over(due, self.peers, self._local, self.captured, self._carrier,  # (compiled)
-                                 self._powered, self._heads)
-        self.sent += handed
-        if rest:
-            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
-                self._held += rest
-            else:
-                self._send_veth(rest)
+    def _hand_over(self, due: list[Departure]) -> tuple[list[Departure], int]:
+        """``LiveLinks._hand_over``, compiled (``linkframes.hand_over``): an IB frame is handed
+        over as it stands (no ``outgoing`` of its own, unlike a RoCE router's)."""
+        return hand_over(due, self.peers, self._local, self.captured, self._carrier, self._powered, self._heads)
 
     def _redecide(self, switch: str, in_port: int, frame: Frame) -> None:
         assert self._decide is not None

@@ -180,19 +180,33 @@ class LiveLinks:
         return meta
 
     def _send(self, due: list[Departure]) -> None:
-        """The frames of ``due`` onto their cables: a frame onto a cable between two switches
-        of the plane whose carrier is up at both ends and that no capture listens on is handed
-        to the other switch in memory, with the Ethernet header the veth would carry; the
-        rest go to the sending thread (:meth:`_send_veth`)."""
+        """The frames of ``due`` onto their cables: those :meth:`_hand_over` takes go to the
+        other switch in memory; the rest to the sending thread (:meth:`_send_veth`), at the
+        end of a drain if one goes on."""
         if self._deliver is None or self.tx is None:
             self._send_veth(due)
             return
+        rest, handed = self._hand_over(due)
+        self.sent += handed
+        if rest:
+            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
+                self._held += rest
+            else:
+                self._send_veth(rest)
+
+    def _hand_over(self, due: list[Departure]) -> tuple[list[Departure], int]:
+        """A frame onto a cable between two switches of the plane whose carrier is up at both
+        ends and that no capture listens on goes into ``_local`` for the other switch, as
+        :meth:`outgoing` makes it, with the Ethernet header the veth would carry; a frame of a
+        switch that is off goes nowhere. Returns the departures left for the veths and how
+        many were handed over. The datapaths run compiled twins of this loop
+        (``fabric.linkframes.hand_over``, ``roce.linkframes.hand_over``)."""
         rest: list[Departure] = []
+        handed = 0
         peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
         # this call's verdict per sending port: (the peer's list, the header); True: the veth;
         # False: dropped (the switch is off)
         ways: dict[tuple[str, int], tuple[list[Any], bytes] | bool] = {}
-        touch = self.outgoing if type(self).outgoing is not LiveLinks.outgoing else None  # (IB: none)
         for d in due:
             end = (d.switch, d.port)
             way = ways.get(end)
@@ -211,22 +225,13 @@ class LiveLinks:
             if way is True:
                 rest.append(d)
             elif way is not False:
-                data = d.frame.meta if touch is None else touch(d)
+                data = self.outgoing(d)
                 if data is None:
                     continue
                 frames, head = way
-                frames.append(head + data[len(head):] if head else self.handed_frame(data))
-                self.sent += 1
-        if rest:
-            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
-                self._held += rest
-            else:
-                self._send_veth(rest)
-
-    def handed_frame(self, data: bytes | bytearray) -> Any:
-        """What the next switch's forwarding gets for a frame handed over without a header of
-        the port's own (IB: ``bytes``, what its compiled forwarder takes)."""
-        return bytes(data)
+                frames.append(head + data[len(head):] if head else bytes(data))
+                handed += 1
+        return rest, handed
 
     def _veth_groups(self, due: list[Departure]) -> dict[tuple[str, int], list[bytes | bytearray]]:
         """What to send of each departure of ``due`` (:meth:`outgoing`), grouped by port."""

@@ -1,7 +1,7 @@
 """The RoCE user datapath's frames into the link model and out of it, one loop per batch, compiled.
 
 ``RoceLinks.submit``'s per-frame work (a :class:`~ibemu.physics.model.Frame` from the frame's
-bytes, then ``LivePlane.arrive``) and ``RoceLinks._send``'s (each departure touched, counted
+bytes, then ``LivePlane.arrive``) and ``RoceLinks._hand_over``'s (each departure touched, counted
 and handed to the next router in memory, or kept for the veth: :func:`hand_over`, with
 :func:`outgoing`'s loss, CE mark and counters inline) as functions of their own, so that they
 are compiled with the model (``ibemu.native``: one mypyc group, so the call into ``arrive`` is
@@ -148,7 +148,7 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
               carrier: Callable[[str, int], bool], powered: Callable[[str], bool],
               counts: Callable[[str, int], list[PrioCounters]], loss: float, rng: random.Random,
               plane: LivePlane) -> tuple[list[Departure], int]:
-    """``RoceLinks._send``'s loop (``LiveLinks._send`` with :func:`outgoing` inline): each
+    """``RoceLinks._hand_over`` (``LiveLinks._hand_over`` with :func:`outgoing` inline): each
     departure of ``due`` onto a cable between two routers of the plane (``peers``) whose
     carrier is up at both ends and that no capture listens on (``captured``) is touched as
     :func:`outgoing` does (its port is up: its carrier was just seen) and goes into ``local``

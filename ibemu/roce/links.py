@@ -133,20 +133,11 @@ class RoceLinks(LiveLinks):
         :meth:`outgoing` makes it, grouped by port (``linkframes.veth_groups``, compiled)."""
         return linkframes.veth_groups(due, self.port_counts, self._down, self._loss, self.rng, self.plane)
 
-    def _send(self, due: list[Departure]) -> None:
-        """``LiveLinks._send`` with its loop and :meth:`outgoing`'s work compiled
+    def _hand_over(self, due: list[Departure]) -> tuple[list[Departure], int]:
+        """``LiveLinks._hand_over`` with :meth:`outgoing`'s work inline, compiled
         (``linkframes.hand_over``)."""
-        if self._deliver is None or self.tx is None:
-            self._send_veth(due)
-            return
-        rest, handed = linkframes.hand_over(due, self.peers, self._local, self.captured, self._carrier,  # (compiled)
-                                 self._powered, self.port_counts, self._loss, self.rng, self.plane)
-        self.sent += handed
-        if rest:
-            if self._draining:  # sent once the drain is done: one hand-over to the sending thread
-                self._held += rest
-            else:
-                self._send_veth(rest)
+        return linkframes.hand_over(due, self.peers, self._local, self.captured, self._carrier, self._powered,
+                                    self.port_counts, self._loss, self.rng, self.plane)
 
     def after_pump(self, now: int) -> None:
         notes = self.plane.take_notes()

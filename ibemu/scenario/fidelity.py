@@ -71,7 +71,7 @@ Every process's ``busy_pct`` is in the block where its records carry one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,17 +96,26 @@ MIN_BUSY_NS = 100_000
 """Below 100 us of emulated busy time the busy ratio is not judged (too few frames)."""
 
 
-def merge(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
-          hi_ns: int | None = None) -> dict[str, LagStats]:
-    """Per process, its ``Kind.LAG`` intervals overlapping [lo_ns, hi_ns] merged into one."""
-    out: dict[str, LagStats] = {}
+def _windowed(records: Iterable[Mapping[str, Any]], kind: Kind, lo_ns: int | None,
+              hi_ns: int | None) -> Iterator[Mapping[str, Any]]:
+    """The ``kind`` records whose interval (``since_ns`` .. ``t_ns``) overlaps [lo_ns, hi_ns]."""
     for r in records:
-        if r.get("kind") != Kind.LAG or not isinstance(r.get("buckets"), Mapping):
+        if r.get("kind") != kind:
             continue
         t, since = r.get("t_ns"), r.get("since_ns", r.get("t_ns"))
         if not (isinstance(t, int) and isinstance(since, int)):
             continue
         if (lo_ns is not None and t < lo_ns) or (hi_ns is not None and since > hi_ns):
+            continue
+        yield r
+
+
+def merge(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
+          hi_ns: int | None = None) -> dict[str, LagStats]:
+    """Per process, its ``Kind.LAG`` intervals overlapping [lo_ns, hi_ns] merged into one."""
+    out: dict[str, LagStats] = {}
+    for r in _windowed(records, Kind.LAG, lo_ns, hi_ns):
+        if not isinstance(r.get("buckets"), Mapping):
             continue
         name = str(r.get("process", "?"))
         part = LagStats.from_buckets(r["buckets"], float(r.get("max_us", 0.0)))
@@ -120,14 +129,9 @@ def merge_busy(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
     (weighted by their real length), in percent; processes whose records carry none are absent."""
     busy: dict[str, float] = {}
     wall: dict[str, float] = {}
-    for r in records:
-        if r.get("kind") != Kind.LAG or not isinstance(r.get("busy"), (int, float)):
-            continue
-        t, since = r.get("t_ns"), r.get("since_ns", r.get("t_ns"))
+    for r in _windowed(records, Kind.LAG, lo_ns, hi_ns):
         w = r.get("wall_s")
-        if not (isinstance(t, int) and isinstance(since, int) and isinstance(w, (int, float)) and w > 0):
-            continue
-        if (lo_ns is not None and t < lo_ns) or (hi_ns is not None and since > hi_ns):
+        if not (isinstance(r.get("busy"), (int, float)) and isinstance(w, (int, float)) and w > 0):
             continue
         name = str(r.get("process", "?"))
         busy[name] = busy.get(name, 0.0) + float(r["busy"]) * float(w)
@@ -164,13 +168,8 @@ def merge_links(records: Iterable[Mapping[str, Any]], lo_ns: int | None = None,
                 hi_ns: int | None = None) -> dict[str, LinkTotals]:
     """Per link, its ``Kind.LINK_FIDELITY`` intervals overlapping [lo_ns, hi_ns] merged."""
     out: dict[str, LinkTotals] = {}
-    for r in records:
-        if r.get("kind") != Kind.LINK_FIDELITY or not isinstance(r.get("buckets"), Mapping):
-            continue
-        t, since = r.get("t_ns"), r.get("since_ns", r.get("t_ns"))
-        if not (isinstance(t, int) and isinstance(since, int)):
-            continue
-        if (lo_ns is not None and t < lo_ns) or (hi_ns is not None and since > hi_ns):
+    for r in _windowed(records, Kind.LINK_FIDELITY, lo_ns, hi_ns):
+        if not isinstance(r.get("buckets"), Mapping):
             continue
         tot = out.setdefault(str(r.get("link", "?")), LinkTotals())
         tot.gbps = float(r.get("gbps", 0.0))

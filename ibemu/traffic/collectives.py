@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -430,7 +430,44 @@ class CollectiveStalled(TransportError):
     rank is."""
 
 
-class CollectiveGroup:
+class RankSet:
+    """Ranks joined by RC QPs, as a collective or a pipeline's stage boundary holds them: what
+    ``stall_bound`` watches (``completions``, ``stall_s``, ``describe``), the retransmissions,
+    and ``close()``, which destroys the QPs. A subclass sets ``kind``, ``rc`` and ``ranks``, and
+    counts the elements it found wrong in ``wrong``."""
+
+    kind: str
+    rc: RcTimers
+    ranks: list[_Rank]
+    wrong: int
+
+    @property
+    def retransmitted(self) -> int:
+        return sum(q.stats.retransmitted for r in self.ranks for q in r.tx.values())
+
+    @property
+    def completions(self) -> int:
+        return sum(r.completions for r in self.ranks)
+
+    @property
+    def stall_s(self) -> float:
+        """How long a collective under way after its flow's stop may go without any rank
+        completing anything (emulated s): twice the time an RC QP of the set takes to give
+        up on a peer that is gone, its local ACK timeout x (retry count + 1) (IBA
+        9.7.6.1.3), and at least 1 s; 5 s where the timeout is infinite (``rc_timeout: 0``)."""
+        ack = ack_timeout_ns(self.rc.timeout)
+        return 5.0 if ack is None else max(1.0, 2 * ack * (self.rc.retry_cnt + 1) / 1e9)
+
+    def describe(self) -> str:
+        return " | ".join(r.describe() for r in self.ranks)
+
+    def close(self) -> None:
+        for r in self.ranks:
+            for qp in (*r.tx.values(), *r.rx.values()):
+                r.port.hca.destroy_qp(qp)
+
+
+class CollectiveGroup(RankSet):
     """The ranks of one collective over ``ports``, connected once, run as often as wanted.
 
     ``await group.run(it)`` is one iteration (fill, run, check): it returns its time in
@@ -496,40 +533,15 @@ class CollectiveGroup:
         self.wrong += _check(self.kind, self.ranks, self.count, expected)
         return seconds
 
-    @property
-    def retransmitted(self) -> int:
-        return sum(q.stats.retransmitted for r in self.ranks for q in r.tx.values())
 
-    @property
-    def completions(self) -> int:
-        return sum(r.completions for r in self.ranks)
-
-    @property
-    def stall_s(self) -> float:
-        """How long a collective under way after its flow's stop may go without any rank
-        completing anything (emulated s): twice the time an RC QP of the group takes to give up on a peer that is gone, its
-        local ACK timeout x (retry count + 1) (IBA 9.7.6.1.3), and at least 1 s; 5 s where
-        the timeout is infinite (``rc_timeout: 0``)."""
-        ack = ack_timeout_ns(self.rc.timeout)
-        return 5.0 if ack is None else max(1.0, 2 * ack * (self.rc.retry_cnt + 1) / 1e9)
-
-    def describe(self) -> str:
-        return " | ".join(r.describe() for r in self.ranks)
-
-    def close(self) -> None:
-        for r in self.ranks:
-            for qp in (*r.tx.values(), *r.rx.values()):
-                r.port.hca.destroy_qp(qp)
-
-
-class PipeLink:
+class PipeLink(RankSet):
     """Two ports joined both ways, for a pipeline's stage boundary: ``send(0, it, slot)`` writes
     ``size`` bytes of microbatch ``slot``'s activations from ``a`` to ``b``, ``send(1, ...)`` its
     gradients back from ``b`` to ``a``, each into the receiver's own slot (``slots`` of them: a
     step's microbatches are all in flight at once without overwriting each other); ``await
     recv(direction, it, slot)`` waits for it at the receiver and checks every element
     (``wrong``). The sender does not wait: a stage computes on while its transfer goes out, as
-    Megatron-LM's non-blocking sends do. Quacks like a ``CollectiveGroup`` for ``stall_bound``."""
+    Megatron-LM's non-blocking sends do."""
 
     kind = "pipeline transfer"
 
@@ -574,45 +586,9 @@ class PipeLink:
         for r in self.ranks:
             r.reap()
 
-    @property
-    def retransmitted(self) -> int:
-        return sum(q.stats.retransmitted for r in self.ranks for q in r.tx.values())
-
-    @property
-    def completions(self) -> int:
-        return sum(r.completions for r in self.ranks)
-
-    @property
-    def stall_s(self) -> float:
-        """As ``CollectiveGroup.stall_s``."""
-        ack = ack_timeout_ns(self.rc.timeout)
-        return 5.0 if ack is None else max(1.0, 2 * ack * (self.rc.retry_cnt + 1) / 1e9)
-
-    def describe(self) -> str:
-        return " | ".join(r.describe() for r in self.ranks)
-
-    def close(self) -> None:
-        for r in self.ranks:
-            for qp in (*r.tx.values(), *r.rx.values()):
-                r.port.hca.destroy_qp(qp)
-
-
-class Watched(Protocol):
-    """What ``stall_bound`` watches: a ``CollectiveGroup`` or a ``PipeLink``."""
-
-    kind: str
-
-    @property
-    def stall_s(self) -> float: ...
-
-    @property
-    def completions(self) -> int: ...
-
-    def describe(self) -> str: ...
-
 
 @asynccontextmanager
-async def stall_bound(groups: Sequence[Watched], stop: trio.Event | None) -> AsyncIterator[None]:
+async def stall_bound(groups: Sequence[RankSet], stop: trio.Event | None) -> AsyncIterator[None]:
     """The body, watched once ``stop`` is set: if no rank of ``groups`` completes anything
     for their longest ``stall_s``, it is cancelled and ``CollectiveStalled`` says where each
     rank is (a QP that retries gives up sooner than that, and errs instead)."""

@@ -411,7 +411,7 @@ async def _parallel_training(f: Flow, plan: training.JobPlan) -> None:
             it += 1
     finally:
         f.drained.set()
-        everything: list[collectives.CollectiveGroup | collectives.PipeLink] = [
+        everything: list[collectives.RankSet] = [
             *(g for st in dp for g in st), *(lk for b in links for lk in b)]
         out.retransmitted = sum(x.retransmitted for x in everything)
         out.packets = sum(out.nbytes) // max(1, mtu)
