@@ -61,8 +61,8 @@ HCAs' frames about as fast as its CPU went, so its throughput figures are that C
 fabric's, whatever its lag said (it wakes its monitor between batches, a few ms late). The
 evidence (``benchmarks/bench_allreduce_physics.py --fabrics ib --sizes 16777216``: a 16-rank
 ring of 16 MiB at 4x NDR, all lags under the bound in every run): at dilation 20,000 the
-worker was busy 86% of the time and the ring reached 67-82% of its analytic bound; at 40,000,
-70% busy and 90%; at 60,000, 91-93%. Under dilation (N > 1, where figures claim to be to
+worker was busy 86% of the time and the ring reached 67-82% of its analytic bound (as the
+benchmark then stated it); at 40,000, 70% busy and 90%; at 60,000, 90-96%. Under dilation (N > 1, where figures claim to be to
 scale) such a run is invalid and the note says which worker and how busy; at dilation 1
 every figure is ibemu's CPU anyway and nothing changes.
 Every process's ``busy_pct`` is in the block where its records carry one.
