@@ -596,7 +596,8 @@ def kernel_sma_fuzz(n: int, rng: random.Random, bound_s: float) -> Result:
     res = Result("kernel SMA (eBPF) vs agent")
     try:
         from ibemu.kernel import bpf, lft_map, sma
-        from ibemu.kernel.dr_relay import egress_key, egress_value
+        from ibemu.kernel.dr_relay import egress_key
+        from ibemu.kernel.sma import egress_value
     except Exception as exc:  # not on Linux with bpf(): say so
         res.extra["skipped"] = 1
         res.first_crash = f"skipped: {exc}"

@@ -31,6 +31,10 @@ On ibsim no SMP crosses a cable: a switch answers within the simulator's one pro
 every SMP crosses the emulated cables and is answered by the switches (their eBPF SMA, or the
 switch agents of this same process), so every ibemu figure includes ibemu's own CPU cost.
 
+``--twin-cpu`` places the twin: on the fabric's CPU (the agent host's: ibemu's default, where
+ibsim runs beside OpenSM too), on OpenSM's own (``IBEMU_MADTWIN_CPU=sm``), or ``both``, in turn
+like ``--twin both``.
+
 ``--twin both`` (the default when ``make native`` built it) runs ibemu's side twice per run,
 with OpenSM's MAD-socket slot served by the C twin (``kernel.madtwin``, the default of a
 fabric) and by the agent host's Python path (``IBEMU_MADTWIN=0``), the order alternating
@@ -38,7 +42,7 @@ between runs; ``on`` / ``off`` run one of them. The twin's counters (SMPs it sen
 timed out, forwarded to the agent host, bad frames) are printed per fabric.
 
 Run: sudo .venv/bin/python benchmarks/bench_opensm_ibsim.py [--k 8] [--cuts 4] [--runs 3]
-     [--engine ftree] [--twin both|on|off] [--json FILE]
+     [--engine ftree] [--twin both|on|off] [--twin-cpu fabric|sm|both] [--json FILE]
 """
 
 from __future__ import annotations
@@ -262,10 +266,13 @@ class LiveFabric(harness.LiveFabric):
 
 
 def run_ibemu(topo: Topology, cuts: list[tuple[str, int]], engine: str, work: Path, side: Side,
-              twin: bool) -> float:
+              mode: Mode) -> float:
     """One fresh live fabric, OpenSM brought up on it, then ``cuts``; returns the fabric's build
-    time in seconds. ``twin``: OpenSM's slot served by the C twin, else by the Python path."""
+    time in seconds. ``mode``: OpenSM's slot served by the C twin (on which CPU), else by the
+    Python path."""
+    twin = mode.twin
     os.environ[madtwin.ENV] = "1" if twin else "0"
+    os.environ[madtwin.CPU_ENV] = mode.twin_cpu
     side.run_starts.append(len(side.cuts))
     t_build = time.monotonic()
     with LiveFabric(topo, engine, work) as fab:
@@ -321,7 +328,32 @@ def per_run_medians(side: Side) -> list[float]:
             for a, b in zip(side.run_starts, ends, strict=True) if b > a]
 
 
-LABELS = {"ibemu": "ibemu, C twin", "ibemu-python": "ibemu, Python path", "ibsim": "ibsim"}
+LABELS = {"ibemu": "ibemu, C twin", "ibemu-twin-sm": "ibemu, C twin on OpenSM's CPU",
+          "ibemu-python": "ibemu, Python path", "ibsim": "ibsim"}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How ibemu's side serves OpenSM's slot: the C twin (on the fabric's CPU or OpenSM's) or
+    the agent host's Python path."""
+    twin: bool
+    twin_cpu: str = "fabric"
+
+    @property
+    def name(self) -> str:
+        if not self.twin:
+            return "ibemu-python"
+        return "ibemu" if self.twin_cpu == "fabric" else "ibemu-twin-sm"
+
+
+def modes_of(twin: str, twin_cpu: str) -> tuple[Mode, ...]:
+    """The variants of ibemu's side ``--twin`` and ``--twin-cpu`` ask for, in the order of the
+    first run (the next runs alternate it)."""
+    places = ("fabric", "sm") if twin_cpu == "both" else (twin_cpu,)
+    out = [Mode(True, cpu) for cpu in places] if twin in ("both", "on") else []
+    if twin in ("both", "off"):
+        out.append(Mode(False))
+    return tuple(out)
 
 
 def report(k: int, engine: str, sides: list[Side], ibsim_side: Side, load: tuple[float, float]) -> dict[str, Any]:
@@ -401,6 +433,9 @@ def main() -> int:
     ap.add_argument("--twin", choices=("both", "on", "off"), default="both" if madtwin.available() else "off",
                     help="ibemu's side with OpenSM's slot on the C twin (on), on the Python path (off), or both "
                          "(default when the twin is built: both)")
+    ap.add_argument("--twin-cpu", choices=("fabric", "sm", "both"), default="fabric",
+                    help="the C twin on the fabric's CPU (the agent host's, ibemu's default, where ibsim runs "
+                         "too), on OpenSM's (IBEMU_MADTWIN_CPU=sm), or both in turn")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--keep", type=Path, help="keep OpenSM's logs and ibsim's output in this (new) directory")
     args = ap.parse_args()
@@ -433,25 +468,26 @@ def main() -> int:
             tmp.mkdir(parents=True, exist_ok=True)
             print(f"k={args.k}: cables {', '.join(f'{n}:{p}' for n, p in cut)}", file=sys.stderr, flush=True)
             ibsim_side = Side("ibsim")
-            modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.twin]
-            sides = {twin: Side("ibemu" if twin else "ibemu-python") for twin in modes}
+            modes = modes_of(args.twin, args.twin_cpu)
+            sides = {mode: Side(mode.name) for mode in modes}
             load0 = os.getloadavg()[0]
             for run in range(args.runs):  # interleaved: every fabric sees the machine's load alike
                 mine = cut[run::args.runs]
                 work = tmp / f"ibsim-{run}"
                 work.mkdir()
                 run_ibsim(topo, mine, args.engine, work, ibsim_side)
-                for twin in (modes if run % 2 == 0 else modes[::-1]):
-                    side = sides[twin]
+                for mode in (modes if run % 2 == 0 else modes[::-1]):
+                    side = sides[mode]
                     work = tmp / f"{side.name}-{run}"
                     work.mkdir()
-                    build_s = run_ibemu(topo, mine, args.engine, work, side, twin)
+                    build_s = run_ibemu(topo, mine, args.engine, work, side, mode)
                     print(f"  run {run + 1}/{args.runs}: bring-up ibsim {ibsim_side.bringup_s[-1]:.3f} s, "
                           f"{LABELS[side.name]} {side.bringup_s[-1]:.3f} s (its fabric built in {build_s:.1f} s), "
                           f"trap -> SUBNET UP median ibsim {per_run_medians(ibsim_side)[-1]:.0f} ms, "
                           f"{LABELS[side.name]} {per_run_medians(side)[-1]:.0f} ms; {len(mine)} "
                           f"cut{'' if len(mine) == 1 else 's'} each", file=sys.stderr, flush=True)
             os.environ.pop(madtwin.ENV, None)
+            os.environ.pop(madtwin.CPU_ENV, None)
             out = report(args.k, args.engine, list(sides.values()), ibsim_side, (load0, os.getloadavg()[0]))
     except KeyboardInterrupt:
         print("interrupted: every process and namespace this run started is gone", file=sys.stderr)

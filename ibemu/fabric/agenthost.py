@@ -79,7 +79,9 @@ from ibemu.kernel.notice import NoticeLog, announce_loss
 from ibemu.kernel.notice import warm as warm_notices
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket, send_holding_gil
 from ibemu.kernel.ring import RxBatcher, TxBatcher
+from ibemu.kernel.sma import FRAME_LEN as SMA_FRAME_LEN
 from ibemu.kernel.sma import KernelSma, SmaLog
+from ibemu.kernel.sma import load as load_kernel_sma
 from ibemu.kernel.tc import KernelLft
 from ibemu.kernel.tc_netlink import BlockFilters
 from ibemu.physics.link import SwitchModel, default_switch_model
@@ -304,12 +306,31 @@ class AgentHost:
             except (OSError, KernelError) as exc:
                 log.warning("%s: interface statistics unavailable: %s", name, exc)
                 return
+            ksma, dev = self.kernel_sma, self._relay_ids.get(name)
             for ifname, st in stats.items():
-                agent.ports[ifnames[ifname]].counters.follow_link(st.tx_bytes, st.rx_bytes,
-                                                                  st.tx_packets, st.rx_packets)
+                port = ifnames[ifname]
+                # and the SMPs the kernel SMA's walks carried across the cable without it
+                vtx, vrx = ksma.walked(dev, port) if ksma is not None and dev is not None else (0, 0)
+                agent.ports[port].counters.follow_link(st.tx_bytes + vtx * SMA_FRAME_LEN,
+                                                       st.rx_bytes + vrx * SMA_FRAME_LEN,
+                                                       st.tx_packets + vtx, st.rx_packets + vrx)
 
         agent.link_counters = refresh
         refresh(list(rt.plan.ports))
+
+    def keep_on_wire(self, name: str, port: int) -> None:
+        """The cable at ``name``'s ``port`` carries every SMP relayed over it as a frame, both
+        ways: the kernel SMA's walks no longer cross it (``KernelSma.keep_on_wire``), so that a
+        capture of it sees what the switches send. Blocking (map updates)."""
+        ksma = self.kernel_sma
+        rt = self.nodes.get(name)
+        if ksma is None or rt is None or port not in rt.plan.ports:
+            return
+        pp = rt.plan.ports[port]
+        for node, p in ((name, port), (pp.peer_node, pp.peer_port)):
+            dev = self._relay_ids.get(node)
+            if dev is not None:
+                ksma.keep_on_wire(dev, p)
 
     def open_dr_relay(self) -> None:
         """Kernel datapath: the device firmware's management hot path in eBPF. First the
@@ -358,7 +379,7 @@ class AgentHost:
         n_switches = sum(1 for _n, rt in nodes if rt.plan.is_switch)
         entries = sum(len(rt.plan.ports) * (8 if rt.plan.is_switch else 12) + 8 for _n, rt in nodes)
         try:
-            sma = KernelSma(lft_slots=n_switches, attr_entries=max(4096, 2 * entries))
+            sma = load_kernel_sma(lft_slots=n_switches, attr_entries=max(4096, 2 * entries))
         except LoadError as exc:  # the verifier refused it: its name and its last words
             log.warning("SMPs are answered by the Python agents only: eBPF program %s rejected (%s)\n%s",
                         exc.name, exc.reason, exc.tail)

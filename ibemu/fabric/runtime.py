@@ -29,7 +29,7 @@ from ibemu.fabric.agenthost import Agent, AgentHost
 from ibemu.fabric.build import BuiltFabric, build, teardown
 from ibemu.fabric.mad_socket import CaMadPort, serve_mad_port
 from ibemu.fabric.plan import FabricPlan, plan_fabric
-from ibemu.kernel import cpus, limits, ownership
+from ibemu.kernel import cpus, limits, madtwin, ownership
 from ibemu.physics.link import SwitchModel
 from ibemu.sm.partitions import SmPartitions
 from ibemu.sm.qos import SmQos
@@ -299,7 +299,7 @@ class FabricRuntime:
                 nursery.start_soon(lagmon.watch_from_env, "agent-host")  # in a run: its lag
                 for name in self._mad_hosts():
                     self.mad_ports[name] = await nursery.start(
-                        functools.partial(serve_mad_port, twin_cpus=self.placement.sm), self.host, name, 1)
+                        functools.partial(serve_mad_port, twin_cpus=madtwin.cpus_for(self.placement)), self.host, name, 1)
                 if self.sm != "none":
                     await self._start_sm()
                 self.state.status = "up"

@@ -35,13 +35,15 @@ import struct
 import subprocess
 from pathlib import Path
 
-from ibemu.kernel import sockfilter
+from ibemu.kernel import cpus, sockfilter
 from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
 
 log = logging.getLogger(__name__)
 
 BINARY = Path(__file__).parent / "c_src" / "madtwin"
 ENV = "IBEMU_MADTWIN"
+CPU_ENV = "IBEMU_MADTWIN_CPU"
+"""``fabric`` (the default) or ``sm``: the CPU the twin runs on (``cpus_for``)."""
 COUNTERS = ("sent", "answered", "timed_out", "bad_frame", "not_pending", "dr_discard",
             "forwarded", "no_carrier", "client_dropped", "send_error", "pending", "rtt_ns", "rtt_max_ns")
 """``struct twin_stats``'s counters, in its order (after magic and pid)."""
@@ -81,6 +83,17 @@ def available() -> bool:
 def enabled() -> bool:
     """Built and not turned off (``IBEMU_MADTWIN=0``)."""
     return os.environ.get(ENV, "1") != "0" and available()
+
+
+def cpus_for(placement: cpus.Placement) -> frozenset[int] | None:
+    """The CPUs the twin runs on: the fabric's (the agent host's), where ibsim runs beside
+    OpenSM too, so that OpenSM's CPU carries OpenSM alone, as a real SM host whose HCA frames and
+    carries its SMPs; ``IBEMU_MADTWIN_CPU=sm`` puts it on OpenSM's CPU, to compare. On OpenSM's
+    CPU the twin's work (its system calls, and the kernel SMA's run that each send triggers)
+    was some 0.8 of OpenSM's own per SMP, which both then shared one CPU for: with the
+    directed-route walks, ``benchmarks/bench_opensm_ibsim.py --twin-cpu both`` (README, issue
+    17) puts the fabric's CPU ahead."""
+    return placement.sm if os.environ.get(CPU_ENV, "fabric") == "sm" else placement.agents
 
 
 def notice_if_missing() -> None:

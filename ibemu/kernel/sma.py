@@ -93,6 +93,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -102,10 +103,10 @@ from ibemu.kernel.dr_relay import (
     CRC16_TABLE,
     CRC32_TABLE,
     egress_key,
-    egress_value,
     port_key,
     port_value,
 )
+from ibemu.kernel.dr_relay import egress_value as dr_egress_value
 from ibemu.kernel.packet import ETH_P_IB
 from ibemu.kernel.tc_netlink import BlockFilters
 from ibemu.wire.madpacket import MAD_OFFSET, reseal
@@ -116,6 +117,11 @@ SRC = os.path.join(os.path.dirname(__file__), "bpf_src", "sma.c")
 LFT_BLOCKS = 768
 LFT_SLOT = LFT_BLOCKS * 64
 PROG_NAME = "ibemu_sma"
+WALK_ENV = "IBEMU_SMA_WALK"
+VCNT_SLOTS = 65536
+"""``sma_vcnt``'s size: ports with a walk slot (slot 0 is none)."""
+FRAME_LEN = 304
+"""A management frame's bytes on a veth (Ethernet header, LRH to VCRC)."""
 
 _DEV = struct.Struct("=IHBB")
 _LOG_REC = struct.Struct("=QIHH")
@@ -155,24 +161,37 @@ def relay_deltas(at: tuple[int, ...] = RELAY_BYTES) -> list[tuple[int, int]]:
     return out
 
 
+def egress_value(ifindex: int, up: bool, peer_mac: bytes, own_mac: bytes, slot: int = 0) -> bytes:
+    """An ``sma_out`` value (frame.h's ``struct out_val``): the DR relay's, and the port's walk
+    slot (0: none)."""
+    return dr_egress_value(ifindex, up, peer_mac, own_mac) + struct.pack("=I", slot)
+
+
+def walk_enabled() -> bool:
+    """Directed-route walks unless ``IBEMU_SMA_WALK=0`` (to compare, or to see every relayed SMP
+    on every cable)."""
+    return os.environ.get(WALK_ENV, "1") != "0"
+
+
 def _cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "ibemu", "bpf")
 
 
-def clang_argv(src: str, out: str) -> list[str]:
+def clang_argv(src: str, out: str, defines: tuple[str, ...] = ()) -> list[str]:
     clang = shutil.which("clang") or "clang"
     multiarch = f"/usr/include/{os.uname().machine}-linux-gnu"
     return [clang, "-O2", "-g0", "-target", "bpf", "-I/usr/include", f"-I{multiarch}", "-Wall",
-            "-c", src, "-o", out]
+            *(f"-D{d}" for d in defines), "-c", src, "-o", out]
 
 
-def object_path(src: str = SRC) -> tuple[str | None, str]:
+def object_path(src: str = SRC, defines: tuple[str, ...] = ()) -> tuple[str | None, str]:
     """The compiled object for ``src`` (built next to it by ``make bpf``, else in the user's
-    cache, compiled there on first use): (path or None, why not)."""
+    cache, compiled there on first use; with ``defines``, always the cache's): (path or None,
+    why not)."""
     inputs = [src, *sorted(glob.glob(os.path.join(os.path.dirname(src), "*.h")))]  # and what it includes
     try:
-        h = hashlib.sha256()
+        h = hashlib.sha256(" ".join(defines).encode())
         for path in inputs:
             with open(path, "rb") as f:
                 h.update(f.read())
@@ -181,7 +200,7 @@ def object_path(src: str = SRC) -> tuple[str | None, str]:
     except OSError as exc:
         return None, f"no source {src}: {exc}"
     beside = os.path.splitext(src)[0] + ".o"
-    if os.path.exists(beside) and os.path.getmtime(beside) >= newest:
+    if not defines and os.path.exists(beside) and os.path.getmtime(beside) >= newest:
         return beside, ""
     cached = os.path.join(_cache_dir(), f"{os.path.basename(src)[:-2]}-{digest}.o")
     if os.path.exists(cached):
@@ -190,11 +209,28 @@ def object_path(src: str = SRC) -> tuple[str | None, str]:
         return None, "clang is not installed (scripts/setup.sh installs it)"
     os.makedirs(os.path.dirname(cached), exist_ok=True)
     tmp = f"{cached}.{os.getpid()}.tmp"
-    proc = subprocess.run(clang_argv(src, tmp), capture_output=True, text=True, check=False)
+    proc = subprocess.run(clang_argv(src, tmp, defines), capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         return None, f"clang failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}"
     os.replace(tmp, cached)
     return cached, ""
+
+
+def load(*, lft_slots: int, attr_entries: int = 131072) -> KernelSma:
+    """The kernel SMA, with directed-route walks unless ``IBEMU_SMA_WALK=0``. Where the
+    verifier refuses the program with walks (its bounded loops need a kernel from 5.3), one line
+    says so and the program without them (``-DNO_WALK``) is loaded: SMPs then cross every cable.
+    Raises what ``KernelSma`` raises when neither loads."""
+    if walk_enabled():
+        try:
+            return KernelSma(lft_slots=lft_slots, attr_entries=attr_entries, walk=True)
+        except elf.LoadError as exc:
+            log.warning("directed-route SMPs are relayed hop by hop (no walks): eBPF program %s rejected (%s)\n%s",
+                        exc.name, exc.reason, exc.tail)
+    path, why = object_path(SRC, ("NO_WALK",))
+    if path is None:
+        raise KernelError(why)
+    return KernelSma(lft_slots=lft_slots, attr_entries=attr_entries, obj_path=path, walk=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +268,9 @@ class KernelSma:
     switches keep their raw LFT in ``sma_lft``."""
 
     def __init__(self, *, lft_slots: int, attr_entries: int = 131072, obj_path: str | None = None,
-                 notices: bool = True) -> None:
+                 notices: bool = True, walk: bool | None = None) -> None:
+        self.walk = walk_enabled() if walk is None else walk
+        """Directed-route walks (the module docstring): every port added gets a walk slot."""
         path = obj_path
         if path is None:
             path, why = object_path()
@@ -282,6 +320,11 @@ class KernelSma:
         self._in: dict[tuple[int, int], tuple[bytes, int]] = {}
         self._outs: dict[tuple[int, int], tuple[int, bytes, bytes]] = {}
         self._enabled: dict[int, bool] = {}
+        self._slots: dict[tuple[int, int], int] = {}
+        self._up: dict[tuple[int, int], bool] = {}
+        self._wire: set[tuple[int, int]] = set()
+        self._out_lock = threading.Lock()  # the carrier thread and a capture's both write sma_out
+        self.vcnt = m["sma_vcnt"]
 
     def _load_notices(self, m: Mapping[str, bpf.Map]) -> None:
         """The fault notice programs (``kernel.notice``), sharing the SMA's maps, into
@@ -389,14 +432,41 @@ class KernelSma:
         self._in[(dev, port)] = (port_key(mac), ifindex)
         self._outs[(dev, port)] = (ifindex, peer_mac, mac)
         self._enabled.setdefault(dev, enabled)
+        if self.walk and (dev, port) not in self._slots and len(self._slots) < VCNT_SLOTS - 1:
+            self._slots[(dev, port)] = len(self._slots) + 1
         self.ports.update(port_key(mac), port_value(ifindex, dev, port, self._enabled[dev]))
-        self.out.update(egress_key(dev, port), egress_value(ifindex, up, peer_mac, mac))
+        with self._out_lock:
+            self._up[(dev, port)] = up
+            self._write_out(dev, port)
+
+    def _write_out(self, dev: int, port: int) -> None:
+        ifindex, peer_mac, mac = self._outs[(dev, port)]
+        slot = 0 if (dev, port) in self._wire else self._slots.get((dev, port), 0)
+        self.out.update(egress_key(dev, port), egress_value(ifindex, self._up[(dev, port)], peer_mac, mac, slot))
 
     def set_carrier(self, dev: int, port: int, up: bool) -> None:
-        out = self._outs.get((dev, port))
-        if out is not None:
-            ifindex, peer_mac, mac = out
-            self.out.update(egress_key(dev, port), egress_value(ifindex, up, peer_mac, mac))
+        with self._out_lock:
+            if (dev, port) in self._outs:
+                self._up[(dev, port)] = up
+                self._write_out(dev, port)
+
+    def keep_on_wire(self, dev: int, port: int) -> None:
+        """No walk crosses this port's cable from now on: every SMP relayed over it crosses it
+        as a frame (a capture of the cable sees it). Its far end must be kept so too."""
+        with self._out_lock:
+            self._wire.add((dev, port))
+            if (dev, port) in self._outs:
+                self._write_out(dev, port)
+
+    def walked(self, dev: int, port: int) -> tuple[int, int]:
+        """(frames sent, frames received) that walks moved across this port's cable without the
+        cable (each ``FRAME_LEN`` bytes on the wire, Ethernet header included), since it was
+        added: what its interface's own statistics lack."""
+        slot = self._slots.get((dev, port))
+        if not slot:
+            return 0, 0
+        raw = self.vcnt.lookup(struct.pack("=I", slot))
+        return struct.unpack("=QQ", raw) if raw is not None else (0, 0)
 
     def set_enabled(self, dev: int, enabled: bool) -> None:
         """Answer and relay this node's SMPs in the kernel (True) or hand them all to its agent."""

@@ -471,6 +471,8 @@ class ScenarioRun:
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         plan = self.rt.plan.nodes[node]
         path = self.out_dir / f"capture-{node}-{port}.pcap"
+        if isinstance(self.rt, FabricRuntime) and self.rt.host is not None:
+            self.rt.host.keep_on_wire(node, port)  # every SMP relayed over it crosses it as a frame
         self.capture_files.append(str(path))
         b = self.capture_bounds
         # a RoCE fabric's cables carry Ethernet frames (RoCEv2 in IPv4/UDP): kept whole, not

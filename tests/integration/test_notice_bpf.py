@@ -34,7 +34,8 @@ pytestmark = pytest.mark.root
 
 bpf = pytest.importorskip("ibemu.kernel.bpf")
 from ibemu.kernel import lft_map, notice, sma  # noqa: E402
-from ibemu.kernel.dr_relay import egress_key, egress_value  # noqa: E402
+from ibemu.kernel.dr_relay import egress_key  # noqa: E402
+from ibemu.kernel.sma import egress_value  # noqa: E402
 from tests.integration.test_sma_bpf import load_kernel_sma  # noqa: E402
 
 NUM_PORTS = 8

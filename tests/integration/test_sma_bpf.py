@@ -29,7 +29,8 @@ pytestmark = pytest.mark.root
 
 bpf = pytest.importorskip("ibemu.kernel.bpf")
 from ibemu.kernel import lft_map, sma  # noqa: E402
-from ibemu.kernel.dr_relay import egress_key, egress_value  # noqa: E402
+from ibemu.kernel.dr_relay import egress_key  # noqa: E402
+from ibemu.kernel.sma import egress_value  # noqa: E402
 
 NUM_PORTS = 8
 UP = (1, 2, 3, 4, 5, 6)  # ports 7 and 8 have no link

@@ -120,7 +120,7 @@ def test_parse_the_sma_object() -> None:
         obj = elf.parse(f.read())
     assert obj.name == "ibemu_sma" and obj.license == "GPL"
     assert set(obj.maps) == {"sma_ports", "sma_out", "sma_dev", "sma_attr", "sma_crc", "sma_lft", "sma_fwd",
-                            "sma_log", "sma_tail", "sma_rdelta"}
+                            "sma_log", "sma_tail", "sma_rdelta", "sma_vcnt", "sma_scratch"}
     assert {sym for _i, sym in obj.relocations} == set(obj.maps)
     for i, _sym in obj.relocations:
         assert obj.insns[i * 8] == elf.BPF_LD_IMM64

@@ -13,6 +13,13 @@ struct ibemu_map {
 	__u32 type, key_size, value_size, max_entries, flags;
 };
 
+/* sma_out: dev << 8 | port -> the port's interface and cable (ibemu/kernel/sma.py) */
+struct out_val {
+	__u32 ifindex, up;	/* its interface, in its node's namespace; carrier */
+	__u8 peer[6], own[6];	/* the MACs of the cable's far and near end */
+	__u32 slot;		/* its sma_vcnt index; 0: no SMP walks across its cable (sma.c) */
+};
+
 #define ETH 14
 #define LRH ETH
 #define BTH (ETH + 8)

@@ -42,10 +42,6 @@
 #define MAX_PORT 63
 #define PASS TC_ACT_UNSPEC
 
-struct out_val {
-	__u32 ifindex, up;
-	__u8 peer[6], own[6];
-};
 struct dev_val {
 	__u32 lft_base;
 	__u16 lft_blocks;

@@ -18,10 +18,6 @@
 #define IP1_AT (MAD + 129)
 #define MAX_PORT 63
 
-struct out_val {
-	__u32 ifindex, up;
-	__u8 peer[6], own[6];
-};
 struct delta {
 	__u32 icrc, vcrc;
 };

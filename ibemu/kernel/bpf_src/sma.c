@@ -49,10 +49,6 @@
 struct port_val {	/* sma_ports: receiving port's MAC -> */
 	__u32 ifindex, dev, port, flags;
 };
-struct out_val {	/* sma_out: dev << 8 | port -> */
-	__u32 ifindex, up;
-	__u8 peer[6], own[6];
-};
 struct dev_val {	/* sma_dev: dev -> */
 	__u32 lft_base;		/* first sma_lft index of the switch's raw LFT */
 	__u16 lft_blocks;	/* 0: LFT Get/Set stay with the agent */
@@ -69,6 +65,14 @@ struct ibemu_map sma_ports SEC("maps") = { BPF_MAP_TYPE_HASH, 8, sizeof(struct p
 struct ibemu_map sma_out SEC("maps") = { BPF_MAP_TYPE_HASH, 4, sizeof(struct out_val), 65536, 0 };
 struct ibemu_map sma_dev SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct dev_val), 16384, 0 };
 struct ibemu_map sma_attr SEC("maps") = { BPF_MAP_TYPE_HASH, sizeof(struct attr_key), 64, 131072, 0 };
+/* The frames a walk (below) moved across a port's cable without the cable: sma_out's slot ->
+ * frames sent, frames received (each FRAME_LEN bytes), added to the interface's own totals by
+ * the agent host (PortCounters.follow_link). */
+struct vcnt {
+	__u64 tx, rx;
+};
+#define VCNT_SLOTS 65536
+struct ibemu_map sma_vcnt SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct vcnt), VCNT_SLOTS, 0 };
 struct ibemu_map sma_crc SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 16384, 1, 0 };
 /* What a relay's change of one byte does to the CRCs (ibemu/kernel/sma.py, relay_deltas):
  * key RD_SLOTS-slot << 8 | old ^ new -> (ICRC, VCRC) to XOR in, the VCRC's part taking in
@@ -83,6 +87,14 @@ struct delta {
 struct ibemu_map sma_rdelta SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct delta), RD_SLOTS << 8, 0 };
 /* Raw LFT blocks of every switch (what LinearForwardingTable Get returns), mmapped by the
  * Python agents as their Lft's storage. The loader sizes it. */
+#define WALK_MAX 8
+/* Per CPU, off the 512-byte stack: an LFT Set's old block and the block the forwarding map
+ * takes; a walk's cable ends (their sma_vcnt slots, two a hop). */
+struct lft_scratch {
+	struct lft_block prev, eff;
+	__u32 slots[2 * WALK_MAX];
+};
+struct ibemu_map sma_scratch SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, sizeof(struct lft_scratch), 1, 0 };
 struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_MAX, BPF_F_MMAPABLE };
 /* dev -> the switch's forwarding map (ibemu_lft, ibemu/kernel/lft_map.py). The loader
  * creates it (a map of maps needs its inner map's shape). */
@@ -205,6 +217,216 @@ static __always_inline __u32 lft_route(__u32 dev, struct dev_val *dv, __u32 lid)
 static __always_inline int owns_lid(__u32 lid, __u32 lmc, __u32 dlid)
 {
 	return lid != 0 && (dlid >> lmc) == (lid >> lmc);
+}
+
+/* An SMP this SMA answers in the kernel (the agent decides everything else): a Get, or a Set of
+ * LinearForwardingTable, of class version 1, that passes the M_Key check without a decision: a
+ * key the SMP does not carry, or a lease countdown, and the agent decides (it answers, hides the
+ * key, or drops and counts: ibemu/agents/port.py). */
+static __always_inline int answerable(const __u8 *p, struct dev_val *dv, __u32 dev, __u32 ingress)
+{
+	__u32 method = p[MAD + 3];
+	__u8 *g;
+
+	if ((method != 1 && method != 2) || p[MAD] != 1 || p[MAD + 2] != 1)
+		return 0;
+	g = image(dev, ATTR_MKEY_GUARD, dv->is_switch ? 0 : ingress);
+	if (g) {
+		__u64 have, sent;
+
+		__builtin_memcpy(&have, g, 8);
+		__builtin_memcpy(&sent, p + MAD + 24, 8);
+		if (g[9] || (have && have != sent))
+			return 0;
+	}
+	return method == 1 || be16(p + MAD + 16) == ATTR_LFT;
+}
+
+/* The attribute's 64 data bytes as dev's SMA answers an answerable SMP arriving on ingress (an
+ * LFT Set applied first: the switch's raw block, its forwarding map, the log), or 0: the agent
+ * takes it. *patch = 28: LocalPortNum is to be the ingress port. */
+static __always_inline __u8 *attr_image(__u8 *p, struct dev_val *dv, __u32 dev, __u32 ingress, int *patch)
+{
+	__u32 method = p[MAD + 3], attr = be16(p + MAD + 16), mod = be32(p + MAD + 20), key;
+
+	switch (attr) {
+	case ATTR_NODE_DESC:
+	case ATTR_SWITCH_INFO:
+		return image(dev, attr, 0);
+	case ATTR_NODE_INFO:
+		return image(dev, attr, ingress);
+	case ATTR_PORT_INFO:
+		key = mod & 0x7fffffff;
+		if (key > 0xff)
+			return 0;
+		if (!dv->is_switch && key == 0)
+			key = ingress;
+		*patch = 28;	/* LocalPortNum */
+		return image(dev, attr, key);
+	case ATTR_PKEY_TABLE:
+		key = dv->is_switch ? mod : (ingress << 16) | (mod & 0xffff);
+		return image(dev, attr, key);
+	case ATTR_LFT: {
+		__u32 idx, top, i, changed, zero = 0;
+		struct lft_block *raw;
+		struct lft_scratch *sc;
+		__u8 *si;
+		void *fwd;
+
+		if (dv->lft_blocks == 0 || mod >= dv->lft_blocks || mod >= LFT_BLOCKS_MAX)
+			return 0;
+		idx = dv->lft_base + mod;
+		raw = bpf_map_lookup_elem(&sma_lft, &idx);
+		if (!raw)
+			return 0;
+#ifdef NO_LFTSET
+		if (method == 2)
+			return 0;
+#endif
+		if (method == 2) {
+			si = image(dev, ATTR_SWITCH_INFO, 0);
+			fwd = bpf_map_lookup_elem(&sma_fwd, &dev);
+			sc = bpf_map_lookup_elem(&sma_scratch, &zero);
+			if (!si || !fwd || !sc)
+				return 0;
+			top = be16(si + 6);
+			sc->prev = *raw;
+			__builtin_memcpy(raw->b, p + DATA, 64);
+			changed = 0;
+			/* what the forwarding plane takes: entries up to LinearFDBTop */
+#pragma clang loop unroll(disable)
+			for (i = 0; i < 64; i++) {
+				/* branch-free (a branch per entry would multiply the
+				 * verifier's states): keep v if 0 < lid <= top, v != 0xFF */
+				__s64 l = (__s64)((mod << 6) + i);
+				__u64 v = raw->b[i];
+				__u64 keep = (__u64)(~(((__s64)top - l) | (l - 1)) >> 63) & 1;
+				__u64 routed = ((v ^ 0xff) + 0xff) >> 8;
+
+				sc->eff.b[i] = v & (0 - (keep & routed));
+				/* what the agent's Lft.set_block returns: raw entries that
+				 * differ, 0 < lid <= LinearFDBTop */
+				changed += keep & ((((__u64)(sc->prev.b[i] ^ v)) + 0xff) >> 8);
+			}
+			if (bpf_map_update_elem(fwd, &mod, &sc->eff, BPF_ANY))
+				return 0;	/* not reached: an array's update of a valid index */
+			if (changed) {
+				struct lft_rec rec = { bpf_ktime_get_ns(), dev, mod, changed };
+
+				bpf_ringbuf_output(&sma_log, &rec, sizeof(rec), 0);
+			}
+		}
+		return raw->b;
+	}
+	}
+	return 0;
+}
+
+/* A directed-route walk: an outward SMP relayed here (hop hp of n, out on the checked port o)
+ * is carried to its last hop and its answer back here within this one run, across the cables
+ * between (each with a walk slot: both ends' SMAs in the kernel, nothing else on them), as the
+ * SMAs of every hop would have relayed and answered it: ReturnPath[hp..n] the ingress ports,
+ * HopPointer hp again, both LIDs permissive, D=1, the target's attribute (an LFT Set applied),
+ * the CRCs recomputed; each cable crossed twice counted on both its ends (sma_vcnt). Anything
+ * a hop's program would have handed up (a port or link down, a disabled node, a switch that
+ * is not one, an attribute or M_Key decision for the agent, more than WALK_MAX hops) and the
+ * walk returns -1 before it has changed anything: the frame is relayed here one hop, as
+ * without the walk. */
+static __always_inline long walk(struct __sk_buff *skb, __u8 *p, void *end, const __u32 *t, __u32 dev,
+				 __u32 ingress, struct out_val *o, __u32 hp, __u32 n)
+{
+	struct out_val *back, *ob;
+	struct port_val *pn;
+	struct dev_val *cdv = 0;
+	struct lft_scratch *sc;
+	struct vcnt *vc;
+	__u32 cdev = 0, cin = 0, e, i, c, zero = 0, hops = n - hp;
+	__u64 rp = 0, mac;	/* the ingress ports of hops hp + 1 .. n, a byte each */
+	__u8 *img;
+	int patch = -1;
+
+	if (hops > WALK_MAX)
+		return -1;
+	back = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (ingress & 0xff) });
+	sc = bpf_map_lookup_elem(&sma_scratch, &zero);
+	if (!back || !back->up || !sc)
+		return -1;
+#pragma clang loop unroll(disable)	/* a bounded loop (kernels from 5.3) */
+	for (i = 0; i < WALK_MAX; i++) {
+		/* across o's cable to the port it faces: that port's SMA would take it */
+		mac = 0;
+		__builtin_memcpy(&mac, o->peer, 6);
+		pn = bpf_map_lookup_elem(&sma_ports, &mac);
+		if (!pn || !(pn->flags & FLAG_ENABLED))
+			return -1;
+		cdev = pn->dev;
+		cin = pn->port;
+		cdv = bpf_map_lookup_elem(&sma_dev, &cdev);
+		if (!cdv || cin == 0 || cin > cdv->num_ports || !port_link_up(cdev, cin))
+			return -1;
+		ob = bpf_map_lookup_elem(&sma_out, &(__u32){ (cdev << 8) | (cin & 0xff) });
+		if (!ob || !ob->up || !ob->slot)	/* the answer comes back this way */
+			return -1;
+		sc->slots[(2 * i) & (2 * WALK_MAX - 1)] = o->slot;
+		sc->slots[(2 * i + 1) & (2 * WALK_MAX - 1)] = ob->slot;
+		rp |= (__u64)(cin & 0xff) << (8 * i);
+		if (i + 1 >= hops)
+			break;
+		/* an intermediate hop: a switch relays it out on InitialPath[hp + i + 2] */
+		if (!cdv->is_switch)
+			return -1;
+		e = byte_at(p, end, INITIAL_PATH + ((hp + i + 2) & 63));
+		if (e == 0 || e > cdv->num_ports || !port_link_up(cdev, e))
+			return -1;
+		o = bpf_map_lookup_elem(&sma_out, &(__u32){ (cdev << 8) | (e & 0xff) });
+		if (!o || !o->up || !o->slot)
+			return -1;
+	}
+	/* the last hop's SMA: DrDLID permissive, an SMP it answers */
+	if (!cdv || be16(p + MAD + 34) != 0xffff || !answerable(p, cdv, cdev, cin))
+		return -1;
+	img = attr_image(p, cdv, cdev, cin, &patch);
+	if (!img)
+		return -1;
+	__builtin_memcpy(p + DATA, img, 64);
+	if (patch == 28)
+		p[DATA + 28] = cin;
+	p[MAD + 3] = 0x81;	/* GetResp */
+	p[MAD + 4] = 0x80;	/* D, status 0 */
+	p[MAD + 5] = 0;
+	p[MAD + 6] = hp;
+	set_byte_at(p, end, RETURN_PATH + (hp & 63), ingress);
+#pragma clang loop unroll(disable)
+	for (i = 0; i < WALK_MAX; i++) {
+		if (i >= hops)
+			break;
+		set_byte_at(p, end, RETURN_PATH + ((hp + 1 + i) & 63), rp >> (8 * i));
+	}
+	p[LRH + 6] = 0xff;
+	p[LRH + 7] = 0xff;
+	c = icrc(p, end, t);
+	p[ICRC_AT] = c;
+	p[ICRC_AT + 1] = c >> 8;
+	p[ICRC_AT + 2] = c >> 16;
+	p[ICRC_AT + 3] = c >> 24;
+	c = vcrc(p, end, t);
+	p[VCRC_AT] = c;
+	p[VCRC_AT + 1] = c >> 8;
+#pragma clang loop unroll(disable)
+	for (i = 0; i < 2 * WALK_MAX; i++) {
+		if (i >= 2 * hops)
+			break;
+		c = sc->slots[i & (2 * WALK_MAX - 1)];
+		vc = bpf_map_lookup_elem(&sma_vcnt, &c);
+		if (vc) {
+			__sync_fetch_and_add(&vc->tx, 1);
+			__sync_fetch_and_add(&vc->rx, 1);
+		}
+	}
+	__builtin_memcpy(p, back->peer, 6);
+	__builtin_memcpy(p + 6, back->own, 6);
+	skb->cb[0] = back->ifindex;
+	return bpf_redirect(back->ifindex, 0);
 }
 
 SEC("tc")
@@ -343,109 +565,24 @@ int ibemu_sma(struct __sk_buff *skb)
 	/* the strict receive check: a frame that fails goes to the agent, which counts it */
 	if (!answer && !crc_ok(p, end, t))
 		return PASS;
+#ifndef NO_WALK
+	if (!answer && rp_at >= 0 && out->slot) {	/* an outward relay: walk it if it can */
+		long w = walk(skb, p, end, t, dev, ingress, out, hp, n);
+
+		if (w >= 0)
+			return w;
+	}
+#endif
 
 	if (answer) {
-		__u32 method = p[MAD + 3], attr, mod, key;
-		__u8 *img = 0;
+		__u8 *img;
 		int patch = -1;
 
-		if ((method != 1 && method != 2) || p[MAD] != 1 || p[MAD + 2] != 1)
-			return PASS;
-		/* M_Key: a key the SMP does not carry, or a lease countdown, and the agent decides
-		 * (it answers, hides the key, or drops and counts: ibemu/agents/port.py) */
-		{
-			__u8 *g = image(dev, ATTR_MKEY_GUARD, dv->is_switch ? 0 : ingress);
-			__u64 have, sent;
-
-			if (g) {
-				__builtin_memcpy(&have, g, 8);
-				__builtin_memcpy(&sent, p + MAD + 24, 8);
-				if (g[9] || (have && have != sent))
-					return PASS;
-			}
-		}
-		attr = be16(p + MAD + 16);
-		mod = be32(p + MAD + 20);
-		if (method == 2 && attr != ATTR_LFT)
+		if (!answerable(p, dv, dev, ingress))
 			return PASS;
 		if (!crc_ok(p, end, t))	/* before an LFT Set writes anything */
 			return PASS;
-		switch (attr) {
-		case ATTR_NODE_DESC:
-			img = image(dev, attr, 0);
-			break;
-		case ATTR_NODE_INFO:
-			img = image(dev, attr, ingress);
-			break;
-		case ATTR_SWITCH_INFO:
-			img = image(dev, attr, 0);
-			break;
-		case ATTR_PORT_INFO:
-			key = mod & 0x7fffffff;
-			if (key > 0xff)
-				return PASS;
-			if (!dv->is_switch && key == 0)
-				key = ingress;
-			img = image(dev, attr, key);
-			patch = 28;	/* LocalPortNum */
-			break;
-		case ATTR_PKEY_TABLE:
-			key = dv->is_switch ? mod : (ingress << 16) | (mod & 0xffff);
-			img = image(dev, attr, key);
-			break;
-		case ATTR_LFT: {
-			__u32 idx, top, i, changed;
-			struct lft_block *raw, prev, eff;
-			__u8 *si;
-			void *fwd;
-
-			if (dv->lft_blocks == 0 || mod >= dv->lft_blocks || mod >= LFT_BLOCKS_MAX)
-				return PASS;
-			idx = dv->lft_base + mod;
-			raw = bpf_map_lookup_elem(&sma_lft, &idx);
-			if (!raw)
-				return PASS;
-#ifdef NO_LFTSET
-			if (method == 2) return PASS;
-#endif
-			if (method == 2) {
-				si = image(dev, ATTR_SWITCH_INFO, 0);
-				fwd = bpf_map_lookup_elem(&sma_fwd, &dev);
-				if (!si || !fwd)
-					return PASS;
-				top = be16(si + 6);
-				prev = *raw;
-				__builtin_memcpy(raw->b, p + DATA, 64);
-				changed = 0;
-				/* what the forwarding plane takes: entries up to LinearFDBTop */
-#pragma clang loop unroll(disable)
-				for (i = 0; i < 64; i++) {
-					/* branch-free (a branch per entry would multiply the
-					 * verifier's states): keep v if 0 < lid <= top, v != 0xFF */
-					__s64 l = (__s64)((mod << 6) + i);
-					__u64 v = raw->b[i];
-					__u64 keep = (__u64)(~(((__s64)top - l) | (l - 1)) >> 63) & 1;
-					__u64 routed = ((v ^ 0xff) + 0xff) >> 8;
-
-					eff.b[i] = v & (0 - (keep & routed));
-					/* what the agent's Lft.set_block returns: raw entries that
-					 * differ, 0 < lid <= LinearFDBTop */
-					changed += keep & ((((__u64)(prev.b[i] ^ v)) + 0xff) >> 8);
-				}
-				if (bpf_map_update_elem(fwd, &mod, &eff, BPF_ANY))
-					return PASS;	/* not reached: an array's update of a valid index */
-				if (changed) {
-					struct lft_rec rec = { bpf_ktime_get_ns(), dev, mod, changed };
-
-					bpf_ringbuf_output(&sma_log, &rec, sizeof(rec), 0);
-				}
-			}
-			img = raw->b;
-			break;
-		}
-		default:
-			return PASS;
-		}
+		img = attr_image(p, dv, dev, ingress, &patch);
 		if (!img)
 			return PASS;
 		if (route_later) {

@@ -132,29 +132,47 @@ struct twin_stats {
 
 /* ------------------------------------------------------------------------- CRCs */
 
-static uint32_t crc32_table[256];
-static uint16_t vcrc_table[256];
+/* Both CRCs are reflected, so each is computed eight bytes a step from eight tables (slicing
+ * by 8: table k gives a byte's effect k bytes further on), some five times faster than a byte
+ * a step; the twin runs four passes per SMP. */
+static uint32_t crc32_tab[8][256];
+static uint32_t vcrc_tab[8][256];
 
 static void crc_init(void)
 {
 	for (uint32_t i = 0; i < 256; i++) {
 		uint32_t c = i; /* CRC-32 (zlib's): reflected, poly 0x04C11DB7 */
-		uint16_t v = i; /* VCRC: CRC-16, poly 0x100B, reflected */
+		uint32_t v = i; /* VCRC: CRC-16, poly 0x100B, reflected */
 		for (int k = 0; k < 8; k++) {
 			c = c & 1 ? (c >> 1) ^ 0xEDB88320u : c >> 1;
 			v = v & 1 ? (v >> 1) ^ 0xD008u : v >> 1;
 		}
-		crc32_table[i] = c;
-		vcrc_table[i] = v;
+		crc32_tab[0][i] = c;
+		vcrc_tab[0][i] = v;
 	}
+	for (int k = 1; k < 8; k++)
+		for (uint32_t i = 0; i < 256; i++) {
+			crc32_tab[k][i] = (crc32_tab[k - 1][i] >> 8) ^ crc32_tab[0][crc32_tab[k - 1][i] & 0xFF];
+			vcrc_tab[k][i] = (vcrc_tab[k - 1][i] >> 8) ^ vcrc_tab[0][vcrc_tab[k - 1][i] & 0xFF];
+		}
 }
 
-static uint32_t crc32_more(uint32_t crc, const uint8_t *p, size_t n)
+static uint32_t le32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* One reflected CRC of up to 32 bits (its tables ``t``) over ``n`` more bytes. */
+static uint32_t crc_more(uint32_t (*t)[256], uint32_t crc, const uint8_t *p, size_t n)
 {
+	for (; n >= 8; p += 8, n -= 8) {
+		uint32_t a = crc ^ le32(p), b = le32(p + 4);
+		crc = t[7][a & 0xFF] ^ t[6][(a >> 8) & 0xFF] ^ t[5][(a >> 16) & 0xFF] ^ t[4][a >> 24] ^
+		      t[3][b & 0xFF] ^ t[2][(b >> 8) & 0xFF] ^ t[1][(b >> 16) & 0xFF] ^ t[0][b >> 24];
+	}
 	while (n--)
-		crc = crc32_table[(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+		crc = t[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
 	return crc;
 }
+
+static uint32_t crc32_more(uint32_t crc, const uint8_t *p, size_t n) { return crc_more(crc32_tab, crc, p, n); }
 
 /* ICRC of a 290-byte native packet without GRH: the VL nibble and BTH byte 4 (resv8a) count
  * as ones (ib-wire.md "CRCs"). */
@@ -171,10 +189,7 @@ static uint32_t icrc(const uint8_t *pkt)
 /* VCRC over LRH .. ICRC (init and xorout 0xFFFF). */
 static uint16_t vcrc(const uint8_t *pkt)
 {
-	uint16_t crc = 0xFFFF;
-	for (int i = 0; i < VCRC_AT; i++)
-		crc = vcrc_table[(crc ^ pkt[i]) & 0xFF] ^ (crc >> 8);
-	return crc ^ 0xFFFF;
+	return crc_more(vcrc_tab, 0xFFFF, pkt, VCRC_AT) ^ 0xFFFF;
 }
 
 static void seal(uint8_t *pkt) /* both written least-significant byte first */
