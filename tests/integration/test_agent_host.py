@@ -222,6 +222,69 @@ def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_
     assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)
 
 
+def test_walked_smps_count_on_every_cable_they_cross(state_dir: Path, tmp_path: Path) -> None:
+    """DR NodeInfos through 3 switches, walked by the kernel SMA (no frame crosses the cables
+    beyond the first switch): each cable end they would have crossed counts them, sent and
+    received, in its PortCounters as in the walks' own counts; with the cable kept on the wire
+    (a capture of it), they cross it as frames and its interface counts them."""
+    from ibemu.fabric.agents import make_agents
+    from ibemu.hca.umad_client import UmadClient
+    from ibemu.wire import madcodec as mb
+    from ibemu.wire.umad import SimRequest
+
+    n = 20
+    topo = generate("fat-tree", k=4)
+    state = ownership.RunState(ownership.new_run_id(), scenario="pytest-sma-walk")
+    rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path)
+    edge = topo.peer("h0", 1)
+    assert edge is not None
+    up = next(p for p, e in topo.neighbors(edge.node) if (topo.node(e.node).level or 0) > (topo.node(edge.node).level or 0))
+    agg = topo.peer(edge.node, up)
+    assert agg is not None
+    up2 = next(p for p, e in topo.neighbors(agg.node) if (topo.node(e.node).level or 0) > (topo.node(agg.node).level or 0))
+    core = topo.peer(agg.node, up2)
+    assert core is not None
+    ends = [(edge.node, up), (agg.node, agg.port), (agg.node, up2), (core.node, core.port)]
+
+    async def main() -> None:
+        async with rt.running() as host:
+            ksma = host.kernel_sma
+            if ksma is None or not ksma.walk:
+                pytest.skip("no kernel SMA with walks here")
+
+            def counts() -> dict[tuple[str, int], tuple[int, int, int, int]]:
+                out = {}
+                for name, port in ends:
+                    agent = host.nodes[name].agent
+                    agent.link_counters([port])  # type: ignore[attr-defined]
+                    c = agent.ports[port].counters  # type: ignore[attr-defined]
+                    out[(name, port)] = (c.xmit_pkts, c.rcv_pkts, *ksma.walked(host._relay_ids[name], port))
+                return out
+
+            client = await UmadClient.connect(host.nodes["h0"].plan.ns)
+            try:
+                for wire in (False, True):
+                    if wire:  # as a capture of the agg-core cable does
+                        host.keep_on_wire(agg.node, up2)
+                    before = counts()
+                    for tid in range(n):
+                        client.send(SimRequest(dlid=0xFFFF, slid=0xFFFF, dqp=0, sqp=0,
+                                               mad=mb.dr_smp(mb.GET, 0x11, path=[1, up, up2], tid=100 * wire + tid)))
+                        with trio.fail_after(5):
+                            resp = await client.recv()
+                        assert resp.status == 0 and resp.mad[3] == 0x81
+                    after = counts()
+                    for end in ends:
+                        xmit, rcv, wtx, wrx = (a - b for a, b in zip(after[end], before[end], strict=True))
+                        assert xmit >= n and rcv >= n, (wire, end, xmit, rcv)
+                        assert (wtx, wrx) == ((0, 0) if wire else (n, n)), (wire, end)
+            finally:
+                client.close()
+
+    trio.run(main)
+    assert not any(ownership.netns.exists(n) for n in rt.plan.namespaces)
+
+
 def test_a_live_mad_socket_passes_the_mad_port_conformance_checks(state_dir: Path, tmp_path: Path) -> None:
     """``UmadPort`` over a host's MAD socket keeps the rules ``InMemoryPort`` is held to."""
     from ibemu.fabric.agents import make_agents
