@@ -10,12 +10,13 @@ that process, as through an HCA, and only the rest (HopCount 0, which this CA's 
 GSI classes, traps, control) comes here. A client is OpenSM when its process's name is
 ``opensm`` (``/proc/PID/comm``; the client's PID is in its CONNECT). The twin's requests carry
 no slot in TID bits 48-63 and time out after the same ``timeout_s``, in real time; its
-counters are ``CaMadPort.twin_counters``. The twin runs on the SM's CPU (the runtime's
-placement, ``twin_cpus``), as a real SM host's umad path does (the kernel runs each SMP's round
-trip through the switches' eBPF SMA in the sender's context, so that work lands there too); on
-the agents' CPU, which it inherited before, OpenSM's reroutes were slower (189 ms against
-156-162, one round of ``bench_opensm_ibsim.py``, README). Deviation: the CA port's own packet
-counters do not count the twin's SMPs (its interface's do).
+counters are ``CaMadPort.twin_counters``. The twin runs where the runtime's placement puts
+it (``twin_cpus``, ``madtwin.cpus_for``): on the fabric's CPU, as ibsim runs beside OpenSM,
+which then has its CPU to itself as on a real SM host whose HCA frames and carries its SMPs.
+(It had been put on OpenSM's CPU while the agents' CPU also wrote per-node sysfs trees after
+every port change: 189 ms against 156-162 for a reroute then; now the fabric's CPU is the
+faster, with or without the kernel SMA's walks, README issue 17.) Deviation: the CA port's own
+packet counters do not count the twin's SMPs (its interface's do).
 """
 
 from __future__ import annotations

@@ -88,11 +88,12 @@ def enabled() -> bool:
 def cpus_for(placement: cpus.Placement) -> frozenset[int] | None:
     """The CPUs the twin runs on: the fabric's (the agent host's), where ibsim runs beside
     OpenSM too, so that OpenSM's CPU carries OpenSM alone, as a real SM host whose HCA frames and
-    carries its SMPs; ``IBEMU_MADTWIN_CPU=sm`` puts it on OpenSM's CPU, to compare. On OpenSM's
-    CPU the twin's work (its system calls, and the kernel SMA's run that each send triggers)
-    was some 0.8 of OpenSM's own per SMP, which both then shared one CPU for: with the
-    directed-route walks, ``benchmarks/bench_opensm_ibsim.py --twin-cpu both`` (README, issue
-    17) puts the fabric's CPU ahead."""
+    carries its SMPs; ``IBEMU_MADTWIN_CPU=sm`` puts it on OpenSM's CPU, to compare. There the
+    twin's work (its system calls, and the kernel SMA's run inside each send) took about as
+    much of that CPU as OpenSM itself (CPU samples over a reroute). OpenSM's k=8 reroute
+    against ibsim's, ``benchmarks/bench_opensm_ibsim.py --twin-cpu both`` (README, issue 17):
+    1.01x and 1.27x here against 1.45x and 1.73x on OpenSM's CPU; 1.55x against 1.97x with
+    the kernel SMA's walks off."""
     return placement.sm if os.environ.get(CPU_ENV, "fabric") == "sm" else placement.agents
 
 

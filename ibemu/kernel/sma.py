@@ -39,6 +39,26 @@ classifier leaves VL15 to it (``MapLft.set_vl15_to_sma``) and it forwards LID-ro
 itself, by the same LFT, as ``Forwarder.route`` does for VL15, with each cable's addresses:
 every SMP reaches the next node addressed to the port it arrives on.
 
+Directed-route walks. A DR SMP costs a program run and a veth crossing at every hop, both
+ways: some 2-3 us of kernel time a hop (README, issue 17), on the CPU that sent it (the hop-by-hop chain runs inside
+the sender's ``send``). Where the switch that relays an outward SMP first can tell that every
+hop after it would relay it, and the last answer it, in the kernel, it does it all in that one
+run (``walk`` in ``sma.c``): it follows the cables through the maps (``sma_out``'s far-end MAC
+-> ``sma_ports`` -> the next device), checks at each hop what that hop's run would check (its
+node enabled, the arriving port's link up, the relay's egress port up with carrier, InitialPath
+within the switch's ports, a switch where it relays), checks the last hop's SMA answers it
+(DrDLID permissive, ``answerable``, the attribute's image), applies an LFT Set there, and sends
+the answer back out of its own ingress port: ReturnPath[hp..n] the ingress ports, HopPointer as
+it arrived, both LIDs permissive, D=1, the CRCs recomputed, byte for byte what the hops would
+have sent (``tests/integration/test_sma_walk.py`` proves it against a chain of Python agents).
+Anything a hop would hand up, a path longer than ``WALK_MAX`` (8) hops, or a cable without a
+walk slot, and the walk gives up before it has changed anything: the SMP is relayed one hop, as
+before. OpenSM's k=8 reroute against ibsim's went from 1.55x to 1.01x and 1.27x with walks (the
+twin on the fabric's CPU, ``madtwin.cpus_for``), from 1.97x to 1.45x and 1.73x with the twin
+on OpenSM's CPU (README, issue 17). ``IBEMU_SMA_WALK=0`` turns walks off; where the
+verifier refuses the program (its bounded loops need a kernel from 5.3), ``load`` says so in one
+line and loads it built without them.
+
 Fault notices (ibemu's vendor Trap FaultNotice 0xFF32, one hop, at a switch): after the same
 checks the program tail-calls the notice programs (``sma_tail``, ``kernel.notice``), which
 handle the notice in the kernel as the switch agent would and log it for the agent; where
@@ -80,6 +100,15 @@ Deviations (documented, deliberate):
   the addressed SMA checks its key). Cost: one hash lookup more per answered SMP.
 - The node is enabled per node, like the DR relay: powered off or with an SMP-loss fault,
   everything goes to its agent (``set_enabled``).
+- A walk crosses the cables between its first and last hop without frames. Their ends count
+  it all the same: ``sma_vcnt`` (per port, by its ``out_val.slot``) has the frames each end
+  would have sent and received, which the agent host adds to the interface's own totals
+  (``walked``, ``PortCounters.follow_link``). A capture of a cable would not see them, so a
+  captured cable is kept on the wire (``keep_on_wire``: no walk crosses it, both ends). A walk
+  reads a port's carrier from ``sma_out``, which ibemu's own cuts write before the interface
+  goes down (``AgentHost.set_ports``); a link set down by something else is seen when the
+  kernel's notification reaches the carrier thread, and until then a walk may cross it where a
+  frame would have been dropped.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ibemu.fabric.umad2sim import umad2sim_path
-from ibemu.kernel import madtwin
+from ibemu.kernel import cpus, madtwin
 
 pytestmark = [
     pytest.mark.root,
@@ -35,6 +35,7 @@ pytestmark = [
 def ibemu(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "IBEMU_STATE_DIR": str(state)}
     env.pop(madtwin.ENV, None)
+    env.pop(madtwin.CPU_ENV, None)
     return subprocess.run([sys.executable, "-m", "ibemu.cli.main", *args], capture_output=True, text=True,
                           timeout=120, env=env, check=False)
 
@@ -51,10 +52,11 @@ def test_opensm_reaches_subnet_up_through_the_twin_and_diags_still_work(tmp_path
         assert madtwin.process_name(twin["pid"]) == "madtwin"
         (sm,) = [p for p in procs if p["role"] == "sm-opensm"]
         if len(os.sched_getaffinity(0)) >= 2 and os.environ.get("IBEMU_PIN", "1") != "0":
-            # beside OpenSM, on the SM's one CPU (it once inherited the agent host's CPU from
-            # the worker thread that started it)
-            assert os.sched_getaffinity(twin["pid"]) == os.sched_getaffinity(sm["pid"])
+            # on the fabric's one CPU, where the runtime's placement puts it (``cpus_for``):
+            # not OpenSM's, which it would share if it inherited the SM's placement
+            assert os.sched_getaffinity(twin["pid"]) == set(madtwin.cpus_for(cpus.placement()) or ())
             assert len(os.sched_getaffinity(twin["pid"])) == 1
+            assert os.sched_getaffinity(twin["pid"]).isdisjoint(os.sched_getaffinity(sm["pid"]))
         counters = madtwin.read_counters(twin["pid"])
         assert counters["sent"] > 50 and counters["answered"] == counters["sent"]
         assert counters["bad_frame"] == counters["timed_out"] == counters["dr_discard"] == 0

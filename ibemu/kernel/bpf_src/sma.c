@@ -11,6 +11,9 @@
  * hands up is checked by its receiver), is
  *   - relayed, at an intermediate hop of a directed-route SMP (switches only, C14-9/C14-13),
  *     its CRCs patched for the bytes it changes (sma_rdelta), not recomputed;
+ *   - walked, when it is relayed outward and every later hop would relay it and the last
+ *     answer it here too: carried through the maps to its last hop and answered back out of
+ *     its ingress port in this one run (walk(), below; ibemu/kernel/sma.py, "walks");
  *   - forwarded by the LFT, when it is LID-routed to another node (switches only: the LFT
  *     classifier leaves VL15 to this program, which gives it each cable's MAC addresses);
  *   - answered, when it is a SubnGet of NodeDescription, NodeInfo, SwitchInfo, PortInfo,
@@ -85,8 +88,6 @@ struct delta {
 #define RD_RP 3			/* RETURN_PATH + i: slot 3 + i */
 #define RD_SLOTS 67
 struct ibemu_map sma_rdelta SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, sizeof(struct delta), RD_SLOTS << 8, 0 };
-/* Raw LFT blocks of every switch (what LinearForwardingTable Get returns), mmapped by the
- * Python agents as their Lft's storage. The loader sizes it. */
 #define WALK_MAX 8
 /* Per CPU, off the 512-byte stack: an LFT Set's old block and the block the forwarding map
  * takes; a walk's cable ends (their sma_vcnt slots, two a hop). */
@@ -95,6 +96,8 @@ struct lft_scratch {
 	__u32 slots[2 * WALK_MAX];
 };
 struct ibemu_map sma_scratch SEC("maps") = { BPF_MAP_TYPE_PERCPU_ARRAY, 4, sizeof(struct lft_scratch), 1, 0 };
+/* Raw LFT blocks of every switch (what LinearForwardingTable Get returns), mmapped by the
+ * Python agents as their Lft's storage. The loader sizes it. */
 struct ibemu_map sma_lft SEC("maps") = { BPF_MAP_TYPE_ARRAY, 4, 64, LFT_BLOCKS_MAX, BPF_F_MMAPABLE };
 /* dev -> the switch's forwarding map (ibemu_lft, ibemu/kernel/lft_map.py). The loader
  * creates it (a map of maps needs its inner map's shape). */
