@@ -14,7 +14,7 @@ from ibemu.fabric.plan import FabricPlan
 from ibemu.fabric.runtime import FabricRuntime
 from ibemu.kernel import ownership
 from ibemu.kernel.packet import ETH_P_IB, open_packet_socket
-from ibemu.topo import generate
+from ibemu.topo import Endpoint, Topology, generate
 from ibemu.wire import fast
 
 pytestmark = pytest.mark.root
@@ -174,6 +174,18 @@ def test_kernel_dr_relay_rewrites_as_the_agent_does() -> None:
         relay.close()
 
 
+def _up_from_h0(topo: Topology) -> tuple[Endpoint, int, Endpoint, int]:
+    """On a fat-tree: h0's edge switch (its port facing h0), an uplink of it, the aggregation
+    switch that uplink reaches (its port facing the edge) and an uplink of that."""
+    edge = topo.peer("h0", 1)
+    assert edge is not None
+    up = next(p for p, e in topo.neighbors(edge.node) if (topo.node(e.node).level or 0) > (topo.node(edge.node).level or 0))
+    agg = topo.peer(edge.node, up)
+    assert agg is not None
+    up2 = next(p for p, e in topo.neighbors(agg.node) if (topo.node(e.node).level or 0) > (topo.node(agg.node).level or 0))
+    return edge, up, agg, up2
+
+
 def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_path: Path) -> None:
     """A DR NodeInfo through 3 switches is answered by the third; the first two relay it in
     the kernel (their agents never see it) unless an SMP-loss fault is set on them; with the
@@ -186,12 +198,7 @@ def test_dr_smps_cross_intermediate_switches_in_the_kernel(state_dir: Path, tmp_
     topo = generate("fat-tree", k=4)
     state = ownership.RunState(ownership.new_run_id(), scenario="pytest-dr-relay")
     rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path)
-    edge = topo.peer("h0", 1)
-    assert edge is not None
-    up = next(p for p, e in topo.neighbors(edge.node) if (topo.node(e.node).level or 0) > (topo.node(edge.node).level or 0))
-    agg = topo.peer(edge.node, up)
-    assert agg is not None
-    up2 = next(p for p, e in topo.neighbors(agg.node) if (topo.node(e.node).level or 0) > (topo.node(agg.node).level or 0))
+    edge, up, agg, up2 = _up_from_h0(topo)
 
     async def main() -> None:
         async with rt.running() as host:
@@ -236,12 +243,7 @@ def test_walked_smps_count_on_every_cable_they_cross(state_dir: Path, tmp_path: 
     topo = generate("fat-tree", k=4)
     state = ownership.RunState(ownership.new_run_id(), scenario="pytest-sma-walk")
     rt = FabricRuntime(topo, make_agents=make_agents, state=state, run_dir=tmp_path)
-    edge = topo.peer("h0", 1)
-    assert edge is not None
-    up = next(p for p, e in topo.neighbors(edge.node) if (topo.node(e.node).level or 0) > (topo.node(edge.node).level or 0))
-    agg = topo.peer(edge.node, up)
-    assert agg is not None
-    up2 = next(p for p, e in topo.neighbors(agg.node) if (topo.node(e.node).level or 0) > (topo.node(agg.node).level or 0))
+    edge, up, agg, up2 = _up_from_h0(topo)
     core = topo.peer(agg.node, up2)
     assert core is not None
     ends = [(edge.node, up), (agg.node, agg.port), (agg.node, up2), (core.node, core.port)]

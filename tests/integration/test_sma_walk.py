@@ -14,6 +14,7 @@ walks (so a program that never walks fails), and those a hop must refuse must no
 
 from __future__ import annotations
 
+import contextlib
 import random
 import struct
 from collections import Counter
@@ -142,19 +143,28 @@ class Fabric:
                     {lid: p for lid, p in eff.items() if p != 0}
 
 
-@pytest.fixture
-def fabric() -> Iterator[Fabric]:
+@contextlib.contextmanager
+def _fabric(*, walk: bool) -> Iterator[Fabric]:
+    """The four devices on a kernel SMA of their own (skipped where it cannot load)."""
     path, why = sma.object_path()
     if path is None:
         pytest.skip(f"no eBPF object for the kernel SMA: {why}")
     try:
-        k = sma.KernelSma(lft_slots=3, attr_entries=4096, obj_path=path, walk=True)
+        k = sma.KernelSma(lft_slots=3, attr_entries=4096, obj_path=path, walk=walk)
     except OSError as exc:
         pytest.skip(f"cannot load the kernel SMA here: {exc}")
     f = Fabric(k)
-    yield f
-    f.close()
-    k.close()
+    try:
+        yield f
+    finally:
+        f.close()
+        k.close()
+
+
+@pytest.fixture
+def fabric() -> Iterator[Fabric]:
+    with _fabric(walk=True) as f:
+        yield f
 
 
 def _dr(method: int, attr: int, mod: int, path: list[int], *, tid: int, data: bytes = b"",
@@ -265,20 +275,9 @@ def test_what_a_hop_would_hand_up_is_relayed_one_hop(fabric: Fabric) -> None:
 
 
 def test_ports_without_a_walk_slot_relay_hop_by_hop() -> None:
-    path, why = sma.object_path()
-    if path is None:
-        pytest.skip(f"no eBPF object for the kernel SMA: {why}")
-    try:
-        k = sma.KernelSma(lft_slots=3, attr_entries=4096, obj_path=path, walk=False)
-    except OSError as exc:
-        pytest.skip(f"cannot load the kernel SMA here: {exc}")
-    f = Fabric(k)
-    try:
+    with _fabric(walk=False) as f:
         _relayed(f, _dr(GET, 0x11, 0, TO_CA, tid=1))
         assert set(f.counts().values()) == {(0, 0)}
-    finally:
-        f.close()
-        k.close()
 
 
 def test_generated_paths_walk_or_relay_exactly(fabric: Fabric) -> None:

@@ -85,4 +85,27 @@ static __always_inline __u32 vcrc(__u8 *p, void *end, const __u32 *t)
 	return crc16_run(p, end, t, 0xffff, LRH, VCRC_AT) ^ 0xffff;
 }
 
+/* Both CRCs written, least-significant byte first. */
+static __always_inline void put_crcs(__u8 *p, __u32 ic, __u32 vc)
+{
+	p[ICRC_AT] = ic;
+	p[ICRC_AT + 1] = ic >> 8;
+	p[ICRC_AT + 2] = ic >> 16;
+	p[ICRC_AT + 3] = ic >> 24;
+	p[VCRC_AT] = vc;
+	p[VCRC_AT + 1] = vc >> 8;
+}
+
+/* A frame's CRCs recomputed: the ICRC, then the VCRC over it. */
+static __always_inline void reseal(__u8 *p, void *end, const __u32 *t)
+{
+	__u32 ic = icrc(p, end, t);
+
+	p[ICRC_AT] = ic;
+	p[ICRC_AT + 1] = ic >> 8;
+	p[ICRC_AT + 2] = ic >> 16;
+	p[ICRC_AT + 3] = ic >> 24;
+	put_crcs(p, ic, vcrc(p, end, t));
+}
+
 #endif

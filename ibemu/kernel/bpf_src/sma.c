@@ -407,14 +407,7 @@ static __always_inline long walk(struct __sk_buff *skb, __u8 *p, void *end, cons
 	}
 	p[LRH + 6] = 0xff;
 	p[LRH + 7] = 0xff;
-	c = icrc(p, end, t);
-	p[ICRC_AT] = c;
-	p[ICRC_AT + 1] = c >> 8;
-	p[ICRC_AT + 2] = c >> 16;
-	p[ICRC_AT + 3] = c >> 24;
-	c = vcrc(p, end, t);
-	p[VCRC_AT] = c;
-	p[VCRC_AT + 1] = c >> 8;
+	reseal(p, end, t);
 #pragma clang loop unroll(disable)
 	for (i = 0; i < 2 * WALK_MAX; i++) {
 		if (i >= 2 * hops)
@@ -634,24 +627,10 @@ int ibemu_sma(struct __sk_buff *skb)
 		p[LRH + 7] = 0xff;
 	}
 	/* reseal: ICRC, then the VCRC over it (a frame in transit is unchanged) */
-	if (!answer && !transit) {
-		p[ICRC_AT] = ic;
-		p[ICRC_AT + 1] = ic >> 8;
-		p[ICRC_AT + 2] = ic >> 16;
-		p[ICRC_AT + 3] = ic >> 24;
-		p[VCRC_AT] = vc;
-		p[VCRC_AT + 1] = vc >> 8;
-	} else if (!transit) {
-		__u32 c = icrc(p, end, t);
-
-		p[ICRC_AT] = c;
-		p[ICRC_AT + 1] = c >> 8;
-		p[ICRC_AT + 2] = c >> 16;
-		p[ICRC_AT + 3] = c >> 24;
-		c = vcrc(p, end, t);
-		p[VCRC_AT] = c;
-		p[VCRC_AT + 1] = c >> 8;
-	}
+	if (!answer && !transit)
+		put_crcs(p, ic, vc);
+	else if (!transit)
+		reseal(p, end, t);
 	__builtin_memcpy(p, out->peer, 6);
 	__builtin_memcpy(p + 6, out->own, 6);
 	skb->cb[0] = out->ifindex;
