@@ -246,16 +246,18 @@ def object_path(src: str = SRC, defines: tuple[str, ...] = ()) -> tuple[str | No
 
 
 def load(*, lft_slots: int, attr_entries: int = 131072) -> KernelSma:
-    """The kernel SMA, with directed-route walks unless ``IBEMU_SMA_WALK=0``. Where the
-    verifier refuses the program with walks (its bounded loops need a kernel from 5.3), one line
-    says so and the program without them (``-DNO_WALK``) is loaded: SMPs then cross every cable.
-    Raises what ``KernelSma`` raises when neither loads."""
-    if walk_enabled():
-        try:
-            return KernelSma(lft_slots=lft_slots, attr_entries=attr_entries, walk=True)
-        except elf.LoadError as exc:
-            log.warning("directed-route SMPs are relayed hop by hop (no walks): eBPF program %s rejected (%s)\n%s",
-                        exc.name, exc.reason, exc.tail)
+    """The kernel SMA, with directed-route walks unless ``IBEMU_SMA_WALK=0`` (then no port gets
+    a walk slot). Where the verifier refuses the program (its walk's bounded loops need a
+    kernel from 5.3), one line says so and the program built without walks (``-DNO_WALK``) is
+    loaded: SMPs then cross every cable. Raises what ``KernelSma`` raises when neither loads."""
+    walk = walk_enabled()
+    try:
+        return KernelSma(lft_slots=lft_slots, attr_entries=attr_entries, walk=walk)
+    except elf.LoadError as exc:
+        if not walk:
+            raise
+        log.warning("directed-route SMPs are relayed hop by hop (no walks): eBPF program %s rejected (%s)\n%s",
+                    exc.name, exc.reason, exc.tail)
     path, why = object_path(SRC, ("NO_WALK",))
     if path is None:
         raise KernelError(why)

@@ -274,12 +274,6 @@ def test_what_a_hop_would_hand_up_is_relayed_one_hop(fabric: Fabric) -> None:
     _relayed(fabric, _dr(GET, 0x11, 0, [*TO_CA, 1], tid=10))
 
 
-def test_ports_without_a_walk_slot_relay_hop_by_hop() -> None:
-    with _fabric(walk=False) as f:
-        _relayed(f, _dr(GET, 0x11, 0, TO_CA, tid=1))
-        assert set(f.counts().values()) == {(0, 0)}
-
-
 def test_generated_paths_walk_or_relay_exactly(fabric: Fabric) -> None:
     """Random directed routes through the little fabric (any port, cabled or not, up or not),
     attributes, modifiers and hop counts: the kernel gives the agents' answer or S1's relay,
@@ -319,6 +313,26 @@ def test_generated_paths_walk_or_relay_exactly(fabric: Fabric) -> None:
         verdicts["relayed"] += 1
     assert verdicts["walked"] > 100 and verdicts["relayed"] > 20, verdicts
     fabric.assert_same_state()
+
+
+def test_walks_turned_off_relay_hop_by_hop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``IBEMU_SMA_WALK=0``: ``sma.load`` gives no port a walk slot, and a port without one
+    is crossed hop by hop."""
+    if sma.object_path()[0] is None:
+        pytest.skip("no clang to build the kernel SMA")
+    monkeypatch.setenv(sma.WALK_ENV, "0")
+    try:
+        k = sma.load(lft_slots=3, attr_entries=4096)
+    except OSError as exc:
+        pytest.skip(f"cannot load the kernel SMA here: {exc}")
+    f = Fabric(k)
+    try:
+        assert not k.walk
+        _relayed(f, _dr(GET, 0x11, 0, TO_CA, tid=1))
+        assert set(f.counts().values()) == {(0, 0)}
+    finally:
+        f.close()
+        k.close()
 
 
 def test_a_kernel_that_refuses_walks_gets_the_program_without_them(monkeypatch: pytest.MonkeyPatch,
