@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import trio
 
@@ -75,7 +75,7 @@ class LiveFabric:
         finally:
             self._ready.set()
 
-    def __enter__(self) -> LiveFabric:
+    def __enter__(self) -> Self:
         t0 = time.monotonic()
         self._thread.start()
         try:
