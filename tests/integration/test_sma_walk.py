@@ -27,7 +27,7 @@ from ibemu.agents.ca import CaAgent
 from ibemu.agents.device import DeviceAgent
 from ibemu.agents.port import PortState
 from ibemu.agents.switch import SwitchAgent
-from ibemu.wire.madpacket import MAD_OFFSET, frame_mad
+from ibemu.wire.madpacket import MAD_OFFSET, frame_mad, reseal
 
 pytestmark = pytest.mark.root
 
@@ -276,11 +276,12 @@ def test_what_a_hop_would_hand_up_is_relayed_one_hop(fabric: Fabric) -> None:
 
 def test_generated_paths_walk_or_relay_exactly(fabric: Fabric) -> None:
     """Random directed routes through the little fabric (any port, cabled or not, up or not),
-    attributes, modifiers and hop counts: the kernel gives the agents' answer or S1's relay,
-    and every route the agents answer along cabled, up ports within a walk's reach is walked."""
+    attributes, modifiers and hop counts, and a third with a directed-route field bent (hop
+    pointer, hop count, D bit, DrDLID, method): the kernel gives the agents' answer or S1's own
+    verdict, and every plain route the agents answer within a walk's reach is walked."""
     rng = random.Random(5)
     verdicts: Counter[str] = Counter()
-    for tid in range(1, 400):
+    for tid in range(1, 600):
         path: list[int] = []
         dev = S1
         for _ in range(rng.randint(1, 10)):
@@ -294,22 +295,38 @@ def test_generated_paths_walk_or_relay_exactly(fabric: Fabric) -> None:
         attr = rng.choice((0x10, 0x11, 0x12, 0x15, 0x16, 0x19, 0x20))
         mod = rng.choice((0, 1, 2, 9, 1 << 16))
         pkt = _dr(GET, attr, mod, path, tid=tid)
+        if rng.random() < 0.3:  # the directed-route fields bent, the CRCs made good again
+            buf = bytearray(pkt)
+            field = rng.choice(("hp", "hc", "d", "drdlid", "method"))
+            if field == "hp":
+                buf[MAD_OFFSET + 6] = rng.randint(0, len(path) + 2)
+            elif field == "hc":
+                buf[MAD_OFFSET + 7] = rng.choice((0, 1, len(path), len(path) + 2, 63, 64, 255))
+            elif field == "d":
+                buf[MAD_OFFSET + 4] |= 0x80
+            elif field == "drdlid":
+                struct.pack_into("!H", buf, MAD_OFFSET + 34, rng.choice((0, 0x20, 0xFFFE)))
+            else:
+                buf[MAD_OFFSET + 3] = rng.choice((0x81, 5, 0x13))  # (Sets: the LFT test)
+            pkt = reseal(buf)
         want = fabric.reference(pkt)
         ret, ifindex, frame = fabric.kernel(pkt)
         if ret == bpf.TC_ACT_REDIRECT and ifindex == IFINDEX_S1_P1 and frame[14 + MAD_OFFSET + 4] & 0x80:
             assert frame[14:] == want
             verdicts["walked"] += 1
             continue
-        relay = fabric.first_hop(pkt)
-        if relay is None:
-            assert ret == bpf.TC_ACT_UNSPEC
+        if ret == bpf.TC_ACT_UNSPEC:  # up to S1's agent, unchanged: it does what it does
+            assert frame[14:] == pkt
             verdicts["up"] += 1
             continue
-        assert ret == bpf.TC_ACT_REDIRECT and ifindex == _ifindex(S1, relay.port)
+        relay = fabric.first_hop(pkt)
+        assert relay is not None and ret == bpf.TC_ACT_REDIRECT and ifindex == _ifindex(S1, relay.port)
         assert frame[14:] == relay.packet
         # not walked: then some hop would have handed it up (or the route is too long)
         answered = want is not None and not (want[MAD_OFFSET + 4] & 0x7F or want[MAD_OFFSET + 5])
-        assert not (answered and attr != 0x20 and len(path) <= 8), f"not walked: {path} {attr:#x} {mod}"
+        outward = pkt[MAD_OFFSET + 3] == GET and not pkt[MAD_OFFSET + 4] & 0x80 and pkt[MAD_OFFSET + 6] == 1 \
+            and pkt[MAD_OFFSET + 7] == len(path) + 1 and pkt[MAD_OFFSET + 34:MAD_OFFSET + 36] == b"\xff\xff"
+        assert not (outward and answered and attr != 0x20 and len(path) <= 8), f"not walked: {path} {attr:#x} {mod}"
         verdicts["relayed"] += 1
     assert verdicts["walked"] > 100 and verdicts["relayed"] > 20, verdicts
     fabric.assert_same_state()
