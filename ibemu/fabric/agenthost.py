@@ -71,6 +71,7 @@ from ibemu.kernel import cpus, netns, rtnl, sockfilter
 from ibemu.kernel.carrier import CarrierChange, CarrierThread
 from ibemu.kernel.carrier import Stop as carrier_stop
 from ibemu.kernel.commands import KernelError
+from ibemu.kernel.dr_relay import FRAME_LEN as MGMT_FRAME_LEN
 from ibemu.kernel.dr_relay import DrRelay
 from ibemu.kernel.elf import LoadError
 from ibemu.kernel.lft_map import MapLft
@@ -79,7 +80,6 @@ from ibemu.kernel.notice import NoticeLog, announce_loss
 from ibemu.kernel.notice import warm as warm_notices
 from ibemu.kernel.packet import ETH_P_IB, close_all, open_packet_socket, send_holding_gil
 from ibemu.kernel.ring import RxBatcher, TxBatcher
-from ibemu.kernel.sma import FRAME_LEN as SMA_FRAME_LEN
 from ibemu.kernel.sma import KernelSma, SmaLog
 from ibemu.kernel.sma import load as load_kernel_sma
 from ibemu.kernel.tc import KernelLft
@@ -311,8 +311,8 @@ class AgentHost:
                 port = ifnames[ifname]
                 # and the SMPs the kernel SMA's walks carried across the cable without it
                 vtx, vrx = ksma.walked(dev, port) if ksma is not None and dev is not None else (0, 0)
-                agent.ports[port].counters.follow_link(st.tx_bytes + vtx * SMA_FRAME_LEN,
-                                                       st.rx_bytes + vrx * SMA_FRAME_LEN,
+                agent.ports[port].counters.follow_link(st.tx_bytes + vtx * MGMT_FRAME_LEN,
+                                                       st.rx_bytes + vrx * MGMT_FRAME_LEN,
                                                        st.tx_packets + vtx, st.rx_packets + vrx)
 
         agent.link_counters = refresh

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from ibemu.kernel.linkio import cable_way
 from ibemu.physics.live import Departure, LivePlane
 from ibemu.physics.model import Frame
 
@@ -39,10 +40,10 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
               carrier: Callable[[str, int], bool], powered: Callable[[str], bool],
               heads: Callable[[str, int], bytes]) -> tuple[list[Departure], int]:
     """``LinkPlane._hand_over`` (``LiveLinks._hand_over``'s loop for IB): each departure of
-    ``due`` onto a cable between two switches of the plane (``peers``) whose carrier is up at both ends and that no capture
-    listens on (``captured``) goes into ``local`` (the peer switch port -> frames, with the
-    Ethernet header the veth would carry: ``heads``), or nowhere when its switch is off
-    (``powered``); the others come back, for the veth. Also: how many were handed over."""
+    ``due`` whose port's way (``linkio.cable_way``) is a switch of the plane goes into ``local``
+    (the peer switch port -> frames, with the Ethernet header the veth would carry: ``heads``),
+    or nowhere when its switch is off; the others come back, for the veth. Also: how many were
+    handed over."""
     rest: list[Departure] = []
     handed = 0
     # this call's verdict per sending port: (the peer's list, the header); True: the veth;
@@ -52,15 +53,13 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
         end = (d.switch, d.port)
         way = ways.get(end)
         if way is None:
-            peer = peers.get(end)
-            if peer is None or end in captured or not carrier(d.switch, d.port) or not carrier(peer[0], peer[1]):
-                way = True
-            elif not powered(d.switch):
-                way = False
+            to = cable_way(end, peers, captured, carrier, powered)
+            if isinstance(to, bool):
+                way = to
             else:
-                frames = local.get(peer)
+                frames = local.get(to)
                 if frames is None:
-                    frames = local[peer] = []
+                    frames = local[to] = []
                 way = (frames, heads(d.switch, d.port))
             ways[end] = way
         if way is True:

@@ -68,6 +68,19 @@ CAPTURE_CHECK_S = 0.2
 """How often (real seconds) the switch ports' namespaces are looked at for captures."""
 
 
+def cable_way(end: tuple[str, int], peers: Mapping[tuple[str, int], tuple[str, int]],
+              captured: set[tuple[str, int]], carrier: Callable[[str, int], bool],
+              powered: Callable[[str], bool]) -> tuple[str, int] | bool:
+    """Where the frames a switch sends on its port ``end`` go in a hand-over (``LiveLinks``):
+    the far end (switch, port) to hand them to in memory, for a cable between two switches of
+    the plane (``peers``) with carrier at both ends and no capture on it (``captured``); True:
+    onto the veth (such a cable it is not); False: nowhere (the sending switch is off)."""
+    peer = peers.get(end)
+    if peer is None or end in captured or not carrier(end[0], end[1]) or not carrier(peer[0], peer[1]):
+        return True
+    return peer if powered(end[0]) else False
+
+
 class LiveLinks:
     """Every switch of a fabric in the link model, and the IO that carries it out.
 
@@ -198,40 +211,10 @@ class LiveLinks:
         """A frame onto a cable between two switches of the plane whose carrier is up at both
         ends and that no capture listens on goes into ``_local`` for the other switch, as
         :meth:`outgoing` makes it, with the Ethernet header the veth would carry; a frame of a
-        switch that is off goes nowhere. Returns the departures left for the veths and how
-        many were handed over. The datapaths run compiled twins of this loop
-        (``fabric.linkframes.hand_over``, ``roce.linkframes.hand_over``)."""
-        rest: list[Departure] = []
-        handed = 0
-        peers, local, carrier, captured = self.peers, self._local, self._carrier, self.captured
-        # this call's verdict per sending port: (the peer's list, the header); True: the veth;
-        # False: dropped (the switch is off)
-        ways: dict[tuple[str, int], tuple[list[Any], bytes] | bool] = {}
-        for d in due:
-            end = (d.switch, d.port)
-            way = ways.get(end)
-            if way is None:
-                peer = peers.get(end)
-                if peer is None or end in captured or not carrier(*end) or not carrier(*peer):
-                    way = True
-                elif not self._powered(d.switch):
-                    way = False
-                else:
-                    frames = local.get(peer)
-                    if frames is None:
-                        frames = local[peer] = []
-                    way = (frames, self._heads(*end))
-                ways[end] = way
-            if way is True:
-                rest.append(d)
-            elif way is not False:
-                data = self.outgoing(d)
-                if data is None:
-                    continue
-                frames, head = way
-                frames.append(head + data[len(head):] if head else bytes(data))
-                handed += 1
-        return rest, handed
+        switch that is off goes nowhere (each port's way: :func:`cable_way`). Returns the
+        departures left for the veths and how many were handed over. Each datapath has its
+        compiled loop (``fabric.linkframes.hand_over``, ``roce.linkframes.hand_over``)."""
+        raise NotImplementedError
 
     def _veth_groups(self, due: list[Departure]) -> dict[tuple[str, int], list[bytes | bytearray]]:
         """What to send of each departure of ``due`` (:meth:`outgoing`), grouped by port."""

@@ -149,8 +149,6 @@ PROG_NAME = "ibemu_sma"
 WALK_ENV = "IBEMU_SMA_WALK"
 VCNT_SLOTS = 65536
 """``sma_vcnt``'s size: ports with a walk slot (slot 0 is none)."""
-FRAME_LEN = 304
-"""A management frame's bytes on a veth (Ethernet header, LRH to VCRC)."""
 
 _DEV = struct.Struct("=IHBB")
 _LOG_REC = struct.Struct("=QIHH")
@@ -491,7 +489,7 @@ class KernelSma:
 
     def walked(self, dev: int, port: int) -> tuple[int, int]:
         """(frames sent, frames received) that walks moved across this port's cable without the
-        cable (each ``FRAME_LEN`` bytes on the wire, Ethernet header included), since it was
+        cable (each ``dr_relay.FRAME_LEN`` bytes on the wire, Ethernet header included), since it was
         added: what its interface's own statistics lack."""
         slot = self._slots.get((dev, port))
         if not slot:

@@ -278,6 +278,16 @@ def _traffic(traffic: list[TrafficResult], mark: list[str] | None = None) -> lis
     return lines
 
 
+def _us(x: Mapping[str, Any], key: str) -> str:
+    """``x[key]`` seconds in us, "-" when absent."""
+    return f"{x[key] * 1e6:,.1f}" if key in x else "-"
+
+
+def _pct(x: Mapping[str, Any], key: str) -> str:
+    """``x[key]`` (a share) in percent, "-" when absent."""
+    return f"{x[key] * 100:.1f}%" if key in x else "-"
+
+
 def _training(traffic: list[TrafficResult], mark: list[str] | None = None) -> list[str]:
     """Training jobs (``kind: training``): the measured step of the 1/scale model beside the
     model's, and the full-size projections (``ibemu.traffic.training.measured_figures``)."""
@@ -288,18 +298,11 @@ def _training(traffic: list[TrafficResult], mark: list[str] | None = None) -> li
     for t in jobs:
         x = t.extra
         measured = "step_s" in x
-
-        def us(key: str, x: Mapping[str, Any] = x) -> str:
-            return f"{x[key] * 1e6:,.1f}" if key in x else "-"
-
-        def pct(key: str, x: Mapping[str, Any] = x) -> str:
-            return f"{x[key] * 100:.1f}%" if key in x else "-"
-
         rows.append([
             t.name, f"{x['gpus']} {x['gpu']}", str(x["model"]), f"{x['algorithm']} o={x['overlap']:g}",
-            f"{x['scale']:g}", str(x.get("steps", 0)), us("step_s"), us("model_scaled_step_s"), us("fabric_s"),
-            f"{x['fabric_busbw_gbs']:.2f}/{x['rail_gbs']:g}" if measured else "-", pct("comm_share"),
-            pct("efficiency"), f"{x['projected_step_s']:.2f}" if measured else "-",
+            f"{x['scale']:g}", str(x.get("steps", 0)), _us(x, "step_s"), _us(x, "model_scaled_step_s"),
+            _us(x, "fabric_s"), f"{x['fabric_busbw_gbs']:.2f}/{x['rail_gbs']:g}" if measured else "-",
+            _pct(x, "comm_share"), _pct(x, "efficiency"), f"{x['projected_step_s']:.2f}" if measured else "-",
             f"{x['model_step_s']:.2f}",
             f"{x['projected_time_to_train_days']:,.1f}" if measured else "-",
             f"{x['model_time_to_train_days']:,.1f}",
@@ -323,13 +326,9 @@ def _parallelism(traffic: list[TrafficResult]) -> list[str]:
     rows = []
     for t in jobs:
         x = t.extra
-
-        def pct(key: str, x: Mapping[str, Any] = x) -> str:
-            return f"{x[key] * 100:.1f}%" if key in x else "-"
-
         rows.append([
             t.name, f"{x['tensor']} x {x['pipeline']} x {x['replicas']}", str(x["microbatches"]),
-            pct("model_bubble_share"), pct("pipeline_idle_share"), pct("model_pipeline_idle_share"),
+            _pct(x, "model_bubble_share"), _pct(x, "pipeline_idle_share"), _pct(x, "model_pipeline_idle_share"),
             f"{x['model_tp_s']:.2f}", f"{x['pp_bytes_per_step']:,}" if "pp_bytes_per_step" in x else "-",
             f"{x['model_pp_bytes_per_step'] / 1e9:,.1f}",
         ])

@@ -18,6 +18,7 @@ import random
 from collections.abc import Callable
 from typing import Final
 
+from ibemu.kernel.linkio import cable_way
 from ibemu.physics.live import Departure, LivePlane
 from ibemu.physics.model import Frame
 from ibemu.roce.queues import ip_checksum
@@ -162,16 +163,14 @@ def hand_over(due: list[Departure], peers: dict[tuple[str, int], tuple[str, int]
         end = (d.switch, d.port)
         way = ways.get(end)
         if way is None:
-            peer = peers.get(end)
-            if peer is None or end in captured or not carrier(d.switch, d.port) or not carrier(peer[0], peer[1]):
-                way = _Way(VETH)
-            elif not powered(d.switch):
-                way = _Way(OFF)
+            to = cable_way(end, peers, captured, carrier, powered)
+            if isinstance(to, bool):
+                way = _Way(VETH if to else OFF)
             else:
-                frames = local.get(peer)
+                frames = local.get(to)
                 if frames is None:
-                    frames = local[peer] = []
-                way = _Way(HAND, frames, counts(d.switch, d.port), peer)
+                    frames = local[to] = []
+                way = _Way(HAND, frames, counts(d.switch, d.port), to)
             ways[end] = way
         kind = way.kind
         if kind == VETH:

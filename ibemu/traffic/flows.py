@@ -259,72 +259,20 @@ async def _collective(f: Flow) -> None:
 
 
 async def _training(f: Flow) -> None:
-    """A data-parallel training job (``training.JobPlan``, scaled down by its ``scale``): each step
-    computes (forward, then backward) in emulated time, and once a share ``1 - overlap`` of the
-    backward pass has run, allreduces its gradients: the NVLink reduce-scatter and all-gather
-    as their modelled time, between them one allreduce per rail over RDMA (the rail's CA of
-    every server), all rails at once: a ring, or a double binary tree for ``algorithm: tree``. ``hosts`` are the job's servers' CAs, rail by rail."""
-    out = f.out
-    plan = training.JobPlan.from_json(f.spec["training"])
-    if plan.job.tensor > 1 or plan.job.pipeline > 1 or plan.job.m > 1:
-        await _parallel_training(f, plan)
-        return
-    rails = plan.cluster.rails
-    servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]
-    algorithm = "tree" if plan.job.algorithm == "tree" else "ring"
-    rc = collectives.RcTimers.from_spec(f.spec)
-    groups = [collectives.CollectiveGroup("allreduce", [f.ports[s[r]] for s in servers], plan.rail_bytes,
-                                          mtu=int(f.spec.get("mtu", 4096)), algorithm=algorithm, rc=rc)
-              for r in range(rails)]
-    o = plan.job.overlap
-    steps: list[training.StepMeasure] = []
-    try:
-        it = 0
-        while not f.stop.is_set():
-            fabric_ns = 0
-
-            async def _allreduce(i: int) -> None:
-                nonlocal fabric_ns
-                await trio.sleep(plan.nvlink_s / 2)  # NVLink reduce-scatter inside each server
-                t = clock.now_ns()
-                async with collectives.stall_bound(groups, f.stop), trio.open_nursery() as rails_n:
-                    for g in groups:
-                        rails_n.start_soon(g.run, i)
-                fabric_ns = clock.now_ns() - t
-                await trio.sleep(plan.nvlink_s / 2)  # NVLink all-gather
-
-            t0 = clock.now_ns()
-            await trio.sleep(plan.forward_s + (1 - o) * plan.backward_s)
-            async with trio.open_nursery() as n:
-                n.start_soon(trio.sleep, o * plan.backward_s)
-                n.start_soon(_allreduce, it)
-            t1 = clock.now_ns()
-            steps.append(training.StepMeasure((t1 - t0) / 1e9, fabric_ns / 1e9))
-            out.t_ns.append(t1)
-            out.nbytes.append(sum(g.size for g in groups))
-            it += 1
-    finally:
-        f.drained.set()
-        out.retransmitted = sum(g.retransmitted for g in groups)
-        out.packets = sum(out.nbytes) // max(1, int(f.spec.get("mtu", 4096)))
-        out.extra = {**training.measured_figures(plan, steps), "wrong": sum(g.wrong for g in groups),
-                     "retransmitted": out.retransmitted}
-        for g in groups:
-            g.close()
-
-
-async def _parallel_training(f: Flow, plan: training.JobPlan) -> None:
-    """A job with tensor or pipeline parallelism (or microbatches): ``pipeline`` stages of
-    ``servers / pipeline`` consecutive servers each. Each step runs GPipe's schedule in emulated
+    """A training job (``training.JobPlan``, scaled down by its ``scale``) on ``hosts``, its
+    servers' CAs rail by rail, in ``pipeline`` stages of ``servers / pipeline`` consecutive
+    servers each (one stage: pure data parallelism). Each step runs GPipe's schedule in emulated
     time: every stage runs the m microbatches' forward passes in order (each the modelled compute
     and TP time), each waiting for its activations from the stage before and sending its own on to
     the next as real RDMA writes (``collectives.PipeLink``: every server of a stage to the server
     in the same place of the next, rail by rail), then the backward passes in reverse order, the
-    gradients going back the same way. A stage's data-parallel allreduce (NVLink as modelled
-    time, the fabric part one RDMA allreduce per rail among the stage's servers, as a pure
-    data-parallel job's) starts once ``1 - overlap`` of its last backward pass has run; a stage of
+    gradients going back the same way. A stage's data-parallel allreduce starts once ``1 -
+    overlap`` of its last backward pass has run: the NVLink reduce-scatter and all-gather as
+    their modelled time, between them one allreduce per rail among the stage's servers over
+    RDMA, all rails at once (a ring, or a double binary tree for ``algorithm: tree``); a stage of
     one server has only NVLink to allreduce over. The step ends when every stage is done."""
     out = f.out
+    plan = training.JobPlan.from_json(f.spec["training"])
     job, c = plan.job, plan.cluster
     rails, per, p, m = c.rails, job.stage_servers, job.pipeline, job.m
     servers = [f.hosts[i:i + rails] for i in range(0, len(f.hosts), rails)]

@@ -14,7 +14,6 @@ walks (so a program that never walks fails), and those a hop must refuse must no
 
 from __future__ import annotations
 
-import contextlib
 import random
 import struct
 from collections import Counter
@@ -120,7 +119,7 @@ class Fabric:
 
     def first_hop(self, pkt: bytes) -> Send | None:
         """S1's own verdict (a relay: the frame it sends on), on a copy of its state."""
-        sends = [a for a in _agents()[S1].receive(1, pkt) if isinstance(a, Send)]
+        sends = [a for a in _switch(S1).receive(1, pkt) if isinstance(a, Send)]
         return sends[0] if sends else None
 
     def kernel(self, pkt: bytes) -> tuple[int, int, bytes]:
@@ -143,28 +142,20 @@ class Fabric:
                     {lid: p for lid, p in eff.items() if p != 0}
 
 
-@contextlib.contextmanager
-def _fabric(*, walk: bool) -> Iterator[Fabric]:
-    """The four devices on a kernel SMA of their own (skipped where it cannot load)."""
+@pytest.fixture
+def fabric() -> Iterator[Fabric]:
+    """The four devices on a kernel SMA of their own, with walks (skipped where it cannot load)."""
     path, why = sma.object_path()
     if path is None:
         pytest.skip(f"no eBPF object for the kernel SMA: {why}")
     try:
-        k = sma.KernelSma(lft_slots=3, attr_entries=4096, obj_path=path, walk=walk)
+        k = sma.KernelSma(lft_slots=3, attr_entries=4096, obj_path=path, walk=True)
     except OSError as exc:
         pytest.skip(f"cannot load the kernel SMA here: {exc}")
     f = Fabric(k)
-    try:
-        yield f
-    finally:
-        f.close()
-        k.close()
-
-
-@pytest.fixture
-def fabric() -> Iterator[Fabric]:
-    with _fabric(walk=True) as f:
-        yield f
+    yield f
+    f.close()
+    k.close()
 
 
 def _dr(method: int, attr: int, mod: int, path: list[int], *, tid: int, data: bytes = b"",
