@@ -104,7 +104,11 @@ Deviations (documented, deliberate):
   it all the same: ``sma_vcnt`` (per port, by its ``out_val.slot``) has the frames each end
   would have sent and received, which the agent host adds to the interface's own totals
   (``walked``, ``PortCounters.follow_link``). A capture of a cable would not see them, so a
-  captured cable is kept on the wire (``keep_on_wire``: no walk crosses it, both ends). A walk
+  cable ibemu captures (``--capture``, a scenario's ``record.capture``) is kept on the wire
+  (``keep_on_wire``: no walk crosses it, both ends). A capture ibemu did not start (a
+  ``tcpdump`` in a switch's namespace) is not looked for: the user datapath's way
+  (``LiveLinks.check_captures``, every namespace five times a second) would put that cost on
+  the agents' CPU, beside the SMPs' own; ``IBEMU_SMA_WALK=0`` shows every hop. A walk
   reads a port's carrier from ``sma_out``, which ibemu's own cuts write before the interface
   goes down (``AgentHost.set_ports``); a link set down by something else is seen when the
   kernel's notification reaches the carrier thread, and until then a walk may cross it where a

@@ -222,16 +222,23 @@ static __always_inline int owns_lid(__u32 lid, __u32 lmc, __u32 dlid)
 	return lid != 0 && (dlid >> lmc) == (lid >> lmc);
 }
 
-/* An SMP this SMA answers in the kernel (the agent decides everything else): a Get, or a Set of
- * LinearForwardingTable, of class version 1, that passes the M_Key check without a decision: a
- * key the SMP does not carry, or a lease countdown, and the agent decides (it answers, hides the
- * key, or drops and counts: ibemu/agents/port.py). */
-static __always_inline int answerable(const __u8 *p, struct dev_val *dv, __u32 dev, __u32 ingress)
+/* The SMPs an SMA answers in the kernel, whichever it is (the agent decides everything else):
+ * a Get, or a Set of LinearForwardingTable, of class version 1. */
+static __always_inline int kernel_method(const __u8 *p)
 {
 	__u32 method = p[MAD + 3];
+
+	return p[MAD] == 1 && p[MAD + 2] == 1 && (method == 1 || (method == 2 && be16(p + MAD + 16) == ATTR_LFT));
+}
+
+/* One of those that also passes this SMA's M_Key check without a decision: a key the SMP does
+ * not carry, or a lease countdown, and the agent decides (it answers, hides the key, or drops
+ * and counts: ibemu/agents/port.py). */
+static __always_inline int answerable(const __u8 *p, struct dev_val *dv, __u32 dev, __u32 ingress)
+{
 	__u8 *g;
 
-	if ((method != 1 && method != 2) || p[MAD] != 1 || p[MAD + 2] != 1)
+	if (!kernel_method(p))
 		return 0;
 	g = image(dev, ATTR_MKEY_GUARD, dv->is_switch ? 0 : ingress);
 	if (g) {
@@ -242,7 +249,7 @@ static __always_inline int answerable(const __u8 *p, struct dev_val *dv, __u32 d
 		if (g[9] || (have && have != sent))
 			return 0;
 	}
-	return method == 1 || be16(p + MAD + 16) == ATTR_LFT;
+	return 1;
 }
 
 /* The attribute's 64 data bytes as dev's SMA answers an answerable SMP arriving on ingress (an
@@ -348,7 +355,8 @@ static __always_inline long walk(struct __sk_buff *skb, __u8 *p, void *end, cons
 	__u8 *img;
 	int patch = -1;
 
-	if (hops > WALK_MAX)
+	/* what the last hop would leave to its agent whatever it is: no walk to find that out */
+	if (hops > WALK_MAX || !kernel_method(p) || be16(p + MAD + 34) != 0xffff)
 		return -1;
 	back = bpf_map_lookup_elem(&sma_out, &(__u32){ (dev << 8) | (ingress & 0xff) });
 	sc = bpf_map_lookup_elem(&sma_scratch, &zero);
@@ -385,8 +393,8 @@ static __always_inline long walk(struct __sk_buff *skb, __u8 *p, void *end, cons
 		if (!o || !o->up || !o->slot)
 			return -1;
 	}
-	/* the last hop's SMA: DrDLID permissive, an SMP it answers */
-	if (!cdv || be16(p + MAD + 34) != 0xffff || !answerable(p, cdv, cdev, cin))
+	/* the last hop's SMA answers it (its M_Key guard) */
+	if (!cdv || !answerable(p, cdv, cdev, cin))
 		return -1;
 	img = attr_image(p, cdv, cdev, cin, &patch);
 	if (!img)
