@@ -172,8 +172,6 @@ static uint32_t crc_more(uint32_t (*t)[256], uint32_t crc, const uint8_t *p, siz
 	return crc;
 }
 
-static uint32_t crc32_more(uint32_t crc, const uint8_t *p, size_t n) { return crc_more(crc32_tab, crc, p, n); }
-
 /* ICRC of a 290-byte native packet without GRH: the VL nibble and BTH byte 4 (resv8a) count
  * as ones (ib-wire.md "CRCs"). */
 static uint32_t icrc(const uint8_t *pkt)
@@ -182,8 +180,8 @@ static uint32_t icrc(const uint8_t *pkt)
 	memcpy(masked, pkt, 12);
 	masked[0] |= 0xF0;
 	masked[12] = 0xFF;
-	uint32_t crc = crc32_more(0xFFFFFFFFu, masked, sizeof(masked));
-	return crc32_more(crc, pkt + 13, ICRC_AT - 13) ^ 0xFFFFFFFFu;
+	uint32_t crc = crc_more(crc32_tab, 0xFFFFFFFFu, masked, sizeof(masked));
+	return crc_more(crc32_tab, crc, pkt + 13, ICRC_AT - 13) ^ 0xFFFFFFFFu;
 }
 
 /* VCRC over LRH .. ICRC (init and xorout 0xFFFF). */
